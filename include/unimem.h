@@ -1,0 +1,202 @@
+/*
+ * unimem: one memory manager for the host and every accelerator.
+ *
+ * This is the whole public API. Handles are opaque; every call that can fail
+ * returns a um_status, and um_last_error() gives the calling thread a message
+ * with the details (which device, how many bytes, which option) of its last
+ * failure.
+ */
+#ifndef UNIMEM_H
+#define UNIMEM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define UNIMEM_VERSION_MAJOR 0
+#define UNIMEM_VERSION_MINOR 1
+#define UNIMEM_VERSION_PATCH 0
+
+/* ---------------------------------------------------------------- status */
+
+/* X(name, value, message): the one list that defines every status code. */
+#define UM_STATUS_LIST(X)                                                        \
+    X(UM_OK, 0, "success")                                                       \
+    X(UM_ERR_INVALID, 1, "invalid argument")                                     \
+    X(UM_ERR_NOMEM, 2, "out of memory")                                          \
+    X(UM_ERR_NO_DEVICE, 3, "no such device")                                     \
+    X(UM_ERR_INVALID_POINTER, 4, "pointer was not returned by um_malloc")        \
+    X(UM_ERR_DOUBLE_FREE, 5, "pointer is not a live allocation (double free)")   \
+    X(UM_ERR_WRONG_DEVICE, 6, "stream and pointer belong to different devices")  \
+    X(UM_ERR_BAD_OPTION, 7, "unknown option or bad option value")                \
+    X(UM_ERR_BACKEND, 8, "backend call failed")                                  \
+    X(UM_ERR_UNSUPPORTED, 9, "not supported by this device")                     \
+    X(UM_ERR_PARSE, 10, "malformed input")                                       \
+    X(UM_ERR_IO, 11, "input/output error")                                       \
+    X(UM_ERR_BUSY, 12, "resource still in use")                                  \
+    X(UM_ERR_INTERNAL, 13, "internal consistency check failed")
+
+typedef enum um_status {
+#define UM_STATUS_ENUM_(name, value, message) name = value,
+    UM_STATUS_LIST(UM_STATUS_ENUM_)
+#undef UM_STATUS_ENUM_
+} um_status;
+
+/* "UM_ERR_NOMEM"; "UM_STATUS_UNKNOWN" for a value outside the list. */
+const char *um_status_name(um_status s);
+/* "out of memory"; "unknown status" for a value outside the list. */
+const char *um_strerror(um_status s);
+/* Details of this thread's last failed call ("" if none failed yet). */
+const char *um_last_error(void);
+
+/* --------------------------------------------------------------- options */
+
+typedef enum um_option_type {
+    UM_OPT_INT = 0,
+    UM_OPT_BOOL = 1,
+    UM_OPT_SIZE = 2,   /* bytes; accepts K, M, G, T suffixes (powers of 1024), KiB/MiB/... too */
+    UM_OPT_STRING = 3,
+    UM_OPT_ENUM = 4    /* one word out of the list in the doc line */
+} um_option_type;
+
+typedef struct um_option_info {
+    const char *name;
+    um_option_type type;
+    const char *default_value;
+    const char *doc;
+} um_option_info;
+
+/* The option table, for `unimem info --options` and documentation. */
+int um_option_count(void);
+um_status um_option_get(int index, um_option_info *out);
+
+/* "64M" -> 67108864. Accepts a plain byte count or a K/M/G/T suffix, with an
+ * optional "iB"/"B" after it. Overflow, an empty string or a bad suffix is
+ * UM_ERR_INVALID. */
+um_status um_parse_size(const char *text, size_t *out);
+
+/* ------------------------------------------------------- context, devices */
+
+typedef struct um_context um_context;
+
+/* A stream orders work on one device, like a CUDA stream. NULL means the
+ * device's default stream; for um_free it means "the stream the block was
+ * allocated on". */
+typedef struct um_stream_s *um_stream;
+
+typedef enum um_device_kind {
+    UM_DEVICE_HOST = 0,
+    UM_DEVICE_SIM = 1,
+    UM_DEVICE_CUDA = 2
+} um_device_kind;
+
+typedef struct um_device_info {
+    int index;              /* 0 is the host, 1..n the accelerators */
+    um_device_kind kind;
+    char name[64];          /* "host", "sim1", ... */
+    size_t capacity;        /* bytes of memory the device has */
+    size_t granularity;     /* bytes of one physical page of the backend */
+    size_t memory_limit;    /* cap on reserved bytes (capacity when unset) */
+    size_t cache_limit;     /* cap on cached, fully free pages kept mapped */
+    const char *allocator;  /* "pool", "direct" or "bufcache" */
+} um_device_info;
+
+/* conf: "key=value,key=value" or NULL. UNIMEM_CONF is read first, then conf. */
+um_status um_init(const char *conf, um_context **ctx);
+/* Frees every pool and backend resource; live allocations are released too. */
+void um_shutdown(um_context *ctx);
+int um_device_count(um_context *ctx);
+um_status um_device_info_get(um_context *ctx, int dev, um_device_info *out);
+
+um_status um_stream_create(um_context *ctx, int dev, um_stream *out);
+/* Waits for the stream's work, then destroys it. */
+um_status um_stream_destroy(um_context *ctx, um_stream s);
+um_status um_stream_synchronize(um_context *ctx, um_stream s);
+/* The device a stream belongs to, or -1 for an invalid handle. */
+int um_stream_device(um_stream s);
+
+/* --------------------------------------------------------- pooled memory */
+
+/* Stream-ordered, like cudaMallocAsync: the block may be used on stream s at
+ * once. size 0 is UM_ERR_INVALID. The pointer is aligned to 256 bytes. */
+um_status um_malloc(um_context *ctx, int dev, size_t size, um_stream s, void **ptr);
+/* The block becomes reusable at once on stream s (NULL: its allocation
+ * stream), and on other streams once the work queued on s before this call
+ * has completed. */
+um_status um_free(um_context *ctx, void *ptr, um_stream s);
+/* The device that owns ptr, or -1. Reads no device memory. */
+int um_pointer_device(um_context *ctx, const void *ptr);
+
+/* ------------------------------------------------------- memory control */
+
+/* 0 restores the default (the device capacity for the memory limit, no cap
+ * for the cache limit). Lowering the memory limit below the reserved bytes
+ * trims the cache first and fails with UM_ERR_BUSY if live data still
+ * exceeds it (the limit is then left unchanged). */
+um_status um_set_memory_limit(um_context *ctx, int dev, size_t bytes);
+um_status um_set_cache_limit(um_context *ctx, int dev, size_t bytes);
+/* Returns cached memory (fully free pages) to the backend, like
+ * torch.cuda.empty_cache() or mlx.core.clear_cache(). */
+um_status um_trim(um_context *ctx, int dev);
+
+typedef struct um_stats {
+    size_t active_bytes;        /* bytes in live blocks (rounded block sizes) */
+    size_t requested_bytes;     /* bytes the callers asked for in live blocks */
+    size_t reserved_bytes;      /* bytes of backend memory the pool holds */
+    size_t cached_bytes;        /* reserved - active */
+    size_t peak_active_bytes;
+    size_t peak_reserved_bytes;
+    size_t largest_free_bytes;  /* largest request servable without growing */
+    double fragmentation;       /* (cached - largest free) / cached, 0 if none */
+    uint64_t active_blocks;
+    uint64_t num_allocs;
+    uint64_t num_frees;
+    uint64_t num_backend_calls; /* every call into the backend, of any kind */
+    uint64_t num_cache_hits;    /* allocations served with no backend call */
+    uint64_t num_ooms;          /* allocations that failed for lack of memory */
+} um_stats;
+
+um_status um_stats_get(um_context *ctx, int dev, um_stats *out);
+/* Peaks restart from the current values. */
+um_status um_reset_peak(um_context *ctx, int dev);
+
+/* --------------------------------------------------- allocation traces */
+
+/* A reader for the allocation-trace format of shared/traces (gzip or plain
+ * text): "a <id> <size> <stream>" and "f <id>" lines, '#' comments. The
+ * reader validates as it goes: an unknown op, a missing or extra field, a
+ * duplicate id, or a free of an unknown or already freed id is UM_ERR_PARSE
+ * with the line number in um_last_error(). */
+typedef struct um_trace um_trace;
+
+typedef enum um_trace_op { UM_TRACE_ALLOC = 0, UM_TRACE_FREE = 1 } um_trace_op;
+
+typedef struct um_trace_event {
+    um_trace_op op;
+    uint64_t id;        /* the trace's block id */
+    uint64_t slot;      /* a dense index for id: 0, 1, 2, ... in order of first allocation */
+    uint64_t size;      /* bytes; for a free, the size the block was allocated with */
+    uint64_t stream;    /* the trace's stream value; for a free, the allocation's stream */
+    uint64_t line;      /* 1-based line number in the file */
+} um_trace_event;
+
+um_status um_trace_open(const char *path, um_trace **out);
+/* UM_OK with *ev filled, UM_ERR_PARSE / UM_ERR_IO on bad input; at the end of
+ * the trace returns UM_OK and sets *done to 1. */
+um_status um_trace_next(um_trace *t, um_trace_event *ev, int *done);
+/* Restarts from the first line (the trace is read again). */
+um_status um_trace_rewind(um_trace *t);
+/* Fraction of the file consumed so far, 0..1 (for progress bars). */
+double um_trace_progress(const um_trace *t);
+/* Number of distinct ids seen so far. */
+uint64_t um_trace_slots(const um_trace *t);
+void um_trace_close(um_trace *t);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* UNIMEM_H */

@@ -1,0 +1,19 @@
+#!/bin/sh
+# Checks for the build's tools and libraries; as root on a Debian machine it
+# installs what is missing, otherwise it says what to install.
+need=""
+command -v cmake >/dev/null 2>&1 || need="$need cmake"
+command -v cc >/dev/null 2>&1 || need="$need gcc"
+command -v make >/dev/null 2>&1 || need="$need make"
+command -v pkg-config >/dev/null 2>&1 || need="$need pkg-config"
+[ -f /usr/include/zlib.h ] || need="$need zlib1g-dev"
+[ -z "$need" ] && exit 0
+echo "unimem: missing build dependencies:$need"
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "unimem: installing them with apt-get"
+    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $need && exit 0
+    echo "unimem: apt-get failed; install these packages:$need" >&2
+    exit 1
+fi
+echo "unimem: please install these Debian packages (as root: apt-get install$need)" >&2
+exit 1

@@ -1,0 +1,124 @@
+/*
+ * backend: one vtable per kind of memory (host, sim, and later cuda). The
+ * operations mirror CUDA's virtual memory management, so a pool can reserve
+ * an address range once and map physical pages into it wherever they are
+ * needed:
+ *
+ *   reserve/unreserve   an address range with no memory behind it
+ *   create/release      a physical chunk (a multiple of the granularity)
+ *   map/unmap           a whole chunk at an address inside a reservation
+ *
+ * plus streams and events for stream-ordered reuse, and copies between host
+ * memory and device memory (device memory is not readable from the host in
+ * general; sim and host memory happen to be).
+ *
+ * Owns: the backend object and its physical memory accounting. Every call
+ * goes through the um__be_* wrappers below, which count calls (the pool's
+ * num_backend_calls) and are the one place where failures can be injected.
+ * Every operation may fail; a failure returns a status with um__fail's
+ * message and leaves the backend unchanged.
+ */
+#ifndef UM_BACKEND_H
+#define UM_BACKEND_H
+
+#include "../base/base.h"
+
+typedef struct um__backend um__backend;
+typedef uint64_t um__phys;        /* a physical chunk; 0 is never a valid handle */
+typedef struct um__bstream um__bstream; /* a backend stream (CUstream on CUDA) */
+typedef struct um__bevent um__bevent;   /* a backend event (CUevent on CUDA) */
+
+typedef struct um__backend_ops {
+    um_status (*reserve)(um__backend *b, size_t size, uintptr_t *va);
+    um_status (*unreserve)(um__backend *b, uintptr_t va, size_t size);
+    um_status (*create)(um__backend *b, size_t size, um__phys *out);
+    um_status (*release)(um__backend *b, um__phys h, size_t size);
+    /* Maps all of chunk h (size bytes) at va, readable and writable by the
+     * device. va and size are multiples of the granularity. */
+    um_status (*map)(um__backend *b, uintptr_t va, size_t size, um__phys h);
+    um_status (*unmap)(um__backend *b, uintptr_t va, size_t size);
+
+    um_status (*stream_create)(um__backend *b, um__bstream **out);
+    um_status (*stream_destroy)(um__backend *b, um__bstream *s);
+    um_status (*stream_sync)(um__backend *b, um__bstream *s);
+    /* Creates an event that completes when the work queued on s so far has
+     * completed. s NULL is the device's default stream. */
+    um_status (*event_record)(um__backend *b, um__bstream *s, um__bevent **out);
+    /* *done = 1 when the event has completed. */
+    um_status (*event_query)(um__backend *b, um__bevent *e, int *done);
+    um_status (*event_sync)(um__backend *b, um__bevent *e);
+    void (*event_destroy)(um__backend *b, um__bevent *e);
+
+    /* dir 0: host -> device (dst is device memory); dir 1: device -> host. */
+    um_status (*copy)(um__backend *b, void *dst, const void *src, size_t n, int dir);
+
+    void (*destroy)(um__backend *b);
+} um__backend_ops;
+
+struct um__backend {
+    const um__backend_ops *ops;
+    um_device_kind kind;
+    char name[64];
+    size_t capacity;       /* bytes of physical memory the device has */
+    size_t granularity;    /* physical page size; a power of two */
+    _Atomic uint64_t calls;/* backend calls made, of any kind */
+    _Atomic size_t physical_bytes; /* bytes of chunks created and not released */
+};
+
+/* Constructors. Both keep physical memory in one memfd per device and map
+ * it with mmap(MAP_FIXED), so a page can be unmapped in one place and mapped
+ * in another, exactly like CUDA VMM. capacity 0 for the host means physical
+ * RAM. */
+um_status um__host_backend_create(size_t capacity, size_t granularity, um__backend **out);
+um_status um__sim_backend_create(const char *name, size_t capacity, size_t granularity,
+                                 um__backend **out);
+
+/* Simulated work, for tests and (later) the run layer: queue `n` units of
+ * work on a sim stream; they stay incomplete until um__sim_stream_complete
+ * or a synchronize. UM_ERR_UNSUPPORTED on other backends. */
+um_status um__sim_stream_launch(um__backend *b, um__bstream *s, unsigned n);
+um_status um__sim_stream_complete(um__backend *b, um__bstream *s, unsigned n);
+
+/* Counted wrappers: the only way layers above call a backend. */
+#define UM_BE_CALL_(b, op, ...) \
+    (atomic_fetch_add_explicit(&(b)->calls, 1, memory_order_relaxed), (b)->ops->op((b), __VA_ARGS__))
+
+static inline um_status um__be_reserve(um__backend *b, size_t size, uintptr_t *va)
+{ return UM_BE_CALL_(b, reserve, size, va); }
+static inline um_status um__be_unreserve(um__backend *b, uintptr_t va, size_t size)
+{ return UM_BE_CALL_(b, unreserve, va, size); }
+static inline um_status um__be_create(um__backend *b, size_t size, um__phys *out)
+{ return UM_BE_CALL_(b, create, size, out); }
+static inline um_status um__be_release(um__backend *b, um__phys h, size_t size)
+{ return UM_BE_CALL_(b, release, h, size); }
+static inline um_status um__be_map(um__backend *b, uintptr_t va, size_t size, um__phys h)
+{ return UM_BE_CALL_(b, map, va, size, h); }
+static inline um_status um__be_unmap(um__backend *b, uintptr_t va, size_t size)
+{ return UM_BE_CALL_(b, unmap, va, size); }
+static inline um_status um__be_stream_create(um__backend *b, um__bstream **out)
+{ return UM_BE_CALL_(b, stream_create, out); }
+static inline um_status um__be_stream_destroy(um__backend *b, um__bstream *s)
+{ return UM_BE_CALL_(b, stream_destroy, s); }
+static inline um_status um__be_stream_sync(um__backend *b, um__bstream *s)
+{ return UM_BE_CALL_(b, stream_sync, s); }
+static inline um_status um__be_copy(um__backend *b, void *dst, const void *src, size_t n, int dir)
+{ return UM_BE_CALL_(b, copy, dst, src, n, dir); }
+static inline um_status um__be_event_record(um__backend *b, um__bstream *s, um__bevent **out)
+{ return UM_BE_CALL_(b, event_record, s, out); }
+static inline um_status um__be_event_query(um__backend *b, um__bevent *e, int *done)
+{ return UM_BE_CALL_(b, event_query, e, done); }
+static inline um_status um__be_event_sync(um__backend *b, um__bevent *e)
+{ return UM_BE_CALL_(b, event_sync, e); }
+static inline void um__be_event_destroy(um__backend *b, um__bevent *e)
+{
+    atomic_fetch_add_explicit(&b->calls, 1, memory_order_relaxed);
+    b->ops->event_destroy(b, e);
+}
+
+static inline void um__backend_destroy(um__backend *b)
+{
+    if (b)
+        b->ops->destroy(b);
+}
+
+#endif /* UM_BACKEND_H */

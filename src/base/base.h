@@ -1,0 +1,61 @@
+/*
+ * base: status messages, logging, the clock and small helpers every layer
+ * uses. Owns the per-thread "last error" message and the global log level.
+ * Depends on libc and pthreads only.
+ */
+#ifndef UM_BASE_H
+#define UM_BASE_H
+
+#include "unimem.h"
+
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <time.h>
+
+#define UM_UNUSED(x) ((void)(x))
+#define UM_LIKELY(x) __builtin_expect(!!(x), 1)
+#define UM_UNLIKELY(x) __builtin_expect(!!(x), 0)
+#define UM_PRINTF(f, a) __attribute__((format(printf, f, a)))
+
+/* Records a message for um_last_error() and returns s, so a failure path
+ * reads `return um__fail(UM_ERR_NOMEM, "device %d: ...", dev);`. The message
+ * is prefixed with the status name. Also logged at debug level. */
+um_status um__fail(um_status s, const char *fmt, ...) UM_PRINTF(2, 3);
+/* Clears this thread's last error (used by tests). */
+void um__clear_error(void);
+
+typedef enum um_log_level {
+    UM_LOG_ERROR = 0,
+    UM_LOG_WARN = 1,
+    UM_LOG_INFO = 2,
+    UM_LOG_DEBUG = 3
+} um_log_level;
+
+extern _Atomic int um__log_level_current;
+void um__log_set_level(um_log_level level);
+void um__log_write(um_log_level level, const char *fmt, ...) UM_PRINTF(2, 3);
+#define um__log(level, ...)                                                         \
+    do {                                                                           \
+        if ((int)(level) <= atomic_load_explicit(&um__log_level_current,           \
+                                                 memory_order_relaxed))            \
+            um__log_write((level), __VA_ARGS__);                                   \
+    } while (0)
+
+static inline uint64_t um__now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static inline size_t um__align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+static inline size_t um__align_down(size_t x, size_t a) { return x / a * a; }
+static inline bool um__is_pow2(size_t x) { return x && !(x & (x - 1)); }
+
+/* "1.50 GiB" into buf (at least 32 bytes); returns buf. */
+char *um__format_bytes(char *buf, size_t n, uint64_t bytes);
+
+#endif /* UM_BASE_H */

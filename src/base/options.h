@@ -1,0 +1,66 @@
+/*
+ * options: the one option table (name, type, default, doc) and its parser.
+ * Values come from UNIMEM_CONF, then from the string given to um_init, then
+ * from setters. Owns nothing but the parsed um__options value.
+ */
+#ifndef UM_OPTIONS_H
+#define UM_OPTIONS_H
+
+#include "base.h"
+
+/* X(field, type, default, doc). For UM_OPT_ENUM the accepted words are the
+ * '|'-separated list that starts the doc line. */
+#define UM_OPTION_LIST(X)                                                                     \
+    X(log_level, UM_OPT_ENUM, "warn",                                                         \
+      "error|warn|info|debug: messages at this level and above go to stderr")                 \
+    X(devices, UM_OPT_STRING, "",                                                             \
+      "accelerators after the host (device 0), comma or '+' separated: sim:4G, sim:2x4G "    \
+      "(two devices), cuda (every CUDA GPU); empty: host only")                               \
+    X(allocator, UM_OPT_ENUM, "pool",                                                         \
+      "pool|direct|bufcache: unimem's pool, no cache (every request to the backend), or an " \
+      "MLX-style buffer cache (baselines)")                                                   \
+    X(memory_limit, UM_OPT_SIZE, "0",                                                         \
+      "cap on reserved bytes per device; 0 = the device capacity")                            \
+    X(cache_limit, UM_OPT_SIZE, "0",                                                          \
+      "cap on fully free pages a device keeps mapped; 0 = no cap")                            \
+    X(sim_granularity, UM_OPT_SIZE, "2M",                                                     \
+      "physical page size of simulated devices (CUDA VMM granularity on an H200)")            \
+    X(host_granularity, UM_OPT_SIZE, "2M", "physical page size of the host pool")             \
+    X(host_capacity, UM_OPT_SIZE, "0", "bytes the host pool may use; 0 = physical RAM")      \
+    X(thread_cache, UM_OPT_BOOL, "1",                                                         \
+      "per-thread caches of small blocks (no lock on the common alloc/free pair)")            \
+    X(va_factor, UM_OPT_INT, "4",                                                             \
+      "virtual address space reserved per device, as a multiple of its memory limit")
+
+typedef struct um__options {
+    int log_level;          /* um_log_level */
+    char devices[256];
+    int allocator;          /* um__allocator_kind */
+    size_t memory_limit;
+    size_t cache_limit;
+    size_t sim_granularity;
+    size_t host_granularity;
+    size_t host_capacity;
+    int thread_cache;
+    int va_factor;
+} um__options;
+
+typedef enum um__allocator_kind {
+    UM_ALLOCATOR_POOL = 0,
+    UM_ALLOCATOR_DIRECT = 1,
+    UM_ALLOCATOR_BUFCACHE = 2
+} um__allocator_kind;
+
+/* Fills every field with its default from the table. */
+void um__options_defaults(um__options *o);
+/* Applies "key=value,key=value" (whitespace around tokens ignored; NULL or
+ * "" applies nothing). An unknown key or bad value fails with
+ * UM_ERR_BAD_OPTION and a message naming the key, the value and `source`
+ * ("UNIMEM_CONF" or "um_init"); *o is then unchanged. Because device lists
+ * contain commas, the value of `devices` runs up to the next ",key=" whose
+ * key is in the table; '+' also separates devices. */
+um_status um__options_apply(um__options *o, const char *conf, const char *source);
+/* Name of an allocator kind ("pool", ...). */
+const char *um__allocator_name(int kind);
+
+#endif /* UM_OPTIONS_H */

@@ -1,0 +1,65 @@
+/* Status names and messages (from UM_STATUS_LIST) and the per-thread last
+ * error message. */
+#include "base.h"
+
+#include <stdio.h>
+#include <string.h>
+
+const char *um_status_name(um_status s)
+{
+    switch (s) {
+#define UM_STATUS_NAME_(name, value, message) \
+    case name:                                \
+        return #name;
+        UM_STATUS_LIST(UM_STATUS_NAME_)
+#undef UM_STATUS_NAME_
+    }
+    return "UM_STATUS_UNKNOWN";
+}
+
+const char *um_strerror(um_status s)
+{
+    switch (s) {
+#define UM_STATUS_MESSAGE_(name, value, message) \
+    case name:                                   \
+        return message;
+        UM_STATUS_LIST(UM_STATUS_MESSAGE_)
+#undef UM_STATUS_MESSAGE_
+    }
+    return "unknown status";
+}
+
+static _Thread_local char last_error[512];
+
+const char *um_last_error(void) { return last_error; }
+
+void um__clear_error(void) { last_error[0] = '\0'; }
+
+um_status um__fail(um_status s, const char *fmt, ...)
+{
+    int n = snprintf(last_error, sizeof last_error, "%s: ", um_status_name(s));
+    if (n < 0 || (size_t)n >= sizeof last_error)
+        n = 0;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(last_error + n, sizeof last_error - (size_t)n, fmt, ap);
+    va_end(ap);
+    um__log(UM_LOG_DEBUG, "%s", last_error);
+    return s;
+}
+
+char *um__format_bytes(char *buf, size_t n, uint64_t bytes)
+{
+    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double v = (double)bytes;
+    int u = 0;
+    while (v >= 1024.0 && u < 4) {
+        v /= 1024.0;
+        u++;
+    }
+    if (u == 0)
+        snprintf(buf, n, "%llu B", (unsigned long long)bytes);
+    else
+        snprintf(buf, n, "%.2f %s", v, units[u]);
+    return buf;
+}

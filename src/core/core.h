@@ -1,0 +1,41 @@
+/*
+ * core: the context (um_init/um_shutdown), the device table and streams;
+ * the glue between the public API and the layers below. Owns one backend
+ * and one allocator per device, and every stream object.
+ */
+#ifndef UM_CORE_H
+#define UM_CORE_H
+
+#include "../base/options.h"
+#include "../pool/pool.h"
+
+#include <pthread.h>
+
+#define UM_MAX_DEVICES 64
+
+typedef struct um_device {
+    int index;
+    um__backend *backend;
+    um__allocator *alloc;
+    struct um_stream_s *default_stream;
+    _Atomic uint32_t next_stream_id; /* 0 is the default stream */
+} um_device;
+
+struct um_stream_s {
+    um_context *ctx;
+    int dev;
+    um__stream_ref ref;    /* id and backend stream */
+    uint32_t magic;        /* UM_STREAM_MAGIC while valid */
+};
+#define UM_STREAM_MAGIC 0x5354524du
+
+struct um_context {
+    um__options opts;
+    int ndevices;
+    um_device devices[UM_MAX_DEVICES];
+};
+
+/* The device structure for dev, or NULL after um__fail(UM_ERR_NO_DEVICE). */
+um_device *um__device(um_context *ctx, int dev, const char *what);
+
+#endif /* UM_CORE_H */

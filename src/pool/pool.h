@@ -1,0 +1,80 @@
+/*
+ * pool: the allocator of one device. Three implementations share one
+ * vtable so the same API, backend and statistics measure all of them:
+ *
+ *   pool      unimem's allocator (pool.c): one reserved address range per
+ *             device, physical pages mapped only under live data and
+ *             recycled out of holes, size-class slabs with per-thread caches
+ *             for small requests, best fit with split/coalesce for the rest,
+ *             stream-ordered reuse.
+ *   direct    no cache: every request is its own backend chunk (baseline).
+ *   bufcache  MLX's BufferCache policy: whole freed buffers reused for
+ *             requests of at most their size and more than
+ *             max(size/2, size - 2 pages), never split or merged (baseline).
+ *
+ * Owns: every byte of backend memory the device's allocations use.
+ */
+#ifndef UM_POOL_H
+#define UM_POOL_H
+
+#include "../backend/backend.h"
+
+/* Blocks are aligned to (and sized in multiples of) this many bytes. */
+#define UM_ALIGN 256u
+
+/* A stream as the pool sees it: a small per-device id (0 is the default
+ * stream) and the backend stream to record events on. */
+typedef struct um__stream_ref {
+    uint32_t id;
+    um__bstream *bstream;
+} um__stream_ref;
+
+typedef struct um__pool_config {
+    int dev;               /* device index, for messages */
+    size_t memory_limit;   /* 0: backend capacity */
+    size_t cache_limit;    /* 0: no cap */
+    int thread_cache;      /* per-thread caches on/off */
+    int va_factor;         /* address space reserved = factor x limit */
+} um__pool_config;
+
+typedef struct um__allocator um__allocator;
+
+typedef struct um__allocator_ops {
+    const char *name;
+    um_status (*alloc)(um__allocator *a, size_t size, const um__stream_ref *s, void **ptr);
+    /* s NULL: the block's allocation stream. Errors: UM_ERR_DOUBLE_FREE,
+     * UM_ERR_INVALID_POINTER (for a pointer owns() accepted but that is not
+     * the start of a block). */
+    um_status (*free)(um__allocator *a, void *ptr, const um__stream_ref *s);
+    /* True when ptr lies in memory this allocator manages; reads no device
+     * memory. */
+    bool (*owns)(um__allocator *a, const void *ptr);
+    um_status (*trim)(um__allocator *a);
+    um_status (*set_memory_limit)(um__allocator *a, size_t bytes);
+    um_status (*set_cache_limit)(um__allocator *a, size_t bytes);
+    void (*stats)(um__allocator *a, um_stats *out);
+    void (*reset_peak)(um__allocator *a);
+    /* The stream is going away: wait for its work and make its pending
+     * blocks reusable everywhere. */
+    void (*stream_forget)(um__allocator *a, const um__stream_ref *s);
+    /* Recounts everything and checks every structural invariant; UM_OK when
+     * consistent, else UM_ERR_INTERNAL with a message saying what differs.
+     * Only meaningful while no other thread uses the allocator. */
+    um_status (*check)(um__allocator *a);
+    void (*destroy)(um__allocator *a);
+} um__allocator_ops;
+
+/* Every implementation starts with this header. */
+struct um__allocator {
+    const um__allocator_ops *ops;
+    um__backend *backend;
+    int dev;
+    size_t memory_limit;   /* effective cap on reserved bytes */
+    size_t cache_limit;    /* effective cap on cached pages (SIZE_MAX: none) */
+};
+
+um_status um__pool_create(um__backend *b, const um__pool_config *c, um__allocator **out);
+um_status um__direct_create(um__backend *b, const um__pool_config *c, um__allocator **out);
+um_status um__bufcache_create(um__backend *b, const um__pool_config *c, um__allocator **out);
+
+#endif /* UM_POOL_H */

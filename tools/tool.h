@@ -1,0 +1,23 @@
+/* The `unimem` command: one function per subcommand, and helpers they share.
+ * Tools use only the public API (unimem.h). */
+#ifndef UM_TOOL_H
+#define UM_TOOL_H
+
+#include "unimem.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+int um_cmd_info(int argc, char **argv);
+int um_cmd_replay(int argc, char **argv);
+int um_cmd_bench(int argc, char **argv);
+
+/* Prints "unimem <cmd>: <status name>: <um_last_error()>" to stderr and
+ * returns the exit code for a failed call (1). */
+int tool_fail(const char *cmd, um_status s);
+/* "1.50 GiB" into buf (at least 32 bytes). */
+const char *tool_bytes(char *buf, uint64_t bytes);
+uint64_t tool_now_ns(void);
+
+#endif

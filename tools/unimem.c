@@ -1,0 +1,68 @@
+/* `unimem`: entry point; dispatches to the subcommands. */
+#include "tool.h"
+
+#include <string.h>
+#include <time.h>
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: unimem <command> [options]\n"
+            "\n"
+            "commands:\n"
+            "  info [--options] [--json]      devices, their memory, and the option table\n"
+            "  replay FILE [--device SPEC] [--limit BYTES] [--json] [--min-limit]\n"
+            "                                 replay an allocation trace against the pool and\n"
+            "                                 two baselines (no cache, MLX-style buffer cache)\n"
+            "  bench alloc [--json] [--quick] time alloc+free pairs against glibc malloc\n"
+            "\n"
+            "UNIMEM_CONF=\"key=value,...\" sets options (see unimem info --options).\n");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") ||
+        !strcmp(argv[1], "help")) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    if (!strcmp(argv[1], "info"))
+        return um_cmd_info(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "replay"))
+        return um_cmd_replay(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "bench"))
+        return um_cmd_bench(argc - 1, argv + 1);
+    fprintf(stderr, "unimem: unknown command '%s'\n\n", argv[1]);
+    usage(stderr);
+    return 2;
+}
+
+int tool_fail(const char *cmd, um_status s)
+{
+    const char *detail = um_last_error();
+    fprintf(stderr, "unimem %s: %s\n", cmd, *detail ? detail : um_strerror(s));
+    return 1;
+}
+
+const char *tool_bytes(char *buf, uint64_t bytes)
+{
+    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double v = (double)bytes;
+    int u = 0;
+    while (v >= 1024.0 && u < 4) {
+        v /= 1024.0;
+        u++;
+    }
+    if (u == 0)
+        snprintf(buf, 32, "%llu B", (unsigned long long)bytes);
+    else
+        snprintf(buf, 32, "%.2f %s", v, units[u]);
+    return buf;
+}
+
+uint64_t tool_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
