@@ -1,0 +1,1636 @@
+/*
+ * unimem's pool: the allocator of one device (see pool_internal.h for the
+ * layout). Owns the device's address reservation, every physical page mapped
+ * into it, the range records, slabs, per-stream pending lists and the
+ * per-thread caches.
+ *
+ * Locking: one mutex per pool guards everything but the per-thread caches
+ * and the active-bytes counter. A small alloc/free pair that its thread's
+ * cache can serve takes no lock and makes no backend call.
+ */
+#include "pool_internal.h"
+
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NO_PAGE UINT32_MAX
+#define KNOWN_STREAM_BITS 1024 /* 16 words of known_streams */
+#define SLAB_MAP_LEAF 4096
+
+/* ------------------------------------------------------------ size classes */
+
+const uint32_t um__class_size[UM_NCLASSES] = {
+    256,  512,   768,   1024,  1280,  1536,  1792,  2048,  2304,  2560,
+    2816, 3072,  3328,  3584,  3840,  4096,  5120,  6144,  7168,  8192,
+    10240, 12288, 14336, 16384, 20480, 24576, 28672, 32768};
+
+static uint8_t class_lut[UM_SMALL_MAX / 256 + 1];
+static uint64_t class_recip[UM_NCLASSES]; /* ceil(2^40 / size): slot = off * r >> 40 */
+static pthread_once_t class_once = PTHREAD_ONCE_INIT;
+static _Atomic uint64_t pool_generations = 1;
+
+static void class_init(void)
+{
+    unsigned c = 0;
+    for (unsigned i = 0; i <= UM_SMALL_MAX / 256; i++) {
+        while (um__class_size[c] < i * 256u)
+            c++;
+        class_lut[i] = (uint8_t)c;
+    }
+    for (unsigned k = 0; k < UM_NCLASSES; k++)
+        class_recip[k] = ((1ull << 40) + um__class_size[k] - 1) / um__class_size[k];
+}
+
+unsigned um__class_of(size_t size) { return class_lut[(size + 255) / 256]; }
+
+static size_t slab_bytes(unsigned cls)
+{
+    size_t want = 16u * um__class_size[cls];
+    return um__align_up(want < UM_SLAB_UNIT ? UM_SLAB_UNIT : want, UM_SLAB_UNIT);
+}
+
+/* ---------------------------------------------------------------- helpers */
+
+static inline um__pool *P(um__allocator *a) { return (um__pool *)a; }
+
+static const char *dev_name(um__pool *p) { return p->base.backend->name; }
+
+static um__block *block_new(um__pool *p)
+{
+    um__block *b = p->block_freelist;
+    if (b)
+        p->block_freelist = b->next;
+    else
+        b = malloc(sizeof *b);
+    if (b)
+        memset(b, 0, sizeof *b);
+    return b;
+}
+
+static void block_put(um__pool *p, um__block *b)
+{
+    b->next = p->block_freelist;
+    p->block_freelist = b;
+}
+
+static void note_active(um__pool *p, size_t add)
+{
+    size_t now = atomic_fetch_add_explicit(&p->active, add, memory_order_relaxed) + add;
+    size_t peak = atomic_load_explicit(&p->peak_active, memory_order_relaxed);
+    while (now > peak &&
+           !atomic_compare_exchange_weak_explicit(&p->peak_active, &peak, now,
+                                                  memory_order_relaxed, memory_order_relaxed))
+        ;
+}
+
+static inline void note_inactive(um__pool *p, size_t sub)
+{
+    atomic_fetch_sub_explicit(&p->active, sub, memory_order_relaxed);
+}
+
+static inline void counter_inc(_Atomic uint64_t *c)
+{
+    /* Only the owning thread writes, so a load and a store (no locked RMW)
+     * suffice; stats readers see a value that is at most one op behind. */
+    atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + 1,
+                          memory_order_relaxed);
+}
+
+/* --------------------------------------------------- live large-block map */
+
+static size_t hash_addr(uintptr_t a) { return (size_t)((a >> 8) * 0x9e3779b97f4a7c15ull); }
+
+static bool live_map_grow(um__pool *p)
+{
+    size_t cap = p->live_cap ? p->live_cap * 2 : 1024;
+    um__block **m = calloc(cap, sizeof *m);
+    if (!m)
+        return false;
+    for (size_t i = 0; i < p->live_cap; i++) {
+        um__block *b = p->live_map[i];
+        if (!b)
+            continue;
+        size_t j = hash_addr(b->fi.addr) & (cap - 1);
+        while (m[j])
+            j = (j + 1) & (cap - 1);
+        m[j] = b;
+    }
+    free(p->live_map);
+    p->live_map = m;
+    p->live_cap = cap;
+    return true;
+}
+
+static bool live_map_put(um__pool *p, um__block *b)
+{
+    if ((p->live_count + 1) * 2 > p->live_cap && !live_map_grow(p))
+        return false;
+    size_t j = hash_addr(b->fi.addr) & (p->live_cap - 1);
+    while (p->live_map[j])
+        j = (j + 1) & (p->live_cap - 1);
+    p->live_map[j] = b;
+    p->live_count++;
+    return true;
+}
+
+static size_t live_map_slot(um__pool *p, uintptr_t addr)
+{
+    if (!p->live_cap)
+        return SIZE_MAX;
+    size_t j = hash_addr(addr) & (p->live_cap - 1);
+    while (p->live_map[j]) {
+        if (p->live_map[j]->fi.addr == addr)
+            return j;
+        j = (j + 1) & (p->live_cap - 1);
+    }
+    return SIZE_MAX;
+}
+
+static void live_map_del(um__pool *p, size_t j)
+{
+    size_t mask = p->live_cap - 1;
+    p->live_map[j] = NULL;
+    p->live_count--;
+    /* Backward-shift deletion keeps every probe chain unbroken. */
+    for (size_t k = (j + 1) & mask; p->live_map[k]; k = (k + 1) & mask) {
+        size_t home = hash_addr(p->live_map[k]->fi.addr) & mask;
+        if (((k - home) & mask) >= ((k - j) & mask)) {
+            p->live_map[j] = p->live_map[k];
+            p->live_map[k] = NULL;
+            j = k;
+        }
+    }
+}
+
+/* ------------------------------------------------------------ page holes */
+
+static inline size_t page_of(um__pool *p, uintptr_t a) { return (a - p->va) / p->page; }
+static inline uintptr_t page_addr(um__pool *p, size_t pg) { return p->va + pg * p->page; }
+
+static void hole_push(um__pool *p, uint32_t pg)
+{
+    p->hole_prev[pg] = p->hole_tail;
+    p->hole_next[pg] = NO_PAGE;
+    if (p->hole_tail != NO_PAGE)
+        p->hole_next[p->hole_tail] = pg;
+    else
+        p->hole_head = pg;
+    p->hole_tail = pg;
+    p->holes++;
+}
+
+static void hole_remove(um__pool *p, uint32_t pg)
+{
+    uint32_t pv = p->hole_prev[pg], nx = p->hole_next[pg];
+    if (pv != NO_PAGE)
+        p->hole_next[pv] = nx;
+    else
+        p->hole_head = nx;
+    if (nx != NO_PAGE)
+        p->hole_prev[nx] = pv;
+    else
+        p->hole_tail = pv;
+    p->hole_prev[pg] = p->hole_next[pg] = NO_PAGE;
+    p->holes--;
+}
+
+/* Adds (sign > 0) or removes not-ready bytes of [addr, addr+len) to the
+ * pages' pin counts, keeping the hole list exact. Pages gaining pins must be
+ * mapped already. */
+static void pin_range(um__pool *p, uintptr_t addr, size_t len, int sign)
+{
+    if (!len)
+        return;
+    size_t first = page_of(p, addr), last = page_of(p, addr + len - 1);
+    for (size_t pg = first; pg <= last; pg++) {
+        uintptr_t ps = page_addr(p, pg), pe = ps + p->page;
+        uintptr_t s = addr > ps ? addr : ps, e = addr + len < pe ? addr + len : pe;
+        uint32_t n = (uint32_t)(e - s);
+        if (sign > 0) {
+            if (p->page_pin[pg] == 0)
+                hole_remove(p, (uint32_t)pg);
+            p->page_pin[pg] += n;
+        } else {
+            p->page_pin[pg] -= n;
+            if (p->page_pin[pg] == 0 && p->page_phys[pg])
+                hole_push(p, (uint32_t)pg);
+        }
+    }
+}
+
+static size_t unmapped_pages(um__pool *p, uintptr_t addr, size_t len)
+{
+    size_t first = page_of(p, addr), last = page_of(p, addr + len - 1), n = 0;
+    for (size_t pg = first; pg <= last; pg++)
+        n += !p->page_phys[pg];
+    return n;
+}
+
+/* The oldest hole outside pages [first, last], or NO_PAGE. */
+static uint32_t hole_outside(um__pool *p, size_t first, size_t last)
+{
+    uint32_t h = p->hole_head;
+    while (h != NO_PAGE && h >= first && h <= last)
+        h = p->hole_next[h];
+    return h;
+}
+
+/* Unmaps a hole and gives its physical page back to the backend. */
+static um_status release_hole(um__pool *p, uint32_t h)
+{
+    um__backend *b = p->base.backend;
+    um_status s = um__be_unmap(b, page_addr(p, h), p->page);
+    if (s != UM_OK)
+        return s;
+    hole_remove(p, h);
+    s = um__be_release(b, p->page_phys[h], p->page);
+    if (s != UM_OK)
+        um__log(UM_LOG_ERROR, "%s: releasing a page failed (%s); it is lost to the pool",
+                dev_name(p), um_last_error());
+    p->page_phys[h] = 0;
+    p->reserved -= p->page;
+    return UM_OK;
+}
+
+/* Releases the oldest holes until at most keep bytes of holes remain. */
+static um_status release_holes(um__pool *p, size_t keep)
+{
+    while (p->holes && p->holes * p->page > keep) {
+        um_status s = release_hole(p, p->hole_head);
+        if (s != UM_OK)
+            return s;
+    }
+    return UM_OK;
+}
+
+static void enforce_cache_limit(um__pool *p)
+{
+    if (p->base.cache_limit != SIZE_MAX)
+        (void)release_holes(p, p->base.cache_limit);
+}
+
+/* Maps every unmapped page under [addr, addr+len), taking holes from
+ * elsewhere before new backend memory, and pins the range. On failure the
+ * pages mapped so far stay as holes and nothing is pinned. */
+static um_status map_and_pin(um__pool *p, uintptr_t addr, size_t len)
+{
+    um__backend *b = p->base.backend;
+    size_t first = page_of(p, addr), last = page_of(p, addr + len - 1);
+    for (size_t pg = first; pg <= last; pg++) {
+        if (p->page_phys[pg])
+            continue;
+        uintptr_t va = page_addr(p, pg);
+        uint32_t h = hole_outside(p, first, last);
+        um_status s;
+        if (h != NO_PAGE) {
+            /* Physical-page recycling: move a hole's page here. */
+            s = um__be_unmap(b, page_addr(p, h), p->page);
+            if (s != UM_OK)
+                return s;
+            hole_remove(p, h);
+            um__phys ph = p->page_phys[h];
+            p->page_phys[h] = 0;
+            s = um__be_map(b, va, p->page, ph);
+            if (s != UM_OK) {
+                if (um__be_map(b, page_addr(p, h), p->page, ph) == UM_OK) {
+                    p->page_phys[h] = ph;
+                    hole_push(p, h);
+                } else {
+                    (void)um__be_release(b, ph, p->page);
+                    p->reserved -= p->page;
+                }
+                return s;
+            }
+            p->page_phys[pg] = ph;
+        } else {
+            if (p->reserved + p->page > p->base.memory_limit)
+                return UM_ERR_NOMEM;
+            um__phys ph = 0;
+            s = um__be_create(b, p->page, &ph);
+            if (s != UM_OK)
+                return s;
+            s = um__be_map(b, va, p->page, ph);
+            if (s != UM_OK) {
+                (void)um__be_release(b, ph, p->page);
+                return s;
+            }
+            p->page_phys[pg] = ph;
+            p->reserved += p->page;
+            if (p->reserved > p->peak_reserved)
+                p->peak_reserved = p->reserved;
+        }
+        hole_push(p, (uint32_t)pg); /* a hole until pinned below */
+    }
+    pin_range(p, addr, len, +1);
+    return UM_OK;
+}
+
+/* ----------------------------------------------------------- range records */
+
+/* Splits b (in no index) so that it keeps its first size bytes; the rest
+ * goes to the spare record r, which is linked in after b and returned. */
+static um__block *split_block(um__block *b, size_t size, um__block *r)
+{
+    r->fi.addr = b->fi.addr + size;
+    r->fi.size = b->fi.size - size;
+    r->region = b->region;
+    r->prev = b;
+    r->next = b->next;
+    if (b->next)
+        b->next->prev = r;
+    b->next = r;
+    b->fi.size = size;
+    return r;
+}
+
+/* Turns b (unpinned, in no index) into a ready range, merged with ready
+ * neighbours. */
+static void make_ready(um__pool *p, um__block *b)
+{
+    um__region *r = &p->regions[b->region];
+    b->state = UM_BLOCK_READY;
+    um__block *pv = b->prev, *nx = b->next;
+    if (pv && pv->state == UM_BLOCK_READY) {
+        um__fi_remove(&r->ready, &pv->fi);
+        pv->fi.size += b->fi.size;
+        pv->next = nx;
+        if (nx)
+            nx->prev = pv;
+        block_put(p, b);
+        b = pv;
+    }
+    if (nx && nx->state == UM_BLOCK_READY) {
+        um__fi_remove(&r->ready, &nx->fi);
+        b->fi.size += nx->fi.size;
+        b->next = nx->next;
+        if (nx->next)
+            nx->next->prev = b;
+        block_put(p, nx);
+    }
+    um__fi_insert(&r->ready, &b->fi);
+}
+
+/* ---------------------------------------------------------------- streams */
+
+static um__stream_state *stream_state(um__pool *p, const um__stream_ref *s)
+{
+    if (s->id >= p->nstreams) {
+        uint32_t n = p->nstreams ? p->nstreams : 8;
+        while (n <= s->id)
+            n *= 2;
+        um__stream_state **a = realloc(p->streams, n * sizeof *a);
+        if (!a)
+            return NULL;
+        memset(a + p->nstreams, 0, (n - p->nstreams) * sizeof *a);
+        p->streams = a;
+        p->nstreams = n;
+    }
+    um__stream_state *ss = p->streams[s->id];
+    if (!ss) {
+        ss = calloc(1, sizeof *ss);
+        if (!ss)
+            return NULL;
+        um__fi_init(&ss->pending);
+        ss->epoch = 1;
+        p->streams[s->id] = ss;
+    }
+    if (!ss->known) {
+        ss->known = true;
+        ss->bstream = s->bstream;
+        if (s->id < KNOWN_STREAM_BITS)
+            atomic_fetch_or_explicit(&p->known_streams[s->id / 64], 1ull << (s->id % 64),
+                                     memory_order_release);
+    }
+    return ss;
+}
+
+static void fifo_remove(um__stream_state *ss, um__block *b)
+{
+    if (b->qprev)
+        b->qprev->qnext = b->qnext;
+    else
+        ss->fifo_head = b->qnext;
+    if (b->qnext)
+        b->qnext->qprev = b->qprev;
+    else
+        ss->fifo_tail = b->qprev;
+    b->qprev = b->qnext = NULL;
+}
+
+static void fifo_insert_after(um__stream_state *ss, um__block *at, um__block *b)
+{
+    b->qprev = at;
+    b->qnext = at ? at->qnext : ss->fifo_head;
+    if (b->qnext)
+        b->qnext->qprev = b;
+    else
+        ss->fifo_tail = b;
+    if (at)
+        at->qnext = b;
+    else
+        ss->fifo_head = b;
+}
+
+static bool pending_push(um__pending_vec *v, void *ptr, uint64_t epoch)
+{
+    if (v->n == v->cap) {
+        size_t cap = v->cap ? v->cap * 2 : 16;
+        um__pending_obj *a = realloc(v->items, cap * sizeof *a);
+        if (!a)
+            return false;
+        v->items = a;
+        v->cap = cap;
+    }
+    v->items[v->n++] = (um__pending_obj){ptr, epoch};
+    return true;
+}
+
+static void slot_return(um__pool *p, void *ptr);
+
+/* Everything freed on ss with epoch <= upto is now safe on every stream. */
+static void migrate(um__pool *p, um__stream_state *ss, uint64_t upto)
+{
+    while (ss->fifo_head && ss->fifo_head->epoch <= upto) {
+        um__block *b = ss->fifo_head;
+        fifo_remove(ss, b);
+        um__fi_remove(&ss->pending, &b->fi);
+        pin_range(p, b->fi.addr, b->fi.size, -1);
+        make_ready(p, b);
+    }
+    for (unsigned c = 0; c < UM_NCLASSES; c++) {
+        um__pending_vec *v = &ss->small[c];
+        size_t k = 0;
+        while (k < v->n && v->items[k].epoch <= upto)
+            k++;
+        if (!k)
+            continue;
+        for (size_t i = 0; i < k; i++)
+            slot_return(p, v->items[i].ptr);
+        memmove(v->items, v->items + k, (v->n - k) * sizeof *v->items);
+        v->n -= k;
+        ss->small_pending -= k;
+    }
+}
+
+static bool stream_has_pending(const um__stream_state *ss)
+{
+    return ss->fifo_head || ss->small_pending;
+}
+
+/* Checks (wait = false) or waits for (wait = true) the stream's fence and
+ * migrates what it covers; records a new fence when frees are uncovered. */
+static void poll_stream(um__pool *p, um__stream_state *ss, bool wait)
+{
+    um__backend *b = p->base.backend;
+    for (int round = 0; round < 2; round++) {
+        if (!ss->fence) {
+            if (!stream_has_pending(ss))
+                return;
+            if (um__be_event_record(b, ss->bstream, &ss->fence) != UM_OK) {
+                ss->fence = NULL;
+                return;
+            }
+            ss->fence_epoch = ss->epoch++;
+        }
+        int done = 0;
+        um_status s = wait ? um__be_event_sync(b, ss->fence) : UM_OK;
+        if (s == UM_OK && !wait)
+            s = um__be_event_query(b, ss->fence, &done);
+        if (s != UM_OK || (!wait && !done))
+            return;
+        um__be_event_destroy(b, ss->fence);
+        ss->fence = NULL;
+        migrate(p, ss, ss->fence_epoch);
+    }
+}
+
+static void poll_all(um__pool *p, bool wait)
+{
+    for (uint32_t i = 0; i < p->nstreams; i++)
+        if (p->streams[i])
+            poll_stream(p, p->streams[i], wait);
+}
+
+/* ------------------------------------------------------------------ slabs */
+
+static inline um__slab *slab_lookup(um__pool *p, uintptr_t addr)
+{
+    size_t unit = (addr - p->va) / UM_SLAB_UNIT;
+    size_t top = unit / SLAB_MAP_LEAF;
+    if (top >= p->slab_map_top)
+        return NULL;
+    _Atomic(um__slab *) *leaf = p->slab_map[top];
+    return leaf ? atomic_load_explicit(&leaf[unit % SLAB_MAP_LEAF], memory_order_acquire) : NULL;
+}
+
+static bool slab_map_set(um__pool *p, um__slab *s, uintptr_t base, size_t bytes)
+{
+    for (uintptr_t a = base; a < base + bytes; a += UM_SLAB_UNIT) {
+        size_t unit = (a - p->va) / UM_SLAB_UNIT, top = unit / SLAB_MAP_LEAF;
+        if (!p->slab_map[top]) {
+            p->slab_map[top] = calloc(SLAB_MAP_LEAF, sizeof(_Atomic(um__slab *)));
+            if (!p->slab_map[top])
+                return false;
+        }
+        atomic_store_explicit(&p->slab_map[top][unit % SLAB_MAP_LEAF], s, memory_order_release);
+    }
+    return true;
+}
+
+static inline uint32_t slot_of(const um__slab *s, uintptr_t addr)
+{
+    return (uint32_t)(((uint64_t)(addr - s->base) * class_recip[s->cls]) >> 40);
+}
+
+static void partial_remove(um__pool *p, um__slab *s)
+{
+    if (!s->on_list)
+        return;
+    if (s->prev)
+        s->prev->next = s->next;
+    else
+        p->partial[s->cls] = s->next;
+    if (s->next)
+        s->next->prev = s->prev;
+    s->prev = s->next = NULL;
+    s->on_list = false;
+}
+
+static void partial_push(um__pool *p, um__slab *s)
+{
+    s->prev = NULL;
+    s->next = p->partial[s->cls];
+    if (s->next)
+        s->next->prev = s;
+    p->partial[s->cls] = s;
+    s->on_list = true;
+}
+
+static void slab_free_arrays(um__slab *s)
+{
+    free(s->free_stack);
+    free((void *)s->state);
+    free(s->requested);
+    free(s->stream);
+    free(s);
+}
+
+static void slab_destroy(um__pool *p, um__slab *s)
+{
+    partial_remove(p, s);
+    (void)slab_map_set(p, NULL, s->base, s->block->fi.size);
+    um__block *b = s->block;
+    b->slab = NULL;
+    pin_range(p, b->fi.addr, b->fi.size, -1);
+    make_ready(p, b);
+    slab_free_arrays(s);
+}
+
+/* A slot comes back to its slab (ready on every stream). At most one empty
+ * slab per class is kept; more are destroyed so their pages become holes. */
+static void slot_return(um__pool *p, void *ptr)
+{
+    um__slab *s = slab_lookup(p, (uintptr_t)ptr);
+    uint32_t slot = slot_of(s, (uintptr_t)ptr);
+    atomic_store_explicit(&s->state[slot], UM_SLOT_FREE, memory_order_relaxed);
+    s->free_stack[s->nfree++] = slot;
+    if (s->nfree == s->nslots) {
+        um__slab *other = p->partial[s->cls];
+        if (other == s)
+            other = s->next;
+        if (other) {
+            slab_destroy(p, s);
+            return;
+        }
+    }
+    if (!s->on_list)
+        partial_push(p, s);
+}
+
+static um_status take_range(um__pool *p, unsigned region, size_t size, um__stream_state *ss,
+                            um__block **out);
+
+static um_status slab_create(um__pool *p, unsigned cls, um__slab **out)
+{
+    size_t bytes = slab_bytes(cls);
+    um__block *b;
+    um_status st = take_range(p, 0, bytes, NULL, &b);
+    if (st != UM_OK)
+        return st;
+    um__slab *s = calloc(1, sizeof *s);
+    uint32_t n = (uint32_t)(bytes / um__class_size[cls]);
+    if (s) {
+        s->free_stack = malloc(n * sizeof *s->free_stack);
+        s->state = calloc(n, 1);
+        s->requested = calloc(n, sizeof *s->requested);
+        s->stream = calloc(n, sizeof *s->stream);
+    }
+    if (!s || !s->free_stack || !s->state || !s->requested || !s->stream ||
+        !slab_map_set(p, s, b->fi.addr, bytes)) {
+        if (s)
+            slab_free_arrays(s);
+        (void)slab_map_set(p, NULL, b->fi.addr, bytes);
+        pin_range(p, b->fi.addr, b->fi.size, -1);
+        make_ready(p, b);
+        return um__fail(UM_ERR_NOMEM, "%s: out of host memory for slab records", dev_name(p));
+    }
+    s->base = b->fi.addr;
+    s->block = b;
+    s->cls = cls;
+    s->nslots = n;
+    s->nfree = n;
+    for (uint32_t i = 0; i < n; i++)
+        s->free_stack[i] = n - 1 - i; /* low addresses first */
+    b->state = UM_BLOCK_SLAB;
+    b->slab = s;
+    partial_push(p, s);
+    *out = s;
+    return UM_OK;
+}
+
+/* Takes one slot of class cls for stream sid (state becomes CACHED): the
+ * stream's own pending slots first, then slabs, then a new slab. */
+static um_status small_take(um__pool *p, unsigned cls, um__stream_state *ss, void **ptr)
+{
+    um__pending_vec *v = &ss->small[cls];
+    if (v->n) {
+        *ptr = v->items[--v->n].ptr;
+        ss->small_pending--;
+        return UM_OK;
+    }
+    um__slab *s = p->partial[cls];
+    if (!s) {
+        /* Slots other streams freed may have become safe: look before
+         * growing. */
+        poll_all(p, false);
+        if (v->n) {
+            *ptr = v->items[--v->n].ptr;
+            ss->small_pending--;
+            return UM_OK;
+        }
+        s = p->partial[cls];
+    }
+    if (!s) {
+        um_status st = slab_create(p, cls, &s);
+        if (st != UM_OK)
+            return st;
+    }
+    uint32_t slot = s->free_stack[--s->nfree];
+    atomic_store_explicit(&s->state[slot], UM_SLOT_CACHED, memory_order_relaxed);
+    if (!s->nfree)
+        partial_remove(p, s);
+    *ptr = (void *)(s->base + (uintptr_t)slot * um__class_size[cls]);
+    return UM_OK;
+}
+
+/* A cached slot (state CACHED) freed on stream ss goes to its pending list. */
+static bool small_park(um__stream_state *ss, unsigned cls, void *ptr)
+{
+    if (!pending_push(&ss->small[cls], ptr, ss->epoch))
+        return false;
+    ss->small_pending++;
+    return true;
+}
+
+/* ---------------------------------------------------------- range taking */
+
+/* Takes the first size bytes of ready block b and pins them. */
+static um_status take_ready(um__pool *p, um__block *b, size_t size)
+{
+    um__region *r = &p->regions[b->region];
+    um__block *rest = NULL;
+    if (b->fi.size > size && !(rest = block_new(p)))
+        return UM_ERR_NOMEM;
+    um_status s = map_and_pin(p, b->fi.addr, size);
+    if (s != UM_OK) {
+        if (rest)
+            block_put(p, rest);
+        return s;
+    }
+    um__fi_remove(&r->ready, &b->fi);
+    if (rest) {
+        split_block(b, size, rest);
+        rest->state = UM_BLOCK_READY;
+        um__fi_insert(&r->ready, &rest->fi);
+    }
+    return UM_OK;
+}
+
+/* Takes the first size bytes of pending block b of stream ss; the rest stays
+ * pending in b's place in the FIFO. Without a record for the rest, b is
+ * handed out whole (its pages are pinned either way). */
+static void take_pending(um__pool *p, um__stream_state *ss, um__block *b, size_t size)
+{
+    um__fi_remove(&ss->pending, &b->fi);
+    um__block *rest = b->fi.size > size ? block_new(p) : NULL;
+    if (rest) {
+        split_block(b, size, rest);
+        rest->state = UM_BLOCK_PENDING;
+        rest->stream = b->stream;
+        rest->epoch = b->epoch;
+        fifo_insert_after(ss, b, rest);
+        um__fi_insert(&ss->pending, &rest->fi);
+    }
+    fifo_remove(ss, b);
+}
+
+static void release_spare_slabs(um__pool *p)
+{
+    for (unsigned c = 0; c < UM_NCLASSES; c++) {
+        um__slab *s = p->partial[c];
+        while (s) {
+            um__slab *nx = s->next;
+            if (s->nfree == s->nslots)
+                slab_destroy(p, s);
+            s = nx;
+        }
+    }
+}
+
+/* Finds size bytes in a region for stream ss (NULL: no pending reuse):
+ * 0. the stream's own pending blocks, or ready memory already mapped;
+ * 1. after polling every stream's fence: the same, else ready memory with
+ *    holes moved from elsewhere, then new pages while under the limit;
+ * 2. after waiting for every fence and dropping empty slabs: step 1 again.
+ * The returned block is pinned and in no index; the caller sets its state. */
+static um_status take_range(um__pool *p, unsigned region, size_t size, um__stream_state *ss,
+                            um__block **out)
+{
+    um__region *r = &p->regions[region];
+    um_status last = UM_ERR_NOMEM;
+    for (int attempt = 0; attempt < 3; attempt++) {
+        if (attempt == 1)
+            poll_all(p, false);
+        if (attempt == 2) {
+            poll_all(p, true);
+            release_spare_slabs(p);
+        }
+        um__fi_node *pn = ss ? um__fi_find(&ss->pending, size) : NULL;
+        um__fi_node *rn = um__fi_find(&r->ready, size);
+        if (pn && (!rn || pn->size <= rn->size)) {
+            take_pending(p, ss, (um__block *)pn, size);
+            *out = (um__block *)pn;
+            return UM_OK;
+        }
+        if (!rn)
+            continue;
+        um__block *b = (um__block *)rn;
+        size_t need = unmapped_pages(p, b->fi.addr, size);
+        if (need && attempt == 0)
+            continue;
+        if (need > p->holes && p->reserved + (need - p->holes) * p->page > p->base.memory_limit)
+            continue;
+        last = take_ready(p, b, size);
+        if (last == UM_OK) {
+            *out = b;
+            return UM_OK;
+        }
+        if (last != UM_ERR_NOMEM)
+            return last;
+    }
+    return last;
+}
+
+/* ---------------------------------------------------------- thread caches */
+
+static _Thread_local struct {
+    uint64_t generation;
+    um__tcache *tc;
+} tls_cache;
+
+static void flush_bin_locked(um__pool *p, um__tc_bin *bin, unsigned cls, uint32_t count)
+{
+    um__stream_state *ss = p->streams[bin->stream];
+    uint32_t i = 0;
+    for (; i < count; i++)
+        if (!small_park(ss, cls, bin->items[i]))
+            break;
+    /* Under host-memory exhaustion the rest stays in the bin. */
+    memmove(bin->items, bin->items + i, (bin->n - i) * sizeof bin->items[0]);
+    bin->n -= i;
+}
+
+static void tcache_flush_locked(um__pool *p, um__tcache *tc)
+{
+    for (unsigned c = 0; c < UM_NCLASSES; c++)
+        if (tc->bins[c].n)
+            flush_bin_locked(p, &tc->bins[c], c, tc->bins[c].n);
+}
+
+static void tcache_thread_exit(void *arg)
+{
+    um__tcache *tc = arg;
+    um__pool *p = tc->pool;
+    pthread_mutex_lock(&p->lock);
+    tcache_flush_locked(p, tc);
+    p->dead_allocs += atomic_load_explicit(&tc->allocs, memory_order_relaxed);
+    p->dead_frees += atomic_load_explicit(&tc->frees, memory_order_relaxed);
+    if (tc->prev)
+        tc->prev->next = tc->next;
+    else
+        p->tcaches = tc->next;
+    if (tc->next)
+        tc->next->prev = tc->prev;
+    pthread_mutex_unlock(&p->lock);
+    free(tc);
+}
+
+static um__tcache *tcache_get(um__pool *p)
+{
+    if (UM_LIKELY(tls_cache.generation == p->generation))
+        return tls_cache.tc;
+    um__tcache *tc = pthread_getspecific(p->tkey);
+    if (!tc) {
+        tc = calloc(1, sizeof *tc);
+        if (!tc)
+            return NULL;
+        tc->pool = p;
+        if (pthread_setspecific(p->tkey, tc) != 0) {
+            free(tc);
+            return NULL;
+        }
+        pthread_mutex_lock(&p->lock);
+        tc->next = p->tcaches;
+        if (tc->next)
+            tc->next->prev = tc;
+        p->tcaches = tc;
+        pthread_mutex_unlock(&p->lock);
+    }
+    tls_cache.generation = p->generation;
+    tls_cache.tc = tc;
+    return tc;
+}
+
+/* Bins fill to this many slots at a time; bigger classes move fewer. */
+static uint32_t refill_count(unsigned cls)
+{
+    uint32_t n = (uint32_t)(64u * 1024u / um__class_size[cls]);
+    return n < 4 ? 4 : n > UM_TC_MAX / 2 ? UM_TC_MAX / 2 : n;
+}
+
+/* ------------------------------------------------------------ alloc / free */
+
+static um_status nomem(um__pool *p, size_t size)
+{
+    char req[32], live[32], res[32], lim[32];
+    p->ooms++;
+    return um__fail(UM_ERR_NOMEM,
+                    "device %d (%s): cannot allocate %s: live %s, reserved %s, limit %s%s",
+                    p->base.dev, dev_name(p), um__format_bytes(req, sizeof req, size),
+                    um__format_bytes(live, sizeof live, atomic_load(&p->active)),
+                    um__format_bytes(res, sizeof res, p->reserved),
+                    um__format_bytes(lim, sizeof lim, p->base.memory_limit),
+                    size > p->base.memory_limit ? " (the request alone exceeds the limit)" : "");
+}
+
+static um_status fail_locked(um__pool *p, um_status s, size_t size)
+{
+    if (s == UM_ERR_NOMEM)
+        return nomem(p, size);
+    return s;
+}
+
+static void mark_live_slot(um__pool *p, void *ptr, size_t size, uint32_t sid)
+{
+    um__slab *s = slab_lookup(p, (uintptr_t)ptr);
+    uint32_t slot = slot_of(s, (uintptr_t)ptr);
+    s->requested[slot] = (uint32_t)size;
+    s->stream[slot] = sid;
+    atomic_store_explicit(&s->state[slot], UM_SLOT_LIVE, memory_order_release);
+    note_active(p, um__class_size[s->cls]);
+}
+
+static um_status small_alloc(um__pool *p, size_t size, const um__stream_ref *s, void **ptr)
+{
+    unsigned cls = um__class_of(size);
+    um__tcache *tc = p->thread_cache ? tcache_get(p) : NULL;
+    if (UM_LIKELY(tc != NULL)) {
+        um__tc_bin *bin = &tc->bins[cls];
+        if (UM_LIKELY(bin->n && bin->stream == s->id)) {
+            void *x = bin->items[--bin->n];
+            mark_live_slot(p, x, size, s->id);
+            counter_inc(&tc->allocs);
+            *ptr = x;
+            return UM_OK;
+        }
+    }
+    pthread_mutex_lock(&p->lock);
+    uint64_t calls = atomic_load_explicit(&p->base.backend->calls, memory_order_relaxed);
+    um__stream_state *ss = stream_state(p, s);
+    um_status st = ss ? UM_OK : UM_ERR_NOMEM;
+    void *x = NULL;
+    if (st == UM_OK && tc) {
+        um__tc_bin *bin = &tc->bins[cls];
+        if (bin->n)
+            flush_bin_locked(p, bin, cls, bin->n);
+        if (!bin->n) {
+            bin->stream = s->id;
+            uint32_t want = refill_count(cls);
+            /* The stream's own freed slots come first, the newest on top
+             * of the bin so the next allocation reuses it; slabs only when
+             * there are none. */
+            um__pending_vec *v = ss ? &ss->small[cls] : NULL;
+            uint32_t k = v && v->n < want ? (uint32_t)v->n : want;
+            if (v && k) {
+                for (uint32_t i = 0; i < k; i++)
+                    bin->items[i] = v->items[v->n - k + i].ptr;
+                v->n -= k;
+                ss->small_pending -= k;
+                bin->n = k;
+            }
+            while (!k && bin->n < want) {
+                st = small_take(p, cls, ss, &bin->items[bin->n]);
+                if (st != UM_OK)
+                    break;
+                bin->n++;
+            }
+            if (bin->n)
+                st = UM_OK;
+        }
+        if (bin->n && bin->stream == s->id)
+            x = bin->items[--bin->n];
+        else if (st == UM_OK)
+            st = UM_ERR_NOMEM;
+    } else if (st == UM_OK) {
+        st = small_take(p, cls, ss, &x);
+    }
+    if (st == UM_OK) {
+        if (!tc)
+            p->central_allocs++;
+        if (atomic_load_explicit(&p->base.backend->calls, memory_order_relaxed) != calls)
+            p->misses++;
+        if (tc)
+            counter_inc(&tc->allocs);
+        mark_live_slot(p, x, size, s->id);
+        *ptr = x;
+    } else {
+        st = fail_locked(p, st, size);
+    }
+    pthread_mutex_unlock(&p->lock);
+    return st;
+}
+
+static um_status large_alloc(um__pool *p, size_t size, const um__stream_ref *s, void **ptr)
+{
+    size_t bytes = um__align_up(size, UM_ALIGN);
+    pthread_mutex_lock(&p->lock);
+    uint64_t calls = atomic_load_explicit(&p->base.backend->calls, memory_order_relaxed);
+    um__stream_state *ss = stream_state(p, s);
+    um__block *b = NULL;
+    um_status st = ss ? take_range(p, 1, bytes, ss, &b) : UM_ERR_NOMEM;
+    if (st == UM_OK && !live_map_put(p, b)) {
+        pin_range(p, b->fi.addr, b->fi.size, -1);
+        make_ready(p, b);
+        st = UM_ERR_NOMEM;
+    }
+    if (st == UM_OK) {
+        b->state = UM_BLOCK_LIVE;
+        b->stream = s->id;
+        b->requested = size;
+        p->large_requested += size;
+        p->large_blocks++;
+        p->central_allocs++;
+        if (atomic_load_explicit(&p->base.backend->calls, memory_order_relaxed) != calls)
+            p->misses++;
+        note_active(p, b->fi.size);
+        *ptr = (void *)b->fi.addr;
+    } else {
+        st = fail_locked(p, st, size);
+    }
+    pthread_mutex_unlock(&p->lock);
+    return st;
+}
+
+static um_status pool_alloc(um__allocator *a, size_t size, const um__stream_ref *s, void **ptr)
+{
+    um__pool *p = P(a);
+    if (UM_UNLIKELY(size > p->base.memory_limit)) {
+        pthread_mutex_lock(&p->lock);
+        um_status st = nomem(p, size);
+        pthread_mutex_unlock(&p->lock);
+        return st;
+    }
+    if (size <= UM_SMALL_MAX)
+        return small_alloc(p, size, s, ptr);
+    return large_alloc(p, size, s, ptr);
+}
+
+static um_status small_free(um__pool *p, um__slab *sl, uintptr_t addr, const um__stream_ref *s)
+{
+    uint32_t slot = slot_of(sl, addr);
+    if (UM_UNLIKELY(slot >= sl->nslots ||
+                    sl->base + (uintptr_t)slot * um__class_size[sl->cls] != addr))
+        return um__fail(UM_ERR_INVALID_POINTER,
+                        "device %d (%s): %p points inside a block, not at its start",
+                        p->base.dev, dev_name(p), (void *)addr);
+    uint8_t expect = UM_SLOT_LIVE;
+    if (UM_UNLIKELY(!atomic_compare_exchange_strong_explicit(
+            &sl->state[slot], &expect, UM_SLOT_CACHED, memory_order_acq_rel,
+            memory_order_relaxed)))
+        return um__fail(UM_ERR_DOUBLE_FREE, "device %d (%s): %p is not a live allocation",
+                        p->base.dev, dev_name(p), (void *)addr);
+    unsigned cls = sl->cls;
+    uint32_t sid = s ? s->id : sl->stream[slot];
+    note_inactive(p, um__class_size[cls]);
+    um__tcache *tc = p->thread_cache ? tcache_get(p) : NULL;
+    bool known_stream = sid < KNOWN_STREAM_BITS &&
+                        (atomic_load_explicit(&p->known_streams[sid / 64],
+                                              memory_order_acquire) >> (sid % 64)) & 1;
+    if (UM_LIKELY(tc && known_stream)) {
+        um__tc_bin *bin = &tc->bins[cls];
+        if (UM_LIKELY((!bin->n || bin->stream == sid) && bin->n < UM_TC_MAX)) {
+            bin->stream = sid;
+            bin->items[bin->n++] = (void *)addr;
+            counter_inc(&tc->frees);
+            return UM_OK;
+        }
+    }
+    pthread_mutex_lock(&p->lock);
+    um__stream_ref ref = {sid, NULL};
+    if (s)
+        ref = *s;
+    else if (sid < p->nstreams && p->streams[sid])
+        ref.bstream = p->streams[sid]->bstream;
+    um__stream_state *ss = stream_state(p, &ref);
+    bool parked = false;
+    if (tc) {
+        um__tc_bin *bin = &tc->bins[cls];
+        if (bin->n && bin->stream != sid)
+            flush_bin_locked(p, bin, cls, bin->n);
+        else if (bin->n == UM_TC_MAX)
+            flush_bin_locked(p, bin, cls, UM_TC_MAX / 2);
+        if (bin->n < UM_TC_MAX && (!bin->n || bin->stream == sid)) {
+            bin->stream = sid;
+            bin->items[bin->n++] = (void *)addr;
+            counter_inc(&tc->frees);
+            parked = true;
+        }
+    }
+    if (!parked && ss && small_park(ss, cls, (void *)addr)) {
+        parked = true;
+        p->central_frees++;
+    }
+    if (!parked) {
+        /* No host memory for the record: keep the slot live rather than lose it. */
+        atomic_store_explicit(&sl->state[slot], UM_SLOT_LIVE, memory_order_relaxed);
+        note_active(p, um__class_size[cls]);
+    }
+    pthread_mutex_unlock(&p->lock);
+    return parked ? UM_OK : um__fail(UM_ERR_NOMEM, "out of host memory for free records");
+}
+
+static um_status large_free(um__pool *p, uintptr_t addr, const um__stream_ref *s)
+{
+    pthread_mutex_lock(&p->lock);
+    size_t j = live_map_slot(p, addr);
+    if (j == SIZE_MAX) {
+        pthread_mutex_unlock(&p->lock);
+        if (addr % UM_ALIGN)
+            return um__fail(UM_ERR_INVALID_POINTER,
+                            "device %d (%s): %p is not the start of any block", p->base.dev,
+                            dev_name(p), (void *)addr);
+        return um__fail(UM_ERR_DOUBLE_FREE,
+                        "device %d (%s): %p is not a live allocation (freed already, or never "
+                        "returned by um_malloc)",
+                        p->base.dev, dev_name(p), (void *)addr);
+    }
+    um__block *b = p->live_map[j];
+    um__stream_ref ref = {b->stream, NULL};
+    if (s)
+        ref = *s;
+    else
+        ref.bstream = p->streams[b->stream]->bstream;
+    um__stream_state *ss = stream_state(p, &ref);
+    if (!ss) {
+        pthread_mutex_unlock(&p->lock);
+        return um__fail(UM_ERR_NOMEM, "out of host memory for stream records");
+    }
+    live_map_del(p, j);
+    p->large_requested -= b->requested;
+    p->large_blocks--;
+    p->central_frees++;
+    note_inactive(p, b->fi.size);
+    b->state = UM_BLOCK_PENDING;
+    b->stream = ref.id;
+    b->epoch = ss->epoch;
+    fifo_insert_after(ss, ss->fifo_tail, b);
+    um__fi_insert(&ss->pending, &b->fi);
+    pthread_mutex_unlock(&p->lock);
+    return UM_OK;
+}
+
+static um_status pool_free(um__allocator *a, void *ptr, const um__stream_ref *s)
+{
+    um__pool *p = P(a);
+    uintptr_t addr = (uintptr_t)ptr;
+    if (addr < p->regions[1].lo) {
+        um__slab *sl = slab_lookup(p, addr);
+        if (!sl)
+            return um__fail(UM_ERR_DOUBLE_FREE,
+                            "device %d (%s): %p is not a live allocation (freed already, or "
+                            "never returned by um_malloc)",
+                            p->base.dev, dev_name(p), ptr);
+        return small_free(p, sl, addr, s);
+    }
+    return large_free(p, addr, s);
+}
+
+static bool pool_owns(um__allocator *a, const void *ptr)
+{
+    um__pool *p = P(a);
+    uintptr_t addr = (uintptr_t)ptr;
+    return addr >= p->va && addr < p->va + p->va_size;
+}
+
+/* ---------------------------------------------------------- memory control */
+
+static void flush_own_cache_locked(um__pool *p)
+{
+    if (p->thread_cache && tls_cache.generation == p->generation)
+        tcache_flush_locked(p, tls_cache.tc);
+}
+
+static um_status pool_trim(um__allocator *a)
+{
+    um__pool *p = P(a);
+    pthread_mutex_lock(&p->lock);
+    flush_own_cache_locked(p);
+    poll_all(p, true);
+    release_spare_slabs(p);
+    um_status s = release_holes(p, 0);
+    pthread_mutex_unlock(&p->lock);
+    return s;
+}
+
+static um_status pool_set_memory_limit(um__allocator *a, size_t bytes)
+{
+    um__pool *p = P(a);
+    size_t limit = bytes ? bytes : p->capacity;
+    pthread_mutex_lock(&p->lock);
+    um_status s = UM_OK;
+    if (p->reserved > limit) {
+        poll_all(p, true);
+        release_spare_slabs(p);
+        while (s == UM_OK && p->reserved > limit && p->holes)
+            s = release_hole(p, p->hole_head);
+    }
+    if (s == UM_OK && p->reserved > limit) {
+        char lim[32], res[32];
+        s = um__fail(UM_ERR_BUSY,
+                     "device %d (%s): cannot lower the memory limit to %s: %s are still "
+                     "reserved under live data; the limit is unchanged",
+                     p->base.dev, dev_name(p), um__format_bytes(lim, sizeof lim, limit),
+                     um__format_bytes(res, sizeof res, p->reserved));
+    } else if (s == UM_OK) {
+        p->base.memory_limit = limit;
+    }
+    pthread_mutex_unlock(&p->lock);
+    return s;
+}
+
+static um_status pool_set_cache_limit(um__allocator *a, size_t bytes)
+{
+    um__pool *p = P(a);
+    pthread_mutex_lock(&p->lock);
+    p->base.cache_limit = bytes ? bytes : SIZE_MAX;
+    um_status s = p->base.cache_limit == SIZE_MAX ? UM_OK : release_holes(p, p->base.cache_limit);
+    pthread_mutex_unlock(&p->lock);
+    return s;
+}
+
+static void pool_stream_forget(um__allocator *a, const um__stream_ref *s)
+{
+    um__pool *p = P(a);
+    pthread_mutex_lock(&p->lock);
+    if (p->thread_cache && tls_cache.generation == p->generation) {
+        um__tcache *tc = tls_cache.tc;
+        for (unsigned c = 0; c < UM_NCLASSES; c++)
+            if (tc->bins[c].n && tc->bins[c].stream == s->id)
+                flush_bin_locked(p, &tc->bins[c], c, tc->bins[c].n);
+    }
+    if (s->id < p->nstreams && p->streams[s->id]) {
+        um__stream_state *ss = p->streams[s->id];
+        poll_stream(p, ss, true);
+        /* Slots other threads still cache for this stream will be fenced on
+         * the default stream from now on. */
+        ss->bstream = NULL;
+    }
+    enforce_cache_limit(p);
+    pthread_mutex_unlock(&p->lock);
+}
+
+/* -------------------------------------------------------------- statistics */
+
+static size_t mapped_bytes_in(um__pool *p, uintptr_t addr, size_t len, size_t *holes_in)
+{
+    size_t first = page_of(p, addr), last = page_of(p, addr + len - 1), n = 0;
+    *holes_in = 0;
+    for (size_t pg = first; pg <= last; pg++) {
+        if (!p->page_phys[pg])
+            continue;
+        uintptr_t ps = page_addr(p, pg), pe = ps + p->page;
+        uintptr_t s = addr > ps ? addr : ps, e = addr + len < pe ? addr + len : pe;
+        n += e - s;
+        *holes_in += p->page_pin[pg] == 0;
+    }
+    return n;
+}
+
+/* The largest request the pool can serve without new backend memory. */
+static size_t largest_free_locked(um__pool *p)
+{
+    size_t best = 0;
+    for (um__block *b = p->regions[1].first; b; b = b->next) {
+        if (b->state == UM_BLOCK_PENDING && b->fi.size > best)
+            best = b->fi.size;
+        if (b->state != UM_BLOCK_READY)
+            continue;
+        size_t holes_in;
+        size_t mapped = mapped_bytes_in(p, b->fi.addr, b->fi.size, &holes_in);
+        size_t from_holes = (p->holes - holes_in) * p->page;
+        size_t unmapped = b->fi.size - mapped;
+        size_t usable = mapped + (unmapped < from_holes ? unmapped : from_holes);
+        if (usable > best)
+            best = usable;
+    }
+    for (unsigned c = UM_NCLASSES; c-- > 0;) {
+        if (um__class_size[c] <= best)
+            break;
+        bool any = p->partial[c] != NULL;
+        for (uint32_t i = 0; !any && i < p->nstreams; i++)
+            any = p->streams[i] && p->streams[i]->small[c].n;
+        for (um__tcache *tc = p->tcaches; !any && tc; tc = tc->next)
+            any = tc->bins[c].n != 0;
+        if (any)
+            best = um__class_size[c];
+    }
+    return best;
+}
+
+static void pool_stats(um__allocator *a, um_stats *out)
+{
+    um__pool *p = P(a);
+    memset(out, 0, sizeof *out);
+    pthread_mutex_lock(&p->lock);
+    size_t small_req = 0;
+    uint64_t small_blocks = 0;
+    for (um__block *b = p->regions[0].first; b; b = b->next) {
+        if (b->state != UM_BLOCK_SLAB)
+            continue;
+        um__slab *s = b->slab;
+        for (uint32_t i = 0; i < s->nslots; i++) {
+            if (atomic_load_explicit(&s->state[i], memory_order_acquire) == UM_SLOT_LIVE) {
+                small_req += s->requested[i];
+                small_blocks++;
+            }
+        }
+    }
+    uint64_t allocs = p->central_allocs + p->dead_allocs, frees = p->central_frees + p->dead_frees;
+    for (um__tcache *tc = p->tcaches; tc; tc = tc->next) {
+        allocs += atomic_load_explicit(&tc->allocs, memory_order_relaxed);
+        frees += atomic_load_explicit(&tc->frees, memory_order_relaxed);
+    }
+    out->active_bytes = atomic_load_explicit(&p->active, memory_order_relaxed);
+    out->requested_bytes = p->large_requested + small_req;
+    out->reserved_bytes = p->reserved;
+    out->cached_bytes = p->reserved > out->active_bytes ? p->reserved - out->active_bytes : 0;
+    out->peak_active_bytes = atomic_load_explicit(&p->peak_active, memory_order_relaxed);
+    out->peak_reserved_bytes = p->peak_reserved;
+    out->largest_free_bytes = largest_free_locked(p);
+    if (out->largest_free_bytes > out->cached_bytes)
+        out->largest_free_bytes = out->cached_bytes;
+    out->fragmentation = out->cached_bytes ? (double)(out->cached_bytes - out->largest_free_bytes) /
+                                                 (double)out->cached_bytes
+                                           : 0.0;
+    out->active_blocks = p->large_blocks + small_blocks;
+    out->num_allocs = allocs;
+    out->num_frees = frees;
+    out->num_backend_calls =
+        atomic_load_explicit(&p->base.backend->calls, memory_order_relaxed) - p->calls_at_create;
+    out->num_cache_hits = allocs - p->misses;
+    out->num_ooms = p->ooms;
+    pthread_mutex_unlock(&p->lock);
+}
+
+static void pool_reset_peak(um__allocator *a)
+{
+    um__pool *p = P(a);
+    pthread_mutex_lock(&p->lock);
+    atomic_store(&p->peak_active, atomic_load(&p->active));
+    p->peak_reserved = p->reserved;
+    pthread_mutex_unlock(&p->lock);
+}
+
+/* ------------------------------------------------------------------ check */
+
+#define CHECK_THAT(cond, ...)                                                            \
+    do {                                                                                 \
+        if (!(cond)) {                                                                   \
+            st = um__fail(UM_ERR_INTERNAL, __VA_ARGS__);                                 \
+            goto done;                                                                   \
+        }                                                                                \
+    } while (0)
+
+static um_status pool_check(um__allocator *a)
+{
+    um__pool *p = P(a);
+    um_status st = UM_OK;
+    pthread_mutex_lock(&p->lock);
+    uint32_t *pin = calloc(p->npages, sizeof *pin);
+    CHECK_THAT(pin, "out of host memory for the check");
+    size_t active = 0, requested = 0, live_large = 0, cached_slots = 0;
+    for (unsigned r = 0; r < 2; r++) {
+        um__region *rg = &p->regions[r];
+        uintptr_t at = rg->lo;
+        size_t ready = 0, ready_bytes = 0;
+        for (um__block *b = rg->first; b; b = b->next) {
+            CHECK_THAT(b->fi.addr == at, "region %u: block at %#" PRIxPTR " expected at %#" PRIxPTR,
+                       r, b->fi.addr, at);
+            CHECK_THAT(b->region == r, "block %#" PRIxPTR " has region %u", b->fi.addr, b->region);
+            CHECK_THAT(!b->next || b->next->prev == b, "broken neighbour links at %#" PRIxPTR,
+                       b->fi.addr);
+            at += b->fi.size;
+            if (b->state == UM_BLOCK_READY) {
+                CHECK_THAT(!b->next || b->next->state != UM_BLOCK_READY,
+                           "adjacent ready blocks at %#" PRIxPTR " not coalesced", b->fi.addr);
+                ready++;
+                ready_bytes += b->fi.size;
+                continue;
+            }
+            size_t first = page_of(p, b->fi.addr), last = page_of(p, b->fi.addr + b->fi.size - 1);
+            for (size_t pg = first; pg <= last; pg++) {
+                uintptr_t ps = page_addr(p, pg), pe = ps + p->page;
+                uintptr_t s = b->fi.addr > ps ? b->fi.addr : ps;
+                uintptr_t e = b->fi.addr + b->fi.size < pe ? b->fi.addr + b->fi.size : pe;
+                pin[pg] += (uint32_t)(e - s);
+            }
+            if (b->state == UM_BLOCK_LIVE) {
+                CHECK_THAT(r == 1, "live block in the slab region");
+                size_t j = live_map_slot(p, b->fi.addr);
+                CHECK_THAT(j != SIZE_MAX && p->live_map[j] == b, "live block %#" PRIxPTR
+                           " missing from the pointer map", b->fi.addr);
+                active += b->fi.size;
+                requested += b->requested;
+                live_large++;
+            } else if (b->state == UM_BLOCK_SLAB) {
+                um__slab *s = b->slab;
+                CHECK_THAT(r == 0 && s && s->block == b && s->base == b->fi.addr,
+                           "slab record of block %#" PRIxPTR " is wrong", b->fi.addr);
+                uint32_t nfree = 0;
+                for (uint32_t i = 0; i < s->nslots; i++) {
+                    uint8_t state = atomic_load(&s->state[i]);
+                    nfree += state == UM_SLOT_FREE;
+                    cached_slots += state == UM_SLOT_CACHED;
+                    if (state == UM_SLOT_LIVE) {
+                        active += um__class_size[s->cls];
+                        requested += s->requested[i];
+                    }
+                }
+                CHECK_THAT(nfree == s->nfree, "slab %#" PRIxPTR ": %u free slots, record says %u",
+                           s->base, nfree, s->nfree);
+                for (uint32_t i = 0; i < s->nfree; i++)
+                    CHECK_THAT(atomic_load(&s->state[s->free_stack[i]]) == UM_SLOT_FREE,
+                               "slab %#" PRIxPTR ": free stack holds a used slot", s->base);
+                for (uintptr_t u = s->base; u < s->base + b->fi.size; u += UM_SLAB_UNIT)
+                    CHECK_THAT(slab_lookup(p, u) == s, "slab map wrong at %#" PRIxPTR, u);
+                CHECK_THAT((s->nfree > 0 && s->nfree < s->nslots) ? s->on_list : true,
+                           "partly free slab %#" PRIxPTR " is not on its class list", s->base);
+            } else {
+                CHECK_THAT(b->state == UM_BLOCK_PENDING, "block %#" PRIxPTR " in state %u",
+                           b->fi.addr, b->state);
+            }
+        }
+        CHECK_THAT(at == rg->hi, "region %u ends at %#" PRIxPTR ", not %#" PRIxPTR, r, at, rg->hi);
+        CHECK_THAT(ready == rg->ready.count && ready_bytes == rg->ready.bytes,
+                   "region %u: %zu ready blocks (%zu bytes), index has %zu (%zu bytes)", r, ready,
+                   ready_bytes, rg->ready.count, rg->ready.bytes);
+    }
+    size_t mapped = 0, holes = 0, pending_small = 0;
+    for (size_t pg = 0; pg < p->npages; pg++) {
+        CHECK_THAT(pin[pg] == p->page_pin[pg], "page %zu: %u bytes pinned, record says %u", pg,
+                   pin[pg], p->page_pin[pg]);
+        CHECK_THAT(!pin[pg] || p->page_phys[pg], "page %zu holds data but is not mapped", pg);
+        mapped += p->page_phys[pg] != 0;
+        holes += p->page_phys[pg] && !pin[pg];
+    }
+    size_t listed = 0;
+    for (uint32_t h = p->hole_head; h != NO_PAGE; h = p->hole_next[h], listed++)
+        CHECK_THAT(p->page_phys[h] && !p->page_pin[h] && listed <= p->npages,
+                   "hole list holds page %u that is not a hole", h);
+    CHECK_THAT(listed == holes && holes == p->holes, "%zu holes, list has %zu, count says %zu",
+               holes, listed, p->holes);
+    CHECK_THAT(mapped * p->page == p->reserved, "%zu pages mapped but reserved is %zu", mapped,
+               p->reserved);
+    CHECK_THAT(p->reserved <= p->peak_reserved, "reserved above its peak");
+    for (uint32_t i = 0; i < p->nstreams; i++) {
+        um__stream_state *ss = p->streams[i];
+        if (!ss)
+            continue;
+        size_t n = 0;
+        uint64_t last_epoch = 0;
+        for (um__block *b = ss->fifo_head; b; b = b->qnext, n++) {
+            CHECK_THAT(b->state == UM_BLOCK_PENDING && b->stream == i && b->epoch >= last_epoch,
+                       "stream %u: pending list out of order or holds a non-pending block", i);
+            last_epoch = b->epoch;
+        }
+        CHECK_THAT(n == ss->pending.count, "stream %u: %zu pending blocks, index has %zu", i, n,
+                   ss->pending.count);
+        size_t k = 0;
+        for (unsigned c = 0; c < UM_NCLASSES; c++)
+            k += ss->small[c].n;
+        CHECK_THAT(k == ss->small_pending, "stream %u: small pending count wrong", i);
+        pending_small += k;
+    }
+    for (um__tcache *tc = p->tcaches; tc; tc = tc->next)
+        for (unsigned c = 0; c < UM_NCLASSES; c++)
+            pending_small += tc->bins[c].n;
+    CHECK_THAT(cached_slots == pending_small, "%zu slots cached, caches and lists hold %zu",
+               cached_slots, pending_small);
+    CHECK_THAT(active == atomic_load(&p->active), "active bytes %zu, recount %zu",
+               (size_t)atomic_load(&p->active), active);
+    CHECK_THAT(live_large == p->large_blocks && live_large == p->live_count,
+               "live large blocks: %zu counted, %" PRIu64 " recorded, %zu in map", live_large,
+               p->large_blocks, p->live_count);
+    size_t req_large = 0;
+    for (um__block *b = p->regions[1].first; b; b = b->next)
+        if (b->state == UM_BLOCK_LIVE)
+            req_large += b->requested;
+    CHECK_THAT(req_large == p->large_requested, "requested bytes of large blocks wrong");
+    CHECK_THAT(atomic_load(&p->peak_active) >= active, "active above its peak");
+done:
+    free(pin);
+    pthread_mutex_unlock(&p->lock);
+    return st;
+}
+
+/* ------------------------------------------------------- create / destroy */
+
+static void pool_destroy(um__allocator *a)
+{
+    um__pool *p = P(a);
+    um__backend *b = p->base.backend;
+    pthread_key_delete(p->tkey);
+    while (p->tcaches) {
+        um__tcache *tc = p->tcaches;
+        p->tcaches = tc->next;
+        free(tc);
+    }
+    for (uint32_t i = 0; i < p->nstreams; i++) {
+        um__stream_state *ss = p->streams[i];
+        if (!ss)
+            continue;
+        if (ss->fence)
+            um__be_event_destroy(b, ss->fence);
+        for (unsigned c = 0; c < UM_NCLASSES; c++)
+            free(ss->small[c].items);
+        free(ss);
+    }
+    free(p->streams);
+    for (size_t pg = 0; p->page_phys && pg < p->npages; pg++) {
+        if (!p->page_phys[pg])
+            continue;
+        (void)um__be_unmap(b, page_addr(p, pg), p->page);
+        (void)um__be_release(b, p->page_phys[pg], p->page);
+    }
+    if (p->va)
+        (void)um__be_unreserve(b, p->va, p->va_size);
+    for (unsigned r = 0; r < 2; r++) {
+        um__block *blk = p->regions[r].first;
+        while (blk) {
+            um__block *nx = blk->next;
+            if (blk->slab)
+                slab_free_arrays(blk->slab);
+            free(blk);
+            blk = nx;
+        }
+    }
+    while (p->block_freelist) {
+        um__block *nx = p->block_freelist->next;
+        free(p->block_freelist);
+        p->block_freelist = nx;
+    }
+    for (size_t t = 0; p->slab_map && t < p->slab_map_top; t++)
+        free(p->slab_map[t]);
+    free(p->slab_map);
+    free(p->live_map);
+    free(p->page_phys);
+    free(p->page_pin);
+    free(p->hole_prev);
+    free(p->hole_next);
+    pthread_mutex_destroy(&p->lock);
+    free(p);
+}
+
+static const um__allocator_ops pool_ops = {
+    .name = "pool",
+    .alloc = pool_alloc,
+    .free = pool_free,
+    .owns = pool_owns,
+    .trim = pool_trim,
+    .set_memory_limit = pool_set_memory_limit,
+    .set_cache_limit = pool_set_cache_limit,
+    .stats = pool_stats,
+    .reset_peak = pool_reset_peak,
+    .stream_forget = pool_stream_forget,
+    .check = pool_check,
+    .destroy = pool_destroy,
+};
+
+/* Page tables cost 20 bytes a page; refuse address spaces that would need
+ * more than this many pages. */
+#define MAX_PAGES (64u * 1024u * 1024u)
+
+um_status um__pool_create(um__backend *b, const um__pool_config *c, um__allocator **out)
+{
+    pthread_once(&class_once, class_init);
+    *out = NULL;
+    size_t page = b->granularity;
+    if (!um__is_pow2(page) || page < UM_ALIGN)
+        return um__fail(UM_ERR_INVALID, "device %d (%s): granularity %zu is not a power of two",
+                        c->dev, b->name, page);
+    int factor = c->va_factor > 0 ? c->va_factor : 4;
+    size_t small = um__align_up(b->capacity, page);
+    if (small < 4 * UM_SLAB_UNIT)
+        small = um__align_up(4 * UM_SLAB_UNIT, page);
+    size_t large = um__align_up(b->capacity, page);
+    if (large > SIZE_MAX / 2 / (size_t)factor)
+        return um__fail(UM_ERR_INVALID, "device %d (%s): capacity too large", c->dev, b->name);
+    large *= (size_t)factor;
+    size_t va_size = small + UM_SLAB_UNIT + large;
+    va_size = um__align_up(va_size, page);
+    if (va_size / page > MAX_PAGES)
+        return um__fail(UM_ERR_INVALID,
+                        "device %d (%s): %zu pages of %zu bytes is too many page records; raise "
+                        "the granularity or lower va_factor",
+                        c->dev, b->name, va_size / page, page);
+
+    um__pool *p = calloc(1, sizeof *p);
+    if (!p)
+        return um__fail(UM_ERR_NOMEM, "out of host memory for the pool of device %d", c->dev);
+    p->base.ops = &pool_ops;
+    p->base.backend = b;
+    p->base.dev = c->dev;
+    p->capacity = b->capacity;
+    p->base.memory_limit = c->memory_limit ? c->memory_limit : b->capacity;
+    p->base.cache_limit = c->cache_limit ? c->cache_limit : SIZE_MAX;
+    p->thread_cache = c->thread_cache;
+    p->page = page;
+    p->npages = va_size / page;
+    p->va_size = va_size;
+    p->hole_head = p->hole_tail = NO_PAGE;
+    p->generation = atomic_fetch_add(&pool_generations, 1);
+    p->calls_at_create = atomic_load(&b->calls);
+    pthread_mutex_init(&p->lock, NULL);
+    if (pthread_key_create(&p->tkey, tcache_thread_exit) != 0) {
+        pthread_mutex_destroy(&p->lock);
+        free(p);
+        return um__fail(UM_ERR_NOMEM, "no thread-specific key left for device %d", c->dev);
+    }
+
+    um_status s = um__be_reserve(b, va_size, &p->va);
+    if (s != UM_OK) {
+        p->va = 0;
+        pool_destroy(&p->base);
+        return s;
+    }
+    p->page_phys = calloc(p->npages, sizeof *p->page_phys);
+    p->page_pin = calloc(p->npages, sizeof *p->page_pin);
+    p->hole_prev = malloc(p->npages * sizeof *p->hole_prev);
+    p->hole_next = malloc(p->npages * sizeof *p->hole_next);
+    p->regions[0].lo = um__align_up(p->va, UM_SLAB_UNIT);
+    p->regions[0].hi = p->regions[0].lo + um__align_down(small, UM_SLAB_UNIT);
+    p->regions[1].lo = p->regions[0].hi;
+    p->regions[1].hi = p->va + va_size;
+    p->slab_map_top = (small / UM_SLAB_UNIT + SLAB_MAP_LEAF - 1) / SLAB_MAP_LEAF;
+    p->slab_map = calloc(p->slab_map_top, sizeof *p->slab_map);
+    bool ok = p->page_phys && p->page_pin && p->hole_prev && p->hole_next && p->slab_map;
+    for (unsigned r = 0; ok && r < 2; r++) {
+        um__fi_init(&p->regions[r].ready);
+        um__block *blk = calloc(1, sizeof *blk);
+        ok = blk != NULL;
+        if (ok) {
+            blk->fi.addr = p->regions[r].lo;
+            blk->fi.size = p->regions[r].hi - p->regions[r].lo;
+            blk->region = (uint8_t)r;
+            blk->state = UM_BLOCK_READY;
+            p->regions[r].first = blk;
+            um__fi_insert(&p->regions[r].ready, &blk->fi);
+        }
+    }
+    if (!ok) {
+        pool_destroy(&p->base);
+        return um__fail(UM_ERR_NOMEM, "out of host memory for the page tables of device %d",
+                        c->dev);
+    }
+    memset(p->hole_prev, 0xff, p->npages * sizeof *p->hole_prev);
+    memset(p->hole_next, 0xff, p->npages * sizeof *p->hole_next);
+    /* The default stream is known from the start. */
+    um__stream_ref def = {0, NULL};
+    if (!stream_state(p, &def)) {
+        pool_destroy(&p->base);
+        return um__fail(UM_ERR_NOMEM, "out of host memory for device %d", c->dev);
+    }
+    *out = &p->base;
+    return UM_OK;
+}

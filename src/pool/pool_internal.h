@@ -1,0 +1,163 @@
+/*
+ * Internal structures of unimem's pool (pool.c), shared with its tests.
+ *
+ * Layout of one device's memory:
+ *
+ *   one reservation of address space, split into two regions:
+ *     slab region   64 KiB-aligned slabs, each cut into equal slots of one
+ *                   size class (requests up to UM_SMALL_MAX bytes)
+ *     large region  blocks placed by best fit, split and coalesced
+ *   both regions are covered, in address order, by range records ("blocks")
+ *   that are live, pending (free for one stream only), ready (free for
+ *   every stream) or hold a slab.
+ *
+ *   physical pages (the backend granularity) are mapped only under bytes
+ *   that are not ready: page_pin[p] counts such bytes of page p. A mapped
+ *   page whose count is 0 is a hole: it sits on the hole list, and when the
+ *   pool needs a page elsewhere it moves a hole there (unmap + map) before it
+ *   asks the backend for new memory.
+ */
+#ifndef UM_POOL_INTERNAL_H
+#define UM_POOL_INTERNAL_H
+
+#include "freeidx.h"
+#include "pool.h"
+
+#include <pthread.h>
+
+#define UM_SMALL_MAX (32u * 1024u)
+#define UM_SLAB_UNIT (64u * 1024u)
+#define UM_NCLASSES 28
+#define UM_TC_MAX 64
+
+enum um__block_state {
+    UM_BLOCK_LIVE = 1,    /* handed out by um_malloc */
+    UM_BLOCK_PENDING = 2, /* freed on a stream, reusable there only */
+    UM_BLOCK_READY = 3,   /* free on every stream */
+    UM_BLOCK_SLAB = 4     /* holds a slab of small slots */
+};
+
+typedef struct um__block {
+    um__fi_node fi;               /* addr, size; links in a free index */
+    struct um__block *prev, *next;/* address-ordered neighbours in the region */
+    struct um__block *qprev, *qnext; /* PENDING: the stream's FIFO, oldest first */
+    struct um__slab *slab;        /* SLAB */
+    size_t requested;             /* LIVE: bytes asked for */
+    uint64_t epoch;               /* PENDING: the stream's epoch at free */
+    uint32_t stream;              /* LIVE: allocation stream; PENDING: free stream */
+    uint8_t state;
+    uint8_t region;
+} um__block;
+
+enum um__slot_state { UM_SLOT_FREE = 0, UM_SLOT_LIVE = 1, UM_SLOT_CACHED = 2 };
+
+typedef struct um__slab {
+    uintptr_t base;
+    um__block *block;
+    struct um__slab *prev, *next; /* in its class's list of slabs with free slots */
+    uint32_t cls;
+    uint32_t nslots;
+    uint32_t nfree;               /* slots in free_stack (state FREE) */
+    uint32_t *free_stack;
+    _Atomic uint8_t *state;       /* per slot, enum um__slot_state */
+    uint32_t *requested;          /* LIVE slots: bytes asked for */
+    uint32_t *stream;             /* LIVE slots: allocation stream */
+    bool on_list;
+} um__slab;
+
+typedef struct um__pending_obj {
+    void *ptr;
+    uint64_t epoch;
+} um__pending_obj;
+
+typedef struct um__pending_vec {
+    um__pending_obj *items;
+    size_t n, cap;
+} um__pending_vec;
+
+typedef struct um__stream_state {
+    bool known;
+    um__bstream *bstream;
+    um__freeidx pending;          /* PENDING large blocks freed on this stream */
+    um__block *fifo_head, *fifo_tail;
+    um__pending_vec small[UM_NCLASSES];
+    size_t small_pending;         /* objects in small[] */
+    uint64_t epoch;               /* frees are stamped with it */
+    um__bevent *fence;            /* covers epochs <= fence_epoch */
+    uint64_t fence_epoch;
+} um__stream_state;
+
+typedef struct um__tc_bin {
+    uint32_t n;
+    uint32_t stream;
+    void *items[UM_TC_MAX];
+} um__tc_bin;
+
+typedef struct um__tcache {
+    struct um__pool *pool;
+    struct um__tcache *prev, *next;
+    _Atomic uint64_t allocs, frees; /* written by the owner thread only */
+    um__tc_bin bins[UM_NCLASSES];
+} um__tcache;
+
+typedef struct um__region {
+    uintptr_t lo, hi;
+    um__freeidx ready;
+    um__block *first;
+} um__region;
+
+typedef struct um__pool {
+    um__allocator base;
+    pthread_mutex_t lock;
+    uint64_t generation;          /* tells a thread's cached tcache pointer apart */
+    int thread_cache;
+
+    uintptr_t va;                 /* the whole reservation */
+    size_t va_size;
+    size_t page;                  /* backend granularity */
+    size_t npages;
+    um__region regions[2];        /* 0: slabs, 1: large */
+
+    um__phys *page_phys;          /* 0: unmapped */
+    uint32_t *page_pin;           /* bytes of the page not ready */
+    uint32_t *hole_prev, *hole_next; /* hole list links, UINT32_MAX = none */
+    uint32_t hole_head, hole_tail;
+    size_t holes;
+
+    _Atomic(um__slab *) **slab_map; /* (addr - va) / UM_SLAB_UNIT -> slab, two levels */
+    size_t slab_map_top;
+    um__slab *partial[UM_NCLASSES]; /* slabs with free slots */
+    um__slab *spare[UM_NCLASSES];   /* one empty slab kept per class */
+
+    um__stream_state **streams;
+    uint32_t nstreams;
+    /* Bit i: stream i is registered. Read without the lock by the free fast
+     * path; streams past the bitmap always take the locked path. */
+    _Atomic uint64_t known_streams[16];
+
+    /* live large blocks by address */
+    um__block **live_map;
+    size_t live_cap, live_count;
+
+    um__block *block_freelist;
+
+    pthread_key_t tkey;
+    um__tcache *tcaches;
+
+    /* statistics: active is updated on the lock-free path too */
+    _Atomic size_t active;
+    _Atomic size_t peak_active;
+    size_t reserved, peak_reserved;
+    size_t large_requested;
+    uint64_t large_blocks;
+    uint64_t central_allocs, central_frees, misses, ooms;
+    uint64_t dead_allocs, dead_frees; /* counters of exited threads' caches */
+    uint64_t calls_at_create;
+    size_t capacity;
+} um__pool;
+
+/* Size class table (bytes per slot) and the class of a request. */
+extern const uint32_t um__class_size[UM_NCLASSES];
+unsigned um__class_of(size_t size);
+
+#endif
