@@ -1,0 +1,842 @@
+/*
+ * vmm_memfd: the VMM operations, streams, events and copies of the host and
+ * sim backends (see vmm_memfd.h). Owns each device's memfd, its physical
+ * page allocator, the reservation and mapping tables, and the streams.
+ *
+ * The semantics follow CUDA's driver VMM so that a pool written against this
+ * backend behaves the same on a GPU:
+ *   - a reservation is released only as the exact range reserve returned,
+ *     and only once nothing is mapped in it (else UM_ERR_BUSY);
+ *   - map takes a whole chunk and an unmapped range inside one reservation;
+ *   - unmap takes a range made of whole mappings, every page of it mapped;
+ *   - releasing a chunk that is still mapped invalidates the handle at once
+ *     but keeps the memory (and its physical_bytes) until its last unmap,
+ *     as cuMemRelease does.
+ * Every check runs before anything changes, so a failed call leaves the
+ * backend as it was. One mutex per backend guards the tables; these are
+ * slow-path calls. Stream counters are atomics and take no lock.
+ */
+#include "vmm_memfd.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#define NOT_FOUND SIZE_MAX
+
+static um__memfd_backend *mb(um__backend *b)
+{
+    return (um__memfd_backend *)b;
+}
+
+/* ------------------------------------------------------------- bitmaps */
+
+static bool bit_get(const uint64_t *bm, uint32_t i)
+{
+    return (bm[i >> 6] >> (i & 63)) & 1u;
+}
+static void bit_set(uint64_t *bm, uint32_t i)
+{
+    bm[i >> 6] |= 1ull << (i & 63);
+}
+static void bit_clear(uint64_t *bm, uint32_t i)
+{
+    bm[i >> 6] &= ~(1ull << (i & 63));
+}
+
+/* The first index >= from, below n, whose bit equals want; n if none. Whole
+ * words are skipped at once, so a scan costs n/64 steps at most. */
+static uint64_t next_bit(const uint64_t *bm, uint64_t n, uint64_t from, int want)
+{
+    while (from < n) {
+        uint64_t w = bm[from >> 6];
+        if (!want)
+            w = ~w;
+        w >>= from & 63;
+        if (w) {
+            uint64_t i = from + (uint64_t)__builtin_ctzll(w);
+            return i < n ? i : n;
+        }
+        from = (from | 63) + 1;
+    }
+    return n;
+}
+
+/* A run of `count` clear bits that starts in [lo, hi) (and may end anywhere
+ * below n). */
+static bool find_run(const uint64_t *bm, uint64_t n, uint64_t lo, uint64_t hi, uint64_t count,
+                     uint32_t *out)
+{
+    uint64_t i = lo;
+    while (i < hi) {
+        i = next_bit(bm, n, i, 0);
+        if (i >= hi)
+            return false;
+        uint64_t j = next_bit(bm, n, i, 1);
+        if (j - i >= count) {
+            *out = (uint32_t)i;
+            return true;
+        }
+        i = j;
+    }
+    return false;
+}
+
+/* ---------------------------------------------------- physical pages */
+
+/* Takes n free pages (the caller checked that n pages are free in total).
+ * One-page chunks come from the stack of released pages first (LIFO keeps
+ * the hot pages hot); otherwise a next-fit search of the bitmap finds a
+ * contiguous run. False when no contiguous run of n pages exists. */
+static bool pages_take(um__memfd_backend *m, uint32_t n, uint32_t *out)
+{
+    uint32_t p;
+    if (n == 1) {
+        while (m->stack_len) {
+            p = m->stack[--m->stack_len];
+            bit_clear(m->instack, p);
+            if (!bit_get(m->used, p))
+                goto found;
+        }
+    }
+    if (!find_run(m->used, m->npages, m->hint, m->npages, n, &p) &&
+        !find_run(m->used, m->npages, 0, m->hint, n, &p))
+        return false;
+found:
+    for (uint32_t i = 0; i < n; i++)
+        bit_set(m->used, p + i);
+    m->used_pages += n;
+    m->hint = p + n < m->npages ? p + n : 0;
+    *out = p;
+    return true;
+}
+
+static void pages_put(um__memfd_backend *m, uint32_t p, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++)
+        bit_clear(m->used, p + i);
+    m->used_pages -= n;
+    if (n == 1 && !bit_get(m->instack, p)) {
+        bit_set(m->instack, p);
+        m->stack[m->stack_len++] = p;
+    }
+}
+
+/* Gives the pages of chunk p back: the hole punch returns the host RAM and
+ * makes the next chunk on these pages read as zero. On failure nothing
+ * changes. */
+static um_status chunk_free(um__memfd_backend *m, uint32_t p)
+{
+    um__memfd_page *pg = &m->pages[p];
+    size_t g = m->base.granularity;
+    size_t len = (size_t)pg->npages * g;
+    if (fallocate(m->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)((size_t)p * g),
+                  (off_t)len) != 0)
+        return um__fail(UM_ERR_BACKEND,
+                        "%s: release of %zu bytes at memfd offset %zu: "
+                        "fallocate(PUNCH_HOLE) failed: %s",
+                        m->base.name, len, (size_t)p * g, strerror(errno));
+    pages_put(m, p, pg->npages);
+    pg->npages = 0;
+    pg->maps = 0;
+    pg->zombie = 0;
+    atomic_fetch_sub_explicit(&m->base.physical_bytes, len, memory_order_relaxed);
+    return UM_OK;
+}
+
+/* Checks that h names a live chunk (not released, not stale) and gives its
+ * first page. */
+static um_status chunk_lookup(um__memfd_backend *m, um__phys h, const char *what, uint32_t *page)
+{
+    uint32_t p = um__memfd_handle_page(h);
+    if (h == 0 || p >= m->npages || m->pages[p].npages == 0 || m->pages[p].zombie ||
+        m->pages[p].gen != um__memfd_handle_gen(h))
+        return um__fail(UM_ERR_INVALID,
+                        "%s: %s: handle 0x%llx is not a live chunk (never created by this "
+                        "device, or already released)",
+                        m->base.name, what, (unsigned long long)h);
+    *page = p;
+    return UM_OK;
+}
+
+/* ------------------------------------------------ reservations, maps */
+
+/* Grows a table to hold `need` entries; returns the (maybe moved) table or
+ * NULL, in which case the old one is untouched. */
+static void *grow(void *arr, size_t *cap, size_t need, size_t elem)
+{
+    if (need <= *cap)
+        return arr;
+    size_t nc = *cap ? *cap * 2 : 16;
+    while (nc < need)
+        nc *= 2;
+    void *p = realloc(arr, nc * elem);
+    if (p)
+        *cap = nc;
+    return p;
+}
+
+/* Index of the first reservation starting above x. */
+static size_t res_upper(const um__memfd_backend *m, uintptr_t x)
+{
+    size_t lo = 0, hi = m->nres;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (m->res[mid].va <= x)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* The reservation that holds all of [va, va + size), or NOT_FOUND. */
+static size_t res_find(const um__memfd_backend *m, uintptr_t va, size_t size)
+{
+    size_t i = res_upper(m, va);
+    if (i == 0)
+        return NOT_FOUND;
+    const um__memfd_range *r = &m->res[i - 1];
+    size_t off = va - r->va;
+    if (off < r->size && size <= r->size - off)
+        return i - 1;
+    return NOT_FOUND;
+}
+
+/* Index of the first mapping starting at or above x. */
+static size_t map_lower(const um__memfd_backend *m, uintptr_t x)
+{
+    size_t lo = 0, hi = m->nmaps;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (m->maps[mid].va < x)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+static size_t map_bytes(const um__memfd_backend *m, const um__memfd_mapping *mp)
+{
+    return (size_t)mp->npages * m->base.granularity;
+}
+
+/* True when every byte of [a, a + n) is mapped (by one or several adjacent
+ * mappings). */
+static bool range_mapped(const um__memfd_backend *m, uintptr_t a, size_t n)
+{
+    if (n > UINTPTR_MAX - a)
+        return false;
+    size_t i = map_lower(m, a + 1);
+    if (i == 0)
+        return false;
+    i--;
+    uintptr_t end = m->maps[i].va + map_bytes(m, &m->maps[i]);
+    if (end <= a)
+        return false;
+    while (end - a < n) {
+        i++;
+        if (i >= m->nmaps || m->maps[i].va != end)
+            return false;
+        end += map_bytes(m, &m->maps[i]);
+    }
+    return true;
+}
+
+/* Puts PROT_NONE anonymous memory back over [va, va + size), which keeps the
+ * range reserved but drops whatever was mapped there. */
+static bool remap_none(uintptr_t va, size_t size)
+{
+    void *p = mmap((void *)va, size, PROT_NONE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+    return p != MAP_FAILED;
+}
+
+static bool aligned(const um__backend *b, uintptr_t va, size_t size)
+{
+    return va % b->granularity == 0 && size != 0 && size % b->granularity == 0;
+}
+
+/* ----------------------------------------------------------- VMM ops */
+
+static um_status vmm_reserve(um__backend *b, size_t size, uintptr_t *va)
+{
+    um__memfd_backend *m = mb(b);
+    size_t g = b->granularity;
+    if (!va)
+        return um__fail(UM_ERR_INVALID, "%s: reserve: the output address is NULL", b->name);
+    if (size == 0 || size % g)
+        return um__fail(UM_ERR_INVALID,
+                        "%s: reserve of %zu bytes: not a nonzero multiple of the granularity "
+                        "%zu",
+                        b->name, size, g);
+    /* mmap gives OS-page alignment; g - os_page more bytes always hold an
+     * address aligned to g with size bytes after it. (size is at most
+     * SIZE_MAX + 1 - g, so the sum cannot overflow.) */
+    size_t extra = g - m->os_page;
+
+    pthread_mutex_lock(&m->lock);
+    um__memfd_range *res = grow(m->res, &m->res_cap, m->nres + 1, sizeof *m->res);
+    if (!res) {
+        pthread_mutex_unlock(&m->lock);
+        return um__fail(UM_ERR_NOMEM, "%s: reserve of %zu bytes: no memory for reservation %zu",
+                        b->name, size, m->nres + 1);
+    }
+    m->res = res;
+    void *raw =
+        mmap(NULL, size + extra, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (raw == MAP_FAILED) {
+        int e = errno;
+        pthread_mutex_unlock(&m->lock);
+        return um__fail(e == ENOMEM ? UM_ERR_NOMEM : UM_ERR_BACKEND,
+                        "%s: reserve of %zu bytes of address space: mmap failed: %s", b->name, size,
+                        strerror(e));
+    }
+    uintptr_t r = (uintptr_t)raw;
+    uintptr_t a = um__align_up(r, g);
+    /* Trimming only shortens one mapping, so it cannot fail for lack of
+     * map slots; were it to fail anyway, the excess would stay reserved
+     * (harmless) until the process exits. */
+    if (a > r)
+        (void)munmap(raw, a - r);
+    if (r + extra > a)
+        (void)munmap((void *)(a + size), r + extra - a);
+    size_t i = res_upper(m, a);
+    memmove(&m->res[i + 1], &m->res[i], (m->nres - i) * sizeof *m->res);
+    m->res[i] = (um__memfd_range){a, size};
+    m->nres++;
+    pthread_mutex_unlock(&m->lock);
+    *va = a;
+    return UM_OK;
+}
+
+static um_status vmm_unreserve(um__backend *b, uintptr_t va, size_t size)
+{
+    um__memfd_backend *m = mb(b);
+    um_status st = UM_OK;
+    pthread_mutex_lock(&m->lock);
+    size_t i = res_upper(m, va);
+    size_t k = map_lower(m, va);
+    if (i == 0 || m->res[i - 1].va != va || m->res[i - 1].size != size) {
+        st = um__fail(UM_ERR_INVALID,
+                      "%s: unreserve of %zu bytes at 0x%lx: not a range reserve returned", b->name,
+                      size, (unsigned long)va);
+    } else if (k < m->nmaps && m->maps[k].va - va < size) {
+        st = um__fail(UM_ERR_BUSY,
+                      "%s: unreserve of %zu bytes at 0x%lx: %zu bytes are still mapped at 0x%lx",
+                      b->name, size, (unsigned long)va, map_bytes(m, &m->maps[k]),
+                      (unsigned long)m->maps[k].va);
+    } else if (munmap((void *)va, size) != 0) {
+        st = um__fail(UM_ERR_BACKEND, "%s: unreserve of %zu bytes at 0x%lx: munmap failed: %s",
+                      b->name, size, (unsigned long)va, strerror(errno));
+    } else {
+        i--;
+        memmove(&m->res[i], &m->res[i + 1], (m->nres - i - 1) * sizeof *m->res);
+        m->nres--;
+    }
+    pthread_mutex_unlock(&m->lock);
+    return st;
+}
+
+static um_status vmm_create(um__backend *b, size_t size, um__phys *out)
+{
+    um__memfd_backend *m = mb(b);
+    size_t g = b->granularity;
+    if (!out)
+        return um__fail(UM_ERR_INVALID, "%s: create: the output handle is NULL", b->name);
+    if (size == 0 || size % g)
+        return um__fail(UM_ERR_INVALID,
+                        "%s: create of %zu bytes: not a nonzero multiple of the granularity %zu",
+                        b->name, size, g);
+    um_status st = UM_OK;
+    uint32_t p;
+    pthread_mutex_lock(&m->lock);
+    size_t used = (size_t)m->used_pages * g;
+    if (size > b->capacity - used) {
+        st = um__fail(UM_ERR_NOMEM,
+                      "%s: create of %zu bytes: %zu of the capacity of %zu bytes are in use",
+                      b->name, size, used, b->capacity);
+    } else if (!pages_take(m, (uint32_t)(size / g), &p)) {
+        st = um__fail(UM_ERR_NOMEM,
+                      "%s: create of %zu bytes: no %zu contiguous free pages (%zu of the "
+                      "capacity of %zu bytes are in use)",
+                      b->name, size, size / g, used, b->capacity);
+    } else {
+        um__memfd_page *pg = &m->pages[p];
+        pg->npages = (uint32_t)(size / g);
+        pg->gen++;
+        pg->maps = 0;
+        pg->zombie = 0;
+        atomic_fetch_add_explicit(&b->physical_bytes, size, memory_order_relaxed);
+        *out = ((um__phys)pg->gen << 32) | ((um__phys)p + 1);
+    }
+    pthread_mutex_unlock(&m->lock);
+    return st;
+}
+
+static um_status vmm_release(um__backend *b, um__phys h, size_t size)
+{
+    um__memfd_backend *m = mb(b);
+    uint32_t p;
+    pthread_mutex_lock(&m->lock);
+    um_status st = chunk_lookup(m, h, "release", &p);
+    if (st == UM_OK) {
+        um__memfd_page *pg = &m->pages[p];
+        size_t bytes = (size_t)pg->npages * b->granularity;
+        if (size != bytes)
+            st = um__fail(UM_ERR_INVALID,
+                          "%s: release of handle 0x%llx with size %zu: the chunk has %zu bytes",
+                          b->name, (unsigned long long)h, size, bytes);
+        else if (pg->maps)
+            pg->zombie = 1; /* freed by its last unmap, like cuMemRelease */
+        else
+            st = chunk_free(m, p);
+    }
+    pthread_mutex_unlock(&m->lock);
+    return st;
+}
+
+static um_status vmm_map(um__backend *b, uintptr_t va, size_t size, um__phys h)
+{
+    um__memfd_backend *m = mb(b);
+    size_t g = b->granularity;
+    if (!aligned(b, va, size))
+        return um__fail(UM_ERR_INVALID,
+                        "%s: map of %zu bytes at 0x%lx: address and size must be nonzero "
+                        "multiples of the granularity %zu",
+                        b->name, size, (unsigned long)va, g);
+    uint32_t p;
+    pthread_mutex_lock(&m->lock);
+    um_status st = chunk_lookup(m, h, "map", &p);
+    if (st != UM_OK)
+        goto out;
+    size_t bytes = (size_t)m->pages[p].npages * g;
+    size_t k = map_lower(m, va);
+    if (size != bytes) {
+        st = um__fail(UM_ERR_INVALID,
+                      "%s: map of handle 0x%llx with size %zu: the chunk has %zu bytes", b->name,
+                      (unsigned long long)h, size, bytes);
+    } else if (res_find(m, va, size) == NOT_FOUND) {
+        st = um__fail(UM_ERR_INVALID,
+                      "%s: map of %zu bytes at 0x%lx: not inside one reservation of this device",
+                      b->name, size, (unsigned long)va);
+    } else if ((k < m->nmaps && m->maps[k].va - va < size) ||
+               (k > 0 && m->maps[k - 1].va + map_bytes(m, &m->maps[k - 1]) > va)) {
+        const um__memfd_mapping *o =
+            k < m->nmaps && m->maps[k].va - va < size ? &m->maps[k] : &m->maps[k - 1];
+        st = um__fail(UM_ERR_INVALID,
+                      "%s: map of %zu bytes at 0x%lx: overlaps the mapping of %zu bytes at 0x%lx",
+                      b->name, size, (unsigned long)va, map_bytes(m, o), (unsigned long)o->va);
+    } else {
+        um__memfd_mapping *maps = grow(m->maps, &m->maps_cap, m->nmaps + 1, sizeof *m->maps);
+        if (!maps) {
+            st = um__fail(UM_ERR_NOMEM, "%s: map at 0x%lx: no memory for mapping %zu", b->name,
+                          (unsigned long)va, m->nmaps + 1);
+            goto out;
+        }
+        m->maps = maps;
+        void *r = mmap((void *)va, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, m->fd,
+                       (off_t)((size_t)p * g));
+        if (r == MAP_FAILED) {
+            int e = errno;
+            /* A failed MAP_FIXED may already have dropped the reservation
+             * there; put it back. */
+            (void)remap_none(va, size);
+            st = um__fail(e == ENOMEM ? UM_ERR_NOMEM : UM_ERR_BACKEND,
+                          "%s: map of %zu bytes at 0x%lx: mmap failed: %s (%zu mappings live; "
+                          "vm.max_map_count bounds them)",
+                          b->name, size, (unsigned long)va, strerror(e), m->nmaps);
+            goto out;
+        }
+        memmove(&m->maps[k + 1], &m->maps[k], (m->nmaps - k) * sizeof *m->maps);
+        m->maps[k] = (um__memfd_mapping){va, m->pages[p].npages, p};
+        m->nmaps++;
+        m->pages[p].maps++;
+    }
+out:
+    pthread_mutex_unlock(&m->lock);
+    return st;
+}
+
+static um_status vmm_unmap(um__backend *b, uintptr_t va, size_t size)
+{
+    um__memfd_backend *m = mb(b);
+    if (!aligned(b, va, size))
+        return um__fail(UM_ERR_INVALID,
+                        "%s: unmap of %zu bytes at 0x%lx: address and size must be nonzero "
+                        "multiples of the granularity %zu",
+                        b->name, size, (unsigned long)va, b->granularity);
+    um_status st = UM_OK;
+    pthread_mutex_lock(&m->lock);
+    size_t k = map_lower(m, va), j = k;
+    uintptr_t cur = va;
+    if (res_find(m, va, size) == NOT_FOUND) {
+        st = um__fail(UM_ERR_INVALID,
+                      "%s: unmap of %zu bytes at 0x%lx: not inside one reservation of this "
+                      "device",
+                      b->name, size, (unsigned long)va);
+        goto out;
+    }
+    /* The range must be a sequence of whole, adjacent mappings. */
+    while (cur - va < size) {
+        if (j >= m->nmaps || m->maps[j].va != cur) {
+            st = um__fail(UM_ERR_INVALID,
+                          "%s: unmap of %zu bytes at 0x%lx: no mapping starts at 0x%lx (the "
+                          "page is unmapped or inside another mapping)",
+                          b->name, size, (unsigned long)va, (unsigned long)cur);
+            goto out;
+        }
+        cur += map_bytes(m, &m->maps[j]);
+        j++;
+    }
+    if (cur - va != size) {
+        st = um__fail(UM_ERR_INVALID,
+                      "%s: unmap of %zu bytes at 0x%lx: would split the mapping that ends at "
+                      "0x%lx",
+                      b->name, size, (unsigned long)va, (unsigned long)cur);
+        goto out;
+    }
+    if (!remap_none(va, size)) {
+        st = um__fail(UM_ERR_BACKEND, "%s: unmap of %zu bytes at 0x%lx: mmap(PROT_NONE) failed: %s",
+                      b->name, size, (unsigned long)va, strerror(errno));
+        goto out;
+    }
+    for (size_t i = k; i < j; i++) {
+        um__memfd_page *pg = &m->pages[m->maps[i].page];
+        if (--pg->maps == 0 && pg->zombie && chunk_free(m, m->maps[i].page) != UM_OK)
+            /* The handle is gone, so nobody can retry: the pages stay
+             * used (never handed out unzeroed) until destroy. */
+            um__log(UM_LOG_WARN, "%s", um_last_error());
+    }
+    memmove(&m->maps[k], &m->maps[j], (m->nmaps - j) * sizeof *m->maps);
+    m->nmaps -= j - k;
+out:
+    pthread_mutex_unlock(&m->lock);
+    return st;
+}
+
+/* ---------------------------------------------------- streams, events */
+
+um__bstream *um__memfd_stream(um__backend *b, um__bstream *s, const char *what)
+{
+    if (!s)
+        return &mb(b)->default_stream;
+    if (s->owner != b || s->magic != UM_MEMFD_STREAM_MAGIC) {
+        um__fail(UM_ERR_INVALID, "%s: %s: %p is not a live stream of this device", b->name, what,
+                 (void *)s);
+        return NULL;
+    }
+    return s;
+}
+
+/* Marks the work queued up to `target` (a submitted count) as completed. */
+static void complete_to(um__bstream *s, uint64_t target)
+{
+    uint64_t c = atomic_load_explicit(&s->completed, memory_order_acquire);
+    while (c < target && !atomic_compare_exchange_weak_explicit(
+                             &s->completed, &c, target, memory_order_acq_rel, memory_order_acquire))
+        ;
+}
+
+static void stream_unref(um__memfd_backend *m, um__bstream *s)
+{
+    if (s->is_default || atomic_fetch_sub_explicit(&s->refs, 1, memory_order_acq_rel) != 1)
+        return;
+    pthread_mutex_lock(&m->lock);
+    s->link.prev->next = s->link.next;
+    s->link.next->prev = s->link.prev;
+    pthread_mutex_unlock(&m->lock);
+    free(s);
+}
+
+static um_status vmm_stream_create(um__backend *b, um__bstream **out)
+{
+    um__memfd_backend *m = mb(b);
+    if (!out)
+        return um__fail(UM_ERR_INVALID, "%s: stream_create: the output stream is NULL", b->name);
+    um__bstream *s = calloc(1, sizeof *s);
+    if (!s)
+        return um__fail(UM_ERR_NOMEM, "%s: stream_create: no memory for %zu bytes", b->name,
+                        sizeof *s);
+    s->owner = b;
+    s->magic = UM_MEMFD_STREAM_MAGIC;
+    atomic_init(&s->refs, 1);
+    atomic_init(&s->submitted, 0);
+    atomic_init(&s->completed, 0);
+    pthread_mutex_lock(&m->lock);
+    s->link.next = m->streams.next;
+    s->link.prev = &m->streams;
+    m->streams.next->prev = &s->link;
+    m->streams.next = &s->link;
+    pthread_mutex_unlock(&m->lock);
+    *out = s;
+    return UM_OK;
+}
+
+static um_status vmm_stream_destroy(um__backend *b, um__bstream *s)
+{
+    if (!s)
+        return um__fail(UM_ERR_INVALID,
+                        "%s: stream_destroy: the default stream cannot be "
+                        "destroyed",
+                        b->name);
+    um__bstream *st = um__memfd_stream(b, s, "stream_destroy");
+    if (!st)
+        return UM_ERR_INVALID;
+    if (st->is_default)
+        return um__fail(UM_ERR_INVALID,
+                        "%s: stream_destroy: the default stream cannot be destroyed", b->name);
+    /* Destroying waits for the stream's work, so events recorded on it
+     * (which keep the object alive) report done from now on. */
+    complete_to(st, atomic_load_explicit(&st->submitted, memory_order_acquire));
+    st->magic = UM_MEMFD_STREAM_DEAD;
+    stream_unref(mb(b), st);
+    return UM_OK;
+}
+
+static um_status vmm_stream_sync(um__backend *b, um__bstream *s)
+{
+    um__bstream *st = um__memfd_stream(b, s, "stream_sync");
+    if (!st)
+        return UM_ERR_INVALID;
+    complete_to(st, atomic_load_explicit(&st->submitted, memory_order_acquire));
+    return UM_OK;
+}
+
+static um__bevent *event_check(um__backend *b, um__bevent *e, const char *what)
+{
+    if (!e || e->owner != b || e->magic != UM_MEMFD_EVENT_MAGIC) {
+        um__fail(UM_ERR_INVALID, "%s: %s: %p is not a live event of this device", b->name, what,
+                 (void *)e);
+        return NULL;
+    }
+    return e;
+}
+
+static um_status vmm_event_record(um__backend *b, um__bstream *s, um__bevent **out)
+{
+    if (!out)
+        return um__fail(UM_ERR_INVALID, "%s: event_record: the output event is NULL", b->name);
+    um__bstream *st = um__memfd_stream(b, s, "event_record");
+    if (!st)
+        return UM_ERR_INVALID;
+    um__bevent *e = malloc(sizeof *e);
+    if (!e)
+        return um__fail(UM_ERR_NOMEM, "%s: event_record: no memory for %zu bytes", b->name,
+                        sizeof *e);
+    if (!st->is_default)
+        atomic_fetch_add_explicit(&st->refs, 1, memory_order_relaxed);
+    e->owner = b;
+    e->stream = st;
+    e->target = atomic_load_explicit(&st->submitted, memory_order_acquire);
+    e->magic = UM_MEMFD_EVENT_MAGIC;
+    *out = e;
+    return UM_OK;
+}
+
+static um_status vmm_event_query(um__backend *b, um__bevent *e, int *done)
+{
+    if (!event_check(b, e, "event_query"))
+        return UM_ERR_INVALID;
+    if (!done)
+        return um__fail(UM_ERR_INVALID, "%s: event_query: the output flag is NULL", b->name);
+    *done = atomic_load_explicit(&e->stream->completed, memory_order_acquire) >= e->target;
+    return UM_OK;
+}
+
+static um_status vmm_event_sync(um__backend *b, um__bevent *e)
+{
+    if (!event_check(b, e, "event_sync"))
+        return UM_ERR_INVALID;
+    complete_to(e->stream, e->target);
+    return UM_OK;
+}
+
+static void vmm_event_destroy(um__backend *b, um__bevent *e)
+{
+    /* NULL is nothing to destroy, as for free(). There is no status to
+     * return, so a bad event is logged and left alone. */
+    if (!e)
+        return;
+    if (!event_check(b, e, "event_destroy")) {
+        um__log(UM_LOG_WARN, "%s", um_last_error());
+        return;
+    }
+    e->magic = 0;
+    stream_unref(mb(b), e->stream);
+    free(e);
+}
+
+/* ------------------------------------------------------- copy, destroy */
+
+static um_status vmm_copy(um__backend *b, void *dst, const void *src, size_t n, int dir)
+{
+    um__memfd_backend *m = mb(b);
+    if (!dst || !src)
+        return um__fail(UM_ERR_INVALID, "%s: copy of %zu bytes: %s pointer is NULL", b->name, n,
+                        dst ? "source" : "destination");
+    if (dir != 0 && dir != 1)
+        return um__fail(UM_ERR_INVALID,
+                        "%s: copy of %zu bytes: direction %d is neither 0 (to the device) nor 1 "
+                        "(to the host)",
+                        b->name, n, dir);
+    if (n == 0)
+        return UM_OK;
+    /* The device side must be mapped memory of this device, as on a GPU;
+     * touching an unmapped page here would crash the process instead. */
+    const void *dev = dir == 0 ? dst : src;
+    pthread_mutex_lock(&m->lock);
+    bool ok = range_mapped(m, (uintptr_t)dev, n);
+    pthread_mutex_unlock(&m->lock);
+    if (!ok)
+        return um__fail(UM_ERR_INVALID,
+                        "%s: copy of %zu bytes %s: the device range at %p is not mapped memory "
+                        "of this device",
+                        b->name, n, dir == 0 ? "to the device" : "to the host", dev);
+    /* memmove: an overlapping copy within one device stays defined. */
+    memmove(dst, src, n);
+    return UM_OK;
+}
+
+/* Frees everything a (possibly half-built) backend holds. */
+static void vmm_free_all(um__memfd_backend *m)
+{
+    for (size_t i = 0; i < m->nres; i++)
+        (void)munmap((void *)m->res[i].va, m->res[i].size);
+    if (m->streams.next) {
+        um__memfd_link *l = m->streams.next;
+        while (l != &m->streams) {
+            um__memfd_link *next = l->next;
+            free(l); /* the link is the first member of its stream */
+            l = next;
+        }
+    }
+    if (m->fd >= 0)
+        close(m->fd);
+    free(m->res);
+    free(m->maps);
+    free(m->pages);
+    free(m->stack);
+    free(m->used);
+    free(m->instack);
+    pthread_mutex_destroy(&m->lock);
+    free(m);
+}
+
+static void vmm_destroy(um__backend *b)
+{
+    if (b)
+        vmm_free_all(mb(b));
+}
+
+const um__backend_ops um__memfd_ops = {
+    .reserve = vmm_reserve,
+    .unreserve = vmm_unreserve,
+    .create = vmm_create,
+    .release = vmm_release,
+    .map = vmm_map,
+    .unmap = vmm_unmap,
+    .stream_create = vmm_stream_create,
+    .stream_destroy = vmm_stream_destroy,
+    .stream_sync = vmm_stream_sync,
+    .event_record = vmm_event_record,
+    .event_query = vmm_event_query,
+    .event_sync = vmm_event_sync,
+    .event_destroy = vmm_event_destroy,
+    .copy = vmm_copy,
+    .destroy = vmm_destroy,
+};
+
+/* ---------------------------------------------------------- creation */
+
+um_status um__memfd_backend_create(um_device_kind kind, const char *name, size_t capacity,
+                                   size_t granularity, um__backend **out)
+{
+    if (!out)
+        return um__fail(UM_ERR_INVALID, "backend create: the output backend is NULL");
+    *out = NULL;
+    if (!name || !*name || strlen(name) >= sizeof((um__backend *)0)->name)
+        return um__fail(UM_ERR_INVALID,
+                        "backend create: device name \"%s\" is empty or longer "
+                        "than %zu characters",
+                        name ? name : "(null)", sizeof((um__backend *)0)->name - 1);
+    long ps = sysconf(_SC_PAGESIZE);
+    if (ps <= 0)
+        return um__fail(UM_ERR_BACKEND, "%s: sysconf(_SC_PAGESIZE) failed", name);
+    if (!um__is_pow2(granularity) || granularity % (size_t)ps)
+        return um__fail(UM_ERR_INVALID,
+                        "%s: granularity %zu is not a power of two multiple of the OS page "
+                        "size %ld",
+                        name, granularity, ps);
+    capacity = um__align_down(capacity, granularity);
+    if (capacity < granularity)
+        return um__fail(UM_ERR_INVALID,
+                        "%s: capacity of %zu bytes (rounded down to the granularity) is less "
+                        "than one page of %zu bytes",
+                        name, capacity, granularity);
+    if (capacity / granularity > UINT32_MAX - 1u || capacity > (size_t)INT64_MAX)
+        return um__fail(UM_ERR_INVALID,
+                        "%s: capacity of %zu bytes is %zu pages of %zu bytes, more than the "
+                        "%u pages one device supports",
+                        name, capacity, capacity / granularity, granularity, UINT32_MAX - 1u);
+
+    um__memfd_backend *m = calloc(1, sizeof *m);
+    if (!m)
+        return um__fail(UM_ERR_NOMEM, "%s: no memory for the backend (%zu bytes)", name, sizeof *m);
+    m->fd = -1;
+    if (pthread_mutex_init(&m->lock, NULL) != 0) {
+        free(m);
+        return um__fail(UM_ERR_BACKEND, "%s: pthread_mutex_init failed", name);
+    }
+    m->streams.next = m->streams.prev = &m->streams;
+    m->os_page = (size_t)ps;
+    m->npages = (uint32_t)(capacity / granularity);
+    size_t words = (m->npages + 63u) / 64u;
+    /* Large tables come from mmap inside malloc, so the pages never used
+     * cost no memory. */
+    m->pages = calloc(m->npages, sizeof *m->pages);
+    m->stack = malloc((size_t)m->npages * sizeof *m->stack);
+    m->used = calloc(words, sizeof *m->used);
+    m->instack = calloc(words, sizeof *m->instack);
+    if (!m->pages || !m->stack || !m->used || !m->instack) {
+        vmm_free_all(m);
+        return um__fail(UM_ERR_NOMEM, "%s: no memory for the page table of %zu pages", name,
+                        capacity / granularity);
+    }
+    char fdname[80];
+    snprintf(fdname, sizeof fdname, "unimem:%s", name);
+    m->fd = memfd_create(fdname, MFD_CLOEXEC);
+    if (m->fd < 0) {
+        int e = errno;
+        vmm_free_all(m);
+        return um__fail(UM_ERR_BACKEND, "%s: memfd_create failed: %s", name, strerror(e));
+    }
+    /* The file is sparse: its size costs nothing until pages are touched. */
+    if (ftruncate(m->fd, (off_t)capacity) != 0) {
+        int e = errno;
+        vmm_free_all(m);
+        return um__fail(UM_ERR_BACKEND, "%s: ftruncate of the memfd to %zu bytes failed: %s", name,
+                        capacity, strerror(e));
+    }
+    m->default_stream.owner = &m->base;
+    m->default_stream.magic = UM_MEMFD_STREAM_MAGIC;
+    m->default_stream.is_default = 1;
+    atomic_init(&m->default_stream.refs, 1);
+    atomic_init(&m->default_stream.submitted, 0);
+    atomic_init(&m->default_stream.completed, 0);
+
+    m->base.ops = &um__memfd_ops;
+    m->base.kind = kind;
+    snprintf(m->base.name, sizeof m->base.name, "%s", name);
+    m->base.capacity = capacity;
+    m->base.granularity = granularity;
+    atomic_init(&m->base.calls, 0);
+    atomic_init(&m->base.physical_bytes, 0);
+    *out = &m->base;
+    return UM_OK;
+}
