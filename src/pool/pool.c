@@ -405,31 +405,68 @@ static um__stream_state *stream_state(um__pool *p, const um__stream_ref *s)
     return ss;
 }
 
-static void fifo_remove(um__stream_state *ss, um__block *b)
+static um__block **plist_of(um__stream_state *ss, const um__block *b)
+{
+    return ss->fence && b->epoch <= ss->fence_epoch ? &ss->covered : &ss->open;
+}
+
+static void plist_remove(um__stream_state *ss, um__block *b)
 {
     if (b->qprev)
         b->qprev->qnext = b->qnext;
     else
-        ss->fifo_head = b->qnext;
+        *plist_of(ss, b) = b->qnext;
     if (b->qnext)
         b->qnext->qprev = b->qprev;
-    else
-        ss->fifo_tail = b->qprev;
     b->qprev = b->qnext = NULL;
 }
 
-static void fifo_insert_after(um__stream_state *ss, um__block *at, um__block *b)
+static void plist_insert(um__stream_state *ss, um__block *b)
 {
-    b->qprev = at;
-    b->qnext = at ? at->qnext : ss->fifo_head;
-    if (b->qnext)
-        b->qnext->qprev = b;
-    else
-        ss->fifo_tail = b;
-    if (at)
-        at->qnext = b;
-    else
-        ss->fifo_head = b;
+    um__block **head = plist_of(ss, b);
+    b->qprev = NULL;
+    b->qnext = *head;
+    if (*head)
+        (*head)->qprev = b;
+    *head = b;
+}
+
+/* Removes a pending block from its stream's index and list. */
+static void pending_unlink(um__stream_state *ss, um__block *b)
+{
+    um__fi_remove(&ss->pending, &b->fi);
+    plist_remove(ss, b);
+}
+
+/* Files b (PENDING, stream and epoch set, in no index) with its stream,
+ * merged with pending neighbours of the same stream: the stream may reuse
+ * the union at once, so keeping them apart would only fragment. */
+static void make_pending(um__pool *p, um__stream_state *ss, um__block *b)
+{
+    um__block *pv = b->prev, *nx = b->next;
+    if (pv && pv->state == UM_BLOCK_PENDING && pv->stream == b->stream) {
+        pending_unlink(ss, pv);
+        pv->fi.size += b->fi.size;
+        if (b->epoch > pv->epoch)
+            pv->epoch = b->epoch;
+        pv->next = nx;
+        if (nx)
+            nx->prev = pv;
+        block_put(p, b);
+        b = pv;
+    }
+    if (nx && nx->state == UM_BLOCK_PENDING && nx->stream == b->stream) {
+        pending_unlink(ss, nx);
+        b->fi.size += nx->fi.size;
+        if (nx->epoch > b->epoch)
+            b->epoch = nx->epoch;
+        b->next = nx->next;
+        if (nx->next)
+            nx->next->prev = b;
+        block_put(p, nx);
+    }
+    plist_insert(ss, b);
+    um__fi_insert(&ss->pending, &b->fi);
 }
 
 static bool pending_push(um__pending_vec *v, void *ptr, uint64_t epoch)
@@ -451,10 +488,9 @@ static void slot_return(um__pool *p, void *ptr);
 /* Everything freed on ss with epoch <= upto is now safe on every stream. */
 static void migrate(um__pool *p, um__stream_state *ss, uint64_t upto)
 {
-    while (ss->fifo_head && ss->fifo_head->epoch <= upto) {
-        um__block *b = ss->fifo_head;
-        fifo_remove(ss, b);
-        um__fi_remove(&ss->pending, &b->fi);
+    while (ss->covered) {
+        um__block *b = ss->covered;
+        pending_unlink(ss, b);
         pin_range(p, b->fi.addr, b->fi.size, -1);
         make_ready(p, b);
     }
@@ -475,7 +511,7 @@ static void migrate(um__pool *p, um__stream_state *ss, uint64_t upto)
 
 static bool stream_has_pending(const um__stream_state *ss)
 {
-    return ss->fifo_head || ss->small_pending;
+    return ss->covered || ss->open || ss->small_pending;
 }
 
 /* Checks (wait = false) or waits for (wait = true) the stream's fence and
@@ -492,6 +528,9 @@ static void poll_stream(um__pool *p, um__stream_state *ss, bool wait)
                 return;
             }
             ss->fence_epoch = ss->epoch++;
+            /* Everything freed so far is covered by the new fence. */
+            ss->covered = ss->open;
+            ss->open = NULL;
         }
         int done = 0;
         um_status s = wait ? um__be_event_sync(b, ss->fence) : UM_OK;
@@ -499,9 +538,9 @@ static void poll_stream(um__pool *p, um__stream_state *ss, bool wait)
             s = um__be_event_query(b, ss->fence, &done);
         if (s != UM_OK || (!wait && !done))
             return;
+        migrate(p, ss, ss->fence_epoch);
         um__be_event_destroy(b, ss->fence);
         ss->fence = NULL;
-        migrate(p, ss, ss->fence_epoch);
     }
 }
 
@@ -722,17 +761,16 @@ static um_status take_ready(um__pool *p, um__block *b, size_t size)
  * handed out whole (its pages are pinned either way). */
 static void take_pending(um__pool *p, um__stream_state *ss, um__block *b, size_t size)
 {
-    um__fi_remove(&ss->pending, &b->fi);
+    pending_unlink(ss, b);
     um__block *rest = b->fi.size > size ? block_new(p) : NULL;
     if (rest) {
         split_block(b, size, rest);
         rest->state = UM_BLOCK_PENDING;
         rest->stream = b->stream;
         rest->epoch = b->epoch;
-        fifo_insert_after(ss, b, rest);
+        plist_insert(ss, rest);
         um__fi_insert(&ss->pending, &rest->fi);
     }
-    fifo_remove(ss, b);
 }
 
 static void release_spare_slabs(um__pool *p)
@@ -1114,8 +1152,7 @@ static um_status large_free(um__pool *p, uintptr_t addr, const um__stream_ref *s
     b->state = UM_BLOCK_PENDING;
     b->stream = ref.id;
     b->epoch = ss->epoch;
-    fifo_insert_after(ss, ss->fifo_tail, b);
-    um__fi_insert(&ss->pending, &b->fi);
+    make_pending(p, ss, b);
     pthread_mutex_unlock(&p->lock);
     return UM_OK;
 }
@@ -1428,11 +1465,16 @@ static um_status pool_check(um__allocator *a)
         if (!ss)
             continue;
         size_t n = 0;
-        uint64_t last_epoch = 0;
-        for (um__block *b = ss->fifo_head; b; b = b->qnext, n++) {
-            CHECK_THAT(b->state == UM_BLOCK_PENDING && b->stream == i && b->epoch >= last_epoch,
-                       "stream %u: pending list out of order or holds a non-pending block", i);
-            last_epoch = b->epoch;
+        for (int l = 0; l < 2; l++) {
+            for (um__block *b = l ? ss->covered : ss->open; b; b = b->qnext, n++) {
+                CHECK_THAT(b->state == UM_BLOCK_PENDING && b->stream == i &&
+                               plist_of(ss, b) == (l ? &ss->covered : &ss->open),
+                           "stream %u: pending lists hold a block in the wrong place", i);
+                CHECK_THAT(!b->next || b->next->state != UM_BLOCK_PENDING ||
+                               b->next->stream != i,
+                           "stream %u: adjacent pending blocks at %#" PRIxPTR " not merged", i,
+                           b->fi.addr);
+            }
         }
         CHECK_THAT(n == ss->pending.count, "stream %u: %zu pending blocks, index has %zu", i, n,
                    ss->pending.count);

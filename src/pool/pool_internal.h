@@ -40,7 +40,7 @@ enum um__block_state {
 typedef struct um__block {
     um__fi_node fi;               /* addr, size; links in a free index */
     struct um__block *prev, *next;/* address-ordered neighbours in the region */
-    struct um__block *qprev, *qnext; /* PENDING: the stream's FIFO, oldest first */
+    struct um__block *qprev, *qnext; /* PENDING: in its stream's covered or open list */
     struct um__slab *slab;        /* SLAB */
     size_t requested;             /* LIVE: bytes asked for */
     uint64_t epoch;               /* PENDING: the stream's epoch at free */
@@ -79,7 +79,9 @@ typedef struct um__stream_state {
     bool known;
     um__bstream *bstream;
     um__freeidx pending;          /* PENDING large blocks freed on this stream */
-    um__block *fifo_head, *fifo_tail;
+    /* PENDING blocks: `covered` ones (epoch <= fence_epoch) become ready
+     * when the fence completes; `open` ones were freed after it. */
+    um__block *covered, *open;
     um__pending_vec small[UM_NCLASSES];
     size_t small_pending;         /* objects in small[] */
     uint64_t epoch;               /* frees are stamped with it */
