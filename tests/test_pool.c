@@ -164,6 +164,31 @@ static void test_stream_order(int tc)
     a->ops->destroy(a);
 }
 
+/* Pages freed under in-flight work are never moved or reused elsewhere
+ * before that work completes: under a tight limit the pool waits for it. */
+static void test_fenced_pages(void)
+{
+    um__allocator *a = make_pool(256 * MiB, 8 * MiB, 0, 1);
+    void *x = xalloc(a, 6 * MiB, 1);
+    CHECK_OK(um__sim_stream_launch(backend, s1, 2));
+    xfree(a, x, 1);
+    um__bevent *ev = NULL;
+    int done = 1;
+    CHECK_OK(um__be_event_record(backend, s1, &ev));
+    CHECK_OK(um__be_event_query(backend, ev, &done));
+    CHECK_EQ(done, 0);
+    /* Stream 2 needs x's memory: only possible after s1's work is done. */
+    void *y = xalloc(a, 6 * MiB, 2);
+    CHECK(y != NULL);
+    CHECK_OK(um__be_event_query(backend, ev, &done));
+    CHECK_EQ(done, 1);
+    um__be_event_destroy(backend, ev);
+    CHECK(stats(a).reserved_bytes <= 8 * MiB);
+    xfree(a, y, 2);
+    CHECK_OK(a->ops->check(a));
+    a->ops->destroy(a);
+}
+
 static void test_limits(void)
 {
     um__allocator *a = make_pool(256 * MiB, 16 * MiB, 0, 1);
@@ -308,6 +333,7 @@ int main(void)
         test_random(seed + (uint64_t)tc, tc);
     }
     test_page_recycling();
+    test_fenced_pages();
     test_limits();
     test_bad_pointers();
     if (backend) {

@@ -1,8 +1,8 @@
 /*
  * unimem's pool: the allocator of one device (see pool_internal.h for the
  * layout). Owns the device's address reservation, every physical page mapped
- * into it, the range records, slabs, per-stream pending lists and the
- * per-thread caches.
+ * into it, the range records, slabs, per-stream fences and pending slots,
+ * and the per-thread caches.
  *
  * Locking: one mutex per pool guards everything but the per-thread caches
  * and the active-bytes counter. A small alloc/free pair that its thread's
@@ -227,13 +227,18 @@ static size_t unmapped_pages(um__pool *p, uintptr_t addr, size_t len)
     return n;
 }
 
-/* The oldest hole outside pages [first, last], or NO_PAGE. */
+static bool page_usable(um__pool *p, size_t pg, uint32_t sid);
+
+/* The oldest hole outside pages [first, last] that no stream may still
+ * touch, or NO_PAGE. The walk is bounded: holes are in free order, so the
+ * oldest are the ones whose fences have completed. */
 static uint32_t hole_outside(um__pool *p, size_t first, size_t last)
 {
-    uint32_t h = p->hole_head;
-    while (h != NO_PAGE && h >= first && h <= last)
-        h = p->hole_next[h];
-    return h;
+    size_t budget = last - first + 1 + 256;
+    for (uint32_t h = p->hole_head; h != NO_PAGE && budget--; h = p->hole_next[h])
+        if ((h < first || h > last) && page_usable(p, h, UM_NO_FENCE))
+            return h;
+    return NO_PAGE;
 }
 
 /* Unmaps a hole and gives its physical page back to the backend. */
@@ -253,13 +258,19 @@ static um_status release_hole(um__pool *p, uint32_t h)
     return UM_OK;
 }
 
-/* Releases the oldest holes until at most keep bytes of holes remain. */
+/* Releases the oldest holes no stream may still touch until at most keep
+ * bytes of holes remain. */
 static um_status release_holes(um__pool *p, size_t keep)
 {
-    while (p->holes && p->holes * p->page > keep) {
-        um_status s = release_hole(p, p->hole_head);
-        if (s != UM_OK)
-            return s;
+    uint32_t h = p->hole_head;
+    while (h != NO_PAGE && p->holes * p->page > keep) {
+        uint32_t next = p->hole_next[h];
+        if (page_usable(p, h, UM_NO_FENCE)) {
+            um_status s = release_hole(p, h);
+            if (s != UM_OK)
+                return s;
+        }
+        h = next;
     }
     return UM_OK;
 }
@@ -391,7 +402,6 @@ static um__stream_state *stream_state(um__pool *p, const um__stream_ref *s)
         ss = calloc(1, sizeof *ss);
         if (!ss)
             return NULL;
-        um__fi_init(&ss->pending);
         ss->epoch = 1;
         p->streams[s->id] = ss;
     }
@@ -403,70 +413,6 @@ static um__stream_state *stream_state(um__pool *p, const um__stream_ref *s)
                                      memory_order_release);
     }
     return ss;
-}
-
-static um__block **plist_of(um__stream_state *ss, const um__block *b)
-{
-    return ss->fence && b->epoch <= ss->fence_epoch ? &ss->covered : &ss->open;
-}
-
-static void plist_remove(um__stream_state *ss, um__block *b)
-{
-    if (b->qprev)
-        b->qprev->qnext = b->qnext;
-    else
-        *plist_of(ss, b) = b->qnext;
-    if (b->qnext)
-        b->qnext->qprev = b->qprev;
-    b->qprev = b->qnext = NULL;
-}
-
-static void plist_insert(um__stream_state *ss, um__block *b)
-{
-    um__block **head = plist_of(ss, b);
-    b->qprev = NULL;
-    b->qnext = *head;
-    if (*head)
-        (*head)->qprev = b;
-    *head = b;
-}
-
-/* Removes a pending block from its stream's index and list. */
-static void pending_unlink(um__stream_state *ss, um__block *b)
-{
-    um__fi_remove(&ss->pending, &b->fi);
-    plist_remove(ss, b);
-}
-
-/* Files b (PENDING, stream and epoch set, in no index) with its stream,
- * merged with pending neighbours of the same stream: the stream may reuse
- * the union at once, so keeping them apart would only fragment. */
-static void make_pending(um__pool *p, um__stream_state *ss, um__block *b)
-{
-    um__block *pv = b->prev, *nx = b->next;
-    if (pv && pv->state == UM_BLOCK_PENDING && pv->stream == b->stream) {
-        pending_unlink(ss, pv);
-        pv->fi.size += b->fi.size;
-        if (b->epoch > pv->epoch)
-            pv->epoch = b->epoch;
-        pv->next = nx;
-        if (nx)
-            nx->prev = pv;
-        block_put(p, b);
-        b = pv;
-    }
-    if (nx && nx->state == UM_BLOCK_PENDING && nx->stream == b->stream) {
-        pending_unlink(ss, nx);
-        b->fi.size += nx->fi.size;
-        if (nx->epoch > b->epoch)
-            b->epoch = nx->epoch;
-        b->next = nx->next;
-        if (nx->next)
-            nx->next->prev = b;
-        block_put(p, nx);
-    }
-    plist_insert(ss, b);
-    um__fi_insert(&ss->pending, &b->fi);
 }
 
 static bool pending_push(um__pending_vec *v, void *ptr, uint64_t epoch)
@@ -488,12 +434,7 @@ static void slot_return(um__pool *p, void *ptr);
 /* Everything freed on ss with epoch <= upto is now safe on every stream. */
 static void migrate(um__pool *p, um__stream_state *ss, uint64_t upto)
 {
-    while (ss->covered) {
-        um__block *b = ss->covered;
-        pending_unlink(ss, b);
-        pin_range(p, b->fi.addr, b->fi.size, -1);
-        make_ready(p, b);
-    }
+    ss->completed = upto;
     for (unsigned c = 0; c < UM_NCLASSES; c++) {
         um__pending_vec *v = &ss->small[c];
         size_t k = 0;
@@ -511,44 +452,79 @@ static void migrate(um__pool *p, um__stream_state *ss, uint64_t upto)
 
 static bool stream_has_pending(const um__stream_state *ss)
 {
-    return ss->covered || ss->open || ss->small_pending;
+    return ss->open_frees || ss->small_pending;
 }
 
 /* Checks (wait = false) or waits for (wait = true) the stream's fence and
- * migrates what it covers; records a new fence when frees are uncovered. */
-static void poll_stream(um__pool *p, um__stream_state *ss, bool wait)
+ * migrates what it covers; records a new fence when frees are uncovered.
+ * Returns true when everything freed on the stream has completed. */
+static bool poll_stream(um__pool *p, um__stream_state *ss, bool wait)
 {
     um__backend *b = p->base.backend;
     for (int round = 0; round < 2; round++) {
         if (!ss->fence) {
             if (!stream_has_pending(ss))
-                return;
+                return true;
             if (um__be_event_record(b, ss->bstream, &ss->fence) != UM_OK) {
                 ss->fence = NULL;
-                return;
+                return false;
             }
             ss->fence_epoch = ss->epoch++;
-            /* Everything freed so far is covered by the new fence. */
-            ss->covered = ss->open;
-            ss->open = NULL;
+            ss->open_frees = false;
         }
         int done = 0;
         um_status s = wait ? um__be_event_sync(b, ss->fence) : UM_OK;
         if (s == UM_OK && !wait)
             s = um__be_event_query(b, ss->fence, &done);
         if (s != UM_OK || (!wait && !done))
-            return;
+            return false;
         migrate(p, ss, ss->fence_epoch);
         um__be_event_destroy(b, ss->fence);
         ss->fence = NULL;
     }
+    return !stream_has_pending(ss);
 }
 
 static void poll_all(um__pool *p, bool wait)
 {
+    bool idle = true;
     for (uint32_t i = 0; i < p->nstreams; i++)
         if (p->streams[i])
-            poll_stream(p, p->streams[i], wait);
+            idle &= poll_stream(p, p->streams[i], wait);
+    /* Pages freed by several busy streams wait for a moment like this. */
+    if (idle)
+        p->full_syncs++;
+}
+
+/* True when stream sid (UM_NO_FENCE: the host, for unmapping) may use the
+ * freed bytes of page pg; clears fences found completed. */
+static bool page_usable(um__pool *p, size_t pg, uint32_t sid)
+{
+    uint32_t u = p->fence_stream[pg];
+    if (u == UM_NO_FENCE || u == sid)
+        return true;
+    bool done = u == UM_MIXED_FENCE ? p->full_syncs > p->fence_epoch[pg]
+                                    : p->streams[u]->completed >= p->fence_epoch[pg];
+    if (done)
+        p->fence_stream[pg] = UM_NO_FENCE;
+    return done;
+}
+
+/* Stamps the pages of a range freed on stream ss (id sid). */
+static void fence_range(um__pool *p, um__stream_state *ss, uint32_t sid, uintptr_t addr,
+                        size_t len)
+{
+    size_t first = page_of(p, addr), last = page_of(p, addr + len - 1);
+    for (size_t pg = first; pg <= last; pg++) {
+        if (page_usable(p, pg, sid) && p->fence_stream[pg] != UM_MIXED_FENCE) {
+            p->fence_stream[pg] = sid;
+            p->fence_epoch[pg] = ss->epoch;
+        } else {
+            p->fence_stream[pg] = UM_MIXED_FENCE;
+            p->fence_epoch[pg] = p->full_syncs;
+        }
+    }
+    ss->open_frees = true;
 }
 
 /* ------------------------------------------------------------------ slabs */
@@ -647,14 +623,14 @@ static void slot_return(um__pool *p, void *ptr)
         partial_push(p, s);
 }
 
-static um_status take_range(um__pool *p, unsigned region, size_t size, um__stream_state *ss,
+static um_status take_range(um__pool *p, unsigned region, size_t size, uint32_t sid,
                             um__block **out);
 
 static um_status slab_create(um__pool *p, unsigned cls, um__slab **out)
 {
     size_t bytes = slab_bytes(cls);
     um__block *b;
-    um_status st = take_range(p, 0, bytes, NULL, &b);
+    um_status st = take_range(p, 0, bytes, UM_NO_FENCE, &b);
     if (st != UM_OK)
         return st;
     um__slab *s = calloc(1, sizeof *s);
@@ -734,43 +710,42 @@ static bool small_park(um__stream_state *ss, unsigned cls, void *ptr)
 
 /* ---------------------------------------------------------- range taking */
 
-/* Takes the first size bytes of ready block b and pins them. */
-static um_status take_ready(um__pool *p, um__block *b, size_t size)
+/* Takes size bytes at addr inside ready block b and pins them; the parts
+ * of b before and after stay ready. Returns the block record of the taken
+ * range. */
+static um_status take_ready(um__pool *p, um__block *b, uintptr_t addr, size_t size,
+                            um__block **out)
 {
     um__region *r = &p->regions[b->region];
-    um__block *rest = NULL;
-    if (b->fi.size > size && !(rest = block_new(p)))
+    size_t front = addr - b->fi.addr, back = b->fi.size - front - size;
+    um__block *mid = NULL, *rest = NULL;
+    if ((front && !(mid = block_new(p))) || (back && !(rest = block_new(p)))) {
+        if (mid)
+            block_put(p, mid);
         return UM_ERR_NOMEM;
-    um_status s = map_and_pin(p, b->fi.addr, size);
+    }
+    um_status s = map_and_pin(p, addr, size);
     if (s != UM_OK) {
+        if (mid)
+            block_put(p, mid);
         if (rest)
             block_put(p, rest);
         return s;
     }
     um__fi_remove(&r->ready, &b->fi);
+    if (mid) {
+        split_block(b, front, mid);
+        b->state = UM_BLOCK_READY;
+        um__fi_insert(&r->ready, &b->fi);
+        b = mid;
+    }
     if (rest) {
         split_block(b, size, rest);
         rest->state = UM_BLOCK_READY;
         um__fi_insert(&r->ready, &rest->fi);
     }
+    *out = b;
     return UM_OK;
-}
-
-/* Takes the first size bytes of pending block b of stream ss; the rest stays
- * pending in b's place in the FIFO. Without a record for the rest, b is
- * handed out whole (its pages are pinned either way). */
-static void take_pending(um__pool *p, um__stream_state *ss, um__block *b, size_t size)
-{
-    pending_unlink(ss, b);
-    um__block *rest = b->fi.size > size ? block_new(p) : NULL;
-    if (rest) {
-        split_block(b, size, rest);
-        rest->state = UM_BLOCK_PENDING;
-        rest->stream = b->stream;
-        rest->epoch = b->epoch;
-        plist_insert(ss, rest);
-        um__fi_insert(&ss->pending, &rest->fi);
-    }
 }
 
 static void release_spare_slabs(um__pool *p)
@@ -786,13 +761,59 @@ static void release_spare_slabs(um__pool *p)
     }
 }
 
-/* Finds size bytes in a region for stream ss (NULL: no pending reuse):
- * 0. the stream's own pending blocks, or ready memory already mapped;
+/* Where in ready block b stream sid can place size bytes now: the lowest
+ * address whose pages no other busy stream freed, or 0. Only the first
+ * pages of a block are searched, so the cost stays bounded. */
+static uintptr_t usable_spot(um__pool *p, um__block *b, size_t size, uint32_t sid)
+{
+    enum { SEARCH_PAGES = 1024 };
+    uintptr_t at = b->fi.addr, end = b->fi.addr + b->fi.size;
+    size_t first = page_of(p, at), scanned = 0;
+    while (at + size <= end && scanned < SEARCH_PAGES) {
+        size_t last = page_of(p, at + size - 1), pg = first;
+        while (pg <= last && page_usable(p, pg, sid))
+            pg++;
+        if (pg > last)
+            return at;
+        scanned += pg - first + 1;
+        first = pg + 1;
+        at = page_addr(p, first);
+    }
+    return 0;
+}
+
+/* The best-fitting ready block of region r that stream sid may use now, and
+ * the spot in it; blocks with no usable spot are passed over (a few at most,
+ * so the search stays O(1)). */
+static um__block *find_usable(um__pool *p, um__region *r, size_t size, uint32_t sid,
+                              uintptr_t *spot)
+{
+    enum { TRIES = 8 };
+    um__block *skipped[TRIES], *found = NULL;
+    int n = 0;
+    while (n < TRIES) {
+        um__block *b = (um__block *)um__fi_find(&r->ready, size);
+        if (!b)
+            break;
+        if ((*spot = usable_spot(p, b, size, sid)) != 0) {
+            found = b;
+            break;
+        }
+        um__fi_remove(&r->ready, &b->fi);
+        skipped[n++] = b;
+    }
+    while (n)
+        um__fi_insert(&r->ready, &skipped[--n]->fi);
+    return found;
+}
+
+/* Finds size bytes in a region for stream sid:
+ * 0. ready memory that is already mapped;
  * 1. after polling every stream's fence: the same, else ready memory with
  *    holes moved from elsewhere, then new pages while under the limit;
  * 2. after waiting for every fence and dropping empty slabs: step 1 again.
  * The returned block is pinned and in no index; the caller sets its state. */
-static um_status take_range(um__pool *p, unsigned region, size_t size, um__stream_state *ss,
+static um_status take_range(um__pool *p, unsigned region, size_t size, uint32_t sid,
                             um__block **out)
 {
     um__region *r = &p->regions[region];
@@ -804,26 +825,18 @@ static um_status take_range(um__pool *p, unsigned region, size_t size, um__strea
             poll_all(p, true);
             release_spare_slabs(p);
         }
-        um__fi_node *pn = ss ? um__fi_find(&ss->pending, size) : NULL;
-        um__fi_node *rn = um__fi_find(&r->ready, size);
-        if (pn && (!rn || pn->size <= rn->size)) {
-            take_pending(p, ss, (um__block *)pn, size);
-            *out = (um__block *)pn;
-            return UM_OK;
-        }
-        if (!rn)
+        uintptr_t at = 0;
+        um__block *b = find_usable(p, r, size, sid, &at);
+        if (!b)
             continue;
-        um__block *b = (um__block *)rn;
-        size_t need = unmapped_pages(p, b->fi.addr, size);
+        size_t need = unmapped_pages(p, at, size);
         if (need && attempt == 0)
             continue;
         if (need > p->holes && p->reserved + (need - p->holes) * p->page > p->base.memory_limit)
             continue;
-        last = take_ready(p, b, size);
-        if (last == UM_OK) {
-            *out = b;
+        last = take_ready(p, b, at, size, out);
+        if (last == UM_OK)
             return UM_OK;
-        }
         if (last != UM_ERR_NOMEM)
             return last;
     }
@@ -1016,7 +1029,7 @@ static um_status large_alloc(um__pool *p, size_t size, const um__stream_ref *s, 
     uint64_t calls = atomic_load_explicit(&p->base.backend->calls, memory_order_relaxed);
     um__stream_state *ss = stream_state(p, s);
     um__block *b = NULL;
-    um_status st = ss ? take_range(p, 1, bytes, ss, &b) : UM_ERR_NOMEM;
+    um_status st = ss ? take_range(p, 1, bytes, s->id, &b) : UM_ERR_NOMEM;
     if (st == UM_OK && !live_map_put(p, b)) {
         pin_range(p, b->fi.addr, b->fi.size, -1);
         make_ready(p, b);
@@ -1149,10 +1162,10 @@ static um_status large_free(um__pool *p, uintptr_t addr, const um__stream_ref *s
     p->large_blocks--;
     p->central_frees++;
     note_inactive(p, b->fi.size);
-    b->state = UM_BLOCK_PENDING;
-    b->stream = ref.id;
-    b->epoch = ss->epoch;
-    make_pending(p, ss, b);
+    fence_range(p, ss, ref.id, b->fi.addr, b->fi.size);
+    pin_range(p, b->fi.addr, b->fi.size, -1);
+    make_ready(p, b);
+    enforce_cache_limit(p);
     pthread_mutex_unlock(&p->lock);
     return UM_OK;
 }
@@ -1209,8 +1222,8 @@ static um_status pool_set_memory_limit(um__allocator *a, size_t bytes)
     if (p->reserved > limit) {
         poll_all(p, true);
         release_spare_slabs(p);
-        while (s == UM_OK && p->reserved > limit && p->holes)
-            s = release_hole(p, p->hole_head);
+        size_t excess = p->reserved - limit, hole_bytes = p->holes * p->page;
+        s = release_holes(p, hole_bytes > excess ? hole_bytes - excess : 0);
     }
     if (s == UM_OK && p->reserved > limit) {
         char lim[32], res[32];
@@ -1279,8 +1292,6 @@ static size_t largest_free_locked(um__pool *p)
 {
     size_t best = 0;
     for (um__block *b = p->regions[1].first; b; b = b->next) {
-        if (b->state == UM_BLOCK_PENDING && b->fi.size > best)
-            best = b->fi.size;
         if (b->state != UM_BLOCK_READY)
             continue;
         size_t holes_in;
@@ -1434,8 +1445,7 @@ static um_status pool_check(um__allocator *a)
                 CHECK_THAT((s->nfree > 0 && s->nfree < s->nslots) ? s->on_list : true,
                            "partly free slab %#" PRIxPTR " is not on its class list", s->base);
             } else {
-                CHECK_THAT(b->state == UM_BLOCK_PENDING, "block %#" PRIxPTR " in state %u",
-                           b->fi.addr, b->state);
+                CHECK_THAT(false, "block %#" PRIxPTR " in state %u", b->fi.addr, b->state);
             }
         }
         CHECK_THAT(at == rg->hi, "region %u ends at %#" PRIxPTR ", not %#" PRIxPTR, r, at, rg->hi);
@@ -1464,20 +1474,6 @@ static um_status pool_check(um__allocator *a)
         um__stream_state *ss = p->streams[i];
         if (!ss)
             continue;
-        size_t n = 0;
-        for (int l = 0; l < 2; l++) {
-            for (um__block *b = l ? ss->covered : ss->open; b; b = b->qnext, n++) {
-                CHECK_THAT(b->state == UM_BLOCK_PENDING && b->stream == i &&
-                               plist_of(ss, b) == (l ? &ss->covered : &ss->open),
-                           "stream %u: pending lists hold a block in the wrong place", i);
-                CHECK_THAT(!b->next || b->next->state != UM_BLOCK_PENDING ||
-                               b->next->stream != i,
-                           "stream %u: adjacent pending blocks at %#" PRIxPTR " not merged", i,
-                           b->fi.addr);
-            }
-        }
-        CHECK_THAT(n == ss->pending.count, "stream %u: %zu pending blocks, index has %zu", i, n,
-                   ss->pending.count);
         size_t k = 0;
         for (unsigned c = 0; c < UM_NCLASSES; c++)
             k += ss->small[c].n;
@@ -1560,6 +1556,8 @@ static void pool_destroy(um__allocator *a)
     free(p->page_pin);
     free(p->hole_prev);
     free(p->hole_next);
+    free(p->fence_stream);
+    free(p->fence_epoch);
     pthread_mutex_destroy(&p->lock);
     free(p);
 }
@@ -1640,13 +1638,16 @@ um_status um__pool_create(um__backend *b, const um__pool_config *c, um__allocato
     p->page_pin = calloc(p->npages, sizeof *p->page_pin);
     p->hole_prev = malloc(p->npages * sizeof *p->hole_prev);
     p->hole_next = malloc(p->npages * sizeof *p->hole_next);
+    p->fence_stream = malloc(p->npages * sizeof *p->fence_stream);
+    p->fence_epoch = calloc(p->npages, sizeof *p->fence_epoch);
     p->regions[0].lo = um__align_up(p->va, UM_SLAB_UNIT);
     p->regions[0].hi = p->regions[0].lo + um__align_down(small, UM_SLAB_UNIT);
     p->regions[1].lo = p->regions[0].hi;
     p->regions[1].hi = p->va + va_size;
     p->slab_map_top = (small / UM_SLAB_UNIT + SLAB_MAP_LEAF - 1) / SLAB_MAP_LEAF;
     p->slab_map = calloc(p->slab_map_top, sizeof *p->slab_map);
-    bool ok = p->page_phys && p->page_pin && p->hole_prev && p->hole_next && p->slab_map;
+    bool ok = p->page_phys && p->page_pin && p->hole_prev && p->hole_next && p->slab_map &&
+              p->fence_stream && p->fence_epoch;
     for (unsigned r = 0; ok && r < 2; r++) {
         um__fi_init(&p->regions[r].ready);
         um__block *blk = calloc(1, sizeof *blk);
@@ -1667,6 +1668,7 @@ um_status um__pool_create(um__backend *b, const um__pool_config *c, um__allocato
     }
     memset(p->hole_prev, 0xff, p->npages * sizeof *p->hole_prev);
     memset(p->hole_next, 0xff, p->npages * sizeof *p->hole_next);
+    memset(p->fence_stream, 0xff, p->npages * sizeof *p->fence_stream);
     /* The default stream is known from the start. */
     um__stream_ref def = {0, NULL};
     if (!stream_state(p, &def)) {

@@ -8,14 +8,19 @@
  *                   size class (requests up to UM_SMALL_MAX bytes)
  *     large region  blocks placed by best fit, split and coalesced
  *   both regions are covered, in address order, by range records ("blocks")
- *   that are live, pending (free for one stream only), ready (free for
- *   every stream) or hold a slab.
+ *   that are live, free ("ready", coalesced at once) or hold a slab.
  *
  *   physical pages (the backend granularity) are mapped only under bytes
- *   that are not ready: page_pin[p] counts such bytes of page p. A mapped
+ *   that are not free: page_pin[p] counts such bytes of page p. A mapped
  *   page whose count is 0 is a hole: it sits on the hole list, and when the
  *   pool needs a page elsewhere it moves a hole there (unmap + map) before it
  *   asks the backend for new memory.
+ *
+ * Stream order: freeing a block on stream s stamps its pages with a fence
+ * (s, s's current epoch). Another stream may use those bytes, and any page
+ * move may unmap them, only once s has completed that epoch: a backend
+ * event recorded on s covers every epoch up to its own. Small slots are
+ * kept per stream until their epoch completes, then go back to their slab.
  */
 #ifndef UM_POOL_INTERNAL_H
 #define UM_POOL_INTERNAL_H
@@ -32,19 +37,19 @@
 
 enum um__block_state {
     UM_BLOCK_LIVE = 1,    /* handed out by um_malloc */
-    UM_BLOCK_PENDING = 2, /* freed on a stream, reusable there only */
-    UM_BLOCK_READY = 3,   /* free on every stream */
+    UM_BLOCK_READY = 3,   /* free (subject to its pages' fences) */
     UM_BLOCK_SLAB = 4     /* holds a slab of small slots */
 };
+
+#define UM_NO_FENCE UINT32_MAX
+#define UM_MIXED_FENCE (UINT32_MAX - 1) /* freed by several busy streams */
 
 typedef struct um__block {
     um__fi_node fi;               /* addr, size; links in a free index */
     struct um__block *prev, *next;/* address-ordered neighbours in the region */
-    struct um__block *qprev, *qnext; /* PENDING: in its stream's covered or open list */
     struct um__slab *slab;        /* SLAB */
     size_t requested;             /* LIVE: bytes asked for */
-    uint64_t epoch;               /* PENDING: the stream's epoch at free */
-    uint32_t stream;              /* LIVE: allocation stream; PENDING: free stream */
+    uint32_t stream;              /* LIVE: allocation stream */
     uint8_t state;
     uint8_t region;
 } um__block;
@@ -77,14 +82,12 @@ typedef struct um__pending_vec {
 
 typedef struct um__stream_state {
     bool known;
+    bool open_frees;              /* frees stamped with `epoch` exist */
     um__bstream *bstream;
-    um__freeidx pending;          /* PENDING large blocks freed on this stream */
-    /* PENDING blocks: `covered` ones (epoch <= fence_epoch) become ready
-     * when the fence completes; `open` ones were freed after it. */
-    um__block *covered, *open;
     um__pending_vec small[UM_NCLASSES];
     size_t small_pending;         /* objects in small[] */
     uint64_t epoch;               /* frees are stamped with it */
+    uint64_t completed;           /* every epoch up to this one has completed */
     um__bevent *fence;            /* covers epochs <= fence_epoch */
     uint64_t fence_epoch;
 } um__stream_state;
@@ -123,6 +126,9 @@ typedef struct um__pool {
     um__phys *page_phys;          /* 0: unmapped */
     uint32_t *page_pin;           /* bytes of the page not ready */
     uint32_t *hole_prev, *hole_next; /* hole list links, UINT32_MAX = none */
+    uint32_t *fence_stream;       /* stream that last freed bytes of the page */
+    uint64_t *fence_epoch;        /* its epoch then (MIXED: full_syncs then) */
+    uint64_t full_syncs;          /* times every stream was seen idle */
     uint32_t hole_head, hole_tail;
     size_t holes;
 
