@@ -345,7 +345,6 @@ static um__block *split_block(um__block *b, size_t size, um__block *r)
 {
     r->fi.addr = b->fi.addr + size;
     r->fi.size = b->fi.size - size;
-    r->region = b->region;
     r->prev = b;
     r->next = b->next;
     if (b->next)
@@ -359,7 +358,7 @@ static um__block *split_block(um__block *b, size_t size, um__block *r)
  * neighbours. */
 static void make_ready(um__pool *p, um__block *b)
 {
-    um__region *r = &p->regions[b->region];
+    um__region *r = &p->region;
     b->state = UM_BLOCK_READY;
     um__block *pv = b->prev, *nx = b->next;
     if (pv && pv->state == UM_BLOCK_READY) {
@@ -623,14 +622,14 @@ static void slot_return(um__pool *p, void *ptr)
         partial_push(p, s);
 }
 
-static um_status take_range(um__pool *p, unsigned region, size_t size, uint32_t sid,
+static um_status take_range(um__pool *p, size_t size, size_t align, uint32_t sid,
                             um__block **out);
 
 static um_status slab_create(um__pool *p, unsigned cls, um__slab **out)
 {
     size_t bytes = slab_bytes(cls);
     um__block *b;
-    um_status st = take_range(p, 0, bytes, UM_NO_FENCE, &b);
+    um_status st = take_range(p, bytes, UM_SLAB_UNIT, UM_NO_FENCE, &b);
     if (st != UM_OK)
         return st;
     um__slab *s = calloc(1, sizeof *s);
@@ -716,7 +715,7 @@ static bool small_park(um__stream_state *ss, unsigned cls, void *ptr)
 static um_status take_ready(um__pool *p, um__block *b, uintptr_t addr, size_t size,
                             um__block **out)
 {
-    um__region *r = &p->regions[b->region];
+    um__region *r = &p->region;
     size_t front = addr - b->fi.addr, back = b->fi.size - front - size;
     um__block *mid = NULL, *rest = NULL;
     if ((front && !(mid = block_new(p))) || (back && !(rest = block_new(p)))) {
@@ -761,41 +760,50 @@ static void release_spare_slabs(um__pool *p)
     }
 }
 
-/* Where in ready block b stream sid can place size bytes now: the lowest
- * address whose pages no other busy stream freed, or 0. Only the first
- * pages of a block are searched, so the cost stays bounded. */
-static uintptr_t usable_spot(um__pool *p, um__block *b, size_t size, uint32_t sid)
+/* Whether every page under [at, at+size) may be used by stream sid now. */
+static bool spot_usable(um__pool *p, uintptr_t at, size_t size, uint32_t sid)
+{
+    for (size_t pg = page_of(p, at), last = page_of(p, at + size - 1); pg <= last; pg++)
+        if (!page_usable(p, pg, sid))
+            return false;
+    return true;
+}
+
+/* Where in ready block b stream sid can place size bytes (aligned) now: the
+ * lowest address whose pages no other busy stream freed, or 0. Only the
+ * first pages of a block are searched, so the cost stays bounded. */
+static uintptr_t usable_spot(um__pool *p, um__block *b, size_t size, size_t align, uint32_t sid)
 {
     enum { SEARCH_PAGES = 1024 };
-    uintptr_t at = b->fi.addr, end = b->fi.addr + b->fi.size;
-    size_t first = page_of(p, at), scanned = 0;
+    uintptr_t at = um__align_up(b->fi.addr, align), end = b->fi.addr + b->fi.size;
+    size_t scanned = 0;
     while (at + size <= end && scanned < SEARCH_PAGES) {
-        size_t last = page_of(p, at + size - 1), pg = first;
+        size_t first = page_of(p, at), last = page_of(p, at + size - 1), pg = first;
         while (pg <= last && page_usable(p, pg, sid))
             pg++;
         if (pg > last)
             return at;
         scanned += pg - first + 1;
-        first = pg + 1;
-        at = page_addr(p, first);
+        at = um__align_up(page_addr(p, pg + 1), align);
     }
     return 0;
 }
 
-/* The best-fitting ready block of region r that stream sid may use now, and
- * the spot in it; blocks with no usable spot are passed over (a few at most,
- * so the search stays O(1)). */
-static um__block *find_usable(um__pool *p, um__region *r, size_t size, uint32_t sid,
+/* The best-fitting ready block that stream sid may use now, and the spot in
+ * it; blocks with no usable spot are passed over (a few at most, so the
+ * search stays O(1)). */
+static um__block *find_usable(um__pool *p, size_t size, size_t align, uint32_t sid,
                               uintptr_t *spot)
 {
     enum { TRIES = 8 };
+    um__region *r = &p->region;
     um__block *skipped[TRIES], *found = NULL;
     int n = 0;
     while (n < TRIES) {
-        um__block *b = (um__block *)um__fi_find(&r->ready, size);
+        um__block *b = (um__block *)um__fi_find(&r->ready, size + align - UM_ALIGN);
         if (!b)
             break;
-        if ((*spot = usable_spot(p, b, size, sid)) != 0) {
+        if ((*spot = usable_spot(p, b, size, align, sid)) != 0) {
             found = b;
             break;
         }
@@ -807,16 +815,18 @@ static um__block *find_usable(um__pool *p, um__region *r, size_t size, uint32_t 
     return found;
 }
 
-/* Finds size bytes in a region for stream sid:
+/* Finds size bytes (aligned) for stream sid:
  * 0. ready memory that is already mapped;
  * 1. after polling every stream's fence: the same, else ready memory with
  *    holes moved from elsewhere, then new pages while under the limit;
  * 2. after waiting for every fence and dropping empty slabs: step 1 again.
+ * Within the chosen free block the range goes to its low end, or to its
+ * high end when that needs fewer new pages (the top may sit on a
+ * neighbour's partly used page, and the free rest stays page-aligned).
  * The returned block is pinned and in no index; the caller sets its state. */
-static um_status take_range(um__pool *p, unsigned region, size_t size, uint32_t sid,
+static um_status take_range(um__pool *p, size_t size, size_t align, uint32_t sid,
                             um__block **out)
 {
-    um__region *r = &p->regions[region];
     um_status last = UM_ERR_NOMEM;
     for (int attempt = 0; attempt < 3; attempt++) {
         if (attempt == 1)
@@ -826,10 +836,18 @@ static um_status take_range(um__pool *p, unsigned region, size_t size, uint32_t 
             release_spare_slabs(p);
         }
         uintptr_t at = 0;
-        um__block *b = find_usable(p, r, size, sid, &at);
+        um__block *b = find_usable(p, size, align, sid, &at);
         if (!b)
             continue;
         size_t need = unmapped_pages(p, at, size);
+        uintptr_t high = um__align_down(b->fi.addr + b->fi.size - size, align);
+        if (need && high > at) {
+            size_t need_high = unmapped_pages(p, high, size);
+            if (need_high < need && spot_usable(p, high, size, sid)) {
+                at = high;
+                need = need_high;
+            }
+        }
         if (need && attempt == 0)
             continue;
         if (need > p->holes && p->reserved + (need - p->holes) * p->page > p->base.memory_limit)
@@ -1029,7 +1047,7 @@ static um_status large_alloc(um__pool *p, size_t size, const um__stream_ref *s, 
     uint64_t calls = atomic_load_explicit(&p->base.backend->calls, memory_order_relaxed);
     um__stream_state *ss = stream_state(p, s);
     um__block *b = NULL;
-    um_status st = ss ? take_range(p, 1, bytes, s->id, &b) : UM_ERR_NOMEM;
+    um_status st = ss ? take_range(p, bytes, UM_ALIGN, s->id, &b) : UM_ERR_NOMEM;
     if (st == UM_OK && !live_map_put(p, b)) {
         pin_range(p, b->fi.addr, b->fi.size, -1);
         make_ready(p, b);
@@ -1174,15 +1192,9 @@ static um_status pool_free(um__allocator *a, void *ptr, const um__stream_ref *s)
 {
     um__pool *p = P(a);
     uintptr_t addr = (uintptr_t)ptr;
-    if (addr < p->regions[1].lo) {
-        um__slab *sl = slab_lookup(p, addr);
-        if (!sl)
-            return um__fail(UM_ERR_DOUBLE_FREE,
-                            "device %d (%s): %p is not a live allocation (freed already, or "
-                            "never returned by um_malloc)",
-                            p->base.dev, dev_name(p), ptr);
+    um__slab *sl = slab_lookup(p, addr);
+    if (sl)
         return small_free(p, sl, addr, s);
-    }
     return large_free(p, addr, s);
 }
 
@@ -1291,7 +1303,7 @@ static size_t mapped_bytes_in(um__pool *p, uintptr_t addr, size_t len, size_t *h
 static size_t largest_free_locked(um__pool *p)
 {
     size_t best = 0;
-    for (um__block *b = p->regions[1].first; b; b = b->next) {
+    for (um__block *b = p->region.first; b; b = b->next) {
         if (b->state != UM_BLOCK_READY)
             continue;
         size_t holes_in;
@@ -1323,7 +1335,7 @@ static void pool_stats(um__allocator *a, um_stats *out)
     pthread_mutex_lock(&p->lock);
     size_t small_req = 0;
     uint64_t small_blocks = 0;
-    for (um__block *b = p->regions[0].first; b; b = b->next) {
+    for (um__block *b = p->region.first; b; b = b->next) {
         if (b->state != UM_BLOCK_SLAB)
             continue;
         um__slab *s = b->slab;
@@ -1387,15 +1399,14 @@ static um_status pool_check(um__allocator *a)
     pthread_mutex_lock(&p->lock);
     uint32_t *pin = calloc(p->npages, sizeof *pin);
     CHECK_THAT(pin, "out of host memory for the check");
-    size_t active = 0, requested = 0, live_large = 0, cached_slots = 0;
-    for (unsigned r = 0; r < 2; r++) {
-        um__region *rg = &p->regions[r];
+    size_t active = 0, live_large = 0, cached_slots = 0;
+    {
+        um__region *rg = &p->region;
         uintptr_t at = rg->lo;
         size_t ready = 0, ready_bytes = 0;
         for (um__block *b = rg->first; b; b = b->next) {
-            CHECK_THAT(b->fi.addr == at, "region %u: block at %#" PRIxPTR " expected at %#" PRIxPTR,
-                       r, b->fi.addr, at);
-            CHECK_THAT(b->region == r, "block %#" PRIxPTR " has region %u", b->fi.addr, b->region);
+            CHECK_THAT(b->fi.addr == at, "block at %#" PRIxPTR " expected at %#" PRIxPTR,
+                       b->fi.addr, at);
             CHECK_THAT(!b->next || b->next->prev == b, "broken neighbour links at %#" PRIxPTR,
                        b->fi.addr);
             at += b->fi.size;
@@ -1414,26 +1425,22 @@ static um_status pool_check(um__allocator *a)
                 pin[pg] += (uint32_t)(e - s);
             }
             if (b->state == UM_BLOCK_LIVE) {
-                CHECK_THAT(r == 1, "live block in the slab region");
                 size_t j = live_map_slot(p, b->fi.addr);
                 CHECK_THAT(j != SIZE_MAX && p->live_map[j] == b, "live block %#" PRIxPTR
                            " missing from the pointer map", b->fi.addr);
                 active += b->fi.size;
-                requested += b->requested;
                 live_large++;
             } else if (b->state == UM_BLOCK_SLAB) {
                 um__slab *s = b->slab;
-                CHECK_THAT(r == 0 && s && s->block == b && s->base == b->fi.addr,
+                CHECK_THAT(s && s->block == b && s->base == b->fi.addr,
                            "slab record of block %#" PRIxPTR " is wrong", b->fi.addr);
                 uint32_t nfree = 0;
                 for (uint32_t i = 0; i < s->nslots; i++) {
                     uint8_t state = atomic_load(&s->state[i]);
                     nfree += state == UM_SLOT_FREE;
                     cached_slots += state == UM_SLOT_CACHED;
-                    if (state == UM_SLOT_LIVE) {
+                    if (state == UM_SLOT_LIVE)
                         active += um__class_size[s->cls];
-                        requested += s->requested[i];
-                    }
                 }
                 CHECK_THAT(nfree == s->nfree, "slab %#" PRIxPTR ": %u free slots, record says %u",
                            s->base, nfree, s->nfree);
@@ -1448,10 +1455,10 @@ static um_status pool_check(um__allocator *a)
                 CHECK_THAT(false, "block %#" PRIxPTR " in state %u", b->fi.addr, b->state);
             }
         }
-        CHECK_THAT(at == rg->hi, "region %u ends at %#" PRIxPTR ", not %#" PRIxPTR, r, at, rg->hi);
+        CHECK_THAT(at == rg->hi, "blocks end at %#" PRIxPTR ", not %#" PRIxPTR, at, rg->hi);
         CHECK_THAT(ready == rg->ready.count && ready_bytes == rg->ready.bytes,
-                   "region %u: %zu ready blocks (%zu bytes), index has %zu (%zu bytes)", r, ready,
-                   ready_bytes, rg->ready.count, rg->ready.bytes);
+                   "%zu ready blocks (%zu bytes), index has %zu (%zu bytes)", ready, ready_bytes,
+                   rg->ready.count, rg->ready.bytes);
     }
     size_t mapped = 0, holes = 0, pending_small = 0;
     for (size_t pg = 0; pg < p->npages; pg++) {
@@ -1491,7 +1498,7 @@ static um_status pool_check(um__allocator *a)
                "live large blocks: %zu counted, %" PRIu64 " recorded, %zu in map", live_large,
                p->large_blocks, p->live_count);
     size_t req_large = 0;
-    for (um__block *b = p->regions[1].first; b; b = b->next)
+    for (um__block *b = p->region.first; b; b = b->next)
         if (b->state == UM_BLOCK_LIVE)
             req_large += b->requested;
     CHECK_THAT(req_large == p->large_requested, "requested bytes of large blocks wrong");
@@ -1533,15 +1540,11 @@ static void pool_destroy(um__allocator *a)
     }
     if (p->va)
         (void)um__be_unreserve(b, p->va, p->va_size);
-    for (unsigned r = 0; r < 2; r++) {
-        um__block *blk = p->regions[r].first;
-        while (blk) {
-            um__block *nx = blk->next;
-            if (blk->slab)
-                slab_free_arrays(blk->slab);
-            free(blk);
-            blk = nx;
-        }
+    for (um__block *blk = p->region.first, *nx; blk; blk = nx) {
+        nx = blk->next;
+        if (blk->slab)
+            slab_free_arrays(blk->slab);
+        free(blk);
     }
     while (p->block_freelist) {
         um__block *nx = p->block_freelist->next;
@@ -1590,15 +1593,10 @@ um_status um__pool_create(um__backend *b, const um__pool_config *c, um__allocato
         return um__fail(UM_ERR_INVALID, "device %d (%s): granularity %zu is not a power of two",
                         c->dev, b->name, page);
     int factor = c->va_factor > 0 ? c->va_factor : 4;
-    size_t small = um__align_up(b->capacity, page);
-    if (small < 4 * UM_SLAB_UNIT)
-        small = um__align_up(4 * UM_SLAB_UNIT, page);
-    size_t large = um__align_up(b->capacity, page);
-    if (large > SIZE_MAX / 2 / (size_t)factor)
+    size_t cap = um__align_up(b->capacity, page);
+    if (cap > SIZE_MAX / 2 / (size_t)factor)
         return um__fail(UM_ERR_INVALID, "device %d (%s): capacity too large", c->dev, b->name);
-    large *= (size_t)factor;
-    size_t va_size = small + UM_SLAB_UNIT + large;
-    va_size = um__align_up(va_size, page);
+    size_t va_size = um__align_up(cap * (size_t)factor + UM_SLAB_UNIT, page);
     if (va_size / page > MAX_PAGES)
         return um__fail(UM_ERR_INVALID,
                         "device %d (%s): %zu pages of %zu bytes is too many page records; raise "
@@ -1640,26 +1638,23 @@ um_status um__pool_create(um__backend *b, const um__pool_config *c, um__allocato
     p->hole_next = malloc(p->npages * sizeof *p->hole_next);
     p->fence_stream = malloc(p->npages * sizeof *p->fence_stream);
     p->fence_epoch = calloc(p->npages, sizeof *p->fence_epoch);
-    p->regions[0].lo = um__align_up(p->va, UM_SLAB_UNIT);
-    p->regions[0].hi = p->regions[0].lo + um__align_down(small, UM_SLAB_UNIT);
-    p->regions[1].lo = p->regions[0].hi;
-    p->regions[1].hi = p->va + va_size;
-    p->slab_map_top = (small / UM_SLAB_UNIT + SLAB_MAP_LEAF - 1) / SLAB_MAP_LEAF;
+    /* The range starts slab-aligned, so 64 KiB alignment inside it is
+     * alignment of addresses. */
+    p->region.lo = um__align_up(p->va, UM_SLAB_UNIT);
+    p->region.hi = p->va + va_size;
+    p->slab_map_top = (va_size / UM_SLAB_UNIT + SLAB_MAP_LEAF - 1) / SLAB_MAP_LEAF;
     p->slab_map = calloc(p->slab_map_top, sizeof *p->slab_map);
     bool ok = p->page_phys && p->page_pin && p->hole_prev && p->hole_next && p->slab_map &&
               p->fence_stream && p->fence_epoch;
-    for (unsigned r = 0; ok && r < 2; r++) {
-        um__fi_init(&p->regions[r].ready);
-        um__block *blk = calloc(1, sizeof *blk);
-        ok = blk != NULL;
-        if (ok) {
-            blk->fi.addr = p->regions[r].lo;
-            blk->fi.size = p->regions[r].hi - p->regions[r].lo;
-            blk->region = (uint8_t)r;
-            blk->state = UM_BLOCK_READY;
-            p->regions[r].first = blk;
-            um__fi_insert(&p->regions[r].ready, &blk->fi);
-        }
+    um__fi_init(&p->region.ready);
+    um__block *blk = ok ? calloc(1, sizeof *blk) : NULL;
+    ok = blk != NULL;
+    if (ok) {
+        blk->fi.addr = p->region.lo;
+        blk->fi.size = p->region.hi - p->region.lo;
+        blk->state = UM_BLOCK_READY;
+        p->region.first = blk;
+        um__fi_insert(&p->region.ready, &blk->fi);
     }
     if (!ok) {
         pool_destroy(&p->base);

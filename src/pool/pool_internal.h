@@ -3,12 +3,12 @@
  *
  * Layout of one device's memory:
  *
- *   one reservation of address space, split into two regions:
- *     slab region   64 KiB-aligned slabs, each cut into equal slots of one
- *                   size class (requests up to UM_SMALL_MAX bytes)
- *     large region  blocks placed by best fit, split and coalesced
- *   both regions are covered, in address order, by range records ("blocks")
- *   that are live, free ("ready", coalesced at once) or hold a slab.
+ *   one reservation of address space, covered in address order by range
+ *   records ("blocks") that are live, free ("ready", coalesced at once) or
+ *   hold a slab: a 64 KiB-aligned range cut into equal slots of one size
+ *   class (requests up to UM_SMALL_MAX bytes). Blocks and slabs share the
+ *   range, so slabs fill gaps between large blocks. Placement is best fit
+ *   with split and coalesce.
  *
  *   physical pages (the backend granularity) are mapped only under bytes
  *   that are not free: page_pin[p] counts such bytes of page p. A mapped
@@ -51,7 +51,6 @@ typedef struct um__block {
     size_t requested;             /* LIVE: bytes asked for */
     uint32_t stream;              /* LIVE: allocation stream */
     uint8_t state;
-    uint8_t region;
 } um__block;
 
 enum um__slot_state { UM_SLOT_FREE = 0, UM_SLOT_LIVE = 1, UM_SLOT_CACHED = 2 };
@@ -121,7 +120,7 @@ typedef struct um__pool {
     size_t va_size;
     size_t page;                  /* backend granularity */
     size_t npages;
-    um__region regions[2];        /* 0: slabs, 1: large */
+    um__region region;
 
     um__phys *page_phys;          /* 0: unmapped */
     uint32_t *page_pin;           /* bytes of the page not ready */
