@@ -275,10 +275,28 @@ static um_status release_holes(um__pool *p, size_t keep)
     return UM_OK;
 }
 
+static void poll_all(um__pool *p, bool wait);
+static void release_spare_slabs(um__pool *p);
+static void flush_own_cache_locked(um__pool *p);
+
+/* Over the cache limit, free pages go back to the backend. Fresh holes are
+ * fenced until their stream is seen done, and cached small slots keep
+ * their slabs' pages, so when releasing holes alone is not enough the pool
+ * also returns this thread's cached slots, polls fences and drops empty
+ * slabs. */
 static void enforce_cache_limit(um__pool *p)
 {
-    if (p->base.cache_limit != SIZE_MAX)
-        (void)release_holes(p, p->base.cache_limit);
+    size_t limit = p->base.cache_limit;
+    size_t cached = p->reserved - atomic_load_explicit(&p->active, memory_order_relaxed);
+    if (limit == SIZE_MAX || cached <= limit)
+        return;
+    (void)release_holes(p, limit);
+    if (p->reserved - atomic_load_explicit(&p->active, memory_order_relaxed) > limit) {
+        flush_own_cache_locked(p);
+        poll_all(p, false);
+        release_spare_slabs(p);
+        (void)release_holes(p, limit);
+    }
 }
 
 /* Maps every unmapped page under [addr, addr+len), taking holes from
@@ -1207,10 +1225,18 @@ static bool pool_owns(um__allocator *a, const void *ptr)
 
 /* ---------------------------------------------------------- memory control */
 
+/* The calling thread's cache of this pool, if it has one (the one-entry
+ * TLS shortcut may point at another pool's). */
+static um__tcache *own_cache(um__pool *p)
+{
+    return p->thread_cache ? pthread_getspecific(p->tkey) : NULL;
+}
+
 static void flush_own_cache_locked(um__pool *p)
 {
-    if (p->thread_cache && tls_cache.generation == p->generation)
-        tcache_flush_locked(p, tls_cache.tc);
+    um__tcache *tc = own_cache(p);
+    if (tc)
+        tcache_flush_locked(p, tc);
 }
 
 static um_status pool_trim(um__allocator *a)
@@ -1265,8 +1291,8 @@ static void pool_stream_forget(um__allocator *a, const um__stream_ref *s)
 {
     um__pool *p = P(a);
     pthread_mutex_lock(&p->lock);
-    if (p->thread_cache && tls_cache.generation == p->generation) {
-        um__tcache *tc = tls_cache.tc;
+    um__tcache *tc = own_cache(p);
+    if (tc) {
         for (unsigned c = 0; c < UM_NCLASSES; c++)
             if (tc->bins[c].n && tc->bins[c].stream == s->id)
                 flush_bin_locked(p, &tc->bins[c], c, tc->bins[c].n);
