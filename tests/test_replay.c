@@ -1,0 +1,229 @@
+/* Tests of `unimem replay` (tools/cmd_replay.c) through the built binary:
+ * the JSON figures on the bundled GPT-2 trace, exact figures of the
+ * baselines and their minimum limits on a small trace worked out by hand,
+ * failed allocations under --limit, and the exit codes and messages of a
+ * corrupt trace and of bad arguments. */
+#include "harness.h"
+
+#include <math.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define BINARY UM_BINARY_DIR "/unimem"
+#define BUNDLED UM_SOURCE_DIR "/data/gpt2_train.trace.gz"
+#define MiB (1024.0 * 1024.0)
+
+static char out[1 << 16];
+
+/* Runs `unimem <args>` with stderr on stdout too when both; returns the
+ * exit status (-1 if it did not exit). */
+static int run(const char *args, bool both)
+{
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "%s %s%s", BINARY, args, both ? " 2>&1" : " 2>/dev/null");
+    out[0] = '\0';
+    FILE *p = popen(cmd, "r");
+    CHECK(p != NULL);
+    if (!p)
+        return -1;
+    size_t n = fread(out, 1, sizeof out - 1, p);
+    out[n] = '\0';
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* Where the value of "key" starts in out, inside the object of `section`
+ * ("direct", "bufcache") or at the top level (NULL); NULL if missing. */
+static const char *value_of(const char *section, const char *key)
+{
+    const char *from = out;
+    const char *end = strstr(out, "\"baselines\"");
+    if (section) {
+        char sec[64];
+        snprintf(sec, sizeof sec, "\"%s\": {", section);
+        from = end ? strstr(end, sec) : NULL;
+        if (!from)
+            return NULL;
+        end = strchr(from, '}');
+    }
+    char k[64];
+    snprintf(k, sizeof k, "\"%s\": ", key);
+    const char *at = strstr(from, k);
+    if (!at || (end && at > end))
+        return NULL;
+    return at + strlen(k);
+}
+
+/* The number, or NAN for null or a missing key. */
+static double field(const char *section, const char *key)
+{
+    const char *v = value_of(section, key);
+    return v && strncmp(v, "null", 4) ? strtod(v, NULL) : NAN;
+}
+
+static bool is_null(const char *section, const char *key)
+{
+    const char *v = value_of(section, key);
+    return v && !strncmp(v, "null", 4);
+}
+
+static void expect_field(int line, const char *section, const char *key, double want)
+{
+    double got = field(section, key);
+    harness_checks++;
+    if (!(got == want))
+        harness_report(__FILE__, line, "%s%s%s = %.17g, expected %.17g", section ? section : "",
+                       section ? "." : "", key, got, want);
+}
+#define EXPECT_FIELD(section, key, want) expect_field(__LINE__, section, key, want)
+
+static void test_bundled(void)
+{
+    CHECK_EQ(run("replay --json " BUNDLED, false), 0);
+    CHECK(out[0] == '{' && strstr(out, "}}\n") != NULL);
+    CHECK(strstr(out, "\"trace\": \"gpt2_train.trace.gz\"") != NULL);
+    EXPECT_FIELD(NULL, "events", 12355);
+    EXPECT_FIELD(NULL, "allocs", 6179);
+    EXPECT_FIELD(NULL, "frees", 6176);
+    EXPECT_FIELD(NULL, "peak_live_bytes", 13594206920.0);
+    const double live = 13594206920.0;
+    static const char *const sections[] = {NULL, "direct", "bufcache"};
+    for (int i = 0; i < 3; i++) {
+        const char *s = sections[i];
+        double reserved = field(s, "peak_reserved_bytes");
+        double ratio = field(s, "reserved_over_live");
+        if (!(reserved >= live && reserved < 3 * live))
+            fprintf(stderr, "%s: peak reserved %.0f\n", s ? s : "pool", reserved);
+        CHECK(reserved >= live && reserved < 3 * live);
+        CHECK(fabs(ratio - reserved / live) < 1e-4);
+        EXPECT_FIELD(s, "failed_allocs", 0);
+        CHECK(field(s, "backend_calls") > 0);
+        CHECK(field(s, "ns_per_event") > 0);
+        CHECK(is_null(s, "min_limit_bytes"));
+        CHECK(is_null(s, "min_limit_over_live"));
+    }
+    /* No cache: 3 backend calls per allocation and per free, nothing else
+     * (the trace uses only the default stream). */
+    EXPECT_FIELD("direct", "backend_calls", 3 * 12355);
+    /* The cache saves most of them. */
+    CHECK(field("bufcache", "backend_calls") < field("direct", "backend_calls") / 4);
+
+    /* Under a limit below the peak live bytes, allocations fail and are
+     * counted, and the run still finishes. */
+    CHECK_EQ(run("replay --json --limit 8G " BUNDLED, false), 0);
+    EXPECT_FIELD(NULL, "memory_limit_bytes", 8589934592.0);
+    for (int i = 0; i < 3; i++) {
+        CHECK(field(sections[i], "failed_allocs") > 0);
+        CHECK(field(sections[i], "peak_reserved_bytes") <= 8589934592.0);
+    }
+
+    /* The table names the three rows. */
+    CHECK_EQ(run("replay " BUNDLED, false), 0);
+    CHECK(strstr(out, "gpt2_train.trace.gz: 12355 events (6179 allocs, 6176 frees)") != NULL);
+    CHECK(strstr(out, "13594206920 bytes") != NULL);
+    CHECK(strstr(out, "unimem pool") != NULL);
+    CHECK(strstr(out, "no cache") != NULL);
+    CHECK(strstr(out, "MLX-style bufcache") != NULL);
+}
+
+/* A 5-event trace whose figures are known: the blocks take 4, 2 and 6 MiB
+ * of 2 MiB pages; peak live is 1 + 5 = 6 MiB of requests. direct peaks at
+ * 2 + 6 = 8 MiB of pages. bufcache keeps the freed 4 MiB buffer (too small
+ * for 5 MiB) and peaks at 12 MiB unlimited, but runs in 8 MiB by releasing
+ * it. */
+static void test_min_limit(const char *dir)
+{
+    char path[160], args[256];
+    snprintf(path, sizeof path, "%s/small.trace", dir);
+    FILE *f = fopen(path, "w");
+    CHECK(f != NULL);
+    if (!f)
+        return;
+    fputs("# hand-made\na 1 3145728 0\na 2 1048576 0\nf 1\na 3 5242880 0\nf 2\nf 3\n", f);
+    fclose(f);
+    snprintf(args, sizeof args, "replay --json --min-limit %s", path);
+    CHECK_EQ(run(args, false), 0);
+    EXPECT_FIELD(NULL, "peak_live_bytes", 6 * MiB);
+    EXPECT_FIELD("direct", "peak_reserved_bytes", 8 * MiB);
+    EXPECT_FIELD("direct", "min_limit_bytes", 8 * MiB);
+    CHECK(fabs(field("direct", "min_limit_over_live") - 8.0 / 6.0) < 1e-4);
+    EXPECT_FIELD("direct", "backend_calls", 18);
+    EXPECT_FIELD("bufcache", "peak_reserved_bytes", 12 * MiB);
+    EXPECT_FIELD("bufcache", "min_limit_bytes", 8 * MiB);
+    EXPECT_FIELD("bufcache", "backend_calls", 9);
+    double pool_min = field(NULL, "min_limit_bytes");
+    CHECK(pool_min >= 6 * MiB && pool_min <= field(NULL, "peak_reserved_bytes") + 2 * MiB);
+
+    /* Under --limit 6M allocations fail in every run; the min limits still
+     * come from unlimited bounds. */
+    snprintf(args, sizeof args, "replay --json --min-limit --limit 6M %s", path);
+    CHECK_EQ(run(args, false), 0);
+    CHECK(field("direct", "failed_allocs") >= 1);
+    EXPECT_FIELD("direct", "min_limit_bytes", 8 * MiB);
+    EXPECT_FIELD("bufcache", "min_limit_bytes", 8 * MiB);
+
+    /* On the host device too. */
+    snprintf(args, sizeof args, "replay --json --device host %s", path);
+    CHECK_EQ(run(args, false), 0);
+    EXPECT_FIELD(NULL, "peak_live_bytes", 6 * MiB);
+    CHECK(strstr(out, "\"device\": \"host\"") != NULL);
+    unlink(path);
+}
+
+static void test_errors(const char *dir)
+{
+    char path[160], args[256], want[256];
+    snprintf(path, sizeof path, "%s/corrupt.trace", dir);
+    FILE *f = fopen(path, "w");
+    CHECK(f != NULL);
+    if (!f)
+        return;
+    fputs("a 1 512 0\na 2 1024 0\nf 1\nf 9\n", f);
+    fclose(f);
+    snprintf(args, sizeof args, "replay --json %s", path);
+    CHECK_EQ(run(args, true), 1);
+    snprintf(want, sizeof want, "unimem replay: UM_ERR_PARSE: %s:4: free of unknown id 9", path);
+    CHECK(strstr(out, want) != NULL);
+    if (!strstr(out, want))
+        fprintf(stderr, "  got: %s\n", out);
+    CHECK(strchr(out, '{') == NULL); /* no JSON for a bad trace */
+    unlink(path);
+
+    snprintf(args, sizeof args, "replay %s/missing.trace.gz", dir);
+    CHECK_EQ(run(args, true), 1);
+    CHECK(strstr(out, "UM_ERR_IO") != NULL);
+
+    /* Argument errors: usage and exit code 2. */
+    CHECK_EQ(run("replay", true), 2);
+    CHECK(strstr(out, "usage: unimem replay FILE") != NULL);
+    CHECK_EQ(run("replay " BUNDLED " --limit lots", true), 2);
+    CHECK(strstr(out, "bad --limit 'lots'") != NULL);
+    CHECK_EQ(run("replay " BUNDLED " --limit", true), 2);
+    CHECK_EQ(run("replay " BUNDLED " --frobnicate", true), 2);
+    CHECK_EQ(run("replay " BUNDLED " " BUNDLED, true), 2);
+    CHECK_EQ(run("replay " BUNDLED " --device sim:lots", true), 2);
+    CHECK(strstr(out, "UM_ERR_BAD_OPTION") != NULL);
+    CHECK_EQ(run("replay --help", false), 0);
+    CHECK(strstr(out, "--min-limit") != NULL);
+}
+
+int main(void)
+{
+    if (access(BINARY, X_OK) != 0) {
+        fprintf(stderr, "test_replay: %s is not built\n", BINARY);
+        CHECK(false);
+        return harness_finish("test_replay");
+    }
+    char dir[] = "/tmp/test_replay.XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    /* The replay inherits no options from the environment. */
+    unsetenv("UNIMEM_CONF");
+    test_errors(dir);
+    test_min_limit(dir);
+    test_bundled();
+    rmdir(dir);
+    return harness_finish("test_replay");
+}

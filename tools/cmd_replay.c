@@ -1,0 +1,590 @@
+/*
+ * `unimem replay FILE`: replays a real allocation trace against unimem's
+ * pool and the two baselines (no cache; MLX's buffer cache) on one device,
+ * each in a fresh context, and prints what each needed: peak reserved bytes
+ * against the trace's peak live bytes, backend calls, failed allocations,
+ * time per event and, with --min-limit, the smallest memory limit under
+ * which the whole trace still runs. Owns nothing outside the command: the
+ * trace is read once into memory (so timing measures the allocator, not
+ * gzip), and every context is shut down before the next starts. Uses only
+ * include/unimem.h.
+ */
+#include "tool.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define REPLAY_CMD "replay"
+#define REPLAY_DEFAULT_DEVICE "sim:141G"
+#define REPLAY_STEP ((uint64_t)2 * 1024 * 1024) /* min-limit resolution */
+
+/* One event as the replay loop needs it: 16 bytes, so a trace of millions
+ * of events stays small. op_stream is (stream index << 1) | op. */
+typedef struct rp_event {
+    uint64_t size;
+    uint32_t slot;
+    uint32_t op_stream;
+} rp_event;
+
+typedef struct rp_trace {
+    const char *path;
+    const char *name; /* the file name without its directory */
+    rp_event *ev;
+    size_t n, cap;
+    uint64_t allocs, frees, peak_live, slots;
+    uint64_t *streams; /* distinct stream values, in order of appearance */
+    uint32_t nstreams, streams_cap;
+} rp_trace;
+
+typedef struct rp_result {
+    const char *allocator; /* the allocator option's word */
+    const char *label;     /* the table row */
+    uint64_t peak_reserved, backend_calls, failed_allocs;
+    double ns_per_event;
+    bool have_min; /* min_limit measured */
+    uint64_t min_limit;
+} rp_result;
+
+typedef struct rp_opts {
+    const char *file;
+    const char *device;
+    uint64_t limit; /* 0: none */
+    bool json;
+    bool min_limit;
+    bool progress; /* stderr is a terminal */
+} rp_opts;
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: unimem replay FILE [--device SPEC] [--limit BYTES] [--json] [--min-limit]\n"
+            "\n"
+            "Replays an allocation trace (a <id> <size> <stream> / f <id> lines, gzip or plain)\n"
+            "against unimem's pool and two baselines: no cache, and an MLX-style buffer cache.\n"
+            "\n"
+            "  --device SPEC   the device to replay on: a value of the devices option\n"
+            "                  (default " REPLAY_DEFAULT_DEVICE
+            ", an H200-sized simulated device; the first\n"
+            "                  accelerator is used), or 'host' for device 0\n"
+            "  --limit BYTES   memory limit for all three runs (K/M/G suffixes); allocations\n"
+            "                  that fail under it are counted\n"
+            "  --min-limit     also bisect, per allocator, the smallest memory limit (in 2 MiB\n"
+            "                  steps) under which the trace runs with no failed allocation\n"
+            "  --json          one JSON object on stdout instead of the table\n");
+}
+
+/* ------------------------------------------------------------ progress */
+
+typedef struct rp_bar {
+    bool on;
+    const char *what;
+    int shown; /* percent last drawn, -1 at first */
+} rp_bar;
+
+static void bar_start(rp_bar *b, bool on, const char *what)
+{
+    b->on = on;
+    b->what = what;
+    b->shown = -1;
+}
+
+static void bar_update(rp_bar *b, double fraction)
+{
+    if (!b->on)
+        return;
+    int pct = (int)(fraction * 100.0);
+    if (pct < 0)
+        pct = 0;
+    if (pct > 100)
+        pct = 100;
+    if (pct == b->shown)
+        return;
+    b->shown = pct;
+    char fill[41];
+    int k = pct * 40 / 100;
+    memset(fill, '#', (size_t)k);
+    memset(fill + k, '.', (size_t)(40 - k));
+    fill[40] = '\0';
+    fprintf(stderr, "\r%-28s [%s] %3d%%", b->what, fill, pct);
+    fflush(stderr);
+}
+
+static void bar_end(rp_bar *b)
+{
+    if (b->on && b->shown >= 0) {
+        fputs("\r\033[K", stderr);
+        fflush(stderr);
+    }
+}
+
+/* --------------------------------------------------------------- trace */
+
+static void trace_free(rp_trace *t)
+{
+    free(t->ev);
+    free(t->streams);
+    memset(t, 0, sizeof *t);
+}
+
+/* The index of stream value v, added if new. Traces have a handful of
+ * streams, so a scan that starts at the last hit is enough. */
+static int stream_index(rp_trace *t, uint64_t v, uint32_t *last, uint32_t *out)
+{
+    if (*last < t->nstreams && t->streams[*last] == v) {
+        *out = *last;
+        return 0;
+    }
+    for (uint32_t i = 0; i < t->nstreams; i++) {
+        if (t->streams[i] == v) {
+            *out = *last = i;
+            return 0;
+        }
+    }
+    if (t->nstreams == t->streams_cap) {
+        uint32_t cap = t->streams_cap ? t->streams_cap * 2 : 8;
+        if (cap > (1u << 30))
+            return -1;
+        uint64_t *s = realloc(t->streams, cap * sizeof *s);
+        if (!s)
+            return -1;
+        t->streams = s;
+        t->streams_cap = cap;
+    }
+    t->streams[t->nstreams] = v;
+    *out = *last = t->nstreams++;
+    return 0;
+}
+
+/* Reads and validates the whole trace into memory. Returns 0, or the exit
+ * code after printing the error. */
+static int trace_load(const rp_opts *o, rp_trace *t)
+{
+    memset(t, 0, sizeof *t);
+    t->path = o->file;
+    const char *slash = strrchr(o->file, '/');
+    t->name = slash ? slash + 1 : o->file;
+    um_trace *tr = NULL;
+    um_status s = um_trace_open(o->file, &tr);
+    if (s != UM_OK)
+        return tool_fail(REPLAY_CMD, s);
+    rp_bar bar;
+    bar_start(&bar, o->progress, "reading trace");
+    uint64_t live = 0;
+    uint32_t last = 0;
+    um_trace_event ev;
+    int done = 0;
+    while ((s = um_trace_next(tr, &ev, &done)) == UM_OK && !done) {
+        if (t->n == t->cap) {
+            size_t cap = t->cap ? t->cap * 2 : 65536;
+            rp_event *e = realloc(t->ev, cap * sizeof *e);
+            if (!e) {
+                bar_end(&bar);
+                fprintf(stderr, "unimem replay: %s: no memory for %zu events (%zu bytes)\n",
+                        o->file, cap, cap * sizeof *e);
+                um_trace_close(tr);
+                trace_free(t);
+                return 1;
+            }
+            t->ev = e;
+            t->cap = cap;
+        }
+        uint32_t si;
+        if (ev.slot >= UINT32_MAX || stream_index(t, ev.stream, &last, &si) != 0) {
+            bar_end(&bar);
+            fprintf(stderr, "unimem replay: %s:%llu: too many %s for the replay\n", o->file,
+                    (unsigned long long)ev.line, ev.slot >= UINT32_MAX ? "blocks" : "streams");
+            um_trace_close(tr);
+            trace_free(t);
+            return 1;
+        }
+        t->ev[t->n++] = (rp_event){ev.size, (uint32_t)ev.slot, si << 1 | (uint32_t)ev.op};
+        if (ev.op == UM_TRACE_ALLOC) {
+            t->allocs++;
+            live += ev.size;
+            if (live > t->peak_live)
+                t->peak_live = live;
+        } else {
+            t->frees++;
+            live -= ev.size;
+        }
+        if ((t->n & 4095) == 0)
+            bar_update(&bar, um_trace_progress(tr));
+    }
+    bar_end(&bar);
+    t->slots = um_trace_slots(tr);
+    um_trace_close(tr);
+    if (s != UM_OK) {
+        trace_free(t);
+        return tool_fail(REPLAY_CMD, s);
+    }
+    return 0;
+}
+
+/* -------------------------------------------------------------- replay */
+
+/* What one replay found. */
+typedef struct rp_run {
+    uint64_t peak_reserved, backend_calls, failed_allocs, ns;
+    size_t granularity;
+} rp_run;
+
+/* Replays the trace once on a fresh context with allocator `alloc` and
+ * memory limit `limit` (0: none). With stop_on_fail, the first failed
+ * allocation ends the run (min-limit trials only need yes or no). Returns
+ * 0, 1 after printing an error, or 2 when the device spec was refused. */
+static int replay_once(const rp_opts *o, const rp_trace *t, const char *alloc, uint64_t limit,
+                       bool stop_on_fail, const char *what, rp_run *out)
+{
+    memset(out, 0, sizeof *out);
+    bool host = !strcmp(o->device, "host");
+    int dev = host ? 0 : 1;
+    char conf[512];
+    if (host)
+        snprintf(conf, sizeof conf, "allocator=%s", alloc);
+    else
+        snprintf(conf, sizeof conf, "devices=%s,allocator=%s", o->device, alloc);
+    um_context *ctx = NULL;
+    um_status s = um_init(conf, &ctx);
+    if (s != UM_OK) {
+        int rc = tool_fail(REPLAY_CMD, s);
+        if (s != UM_ERR_BAD_OPTION)
+            return rc;
+        fputc('\n', stderr); /* a --device the options refuse is an argument error */
+        usage(stderr);
+        return 2;
+    }
+    um_stream *streams = calloc(t->nstreams ? t->nstreams : 1, sizeof *streams);
+    void **ptrs = calloc(t->slots ? t->slots : 1, sizeof *ptrs);
+    int rc = 0;
+    if (!streams || !ptrs) {
+        fprintf(stderr, "unimem replay: no memory for %llu block pointers\n",
+                (unsigned long long)t->slots);
+        rc = 1;
+        goto out;
+    }
+    if (um_device_count(ctx) <= dev) {
+        fprintf(stderr, "unimem replay: --device %s gives no accelerator to replay on\n",
+                o->device);
+        rc = 2;
+        goto out;
+    }
+    um_device_info info;
+    if ((s = um_device_info_get(ctx, dev, &info)) != UM_OK) {
+        rc = tool_fail(REPLAY_CMD, s);
+        goto out;
+    }
+    out->granularity = info.granularity;
+    if (limit && (s = um_set_memory_limit(ctx, dev, (size_t)limit)) != UM_OK) {
+        rc = tool_fail(REPLAY_CMD, s);
+        goto out;
+    }
+    /* The trace's stream 0 is the device's default stream. */
+    for (uint32_t i = 0; i < t->nstreams; i++) {
+        if (t->streams[i] != 0 && (s = um_stream_create(ctx, dev, &streams[i])) != UM_OK) {
+            rc = tool_fail(REPLAY_CMD, s);
+            goto out;
+        }
+    }
+    rp_bar bar;
+    bar_start(&bar, o->progress, what);
+    uint64_t t0 = tool_now_ns();
+    for (size_t i = 0; i < t->n; i++) {
+        const rp_event *e = &t->ev[i];
+        um_stream st = streams[e->op_stream >> 1];
+        if ((e->op_stream & 1) == UM_TRACE_ALLOC) {
+            s = um_malloc(ctx, dev, (size_t)e->size, st, &ptrs[e->slot]);
+            if (s == UM_ERR_NOMEM) {
+                out->failed_allocs++;
+                ptrs[e->slot] = NULL; /* its free is skipped */
+                if (stop_on_fail)
+                    break;
+            } else if (s != UM_OK) {
+                bar_end(&bar);
+                rc = tool_fail(REPLAY_CMD, s);
+                goto out;
+            }
+        } else if (ptrs[e->slot]) {
+            if ((s = um_free(ctx, ptrs[e->slot], st)) != UM_OK) {
+                bar_end(&bar);
+                rc = tool_fail(REPLAY_CMD, s);
+                goto out;
+            }
+            ptrs[e->slot] = NULL;
+        }
+        if ((i & 1023) == 0)
+            bar_update(&bar, (double)i / (double)t->n);
+    }
+    out->ns = tool_now_ns() - t0;
+    bar_end(&bar);
+    um_stats stats;
+    if ((s = um_stats_get(ctx, dev, &stats)) != UM_OK) {
+        rc = tool_fail(REPLAY_CMD, s);
+        goto out;
+    }
+    out->peak_reserved = stats.peak_reserved_bytes;
+    out->backend_calls = stats.num_backend_calls;
+out:
+    for (uint32_t i = 0; streams && i < t->nstreams; i++)
+        if (streams[i])
+            um_stream_destroy(ctx, streams[i]);
+    free(streams);
+    free(ptrs);
+    um_shutdown(ctx); /* gives back the blocks still live at the end */
+    return rc;
+}
+
+static uint64_t round_up(uint64_t x, uint64_t a)
+{
+    return (x + a - 1) / a * a;
+}
+
+/* Bisects the smallest limit, a multiple of 2 MiB, under which the trace
+ * runs with no failed allocation. Below round_up(peak live) - 2 MiB nothing
+ * can work; the unlimited peak reserved plus one page always should, and is
+ * checked. Returns 0 (r->have_min says whether a limit was found) or an
+ * exit code. */
+static int find_min_limit(const rp_opts *o, const rp_trace *t, rp_result *r,
+                          uint64_t unlimited_peak, size_t page)
+{
+    char what[64];
+    snprintf(what, sizeof what, "min limit: %s", r->allocator);
+    uint64_t lo = round_up(t->peak_live, REPLAY_STEP);
+    lo = lo >= REPLAY_STEP ? lo - REPLAY_STEP : 0;
+    uint64_t hi = round_up(unlimited_peak + page, REPLAY_STEP);
+    if (hi <= lo)
+        hi = lo + REPLAY_STEP;
+    rp_run run;
+    int rc = replay_once(o, t, r->allocator, hi, true, what, &run);
+    if (rc)
+        return rc;
+    if (run.failed_allocs) {
+        fprintf(stderr,
+                "unimem replay: %s: allocations fail even under a limit of %llu bytes, above its "
+                "unlimited peak; no minimum limit reported\n",
+                r->allocator, (unsigned long long)hi);
+        return 0;
+    }
+    while (hi - lo > REPLAY_STEP) {
+        uint64_t mid = lo + (hi - lo) / REPLAY_STEP / 2 * REPLAY_STEP;
+        if ((rc = replay_once(o, t, r->allocator, mid, true, what, &run)) != 0)
+            return rc;
+        if (run.failed_allocs)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    r->have_min = true;
+    r->min_limit = hi;
+    return 0;
+}
+
+/* ------------------------------------------------------------- output */
+
+static double ratio(uint64_t a, uint64_t b)
+{
+    return b ? (double)a / (double)b : 0.0;
+}
+
+static void json_string(const char *s)
+{
+    putchar('"');
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"' || *p == '\\')
+            printf("\\%c", *p);
+        else if (*p < 0x20)
+            printf("\\u%04x", *p);
+        else
+            putchar(*p);
+    }
+    putchar('"');
+}
+
+static void json_fields(const rp_trace *t, const rp_result *r)
+{
+    printf("\"peak_reserved_bytes\": %llu, \"reserved_over_live\": %.4f, "
+           "\"backend_calls\": %llu, \"failed_allocs\": %llu, \"ns_per_event\": %.1f, ",
+           (unsigned long long)r->peak_reserved, ratio(r->peak_reserved, t->peak_live),
+           (unsigned long long)r->backend_calls, (unsigned long long)r->failed_allocs,
+           r->ns_per_event);
+    if (r->have_min)
+        printf("\"min_limit_bytes\": %llu, \"min_limit_over_live\": %.4f",
+               (unsigned long long)r->min_limit, ratio(r->min_limit, t->peak_live));
+    else
+        printf("\"min_limit_bytes\": null, \"min_limit_over_live\": null");
+}
+
+static void print_json(const rp_opts *o, const rp_trace *t, const rp_result *r)
+{
+    printf("{\"trace\": ");
+    json_string(t->name);
+    printf(", \"path\": ");
+    json_string(t->path);
+    printf(", \"device\": ");
+    json_string(o->device);
+    if (o->limit)
+        printf(", \"memory_limit_bytes\": %llu", (unsigned long long)o->limit);
+    else
+        printf(", \"memory_limit_bytes\": null");
+    printf(", \"events\": %llu, \"allocs\": %llu, \"frees\": %llu, \"peak_live_bytes\": %llu, ",
+           (unsigned long long)t->n, (unsigned long long)t->allocs, (unsigned long long)t->frees,
+           (unsigned long long)t->peak_live);
+    json_fields(t, &r[0]);
+    printf(", \"baselines\": {");
+    for (int i = 1; i < 3; i++) {
+        printf("%s\"%s\": {", i > 1 ? ", " : "", r[i].allocator);
+        json_fields(t, &r[i]);
+        printf("}");
+    }
+    printf("}}\n");
+}
+
+static void print_table(const rp_opts *o, const rp_trace *t, const rp_result *r)
+{
+    char b1[32], b2[32];
+    printf("trace      %s: %llu events (%llu allocs, %llu frees)\n", t->name,
+           (unsigned long long)t->n, (unsigned long long)t->allocs, (unsigned long long)t->frees);
+    printf("peak live  %s (%llu bytes)\n", tool_bytes(b1, t->peak_live),
+           (unsigned long long)t->peak_live);
+    if (o->limit)
+        printf("device     %s, memory limit %s\n", o->device, tool_bytes(b2, o->limit));
+    else
+        printf("device     %s\n", o->device);
+    printf("\n%-20s %14s %14s %12s %15s %14s %14s %10s\n", "allocator", "peak reserved",
+           "reserved/live", "min limit", "min limit/live", "backend calls", "failed allocs",
+           "ns/event");
+    for (int i = 0; i < 3; i++) {
+        char minb[32] = "-", minr[32] = "-";
+        if (r[i].have_min) {
+            tool_bytes(minb, r[i].min_limit);
+            snprintf(minr, sizeof minr, "%.3f", ratio(r[i].min_limit, t->peak_live));
+        } else if (o->min_limit) {
+            snprintf(minb, sizeof minb, "n/a");
+            snprintf(minr, sizeof minr, "n/a");
+        }
+        printf("%-20s %14s %14.3f %12s %15s %14llu %14llu %10.1f\n", r[i].label,
+               tool_bytes(b1, r[i].peak_reserved), ratio(r[i].peak_reserved, t->peak_live), minb,
+               minr, (unsigned long long)r[i].backend_calls, (unsigned long long)r[i].failed_allocs,
+               r[i].ns_per_event);
+    }
+}
+
+/* ----------------------------------------------------------- the command */
+
+/* Parses the arguments; returns -1 to go on, else the exit code. */
+static int parse_args(int argc, char **argv, rp_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->device = REPLAY_DEFAULT_DEVICE;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *value = NULL;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return 0;
+        }
+        if (!strcmp(a, "--json")) {
+            o->json = true;
+        } else if (!strcmp(a, "--min-limit")) {
+            o->min_limit = true;
+        } else if (!strcmp(a, "--device") || !strcmp(a, "--limit") || !strncmp(a, "--device=", 9) ||
+                   !strncmp(a, "--limit=", 8)) {
+            bool is_device = !strncmp(a, "--device", 8);
+            const char *eq = strchr(a, '=');
+            if (eq) {
+                value = eq + 1;
+            } else if (i + 1 < argc) {
+                value = argv[++i];
+            } else {
+                fprintf(stderr, "unimem replay: %s needs a value\n\n", a);
+                usage(stderr);
+                return 2;
+            }
+            if (is_device) {
+                if (!*value || strchr(value, '=')) {
+                    fprintf(stderr, "unimem replay: bad device '%s'\n\n", value);
+                    usage(stderr);
+                    return 2;
+                }
+                o->device = value;
+            } else {
+                size_t bytes;
+                if (um_parse_size(value, &bytes) != UM_OK || bytes == 0) {
+                    fprintf(stderr,
+                            "unimem replay: bad --limit '%s' (a positive size such as "
+                            "16G)\n\n",
+                            value);
+                    usage(stderr);
+                    return 2;
+                }
+                o->limit = bytes;
+            }
+        } else if (a[0] == '-' && a[1] != '\0') {
+            fprintf(stderr, "unimem replay: unknown option '%s'\n\n", a);
+            usage(stderr);
+            return 2;
+        } else if (o->file) {
+            fprintf(stderr, "unimem replay: one trace at a time ('%s' and '%s')\n\n", o->file, a);
+            usage(stderr);
+            return 2;
+        } else {
+            o->file = a;
+        }
+    }
+    if (!o->file) {
+        fprintf(stderr, "unimem replay: no trace file given\n\n");
+        usage(stderr);
+        return 2;
+    }
+    o->progress = isatty(STDERR_FILENO) == 1;
+    return -1;
+}
+
+int um_cmd_replay(int argc, char **argv)
+{
+    rp_opts o;
+    int rc = parse_args(argc, argv, &o);
+    if (rc >= 0)
+        return rc;
+    rp_trace t;
+    if ((rc = trace_load(&o, &t)) != 0)
+        return rc;
+    rp_result r[3] = {
+        {.allocator = "pool", .label = "unimem pool"},
+        {.allocator = "direct", .label = "no cache"},
+        {.allocator = "bufcache", .label = "MLX-style bufcache"},
+    };
+    for (int i = 0; i < 3 && rc == 0; i++) {
+        char what[64];
+        snprintf(what, sizeof what, "replay: %s", r[i].allocator);
+        rp_run run;
+        rc = replay_once(&o, &t, r[i].allocator, o.limit, false, what, &run);
+        if (rc)
+            break;
+        r[i].peak_reserved = run.peak_reserved;
+        r[i].backend_calls = run.backend_calls;
+        r[i].failed_allocs = run.failed_allocs;
+        r[i].ns_per_event = t.n ? (double)run.ns / (double)t.n : 0.0;
+        if (o.min_limit) {
+            /* The upper bound is the unlimited peak: rerun without the
+             * limit if one was given. */
+            uint64_t peak = run.peak_reserved;
+            if (o.limit) {
+                rp_opts unlimited = o;
+                unlimited.limit = 0;
+                rc = replay_once(&unlimited, &t, r[i].allocator, 0, false, what, &run);
+                peak = run.peak_reserved;
+            }
+            if (rc == 0)
+                rc = find_min_limit(&o, &t, &r[i], peak, run.granularity);
+        }
+    }
+    if (rc == 0) {
+        if (o.json)
+            print_json(&o, &t, r);
+        else
+            print_table(&o, &t, r);
+    }
+    trace_free(&t);
+    return rc;
+}
