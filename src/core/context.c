@@ -1,0 +1,549 @@
+/*
+ * context: owns the um_context (um_init / um_shutdown), its device table
+ * (one backend and one allocator per device) and every stream object. The
+ * memory calls that run on the hot path (um_malloc, um_free, ...) are in
+ * memory.c; they only read what this file built.
+ */
+#include "core.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The context as allocated: the shared um_context first, so a um_context
+ * pointer is a pointer to this, plus the list of user streams that
+ * um_shutdown must destroy if the program did not. The list is guarded by a
+ * mutex because streams may be created and destroyed from several threads;
+ * um_malloc/um_free never touch it. */
+typedef struct stream_node {
+    struct um_stream_s s; /* first: a um_stream is a pointer to this */
+    struct stream_node *prev, *next;
+} stream_node;
+
+typedef struct context_impl {
+    struct um_context pub; /* first: a um_context is a pointer to this */
+    pthread_mutex_t lock;
+    stream_node streams; /* sentinel of a circular list */
+} context_impl;
+
+static context_impl *impl_of(um_context *ctx)
+{
+    return (context_impl *)ctx;
+}
+
+/* ------------------------------------------------------------ devices */
+
+/* Prints "0 host, 1 sim1, ..." into buf; a long table ends in "...". */
+static void list_devices(um_context *ctx, char *buf, size_t len)
+{
+    size_t n = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < ctx->ndevices; i++) {
+        int w = snprintf(buf + n, len - n, "%s%d %s", i ? ", " : "", i,
+                         ctx->devices[i].backend ? ctx->devices[i].backend->name : "?");
+        if (w < 0 || (size_t)w >= len - n) {
+            if (len >= 4)
+                memcpy(buf + len - 4, "...", 4);
+            return;
+        }
+        n += (size_t)w;
+    }
+}
+
+um_device *um__device(um_context *ctx, int dev, const char *what)
+{
+    if (!ctx) {
+        um__fail(UM_ERR_NO_DEVICE, "%s: device %d: the context is NULL", what, dev);
+        return NULL;
+    }
+    if (UM_LIKELY(dev >= 0 && dev < ctx->ndevices))
+        return &ctx->devices[dev];
+    char names[320];
+    list_devices(ctx, names, sizeof names);
+    um__fail(UM_ERR_NO_DEVICE, "%s: device %d does not exist (this context has %d device%s: %s)",
+             what, dev, ctx->ndevices, ctx->ndevices == 1 ? "" : "s", names);
+    return NULL;
+}
+
+int um_device_count(um_context *ctx)
+{
+    return ctx ? ctx->ndevices : 0;
+}
+
+um_status um_device_info_get(um_context *ctx, int dev, um_device_info *out)
+{
+    if (!ctx || !out)
+        return um__fail(UM_ERR_INVALID, "um_device_info_get: %s is NULL", ctx ? "out" : "ctx");
+    um_device *d = um__device(ctx, dev, "um_device_info_get");
+    if (!d)
+        return UM_ERR_NO_DEVICE;
+    memset(out, 0, sizeof *out);
+    out->index = dev;
+    out->kind = d->backend->kind;
+    snprintf(out->name, sizeof out->name, "%s", d->backend->name);
+    out->capacity = d->backend->capacity;
+    out->granularity = d->backend->granularity;
+    out->memory_limit = d->alloc->memory_limit;
+    out->cache_limit = d->alloc->cache_limit;
+    out->allocator = d->alloc->ops->name;
+    return UM_OK;
+}
+
+/* The last error's message without its "UM_ERR_...: " prefix, copied into
+ * buf so a new um__fail can quote it. */
+static const char *error_detail(um_status st, char *buf, size_t len)
+{
+    const char *msg = um_last_error();
+    const char *name = um_status_name(st);
+    size_t nlen = strlen(name);
+    if (!strncmp(msg, name, nlen) && msg[nlen] == ':' && msg[nlen + 1] == ' ')
+        msg += nlen + 2;
+    snprintf(buf, len, "%s", *msg ? msg : um_strerror(st));
+    return buf;
+}
+
+/* Fails with st, putting `context` in front of the message the failing
+ * layer left. */
+static um_status fail_within(um_status st, const char *context)
+{
+    char inner[400];
+    return um__fail(st, "%s: %s", context, error_detail(st, inner, sizeof inner));
+}
+
+/* ------------------------------------------------- the devices option */
+
+typedef enum spec_kind { SPEC_SIM, SPEC_CUDA } spec_kind;
+
+/* One entry of the devices list, parsed before anything is created so a
+ * syntax error costs no backend calls. */
+typedef struct device_spec {
+    spec_kind kind;
+    int count;   /* devices this entry makes */
+    size_t size; /* bytes per device (sim) */
+} device_spec;
+
+static bool spec_is_space(char c)
+{
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+}
+
+/* Parses "sim:SIZE", "sim:NxSIZE" or "cuda" (text[0..len), trimmed). */
+static um_status parse_entry(const char *text, size_t len, int accelerators, device_spec *out)
+{
+    int shown = len > 80 ? 80 : (int)len;
+    if (len == 4 && !memcmp(text, "cuda", 4)) {
+        out->kind = SPEC_CUDA;
+        out->count = 0; /* known only once the driver is asked */
+        out->size = 0;
+        return UM_OK;
+    }
+    if (len < 4 || memcmp(text, "sim:", 4) != 0)
+        return um__fail(UM_ERR_BAD_OPTION,
+                        "option 'devices': entry '%.*s' is not sim:SIZE, sim:NxSIZE or cuda", shown,
+                        text);
+    const char *p = text + 4, *end = text + len;
+    const char *x = memchr(p, 'x', (size_t)(end - p));
+    if (!x)
+        x = memchr(p, 'X', (size_t)(end - p));
+    long count = 1;
+    if (x) {
+        if (x == p)
+            return um__fail(UM_ERR_BAD_OPTION,
+                            "option 'devices': entry '%.*s' has no device count before 'x'", shown,
+                            text);
+        count = 0;
+        for (const char *q = p; q < x; q++) {
+            if (*q < '0' || *q > '9' || count > UM_MAX_DEVICES)
+                return um__fail(UM_ERR_BAD_OPTION,
+                                "option 'devices': entry '%.*s': the device count '%.*s' is not a "
+                                "number from 1 to %d",
+                                shown, text, (int)(x - p), p, UM_MAX_DEVICES - 1);
+            count = count * 10 + (*q - '0');
+        }
+        p = x + 1;
+    }
+    if (count < 1 || count > UM_MAX_DEVICES - 1)
+        return um__fail(UM_ERR_BAD_OPTION,
+                        "option 'devices': entry '%.*s': the device count %ld is not from 1 to %d",
+                        shown, text, count, UM_MAX_DEVICES - 1);
+    char size_text[64];
+    if ((size_t)(end - p) >= sizeof size_text || end == p)
+        return um__fail(UM_ERR_BAD_OPTION,
+                        "option 'devices': entry '%.*s' needs a device size such as sim:4G", shown,
+                        text);
+    memcpy(size_text, p, (size_t)(end - p));
+    size_text[end - p] = '\0';
+    size_t size;
+    um_status st = um_parse_size(size_text, &size);
+    if (st != UM_OK) {
+        char why[256];
+        return um__fail(UM_ERR_BAD_OPTION, "option 'devices': entry '%.*s': %s", shown, text,
+                        error_detail(st, why, sizeof why));
+    }
+    if (size == 0)
+        return um__fail(UM_ERR_BAD_OPTION,
+                        "option 'devices': entry '%.*s': a simulated device needs a size above 0",
+                        shown, text);
+    if (accelerators + count > UM_MAX_DEVICES - 1)
+        return um__fail(UM_ERR_BAD_OPTION,
+                        "option 'devices': entry '%.*s' makes %ld more devices after %d; a "
+                        "context has at most %d (the host and %d accelerators)",
+                        shown, text, count, accelerators, UM_MAX_DEVICES, UM_MAX_DEVICES - 1);
+    out->kind = SPEC_SIM;
+    out->count = (int)count;
+    out->size = size;
+    return UM_OK;
+}
+
+/* Splits the devices option at ',' and '+' into specs. */
+static um_status parse_devices(const char *list, device_spec *specs, int *nspecs)
+{
+    int n = 0, accelerators = 0;
+    const char *p = list;
+    const char *all_end = list + strlen(list);
+    const char *a = list, *b = all_end;
+    while (a < b && spec_is_space(*a))
+        a++;
+    *nspecs = 0;
+    if (a == b)
+        return UM_OK; /* host only */
+    while (p <= all_end) {
+        const char *e = p;
+        while (e < all_end && *e != ',' && *e != '+')
+            e++;
+        const char *s = p, *t = e;
+        while (s < t && spec_is_space(*s))
+            s++;
+        while (t > s && spec_is_space(t[-1]))
+            t--;
+        if (s == t)
+            return um__fail(UM_ERR_BAD_OPTION,
+                            "option 'devices': '%.120s' has an empty entry at character %d", list,
+                            (int)(p - list) + 1);
+        if (n == UM_MAX_DEVICES - 1)
+            return um__fail(UM_ERR_BAD_OPTION,
+                            "option 'devices': '%.120s' has more than %d entries; a context has "
+                            "at most %d devices",
+                            list, UM_MAX_DEVICES - 1, UM_MAX_DEVICES);
+        um_status st = parse_entry(s, (size_t)(t - s), accelerators, &specs[n]);
+        if (st != UM_OK)
+            return st;
+        accelerators += specs[n].count;
+        n++;
+        p = e + 1;
+    }
+    *nspecs = n;
+    return UM_OK;
+}
+
+/* ------------------------------------------------------------ streams */
+
+static void list_insert(context_impl *impl, stream_node *n)
+{
+    n->next = impl->streams.next;
+    n->prev = &impl->streams;
+    impl->streams.next->prev = n;
+    impl->streams.next = n;
+}
+
+static void list_remove(stream_node *n)
+{
+    n->prev->next = n->next;
+    n->next->prev = n->prev;
+    n->prev = n->next = n;
+}
+
+static bool valid_stream(um_context *ctx, um_stream s)
+{
+    return s && s->magic == UM_STREAM_MAGIC && s->ctx == ctx;
+}
+
+um_status um_stream_create(um_context *ctx, int dev, um_stream *out)
+{
+    if (!ctx || !out)
+        return um__fail(UM_ERR_INVALID, "um_stream_create: %s is NULL", ctx ? "out" : "ctx");
+    *out = NULL;
+    um_device *d = um__device(ctx, dev, "um_stream_create");
+    if (!d)
+        return UM_ERR_NO_DEVICE;
+    stream_node *n = calloc(1, sizeof *n);
+    if (!n)
+        return um__fail(UM_ERR_NOMEM,
+                        "um_stream_create: device %d: no memory for a stream (%zu "
+                        "bytes)",
+                        dev, sizeof *n);
+    um__bstream *bs = NULL;
+    um_status st = um__be_stream_create(d->backend, &bs);
+    if (st != UM_OK) {
+        free(n);
+        return st;
+    }
+    /* Id 0 is the default stream; after 2^32 streams the counter wraps, so
+     * skip 0 then. */
+    uint32_t id = atomic_fetch_add(&d->next_stream_id, 1);
+    if (id == 0)
+        id = atomic_fetch_add(&d->next_stream_id, 1);
+    n->s.ctx = ctx;
+    n->s.dev = dev;
+    n->s.ref.id = id;
+    n->s.ref.bstream = bs;
+    n->s.magic = UM_STREAM_MAGIC;
+    context_impl *impl = impl_of(ctx);
+    pthread_mutex_lock(&impl->lock);
+    list_insert(impl, n);
+    pthread_mutex_unlock(&impl->lock);
+    *out = &n->s;
+    return UM_OK;
+}
+
+um_status um_stream_destroy(um_context *ctx, um_stream s)
+{
+    if (!ctx)
+        return um__fail(UM_ERR_INVALID, "um_stream_destroy: ctx is NULL");
+    if (!s)
+        return um__fail(UM_ERR_INVALID, "um_stream_destroy: the stream is NULL (a device's "
+                                        "default stream cannot be destroyed)");
+    context_impl *impl = impl_of(ctx);
+    /* Looked up in the list before s is read, so a stream destroyed twice
+     * is reported instead of read after it was freed. */
+    stream_node *n = NULL;
+    pthread_mutex_lock(&impl->lock);
+    for (stream_node *it = impl->streams.next; it != &impl->streams; it = it->next) {
+        if (&it->s == s) {
+            n = it;
+            list_remove(n);
+            break;
+        }
+    }
+    pthread_mutex_unlock(&impl->lock);
+    if (!n)
+        return um__fail(UM_ERR_INVALID,
+                        "um_stream_destroy: %p is not a live stream of this "
+                        "context (destroyed already, or made by another context)",
+                        (void *)s);
+    um_device *d = &ctx->devices[s->dev];
+    d->alloc->ops->stream_forget(d->alloc, &s->ref);
+    um_status st = um__be_stream_destroy(d->backend, s->ref.bstream);
+    if (st != UM_OK) {
+        /* The backend still has the stream: keep it valid so the program can
+         * retry, and so um_shutdown destroys it. */
+        pthread_mutex_lock(&impl->lock);
+        list_insert(impl, n);
+        pthread_mutex_unlock(&impl->lock);
+        return st;
+    }
+    s->magic = 0;
+    free(n);
+    return UM_OK;
+}
+
+um_status um_stream_synchronize(um_context *ctx, um_stream s)
+{
+    if (!ctx)
+        return um__fail(UM_ERR_INVALID, "um_stream_synchronize: ctx is NULL");
+    if (!s) {
+        /* No stream: the default stream of every device. */
+        for (int i = 0; i < ctx->ndevices; i++) {
+            um_status st = um__be_stream_sync(ctx->devices[i].backend, NULL);
+            if (st != UM_OK)
+                return st;
+        }
+        return UM_OK;
+    }
+    if (!valid_stream(ctx, s))
+        return um__fail(UM_ERR_INVALID,
+                        "um_stream_synchronize: %p is not a live stream of this "
+                        "context",
+                        (void *)s);
+    return um__be_stream_sync(ctx->devices[s->dev].backend, s->ref.bstream);
+}
+
+int um_stream_device(um_stream s)
+{
+    return s && s->magic == UM_STREAM_MAGIC ? s->dev : -1;
+}
+
+/* ------------------------------------------------- init and shutdown */
+
+/* Tears down whatever part of a context exists: allocators first (they
+ * return their memory to the backends), then the stream objects, then the
+ * backends. Used by um_shutdown and by every failure path of um_init. */
+static void destroy_context(context_impl *impl)
+{
+    um_context *ctx = &impl->pub;
+    for (int i = 0; i < ctx->ndevices; i++) {
+        um_device *d = &ctx->devices[i];
+        if (d->alloc)
+            d->alloc->ops->destroy(d->alloc);
+        d->alloc = NULL;
+    }
+    while (impl->streams.next != &impl->streams) {
+        stream_node *n = impl->streams.next;
+        list_remove(n);
+        um_device *d = &ctx->devices[n->s.dev];
+        if (um__be_stream_destroy(d->backend, n->s.ref.bstream) != UM_OK)
+            um__log(UM_LOG_WARN, "um_shutdown: %s", um_last_error());
+        n->s.magic = 0;
+        free(n);
+    }
+    for (int i = 0; i < ctx->ndevices; i++) {
+        um_device *d = &ctx->devices[i];
+        if (d->default_stream) {
+            d->default_stream->magic = 0;
+            free(d->default_stream);
+            d->default_stream = NULL;
+        }
+        um__backend_destroy(d->backend);
+        d->backend = NULL;
+    }
+    ctx->ndevices = 0;
+    pthread_mutex_destroy(&impl->lock);
+    free(impl);
+}
+
+static void add_device(um_context *ctx, um__backend *b)
+{
+    um_device *d = &ctx->devices[ctx->ndevices];
+    d->index = ctx->ndevices;
+    d->backend = b;
+    d->alloc = NULL;
+    d->default_stream = NULL;
+    atomic_store(&d->next_stream_id, 1);
+    ctx->ndevices++;
+}
+
+static um_status create_backends(um_context *ctx, const device_spec *specs, int nspecs)
+{
+    const um__options *o = &ctx->opts;
+    um__backend *b = NULL;
+    um_status st = um__host_backend_create(o->host_capacity, o->host_granularity, &b);
+    if (st != UM_OK)
+        return fail_within(st, "um_init: device 0 (host)");
+    add_device(ctx, b);
+    for (int i = 0; i < nspecs; i++) {
+        switch (specs[i].kind) {
+        case SPEC_SIM:
+            for (int k = 0; k < specs[i].count; k++) {
+                char name[16], where[64], bytes[32];
+                int index = ctx->ndevices;
+                snprintf(name, sizeof name, "sim%d", index);
+                st = um__sim_backend_create(name, specs[i].size, o->sim_granularity, &b);
+                if (st != UM_OK) {
+                    snprintf(where, sizeof where, "um_init: device %d (%s, %s)", index, name,
+                             um__format_bytes(bytes, sizeof bytes, specs[i].size));
+                    return fail_within(st, where);
+                }
+                add_device(ctx, b);
+            }
+            break;
+        case SPEC_CUDA:
+            /* Adding CUDA is this one branch: enumerate the GPUs here and
+             * add one backend per GPU. */
+            return um__fail(UM_ERR_UNSUPPORTED,
+                            "um_init: option 'devices' asks for 'cuda', but the CUDA backend is "
+                            "not built yet; use sim:SIZE devices");
+        }
+    }
+    return UM_OK;
+}
+
+static um_status create_allocators(um_context *ctx)
+{
+    const um__options *o = &ctx->opts;
+    for (int i = 0; i < ctx->ndevices; i++) {
+        um_device *d = &ctx->devices[i];
+        um__pool_config c = {
+            .dev = i,
+            .memory_limit = o->memory_limit,
+            .cache_limit = o->cache_limit,
+            .thread_cache = o->thread_cache,
+            .va_factor = o->va_factor,
+        };
+        um_status st;
+        switch (o->allocator) {
+        case UM_ALLOCATOR_POOL:
+            st = um__pool_create(d->backend, &c, &d->alloc);
+            break;
+        case UM_ALLOCATOR_DIRECT:
+            st = um__direct_create(d->backend, &c, &d->alloc);
+            break;
+        case UM_ALLOCATOR_BUFCACHE:
+            st = um__bufcache_create(d->backend, &c, &d->alloc);
+            break;
+        default:
+            return um__fail(UM_ERR_INTERNAL, "um_init: allocator kind %d is unknown", o->allocator);
+        }
+        if (st != UM_OK) {
+            char where[128];
+            d->alloc = NULL;
+            snprintf(where, sizeof where, "um_init: %s allocator of device %d (%s)",
+                     um__allocator_name(o->allocator), i, d->backend->name);
+            return fail_within(st, where);
+        }
+        d->default_stream = calloc(1, sizeof *d->default_stream);
+        if (!d->default_stream)
+            return um__fail(UM_ERR_NOMEM,
+                            "um_init: device %d: no memory for its default stream "
+                            "(%zu bytes)",
+                            i, sizeof *d->default_stream);
+        d->default_stream->ctx = ctx;
+        d->default_stream->dev = i;
+        d->default_stream->ref.id = 0;
+        d->default_stream->ref.bstream = NULL;
+        d->default_stream->magic = UM_STREAM_MAGIC;
+    }
+    return UM_OK;
+}
+
+um_status um_init(const char *conf, um_context **out)
+{
+    if (!out)
+        return um__fail(UM_ERR_INVALID, "um_init: the context out-pointer is NULL");
+    *out = NULL;
+    um__options opts;
+    um__options_defaults(&opts);
+    um_status st = um__options_apply(&opts, getenv("UNIMEM_CONF"), "UNIMEM_CONF");
+    if (st != UM_OK)
+        return st;
+    st = um__options_apply(&opts, conf, "um_init");
+    if (st != UM_OK)
+        return st;
+    um__log_set_level((um_log_level)opts.log_level);
+
+    device_spec specs[UM_MAX_DEVICES - 1];
+    int nspecs = 0;
+    st = parse_devices(opts.devices, specs, &nspecs);
+    if (st != UM_OK)
+        return st;
+
+    context_impl *impl = calloc(1, sizeof *impl);
+    if (!impl)
+        return um__fail(UM_ERR_NOMEM, "um_init: no memory for a context (%zu bytes)", sizeof *impl);
+    int err = pthread_mutex_init(&impl->lock, NULL);
+    if (err) {
+        free(impl);
+        return um__fail(UM_ERR_NOMEM, "um_init: pthread_mutex_init failed (error %d)", err);
+    }
+    impl->streams.next = impl->streams.prev = &impl->streams;
+    um_context *ctx = &impl->pub;
+    ctx->opts = opts;
+    ctx->ndevices = 0;
+
+    st = create_backends(ctx, specs, nspecs);
+    if (st == UM_OK)
+        st = create_allocators(ctx);
+    if (st != UM_OK) {
+        destroy_context(impl);
+        return st;
+    }
+    um__log(UM_LOG_INFO, "um_init: %d device%s, allocator %s", ctx->ndevices,
+            ctx->ndevices == 1 ? "" : "s", um__allocator_name(opts.allocator));
+    *out = ctx;
+    return UM_OK;
+}
+
+void um_shutdown(um_context *ctx)
+{
+    if (ctx)
+        destroy_context(impl_of(ctx));
+}

@@ -1,0 +1,155 @@
+/*
+ * memory: the public calls on pooled memory (um_malloc, um_free,
+ * um_pointer_device) and memory control (limits, trim, statistics). It owns
+ * no state: it validates arguments and forwards to the allocator of the
+ * device, which context.c created. um_malloc and um_free are the hot path:
+ * on success they take no lock, allocate nothing and format nothing.
+ */
+#include "core.h"
+
+#include <string.h>
+
+/* The message for a stream handle that is not a live stream of ctx. */
+static um_status bad_stream(const char *what, um_stream s)
+{
+    return um__fail(UM_ERR_INVALID, "%s: %p is not a live stream of this context", what, (void *)s);
+}
+
+static const char *dev_name(um_context *ctx, int dev)
+{
+    return ctx->devices[dev].backend->name;
+}
+
+um_status um_malloc(um_context *ctx, int dev, size_t size, um_stream s, void **ptr)
+{
+    if (UM_UNLIKELY(!ctx || !ptr))
+        return um__fail(UM_ERR_INVALID, "um_malloc: %s is NULL", ctx ? "ptr" : "ctx");
+    *ptr = NULL;
+    if (UM_UNLIKELY(dev < 0 || dev >= ctx->ndevices)) {
+        um__device(ctx, dev, "um_malloc");
+        return UM_ERR_NO_DEVICE;
+    }
+    if (UM_UNLIKELY(size == 0))
+        return um__fail(UM_ERR_INVALID,
+                        "um_malloc: device %d (%s): size 0 (a request needs at "
+                        "least 1 byte)",
+                        dev, dev_name(ctx, dev));
+    um_device *d = &ctx->devices[dev];
+    const um__stream_ref *ref = &d->default_stream->ref;
+    if (s) {
+        if (UM_UNLIKELY(s->magic != UM_STREAM_MAGIC || s->ctx != ctx))
+            return bad_stream("um_malloc", s);
+        if (UM_UNLIKELY(s->dev != dev))
+            return um__fail(UM_ERR_WRONG_DEVICE,
+                            "um_malloc: %zu bytes on device %d (%s) with "
+                            "stream %u of device %d (%s)",
+                            size, dev, dev_name(ctx, dev), s->ref.id, s->dev,
+                            dev_name(ctx, s->dev));
+        ref = &s->ref;
+    }
+    return d->alloc->ops->alloc(d->alloc, size, ref, ptr);
+}
+
+/* The device whose allocator manages ptr, trying `first` before the rest
+ * (the stream's device is the likely owner), or -1. */
+static int owner_of(um_context *ctx, const void *ptr, int first)
+{
+    if (first >= 0) {
+        um__allocator *a = ctx->devices[first].alloc;
+        if (a->ops->owns(a, ptr))
+            return first;
+    }
+    for (int i = 0; i < ctx->ndevices; i++) {
+        um__allocator *a = ctx->devices[i].alloc;
+        if (i != first && a->ops->owns(a, ptr))
+            return i;
+    }
+    return -1;
+}
+
+um_status um_free(um_context *ctx, void *ptr, um_stream s)
+{
+    if (UM_UNLIKELY(!ctx))
+        return um__fail(UM_ERR_INVALID, "um_free: ctx is NULL (pointer %p)", ptr);
+    if (!ptr)
+        return UM_OK;
+    if (s && UM_UNLIKELY(s->magic != UM_STREAM_MAGIC || s->ctx != ctx))
+        return bad_stream("um_free", s);
+    int dev = owner_of(ctx, ptr, s ? s->dev : -1);
+    if (UM_UNLIKELY(dev < 0))
+        return um__fail(UM_ERR_INVALID_POINTER,
+                        "um_free: pointer %p is not memory of any of the "
+                        "%d devices of this context (not returned by um_malloc)",
+                        ptr, ctx->ndevices);
+    if (s && UM_UNLIKELY(s->dev != dev))
+        return um__fail(UM_ERR_WRONG_DEVICE,
+                        "um_free: pointer %p belongs to device %d (%s) but "
+                        "stream %u is on device %d (%s)",
+                        ptr, dev, dev_name(ctx, dev), s->ref.id, s->dev, dev_name(ctx, s->dev));
+    um__allocator *a = ctx->devices[dev].alloc;
+    return a->ops->free(a, ptr, s ? &s->ref : NULL);
+}
+
+int um_pointer_device(um_context *ctx, const void *ptr)
+{
+    if (!ctx || !ptr)
+        return -1;
+    return owner_of(ctx, ptr, -1);
+}
+
+/* The allocator of dev for a memory-control call, in *out. */
+static um_status allocator_for(um_context *ctx, int dev, const char *what, um__allocator **out)
+{
+    *out = NULL;
+    if (!ctx)
+        return um__fail(UM_ERR_INVALID, "%s: ctx is NULL (device %d)", what, dev);
+    um_device *d = um__device(ctx, dev, what);
+    if (!d)
+        return UM_ERR_NO_DEVICE;
+    *out = d->alloc;
+    return UM_OK;
+}
+
+um_status um_set_memory_limit(um_context *ctx, int dev, size_t bytes)
+{
+    um__allocator *a;
+    um_status st = allocator_for(ctx, dev, "um_set_memory_limit", &a);
+    return st == UM_OK ? a->ops->set_memory_limit(a, bytes) : st;
+}
+
+um_status um_set_cache_limit(um_context *ctx, int dev, size_t bytes)
+{
+    um__allocator *a;
+    um_status st = allocator_for(ctx, dev, "um_set_cache_limit", &a);
+    return st == UM_OK ? a->ops->set_cache_limit(a, bytes) : st;
+}
+
+um_status um_trim(um_context *ctx, int dev)
+{
+    um__allocator *a;
+    um_status st = allocator_for(ctx, dev, "um_trim", &a);
+    return st == UM_OK ? a->ops->trim(a) : st;
+}
+
+um_status um_stats_get(um_context *ctx, int dev, um_stats *out)
+{
+    if (!out)
+        return um__fail(UM_ERR_INVALID, "um_stats_get: out is NULL (device %d)", dev);
+    um__allocator *a;
+    um_status st = allocator_for(ctx, dev, "um_stats_get", &a);
+    if (st != UM_OK)
+        return st;
+    memset(out, 0, sizeof *out);
+    a->ops->stats(a, out);
+    return UM_OK;
+}
+
+um_status um_reset_peak(um_context *ctx, int dev)
+{
+    um__allocator *a;
+    um_status st = allocator_for(ctx, dev, "um_reset_peak", &a);
+    if (st != UM_OK)
+        return st;
+    a->ops->reset_peak(a);
+    return UM_OK;
+}

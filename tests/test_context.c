@@ -1,0 +1,558 @@
+/* Tests of the context (src/core): um_init and the device table, bad
+ * device specs, every bad-input path of the public calls with its status
+ * and message, streams, a random malloc/free run against a reference model,
+ * and shutdown with live allocations and streams (AddressSanitizer's leak
+ * check proves that frees everything). Each case runs for every allocator. */
+#include "core/core.h"
+#include "harness.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MB (1024u * 1024u)
+
+static const char *const allocators[] = {"pool", "direct", "bufcache"};
+#define NALLOCATORS ((int)(sizeof allocators / sizeof allocators[0]))
+
+static int error_mentions(const char *a, const char *b, const char *c)
+{
+    const char *e = um_last_error();
+    return strstr(e, a) && (!b || strstr(e, b)) && (!c || strstr(e, c));
+}
+
+#define CHECK_ERROR_MENTIONS(a, b, c)                                                              \
+    do {                                                                                           \
+        harness_checks++;                                                                          \
+        if (!error_mentions((a), (b), (c)))                                                        \
+            harness_report(__FILE__, __LINE__, "last error '%s' does not mention %s/%s/%s",        \
+                           um_last_error(), (a), (b) ? (b) : "-", (c) ? (c) : "-");                \
+    } while (0)
+
+static um_context *init_ctx(const char *allocator, const char *extra)
+{
+    char conf[256];
+    um_context *ctx = NULL;
+    snprintf(conf, sizeof conf, "allocator=%s,%s", allocator, extra);
+    CHECK_OK(um_init(conf, &ctx));
+    return ctx;
+}
+
+static void test_devices(const char *alloc)
+{
+    um_context *ctx = init_ctx(alloc, "devices=sim:2x64M");
+    if (!ctx)
+        return;
+    CHECK_EQ(um_device_count(ctx), 3);
+    um_device_info info;
+    static const char *const names[] = {"host", "sim1", "sim2"};
+    for (int i = 0; i < 3; i++) {
+        memset(&info, 0x77, sizeof info);
+        CHECK_OK(um_device_info_get(ctx, i, &info));
+        CHECK_EQ(info.index, i);
+        CHECK_EQ(info.kind, i == 0 ? UM_DEVICE_HOST : UM_DEVICE_SIM);
+        CHECK(strcmp(info.name, names[i]) == 0);
+        CHECK_EQ(info.granularity, 2 * MB);
+        CHECK(strcmp(info.allocator, alloc) == 0);
+        CHECK_EQ(info.memory_limit, info.capacity);
+        CHECK_EQ(info.cache_limit, SIZE_MAX);
+        if (i > 0)
+            CHECK_EQ(info.capacity, 64 * MB);
+        else
+            CHECK(info.capacity > 0);
+    }
+    um_shutdown(ctx);
+
+    /* Options reach the backends and the allocators. */
+    ctx = init_ctx(alloc, "sim_granularity=1M,memory_limit=32M,cache_limit=8M,"
+                          "devices= sim:64M + sim:48M ,host_granularity=4M,host_capacity=1G");
+    if (!ctx)
+        return;
+    CHECK_EQ(um_device_count(ctx), 3);
+    CHECK_OK(um_device_info_get(ctx, 0, &info));
+    CHECK_EQ(info.granularity, 4 * MB);
+    CHECK_EQ(info.capacity, 1024 * MB);
+    CHECK_EQ(info.memory_limit, 32 * MB);
+    CHECK_EQ(info.cache_limit, 8 * MB);
+    CHECK_OK(um_device_info_get(ctx, 2, &info));
+    CHECK_EQ(info.capacity, 48 * MB);
+    CHECK_EQ(info.granularity, 1 * MB);
+    CHECK_EQ(info.memory_limit, 32 * MB);
+    CHECK_EQ(info.cache_limit, 8 * MB);
+    um_shutdown(ctx);
+
+    /* No devices option: the host only. */
+    ctx = init_ctx(alloc, "devices=");
+    if (ctx) {
+        CHECK_EQ(um_device_count(ctx), 1);
+        um_shutdown(ctx);
+    }
+}
+
+/* The largest context: the host and 63 simulated devices. */
+static void test_max_devices(const char *alloc)
+{
+    um_context *ctx = init_ctx(alloc, "devices=sim:60x4M+sim:2x4M,sim:4M");
+    if (!ctx)
+        return;
+    CHECK_EQ(um_device_count(ctx), UM_MAX_DEVICES);
+    um_device_info info;
+    CHECK_OK(um_device_info_get(ctx, UM_MAX_DEVICES - 1, &info));
+    CHECK(strcmp(info.name, "sim63") == 0);
+    CHECK_EQ(info.capacity, 4 * MB);
+    void *p = NULL;
+    CHECK_OK(um_malloc(ctx, 63, 1000, NULL, &p));
+    CHECK_EQ(um_pointer_device(ctx, p), 63);
+    CHECK_OK(um_free(ctx, p, NULL));
+    CHECK_STATUS(um_malloc(ctx, 64, 1000, NULL, &p), UM_ERR_NO_DEVICE);
+    CHECK_ERROR_MENTIONS("device 64 does not exist", "64 devices", NULL);
+    um_shutdown(ctx);
+}
+
+static void test_bad_specs(const char *alloc)
+{
+    static const struct {
+        const char *devices;
+        um_status st;
+        const char *mention;
+    } cases[] = {
+        {"gpu:1G", UM_ERR_BAD_OPTION, "'gpu:1G'"},
+        {"sim", UM_ERR_BAD_OPTION, "'sim'"},
+        {"sim:", UM_ERR_BAD_OPTION, "needs a device size"},
+        {"sim:0", UM_ERR_BAD_OPTION, "above 0"},
+        {"sim:abc", UM_ERR_BAD_OPTION, "'abc'"},
+        {"sim:64Q", UM_ERR_BAD_OPTION, "entry 'sim:64Q': size '64Q' is not valid"},
+        {"sim:0x1G", UM_ERR_BAD_OPTION, "count 0"},
+        {"sim:x1G", UM_ERR_BAD_OPTION, "no device count"},
+        {"sim:2x", UM_ERR_BAD_OPTION, "needs a device size"},
+        {"sim:ax1G", UM_ERR_BAD_OPTION, "'a'"},
+        {"sim:64x1M", UM_ERR_BAD_OPTION, "count 64"},
+        {"sim:99999999999x1M", UM_ERR_BAD_OPTION, "'99999999999'"},
+        {"sim:32x1M+sim:31x1M+sim:1M", UM_ERR_BAD_OPTION, "at most 64"},
+        {"sim:1M,,sim:1M", UM_ERR_BAD_OPTION, "empty entry"},
+        {"sim:1M+", UM_ERR_BAD_OPTION, "empty entry"},
+        {"+sim:1M", UM_ERR_BAD_OPTION, "empty entry"},
+        {"sim:1M,bogus=2", UM_ERR_BAD_OPTION, "'bogus=2'"},
+        {"SIM:1M", UM_ERR_BAD_OPTION, "'SIM:1M'"},
+        {"cuda", UM_ERR_UNSUPPORTED, "CUDA backend is not built"},
+        {"sim:4M+cuda", UM_ERR_UNSUPPORTED, "CUDA"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char conf[128];
+        um_context *ctx = (um_context *)&conf; /* must be reset to NULL */
+        snprintf(conf, sizeof conf, "allocator=%s,devices=%s", alloc, cases[i].devices);
+        um__clear_error();
+        CHECK_STATUS(um_init(conf, &ctx), cases[i].st);
+        CHECK(ctx == NULL);
+        CHECK_ERROR_MENTIONS(cases[i].mention, NULL, NULL);
+        if (!error_mentions(cases[i].mention, NULL, NULL))
+            fprintf(stderr, "  (devices=%s)\n", cases[i].devices);
+    }
+
+    /* A backend failure after other devices exist tears them all down
+     * (the leak check of ASan proves it): sim granularity must be a power of
+     * two. */
+    um_context *ctx = (um_context *)&ctx;
+    char conf[128];
+    snprintf(conf, sizeof conf, "allocator=%s,devices=sim:2x64M,sim_granularity=3M", alloc);
+    CHECK(um_init(conf, &ctx) != UM_OK);
+    CHECK(ctx == NULL);
+    CHECK_ERROR_MENTIONS("device 1", "sim1", NULL);
+    /* The same when the second simulated device is smaller than one page. */
+    snprintf(conf, sizeof conf, "allocator=%s,devices=sim:64M+sim:1M", alloc);
+    CHECK_STATUS(um_init(conf, &ctx), UM_ERR_INVALID);
+    CHECK(ctx == NULL);
+    CHECK_ERROR_MENTIONS("um_init: device 2 (sim2, 1.00 MiB)", NULL, NULL);
+
+    CHECK_STATUS(um_init("devices=sim:1M", NULL), UM_ERR_INVALID);
+}
+
+static void test_bad_inputs(const char *alloc)
+{
+    um_context *ctx = init_ctx(alloc, "devices=sim:2x64M");
+    um_context *other = init_ctx(alloc, "devices=sim:64M");
+    if (!ctx || !other) {
+        um_shutdown(ctx);
+        um_shutdown(other);
+        return;
+    }
+    um_device_info info;
+    void *p = (void *)&p;
+    um_stream s1 = NULL, s2 = NULL, so = NULL;
+    CHECK_OK(um_stream_create(ctx, 1, &s1));
+    CHECK_OK(um_stream_create(ctx, 2, &s2));
+    CHECK_OK(um_stream_create(other, 1, &so));
+
+    /* Devices. */
+    CHECK_EQ(um_device_count(NULL), 0);
+    CHECK_STATUS(um_device_info_get(NULL, 0, &info), UM_ERR_INVALID);
+    CHECK_STATUS(um_device_info_get(ctx, 0, NULL), UM_ERR_INVALID);
+    CHECK_STATUS(um_device_info_get(ctx, 3, &info), UM_ERR_NO_DEVICE);
+    CHECK_ERROR_MENTIONS("um_device_info_get: device 3 does not exist",
+                         "(this context has 3 devices: 0 host, 1 sim1, 2 sim2)", NULL);
+    CHECK_STATUS(um_device_info_get(ctx, -1, &info), UM_ERR_NO_DEVICE);
+    CHECK_ERROR_MENTIONS("device -1 does not exist", NULL, NULL);
+
+    /* um_malloc. */
+    CHECK_STATUS(um_malloc(NULL, 0, 64, NULL, &p), UM_ERR_INVALID);
+    CHECK_ERROR_MENTIONS("um_malloc", "ctx", NULL);
+    CHECK_STATUS(um_malloc(ctx, 0, 64, NULL, NULL), UM_ERR_INVALID);
+    CHECK_ERROR_MENTIONS("um_malloc", "ptr", NULL);
+    CHECK_STATUS(um_malloc(ctx, 7, 64, NULL, &p), UM_ERR_NO_DEVICE);
+    CHECK(p == NULL);
+    CHECK_ERROR_MENTIONS("device 7 does not exist (this context has 3 devices: 0 host, 1 sim1, "
+                         "2 sim2)",
+                         NULL, NULL);
+    CHECK_STATUS(um_malloc(ctx, -2, 64, NULL, &p), UM_ERR_NO_DEVICE);
+    CHECK_STATUS(um_malloc(ctx, 1, 0, NULL, &p), UM_ERR_INVALID);
+    CHECK_ERROR_MENTIONS("size 0", "device 1", NULL);
+    CHECK_STATUS(um_malloc(ctx, 2, 64, s1, &p), UM_ERR_WRONG_DEVICE);
+    CHECK_ERROR_MENTIONS("device 2 (sim2)", "device 1 (sim1)", NULL);
+    CHECK_STATUS(um_malloc(ctx, 1, 64, so, &p), UM_ERR_INVALID);
+    CHECK_ERROR_MENTIONS("not a live stream", NULL, NULL);
+    struct um_stream_s fake;
+    memset(&fake, 0, sizeof fake);
+    CHECK_STATUS(um_malloc(ctx, 1, 64, &fake, &p), UM_ERR_INVALID);
+    CHECK_STATUS(um_malloc(ctx, 1, 128 * MB, NULL, &p), UM_ERR_NOMEM);
+    CHECK(p == NULL);
+
+    /* um_free. */
+    void *a = NULL, *b = NULL;
+    CHECK_OK(um_malloc(ctx, 1, 1000, s1, &a));
+    CHECK_OK(um_malloc(ctx, 2, 1000, NULL, &b));
+    CHECK(a != NULL && b != NULL);
+    CHECK_EQ((uintptr_t)a % 256, 0);
+    CHECK_OK(um_free(ctx, NULL, NULL));
+    CHECK_OK(um_free(ctx, NULL, s1));
+    CHECK_STATUS(um_free(NULL, a, NULL), UM_ERR_INVALID);
+    int on_stack = 0;
+    CHECK_STATUS(um_free(ctx, &on_stack, NULL), UM_ERR_INVALID_POINTER);
+    CHECK_ERROR_MENTIONS("um_free: pointer 0x", "not memory of any", NULL);
+    CHECK_STATUS(um_free(ctx, &on_stack, s1), UM_ERR_INVALID_POINTER);
+    CHECK_STATUS(um_free(other, a, NULL), UM_ERR_INVALID_POINTER);
+    CHECK_STATUS(um_free(ctx, a, s2), UM_ERR_WRONG_DEVICE);
+    CHECK_ERROR_MENTIONS("belongs to device 1 (sim1)", "is on device 2 (sim2)", NULL);
+    CHECK_STATUS(um_free(ctx, a, so), UM_ERR_INVALID);
+    CHECK_STATUS(um_free(ctx, a, &fake), UM_ERR_INVALID);
+    CHECK_EQ(um_pointer_device(ctx, a), 1);
+    CHECK_EQ(um_pointer_device(ctx, b), 2);
+    CHECK_EQ(um_pointer_device(ctx, &on_stack), -1);
+    CHECK_EQ(um_pointer_device(ctx, NULL), -1);
+    CHECK_EQ(um_pointer_device(NULL, a), -1);
+    CHECK_EQ(um_pointer_device(other, a), -1);
+    CHECK_OK(um_free(ctx, a, s1));
+    um_status st = um_free(ctx, a, NULL);
+    CHECK(st == UM_ERR_DOUBLE_FREE || st == UM_ERR_INVALID_POINTER);
+    CHECK_OK(um_free(ctx, b, NULL));
+
+    /* Memory control and statistics. */
+    um_stats stats;
+    CHECK_STATUS(um_set_memory_limit(NULL, 1, 32 * MB), UM_ERR_INVALID);
+    CHECK_STATUS(um_set_memory_limit(ctx, 3, 32 * MB), UM_ERR_NO_DEVICE);
+    CHECK_ERROR_MENTIONS("um_set_memory_limit: device 3", NULL, NULL);
+    CHECK_STATUS(um_set_cache_limit(NULL, 1, MB), UM_ERR_INVALID);
+    CHECK_STATUS(um_set_cache_limit(ctx, 9, MB), UM_ERR_NO_DEVICE);
+    CHECK_ERROR_MENTIONS("um_set_cache_limit: device 9", NULL, NULL);
+    CHECK_STATUS(um_trim(NULL, 0), UM_ERR_INVALID);
+    CHECK_STATUS(um_trim(ctx, -1), UM_ERR_NO_DEVICE);
+    CHECK_ERROR_MENTIONS("um_trim: device -1", NULL, NULL);
+    CHECK_STATUS(um_stats_get(NULL, 0, &stats), UM_ERR_INVALID);
+    CHECK_STATUS(um_stats_get(ctx, 0, NULL), UM_ERR_INVALID);
+    CHECK_STATUS(um_stats_get(ctx, 4, &stats), UM_ERR_NO_DEVICE);
+    CHECK_STATUS(um_reset_peak(NULL, 0), UM_ERR_INVALID);
+    CHECK_STATUS(um_reset_peak(ctx, 3), UM_ERR_NO_DEVICE);
+
+    CHECK_OK(um_set_memory_limit(ctx, 1, 32 * MB));
+    CHECK_OK(um_set_cache_limit(ctx, 1, 4 * MB));
+    CHECK_OK(um_device_info_get(ctx, 1, &info));
+    CHECK_EQ(info.memory_limit, 32 * MB);
+    CHECK_EQ(info.cache_limit, 4 * MB);
+    CHECK_STATUS(um_malloc(ctx, 1, 40 * MB, NULL, &p), UM_ERR_NOMEM);
+    CHECK_OK(um_set_memory_limit(ctx, 1, 0));
+    CHECK_OK(um_set_cache_limit(ctx, 1, 0));
+    CHECK_OK(um_device_info_get(ctx, 1, &info));
+    CHECK_EQ(info.memory_limit, 64 * MB);
+    CHECK_EQ(info.cache_limit, SIZE_MAX);
+    CHECK_OK(um_malloc(ctx, 1, 40 * MB, NULL, &p));
+    CHECK_OK(um_free(ctx, p, NULL));
+
+    CHECK_OK(um_stats_get(ctx, 2, &stats));
+    uint64_t allocs = stats.num_allocs, frees = stats.num_frees;
+    CHECK_OK(um_malloc(ctx, 2, 3000, s2, &a));
+    CHECK_OK(um_malloc(ctx, 2, 5000, NULL, &b));
+    CHECK_OK(um_stats_get(ctx, 2, &stats));
+    CHECK_EQ(stats.num_allocs, allocs + 2);
+    CHECK_EQ(stats.active_blocks, 2);
+    CHECK_EQ(stats.requested_bytes, 8000);
+    CHECK_OK(um_reset_peak(ctx, 2));
+    CHECK_OK(um_free(ctx, a, NULL));
+    CHECK_OK(um_free(ctx, b, s2));
+    CHECK_OK(um_stats_get(ctx, 2, &stats));
+    CHECK_EQ(stats.num_frees, frees + 2);
+    CHECK_EQ(stats.active_blocks, 0);
+    CHECK_EQ(stats.requested_bytes, 0);
+    CHECK_OK(um_trim(ctx, 2));
+
+    CHECK_OK(um_stream_destroy(ctx, s1));
+    CHECK_OK(um_stream_destroy(ctx, s2));
+    CHECK_OK(um_stream_destroy(other, so));
+    um_shutdown(other);
+    um_shutdown(ctx);
+}
+
+static void test_streams(const char *alloc)
+{
+    um_context *ctx = init_ctx(alloc, "devices=sim:2x64M");
+    um_context *other = init_ctx(alloc, "devices=sim:64M");
+    if (!ctx || !other) {
+        um_shutdown(ctx);
+        um_shutdown(other);
+        return;
+    }
+    um_stream s = (um_stream)&s, t = NULL, o = NULL;
+    CHECK_STATUS(um_stream_create(NULL, 1, &s), UM_ERR_INVALID);
+    CHECK_STATUS(um_stream_create(ctx, 1, NULL), UM_ERR_INVALID);
+    CHECK_STATUS(um_stream_create(ctx, 3, &s), UM_ERR_NO_DEVICE);
+    CHECK(s == NULL);
+    CHECK_ERROR_MENTIONS("um_stream_create: device 3 does not exist", NULL, NULL);
+
+    CHECK_OK(um_stream_create(ctx, 1, &s));
+    CHECK_OK(um_stream_create(ctx, 1, &t));
+    CHECK_OK(um_stream_create(other, 1, &o));
+    CHECK_EQ(um_stream_device(s), 1);
+    CHECK_EQ(um_stream_device(NULL), -1);
+    /* Ids are per device, and 0 is the default stream. */
+    CHECK_EQ(s->ref.id, 1);
+    CHECK_EQ(t->ref.id, 2);
+    CHECK_EQ(o->ref.id, 1);
+    CHECK(s->ref.bstream != NULL);
+    CHECK_EQ(ctx->devices[1].default_stream->ref.id, 0);
+    CHECK(ctx->devices[1].default_stream->ref.bstream == NULL);
+
+    CHECK_OK(um_stream_synchronize(ctx, s));
+    CHECK_OK(um_stream_synchronize(ctx, NULL));
+    CHECK_STATUS(um_stream_synchronize(NULL, s), UM_ERR_INVALID);
+    CHECK_STATUS(um_stream_synchronize(ctx, o), UM_ERR_INVALID);
+    CHECK_ERROR_MENTIONS("um_stream_synchronize", "not a live stream", NULL);
+
+    CHECK_STATUS(um_stream_destroy(NULL, s), UM_ERR_INVALID);
+    CHECK_STATUS(um_stream_destroy(ctx, NULL), UM_ERR_INVALID);
+    CHECK_ERROR_MENTIONS("default stream cannot be destroyed", NULL, NULL);
+    CHECK_STATUS(um_stream_destroy(ctx, o), UM_ERR_INVALID);
+    CHECK_ERROR_MENTIONS("not a live stream of this context", NULL, NULL);
+    CHECK_EQ(um_stream_device(o), 1); /* still alive in its own context */
+
+    /* A block freed on its stream; destroying the stream with a block still
+     * allocated on it is allowed (the block stays valid). */
+    void *p = NULL, *q = NULL;
+    CHECK_OK(um_malloc(ctx, 1, 4096, s, &p));
+    CHECK_OK(um_malloc(ctx, 1, 4096, t, &q));
+    memset(p, 0xab, 4096);
+    CHECK_OK(um_free(ctx, p, s));
+    CHECK_OK(um_stream_destroy(ctx, s));
+    CHECK_OK(um_stream_destroy(ctx, t));
+    /* Destroyed twice: found missing from the context's list before it is
+     * read, so this reads no freed memory. */
+    CHECK_STATUS(um_stream_destroy(ctx, s), UM_ERR_INVALID);
+    CHECK_OK(um_free(ctx, q, NULL));
+
+    um_stream u = NULL;
+    CHECK_OK(um_stream_create(ctx, 1, &u));
+    CHECK_EQ(u->ref.id, 3);
+    CHECK_OK(um_stream_destroy(ctx, u));
+    CHECK_OK(um_stream_destroy(other, o));
+    um_shutdown(other);
+    um_shutdown(ctx);
+    um_shutdown(NULL);
+}
+
+/* Threads create and destroy streams at once; every id must be unique on
+ * its device. */
+typedef struct stream_job {
+    um_context *ctx;
+    int dev;
+    uint32_t ids[200];
+    int n;
+    int failures;
+} stream_job;
+
+static void *stream_worker(void *arg)
+{
+    stream_job *job = arg;
+    um_stream s[200];
+    for (int i = 0; i < 200; i++) {
+        if (um_stream_create(job->ctx, job->dev, &s[i]) != UM_OK) {
+            job->failures++;
+            s[i] = NULL;
+            continue;
+        }
+        job->ids[job->n++] = s[i]->ref.id;
+        if (i % 3 == 0 && um_stream_destroy(job->ctx, s[i]) != UM_OK)
+            job->failures++;
+    }
+    for (int i = 0; i < 200; i++) {
+        if (s[i] && i % 3 != 0 && um_stream_destroy(job->ctx, s[i]) != UM_OK)
+            job->failures++;
+    }
+    return NULL;
+}
+
+static int cmp_u32(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return (x > y) - (x < y);
+}
+
+static void test_stream_threads(const char *alloc)
+{
+    um_context *ctx = init_ctx(alloc, "devices=sim:64M");
+    if (!ctx)
+        return;
+    stream_job jobs[4];
+    pthread_t th[4];
+    memset(jobs, 0, sizeof jobs);
+    for (int i = 0; i < 4; i++) {
+        jobs[i].ctx = ctx;
+        jobs[i].dev = i % 2;
+        CHECK_EQ(pthread_create(&th[i], NULL, stream_worker, &jobs[i]), 0);
+    }
+    for (int i = 0; i < 4; i++)
+        pthread_join(th[i], NULL);
+    for (int dev = 0; dev < 2; dev++) {
+        uint32_t ids[400];
+        int n = 0;
+        for (int i = 0; i < 4; i++) {
+            CHECK_EQ(jobs[i].failures, 0);
+            if (jobs[i].dev == dev) {
+                memcpy(ids + n, jobs[i].ids, (size_t)jobs[i].n * sizeof ids[0]);
+                n += jobs[i].n;
+            }
+        }
+        CHECK_EQ(n, 400);
+        qsort(ids, (size_t)n, sizeof ids[0], cmp_u32);
+        for (int i = 0; i < n; i++)
+            CHECK_EQ(ids[i], (uint32_t)i + 1);
+    }
+    um_shutdown(ctx);
+}
+
+/* Random allocations over every device and some streams, against a
+ * reference list of live blocks: each block is filled with its own byte and
+ * checked before it is freed, um_pointer_device must name its device, and
+ * the live count must match the allocator statistics. */
+typedef struct ref_block {
+    void *p;
+    size_t size;
+    int dev;
+    int stream; /* index into streams[], or -1 for the default */
+    unsigned char fill;
+} ref_block;
+
+static void test_random(const char *alloc)
+{
+    char name[64];
+    snprintf(name, sizeof name, "test_context.random.%s", alloc);
+    uint64_t rng = harness_seed(name);
+    um_context *ctx = init_ctx(alloc, "devices=sim:128M+sim:128M");
+    if (!ctx)
+        return;
+    /* At most 30 live blocks: even if every one is on one device and takes
+     * a whole 2 MiB page (the direct allocator), they fit. */
+    enum { MAX_LIVE = 30, NSTREAMS = 4, STEPS = 3000 };
+    um_stream streams[NSTREAMS];
+    for (int i = 0; i < NSTREAMS; i++)
+        CHECK_OK(um_stream_create(ctx, i % 3, &streams[i]));
+    ref_block live[MAX_LIVE];
+    int nlive = 0;
+    for (int step = 0; step < STEPS; step++) {
+        bool do_alloc = nlive == 0 || (nlive < MAX_LIVE && harness_rand(&rng) % 2 == 0);
+        if (do_alloc) {
+            ref_block r;
+            r.dev = (int)(harness_rand(&rng) % 3);
+            r.size = 1 + (size_t)(harness_rand(&rng) % (harness_rand(&rng) % 4 ? 4096 : 300000));
+            r.stream = (int)(harness_rand(&rng) % (NSTREAMS + 1)) - 1;
+            if (r.stream >= 0 && um_stream_device(streams[r.stream]) != r.dev)
+                r.stream = -1;
+            r.fill = (unsigned char)(harness_rand(&rng) | 1);
+            um_status st =
+                um_malloc(ctx, r.dev, r.size, r.stream >= 0 ? streams[r.stream] : NULL, &r.p);
+            CHECK_OK(st);
+            if (st != UM_OK)
+                continue;
+            CHECK_EQ((uintptr_t)r.p % 256, 0);
+            memset(r.p, r.fill, r.size);
+            live[nlive++] = r;
+        } else {
+            int i = (int)(harness_rand(&rng) % (uint64_t)nlive);
+            ref_block r = live[i];
+            CHECK_EQ(um_pointer_device(ctx, r.p), r.dev);
+            const unsigned char *bytes = r.p;
+            size_t bad = 0;
+            for (size_t k = 0; k < r.size; k++)
+                bad += bytes[k] != r.fill;
+            CHECK_EQ(bad, 0);
+            /* Free on the allocation stream, or with NULL. */
+            um_stream s = r.stream >= 0 && harness_rand(&rng) % 2 ? streams[r.stream] : NULL;
+            CHECK_OK(um_free(ctx, r.p, s));
+            live[i] = live[--nlive];
+        }
+        if (step % 500 == 0) {
+            for (int dev = 0; dev < 3; dev++) {
+                uint64_t blocks = 0, bytes = 0;
+                for (int i = 0; i < nlive; i++) {
+                    if (live[i].dev == dev) {
+                        blocks++;
+                        bytes += live[i].size;
+                    }
+                }
+                um_stats stats;
+                CHECK_OK(um_stats_get(ctx, dev, &stats));
+                CHECK_EQ(stats.active_blocks, blocks);
+                CHECK_EQ(stats.requested_bytes, bytes);
+            }
+        }
+    }
+    /* Half the blocks and every stream are left for um_shutdown. */
+    for (int i = 0; i < nlive / 2; i++)
+        CHECK_OK(um_free(ctx, live[i].p, NULL));
+    um_shutdown(ctx);
+}
+
+/* Live allocations on every device and undestroyed streams at shutdown. */
+static void test_shutdown_with_leftovers(const char *alloc)
+{
+    um_context *ctx = init_ctx(alloc, "devices=sim:2x64M");
+    if (!ctx)
+        return;
+    for (int dev = 0; dev < 3; dev++) {
+        um_stream s = NULL;
+        CHECK_OK(um_stream_create(ctx, dev, &s));
+        void *p = NULL;
+        CHECK_OK(um_malloc(ctx, dev, 100 + (size_t)dev * 5000, s, &p));
+        CHECK_OK(um_malloc(ctx, dev, 3 * MB, NULL, &p));
+        CHECK_OK(um_malloc(ctx, dev, 64, s, &p));
+        CHECK_OK(um_free(ctx, p, s)); /* a block pending on s */
+    }
+    um_shutdown(ctx);
+}
+
+int main(void)
+{
+    unsetenv("UNIMEM_CONF");
+    for (int i = 0; i < NALLOCATORS; i++) {
+        const char *alloc = allocators[i];
+        int before = harness_failures;
+        test_devices(alloc);
+        test_max_devices(alloc);
+        test_bad_specs(alloc);
+        test_bad_inputs(alloc);
+        test_streams(alloc);
+        test_stream_threads(alloc);
+        test_random(alloc);
+        test_shutdown_with_leftovers(alloc);
+        if (harness_failures != before)
+            fprintf(stderr, "test_context: %d failures with allocator=%s\n",
+                    harness_failures - before, alloc);
+    }
+    return harness_finish("test_context");
+}

@@ -1,0 +1,435 @@
+/* Tests of the option table and parser (src/base/options.c): every option
+ * type accepted and rejected, size suffixes and overflow, the messages of
+ * failures, the devices list with commas, and UNIMEM_CONF against the conf
+ * string of um_init. */
+#include "base/options.h"
+#include "core/core.h"
+#include "harness.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* True when this thread's last error contains every one of the words. */
+static int error_mentions(const char *a, const char *b, const char *c)
+{
+    const char *e = um_last_error();
+    return strstr(e, a) && (!b || strstr(e, b)) && (!c || strstr(e, c));
+}
+
+#define CHECK_ERROR_MENTIONS(a, b, c)                                                              \
+    do {                                                                                           \
+        harness_checks++;                                                                          \
+        if (!error_mentions((a), (b), (c)))                                                        \
+            harness_report(__FILE__, __LINE__, "last error '%s' does not mention %s/%s/%s",        \
+                           um_last_error(), (a), (b) ? (b) : "-", (c) ? (c) : "-");                \
+    } while (0)
+
+static void test_table(void)
+{
+    CHECK_EQ(um_option_count(), 10);
+    um_option_info info;
+    for (int i = 0; i < um_option_count(); i++) {
+        CHECK_OK(um_option_get(i, &info));
+        CHECK(info.name && *info.name);
+        CHECK(info.doc && *info.doc);
+        CHECK(info.default_value != NULL);
+        /* Names are unique. */
+        for (int j = 0; j < i; j++) {
+            um_option_info other;
+            CHECK_OK(um_option_get(j, &other));
+            CHECK(strcmp(other.name, info.name) != 0);
+        }
+        /* Every default parses as a value of its own option. */
+        char conf[128];
+        snprintf(conf, sizeof conf, "%s=%s", info.name, info.default_value);
+        um__options o;
+        um__options_defaults(&o);
+        um__options before = o;
+        CHECK_OK(um__options_apply(&o, conf, "test"));
+        CHECK(memcmp(&o, &before, sizeof o) == 0);
+    }
+    CHECK_STATUS(um_option_get(-1, &info), UM_ERR_INVALID);
+    CHECK_STATUS(um_option_get(um_option_count(), &info), UM_ERR_INVALID);
+    CHECK_ERROR_MENTIONS("index 10", NULL, NULL);
+    CHECK_STATUS(um_option_get(0, NULL), UM_ERR_INVALID);
+
+    CHECK_OK(um_option_get(0, &info));
+    CHECK(strcmp(info.name, "log_level") == 0);
+    CHECK_EQ(info.type, UM_OPT_ENUM);
+    CHECK(strcmp(info.default_value, "warn") == 0);
+}
+
+static void test_defaults(void)
+{
+    um__options o;
+    memset(&o, 0x5a, sizeof o);
+    um__options_defaults(&o);
+    CHECK_EQ(o.log_level, UM_LOG_WARN);
+    CHECK_EQ(o.devices[0], '\0');
+    CHECK_EQ(o.allocator, UM_ALLOCATOR_POOL);
+    CHECK_EQ(o.memory_limit, 0);
+    CHECK_EQ(o.cache_limit, 0);
+    CHECK_EQ(o.sim_granularity, 2u << 20);
+    CHECK_EQ(o.host_granularity, 2u << 20);
+    CHECK_EQ(o.host_capacity, 0);
+    CHECK_EQ(o.thread_cache, 1);
+    CHECK_EQ(o.va_factor, 4);
+}
+
+static void test_parse_size(void)
+{
+    static const struct {
+        const char *text;
+        unsigned long long bytes;
+    } good[] = {
+        {"0", 0},
+        {"1", 1},
+        {"4096", 4096},
+        {"100B", 100},
+        {"100b", 100},
+        {"1K", 1024},
+        {"1k", 1024},
+        {"1KB", 1024},
+        {"1KiB", 1024},
+        {"1kib", 1024},
+        {"1KIB", 1024},
+        {"64M", 64ull << 20},
+        {"64m", 64ull << 20},
+        {"64MB", 64ull << 20},
+        {"64MiB", 64ull << 20},
+        {"2G", 2ull << 30},
+        {"2GiB", 2ull << 30},
+        {"3T", 3ull << 40},
+        {"3tb", 3ull << 40},
+        {"1.5G", 1610612736ull},
+        {"1.5GiB", 1610612736ull},
+        {"0.5K", 512},
+        {"1.1K", 1126}, /* 1126.4 rounded down */
+        {"1.999B", 1},
+        {"1.5", 1},
+        {"0.0001K", 0}, /* 0.1024 bytes */
+        {"  4K  ", 4096},
+        {"4 K", 4096},
+        {"\t8M\n", 8ull << 20},
+        {"16777215T", 16777215ull << 40},
+        {"18446744073709551615", 18446744073709551615ull},
+        {"15.99999999999999999999999999999T", 17592186044415ull},
+    };
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        size_t out = 12345;
+        CHECK_OK(um_parse_size(good[i].text, &out));
+        harness_checks++;
+        if (out != good[i].bytes)
+            harness_report(__FILE__, __LINE__, "um_parse_size(\"%s\") = %zu, expected %llu",
+                           good[i].text, out, good[i].bytes);
+    }
+    static const char *const bad[] = {
+        "",
+        "   ",
+        "-1",
+        "-0",
+        "K",
+        "1.K",
+        ".5K",
+        "1.5.5",
+        "12Q",
+        "1KiBx",
+        "1iB",
+        "1 K B",
+        "1KK",
+        "0x10",
+        "+5",
+        "1E",
+        "16777216T",
+        "1e3",
+        "1,5G",
+        "1_000",
+        "abc",
+        "18446744073709551616",
+        "99999999999999999999999",
+        "18014398509481984K",
+        "1.000000000000000000000000000000001K", /* 33 decimals */
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        size_t out = 777;
+        um__clear_error();
+        CHECK_STATUS(um_parse_size(bad[i], &out), UM_ERR_INVALID);
+        CHECK_EQ(out, 777);
+        CHECK(strstr(um_last_error(), "UM_ERR_INVALID: size '") == um_last_error());
+    }
+    size_t out;
+    CHECK_STATUS(um_parse_size(NULL, &out), UM_ERR_INVALID);
+    CHECK_STATUS(um_parse_size("1K", NULL), UM_ERR_INVALID);
+    CHECK_STATUS(um_parse_size("16777216T", &out), UM_ERR_INVALID);
+    CHECK_ERROR_MENTIONS("16777216T", "overflows", NULL);
+    CHECK_STATUS(um_parse_size("-5M", &out), UM_ERR_INVALID);
+    CHECK_ERROR_MENTIONS("negative", NULL, NULL);
+}
+
+/* Random decimal sizes against a reference computed with 128-bit integers:
+ * floor((whole * 10^n + frac) * 2^shift / 10^n). */
+static void test_parse_size_random(void)
+{
+    uint64_t rng = harness_seed("test_options.parse_size");
+    static const char *const units[] = {"", "B", "K", "KiB", "m", "MB", "G", "gib", "T", "TiB"};
+    static const unsigned shifts[] = {0, 0, 10, 10, 20, 20, 30, 30, 40, 40};
+    for (int iter = 0; iter < 20000; iter++) {
+        unsigned u = (unsigned)(harness_rand(&rng) % 10);
+        uint64_t whole = harness_rand(&rng) % (iter % 2 ? 100000ull : 1000000000000ull);
+        unsigned n = (unsigned)(harness_rand(&rng) % 10); /* decimals */
+        uint64_t pow10 = 1;
+        for (unsigned i = 0; i < n; i++)
+            pow10 *= 10;
+        uint64_t frac = n ? harness_rand(&rng) % pow10 : 0;
+        char text[80];
+        if (n)
+            snprintf(text, sizeof text, "%llu.%0*llu%s", (unsigned long long)whole, (int)n,
+                     (unsigned long long)frac, units[u]);
+        else
+            snprintf(text, sizeof text, "%llu%s", (unsigned long long)whole, units[u]);
+        unsigned __int128 num = ((unsigned __int128)whole * pow10 + frac) << shifts[u];
+        unsigned __int128 want = num / pow10;
+        size_t out = 0;
+        um_status st = um_parse_size(text, &out);
+        if (want > (unsigned __int128)SIZE_MAX) {
+            CHECK_STATUS(st, UM_ERR_INVALID);
+        } else {
+            CHECK_OK(st);
+            harness_checks++;
+            if ((unsigned __int128)out != want)
+                harness_report(__FILE__, __LINE__, "um_parse_size(\"%s\") = %zu, expected %llu",
+                               text, out, (unsigned long long)want);
+        }
+    }
+}
+
+static void test_types(void)
+{
+    um__options o;
+    um__options_defaults(&o);
+
+    /* BOOL */
+    static const struct {
+        const char *v;
+        int want;
+    } bools[] = {{"1", 1},  {"0", 0},   {"true", 1}, {"false", 0}, {"yes", 1}, {"no", 0},
+                 {"on", 1}, {"off", 0}, {"TRUE", 1}, {"Off", 0},   {"Yes", 1}};
+    for (size_t i = 0; i < sizeof bools / sizeof bools[0]; i++) {
+        char conf[64];
+        o.thread_cache = !bools[i].want;
+        snprintf(conf, sizeof conf, "thread_cache=%s", bools[i].v);
+        CHECK_OK(um__options_apply(&o, conf, "test"));
+        CHECK_EQ(o.thread_cache, bools[i].want);
+    }
+    static const char *const bad_bools[] = {"2", "maybe", "", "tru", "yess", "-1", "o"};
+    for (size_t i = 0; i < sizeof bad_bools / sizeof bad_bools[0]; i++) {
+        char conf[64];
+        snprintf(conf, sizeof conf, "thread_cache=%s", bad_bools[i]);
+        CHECK_STATUS(um__options_apply(&o, conf, "test"), UM_ERR_BAD_OPTION);
+        CHECK_ERROR_MENTIONS("'thread_cache'", "boolean", "in test");
+    }
+    CHECK_STATUS(um__options_apply(&o, "thread_cache=maybe", "um_init"), UM_ERR_BAD_OPTION);
+    CHECK_ERROR_MENTIONS("'maybe'", "in um_init", NULL);
+
+    /* INT with its range */
+    CHECK_OK(um__options_apply(&o, "va_factor=1", "test"));
+    CHECK_EQ(o.va_factor, 1);
+    CHECK_OK(um__options_apply(&o, "va_factor=64", "test"));
+    CHECK_EQ(o.va_factor, 64);
+    CHECK_OK(um__options_apply(&o, "va_factor=007", "test"));
+    CHECK_EQ(o.va_factor, 7);
+    static const char *const bad_ints[] = {"0",   "65",  "-3", "4x", "",    "99999999999999999999",
+                                           "1.5", "0x4", "+4", "-",  " 4 4"};
+    for (size_t i = 0; i < sizeof bad_ints / sizeof bad_ints[0]; i++) {
+        char conf[64];
+        snprintf(conf, sizeof conf, "va_factor=%s", bad_ints[i]);
+        CHECK_STATUS(um__options_apply(&o, conf, "test"), UM_ERR_BAD_OPTION);
+        CHECK_ERROR_MENTIONS("'va_factor'", "integer from 1 to 64", NULL);
+        CHECK_EQ(o.va_factor, 7);
+    }
+    CHECK_STATUS(um__options_apply(&o, "va_factor=65", "test"), UM_ERR_BAD_OPTION);
+    CHECK_ERROR_MENTIONS("'65'", NULL, NULL);
+
+    /* ENUM: exactly the words of the doc line, in order. */
+    static const char *const levels[] = {"error", "warn", "info", "debug"};
+    for (int i = 0; i < 4; i++) {
+        char conf[64];
+        snprintf(conf, sizeof conf, "log_level=%s", levels[i]);
+        CHECK_OK(um__options_apply(&o, conf, "test"));
+        CHECK_EQ(o.log_level, i);
+    }
+    CHECK_EQ(UM_LOG_DEBUG, 3);
+    static const char *const allocators[] = {"pool", "direct", "bufcache"};
+    for (int i = 0; i < 3; i++) {
+        char conf[64];
+        snprintf(conf, sizeof conf, "allocator=%s", allocators[i]);
+        CHECK_OK(um__options_apply(&o, conf, "test"));
+        CHECK_EQ(o.allocator, i);
+        CHECK(strcmp(um__allocator_name(o.allocator), allocators[i]) == 0);
+    }
+    CHECK(strcmp(um__allocator_name(7), "unknown") == 0);
+    static const char *const bad_enums[] = {"slab", "", "Pool", "poo", "pool|direct", "pool:"};
+    for (size_t i = 0; i < sizeof bad_enums / sizeof bad_enums[0]; i++) {
+        char conf[64];
+        snprintf(conf, sizeof conf, "allocator=%s", bad_enums[i]);
+        CHECK_STATUS(um__options_apply(&o, conf, "test"), UM_ERR_BAD_OPTION);
+        CHECK_ERROR_MENTIONS("'allocator'", "pool|direct|bufcache", NULL);
+        CHECK_EQ(o.allocator, UM_ALLOCATOR_BUFCACHE);
+    }
+    CHECK_STATUS(um__options_apply(&o, "log_level=verbose", "test"), UM_ERR_BAD_OPTION);
+    CHECK_ERROR_MENTIONS("'verbose'", "error|warn|info|debug", NULL);
+
+    /* SIZE */
+    CHECK_OK(um__options_apply(&o, "memory_limit=1.5G,cache_limit=64MiB", "test"));
+    CHECK_EQ(o.memory_limit, 1610612736ull);
+    CHECK_EQ(o.cache_limit, 64ull << 20);
+    CHECK_STATUS(um__options_apply(&o, "memory_limit=12Q", "UNIMEM_CONF"), UM_ERR_BAD_OPTION);
+    CHECK_ERROR_MENTIONS("'memory_limit'", "'12Q'", "UNIMEM_CONF");
+    CHECK_ERROR_MENTIONS("size", NULL, NULL);
+    CHECK_STATUS(um__options_apply(&o, "host_capacity=99999999T", "test"), UM_ERR_BAD_OPTION);
+    CHECK_ERROR_MENTIONS("'host_capacity'", "overflows", NULL);
+    CHECK_STATUS(um__options_apply(&o, "sim_granularity=", "test"), UM_ERR_BAD_OPTION);
+    CHECK_ERROR_MENTIONS("'sim_granularity'", "empty", NULL);
+    CHECK_EQ(o.memory_limit, 1610612736ull);
+
+    /* STRING: at most 255 characters fit. */
+    char conf[400];
+    memcpy(conf, "devices=", 8);
+    memset(conf + 8, 'a', 255);
+    conf[8 + 255] = '\0';
+    CHECK_OK(um__options_apply(&o, conf, "test"));
+    CHECK_EQ(strlen(o.devices), 255);
+    conf[8 + 255] = 'a';
+    conf[8 + 256] = '\0';
+    CHECK_STATUS(um__options_apply(&o, conf, "test"), UM_ERR_BAD_OPTION);
+    CHECK_ERROR_MENTIONS("'devices'", "256 characters", "at most 255");
+    CHECK_EQ(strlen(o.devices), 255);
+}
+
+static void test_syntax(void)
+{
+    um__options o, before;
+    um__options_defaults(&o);
+
+    /* Unknown keys name the key, the source and the valid keys. */
+    before = o;
+    CHECK_STATUS(um__options_apply(&o, "va_factor=8,foo=1", "um_init"), UM_ERR_BAD_OPTION);
+    CHECK_ERROR_MENTIONS("unknown option 'foo'", "in um_init", "valid options: log_level,");
+    CHECK_ERROR_MENTIONS("va_factor", "devices", "thread_cache");
+    CHECK(memcmp(&o, &before, sizeof o) == 0); /* va_factor=8 was not applied */
+    CHECK_STATUS(um__options_apply(&o, "Log_Level=info", "UNIMEM_CONF"), UM_ERR_BAD_OPTION);
+    CHECK_ERROR_MENTIONS("'Log_Level'", "UNIMEM_CONF", NULL);
+    CHECK_STATUS(um__options_apply(&o, "log level=info", "test"), UM_ERR_BAD_OPTION);
+    CHECK_ERROR_MENTIONS("'log level'", NULL, NULL);
+
+    /* A token without '=' and an empty key. */
+    CHECK_STATUS(um__options_apply(&o, "va_factor=2,thread_cache", "test"), UM_ERR_BAD_OPTION);
+    CHECK_ERROR_MENTIONS("'thread_cache'", "key=value", NULL);
+    CHECK_STATUS(um__options_apply(&o, "=5", "test"), UM_ERR_BAD_OPTION);
+    CHECK_ERROR_MENTIONS("empty key", NULL, NULL);
+    CHECK(memcmp(&o, &before, sizeof o) == 0);
+
+    /* NULL, "" and separators only apply nothing. */
+    CHECK_OK(um__options_apply(&o, NULL, "test"));
+    CHECK_OK(um__options_apply(&o, "", "test"));
+    CHECK_OK(um__options_apply(&o, " , ,, ", "test"));
+    CHECK(memcmp(&o, &before, sizeof o) == 0);
+    CHECK_STATUS(um__options_apply(NULL, "va_factor=2", "test"), UM_ERR_INVALID);
+
+    /* Whitespace around keys and values; the last of repeated keys wins. */
+    CHECK_OK(um__options_apply(&o, "  va_factor = 3 , thread_cache= off ,", "test"));
+    CHECK_EQ(o.va_factor, 3);
+    CHECK_EQ(o.thread_cache, 0);
+    CHECK_OK(um__options_apply(&o, "va_factor=2,va_factor=9,,va_factor=5", "test"));
+    CHECK_EQ(o.va_factor, 5);
+
+    /* The devices value runs up to the next known key. */
+    CHECK_OK(um__options_apply(&o, "devices=sim:1G,sim:2x4G,allocator=direct", "test"));
+    CHECK(strcmp(o.devices, "sim:1G,sim:2x4G") == 0);
+    CHECK_EQ(o.allocator, UM_ALLOCATOR_DIRECT);
+    CHECK_OK(um__options_apply(&o, "allocator=bufcache,devices=sim:1G+sim:2G", "test"));
+    CHECK(strcmp(o.devices, "sim:1G+sim:2G") == 0);
+    CHECK_EQ(o.allocator, UM_ALLOCATOR_BUFCACHE);
+    CHECK_OK(um__options_apply(&o, "devices= sim:1G , sim:2G , va_factor =2", "test"));
+    CHECK(strcmp(o.devices, "sim:1G , sim:2G") == 0);
+    CHECK_EQ(o.va_factor, 2);
+    CHECK_OK(um__options_apply(&o, "devices=cuda,sim:4G,devices=sim:8G,cuda", "test"));
+    CHECK(strcmp(o.devices, "sim:8G,cuda") == 0);
+    CHECK_OK(um__options_apply(&o, "devices=", "test"));
+    CHECK(strcmp(o.devices, "") == 0);
+    /* An unknown word after a comma is part of the device list (um_init
+     * then rejects it as a device). */
+    CHECK_OK(um__options_apply(&o, "devices=sim:1G,bogus=2", "test"));
+    CHECK(strcmp(o.devices, "sim:1G,bogus=2") == 0);
+}
+
+/* UNIMEM_CONF is applied first, then the conf string of um_init. */
+static void test_env(void)
+{
+    um_context *ctx = NULL;
+    CHECK_EQ(setenv("UNIMEM_CONF",
+                    "va_factor=2,allocator=direct,log_level=error,"
+                    "devices=sim:64M",
+                    1),
+             0);
+    CHECK_OK(um_init("allocator=bufcache,cache_limit=8M", &ctx));
+    if (ctx) {
+        CHECK_EQ(ctx->opts.va_factor, 2);
+        CHECK_EQ(ctx->opts.allocator, UM_ALLOCATOR_BUFCACHE);
+        CHECK_EQ(ctx->opts.cache_limit, 8u << 20);
+        CHECK_EQ(ctx->opts.log_level, UM_LOG_ERROR);
+        CHECK_EQ(atomic_load(&um__log_level_current), UM_LOG_ERROR);
+        CHECK_EQ(um_device_count(ctx), 2);
+        um_device_info info;
+        CHECK_OK(um_device_info_get(ctx, 1, &info));
+        CHECK(strcmp(info.allocator, "bufcache") == 0);
+        CHECK_EQ(info.capacity, 64u << 20);
+        um_shutdown(ctx);
+    }
+    /* conf overrides the devices of UNIMEM_CONF. */
+    ctx = NULL;
+    CHECK_OK(um_init("devices=sim:32M+sim:16M", &ctx));
+    if (ctx) {
+        CHECK_EQ(um_device_count(ctx), 3);
+        CHECK_EQ(ctx->opts.allocator, UM_ALLOCATOR_DIRECT);
+        um_device_info info;
+        CHECK_OK(um_device_info_get(ctx, 2, &info));
+        CHECK_EQ(info.capacity, 16u << 20);
+        um_shutdown(ctx);
+    }
+
+    /* A bad UNIMEM_CONF fails um_init and says so. */
+    ctx = (um_context *)&ctx;
+    CHECK_EQ(setenv("UNIMEM_CONF", "allocator=direct,foo=1", 1), 0);
+    CHECK_STATUS(um_init("allocator=direct", &ctx), UM_ERR_BAD_OPTION);
+    CHECK_ERROR_MENTIONS("'foo'", "UNIMEM_CONF", NULL);
+    CHECK(ctx == NULL);
+    CHECK_EQ(setenv("UNIMEM_CONF", "memory_limit=lots", 1), 0);
+    CHECK_STATUS(um_init(NULL, &ctx), UM_ERR_BAD_OPTION);
+    CHECK_ERROR_MENTIONS("'memory_limit'", "'lots'", "UNIMEM_CONF");
+    CHECK(ctx == NULL);
+    /* ... even when conf would set the same key. */
+    CHECK_STATUS(um_init("memory_limit=1G", &ctx), UM_ERR_BAD_OPTION);
+    CHECK_ERROR_MENTIONS("UNIMEM_CONF", NULL, NULL);
+
+    /* A bad conf names um_init. */
+    CHECK_EQ(setenv("UNIMEM_CONF", "allocator=direct", 1), 0);
+    CHECK_STATUS(um_init("va_factor=0", &ctx), UM_ERR_BAD_OPTION);
+    CHECK_ERROR_MENTIONS("'va_factor'", "in um_init", NULL);
+    CHECK(ctx == NULL);
+    CHECK_EQ(unsetenv("UNIMEM_CONF"), 0);
+    um__log_set_level(UM_LOG_WARN);
+}
+
+int main(void)
+{
+    unsetenv("UNIMEM_CONF");
+    test_table();
+    test_defaults();
+    test_parse_size();
+    test_parse_size_random();
+    test_types();
+    test_syntax();
+    test_env();
+    return harness_finish("test_options");
+}

@@ -1,0 +1,183 @@
+/* `unimem info`: the devices of a context made from UNIMEM_CONF (and
+ * --conf), and with --options the option table, as text or JSON. Uses the
+ * public API only. */
+#include "tool.h"
+
+#include <stdint.h>
+#include <string.h>
+
+static void info_usage(FILE *f)
+{
+    fprintf(f, "usage: unimem info [--options] [--json] [--conf \"key=value,...\"]\n"
+               "  prints the devices of a context made from UNIMEM_CONF, then --conf;\n"
+               "  --options adds the option table (name, type, default, doc)\n");
+}
+
+static const char *kind_name(um_device_kind k)
+{
+    switch (k) {
+    case UM_DEVICE_HOST:
+        return "host";
+    case UM_DEVICE_SIM:
+        return "sim";
+    case UM_DEVICE_CUDA:
+        return "cuda";
+    }
+    return "unknown";
+}
+
+static const char *type_name(um_option_type t)
+{
+    switch (t) {
+    case UM_OPT_INT:
+        return "int";
+    case UM_OPT_BOOL:
+        return "bool";
+    case UM_OPT_SIZE:
+        return "size";
+    case UM_OPT_STRING:
+        return "string";
+    case UM_OPT_ENUM:
+        return "enum";
+    }
+    return "unknown";
+}
+
+/* Writes s as a JSON string literal. */
+static void json_string(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"' || *p == '\\')
+            fprintf(f, "\\%c", *p);
+        else if (*p == '\n')
+            fputs("\\n", f);
+        else if (*p == '\t')
+            fputs("\\t", f);
+        else if (*p < 0x20)
+            fprintf(f, "\\u%04x", *p);
+        else
+            fputc(*p, f);
+    }
+    fputc('"', f);
+}
+
+/* A limit of SIZE_MAX means "no cap". */
+static const char *limit_text(char *buf, size_t bytes)
+{
+    if (bytes == SIZE_MAX)
+        return "none";
+    return tool_bytes(buf, bytes);
+}
+
+static int print_devices(um_context *ctx, bool json)
+{
+    int n = um_device_count(ctx);
+    if (json) {
+        printf("  \"devices\": [");
+    } else {
+        printf("%-4s %-6s %-10s %12s %12s %12s %12s  %s\n", "dev", "kind", "name", "capacity",
+               "granularity", "mem limit", "cache limit", "allocator");
+    }
+    for (int i = 0; i < n; i++) {
+        um_device_info d;
+        um_status s = um_device_info_get(ctx, i, &d);
+        if (s != UM_OK)
+            return tool_fail("info", s);
+        if (json) {
+            printf("%s\n    {\"index\": %d, \"kind\": ", i ? "," : "", d.index);
+            json_string(stdout, kind_name(d.kind));
+            printf(", \"name\": ");
+            json_string(stdout, d.name);
+            printf(", \"capacity\": %zu, \"granularity\": %zu, \"memory_limit\": %zu, "
+                   "\"cache_limit\": ",
+                   d.capacity, d.granularity, d.memory_limit);
+            if (d.cache_limit == SIZE_MAX)
+                printf("null");
+            else
+                printf("%zu", d.cache_limit);
+            printf(", \"allocator\": ");
+            json_string(stdout, d.allocator);
+            printf("}");
+        } else {
+            char cap[32], gran[32], mem[32], cache[32];
+            printf("%-4d %-6s %-10s %12s %12s %12s %12s  %s\n", d.index, kind_name(d.kind), d.name,
+                   tool_bytes(cap, d.capacity), tool_bytes(gran, d.granularity),
+                   limit_text(mem, d.memory_limit), limit_text(cache, d.cache_limit), d.allocator);
+        }
+    }
+    if (json)
+        printf("\n  ]");
+    return 0;
+}
+
+static int print_options(bool json)
+{
+    int n = um_option_count();
+    if (json)
+        printf(",\n  \"options\": [");
+    else
+        printf("\noptions (UNIMEM_CONF=\"key=value,...\" or the conf string of um_init):\n");
+    for (int i = 0; i < n; i++) {
+        um_option_info o;
+        um_status s = um_option_get(i, &o);
+        if (s != UM_OK)
+            return tool_fail("info", s);
+        if (json) {
+            printf("%s\n    {\"name\": ", i ? "," : "");
+            json_string(stdout, o.name);
+            printf(", \"type\": ");
+            json_string(stdout, type_name(o.type));
+            printf(", \"default\": ");
+            json_string(stdout, o.default_value);
+            printf(", \"doc\": ");
+            json_string(stdout, o.doc);
+            printf("}");
+        } else {
+            printf("  %-17s %-7s default %-7s %s\n", o.name, type_name(o.type),
+                   *o.default_value ? o.default_value : "\"\"", o.doc);
+        }
+    }
+    if (json)
+        printf("\n  ]");
+    return 0;
+}
+
+int um_cmd_info(int argc, char **argv)
+{
+    bool options = false, json = false;
+    const char *conf = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--options")) {
+            options = true;
+        } else if (!strcmp(argv[i], "--json")) {
+            json = true;
+        } else if (!strcmp(argv[i], "--conf") && i + 1 < argc) {
+            conf = argv[++i];
+        } else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            info_usage(stdout);
+            return 0;
+        } else {
+            fprintf(stderr, "unimem info: unknown or incomplete argument '%s'\n", argv[i]);
+            info_usage(stderr);
+            return 2;
+        }
+    }
+    um_context *ctx = NULL;
+    um_status s = um_init(conf, &ctx);
+    if (s != UM_OK)
+        return tool_fail("info", s);
+    if (json)
+        printf("{\n  \"version\": \"%d.%d.%d\",\n", UNIMEM_VERSION_MAJOR, UNIMEM_VERSION_MINOR,
+               UNIMEM_VERSION_PATCH);
+    else
+        printf("unimem %d.%d.%d: %d device%s\n", UNIMEM_VERSION_MAJOR, UNIMEM_VERSION_MINOR,
+               UNIMEM_VERSION_PATCH, um_device_count(ctx), um_device_count(ctx) == 1 ? "" : "s");
+    int rc = print_devices(ctx, json);
+    if (rc == 0 && options)
+        rc = print_options(json);
+    if (json && rc == 0)
+        printf("\n}\n");
+    um_shutdown(ctx);
+    return rc;
+}
