@@ -100,7 +100,7 @@ typedef struct um_device_info {
     size_t capacity;        /* bytes of memory the device has */
     size_t granularity;     /* bytes of one physical page of the backend */
     size_t memory_limit;    /* cap on reserved bytes (capacity when unset) */
-    size_t cache_limit;     /* cap on cached, fully free pages kept mapped */
+    size_t cache_limit;     /* cap on cached bytes kept (SIZE_MAX: none) */
     const char *allocator;  /* "pool", "direct" or "bufcache" */
 } um_device_info;
 

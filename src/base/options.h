@@ -22,7 +22,7 @@
     X(memory_limit, UM_OPT_SIZE, "0",                                                         \
       "cap on reserved bytes per device; 0 = the device capacity")                            \
     X(cache_limit, UM_OPT_SIZE, "0",                                                          \
-      "cap on fully free pages a device keeps mapped; 0 = no cap")                            \
+      "cap on cached bytes (free pages, cached small slots) a device keeps; 0 = no cap")                            \
     X(sim_granularity, UM_OPT_SIZE, "2M",                                                     \
       "physical page size of simulated devices (CUDA VMM granularity on an H200)")            \
     X(host_granularity, UM_OPT_SIZE, "2M", "physical page size of the host pool")             \
@@ -30,7 +30,7 @@
     X(thread_cache, UM_OPT_BOOL, "1",                                                         \
       "per-thread caches of small blocks (no lock on the common alloc/free pair)")            \
     X(va_factor, UM_OPT_INT, "4",                                                             \
-      "virtual address space reserved per device, as a multiple of its memory limit")
+      "virtual address space reserved per device, as a multiple of its capacity")
 
 typedef struct um__options {
     int log_level;          /* um_log_level */

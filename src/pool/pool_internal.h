@@ -151,10 +151,12 @@ typedef struct um__pool {
     pthread_key_t tkey;
     um__tcache *tcaches;
 
-    /* statistics: active is updated on the lock-free path too */
-    _Atomic size_t active;
-    _Atomic size_t peak_active;
-    size_t reserved, peak_reserved;
+    /* statistics: active is updated on the lock-free path too, so it and
+     * its peak get cache lines of their own (threads writing them must not
+     * evict the read-mostly fields above) */
+    _Alignas(64) _Atomic size_t active;
+    _Alignas(64) _Atomic size_t peak_active;
+    _Alignas(64) size_t reserved, peak_reserved;
     size_t large_requested;
     uint64_t large_blocks;
     uint64_t central_allocs, central_frees, misses, ooms;
