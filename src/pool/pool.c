@@ -603,8 +603,8 @@ static void slab_free_arrays(um__slab *s)
 {
     free(s->free_stack);
     free((void *)s->state);
-    free(s->requested);
-    free(s->stream);
+    free((void *)s->requested);
+    free((void *)s->stream);
     free(s);
 }
 
@@ -982,8 +982,8 @@ static void mark_live_slot(um__pool *p, void *ptr, size_t size, uint32_t sid)
 {
     um__slab *s = slab_lookup(p, (uintptr_t)ptr);
     uint32_t slot = slot_of(s, (uintptr_t)ptr);
-    s->requested[slot] = (uint32_t)size;
-    s->stream[slot] = sid;
+    atomic_store_explicit(&s->requested[slot], (uint32_t)size, memory_order_relaxed);
+    atomic_store_explicit(&s->stream[slot], sid, memory_order_relaxed);
     atomic_store_explicit(&s->state[slot], UM_SLOT_LIVE, memory_order_release);
     note_active(p, um__class_size[s->cls]);
 }
@@ -1118,7 +1118,7 @@ static um_status small_free(um__pool *p, um__slab *sl, uintptr_t addr, const um_
         return um__fail(UM_ERR_DOUBLE_FREE, "device %d (%s): %p is not a live allocation",
                         p->base.dev, dev_name(p), (void *)addr);
     unsigned cls = sl->cls;
-    uint32_t sid = s ? s->id : sl->stream[slot];
+    uint32_t sid = s ? s->id : atomic_load_explicit(&sl->stream[slot], memory_order_relaxed);
     note_inactive(p, um__class_size[cls]);
     um__tcache *tc = p->thread_cache ? tcache_get(p) : NULL;
     bool known_stream = sid < KNOWN_STREAM_BITS &&
@@ -1367,7 +1367,7 @@ static void pool_stats(um__allocator *a, um_stats *out)
         um__slab *s = b->slab;
         for (uint32_t i = 0; i < s->nslots; i++) {
             if (atomic_load_explicit(&s->state[i], memory_order_acquire) == UM_SLOT_LIVE) {
-                small_req += s->requested[i];
+                small_req += atomic_load_explicit(&s->requested[i], memory_order_relaxed);
                 small_blocks++;
             }
         }

@@ -64,8 +64,10 @@ typedef struct um__slab {
     uint32_t nfree;               /* slots in free_stack (state FREE) */
     uint32_t *free_stack;
     _Atomic uint8_t *state;       /* per slot, enum um__slot_state */
-    uint32_t *requested;          /* LIVE slots: bytes asked for */
-    uint32_t *stream;             /* LIVE slots: allocation stream */
+    /* LIVE slots: bytes asked for and allocation stream. Atomic (relaxed)
+     * only because um_stats_get reads them while other threads allocate. */
+    _Atomic uint32_t *requested;
+    _Atomic uint32_t *stream;
     bool on_list;
 } um__slab;
 
