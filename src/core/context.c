@@ -20,10 +20,20 @@ typedef struct stream_node {
     struct stream_node *prev, *next;
 } stream_node;
 
+/* Stream ids stay below this: pools keep per-stream state indexed by id and
+ * pack the id into 24 bits of a small slot's record. */
+#define MAX_STREAM_ID 0xffffffu
+
+typedef struct id_stack {
+    uint32_t *ids;
+    size_t n, cap;
+} id_stack;
+
 typedef struct context_impl {
     struct um_context pub; /* first: a um_context is a pointer to this */
     pthread_mutex_t lock;
     stream_node streams; /* sentinel of a circular list */
+    id_stack free_ids[UM_MAX_DEVICES]; /* ids of destroyed streams, reused first */
 } context_impl;
 
 static context_impl *impl_of(um_context *ctx)
@@ -278,18 +288,26 @@ um_status um_stream_create(um_context *ctx, int dev, um_stream *out)
         free(n);
         return st;
     }
-    /* Id 0 is the default stream; after 2^32 streams the counter wraps, so
-     * skip 0 then. */
-    uint32_t id = atomic_fetch_add(&d->next_stream_id, 1);
-    if (id == 0)
-        id = atomic_fetch_add(&d->next_stream_id, 1);
+    /* Id 0 is the default stream. Ids of destroyed streams are reused, so
+     * ids (and the pools' per-stream state) stay as few as the streams
+     * that exist at once. */
+    context_impl *impl = impl_of(ctx);
+    pthread_mutex_lock(&impl->lock);
+    id_stack *fs = &impl->free_ids[dev];
+    uint32_t id = fs->n ? fs->ids[--fs->n] : atomic_fetch_add(&d->next_stream_id, 1);
+    if (id > MAX_STREAM_ID) {
+        atomic_fetch_sub(&d->next_stream_id, 1);
+        pthread_mutex_unlock(&impl->lock);
+        (void)um__be_stream_destroy(d->backend, bs);
+        free(n);
+        return um__fail(UM_ERR_NOMEM, "um_stream_create: device %d already has %u streams",
+                        dev, MAX_STREAM_ID);
+    }
     n->s.ctx = ctx;
     n->s.dev = dev;
     n->s.ref.id = id;
     n->s.ref.bstream = bs;
     n->s.magic = UM_STREAM_MAGIC;
-    context_impl *impl = impl_of(ctx);
-    pthread_mutex_lock(&impl->lock);
     list_insert(impl, n);
     pthread_mutex_unlock(&impl->lock);
     *out = &n->s;
@@ -333,6 +351,20 @@ um_status um_stream_destroy(um_context *ctx, um_stream s)
         return st;
     }
     s->magic = 0;
+    pthread_mutex_lock(&impl->lock);
+    id_stack *fs = &impl->free_ids[s->dev];
+    if (fs->n == fs->cap) {
+        size_t cap = fs->cap ? fs->cap * 2 : 8;
+        uint32_t *ids = realloc(fs->ids, cap * sizeof *ids);
+        if (ids) {
+            fs->ids = ids;
+            fs->cap = cap;
+        }
+    }
+    /* Without room the id is simply not reused. */
+    if (fs->n < fs->cap)
+        fs->ids[fs->n++] = s->ref.id;
+    pthread_mutex_unlock(&impl->lock);
     free(n);
     return UM_OK;
 }
@@ -397,6 +429,8 @@ static void destroy_context(context_impl *impl)
         d->backend = NULL;
     }
     ctx->ndevices = 0;
+    for (int i = 0; i < UM_MAX_DEVICES; i++)
+        free(impl->free_ids[i].ids);
     pthread_mutex_destroy(&impl->lock);
     free(impl);
 }

@@ -602,9 +602,7 @@ static void partial_push(um__pool *p, um__slab *s)
 static void slab_free_arrays(um__slab *s)
 {
     free(s->free_stack);
-    free((void *)s->state);
-    free((void *)s->requested);
-    free((void *)s->stream);
+    free((void *)s->slot);
     free(s);
 }
 
@@ -625,7 +623,7 @@ static void slot_return(um__pool *p, void *ptr)
 {
     um__slab *s = slab_lookup(p, (uintptr_t)ptr);
     uint32_t slot = slot_of(s, (uintptr_t)ptr);
-    atomic_store_explicit(&s->state[slot], UM_SLOT_FREE, memory_order_relaxed);
+    atomic_store_explicit(&s->slot[slot], UM_SLOT_FREE, memory_order_relaxed);
     s->free_stack[s->nfree++] = slot;
     if (s->nfree == s->nslots) {
         um__slab *other = p->partial[s->cls];
@@ -654,11 +652,9 @@ static um_status slab_create(um__pool *p, unsigned cls, um__slab **out)
     uint32_t n = (uint32_t)(bytes / um__class_size[cls]);
     if (s) {
         s->free_stack = malloc(n * sizeof *s->free_stack);
-        s->state = calloc(n, 1);
-        s->requested = calloc(n, sizeof *s->requested);
-        s->stream = calloc(n, sizeof *s->stream);
+        s->slot = calloc(n, sizeof *s->slot);
     }
-    if (!s || !s->free_stack || !s->state || !s->requested || !s->stream ||
+    if (!s || !s->free_stack || !s->slot ||
         !slab_map_set(p, s, b->fi.addr, bytes)) {
         if (s)
             slab_free_arrays(s);
@@ -709,7 +705,7 @@ static um_status small_take(um__pool *p, unsigned cls, um__stream_state *ss, voi
             return st;
     }
     uint32_t slot = s->free_stack[--s->nfree];
-    atomic_store_explicit(&s->state[slot], UM_SLOT_CACHED, memory_order_relaxed);
+    atomic_store_explicit(&s->slot[slot], UM_SLOT_CACHED, memory_order_relaxed);
     if (!s->nfree)
         partial_remove(p, s);
     *ptr = (void *)(s->base + (uintptr_t)slot * um__class_size[cls]);
@@ -982,9 +978,8 @@ static void mark_live_slot(um__pool *p, void *ptr, size_t size, uint32_t sid)
 {
     um__slab *s = slab_lookup(p, (uintptr_t)ptr);
     uint32_t slot = slot_of(s, (uintptr_t)ptr);
-    atomic_store_explicit(&s->requested[slot], (uint32_t)size, memory_order_relaxed);
-    atomic_store_explicit(&s->stream[slot], sid, memory_order_relaxed);
-    atomic_store_explicit(&s->state[slot], UM_SLOT_LIVE, memory_order_release);
+    atomic_store_explicit(&s->slot[slot], UM_SLOT_WORD(UM_SLOT_LIVE, sid, size),
+                          memory_order_release);
     note_active(p, um__class_size[s->cls]);
 }
 
@@ -1111,14 +1106,15 @@ static um_status small_free(um__pool *p, um__slab *sl, uintptr_t addr, const um_
         return um__fail(UM_ERR_INVALID_POINTER,
                         "device %d (%s): %p points inside a block, not at its start",
                         p->base.dev, dev_name(p), (void *)addr);
-    uint8_t expect = UM_SLOT_LIVE;
-    if (UM_UNLIKELY(!atomic_compare_exchange_strong_explicit(
-            &sl->state[slot], &expect, UM_SLOT_CACHED, memory_order_acq_rel,
-            memory_order_relaxed)))
+    uint64_t word = atomic_load_explicit(&sl->slot[slot], memory_order_acquire);
+    if (UM_UNLIKELY(UM_SLOT_STATE(word) != UM_SLOT_LIVE ||
+                    !atomic_compare_exchange_strong_explicit(
+                        &sl->slot[slot], &word, UM_SLOT_CACHED, memory_order_acq_rel,
+                        memory_order_relaxed)))
         return um__fail(UM_ERR_DOUBLE_FREE, "device %d (%s): %p is not a live allocation",
                         p->base.dev, dev_name(p), (void *)addr);
     unsigned cls = sl->cls;
-    uint32_t sid = s ? s->id : atomic_load_explicit(&sl->stream[slot], memory_order_relaxed);
+    uint32_t sid = s ? s->id : UM_SLOT_STREAM(word);
     note_inactive(p, um__class_size[cls]);
     um__tcache *tc = p->thread_cache ? tcache_get(p) : NULL;
     bool known_stream = sid < KNOWN_STREAM_BITS &&
@@ -1160,7 +1156,7 @@ static um_status small_free(um__pool *p, um__slab *sl, uintptr_t addr, const um_
     }
     if (!parked) {
         /* No host memory for the record: keep the slot live rather than lose it. */
-        atomic_store_explicit(&sl->state[slot], UM_SLOT_LIVE, memory_order_relaxed);
+        atomic_store_explicit(&sl->slot[slot], word, memory_order_relaxed);
         note_active(p, um__class_size[cls]);
     }
     pthread_mutex_unlock(&p->lock);
@@ -1366,8 +1362,9 @@ static void pool_stats(um__allocator *a, um_stats *out)
             continue;
         um__slab *s = b->slab;
         for (uint32_t i = 0; i < s->nslots; i++) {
-            if (atomic_load_explicit(&s->state[i], memory_order_acquire) == UM_SLOT_LIVE) {
-                small_req += atomic_load_explicit(&s->requested[i], memory_order_relaxed);
+            uint64_t w = atomic_load_explicit(&s->slot[i], memory_order_acquire);
+            if (UM_SLOT_STATE(w) == UM_SLOT_LIVE) {
+                small_req += UM_SLOT_REQUESTED(w);
                 small_blocks++;
             }
         }
@@ -1462,7 +1459,7 @@ static um_status pool_check(um__allocator *a)
                            "slab record of block %#" PRIxPTR " is wrong", b->fi.addr);
                 uint32_t nfree = 0;
                 for (uint32_t i = 0; i < s->nslots; i++) {
-                    uint8_t state = atomic_load(&s->state[i]);
+                    unsigned state = UM_SLOT_STATE(atomic_load(&s->slot[i]));
                     nfree += state == UM_SLOT_FREE;
                     cached_slots += state == UM_SLOT_CACHED;
                     if (state == UM_SLOT_LIVE)
@@ -1471,7 +1468,7 @@ static um_status pool_check(um__allocator *a)
                 CHECK_THAT(nfree == s->nfree, "slab %#" PRIxPTR ": %u free slots, record says %u",
                            s->base, nfree, s->nfree);
                 for (uint32_t i = 0; i < s->nfree; i++)
-                    CHECK_THAT(atomic_load(&s->state[s->free_stack[i]]) == UM_SLOT_FREE,
+                    CHECK_THAT(UM_SLOT_STATE(atomic_load(&s->slot[s->free_stack[i]])) == UM_SLOT_FREE,
                                "slab %#" PRIxPTR ": free stack holds a used slot", s->base);
                 for (uintptr_t u = s->base; u < s->base + b->fi.size; u += UM_SLAB_UNIT)
                     CHECK_THAT(slab_lookup(p, u) == s, "slab map wrong at %#" PRIxPTR, u);

@@ -55,6 +55,14 @@ typedef struct um__block {
 
 enum um__slot_state { UM_SLOT_FREE = 0, UM_SLOT_LIVE = 1, UM_SLOT_CACHED = 2 };
 
+#define UM_SLOT_WORD(state, stream, requested) \
+    ((uint64_t)(state) | ((uint64_t)(stream) & 0xffffffu) << 8 | (uint64_t)(requested) << 32)
+#define UM_SLOT_STATE(w) ((unsigned)((w) & 0xffu))
+#define UM_SLOT_STREAM(w) ((uint32_t)(((w) >> 8) & 0xffffffu))
+#define UM_SLOT_REQUESTED(w) ((uint32_t)((w) >> 32))
+/* Streams past this id share the last one's small-slot bookkeeping. */
+#define UM_SLOT_MAX_STREAM 0xffffffu
+
 typedef struct um__slab {
     uintptr_t base;
     um__block *block;
@@ -63,11 +71,12 @@ typedef struct um__slab {
     uint32_t nslots;
     uint32_t nfree;               /* slots in free_stack (state FREE) */
     uint32_t *free_stack;
-    _Atomic uint8_t *state;       /* per slot, enum um__slot_state */
-    /* LIVE slots: bytes asked for and allocation stream. Atomic (relaxed)
-     * only because um_stats_get reads them while other threads allocate. */
-    _Atomic uint32_t *requested;
-    _Atomic uint32_t *stream;
+    /* One word per slot: state (enum um__slot_state) in the low byte, the
+     * allocation stream in bits 8-31 and the requested bytes in the high
+     * half, so an allocation or free touches one cache line of metadata.
+     * Atomic because um_free's double-free check and um_stats_get read it
+     * without the pool lock. */
+    _Atomic uint64_t *slot;
     bool on_list;
 } um__slab;
 
