@@ -101,6 +101,38 @@ static void test_basic(int tc)
     a->ops->destroy(a);
 }
 
+/* One thread: the peak of live bytes is exact, small and large alike. */
+static void test_peak(void)
+{
+    um__allocator *a = make_pool(256 * MiB, 0, 0, 1);
+    size_t s1sz = um__class_size[um__class_of(3000)], s2sz = um__class_size[um__class_of(20000)];
+    void *x = xalloc(a, 3000, 0), *y = xalloc(a, 20000, 0);
+    void *big = xalloc(a, 5 * MiB, 0);
+    CHECK_EQ(stats(a).peak_active_bytes, s1sz + s2sz + 5 * MiB);
+    xfree(a, big, 0);
+    xfree(a, x, 0);
+    /* Many small blocks: more than the per-thread publishing threshold. */
+    void *many[600];
+    for (int i = 0; i < 600; i++)
+        many[i] = xalloc(a, 4096, 0);
+    um_stats st = stats(a);
+    CHECK_EQ(st.active_bytes, s2sz + 600 * 4096);
+    CHECK_EQ(st.peak_active_bytes, s1sz + s2sz + 5 * MiB);
+    void *more = xalloc(a, 4 * MiB, 0);
+    CHECK_EQ(stats(a).peak_active_bytes, s2sz + 600 * 4096 + 4 * MiB);
+    xfree(a, more, 0);
+    for (int i = 0; i < 600; i++)
+        xfree(a, many[i], 0);
+    xfree(a, y, 0);
+    st = stats(a);
+    CHECK_EQ(st.active_bytes, 0);
+    CHECK_EQ(st.peak_active_bytes, s2sz + 600 * 4096 + 4 * MiB);
+    a->ops->reset_peak(a);
+    CHECK_EQ(stats(a).peak_active_bytes, 0);
+    CHECK_OK(a->ops->check(a));
+    a->ops->destroy(a);
+}
+
 /* Freed pages are moved to where the pool grows instead of new memory. */
 static void test_page_recycling(void)
 {
@@ -332,6 +364,7 @@ int main(void)
         test_stream_order(tc);
         test_random(seed + (uint64_t)tc, tc);
     }
+    test_peak();
     test_page_recycling();
     test_fenced_pages();
     test_limits();

@@ -74,19 +74,43 @@ static void block_put(um__pool *p, um__block *b)
     p->block_freelist = b;
 }
 
-static void note_active(um__pool *p, size_t add)
+/* A thread publishes its live-bytes delta to the pool past this size. The
+ * peak is taken from the pool's published bytes plus the calling thread's
+ * own delta, which is exact while one thread uses a device; with several,
+ * it can miss at most this much per other thread. */
+#define UM_DELTA_PUBLISH ((int64_t)1 << 20)
+
+/* Counts delta live bytes for the calling thread (tc: its cache, or NULL). */
+static inline void account(um__pool *p, um__tcache *tc, int64_t delta)
 {
-    size_t now = atomic_fetch_add_explicit(&p->active, add, memory_order_relaxed) + add;
-    size_t peak = atomic_load_explicit(&p->peak_active, memory_order_relaxed);
-    while (now > peak &&
-           !atomic_compare_exchange_weak_explicit(&p->peak_active, &peak, now,
-                                                  memory_order_relaxed, memory_order_relaxed))
-        ;
+    int64_t own = 0;
+    if (tc) {
+        own = atomic_load_explicit(&tc->live_delta, memory_order_relaxed) + delta;
+        if (UM_UNLIKELY(own > UM_DELTA_PUBLISH || own < -UM_DELTA_PUBLISH)) {
+            atomic_fetch_add_explicit(&p->active, own, memory_order_relaxed);
+            own = 0;
+        }
+        atomic_store_explicit(&tc->live_delta, own, memory_order_relaxed);
+    } else {
+        atomic_fetch_add_explicit(&p->active, delta, memory_order_relaxed);
+    }
+    if (delta > 0) {
+        int64_t now = atomic_load_explicit(&p->active, memory_order_relaxed) + own;
+        int64_t peak = atomic_load_explicit(&p->peak_active, memory_order_relaxed);
+        while (UM_UNLIKELY(now > peak) &&
+               !atomic_compare_exchange_weak_explicit(&p->peak_active, &peak, now,
+                                                      memory_order_relaxed, memory_order_relaxed))
+            ;
+    }
 }
 
-static inline void note_inactive(um__pool *p, size_t sub)
+/* Live bytes: published plus every thread's delta. Under the pool lock. */
+static size_t active_total(um__pool *p)
 {
-    atomic_fetch_sub_explicit(&p->active, sub, memory_order_relaxed);
+    int64_t n = atomic_load_explicit(&p->active, memory_order_relaxed);
+    for (um__tcache *tc = p->tcaches; tc; tc = tc->next)
+        n += atomic_load_explicit(&tc->live_delta, memory_order_relaxed);
+    return n > 0 ? (size_t)n : 0;
 }
 
 static inline void counter_inc(_Atomic uint64_t *c)
@@ -287,11 +311,10 @@ static void flush_own_cache_locked(um__pool *p);
 static void enforce_cache_limit(um__pool *p)
 {
     size_t limit = p->base.cache_limit;
-    size_t cached = p->reserved - atomic_load_explicit(&p->active, memory_order_relaxed);
-    if (limit == SIZE_MAX || cached <= limit)
+    if (limit == SIZE_MAX || p->reserved - active_total(p) <= limit)
         return;
     (void)release_holes(p, limit);
-    if (p->reserved - atomic_load_explicit(&p->active, memory_order_relaxed) > limit) {
+    if (p->reserved - active_total(p) > limit) {
         flush_own_cache_locked(p);
         poll_all(p, false);
         release_spare_slabs(p);
@@ -907,6 +930,8 @@ static void tcache_thread_exit(void *arg)
     um__pool *p = tc->pool;
     pthread_mutex_lock(&p->lock);
     tcache_flush_locked(p, tc);
+    atomic_fetch_add_explicit(&p->active, atomic_load_explicit(&tc->live_delta, memory_order_relaxed),
+                              memory_order_relaxed);
     p->dead_allocs += atomic_load_explicit(&tc->allocs, memory_order_relaxed);
     p->dead_frees += atomic_load_explicit(&tc->frees, memory_order_relaxed);
     if (tc->prev)
@@ -945,6 +970,13 @@ static um__tcache *tcache_get(um__pool *p)
     return tc;
 }
 
+/* The calling thread's cache of this pool, if it has one (the one-entry
+ * TLS shortcut may point at another pool's). */
+static um__tcache *own_cache(um__pool *p)
+{
+    return p->thread_cache ? pthread_getspecific(p->tkey) : NULL;
+}
+
 /* Bins fill to this many slots at a time; bigger classes move fewer. */
 static uint32_t refill_count(unsigned cls)
 {
@@ -961,7 +993,7 @@ static um_status nomem(um__pool *p, size_t size)
     return um__fail(UM_ERR_NOMEM,
                     "device %d (%s): cannot allocate %s: live %s, reserved %s, limit %s%s",
                     p->base.dev, dev_name(p), um__format_bytes(req, sizeof req, size),
-                    um__format_bytes(live, sizeof live, atomic_load(&p->active)),
+                    um__format_bytes(live, sizeof live, active_total(p)),
                     um__format_bytes(res, sizeof res, p->reserved),
                     um__format_bytes(lim, sizeof lim, p->base.memory_limit),
                     size > p->base.memory_limit ? " (the request alone exceeds the limit)" : "");
@@ -974,13 +1006,13 @@ static um_status fail_locked(um__pool *p, um_status s, size_t size)
     return s;
 }
 
-static void mark_live_slot(um__pool *p, void *ptr, size_t size, uint32_t sid)
+static void mark_live_slot(um__pool *p, um__tcache *tc, void *ptr, size_t size, uint32_t sid)
 {
     um__slab *s = slab_lookup(p, (uintptr_t)ptr);
     uint32_t slot = slot_of(s, (uintptr_t)ptr);
     atomic_store_explicit(&s->slot[slot], UM_SLOT_WORD(UM_SLOT_LIVE, sid, size),
                           memory_order_release);
-    note_active(p, um__class_size[s->cls]);
+    account(p, tc, um__class_size[s->cls]);
 }
 
 static um_status small_alloc(um__pool *p, size_t size, const um__stream_ref *s, void **ptr)
@@ -991,7 +1023,7 @@ static um_status small_alloc(um__pool *p, size_t size, const um__stream_ref *s, 
         um__tc_bin *bin = &tc->bins[cls];
         if (UM_LIKELY(bin->n && bin->stream == s->id)) {
             void *x = bin->items[--bin->n];
-            mark_live_slot(p, x, size, s->id);
+            mark_live_slot(p, tc, x, size, s->id);
             counter_inc(&tc->allocs);
             *ptr = x;
             return UM_OK;
@@ -1044,7 +1076,7 @@ static um_status small_alloc(um__pool *p, size_t size, const um__stream_ref *s, 
             p->misses++;
         if (tc)
             counter_inc(&tc->allocs);
-        mark_live_slot(p, x, size, s->id);
+        mark_live_slot(p, tc, x, size, s->id);
         *ptr = x;
     } else {
         st = fail_locked(p, st, size);
@@ -1075,7 +1107,7 @@ static um_status large_alloc(um__pool *p, size_t size, const um__stream_ref *s, 
         p->central_allocs++;
         if (atomic_load_explicit(&p->base.backend->calls, memory_order_relaxed) != calls)
             p->misses++;
-        note_active(p, b->fi.size);
+        account(p, own_cache(p), (int64_t)b->fi.size);
         *ptr = (void *)b->fi.addr;
     } else {
         st = fail_locked(p, st, size);
@@ -1115,8 +1147,8 @@ static um_status small_free(um__pool *p, um__slab *sl, uintptr_t addr, const um_
                         p->base.dev, dev_name(p), (void *)addr);
     unsigned cls = sl->cls;
     uint32_t sid = s ? s->id : UM_SLOT_STREAM(word);
-    note_inactive(p, um__class_size[cls]);
     um__tcache *tc = p->thread_cache ? tcache_get(p) : NULL;
+    account(p, tc, -(int64_t)um__class_size[cls]);
     bool known_stream = sid < KNOWN_STREAM_BITS &&
                         (atomic_load_explicit(&p->known_streams[sid / 64],
                                               memory_order_acquire) >> (sid % 64)) & 1;
@@ -1157,7 +1189,7 @@ static um_status small_free(um__pool *p, um__slab *sl, uintptr_t addr, const um_
     if (!parked) {
         /* No host memory for the record: keep the slot live rather than lose it. */
         atomic_store_explicit(&sl->slot[slot], word, memory_order_relaxed);
-        note_active(p, um__class_size[cls]);
+        account(p, tc, um__class_size[cls]);
     }
     pthread_mutex_unlock(&p->lock);
     return parked ? UM_OK : um__fail(UM_ERR_NOMEM, "out of host memory for free records");
@@ -1193,7 +1225,7 @@ static um_status large_free(um__pool *p, uintptr_t addr, const um__stream_ref *s
     p->large_requested -= b->requested;
     p->large_blocks--;
     p->central_frees++;
-    note_inactive(p, b->fi.size);
+    account(p, own_cache(p), -(int64_t)b->fi.size);
     fence_range(p, ss, ref.id, b->fi.addr, b->fi.size);
     pin_range(p, b->fi.addr, b->fi.size, -1);
     make_ready(p, b);
@@ -1220,13 +1252,6 @@ static bool pool_owns(um__allocator *a, const void *ptr)
 }
 
 /* ---------------------------------------------------------- memory control */
-
-/* The calling thread's cache of this pool, if it has one (the one-entry
- * TLS shortcut may point at another pool's). */
-static um__tcache *own_cache(um__pool *p)
-{
-    return p->thread_cache ? pthread_getspecific(p->tkey) : NULL;
-}
 
 static void flush_own_cache_locked(um__pool *p)
 {
@@ -1374,11 +1399,19 @@ static void pool_stats(um__allocator *a, um_stats *out)
         allocs += atomic_load_explicit(&tc->allocs, memory_order_relaxed);
         frees += atomic_load_explicit(&tc->frees, memory_order_relaxed);
     }
-    out->active_bytes = atomic_load_explicit(&p->active, memory_order_relaxed);
+    out->active_bytes = active_total(p);
     out->requested_bytes = p->large_requested + small_req;
     out->reserved_bytes = p->reserved;
     out->cached_bytes = p->reserved > out->active_bytes ? p->reserved - out->active_bytes : 0;
-    out->peak_active_bytes = atomic_load_explicit(&p->peak_active, memory_order_relaxed);
+    /* Live bytes seen now count toward the peak too (other threads' deltas
+     * are not in the hot path's estimate), so the peak never goes back. */
+    int64_t peak = atomic_load_explicit(&p->peak_active, memory_order_relaxed);
+    while ((int64_t)out->active_bytes > peak &&
+           !atomic_compare_exchange_weak_explicit(&p->peak_active, &peak,
+                                                  (int64_t)out->active_bytes,
+                                                  memory_order_relaxed, memory_order_relaxed))
+        ;
+    out->peak_active_bytes = (size_t)atomic_load_explicit(&p->peak_active, memory_order_relaxed);
     out->peak_reserved_bytes = p->peak_reserved;
     out->largest_free_bytes = largest_free_locked(p);
     if (out->largest_free_bytes > out->cached_bytes)
@@ -1400,7 +1433,7 @@ static void pool_reset_peak(um__allocator *a)
 {
     um__pool *p = P(a);
     pthread_mutex_lock(&p->lock);
-    atomic_store(&p->peak_active, atomic_load(&p->active));
+    atomic_store(&p->peak_active, (int64_t)active_total(p));
     p->peak_reserved = p->reserved;
     pthread_mutex_unlock(&p->lock);
 }
@@ -1515,8 +1548,8 @@ static um_status pool_check(um__allocator *a)
             pending_small += tc->bins[c].n;
     CHECK_THAT(cached_slots == pending_small, "%zu slots cached, caches and lists hold %zu",
                cached_slots, pending_small);
-    CHECK_THAT(active == atomic_load(&p->active), "active bytes %zu, recount %zu",
-               (size_t)atomic_load(&p->active), active);
+    CHECK_THAT(active == active_total(p), "active bytes %zu, recount %zu", active_total(p),
+               active);
     CHECK_THAT(live_large == p->large_blocks && live_large == p->live_count,
                "live large blocks: %zu counted, %" PRIu64 " recorded, %zu in map", live_large,
                p->large_blocks, p->live_count);
@@ -1525,7 +1558,7 @@ static um_status pool_check(um__allocator *a)
         if (b->state == UM_BLOCK_LIVE)
             req_large += b->requested;
     CHECK_THAT(req_large == p->large_requested, "requested bytes of large blocks wrong");
-    CHECK_THAT(atomic_load(&p->peak_active) >= active, "active above its peak");
+    CHECK_THAT(atomic_load(&p->peak_active) >= (int64_t)active, "active above its peak");
 done:
     free(pin);
     pthread_mutex_unlock(&p->lock);

@@ -112,6 +112,9 @@ typedef struct um__tcache {
     struct um__pool *pool;
     struct um__tcache *prev, *next;
     _Atomic uint64_t allocs, frees; /* written by the owner thread only */
+    /* Live bytes this thread allocated minus freed that are not yet added
+     * to the pool's `active` (written by the owner thread only). */
+    _Atomic int64_t live_delta;
     um__tc_bin bins[UM_NCLASSES];
 } um__tcache;
 
@@ -162,11 +165,12 @@ typedef struct um__pool {
     pthread_key_t tkey;
     um__tcache *tcaches;
 
-    /* statistics: active is updated on the lock-free path too, so it and
-     * its peak get cache lines of their own (threads writing them must not
-     * evict the read-mostly fields above) */
-    _Alignas(64) _Atomic size_t active;
-    _Alignas(64) _Atomic size_t peak_active;
+    /* statistics. Live bytes are `active` plus every thread cache's
+     * live_delta; a thread adds its delta to `active` once it passes
+     * UM_DELTA_PUBLISH bytes, so the hot path writes no shared cache line.
+     * Both get cache lines of their own. */
+    _Alignas(64) _Atomic int64_t active;
+    _Alignas(64) _Atomic int64_t peak_active;
     _Alignas(64) size_t reserved, peak_reserved;
     size_t large_requested;
     uint64_t large_blocks;
