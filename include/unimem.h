@@ -93,6 +93,9 @@ typedef enum um_device_kind {
     UM_DEVICE_CUDA = 2
 } um_device_kind;
 
+/* "host", "sim", "cuda" ("unknown" outside the list). */
+const char *um_device_kind_name(um_device_kind k);
+
 typedef struct um_device_info {
     int index;              /* 0 is the host, 1..n the accelerators */
     um_device_kind kind;

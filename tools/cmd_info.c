@@ -13,19 +13,6 @@ static void info_usage(FILE *f)
                "  --options adds the option table (name, type, default, doc)\n");
 }
 
-static const char *kind_name(um_device_kind k)
-{
-    switch (k) {
-    case UM_DEVICE_HOST:
-        return "host";
-    case UM_DEVICE_SIM:
-        return "sim";
-    case UM_DEVICE_CUDA:
-        return "cuda";
-    }
-    return "unknown";
-}
-
 static const char *type_name(um_option_type t)
 {
     switch (t) {
@@ -86,7 +73,7 @@ static int print_devices(um_context *ctx, bool json)
             return tool_fail("info", s);
         if (json) {
             printf("%s\n    {\"index\": %d, \"kind\": ", i ? "," : "", d.index);
-            json_string(stdout, kind_name(d.kind));
+            json_string(stdout, um_device_kind_name(d.kind));
             printf(", \"name\": ");
             json_string(stdout, d.name);
             printf(", \"capacity\": %zu, \"granularity\": %zu, \"memory_limit\": %zu, "
@@ -101,7 +88,7 @@ static int print_devices(um_context *ctx, bool json)
             printf("}");
         } else {
             char cap[32], gran[32], mem[32], cache[32];
-            printf("%-4d %-6s %-10s %12s %12s %12s %12s  %s\n", d.index, kind_name(d.kind), d.name,
+            printf("%-4d %-6s %-10s %12s %12s %12s %12s  %s\n", d.index, um_device_kind_name(d.kind), d.name,
                    tool_bytes(cap, d.capacity), tool_bytes(gran, d.granularity),
                    limit_text(mem, d.memory_limit), limit_text(cache, d.cache_limit), d.allocator);
         }

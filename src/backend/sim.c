@@ -9,19 +9,6 @@
  */
 #include "vmm_memfd.h"
 
-static const char *kind_name(um_device_kind k)
-{
-    switch (k) {
-    case UM_DEVICE_HOST:
-        return "host";
-    case UM_DEVICE_SIM:
-        return "sim";
-    case UM_DEVICE_CUDA:
-        return "cuda";
-    }
-    return "unknown";
-}
-
 um_status um__sim_backend_create(const char *name, size_t capacity, size_t granularity,
                                  um__backend **out)
 {
@@ -36,7 +23,7 @@ static um_status sim_stream(um__backend *b, um__bstream *s, const char *what, um
     if (b->ops != &um__memfd_ops || b->kind != UM_DEVICE_SIM)
         return um__fail(UM_ERR_UNSUPPORTED,
                         "%s: %s: simulated work runs only on sim devices, this is a %s device",
-                        b->name, what, kind_name(b->kind));
+                        b->name, what, um_device_kind_name(b->kind));
     *out = um__memfd_stream(b, s, what);
     return *out ? UM_OK : UM_ERR_INVALID;
 }

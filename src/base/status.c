@@ -63,3 +63,16 @@ char *um__format_bytes(char *buf, size_t n, uint64_t bytes)
         snprintf(buf, n, "%.2f %s", v, units[u]);
     return buf;
 }
+
+const char *um_device_kind_name(um_device_kind k)
+{
+    switch (k) {
+    case UM_DEVICE_HOST:
+        return "host";
+    case UM_DEVICE_SIM:
+        return "sim";
+    case UM_DEVICE_CUDA:
+        return "cuda";
+    }
+    return "unknown";
+}
