@@ -512,19 +512,23 @@ static bool ring_drain(ring *r, which w)
 }
 
 /* Times up to `pairs` pairs in chunks and stops early once budget_ns has
- * passed. */
+ * passed. Chunks start at one pair and double while a chunk takes under a
+ * millisecond, so slow pairs cannot overshoot the budget by much. */
 static bool ring_time(ring *r, which w, uint64_t pairs, uint64_t budget_ns, sample *out)
 {
-    uint64_t done = 0;
+    uint64_t done = 0, chunk = 1;
     uint64_t t0 = tool_now_ns(), now = t0;
     while (done < pairs) {
-        uint64_t n = pairs - done < BENCH_CHUNK ? pairs - done : BENCH_CHUNK;
+        uint64_t n = pairs - done < chunk ? pairs - done : chunk;
+        uint64_t before = now;
         if (!ring_run(r, w, n))
             return false;
         done += n;
         now = tool_now_ns();
         if (now - t0 >= budget_ns)
             break;
+        if (chunk < BENCH_CHUNK && now - before < 1000000)
+            chunk *= 2;
     }
     out->pairs = done;
     out->ns = now - t0;
@@ -561,9 +565,10 @@ static int measure_ring(bench *b, const size_seq *s, size_t live, which w, const
     double ns[BENCH_REPEATS];
     ring_init(&r, b->ctx, b->dev, s, live, 0);
     /* Warm-up: every block of the ring is recycled twice, and the caches of
-     * both allocators reach their steady state before the clock starts. */
-    uint64_t warm = 2 * (uint64_t)live + 10000;
-    if (!ring_fill(&r, w) || !ring_run(&r, w, warm)) {
+     * both allocators reach their steady state before the clock starts. It
+     * too stops at the time budget (slow pairs are slow from the start). */
+    sample warm;
+    if (!ring_fill(&r, w) || !ring_time(&r, w, 2 * (uint64_t)live + 10000, b->o.budget_ns, &warm)) {
         int rc = ring_fail(b, &r, w, scenario);
         ring_drain(&r, w);
         return rc;
@@ -636,7 +641,9 @@ static void *thread_main(void *arg)
 {
     thread_job *j = arg;
     thread_group *g = j->g;
-    j->ok = ring_fill(&j->r, j->w) && ring_run(&j->r, j->w, 2 * (uint64_t)j->r.live + 10000);
+    sample warm;
+    j->ok = ring_fill(&j->r, j->w) &&
+            ring_time(&j->r, j->w, 2 * (uint64_t)j->r.live + 10000, j->budget_ns, &warm);
     atomic_fetch_add(&g->ready, 1);
     wait_flag(&g->go);
     if (j->ok && atomic_load(&g->go) > 0) {
