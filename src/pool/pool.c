@@ -991,7 +991,8 @@ static um_status nomem(um__pool *p, size_t size)
     char req[32], live[32], res[32], lim[32];
     p->ooms++;
     return um__fail(UM_ERR_NOMEM,
-                    "device %d (%s): cannot allocate %s: live %s, reserved %s, limit %s%s",
+                    "device %d (%s): cannot allocate: requested %s, live %s, reserved %s, "
+                    "limit %s%s",
                     p->base.dev, dev_name(p), um__format_bytes(req, sizeof req, size),
                     um__format_bytes(live, sizeof live, active_total(p)),
                     um__format_bytes(res, sizeof res, p->reserved),
@@ -1195,20 +1196,35 @@ static um_status small_free(um__pool *p, um__slab *sl, uintptr_t addr, const um_
     return parked ? UM_OK : um__fail(UM_ERR_NOMEM, "out of host memory for free records");
 }
 
+/* Why addr, inside this pool's range, is no live block start: walks the
+ * block records, which is fine on this error path only. Under the lock. */
+static um_status bad_free_locked(um__pool *p, uintptr_t addr)
+{
+    for (um__block *b = p->region.first; b; b = b->next) {
+        if (addr < b->fi.addr || addr >= b->fi.addr + b->fi.size)
+            continue;
+        if (b->state == UM_BLOCK_LIVE)
+            return um__fail(UM_ERR_INVALID_POINTER,
+                            "device %d (%s): %p points inside the live block %p (%zu bytes), "
+                            "not at its start",
+                            p->base.dev, dev_name(p), (void *)addr, (void *)b->fi.addr,
+                            b->fi.size);
+        break;
+    }
+    return um__fail(UM_ERR_DOUBLE_FREE,
+                    "device %d (%s): %p is not a live allocation (freed already, or never "
+                    "returned by um_malloc)",
+                    p->base.dev, dev_name(p), (void *)addr);
+}
+
 static um_status large_free(um__pool *p, uintptr_t addr, const um__stream_ref *s)
 {
     pthread_mutex_lock(&p->lock);
     size_t j = live_map_slot(p, addr);
     if (j == SIZE_MAX) {
+        um_status st = bad_free_locked(p, addr);
         pthread_mutex_unlock(&p->lock);
-        if (addr % UM_ALIGN)
-            return um__fail(UM_ERR_INVALID_POINTER,
-                            "device %d (%s): %p is not the start of any block", p->base.dev,
-                            dev_name(p), (void *)addr);
-        return um__fail(UM_ERR_DOUBLE_FREE,
-                        "device %d (%s): %p is not a live allocation (freed already, or never "
-                        "returned by um_malloc)",
-                        p->base.dev, dev_name(p), (void *)addr);
+        return st;
     }
     um__block *b = p->live_map[j];
     um__stream_ref ref = {b->stream, NULL};
