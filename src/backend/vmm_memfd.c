@@ -207,44 +207,25 @@ static size_t res_find(const um__memfd_backend *m, uintptr_t va, size_t size)
     return NOT_FOUND;
 }
 
-/* Index of the first mapping starting at or above x. */
-static size_t map_lower(const um__memfd_backend *m, uintptr_t x)
+/* Granule index of va inside reservation r. */
+static size_t granule(const um__memfd_backend *m, const um__memfd_range *r, uintptr_t va)
 {
-    size_t lo = 0, hi = m->nmaps;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (m->maps[mid].va < x)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo;
-}
-
-static size_t map_bytes(const um__memfd_backend *m, const um__memfd_mapping *mp)
-{
-    return (size_t)mp->npages * m->base.granularity;
+    return (va - r->va) / m->base.granularity;
 }
 
 /* True when every byte of [a, a + n) is mapped (by one or several adjacent
- * mappings). */
+ * mappings; mappings never cross reservations). */
 static bool range_mapped(const um__memfd_backend *m, uintptr_t a, size_t n)
 {
-    if (n > UINTPTR_MAX - a)
+    if (n == 0 || n > UINTPTR_MAX - a)
         return false;
-    size_t i = map_lower(m, a + 1);
-    if (i == 0)
+    size_t ri = res_find(m, a, n);
+    if (ri == NOT_FOUND)
         return false;
-    i--;
-    uintptr_t end = m->maps[i].va + map_bytes(m, &m->maps[i]);
-    if (end <= a)
-        return false;
-    while (end - a < n) {
-        i++;
-        if (i >= m->nmaps || m->maps[i].va != end)
+    const um__memfd_range *r = &m->res[ri];
+    for (size_t g = granule(m, r, a), last = granule(m, r, a + n - 1); g <= last; g++)
+        if (!r->cover[g])
             return false;
-        end += map_bytes(m, &m->maps[i]);
-    }
     return true;
 }
 
@@ -306,9 +287,19 @@ static um_status vmm_reserve(um__backend *b, size_t size, uintptr_t *va)
         (void)munmap(raw, a - r);
     if (r + extra > a)
         (void)munmap((void *)(a + size), r + extra - a);
+    /* calloc'd tables cost memory only where the pool maps something. */
+    uint32_t *cover = calloc(size / g, sizeof *cover), *chunk = calloc(size / g, sizeof *chunk);
+    if (!cover || !chunk) {
+        free(cover);
+        free(chunk);
+        (void)munmap((void *)a, size);
+        pthread_mutex_unlock(&m->lock);
+        return um__fail(UM_ERR_NOMEM, "%s: reserve of %zu bytes: no memory for its page table",
+                        b->name, size);
+    }
     size_t i = res_upper(m, a);
     memmove(&m->res[i + 1], &m->res[i], (m->nres - i) * sizeof *m->res);
-    m->res[i] = (um__memfd_range){a, size};
+    m->res[i] = (um__memfd_range){a, size, cover, chunk, 0};
     m->nres++;
     pthread_mutex_unlock(&m->lock);
     *va = a;
@@ -321,21 +312,22 @@ static um_status vmm_unreserve(um__backend *b, uintptr_t va, size_t size)
     um_status st = UM_OK;
     pthread_mutex_lock(&m->lock);
     size_t i = res_upper(m, va);
-    size_t k = map_lower(m, va);
     if (i == 0 || m->res[i - 1].va != va || m->res[i - 1].size != size) {
         st = um__fail(UM_ERR_INVALID,
                       "%s: unreserve of %zu bytes at 0x%lx: not a range reserve returned", b->name,
                       size, (unsigned long)va);
-    } else if (k < m->nmaps && m->maps[k].va - va < size) {
+    } else if (m->res[i - 1].mapped) {
         st = um__fail(UM_ERR_BUSY,
-                      "%s: unreserve of %zu bytes at 0x%lx: %zu bytes are still mapped at 0x%lx",
-                      b->name, size, (unsigned long)va, map_bytes(m, &m->maps[k]),
-                      (unsigned long)m->maps[k].va);
+                      "%s: unreserve of %zu bytes at 0x%lx: %zu bytes are still mapped in it",
+                      b->name, size, (unsigned long)va,
+                      m->res[i - 1].mapped * b->granularity);
     } else if (munmap((void *)va, size) != 0) {
         st = um__fail(UM_ERR_BACKEND, "%s: unreserve of %zu bytes at 0x%lx: munmap failed: %s",
                       b->name, size, (unsigned long)va, strerror(errno));
     } else {
         i--;
+        free(m->res[i].cover);
+        free(m->res[i].chunk);
         memmove(&m->res[i], &m->res[i + 1], (m->nres - i - 1) * sizeof *m->res);
         m->nres--;
     }
@@ -416,48 +408,52 @@ static um_status vmm_map(um__backend *b, uintptr_t va, size_t size, um__phys h)
     if (st != UM_OK)
         goto out;
     size_t bytes = (size_t)m->pages[p].npages * g;
-    size_t k = map_lower(m, va);
+    size_t ri = res_find(m, va, size);
     if (size != bytes) {
         st = um__fail(UM_ERR_INVALID,
                       "%s: map of handle 0x%llx with size %zu: the chunk has %zu bytes", b->name,
                       (unsigned long long)h, size, bytes);
-    } else if (res_find(m, va, size) == NOT_FOUND) {
+        goto out;
+    }
+    if (ri == NOT_FOUND) {
         st = um__fail(UM_ERR_INVALID,
                       "%s: map of %zu bytes at 0x%lx: not inside one reservation of this device",
                       b->name, size, (unsigned long)va);
-    } else if ((k < m->nmaps && m->maps[k].va - va < size) ||
-               (k > 0 && m->maps[k - 1].va + map_bytes(m, &m->maps[k - 1]) > va)) {
-        const um__memfd_mapping *o =
-            k < m->nmaps && m->maps[k].va - va < size ? &m->maps[k] : &m->maps[k - 1];
-        st = um__fail(UM_ERR_INVALID,
-                      "%s: map of %zu bytes at 0x%lx: overlaps the mapping of %zu bytes at 0x%lx",
-                      b->name, size, (unsigned long)va, map_bytes(m, o), (unsigned long)o->va);
-    } else {
-        um__memfd_mapping *maps = grow(m->maps, &m->maps_cap, m->nmaps + 1, sizeof *m->maps);
-        if (!maps) {
-            st = um__fail(UM_ERR_NOMEM, "%s: map at 0x%lx: no memory for mapping %zu", b->name,
-                          (unsigned long)va, m->nmaps + 1);
-            goto out;
-        }
-        m->maps = maps;
-        void *r = mmap((void *)va, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, m->fd,
-                       (off_t)((size_t)p * g));
-        if (r == MAP_FAILED) {
-            int e = errno;
-            /* A failed MAP_FIXED may already have dropped the reservation
-             * there; put it back. */
-            (void)remap_none(va, size);
-            st = um__fail(e == ENOMEM ? UM_ERR_NOMEM : UM_ERR_BACKEND,
-                          "%s: map of %zu bytes at 0x%lx: mmap failed: %s (%zu mappings live; "
-                          "vm.max_map_count bounds them)",
-                          b->name, size, (unsigned long)va, strerror(e), m->nmaps);
-            goto out;
-        }
-        memmove(&m->maps[k + 1], &m->maps[k], (m->nmaps - k) * sizeof *m->maps);
-        m->maps[k] = (um__memfd_mapping){va, m->pages[p].npages, p};
-        m->nmaps++;
-        m->pages[p].maps++;
+        goto out;
     }
+    um__memfd_range *r = &m->res[ri];
+    size_t g0 = granule(m, r, va), n = size / g;
+    for (size_t i = g0; i < g0 + n; i++) {
+        if (r->cover[i]) {
+            size_t start = r->cover[i] - 1;
+            st = um__fail(UM_ERR_INVALID,
+                          "%s: map of %zu bytes at 0x%lx: overlaps the mapping of %zu bytes at "
+                          "0x%lx",
+                          b->name, size, (unsigned long)va,
+                          (size_t)m->pages[r->chunk[start]].npages * g,
+                          (unsigned long)(r->va + start * g));
+            goto out;
+        }
+    }
+    void *addr = mmap((void *)va, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, m->fd,
+                      (off_t)((size_t)p * g));
+    if (addr == MAP_FAILED) {
+        int e = errno;
+        /* A failed MAP_FIXED may already have dropped the reservation
+         * there; put it back. */
+        (void)remap_none(va, size);
+        st = um__fail(e == ENOMEM ? UM_ERR_NOMEM : UM_ERR_BACKEND,
+                      "%s: map of %zu bytes at 0x%lx: mmap failed: %s (%zu mappings live; "
+                      "vm.max_map_count bounds them)",
+                      b->name, size, (unsigned long)va, strerror(e), m->nmaps);
+        goto out;
+    }
+    for (size_t i = g0; i < g0 + n; i++)
+        r->cover[i] = (uint32_t)(g0 + 1);
+    r->chunk[g0] = p;
+    r->mapped += n;
+    m->nmaps++;
+    m->pages[p].maps++;
 out:
     pthread_mutex_unlock(&m->lock);
     return st;
@@ -472,33 +468,34 @@ static um_status vmm_unmap(um__backend *b, uintptr_t va, size_t size)
                         "multiples of the granularity %zu",
                         b->name, size, (unsigned long)va, b->granularity);
     um_status st = UM_OK;
+    size_t g = b->granularity;
     pthread_mutex_lock(&m->lock);
-    size_t k = map_lower(m, va), j = k;
-    uintptr_t cur = va;
-    if (res_find(m, va, size) == NOT_FOUND) {
+    size_t ri = res_find(m, va, size);
+    if (ri == NOT_FOUND) {
         st = um__fail(UM_ERR_INVALID,
                       "%s: unmap of %zu bytes at 0x%lx: not inside one reservation of this "
                       "device",
                       b->name, size, (unsigned long)va);
         goto out;
     }
+    um__memfd_range *r = &m->res[ri];
+    size_t g0 = granule(m, r, va), end = g0 + size / g, cur = g0;
     /* The range must be a sequence of whole, adjacent mappings. */
-    while (cur - va < size) {
-        if (j >= m->nmaps || m->maps[j].va != cur) {
+    while (cur < end) {
+        if (r->cover[cur] != cur + 1) {
             st = um__fail(UM_ERR_INVALID,
                           "%s: unmap of %zu bytes at 0x%lx: no mapping starts at 0x%lx (the "
                           "page is unmapped or inside another mapping)",
-                          b->name, size, (unsigned long)va, (unsigned long)cur);
+                          b->name, size, (unsigned long)va, (unsigned long)(r->va + cur * g));
             goto out;
         }
-        cur += map_bytes(m, &m->maps[j]);
-        j++;
+        cur += m->pages[r->chunk[cur]].npages;
     }
-    if (cur - va != size) {
+    if (cur != end) {
         st = um__fail(UM_ERR_INVALID,
                       "%s: unmap of %zu bytes at 0x%lx: would split the mapping that ends at "
                       "0x%lx",
-                      b->name, size, (unsigned long)va, (unsigned long)cur);
+                      b->name, size, (unsigned long)va, (unsigned long)(r->va + cur * g));
         goto out;
     }
     if (!remap_none(va, size)) {
@@ -506,15 +503,19 @@ static um_status vmm_unmap(um__backend *b, uintptr_t va, size_t size)
                       b->name, size, (unsigned long)va, strerror(errno));
         goto out;
     }
-    for (size_t i = k; i < j; i++) {
-        um__memfd_page *pg = &m->pages[m->maps[i].page];
-        if (--pg->maps == 0 && pg->zombie && chunk_free(m, m->maps[i].page) != UM_OK)
+    for (cur = g0; cur < end;) {
+        uint32_t page = r->chunk[cur];
+        size_t len = m->pages[page].npages;
+        um__memfd_page *pg = &m->pages[page];
+        if (--pg->maps == 0 && pg->zombie && chunk_free(m, page) != UM_OK)
             /* The handle is gone, so nobody can retry: the pages stay
              * used (never handed out unzeroed) until destroy. */
             um__log(UM_LOG_WARN, "%s", um_last_error());
+        memset(&r->cover[cur], 0, len * sizeof *r->cover);
+        r->mapped -= len;
+        m->nmaps--;
+        cur += len;
     }
-    memmove(&m->maps[k], &m->maps[j], (m->nmaps - j) * sizeof *m->maps);
-    m->nmaps -= j - k;
 out:
     pthread_mutex_unlock(&m->lock);
     return st;
@@ -706,8 +707,11 @@ static um_status vmm_copy(um__backend *b, void *dst, const void *src, size_t n, 
 /* Frees everything a (possibly half-built) backend holds. */
 static void vmm_free_all(um__memfd_backend *m)
 {
-    for (size_t i = 0; i < m->nres; i++)
+    for (size_t i = 0; i < m->nres; i++) {
         (void)munmap((void *)m->res[i].va, m->res[i].size);
+        free(m->res[i].cover);
+        free(m->res[i].chunk);
+    }
     if (m->streams.next) {
         um__memfd_link *l = m->streams.next;
         while (l != &m->streams) {
@@ -719,7 +723,6 @@ static void vmm_free_all(um__memfd_backend *m)
     if (m->fd >= 0)
         close(m->fd);
     free(m->res);
-    free(m->maps);
     free(m->pages);
     free(m->stack);
     free(m->used);

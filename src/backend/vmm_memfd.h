@@ -27,19 +27,18 @@ typedef struct um__memfd_page {
     uint32_t zombie; /* released while mapped: freed at its last unmap */
 } um__memfd_page;
 
+/* A reservation, with a table per granule of what is mapped there, so map
+ * and unmap cost O(pages of the range), whatever the number of mappings.
+ * cover[i]: 1 + the granule where the mapping over granule i starts, 0 if
+ * unmapped; chunk[i]: the chunk's first memfd page, at starting granules. */
 typedef struct um__memfd_range {
     uintptr_t va;
     size_t size;
+    uint32_t *cover;
+    uint32_t *chunk;
+    size_t mapped; /* granules mapped */
 } um__memfd_range;
 
-typedef struct um__memfd_mapping {
-    uintptr_t va;
-    uint32_t npages; /* size in pages: always the whole chunk */
-    uint32_t page;   /* first page of the chunk in the memfd */
-} um__memfd_mapping;
-
-/* Streams live in a doubly linked list so destroy can free the ones the
- * caller left behind. */
 typedef struct um__memfd_link {
     struct um__memfd_link *prev, *next;
 } um__memfd_link;
@@ -86,8 +85,7 @@ typedef struct um__memfd_backend {
     /* Sorted by va, non-overlapping. */
     um__memfd_range *res;
     size_t nres, res_cap;
-    um__memfd_mapping *maps;
-    size_t nmaps, maps_cap;
+    size_t nmaps; /* live mappings, all reservations */
 
     um__memfd_link streams; /* list head of created streams */
     um__bstream default_stream;
