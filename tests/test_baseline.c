@@ -2,6 +2,7 @@
  * direct's one-chunk-per-request accounting, the MLX reuse rule on chosen
  * sizes, limits, trim, stream-ordered reuse, backend failures at every call,
  * and a randomized run against a reference model of both allocators. */
+#include "flaky.h"
 #include "harness.h"
 #include "pool/pool.h"
 
@@ -352,127 +353,6 @@ static void test_streams(void)
 
 /* ------------------------------------------------- injected failures */
 
-/* A backend that forwards to a sim backend, fails its countdown-th call,
- * and counts what is outstanding so leaks show. */
-typedef struct flaky {
-    um__backend base;
-    um__backend *inner;
-    long countdown; /* the call that fails, counting down; 0: none */
-    long reservations, chunks, mappings;
-} flaky;
-
-static bool flaky_fails(um__backend *b)
-{
-    flaky *f = (flaky *)b;
-    return f->countdown > 0 && --f->countdown == 0;
-}
-
-#define FLAKY_FORWARD(op, ...)                                                                     \
-    flaky *f = (flaky *)b;                                                                         \
-    if (flaky_fails(b))                                                                            \
-        return um__fail(UM_ERR_BACKEND, "injected failure of " #op);                               \
-    return f->inner->ops->op(f->inner, __VA_ARGS__)
-
-static um_status flaky_reserve(um__backend *b, size_t size, uintptr_t *va)
-{
-    flaky *f = (flaky *)b;
-    if (flaky_fails(b))
-        return um__fail(UM_ERR_BACKEND, "injected failure of reserve");
-    um_status s = f->inner->ops->reserve(f->inner, size, va);
-    f->reservations += s == UM_OK;
-    return s;
-}
-static um_status flaky_unreserve(um__backend *b, uintptr_t va, size_t size)
-{
-    flaky *f = (flaky *)b;
-    if (flaky_fails(b))
-        return um__fail(UM_ERR_BACKEND, "injected failure of unreserve");
-    um_status s = f->inner->ops->unreserve(f->inner, va, size);
-    f->reservations -= s == UM_OK;
-    return s;
-}
-static um_status flaky_create(um__backend *b, size_t size, um__phys *out)
-{
-    flaky *f = (flaky *)b;
-    /* The device running full is the failure a cache must handle. */
-    if (flaky_fails(b))
-        return um__fail(UM_ERR_NOMEM, "injected failure of create");
-    um_status s = f->inner->ops->create(f->inner, size, out);
-    f->chunks += s == UM_OK;
-    return s;
-}
-static um_status flaky_release(um__backend *b, um__phys h, size_t size)
-{
-    flaky *f = (flaky *)b;
-    if (flaky_fails(b))
-        return um__fail(UM_ERR_BACKEND, "injected failure of release");
-    um_status s = f->inner->ops->release(f->inner, h, size);
-    f->chunks -= s == UM_OK;
-    return s;
-}
-static um_status flaky_map(um__backend *b, uintptr_t va, size_t size, um__phys h)
-{
-    flaky *f = (flaky *)b;
-    if (flaky_fails(b))
-        return um__fail(UM_ERR_BACKEND, "injected failure of map");
-    um_status s = f->inner->ops->map(f->inner, va, size, h);
-    f->mappings += s == UM_OK;
-    return s;
-}
-static um_status flaky_unmap(um__backend *b, uintptr_t va, size_t size)
-{
-    flaky *f = (flaky *)b;
-    if (flaky_fails(b))
-        return um__fail(UM_ERR_BACKEND, "injected failure of unmap");
-    um_status s = f->inner->ops->unmap(f->inner, va, size);
-    f->mappings -= s == UM_OK;
-    return s;
-}
-static um_status flaky_stream_create(um__backend *b, um__bstream **out)
-{
-    FLAKY_FORWARD(stream_create, out);
-}
-static um_status flaky_stream_destroy(um__backend *b, um__bstream *s)
-{
-    FLAKY_FORWARD(stream_destroy, s);
-}
-static um_status flaky_stream_sync(um__backend *b, um__bstream *s)
-{
-    FLAKY_FORWARD(stream_sync, s);
-}
-static um_status flaky_event_record(um__backend *b, um__bstream *s, um__bevent **out)
-{
-    FLAKY_FORWARD(event_record, s, out);
-}
-static um_status flaky_event_query(um__backend *b, um__bevent *e, int *done)
-{
-    FLAKY_FORWARD(event_query, e, done);
-}
-static um_status flaky_event_sync(um__backend *b, um__bevent *e)
-{
-    FLAKY_FORWARD(event_sync, e);
-}
-static void flaky_event_destroy(um__backend *b, um__bevent *e)
-{
-    flaky *f = (flaky *)b;
-    f->inner->ops->event_destroy(f->inner, e);
-}
-static um_status flaky_copy(um__backend *b, void *dst, const void *src, size_t n, int dir)
-{
-    FLAKY_FORWARD(copy, dst, src, n, dir);
-}
-static void flaky_destroy(um__backend *b)
-{
-    UM_UNUSED(b);
-}
-
-static const um__backend_ops flaky_ops = {
-    flaky_reserve,       flaky_unreserve,    flaky_create,        flaky_release,
-    flaky_map,           flaky_unmap,        flaky_stream_create, flaky_stream_destroy,
-    flaky_stream_sync,   flaky_event_record, flaky_event_query,   flaky_event_sync,
-    flaky_event_destroy, flaky_copy,         flaky_destroy,
-};
-
 /* Frees p if it is still live; a failed free may have taken it anyway. */
 static void try_free(um__allocator *a, void **p)
 {
@@ -522,7 +402,7 @@ static long script_with_failure(um_status (*create)(um__backend *, const um__poo
     a->ops->destroy(a);
     CHECK_EQ(f->reservations, 0);
     CHECK_EQ(f->chunks, 0);
-    CHECK_EQ(f->mappings, 0);
+    CHECK_EQ(f->mapped_bytes, 0);
     return used;
 }
 
@@ -530,12 +410,8 @@ static void test_backend_failures(void)
 {
     /* The allocators warn about every memory they must park; expected here. */
     um__log_set_level(UM_LOG_ERROR);
-    flaky f = {.inner = sim_backend(64 * MiB)};
-    f.base.ops = &flaky_ops;
-    f.base.kind = UM_DEVICE_SIM;
-    snprintf(f.base.name, sizeof f.base.name, "flaky");
-    f.base.capacity = f.inner->capacity;
-    f.base.granularity = f.inner->granularity;
+    flaky f;
+    flaky_init(&f, sim_backend(64 * MiB));
     for (int which = 0; which < 2; which++) {
         um_status (*create)(um__backend *, const um__pool_config *, um__allocator **) =
             which ? um__bufcache_create : um__direct_create;

@@ -1,6 +1,7 @@
 /* Tests of unimem's pool (src/pool/pool.c) on a simulated device: layout,
  * physical-page recycling, stream-ordered reuse, limits, trim, statistics,
  * bad pointers, and a randomized run against a reference model. */
+#include "flaky.h"
 #include "harness.h"
 #include "pool/pool_internal.h"
 
@@ -359,6 +360,76 @@ static void test_random(uint64_t seed, int tc)
     a->ops->destroy(a);
 }
 
+/* A script of pool operations with the k-th backend call failing: every
+ * failure is a status, the pool stays consistent, and once the backend
+ * works again everything can be freed and nothing leaks. Returns the calls
+ * the script made. */
+static long pool_script(flaky *f, long k)
+{
+    um__pool_config c = {.dev = 1, .thread_cache = 1, .va_factor = 4};
+    um__allocator *a = NULL;
+    uint64_t calls0 = atomic_load(&f->base.calls);
+    f->countdown = k;
+    if (um__pool_create(&f->base, &c, &a) != UM_OK) {
+        CHECK(k > 0);
+        CHECK_EQ(f->reservations, 0);
+        f->countdown = 0;
+        return 0;
+    }
+    um__stream_ref ref = {0, NULL};
+    size_t sizes[6] = {3 * MiB, 1 * MiB, 1000, 5 * MiB, 6 * MiB, 20000};
+    void *p[6] = {NULL};
+    (void)a->ops->alloc(a, sizes[0], &ref, &p[0]);
+    (void)a->ops->alloc(a, sizes[1], &ref, &p[1]);
+    (void)a->ops->alloc(a, sizes[2], &ref, &p[2]);
+    if (p[0] && a->ops->free(a, p[0], &ref) == UM_OK)
+        p[0] = NULL;
+    (void)a->ops->alloc(a, sizes[3], &ref, &p[3]); /* moves the freed pages */
+    if (p[1] && a->ops->free(a, p[1], &ref) == UM_OK)
+        p[1] = NULL;
+    CHECK_OK(a->ops->check(a));
+    (void)a->ops->set_memory_limit(a, 12 * MiB);
+    (void)a->ops->alloc(a, sizes[4], &ref, &p[4]);
+    (void)a->ops->alloc(a, sizes[5], &ref, &p[5]);
+    (void)a->ops->trim(a);
+    (void)a->ops->set_cache_limit(a, 1);
+    if (p[3] && a->ops->free(a, p[3], &ref) == UM_OK)
+        p[3] = NULL;
+    CHECK_OK(a->ops->check(a));
+    long used = (long)(atomic_load(&f->base.calls) - calls0);
+    f->countdown = 0;
+    for (int i = 0; i < 6; i++)
+        if (p[i])
+            CHECK_OK(a->ops->free(a, p[i], &ref));
+    CHECK_OK(a->ops->set_memory_limit(a, 0));
+    CHECK_OK(a->ops->trim(a));
+    CHECK_OK(a->ops->check(a));
+    um_stats st = stats(a);
+    CHECK_EQ(st.active_bytes, 0);
+    CHECK_EQ(st.reserved_bytes, 0);
+    a->ops->destroy(a);
+    CHECK_EQ(f->reservations, 0);
+    CHECK_EQ(f->chunks, 0);
+    CHECK_EQ(f->mapped_bytes, 0);
+    return used;
+}
+
+static void test_backend_failures(void)
+{
+    um__log_set_level(UM_LOG_ERROR); /* lost-page warnings are expected */
+    um__backend *inner = NULL;
+    CHECK_OK(um__sim_backend_create("sim1", 64 * MiB, 2 * MiB, &inner));
+    flaky f;
+    flaky_init(&f, inner);
+    long total = pool_script(&f, 0);
+    CHECK(total > 20);
+    for (long k = 1; k <= total; k++)
+        pool_script(&f, k);
+    CHECK_EQ(atomic_load(&inner->physical_bytes), 0);
+    um__backend_destroy(inner);
+    um__log_set_level(UM_LOG_WARN);
+}
+
 int main(void)
 {
     uint64_t seed = harness_seed("test_pool");
@@ -368,6 +439,7 @@ int main(void)
         test_random(seed + (uint64_t)tc, tc);
     }
     test_peak();
+    test_backend_failures();
     test_page_recycling();
     test_fenced_pages();
     test_limits();

@@ -266,6 +266,43 @@ static uint32_t hole_outside(um__pool *p, size_t first, size_t last)
 }
 
 /* Unmaps a hole and gives its physical page back to the backend. */
+/* Gives an unmapped page back to the backend. If the backend refuses, the
+ * page stays reserved and parked, and later trims try again, so nothing is
+ * lost. */
+static void give_back(um__pool *p, um__phys ph)
+{
+    if (um__be_release(p->base.backend, ph, p->page) == UM_OK) {
+        p->reserved -= p->page;
+        return;
+    }
+    if (p->nparked == p->parked_cap) {
+        size_t cap = p->parked_cap ? p->parked_cap * 2 : 8;
+        um__phys *a = realloc(p->parked, cap * sizeof *a);
+        if (!a) {
+            um__log(UM_LOG_ERROR, "%s: a page the backend refused to release is lost (%s)",
+                    dev_name(p), um_last_error());
+            p->reserved -= p->page;
+            return;
+        }
+        p->parked = a;
+        p->parked_cap = cap;
+    }
+    p->parked[p->nparked++] = ph;
+}
+
+static void retry_parked(um__pool *p)
+{
+    size_t kept = 0;
+    for (size_t i = 0; i < p->nparked; i++) {
+        if (um__be_release(p->base.backend, p->parked[i], p->page) == UM_OK)
+            p->reserved -= p->page;
+        else
+            p->parked[kept++] = p->parked[i];
+    }
+    p->nparked = kept;
+}
+
+/* Unmaps a hole and gives its physical page back to the backend. */
 static um_status release_hole(um__pool *p, uint32_t h)
 {
     um__backend *b = p->base.backend;
@@ -273,19 +310,28 @@ static um_status release_hole(um__pool *p, uint32_t h)
     if (s != UM_OK)
         return s;
     hole_remove(p, h);
-    s = um__be_release(b, p->page_phys[h], p->page);
-    if (s != UM_OK)
-        um__log(UM_LOG_ERROR, "%s: releasing a page failed (%s); it is lost to the pool",
-                dev_name(p), um_last_error());
+    um__phys ph = p->page_phys[h];
     p->page_phys[h] = 0;
-    p->reserved -= p->page;
-    return UM_OK;
+    s = um__be_release(b, ph, p->page);
+    if (s == UM_OK) {
+        p->reserved -= p->page;
+        return UM_OK;
+    }
+    /* Keep the page as a hole if it can go back where it was. */
+    if (um__be_map(b, page_addr(p, h), p->page, ph) == UM_OK) {
+        p->page_phys[h] = ph;
+        hole_push(p, h);
+    } else {
+        give_back(p, ph);
+    }
+    return s;
 }
 
 /* Releases the oldest holes no stream may still touch until at most keep
  * bytes of holes remain. */
 static um_status release_holes(um__pool *p, size_t keep)
 {
+    retry_parked(p);
     uint32_t h = p->hole_head;
     while (h != NO_PAGE && p->holes * p->page > keep) {
         uint32_t next = p->hole_next[h];
@@ -322,6 +368,59 @@ static void enforce_cache_limit(um__pool *p)
     }
 }
 
+/* Whether page q is a hole that may be moved now. */
+static bool movable_hole(um__pool *p, size_t q)
+{
+    return q < p->npages && p->page_phys[q] && !p->page_pin[q] && page_usable(p, q, UM_NO_FENCE);
+}
+
+/* Physical-page recycling: moves the hole h, and the movable holes right
+ * after it, onto the unmapped pages of [*pg, last] (the caller's range is
+ * [first, last]). The run is unmapped with one backend call, as a freed
+ * block's pages usually lie together. On a failed map the pages not yet
+ * placed go back where they were (or to the backend). */
+static um_status move_holes(um__pool *p, uint32_t h, size_t first, size_t *pg, size_t last)
+{
+    enum { MAX_RUN = 64 };
+    um__backend *b = p->base.backend;
+    size_t want = 0;
+    for (size_t q = *pg; q <= last; q++)
+        want += !p->page_phys[q];
+    size_t run = 1;
+    while (run < want && run < MAX_RUN && (h + run < first || h + run > last) &&
+           movable_hole(p, h + run))
+        run++;
+    um_status s = um__be_unmap(b, page_addr(p, h), run * p->page);
+    if (s != UM_OK)
+        return s;
+    um__phys phys[MAX_RUN];
+    for (size_t i = 0; i < run; i++) {
+        phys[i] = p->page_phys[h + i];
+        p->page_phys[h + i] = 0;
+        hole_remove(p, (uint32_t)(h + i));
+    }
+    for (size_t i = 0; i < run; i++) {
+        while (p->page_phys[*pg])
+            (*pg)++;
+        s = um__be_map(b, page_addr(p, *pg), p->page, phys[i]);
+        if (s != UM_OK) {
+            for (size_t j = i; j < run; j++) {
+                if (um__be_map(b, page_addr(p, h + j), p->page, phys[j]) == UM_OK) {
+                    p->page_phys[h + j] = phys[j];
+                    hole_push(p, (uint32_t)(h + j));
+                } else {
+                    give_back(p, phys[j]);
+                }
+            }
+            return s;
+        }
+        p->page_phys[*pg] = phys[i];
+        hole_push(p, (uint32_t)*pg); /* a hole until the caller pins it */
+        (*pg)++;
+    }
+    return UM_OK;
+}
+
 /* Maps every unmapped page under [addr, addr+len), taking holes from
  * elsewhere before new backend memory, and pins the range. On failure the
  * pages mapped so far stay as holes and nothing is pinned. */
@@ -329,50 +428,36 @@ static um_status map_and_pin(um__pool *p, uintptr_t addr, size_t len)
 {
     um__backend *b = p->base.backend;
     size_t first = page_of(p, addr), last = page_of(p, addr + len - 1);
-    for (size_t pg = first; pg <= last; pg++) {
-        if (p->page_phys[pg])
+    for (size_t pg = first; pg <= last;) {
+        if (p->page_phys[pg]) {
+            pg++;
             continue;
-        uintptr_t va = page_addr(p, pg);
+        }
         uint32_t h = hole_outside(p, first, last);
         um_status s;
         if (h != NO_PAGE) {
-            /* Physical-page recycling: move a hole's page here. */
-            s = um__be_unmap(b, page_addr(p, h), p->page);
+            s = move_holes(p, h, first, &pg, last);
             if (s != UM_OK)
                 return s;
-            hole_remove(p, h);
-            um__phys ph = p->page_phys[h];
-            p->page_phys[h] = 0;
-            s = um__be_map(b, va, p->page, ph);
-            if (s != UM_OK) {
-                if (um__be_map(b, page_addr(p, h), p->page, ph) == UM_OK) {
-                    p->page_phys[h] = ph;
-                    hole_push(p, h);
-                } else {
-                    (void)um__be_release(b, ph, p->page);
-                    p->reserved -= p->page;
-                }
-                return s;
-            }
-            p->page_phys[pg] = ph;
-        } else {
-            if (p->reserved + p->page > p->base.memory_limit)
-                return UM_ERR_NOMEM;
-            um__phys ph = 0;
-            s = um__be_create(b, p->page, &ph);
-            if (s != UM_OK)
-                return s;
-            s = um__be_map(b, va, p->page, ph);
-            if (s != UM_OK) {
-                (void)um__be_release(b, ph, p->page);
-                return s;
-            }
-            p->page_phys[pg] = ph;
-            p->reserved += p->page;
-            if (p->reserved > p->peak_reserved)
-                p->peak_reserved = p->reserved;
+            continue;
         }
+        if (p->reserved + p->page > p->base.memory_limit)
+            return UM_ERR_NOMEM;
+        um__phys ph = 0;
+        s = um__be_create(b, p->page, &ph);
+        if (s != UM_OK)
+            return s;
+        p->reserved += p->page;
+        s = um__be_map(b, page_addr(p, pg), p->page, ph);
+        if (s != UM_OK) {
+            give_back(p, ph);
+            return s;
+        }
+        p->page_phys[pg] = ph;
+        if (p->reserved > p->peak_reserved)
+            p->peak_reserved = p->reserved;
         hole_push(p, (uint32_t)pg); /* a hole until pinned below */
+        pg++;
     }
     pin_range(p, addr, len, +1);
     return UM_OK;
@@ -1546,7 +1631,8 @@ static um_status pool_check(um__allocator *a)
                    "hole list holds page %u that is not a hole", h);
     CHECK_THAT(listed == holes && holes == p->holes, "%zu holes, list has %zu, count says %zu",
                holes, listed, p->holes);
-    CHECK_THAT(mapped * p->page == p->reserved, "%zu pages mapped but reserved is %zu", mapped,
+    CHECK_THAT((mapped + p->nparked) * p->page == p->reserved,
+               "%zu pages mapped and %zu parked but reserved is %zu", mapped, p->nparked,
                p->reserved);
     CHECK_THAT(p->reserved <= p->peak_reserved, "reserved above its peak");
     for (uint32_t i = 0; i < p->nstreams; i++) {
@@ -1610,6 +1696,9 @@ static void pool_destroy(um__allocator *a)
         (void)um__be_unmap(b, page_addr(p, pg), p->page);
         (void)um__be_release(b, p->page_phys[pg], p->page);
     }
+    for (size_t i = 0; i < p->nparked; i++)
+        (void)um__be_release(b, p->parked[i], p->page);
+    free(p->parked);
     if (p->va)
         (void)um__be_unreserve(b, p->va, p->va_size);
     for (um__block *blk = p->region.first, *nx; blk; blk = nx) {

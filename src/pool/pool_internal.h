@@ -139,6 +139,8 @@ typedef struct um__pool {
     um__phys *page_phys;          /* 0: unmapped */
     uint32_t *page_pin;           /* bytes of the page not ready */
     uint32_t *hole_prev, *hole_next; /* hole list links, UINT32_MAX = none */
+    um__phys *parked;             /* pages the backend failed to take back */
+    size_t nparked, parked_cap;
     uint32_t *fence_stream;       /* stream that last freed bytes of the page */
     uint64_t *fence_epoch;        /* its epoch then (MIXED: full_syncs then) */
     uint64_t full_syncs;          /* times every stream was seen idle */

@@ -1,0 +1,132 @@
+/* See flaky.h. */
+#include "flaky.h"
+
+#include <stdio.h>
+#include <string.h>
+
+
+static bool flaky_fails(um__backend *b)
+{
+    flaky *f = (flaky *)b;
+    return f->countdown > 0 && --f->countdown == 0;
+}
+
+#define FLAKY_FORWARD(op, ...)                                                                     \
+    flaky *f = (flaky *)b;                                                                         \
+    if (flaky_fails(b))                                                                            \
+        return um__fail(UM_ERR_BACKEND, "injected failure of " #op);                               \
+    return f->inner->ops->op(f->inner, __VA_ARGS__)
+
+static um_status flaky_reserve(um__backend *b, size_t size, uintptr_t *va)
+{
+    flaky *f = (flaky *)b;
+    if (flaky_fails(b))
+        return um__fail(UM_ERR_BACKEND, "injected failure of reserve");
+    um_status s = f->inner->ops->reserve(f->inner, size, va);
+    f->reservations += s == UM_OK;
+    return s;
+}
+static um_status flaky_unreserve(um__backend *b, uintptr_t va, size_t size)
+{
+    flaky *f = (flaky *)b;
+    if (flaky_fails(b))
+        return um__fail(UM_ERR_BACKEND, "injected failure of unreserve");
+    um_status s = f->inner->ops->unreserve(f->inner, va, size);
+    f->reservations -= s == UM_OK;
+    return s;
+}
+static um_status flaky_create(um__backend *b, size_t size, um__phys *out)
+{
+    flaky *f = (flaky *)b;
+    /* The device running full is the failure a cache must handle. */
+    if (flaky_fails(b))
+        return um__fail(UM_ERR_NOMEM, "injected failure of create");
+    um_status s = f->inner->ops->create(f->inner, size, out);
+    f->chunks += s == UM_OK;
+    return s;
+}
+static um_status flaky_release(um__backend *b, um__phys h, size_t size)
+{
+    flaky *f = (flaky *)b;
+    if (flaky_fails(b))
+        return um__fail(UM_ERR_BACKEND, "injected failure of release");
+    um_status s = f->inner->ops->release(f->inner, h, size);
+    f->chunks -= s == UM_OK;
+    return s;
+}
+static um_status flaky_map(um__backend *b, uintptr_t va, size_t size, um__phys h)
+{
+    flaky *f = (flaky *)b;
+    if (flaky_fails(b))
+        return um__fail(UM_ERR_BACKEND, "injected failure of map");
+    um_status s = f->inner->ops->map(f->inner, va, size, h);
+    if (s == UM_OK)
+        f->mapped_bytes += (long long)size;
+    return s;
+}
+static um_status flaky_unmap(um__backend *b, uintptr_t va, size_t size)
+{
+    flaky *f = (flaky *)b;
+    if (flaky_fails(b))
+        return um__fail(UM_ERR_BACKEND, "injected failure of unmap");
+    um_status s = f->inner->ops->unmap(f->inner, va, size);
+    if (s == UM_OK)
+        f->mapped_bytes -= (long long)size;
+    return s;
+}
+static um_status flaky_stream_create(um__backend *b, um__bstream **out)
+{
+    FLAKY_FORWARD(stream_create, out);
+}
+static um_status flaky_stream_destroy(um__backend *b, um__bstream *s)
+{
+    FLAKY_FORWARD(stream_destroy, s);
+}
+static um_status flaky_stream_sync(um__backend *b, um__bstream *s)
+{
+    FLAKY_FORWARD(stream_sync, s);
+}
+static um_status flaky_event_record(um__backend *b, um__bstream *s, um__bevent **out)
+{
+    FLAKY_FORWARD(event_record, s, out);
+}
+static um_status flaky_event_query(um__backend *b, um__bevent *e, int *done)
+{
+    FLAKY_FORWARD(event_query, e, done);
+}
+static um_status flaky_event_sync(um__backend *b, um__bevent *e)
+{
+    FLAKY_FORWARD(event_sync, e);
+}
+static void flaky_event_destroy(um__backend *b, um__bevent *e)
+{
+    flaky *f = (flaky *)b;
+    f->inner->ops->event_destroy(f->inner, e);
+}
+static um_status flaky_copy(um__backend *b, void *dst, const void *src, size_t n, int dir)
+{
+    FLAKY_FORWARD(copy, dst, src, n, dir);
+}
+static void flaky_destroy(um__backend *b)
+{
+    UM_UNUSED(b);
+}
+
+static const um__backend_ops flaky_ops = {
+    flaky_reserve,       flaky_unreserve,    flaky_create,        flaky_release,
+    flaky_map,           flaky_unmap,        flaky_stream_create, flaky_stream_destroy,
+    flaky_stream_sync,   flaky_event_record, flaky_event_query,   flaky_event_sync,
+    flaky_event_destroy, flaky_copy,         flaky_destroy,
+};
+
+
+void flaky_init(flaky *f, um__backend *inner)
+{
+    memset(f, 0, sizeof *f);
+    f->inner = inner;
+    f->base.ops = &flaky_ops;
+    f->base.kind = inner->kind;
+    snprintf(f->base.name, sizeof f->base.name, "flaky");
+    f->base.capacity = inner->capacity;
+    f->base.granularity = inner->granularity;
+}

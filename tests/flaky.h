@@ -1,0 +1,19 @@
+/* A backend for tests that forwards to another one, fails its
+ * countdown-th call, and counts what is outstanding so leaks show. */
+#ifndef UM_TEST_FLAKY_H
+#define UM_TEST_FLAKY_H
+
+#include "backend/backend.h"
+
+typedef struct flaky {
+    um__backend base;
+    um__backend *inner;
+    long countdown; /* the call that fails, counting down; 0: none */
+    long reservations, chunks;
+    long long mapped_bytes; /* unmap may cover several mappings */
+} flaky;
+
+/* Wraps inner (which the caller keeps and destroys). */
+void flaky_init(flaky *f, um__backend *inner);
+
+#endif
