@@ -21,7 +21,7 @@ typedef struct stream_node {
 } stream_node;
 
 /* Stream ids stay below this: pools keep per-stream state indexed by id and
- * pack the id into 24 bits of a small slot's record. */
+ * pack the id into 24 bits of a small slot's record (UM_SLOT_MAX_STREAM). */
 #define MAX_STREAM_ID 0xffffffu
 
 typedef struct id_stack {

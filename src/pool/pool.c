@@ -422,9 +422,10 @@ static um_status move_holes(um__pool *p, uint32_t h, size_t first, size_t *pg, s
 }
 
 /* Maps every unmapped page under [addr, addr+len), taking holes from
- * elsewhere before new backend memory, and pins the range. On failure the
- * pages mapped so far stay as holes and nothing is pinned. */
-static um_status map_and_pin(um__pool *p, uintptr_t addr, size_t len)
+ * elsewhere before new backend memory (none unless may_create), and pins
+ * the range. On failure the pages mapped so far stay as holes and nothing
+ * is pinned. */
+static um_status map_and_pin(um__pool *p, uintptr_t addr, size_t len, bool may_create)
 {
     um__backend *b = p->base.backend;
     size_t first = page_of(p, addr), last = page_of(p, addr + len - 1);
@@ -441,7 +442,7 @@ static um_status map_and_pin(um__pool *p, uintptr_t addr, size_t len)
                 return s;
             continue;
         }
-        if (p->reserved + p->page > p->base.memory_limit)
+        if (!may_create || p->reserved + p->page > p->base.memory_limit)
             return UM_ERR_NOMEM;
         um__phys ph = 0;
         s = um__be_create(b, p->page, &ph);
@@ -835,7 +836,7 @@ static bool small_park(um__stream_state *ss, unsigned cls, void *ptr)
  * of b before and after stay ready. Returns the block record of the taken
  * range. */
 static um_status take_ready(um__pool *p, um__block *b, uintptr_t addr, size_t size,
-                            um__block **out)
+                            bool may_create, um__block **out)
 {
     um__region *r = &p->region;
     size_t front = addr - b->fi.addr, back = b->fi.size - front - size;
@@ -845,7 +846,7 @@ static um_status take_ready(um__pool *p, um__block *b, uintptr_t addr, size_t si
             block_put(p, mid);
         return UM_ERR_NOMEM;
     }
-    um_status s = map_and_pin(p, addr, size);
+    um_status s = map_and_pin(p, addr, size, may_create);
     if (s != UM_OK) {
         if (mid)
             block_put(p, mid);
@@ -939,9 +940,11 @@ static um__block *find_usable(um__pool *p, size_t size, size_t align, uint32_t s
 
 /* Finds size bytes (aligned) for stream sid:
  * 0. ready memory that is already mapped;
- * 1. after polling every stream's fence: the same, else ready memory with
- *    holes moved from elsewhere, then new pages while under the limit;
- * 2. after waiting for every fence and dropping empty slabs: step 1 again.
+ * 1. the same, moving holes that are known to be idle onto the rest (no
+ *    backend call but the moves themselves);
+ * 2. after polling every stream's fence: holes that became idle, then new
+ *    pages while under the limit;
+ * 3. after waiting for every fence and dropping empty slabs: step 2 again.
  * Within the chosen free block the range goes to its low end, or to its
  * high end when that needs fewer new pages (the top may sit on a
  * neighbour's partly used page, and the free rest stays page-aligned).
@@ -950,10 +953,10 @@ static um_status take_range(um__pool *p, size_t size, size_t align, uint32_t sid
                             um__block **out)
 {
     um_status last = UM_ERR_NOMEM;
-    for (int attempt = 0; attempt < 3; attempt++) {
-        if (attempt == 1)
+    for (int attempt = 0; attempt < 4; attempt++) {
+        if (attempt == 2)
             poll_all(p, false);
-        if (attempt == 2) {
+        if (attempt == 3) {
             poll_all(p, true);
             release_spare_slabs(p);
         }
@@ -970,11 +973,11 @@ static um_status take_range(um__pool *p, size_t size, size_t align, uint32_t sid
                 need = need_high;
             }
         }
-        if (need && attempt == 0)
+        if (need && (attempt == 0 || (attempt == 1 && need > p->holes)))
             continue;
         if (need > p->holes && p->reserved + (need - p->holes) * p->page > p->base.memory_limit)
             continue;
-        last = take_ready(p, b, at, size, out);
+        last = take_ready(p, b, at, size, attempt >= 2, out);
         if (last == UM_OK)
             return UM_OK;
         if (last != UM_ERR_NOMEM)
@@ -1130,9 +1133,9 @@ static um_status small_alloc(um__pool *p, size_t size, const um__stream_ref *s, 
             /* The stream's own freed slots come first, the newest on top
              * of the bin so the next allocation reuses it; slabs only when
              * there are none. */
-            um__pending_vec *v = ss ? &ss->small[cls] : NULL;
-            uint32_t k = v && v->n < want ? (uint32_t)v->n : want;
-            if (v && k) {
+            um__pending_vec *v = &ss->small[cls];
+            uint32_t k = v->n < want ? (uint32_t)v->n : want;
+            if (k) {
                 for (uint32_t i = 0; i < k; i++)
                     bin->items[i] = v->items[v->n - k + i].ptr;
                 v->n -= k;

@@ -60,7 +60,7 @@ enum um__slot_state { UM_SLOT_FREE = 0, UM_SLOT_LIVE = 1, UM_SLOT_CACHED = 2 };
 #define UM_SLOT_STATE(w) ((unsigned)((w) & 0xffu))
 #define UM_SLOT_STREAM(w) ((uint32_t)(((w) >> 8) & 0xffffffu))
 #define UM_SLOT_REQUESTED(w) ((uint32_t)((w) >> 32))
-/* Streams past this id share the last one's small-slot bookkeeping. */
+/* The largest stream id a slot word holds; the context keeps ids below it. */
 #define UM_SLOT_MAX_STREAM 0xffffffu
 
 typedef struct um__slab {
