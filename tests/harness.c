@@ -42,6 +42,21 @@ uint64_t harness_rand(uint64_t *state)
     return z ^ (z >> 31);
 }
 
+uint64_t harness_mix64(uint64_t x)
+{
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ull;
+    return x ^ (x >> 33);
+}
+
+void harness_pattern(uint64_t id, uint64_t *t, size_t n)
+{
+    for (size_t k = 0; k < n; k++)
+        t[k] = harness_mix64(id * 0x9e3779b97f4a7c15ull + k);
+}
+
 int harness_finish(const char *test_name)
 {
     printf("%s: %d passed, %d failed\n", test_name, harness_checks - harness_failures,

@@ -50,6 +50,10 @@ void harness_report(const char *file, int line, const char *fmt, ...)
 uint64_t harness_seed(const char *test_name);
 /* splitmix64 step. */
 uint64_t harness_rand(uint64_t *state);
+/* A 64-bit mixing function (MurmurHash3's finalizer). */
+uint64_t harness_mix64(uint64_t x);
+/* Fills t[0..n) with a pattern that depends on id (for byte-exact checks). */
+void harness_pattern(uint64_t id, uint64_t *t, size_t n);
 /* Prints "<name>: N passed, N failed" and returns the exit status. */
 int harness_finish(const char *test_name);
 

@@ -85,29 +85,15 @@ static void worker_fail(worker *w, const char *fmt, ...)
 
 /* ------------------------------------------------------------ patterns */
 
-static uint64_t mix64(uint64_t x)
-{
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdull;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ull;
-    return x ^ (x >> 33);
-}
-
-static void pattern_template(uint64_t id, uint64_t *t)
-{
-    for (size_t k = 0; k < PAT_CHUNK / 8; k++)
-        t[k] = mix64(id * 0x9e3779b97f4a7c15ull + k);
-}
 
 static void pattern_fill(const tblock *b)
 {
     uint64_t t[PAT_CHUNK / 8];
     unsigned char *p = (unsigned char *)b->addr;
-    pattern_template(b->id, t);
+    harness_pattern(b->id, t, PAT_CHUNK / 8);
     for (size_t off = 0, c = 0; off < b->size; off += PAT_CHUNK, c++) {
         size_t n = b->size - off < PAT_CHUNK ? b->size - off : PAT_CHUNK;
-        t[0] = mix64(b->id ^ (c << 40) ^ 0x5bd1e995u);
+        t[0] = harness_mix64(b->id ^ (c << 40) ^ 0x5bd1e995u);
         memcpy(p + off, t, n);
     }
 }
@@ -116,10 +102,10 @@ static bool pattern_check(worker *w, const tblock *b, const char *when)
 {
     uint64_t t[PAT_CHUNK / 8];
     const unsigned char *p = (const unsigned char *)b->addr;
-    pattern_template(b->id, t);
+    harness_pattern(b->id, t, PAT_CHUNK / 8);
     for (size_t off = 0, c = 0; off < b->size; off += PAT_CHUNK, c++) {
         size_t n = b->size - off < PAT_CHUNK ? b->size - off : PAT_CHUNK;
-        t[0] = mix64(b->id ^ (c << 40) ^ 0x5bd1e995u);
+        t[0] = harness_mix64(b->id ^ (c << 40) ^ 0x5bd1e995u);
         if (memcmp(p + off, t, n) != 0) {
             size_t i = 0;
             while (i < n && p[off + i] == ((const unsigned char *)t)[i])
