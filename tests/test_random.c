@@ -79,7 +79,9 @@ static bool pass_failed_too_often(const world *w)
 
 /* ------------------------------------------------------------ patterns */
 
-
+/* A block holds harness_pattern(id) in every 4 KiB chunk, with word 0 of
+ * each chunk replaced by a value of (id, chunk), so a byte out of place is
+ * caught as well as a wrong byte. */
 static void pattern_fill(world *w, const block *b)
 {
     uint64_t t[PAT_CHUNK / 8];

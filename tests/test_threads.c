@@ -85,7 +85,9 @@ static void worker_fail(worker *w, const char *fmt, ...)
 
 /* ------------------------------------------------------------ patterns */
 
-
+/* A block holds harness_pattern(id) in every 4 KiB chunk, with word 0 of
+ * each chunk replaced by a value of (id, chunk), so a byte out of place is
+ * caught as well as a wrong byte. */
 static void pattern_fill(const tblock *b)
 {
     uint64_t t[PAT_CHUNK / 8];
