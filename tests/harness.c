@@ -2,6 +2,7 @@
 
 #include <stdarg.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 int harness_checks;
@@ -42,7 +43,9 @@ uint64_t harness_rand(uint64_t *state)
     return z ^ (z >> 31);
 }
 
-uint64_t harness_mix64(uint64_t x)
+#define PATTERN_CHUNK 4096
+
+static uint64_t mix64(uint64_t x)
 {
     x ^= x >> 33;
     x *= 0xff51afd7ed558ccdull;
@@ -51,10 +54,42 @@ uint64_t harness_mix64(uint64_t x)
     return x ^ (x >> 33);
 }
 
-void harness_pattern(uint64_t id, uint64_t *t, size_t n)
+/* The pattern of chunk c of block id. */
+static void pattern_chunk(uint64_t id, uint64_t c, uint64_t *t)
 {
-    for (size_t k = 0; k < n; k++)
-        t[k] = harness_mix64(id * 0x9e3779b97f4a7c15ull + k);
+    for (size_t k = 0; k < PATTERN_CHUNK / 8; k++)
+        t[k] = mix64(id * 0x9e3779b97f4a7c15ull + k);
+    t[0] = mix64(id ^ (c << 40) ^ 0x5bd1e995u);
+}
+
+void harness_pattern_fill(void *p, size_t size, uint64_t id)
+{
+    uint64_t t[PATTERN_CHUNK / 8];
+    for (size_t off = 0, c = 0; off < size; off += PATTERN_CHUNK, c++) {
+        size_t n = size - off < PATTERN_CHUNK ? size - off : PATTERN_CHUNK;
+        pattern_chunk(id, c, t);
+        memcpy((unsigned char *)p + off, t, n);
+    }
+}
+
+size_t harness_pattern_find_bad(const void *p, size_t size, uint64_t id, unsigned char *got,
+                                unsigned char *want)
+{
+    uint64_t t[PATTERN_CHUNK / 8];
+    const unsigned char *b = p, *e = (const unsigned char *)t;
+    for (size_t off = 0, c = 0; off < size; off += PATTERN_CHUNK, c++) {
+        size_t n = size - off < PATTERN_CHUNK ? size - off : PATTERN_CHUNK;
+        pattern_chunk(id, c, t);
+        if (memcmp(b + off, t, n) != 0) {
+            size_t i = 0;
+            while (b[off + i] == e[i])
+                i++;
+            *got = b[off + i];
+            *want = e[i];
+            return off + i;
+        }
+    }
+    return SIZE_MAX;
 }
 
 int harness_finish(const char *test_name)

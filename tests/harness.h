@@ -50,10 +50,14 @@ void harness_report(const char *file, int line, const char *fmt, ...)
 uint64_t harness_seed(const char *test_name);
 /* splitmix64 step. */
 uint64_t harness_rand(uint64_t *state);
-/* A 64-bit mixing function (MurmurHash3's finalizer). */
-uint64_t harness_mix64(uint64_t x);
-/* Fills t[0..n) with a pattern that depends on id (for byte-exact checks). */
-void harness_pattern(uint64_t id, uint64_t *t, size_t n);
+/* Block patterns for byte-exact checks: every 4 KiB chunk of a block holds
+ * a pattern of its id, with word 0 of each chunk replaced by a value of
+ * (id, chunk), so a byte out of place is caught as well as a wrong byte. */
+void harness_pattern_fill(void *p, size_t size, uint64_t id);
+/* Offset of the first byte that differs from the pattern, or SIZE_MAX;
+ * *got and *want receive that byte and the expected one. */
+size_t harness_pattern_find_bad(const void *p, size_t size, uint64_t id, unsigned char *got,
+                                unsigned char *want);
 /* Prints "<name>: N passed, N failed" and returns the exit status. */
 int harness_finish(const char *test_name);
 

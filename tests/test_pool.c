@@ -430,9 +430,23 @@ static void test_backend_failures(void)
     um__log_set_level(UM_LOG_WARN);
 }
 
+/* The pattern check the stress tests rely on finds a changed byte. */
+static void test_pattern_check(void)
+{
+    static unsigned char buf[10000];
+    unsigned char got, want;
+    harness_pattern_fill(buf, sizeof buf, 42);
+    CHECK_EQ(harness_pattern_find_bad(buf, sizeof buf, 42, &got, &want), SIZE_MAX);
+    buf[5000] ^= 1;
+    CHECK_EQ(harness_pattern_find_bad(buf, sizeof buf, 42, &got, &want), 5000);
+    CHECK_EQ(got ^ want, 1);
+    CHECK(harness_pattern_find_bad(buf, sizeof buf, 43, &got, &want) != SIZE_MAX);
+}
+
 int main(void)
 {
     uint64_t seed = harness_seed("test_pool");
+    test_pattern_check();
     for (int tc = 0; tc < 2; tc++) {
         test_basic(tc);
         test_stream_order(tc);

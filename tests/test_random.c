@@ -27,7 +27,6 @@
 #define MIB ((size_t)1 << 20)
 #define NSTREAMS 3 /* the default stream (NULL) and two created ones */
 #define MAX_DEVS 4 /* the host and three simulated devices */
-#define PAT_CHUNK 4096
 #define MAX_PASS_FAILURES 50
 #define PRESSURE_DEV 3
 #define PRESSURE_LIMIT (24 * MIB)
@@ -79,43 +78,24 @@ static bool pass_failed_too_often(const world *w)
 
 /* ------------------------------------------------------------ patterns */
 
-/* A block holds harness_pattern(id) in every 4 KiB chunk, with word 0 of
- * each chunk replaced by a value of (id, chunk), so a byte out of place is
- * caught as well as a wrong byte. */
 static void pattern_fill(world *w, const block *b)
 {
-    uint64_t t[PAT_CHUNK / 8];
-    unsigned char *p = (unsigned char *)b->addr;
-    harness_pattern(b->id, t, PAT_CHUNK / 8);
-    for (size_t off = 0, c = 0; off < b->size; off += PAT_CHUNK, c++) {
-        size_t n = b->size - off < PAT_CHUNK ? b->size - off : PAT_CHUNK;
-        t[0] = harness_mix64(b->id ^ (c << 40) ^ 0x5bd1e995u);
-        memcpy(p + off, t, n);
-    }
+    harness_pattern_fill((void *)b->addr, b->size, b->id);
     w->bytes_filled += b->size;
 }
 
 /* Verifies the whole block; reports the first differing byte. */
 static bool pattern_check(world *w, int dev, const block *b, const char *when)
 {
-    uint64_t t[PAT_CHUNK / 8];
-    const unsigned char *p = (const unsigned char *)b->addr;
-    harness_pattern(b->id, t, PAT_CHUNK / 8);
-    for (size_t off = 0, c = 0; off < b->size; off += PAT_CHUNK, c++) {
-        size_t n = b->size - off < PAT_CHUNK ? b->size - off : PAT_CHUNK;
-        t[0] = harness_mix64(b->id ^ (c << 40) ^ 0x5bd1e995u);
-        if (memcmp(p + off, t, n) != 0) {
-            size_t i = 0;
-            while (i < n && p[off + i] == ((const unsigned char *)t)[i])
-                i++;
-            harness_report(__FILE__, __LINE__,
-                           "%s op %llu: device %d block id %llu (%p, %zu bytes) corrupted at "
-                           "byte %zu %s: 0x%02x, expected 0x%02x",
-                           w->pass, (unsigned long long)w->op, dev, (unsigned long long)b->id,
-                           (void *)b->addr, b->size, off + i, when, p[off + i],
-                           ((const unsigned char *)t)[i]);
-            return false;
-        }
+    unsigned char got, want;
+    size_t bad = harness_pattern_find_bad((const void *)b->addr, b->size, b->id, &got, &want);
+    if (bad != SIZE_MAX) {
+        harness_report(__FILE__, __LINE__,
+                       "%s op %llu: device %d block id %llu (%p, %zu bytes) corrupted at "
+                       "byte %zu %s: 0x%02x, expected 0x%02x",
+                       w->pass, (unsigned long long)w->op, dev, (unsigned long long)b->id,
+                       (void *)b->addr, b->size, bad, when, got, want);
+        return false;
     }
     harness_checks++;
     return true;

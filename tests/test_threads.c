@@ -29,7 +29,6 @@
 #define OWN_MAX_BYTES ((size_t)48 << 20) /* a thread frees instead of growing past this */
 #define OWN_MAX_BLOCKS 512
 #define QUEUE_CAP 256
-#define PAT_CHUNK 4096
 #define MAX_REPORTS 8 /* failures a worker prints before it only counts */
 
 typedef struct tblock {
@@ -85,37 +84,21 @@ static void worker_fail(worker *w, const char *fmt, ...)
 
 /* ------------------------------------------------------------ patterns */
 
-/* A block holds harness_pattern(id) in every 4 KiB chunk, with word 0 of
- * each chunk replaced by a value of (id, chunk), so a byte out of place is
- * caught as well as a wrong byte. */
 static void pattern_fill(const tblock *b)
 {
-    uint64_t t[PAT_CHUNK / 8];
-    unsigned char *p = (unsigned char *)b->addr;
-    harness_pattern(b->id, t, PAT_CHUNK / 8);
-    for (size_t off = 0, c = 0; off < b->size; off += PAT_CHUNK, c++) {
-        size_t n = b->size - off < PAT_CHUNK ? b->size - off : PAT_CHUNK;
-        t[0] = harness_mix64(b->id ^ (c << 40) ^ 0x5bd1e995u);
-        memcpy(p + off, t, n);
-    }
+    harness_pattern_fill((void *)b->addr, b->size, b->id);
 }
 
 static bool pattern_check(worker *w, const tblock *b, const char *when)
 {
-    uint64_t t[PAT_CHUNK / 8];
-    const unsigned char *p = (const unsigned char *)b->addr;
-    harness_pattern(b->id, t, PAT_CHUNK / 8);
-    for (size_t off = 0, c = 0; off < b->size; off += PAT_CHUNK, c++) {
-        size_t n = b->size - off < PAT_CHUNK ? b->size - off : PAT_CHUNK;
-        t[0] = harness_mix64(b->id ^ (c << 40) ^ 0x5bd1e995u);
-        if (memcmp(p + off, t, n) != 0) {
-            size_t i = 0;
-            while (i < n && p[off + i] == ((const unsigned char *)t)[i])
-                i++;
-            worker_fail(w, "device %d block id %llu (%p, %zu bytes) corrupted at byte %zu %s",
-                        b->dev, (unsigned long long)b->id, (void *)b->addr, b->size, off + i, when);
-            return false;
-        }
+    unsigned char got, want;
+    size_t bad = harness_pattern_find_bad((const void *)b->addr, b->size, b->id, &got, &want);
+    if (bad != SIZE_MAX) {
+        worker_fail(w, "device %d block id %llu (%p, %zu bytes) corrupted at byte %zu %s: 0x%02x, "
+                       "expected 0x%02x",
+                    b->dev, (unsigned long long)b->id, (void *)b->addr, b->size, bad, when, got,
+                    want);
+        return false;
     }
     return true;
 }
