@@ -197,6 +197,28 @@ static void test_stream_order(int tc)
     a->ops->destroy(a);
 }
 
+/* A destroyed stream's id may come back for a new stream: the pool then
+ * fences on the new stream's backend object, not on the old one. */
+static void test_stream_id_reuse(void)
+{
+    um__allocator *a = make_pool(256 * MiB, 0, 0, 1);
+    um__pool *p = (um__pool *)a;
+    void *x = xalloc(a, 4096, 1);
+    xfree(a, x, 1);
+    CHECK(p->streams[1]->bstream == s1);
+    um__stream_ref old = {1, s1};
+    a->ops->stream_forget(a, &old);
+    CHECK(p->streams[1]->bstream == NULL);
+    /* Id 1 now names the backend stream s2. */
+    um__stream_ref reused = {1, s2};
+    void *y = NULL;
+    CHECK_OK(a->ops->alloc(a, 4096, &reused, &y));
+    CHECK_OK(a->ops->free(a, y, &reused));
+    CHECK(p->streams[1]->bstream == s2);
+    CHECK_OK(a->ops->check(a));
+    a->ops->destroy(a);
+}
+
 /* Pages freed under in-flight work are never moved or reused elsewhere
  * before that work completes: under a tight limit the pool waits for it. */
 static void test_fenced_pages(void)
@@ -453,6 +475,7 @@ int main(void)
         test_random(seed + (uint64_t)tc, tc);
     }
     test_peak();
+    test_stream_id_reuse();
     test_backend_failures();
     test_page_recycling();
     test_fenced_pages();

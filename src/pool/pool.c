@@ -1425,9 +1425,14 @@ static void pool_stream_forget(um__allocator *a, const um__stream_ref *s)
     if (s->id < p->nstreams && p->streams[s->id]) {
         um__stream_state *ss = p->streams[s->id];
         poll_stream(p, ss, true);
-        /* Slots other threads still cache for this stream will be fenced on
-         * the default stream from now on. */
+        /* The context may hand this id to a new stream: its first use goes
+         * through the locked path again and registers the new backend
+         * stream. Until then fences go to the default stream. */
         ss->bstream = NULL;
+        ss->known = false;
+        if (s->id < KNOWN_STREAM_BITS)
+            atomic_fetch_and_explicit(&p->known_streams[s->id / 64], ~(1ull << (s->id % 64)),
+                                      memory_order_release);
     }
     enforce_cache_limit(p);
     pthread_mutex_unlock(&p->lock);
