@@ -253,6 +253,16 @@ static size_t unmapped_pages(um__pool *p, uintptr_t addr, size_t len)
 
 static bool page_usable(um__pool *p, size_t pg, uint32_t sid);
 
+/* True when every page under [addr, addr+len) is mapped (stops at the first
+ * that is not). */
+static bool fully_mapped(um__pool *p, uintptr_t addr, size_t len)
+{
+    for (size_t pg = page_of(p, addr), last = page_of(p, addr + len - 1); pg <= last; pg++)
+        if (!p->page_phys[pg])
+            return false;
+    return true;
+}
+
 /* The oldest hole outside pages [first, last] that no stream may still
  * touch, or NO_PAGE. The walk is bounded: holes are in free order, so the
  * oldest are the ones whose fences have completed. */
@@ -914,9 +924,10 @@ static uintptr_t usable_spot(um__pool *p, um__block *b, size_t size, size_t alig
 
 /* The best-fitting ready block that stream sid may use now, and the spot in
  * it; blocks with no usable spot are passed over (a few at most, so the
- * search stays O(1)). */
+ * search stays O(1)). With mapped_slack, only blocks up to size +
+ * mapped_slack bytes whose low or high end needs no new page qualify. */
 static um__block *find_usable(um__pool *p, size_t size, size_t align, uint32_t sid,
-                              uintptr_t *spot)
+                              size_t mapped_slack, uintptr_t *spot)
 {
     enum { TRIES = 8 };
     um__region *r = &p->region;
@@ -924,9 +935,17 @@ static um__block *find_usable(um__pool *p, size_t size, size_t align, uint32_t s
     int n = 0;
     while (n < TRIES) {
         um__block *b = (um__block *)um__fi_find(&r->ready, size + align - UM_ALIGN);
-        if (!b)
+        if (!b || (mapped_slack && b->fi.size > size + mapped_slack))
             break;
-        if ((*spot = usable_spot(p, b, size, align, sid)) != 0) {
+        uintptr_t at = usable_spot(p, b, size, align, sid);
+        if (at && mapped_slack && !fully_mapped(p, at, size)) {
+            uintptr_t high = um__align_down(b->fi.addr + b->fi.size - size, align);
+            at = high > at && fully_mapped(p, high, size) && spot_usable(p, high, size, sid)
+                     ? high
+                     : 0;
+        }
+        if (at) {
+            *spot = at;
             found = b;
             break;
         }
@@ -939,7 +958,9 @@ static um__block *find_usable(um__pool *p, size_t size, size_t align, uint32_t s
 }
 
 /* Finds size bytes (aligned) for stream sid:
- * 0. ready memory that is already mapped;
+ * 0. ready memory that is already mapped: the best fit, or else one of the
+ *    next few fits, up to a page and 1/16 larger, that needs no page moved
+ *    (a move costs backend calls now and tends to leave partly used pages);
  * 1. the same, moving holes that are known to be idle onto the rest (no
  *    backend call but the moves themselves);
  * 2. after polling every stream's fence: holes that became idle, then new
@@ -961,7 +982,15 @@ static um_status take_range(um__pool *p, size_t size, size_t align, uint32_t sid
             release_spare_slabs(p);
         }
         uintptr_t at = 0;
-        um__block *b = find_usable(p, size, align, sid, &at);
+        um__block *b = find_usable(p, size, align, sid, 0, &at);
+        if (b && attempt == 0 && !fully_mapped(p, at, size)) {
+            uintptr_t alt = 0;
+            um__block *m = find_usable(p, size, align, sid, p->page + size / 16, &alt);
+            if (m) {
+                b = m;
+                at = alt;
+            }
+        }
         if (!b)
             continue;
         size_t need = unmapped_pages(p, at, size);
