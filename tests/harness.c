@@ -19,6 +19,12 @@ void harness_report(const char *file, int line, const char *fmt, ...)
     fputc('\n', stderr);
 }
 
+int harness_error_mentions(const char *a, const char *b, const char *c)
+{
+    const char *e = um_last_error();
+    return strstr(e, a) && (!b || strstr(e, b)) && (!c || strstr(e, c));
+}
+
 uint64_t harness_seed(const char *test_name)
 {
     const char *env = getenv("UM_TEST_SEED");

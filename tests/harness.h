@@ -45,6 +45,17 @@ void harness_report(const char *file, int line, const char *fmt, ...)
     } while (0)
 #define CHECK_OK(expr) CHECK_STATUS(expr, UM_OK)
 
+/* Checks that this thread's last error mentions a, and b and c unless
+ * they are NULL. */
+#define CHECK_ERROR_MENTIONS(a, b, c)                                                              \
+    do {                                                                                           \
+        harness_checks++;                                                                          \
+        if (!harness_error_mentions((a), (b), (c)))                                                \
+            harness_report(__FILE__, __LINE__, "last error '%s' does not mention %s/%s/%s",        \
+                           um_last_error(), (a), (b) ? (b) : "-", (c) ? (c) : "-");                \
+    } while (0)
+int harness_error_mentions(const char *a, const char *b, const char *c);
+
 /* Seed from UM_TEST_SEED, else from the clock; printed so a failure can be
  * replayed. */
 uint64_t harness_seed(const char *test_name);

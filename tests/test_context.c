@@ -15,20 +15,6 @@
 static const char *const allocators[] = {"pool", "direct", "bufcache"};
 #define NALLOCATORS ((int)(sizeof allocators / sizeof allocators[0]))
 
-static int error_mentions(const char *a, const char *b, const char *c)
-{
-    const char *e = um_last_error();
-    return strstr(e, a) && (!b || strstr(e, b)) && (!c || strstr(e, c));
-}
-
-#define CHECK_ERROR_MENTIONS(a, b, c)                                                              \
-    do {                                                                                           \
-        harness_checks++;                                                                          \
-        if (!error_mentions((a), (b), (c)))                                                        \
-            harness_report(__FILE__, __LINE__, "last error '%s' does not mention %s/%s/%s",        \
-                           um_last_error(), (a), (b) ? (b) : "-", (c) ? (c) : "-");                \
-    } while (0)
-
 static um_context *init_ctx(const char *allocator, const char *extra)
 {
     char conf[256];
@@ -145,7 +131,7 @@ static void test_bad_specs(const char *alloc)
         CHECK_STATUS(um_init(conf, &ctx), cases[i].st);
         CHECK(ctx == NULL);
         CHECK_ERROR_MENTIONS(cases[i].mention, NULL, NULL);
-        if (!error_mentions(cases[i].mention, NULL, NULL))
+        if (!harness_error_mentions(cases[i].mention, NULL, NULL))
             fprintf(stderr, "  (devices=%s)\n", cases[i].devices);
     }
 

@@ -9,21 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* True when this thread's last error contains every one of the words. */
-static int error_mentions(const char *a, const char *b, const char *c)
-{
-    const char *e = um_last_error();
-    return strstr(e, a) && (!b || strstr(e, b)) && (!c || strstr(e, c));
-}
-
-#define CHECK_ERROR_MENTIONS(a, b, c)                                                              \
-    do {                                                                                           \
-        harness_checks++;                                                                          \
-        if (!error_mentions((a), (b), (c)))                                                        \
-            harness_report(__FILE__, __LINE__, "last error '%s' does not mention %s/%s/%s",        \
-                           um_last_error(), (a), (b) ? (b) : "-", (c) ? (c) : "-");                \
-    } while (0)
-
 static void test_table(void)
 {
     CHECK_EQ(um_option_count(), 10);

@@ -985,35 +985,17 @@ static void bl_destroy(um__allocator *a)
     free(bl);
 }
 
-static const um__allocator_ops direct_ops = {
-    .name = "direct",
-    .alloc = bl_alloc,
-    .free = bl_free,
-    .owns = bl_owns,
-    .trim = bl_trim,
-    .set_memory_limit = bl_set_memory_limit,
-    .set_cache_limit = bl_set_cache_limit,
-    .stats = bl_stats,
-    .reset_peak = bl_reset_peak,
-    .stream_forget = bl_stream_forget,
-    .check = bl_check,
-    .destroy = bl_destroy,
-};
-
-static const um__allocator_ops bufcache_ops = {
-    .name = "bufcache",
-    .alloc = bl_alloc,
-    .free = bl_free,
-    .owns = bl_owns,
-    .trim = bl_trim,
-    .set_memory_limit = bl_set_memory_limit,
-    .set_cache_limit = bl_set_cache_limit,
-    .stats = bl_stats,
-    .reset_peak = bl_reset_peak,
-    .stream_forget = bl_stream_forget,
-    .check = bl_check,
-    .destroy = bl_destroy,
-};
+/* The two baselines share every operation; only the name (and the
+ * `caching` flag given at creation) tells them apart. */
+#define BL_OPS(label)                                                                              \
+    {                                                                                              \
+        .name = label, .alloc = bl_alloc, .free = bl_free, .owns = bl_owns, .trim = bl_trim,       \
+        .set_memory_limit = bl_set_memory_limit, .set_cache_limit = bl_set_cache_limit,            \
+        .stats = bl_stats, .reset_peak = bl_reset_peak, .stream_forget = bl_stream_forget,         \
+        .check = bl_check, .destroy = bl_destroy,                                                  \
+    }
+static const um__allocator_ops direct_ops = BL_OPS("direct");
+static const um__allocator_ops bufcache_ops = BL_OPS("bufcache");
 
 static um_status bl_create(const um__allocator_ops *ops, bool caching, um__backend *b,
                            const um__pool_config *c, um__allocator **out)
