@@ -105,7 +105,20 @@ typedef struct um_device_info {
     size_t memory_limit;    /* cap on reserved bytes (capacity when unset) */
     size_t cache_limit;     /* cap on cached bytes kept (SIZE_MAX: none) */
     const char *allocator;  /* "pool", "direct" or "bufcache" */
+    /* What the driver reports; zeros and "" for host and sim devices. */
+    int ordinal;            /* CUDA device ordinal (-1 when not a GPU) */
+    int cc_major, cc_minor; /* compute capability */
+    char pci_bus_id[32];    /* "0000:19:00.0" */
+    int vmm;                /* 1: pages through CUDA VMM; 0: cuMemAlloc segments */
+    int pinned;             /* host device: 1 when its memory is page-locked */
 } um_device_info;
+
+/* How the driver reports the link between two devices. */
+typedef struct um_link_info {
+    int peer_access;        /* 1: `from` can read and write `to`'s memory directly */
+    int performance_rank;   /* the driver's relative rank of the link (0 best) */
+    int native_atomics;     /* 1: atomics work across the link */
+} um_link_info;
 
 /* conf: "key=value,key=value" or NULL. UNIMEM_CONF is read first, then conf. */
 um_status um_init(const char *conf, um_context **ctx);
@@ -120,6 +133,24 @@ um_status um_stream_destroy(um_context *ctx, um_stream s);
 um_status um_stream_synchronize(um_context *ctx, um_stream s);
 /* The device a stream belongs to, or -1 for an invalid handle. */
 int um_stream_device(um_stream s);
+/* A um_stream for a stream the program already has: a CUstream (or
+ * cudaStream_t) on a CUDA device, NULL for its legacy default stream. The
+ * context never destroys `native`; um_stream_destroy forgets the wrapper.
+ * UM_ERR_UNSUPPORTED on host and sim devices. */
+um_status um_stream_wrap(um_context *ctx, int dev, void *native, um_stream *out);
+/* The backend's handle (CUstream on CUDA; NULL for default and sim streams). */
+void *um_stream_native(um_stream s);
+
+um_status um_device_link_get(um_context *ctx, int from, int to, um_link_info *out);
+/* Free and total memory of the device as its driver sees it (cuMemGetInfo
+ * on CUDA, so other processes' memory counts; capacity minus the pages
+ * created so far on host and sim devices). */
+um_status um_device_memory_get(um_context *ctx, int dev, size_t *free_bytes, size_t *total_bytes);
+
+/* The CUDA driver as this process sees it, with no context needed: its
+ * version (12040 for 12.4) and GPU count, or UM_ERR_UNSUPPORTED and in
+ * `why` the reason there is none (no libcuda.so.1, cuInit failed, ...). */
+um_status um_cuda_driver_info(int *version, int *gpus, char *why, size_t why_len);
 
 /* --------------------------------------------------------- pooled memory */
 
@@ -132,6 +163,15 @@ um_status um_malloc(um_context *ctx, int dev, size_t size, um_stream s, void **p
 um_status um_free(um_context *ctx, void *ptr, um_stream s);
 /* The device that owns ptr, or -1. Reads no device memory. */
 int um_pointer_device(um_context *ctx, const void *ptr);
+
+/* Copies n bytes between any two addresses of host, sim or CUDA memory
+ * (unimem's or the program's), queued on stream s after its earlier work;
+ * NULL: the default stream of the device that owns dst (or src). Host
+ * memory from device 0 is pinned when a GPU is present, so those copies
+ * are truly asynchronous; other host memory may be copied synchronously. */
+um_status um_memcpy_async(um_context *ctx, void *dst, const void *src, size_t n, um_stream s);
+/* The same, returning once the copy is complete. */
+um_status um_memcpy(um_context *ctx, void *dst, const void *src, size_t n);
 
 /* ------------------------------------------------------- memory control */
 

@@ -107,16 +107,49 @@ static um_status flaky_copy(um__backend *b, void *dst, const void *src, size_t n
 {
     FLAKY_FORWARD(copy, dst, src, n, dir);
 }
+static um_status flaky_stream_wrap(um__backend *b, void *native, um__bstream **out)
+{
+    FLAKY_FORWARD(stream_wrap, native, out);
+}
+static void *flaky_stream_native(um__backend *b, um__bstream *s)
+{
+    flaky *f = (flaky *)b;
+    return f->inner->ops->stream_native(f->inner, s);
+}
+static um_status flaky_copy_async(um__backend *b, void *dst, const void *src, size_t n,
+                                  um__bstream *s)
+{
+    FLAKY_FORWARD(copy_async, dst, src, n, s);
+}
+static um_status flaky_mem_info(um__backend *b, size_t *free_bytes, size_t *total)
+{
+    FLAKY_FORWARD(mem_info, free_bytes, total);
+}
 static void flaky_destroy(um__backend *b)
 {
     UM_UNUSED(b);
 }
 
 static const um__backend_ops flaky_ops = {
-    flaky_reserve,       flaky_unreserve,    flaky_create,        flaky_release,
-    flaky_map,           flaky_unmap,        flaky_stream_create, flaky_stream_destroy,
-    flaky_stream_sync,   flaky_event_record, flaky_event_query,   flaky_event_sync,
-    flaky_event_destroy, flaky_copy,         flaky_destroy,
+    .reserve = flaky_reserve,
+    .unreserve = flaky_unreserve,
+    .create = flaky_create,
+    .release = flaky_release,
+    .map = flaky_map,
+    .unmap = flaky_unmap,
+    .stream_create = flaky_stream_create,
+    .stream_destroy = flaky_stream_destroy,
+    .stream_sync = flaky_stream_sync,
+    .event_record = flaky_event_record,
+    .event_query = flaky_event_query,
+    .event_sync = flaky_event_sync,
+    .event_destroy = flaky_event_destroy,
+    .stream_wrap = flaky_stream_wrap,
+    .stream_native = flaky_stream_native,
+    .copy = flaky_copy,
+    .copy_async = flaky_copy_async,
+    .mem_info = flaky_mem_info,
+    .destroy = flaky_destroy,
 };
 
 
@@ -129,4 +162,5 @@ void flaky_init(flaky *f, um__backend *inner)
     snprintf(f->base.name, sizeof f->base.name, "flaky");
     f->base.capacity = inner->capacity;
     f->base.granularity = inner->granularity;
+    um__backend_no_driver_info(&f->base);
 }

@@ -95,6 +95,57 @@ static void test_max_devices(const char *alloc)
     um_shutdown(ctx);
 }
 
+
+/* "cuda" asks for every GPU: with no driver (CI) there are none, and the
+ * context is just the host, with pageable memory; with GPUs, each is a
+ * device with the driver's facts. host_memory=pinned without a driver is an
+ * error naming the reason. */
+static void check_cuda_entries(const char *alloc)
+{
+    char conf[160], why[256];
+    int version = -1, gpus = -1;
+    um_status drv = um_cuda_driver_info(&version, &gpus, why, sizeof why);
+    um_context *ctx = NULL;
+    snprintf(conf, sizeof conf, "allocator=%s,devices=sim:4M+cuda", alloc);
+    CHECK_OK(um_init(conf, &ctx));
+    if (!ctx)
+        return;
+    um_device_info info;
+    if (drv != UM_OK) {
+        printf("check_cuda_entries: no CUDA driver (%s): checking its absence\n", why);
+        CHECK_EQ(version, 0);
+        CHECK_EQ(gpus, 0);
+        CHECK(strstr(why, "libcuda") != NULL || strstr(why, "cuInit") != NULL);
+        CHECK_EQ(um_device_count(ctx), 2);
+        CHECK_OK(um_device_info_get(ctx, 0, &info));
+        CHECK_EQ(info.pinned, 0);
+        CHECK_EQ(info.ordinal, -1);
+    } else {
+        CHECK_EQ(um_device_count(ctx), 2 + gpus);
+        for (int g = 0; g < gpus; g++) {
+            CHECK_OK(um_device_info_get(ctx, 2 + g, &info));
+            CHECK_EQ(info.kind, UM_DEVICE_CUDA);
+            CHECK_EQ(info.ordinal, g);
+            CHECK(info.cc_major >= 3);
+            CHECK(info.capacity > 0);
+        }
+    }
+    CHECK_OK(um_device_info_get(ctx, 1, &info));
+    CHECK_EQ(info.kind, UM_DEVICE_SIM);
+    um_shutdown(ctx);
+    if (drv != UM_OK) {
+        ctx = (um_context *)&ctx;
+        snprintf(conf, sizeof conf, "allocator=%s,host_memory=pinned", alloc);
+        CHECK_STATUS(um_init(conf, &ctx), UM_ERR_UNSUPPORTED);
+        CHECK(ctx == NULL);
+        CHECK_ERROR_MENTIONS("host_memory=pinned", "libcuda", NULL);
+    } else if (gpus > 0) {
+        snprintf(conf, sizeof conf, "allocator=%s,devices=cuda:0+cuda:0", alloc);
+        CHECK_STATUS(um_init(conf, &ctx), UM_ERR_BAD_OPTION);
+        CHECK_ERROR_MENTIONS("GPU 0 twice", NULL, NULL);
+    }
+}
+
 static void test_bad_specs(const char *alloc)
 {
     static const struct {
@@ -120,8 +171,12 @@ static void test_bad_specs(const char *alloc)
         {"+sim:1M", UM_ERR_BAD_OPTION, "empty entry"},
         {"sim:1M,bogus=2", UM_ERR_BAD_OPTION, "'bogus=2'"},
         {"SIM:1M", UM_ERR_BAD_OPTION, "'SIM:1M'"},
-        {"cuda", UM_ERR_UNSUPPORTED, "CUDA backend is not built"},
-        {"sim:4M+cuda", UM_ERR_UNSUPPORTED, "CUDA"},
+        {"cuda:", UM_ERR_BAD_OPTION, "needs a GPU number"},
+        {"cuda:x", UM_ERR_BAD_OPTION, "'x' is not a GPU number"},
+        {"cuda:-1", UM_ERR_BAD_OPTION, "'-1' is not a GPU number"},
+        {"cuda:63", UM_ERR_BAD_OPTION, "from 0 to 62"},
+        {"cudax", UM_ERR_BAD_OPTION, "'cudax'"},
+        {"cuda:62", UM_ERR_NO_DEVICE, "cuda:62"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char conf[128];
@@ -134,6 +189,8 @@ static void test_bad_specs(const char *alloc)
         if (!harness_error_mentions(cases[i].mention, NULL, NULL))
             fprintf(stderr, "  (devices=%s)\n", cases[i].devices);
     }
+
+    check_cuda_entries(alloc);
 
     /* A backend failure after other devices exist tears them all down
      * (the leak check of ASan proves it): sim granularity must be a power of

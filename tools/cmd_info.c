@@ -4,6 +4,7 @@
 #include "tool.h"
 
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 static void info_usage(FILE *f)
@@ -85,16 +86,74 @@ static int print_devices(um_context *ctx, bool json)
                 printf("%zu", d.cache_limit);
             printf(", \"allocator\": ");
             json_string(stdout, d.allocator);
-            printf("}");
+            printf(", \"ordinal\": %d, \"compute_capability\": \"%d.%d\", \"pci_bus_id\": ",
+                   d.ordinal, d.cc_major, d.cc_minor);
+            json_string(stdout, d.pci_bus_id);
+            printf(", \"vmm\": %s, \"pinned\": %s}", d.vmm ? "true" : "false",
+                   d.pinned ? "true" : "false");
         } else {
             char cap[32], gran[32], mem[32], cache[32];
             printf("%-4d %-6s %-10s %12s %12s %12s %12s  %s\n", d.index, um_device_kind_name(d.kind), d.name,
                    tool_bytes(cap, d.capacity), tool_bytes(gran, d.granularity),
                    limit_text(mem, d.memory_limit), limit_text(cache, d.cache_limit), d.allocator);
+            if (d.kind == UM_DEVICE_CUDA)
+                printf("     GPU %d, compute capability %d.%d, PCI %s, pages through %s\n",
+                       d.ordinal, d.cc_major, d.cc_minor, d.pci_bus_id,
+                       d.vmm ? "CUDA VMM" : "cuMemAlloc segments");
+            else if (d.kind == UM_DEVICE_HOST)
+                printf("     %s host memory\n",
+                       d.pinned ? "page-locked (CUDA VMM pages on the host)" : "pageable");
         }
     }
     if (json)
         printf("\n  ]");
+    return 0;
+}
+
+/* The CUDA driver, and the link between every pair of devices as it
+ * reports them (peer access, its performance rank, native atomics). */
+static int print_cuda(um_context *ctx, bool json)
+{
+    char why[256];
+    int version = 0, gpus = 0;
+    um_status s = um_cuda_driver_info(&version, &gpus, why, sizeof why);
+    if (json) {
+        printf(",\n  \"cuda\": {\"available\": %s, \"driver_version\": %d, \"gpus\": %d, "
+               "\"why_absent\": ",
+               s == UM_OK ? "true" : "false", version, gpus);
+        json_string(stdout, s == UM_OK ? "" : why);
+        printf(", \"links\": [");
+    } else if (s == UM_OK) {
+        printf("\nCUDA driver %d.%d, %d GPU%s\n", version / 1000, version % 1000 / 10, gpus,
+               gpus == 1 ? "" : "s");
+    } else {
+        printf("\nno CUDA devices: %s\n", why);
+    }
+    int n = um_device_count(ctx), shown = 0;
+    for (int a = 1; a < n; a++) {
+        for (int b = 1; b < n; b++) {
+            um_device_info da, db;
+            um_link_info l;
+            if (a == b || um_device_info_get(ctx, a, &da) != UM_OK ||
+                um_device_info_get(ctx, b, &db) != UM_OK || da.kind != UM_DEVICE_CUDA ||
+                db.kind != UM_DEVICE_CUDA)
+                continue;
+            if ((s = um_device_link_get(ctx, a, b, &l)) != UM_OK)
+                return tool_fail("info", s);
+            if (json)
+                printf("%s{\"from\": %d, \"to\": %d, \"peer_access\": %s, "
+                       "\"performance_rank\": %d, \"native_atomics\": %s}",
+                       shown ? ", " : "", a, b, l.peer_access ? "true" : "false",
+                       l.performance_rank, l.native_atomics ? "true" : "false");
+            else
+                printf("  device %d -> %d: %s, rank %d%s\n", a, b,
+                       l.peer_access ? "peer access" : "no peer access (copies go through the host)",
+                       l.performance_rank, l.native_atomics ? ", native atomics" : "");
+            shown++;
+        }
+    }
+    if (json)
+        printf("]}");
     return 0;
 }
 
@@ -150,6 +209,9 @@ int um_cmd_info(int argc, char **argv)
             return 2;
         }
     }
+    /* With no configuration at all, show every device the machine has. */
+    if (!conf && !getenv("UNIMEM_CONF"))
+        conf = "devices=cuda";
     um_context *ctx = NULL;
     um_status s = um_init(conf, &ctx);
     if (s != UM_OK)
@@ -161,6 +223,8 @@ int um_cmd_info(int argc, char **argv)
         printf("unimem %d.%d.%d: %d device%s\n", UNIMEM_VERSION_MAJOR, UNIMEM_VERSION_MINOR,
                UNIMEM_VERSION_PATCH, um_device_count(ctx), um_device_count(ctx) == 1 ? "" : "s");
     int rc = print_devices(ctx, json);
+    if (rc == 0)
+        rc = print_cuda(ctx, json);
     if (rc == 0 && options)
         rc = print_options(json);
     if (json && rc == 0)

@@ -41,6 +41,7 @@ typedef struct rp_result {
     const char *allocator; /* the allocator option's word */
     const char *label;     /* the table row */
     uint64_t peak_reserved, backend_calls, failed_allocs;
+    uint64_t driver_peak; /* peak of the driver's used memory; 0: not measured */
     double ns_per_event;
     bool have_min; /* min_limit measured */
     uint64_t min_limit;
@@ -66,7 +67,7 @@ static void usage(FILE *f)
             "  --device SPEC   the device to replay on: a value of the devices option\n"
             "                  (default " REPLAY_DEFAULT_DEVICE
             ", an H200-sized simulated device; the first\n"
-            "                  accelerator is used), or 'host' for device 0\n"
+            "                  accelerator is used; cuda:0 for GPU 0), or 'host' for device 0\n"
             "  --limit BYTES   memory limit for all three runs (K/M/G suffixes); allocations\n"
             "                  that fail under it are counted\n"
             "  --min-limit     also bisect, per allocator, the smallest memory limit (in 2 MiB\n"
@@ -226,8 +227,46 @@ static int trace_load(const rp_opts *o, rp_trace *t)
 /* What one replay found. */
 typedef struct rp_run {
     uint64_t peak_reserved, backend_calls, failed_allocs, ns;
+    uint64_t driver_peak; /* CUDA: the driver's used memory at unimem's peak */
     size_t granularity;
 } rp_run;
+
+/* The driver's view of a GPU during a replay. */
+typedef struct driver_watch {
+    um_context *ctx;
+    int dev;
+    bool on;
+    size_t free_before, seen_reserved;
+    uint64_t peak_used;
+} driver_watch;
+
+static um_status driver_watch_start(driver_watch *w, um_context *ctx, int dev, bool on)
+{
+    size_t total;
+    memset(w, 0, sizeof *w);
+    w->ctx = ctx;
+    w->dev = dev;
+    w->on = on;
+    return on ? um_device_memory_get(ctx, dev, &w->free_before, &total) : UM_OK;
+}
+
+static um_status driver_watch_sample(driver_watch *w)
+{
+    if (!w->on)
+        return UM_OK;
+    um_stats st;
+    size_t free_now, total;
+    um_status s = um_stats_get(w->ctx, w->dev, &st);
+    if (s != UM_OK || st.reserved_bytes <= w->seen_reserved)
+        return s;
+    w->seen_reserved = st.reserved_bytes;
+    if ((s = um_device_memory_get(w->ctx, w->dev, &free_now, &total)) != UM_OK)
+        return s;
+    uint64_t used = w->free_before > free_now ? w->free_before - free_now : 0;
+    if (used > w->peak_used)
+        w->peak_used = used;
+    return UM_OK;
+}
 
 /* Replays the trace once on a fresh context with allocator `alloc` and
  * memory limit `limit` (0: none). With stop_on_fail, the first failed
@@ -279,6 +318,14 @@ static int replay_once(const rp_opts *o, const rp_trace *t, const char *alloc, u
         rc = tool_fail(REPLAY_CMD, s);
         goto out;
     }
+    /* On a GPU the driver's own count is watched: at every new peak of
+     * reserved bytes, cuMemGetInfo's used memory (less what was used before
+     * the replay) is sampled, so the table can show both views. */
+    driver_watch dw;
+    if ((s = driver_watch_start(&dw, ctx, dev, info.kind == UM_DEVICE_CUDA)) != UM_OK) {
+        rc = tool_fail(REPLAY_CMD, s);
+        goto out;
+    }
     /* The trace's stream 0 is the device's default stream. */
     for (uint32_t i = 0; i < t->nstreams; i++) {
         if (t->streams[i] != 0 && (s = um_stream_create(ctx, dev, &streams[i])) != UM_OK) {
@@ -299,7 +346,7 @@ static int replay_once(const rp_opts *o, const rp_trace *t, const char *alloc, u
                 ptrs[e->slot] = NULL; /* its free is skipped */
                 if (stop_on_fail)
                     break;
-            } else if (s != UM_OK) {
+            } else if (s != UM_OK || (s = driver_watch_sample(&dw)) != UM_OK) {
                 bar_end(&bar);
                 rc = tool_fail(REPLAY_CMD, s);
                 goto out;
@@ -324,6 +371,7 @@ static int replay_once(const rp_opts *o, const rp_trace *t, const char *alloc, u
     }
     out->peak_reserved = stats.peak_reserved_bytes;
     out->backend_calls = stats.num_backend_calls;
+    out->driver_peak = dw.peak_used;
 out:
     for (uint32_t i = 0; streams && i < t->nstreams; i++)
         if (streams[i])
@@ -407,6 +455,11 @@ static void json_fields(const rp_trace *t, const rp_result *r)
            (unsigned long long)r->peak_reserved, ratio(r->peak_reserved, t->peak_live),
            (unsigned long long)r->backend_calls, (unsigned long long)r->failed_allocs,
            r->ns_per_event);
+    if (r->driver_peak)
+        printf("\"driver_peak_used_bytes\": %llu, \"driver_over_reserved\": %.4f, ",
+               (unsigned long long)r->driver_peak, ratio(r->driver_peak, r->peak_reserved));
+    else
+        printf("\"driver_peak_used_bytes\": null, \"driver_over_reserved\": null, ");
     if (r->have_min)
         printf("\"min_limit_bytes\": %llu, \"min_limit_over_live\": %.4f",
                (unsigned long long)r->min_limit, ratio(r->min_limit, t->peak_live));
@@ -467,6 +520,12 @@ static void print_table(const rp_opts *o, const rp_trace *t, const rp_result *r)
                minr, (unsigned long long)r[i].backend_calls, (unsigned long long)r[i].failed_allocs,
                r[i].ns_per_event);
     }
+    for (int i = 0; i < 3; i++)
+        if (r[i].driver_peak)
+            printf("%s: the driver's used memory peaked at %s against a peak reserved of %s "
+                   "(%.4fx)\n",
+                   r[i].label, tool_bytes(b1, r[i].driver_peak), tool_bytes(b2, r[i].peak_reserved),
+                   ratio(r[i].driver_peak, r[i].peak_reserved));
 }
 
 /* ----------------------------------------------------------- the command */
@@ -564,6 +623,7 @@ int um_cmd_replay(int argc, char **argv)
         r[i].peak_reserved = run.peak_reserved;
         r[i].backend_calls = run.backend_calls;
         r[i].failed_allocs = run.failed_allocs;
+        r[i].driver_peak = run.driver_peak;
         r[i].ns_per_event = t.n ? (double)run.ns / (double)t.n : 0.0;
         if (o.min_limit) {
             /* The upper bound is the unlimited peak: rerun without the

@@ -49,8 +49,20 @@ typedef struct um__backend_ops {
     um_status (*event_sync)(um__backend *b, um__bevent *e);
     void (*event_destroy)(um__backend *b, um__bevent *e);
 
+    /* A backend stream for a stream the program owns (a CUstream); the
+     * backend never destroys `native`. UM_ERR_UNSUPPORTED without one. */
+    um_status (*stream_wrap)(um__backend *b, void *native, um__bstream **out);
+    /* The native handle of s (NULL for the default stream and on sim). */
+    void *(*stream_native)(um__backend *b, um__bstream *s);
+
     /* dir 0: host -> device (dst is device memory); dir 1: device -> host. */
     um_status (*copy)(um__backend *b, void *dst, const void *src, size_t n, int dir);
+    /* n bytes between any two addresses the backend can reach (its memory,
+     * host memory, a peer's memory), queued on s. */
+    um_status (*copy_async)(um__backend *b, void *dst, const void *src, size_t n,
+                            um__bstream *s);
+    /* Free and total physical memory as the device's driver sees it. */
+    um_status (*mem_info)(um__backend *b, size_t *free_bytes, size_t *total);
 
     void (*destroy)(um__backend *b);
 } um__backend_ops;
@@ -63,7 +75,23 @@ struct um__backend {
     size_t granularity;    /* physical page size; a power of two */
     _Atomic uint64_t calls;/* backend calls made, of any kind */
     _Atomic size_t physical_bytes; /* bytes of chunks created and not released */
+    /* What the driver reports (CUDA); -1, 0 and "" elsewhere. */
+    int ordinal;           /* CUDA device ordinal, -1 when not a GPU */
+    int cc_major, cc_minor;
+    char pci_bus_id[32];
+    int vmm;               /* 1: pages through VMM (memfd backends too) */
+    int pinned;            /* 1: host memory that is page-locked */
 };
+
+/* Sets the driver-reported fields of a backend that has none. */
+static inline void um__backend_no_driver_info(um__backend *b)
+{
+    b->ordinal = -1;
+    b->cc_major = b->cc_minor = 0;
+    b->pci_bus_id[0] = '\0';
+    b->vmm = 1;
+    b->pinned = 0;
+}
 
 /* Constructors. Both keep physical memory in one memfd per device and map
  * it with mmap(MAP_FIXED), so a page can be unmapped in one place and mapped
@@ -72,6 +100,17 @@ struct um__backend {
 um_status um__host_backend_create(size_t capacity, size_t granularity, um__backend **out);
 um_status um__sim_backend_create(const char *name, size_t capacity, size_t granularity,
                                  um__backend **out);
+
+/* CUDA (cuda.c). um__cuda_backend_create makes the backend of one GPU
+ * (pages from cuMemCreate on that GPU, or cuMemAlloc segments when vmm is
+ * 0); um__cuda_host_backend_create makes page-locked host memory through
+ * the same VMM calls, located on the host, that every GPU can reach.
+ * Both fail with UM_ERR_UNSUPPORTED and the reason when the driver or the
+ * feature is missing. */
+um_status um__cuda_backend_create(int ordinal, int vmm, um__backend **out);
+um_status um__cuda_host_backend_create(size_t capacity, um__backend **out);
+/* The link from GPU `from` to GPU `to` (ordinals) as the driver reports it. */
+um_status um__cuda_link(int from, int to, um_link_info *out);
 
 /* Simulated work, for tests and (later) the run layer: queue `n` units of
  * work on a sim stream; they stay incomplete until um__sim_stream_complete
@@ -103,6 +142,13 @@ static inline um_status um__be_stream_sync(um__backend *b, um__bstream *s)
 { return UM_BE_CALL_(b, stream_sync, s); }
 static inline um_status um__be_copy(um__backend *b, void *dst, const void *src, size_t n, int dir)
 { return UM_BE_CALL_(b, copy, dst, src, n, dir); }
+static inline um_status um__be_copy_async(um__backend *b, void *dst, const void *src, size_t n,
+                                          um__bstream *s)
+{ return UM_BE_CALL_(b, copy_async, dst, src, n, s); }
+static inline um_status um__be_stream_wrap(um__backend *b, void *native, um__bstream **out)
+{ return UM_BE_CALL_(b, stream_wrap, native, out); }
+static inline um_status um__be_mem_info(um__backend *b, size_t *free_bytes, size_t *total)
+{ return UM_BE_CALL_(b, mem_info, free_bytes, total); }
 static inline um_status um__be_event_record(um__backend *b, um__bstream *s, um__bevent **out)
 { return UM_BE_CALL_(b, event_record, s, out); }
 static inline um_status um__be_event_query(um__backend *b, um__bevent *e, int *done)

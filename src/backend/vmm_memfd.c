@@ -704,6 +704,45 @@ static um_status vmm_copy(um__backend *b, void *dst, const void *src, size_t n, 
     return UM_OK;
 }
 
+/* Host and sim memory is ordinary process memory, so a copy between any
+ * two addresses is a memmove, done at once: a queued copy on a sim stream
+ * is complete when it is queued. */
+static um_status vmm_copy_async(um__backend *b, void *dst, const void *src, size_t n,
+                                um__bstream *s)
+{
+    UM_UNUSED(s);
+    if (!dst || !src)
+        return um__fail(UM_ERR_INVALID, "%s: copy of %zu bytes: %s pointer is NULL", b->name, n,
+                        dst ? "source" : "destination");
+    if (n)
+        memmove(dst, src, n);
+    return UM_OK;
+}
+
+static um_status vmm_stream_wrap(um__backend *b, void *native, um__bstream **out)
+{
+    UM_UNUSED(native);
+    *out = NULL;
+    return um__fail(UM_ERR_UNSUPPORTED,
+                    "%s: a native stream can only be wrapped on a CUDA device (this one is %s)",
+                    b->name, um_device_kind_name(b->kind));
+}
+
+static void *vmm_stream_native(um__backend *b, um__bstream *s)
+{
+    UM_UNUSED(b);
+    UM_UNUSED(s);
+    return NULL;
+}
+
+static um_status vmm_mem_info(um__backend *b, size_t *free_bytes, size_t *total)
+{
+    size_t used = atomic_load(&b->physical_bytes);
+    *total = b->capacity;
+    *free_bytes = used < b->capacity ? b->capacity - used : 0;
+    return UM_OK;
+}
+
 /* Frees everything a (possibly half-built) backend holds. */
 static void vmm_free_all(um__memfd_backend *m)
 {
@@ -751,7 +790,11 @@ const um__backend_ops um__memfd_ops = {
     .event_query = vmm_event_query,
     .event_sync = vmm_event_sync,
     .event_destroy = vmm_event_destroy,
+    .stream_wrap = vmm_stream_wrap,
+    .stream_native = vmm_stream_native,
     .copy = vmm_copy,
+    .copy_async = vmm_copy_async,
+    .mem_info = vmm_mem_info,
     .destroy = vmm_destroy,
 };
 
@@ -840,6 +883,7 @@ um_status um__memfd_backend_create(um_device_kind kind, const char *name, size_t
     m->base.granularity = granularity;
     atomic_init(&m->base.calls, 0);
     atomic_init(&m->base.physical_bytes, 0);
+    um__backend_no_driver_info(&m->base);
     *out = &m->base;
     return UM_OK;
 }

@@ -15,7 +15,7 @@
       "error|warn|info|debug: messages at this level and above go to stderr")                 \
     X(devices, UM_OPT_STRING, "",                                                             \
       "accelerators after the host (device 0), comma or '+' separated: sim:4G, sim:2x4G "    \
-      "(two devices), cuda (every CUDA GPU); empty: host only")                               \
+      "(two devices), cuda (every CUDA GPU), cuda:N (GPU N); empty: host only")               \
     X(allocator, UM_OPT_ENUM, "pool",                                                         \
       "pool|direct|bufcache: unimem's pool, no cache (every request to the backend), or an " \
       "MLX-style buffer cache (baselines)")                                                   \
@@ -30,7 +30,13 @@
     X(thread_cache, UM_OPT_BOOL, "1",                                                         \
       "per-thread caches of small blocks (no lock on the common alloc/free pair)")            \
     X(va_factor, UM_OPT_INT, "4",                                                             \
-      "virtual address space reserved per device, as a multiple of its capacity")
+      "virtual address space reserved per device, as a multiple of its capacity")             \
+    X(host_memory, UM_OPT_ENUM, "auto",                                                       \
+      "auto|pinned|pageable: host pool memory; auto pins it (CUDA VMM host pages) when "      \
+      "devices lists a GPU and the driver can, else pageable")                                \
+    X(cuda_vmm, UM_OPT_BOOL, "1",                                                             \
+      "GPU pages through CUDA virtual memory management; 0 refuses GPUs (the cuMemAlloc "     \
+      "fallback is not built yet)")
 
 typedef struct um__options {
     int log_level;          /* um_log_level */
@@ -43,7 +49,15 @@ typedef struct um__options {
     size_t host_capacity;
     int thread_cache;
     int va_factor;
+    int host_memory;        /* um__host_memory */
+    int cuda_vmm;
 } um__options;
+
+typedef enum um__host_memory {
+    UM_HOST_MEMORY_AUTO = 0,
+    UM_HOST_MEMORY_PINNED = 1,
+    UM_HOST_MEMORY_PAGEABLE = 2
+} um__host_memory;
 
 typedef enum um__allocator_kind {
     UM_ALLOCATOR_POOL = 0,

@@ -5,6 +5,7 @@
  * memory.c; they only read what this file built.
  */
 #include "core.h"
+#include "../backend/cuda_driver.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -96,6 +97,60 @@ um_status um_device_info_get(um_context *ctx, int dev, um_device_info *out)
     out->memory_limit = d->alloc->memory_limit;
     out->cache_limit = d->alloc->cache_limit;
     out->allocator = d->alloc->ops->name;
+    out->ordinal = d->backend->ordinal;
+    out->cc_major = d->backend->cc_major;
+    out->cc_minor = d->backend->cc_minor;
+    snprintf(out->pci_bus_id, sizeof out->pci_bus_id, "%s", d->backend->pci_bus_id);
+    out->vmm = d->backend->vmm;
+    out->pinned = d->backend->pinned;
+    return UM_OK;
+}
+
+um_status um_device_link_get(um_context *ctx, int from, int to, um_link_info *out)
+{
+    if (!ctx || !out)
+        return um__fail(UM_ERR_INVALID, "um_device_link_get: %s is NULL", ctx ? "out" : "ctx");
+    memset(out, 0, sizeof *out);
+    um_device *a = um__device(ctx, from, "um_device_link_get");
+    um_device *b = a ? um__device(ctx, to, "um_device_link_get") : NULL;
+    if (!b)
+        return UM_ERR_NO_DEVICE;
+    int ga = a->backend->ordinal, gb = b->backend->ordinal;
+    if (ga >= 0 && gb >= 0)
+        return um__cuda_link(ga, gb, out);
+    /* Host and sim memory is process memory: every device can reach it,
+     * and a device reaches its own; a sim device never reaches a GPU. */
+    bool process_memory = a->backend->kind != UM_DEVICE_CUDA && b->backend->kind != UM_DEVICE_CUDA;
+    bool host_side = b->backend->kind == UM_DEVICE_HOST && b->backend->pinned;
+    out->peer_access = from == to || process_memory || host_side;
+    out->native_atomics = from == to;
+    out->performance_rank = 0;
+    return UM_OK;
+}
+
+um_status um_device_memory_get(um_context *ctx, int dev, size_t *free_bytes, size_t *total_bytes)
+{
+    if (!ctx || !free_bytes || !total_bytes)
+        return um__fail(UM_ERR_INVALID, "um_device_memory_get: %s is NULL",
+                        !ctx ? "ctx" : !free_bytes ? "free_bytes" : "total_bytes");
+    um_device *d = um__device(ctx, dev, "um_device_memory_get");
+    if (!d)
+        return UM_ERR_NO_DEVICE;
+    return um__be_mem_info(d->backend, free_bytes, total_bytes);
+}
+
+um_status um_cuda_driver_info(int *version, int *gpus, char *why, size_t why_len)
+{
+    char reason[256];
+    const um__cuda_api *cu = um__cuda_load(reason, sizeof reason);
+    if (version)
+        *version = cu ? cu->version : 0;
+    if (gpus)
+        *gpus = cu ? cu->gpus : 0;
+    if (why && why_len)
+        snprintf(why, why_len, "%s", cu ? "" : reason);
+    if (!cu)
+        return um__fail(UM_ERR_UNSUPPORTED, "um_cuda_driver_info: %s", reason);
     return UM_OK;
 }
 
@@ -128,8 +183,9 @@ typedef enum spec_kind { SPEC_SIM, SPEC_CUDA } spec_kind;
  * syntax error costs no backend calls. */
 typedef struct device_spec {
     spec_kind kind;
-    int count;   /* devices this entry makes */
+    int count;   /* devices this entry makes (cuda: 0, known once the driver is asked) */
     size_t size; /* bytes per device (sim) */
+    int ordinal; /* cuda:N -> N; cuda -> -1 (every GPU) */
 } device_spec;
 
 static bool spec_is_space(char c)
@@ -137,20 +193,45 @@ static bool spec_is_space(char c)
     return c == ' ' || c == '\t' || c == '\n' || c == '\r';
 }
 
-/* Parses "sim:SIZE", "sim:NxSIZE" or "cuda" (text[0..len), trimmed). */
+/* Parses "cuda" or "cuda:N". */
+static um_status parse_cuda(const char *text, size_t len, device_spec *out)
+{
+    int shown = len > 80 ? 80 : (int)len;
+    out->kind = SPEC_CUDA;
+    out->count = 0; /* known only once the driver is asked */
+    out->size = 0;
+    out->ordinal = -1;
+    if (len == 4)
+        return UM_OK;
+    long n = 0;
+    for (size_t i = 5; i < len; i++) {
+        if (text[i] < '0' || text[i] > '9' || n > UM_MAX_DEVICES)
+            return um__fail(UM_ERR_BAD_OPTION,
+                            "option 'devices': entry '%.*s': '%.*s' is not a GPU number from 0 "
+                            "to %d",
+                            shown, text, (int)(len - 5), text + 5, UM_MAX_DEVICES - 2);
+        n = n * 10 + (text[i] - '0');
+    }
+    if (len == 5 || n > UM_MAX_DEVICES - 2)
+        return um__fail(UM_ERR_BAD_OPTION,
+                        "option 'devices': entry '%.*s' needs a GPU number from 0 to %d after "
+                        "'cuda:'",
+                        shown, text, UM_MAX_DEVICES - 2);
+    out->ordinal = (int)n;
+    return UM_OK;
+}
+
+/* Parses "sim:SIZE", "sim:NxSIZE", "cuda" or "cuda:N" (text[0..len), trimmed). */
 static um_status parse_entry(const char *text, size_t len, int accelerators, device_spec *out)
 {
     int shown = len > 80 ? 80 : (int)len;
-    if (len == 4 && !memcmp(text, "cuda", 4)) {
-        out->kind = SPEC_CUDA;
-        out->count = 0; /* known only once the driver is asked */
-        out->size = 0;
-        return UM_OK;
-    }
+    if ((len == 4 && !memcmp(text, "cuda", 4)) || (len >= 5 && !memcmp(text, "cuda:", 5)))
+        return parse_cuda(text, len, out);
     if (len < 4 || memcmp(text, "sim:", 4) != 0)
         return um__fail(UM_ERR_BAD_OPTION,
-                        "option 'devices': entry '%.*s' is not sim:SIZE, sim:NxSIZE or cuda", shown,
-                        text);
+                        "option 'devices': entry '%.*s' is not sim:SIZE, sim:NxSIZE, cuda or "
+                        "cuda:N",
+                        shown, text);
     const char *p = text + 4, *end = text + len;
     const char *x = memchr(p, 'x', (size_t)(end - p));
     if (!x)
@@ -202,6 +283,7 @@ static um_status parse_entry(const char *text, size_t len, int accelerators, dev
     out->kind = SPEC_SIM;
     out->count = (int)count;
     out->size = size;
+    out->ordinal = -1;
     return UM_OK;
 }
 
@@ -268,22 +350,24 @@ static bool valid_stream(um_context *ctx, um_stream s)
     return s && s->magic == UM_STREAM_MAGIC && s->ctx == ctx;
 }
 
-um_status um_stream_create(um_context *ctx, int dev, um_stream *out)
+/* um_stream_create (native NULL, wrap false) and um_stream_wrap: the
+ * backend stream, an id, and the node on the context's list. */
+static um_status stream_new(um_context *ctx, int dev, bool wrap, void *native, um_stream *out,
+                            const char *what)
 {
     if (!ctx || !out)
-        return um__fail(UM_ERR_INVALID, "um_stream_create: %s is NULL", ctx ? "out" : "ctx");
+        return um__fail(UM_ERR_INVALID, "%s: %s is NULL", what, ctx ? "out" : "ctx");
     *out = NULL;
-    um_device *d = um__device(ctx, dev, "um_stream_create");
+    um_device *d = um__device(ctx, dev, what);
     if (!d)
         return UM_ERR_NO_DEVICE;
     stream_node *n = calloc(1, sizeof *n);
     if (!n)
-        return um__fail(UM_ERR_NOMEM,
-                        "um_stream_create: device %d: no memory for a stream (%zu "
-                        "bytes)",
+        return um__fail(UM_ERR_NOMEM, "%s: device %d: no memory for a stream (%zu bytes)", what,
                         dev, sizeof *n);
     um__bstream *bs = NULL;
-    um_status st = um__be_stream_create(d->backend, &bs);
+    um_status st = wrap ? um__be_stream_wrap(d->backend, native, &bs)
+                        : um__be_stream_create(d->backend, &bs);
     if (st != UM_OK) {
         free(n);
         return st;
@@ -300,8 +384,8 @@ um_status um_stream_create(um_context *ctx, int dev, um_stream *out)
         pthread_mutex_unlock(&impl->lock);
         (void)um__be_stream_destroy(d->backend, bs);
         free(n);
-        return um__fail(UM_ERR_NOMEM, "um_stream_create: device %d already has %u streams",
-                        dev, MAX_STREAM_ID);
+        return um__fail(UM_ERR_NOMEM, "%s: device %d already has %u streams", what, dev,
+                        MAX_STREAM_ID);
     }
     n->s.ctx = ctx;
     n->s.dev = dev;
@@ -312,6 +396,24 @@ um_status um_stream_create(um_context *ctx, int dev, um_stream *out)
     pthread_mutex_unlock(&impl->lock);
     *out = &n->s;
     return UM_OK;
+}
+
+um_status um_stream_create(um_context *ctx, int dev, um_stream *out)
+{
+    return stream_new(ctx, dev, false, NULL, out, "um_stream_create");
+}
+
+um_status um_stream_wrap(um_context *ctx, int dev, void *native, um_stream *out)
+{
+    return stream_new(ctx, dev, true, native, out, "um_stream_wrap");
+}
+
+void *um_stream_native(um_stream s)
+{
+    if (!s || s->magic != UM_STREAM_MAGIC)
+        return NULL;
+    um__backend *b = s->ctx->devices[s->dev].backend;
+    return b->ops->stream_native(b, s->ref.bstream);
 }
 
 um_status um_stream_destroy(um_context *ctx, um_stream s)
@@ -446,20 +548,102 @@ static void add_device(um_context *ctx, um__backend *b)
     ctx->ndevices++;
 }
 
+/* Device 0: pinned host memory through the CUDA driver when asked for, or
+ * (host_memory=auto) when the devices list names a GPU and the driver can;
+ * pageable memfd memory otherwise. */
+static um_status create_host(um_context *ctx, const device_spec *specs, int nspecs)
+{
+    const um__options *o = &ctx->opts;
+    bool gpu_listed = false;
+    for (int i = 0; i < nspecs; i++)
+        gpu_listed |= specs[i].kind == SPEC_CUDA;
+    um__backend *b = NULL;
+    um_status st;
+    if (o->host_memory == UM_HOST_MEMORY_PINNED ||
+        (o->host_memory == UM_HOST_MEMORY_AUTO && gpu_listed)) {
+        st = um__cuda_host_backend_create(o->host_capacity, &b);
+        if (st == UM_OK) {
+            add_device(ctx, b);
+            return UM_OK;
+        }
+        if (o->host_memory == UM_HOST_MEMORY_PINNED)
+            return fail_within(st, "um_init: device 0 (host, host_memory=pinned)");
+        char why[300];
+        um__log(UM_LOG_INFO, "um_init: host memory stays pageable: %s",
+                error_detail(st, why, sizeof why));
+    }
+    st = um__host_backend_create(o->host_capacity, o->host_granularity, &b);
+    if (st != UM_OK)
+        return fail_within(st, "um_init: device 0 (host)");
+    add_device(ctx, b);
+    return UM_OK;
+}
+
+/* One device per GPU of the entry: every GPU the driver reports for
+ * "cuda" (none, with a note in the log, when there is no driver), or GPU N
+ * for "cuda:N" (an error when it does not exist). */
+static um_status create_cuda(um_context *ctx, const device_spec *spec)
+{
+    char why[256];
+    const um__cuda_api *cu = um__cuda_load(why, sizeof why);
+    if (!cu && spec->ordinal < 0) {
+        um__log(UM_LOG_INFO, "um_init: option 'devices' asks for every GPU, and there is none: %s",
+                why);
+        return UM_OK;
+    }
+    if (!cu)
+        return um__fail(UM_ERR_NO_DEVICE, "um_init: option 'devices' asks for cuda:%d: %s",
+                        spec->ordinal, why);
+    int first = spec->ordinal < 0 ? 0 : spec->ordinal;
+    int end = spec->ordinal < 0 ? cu->gpus : spec->ordinal + 1;
+    if (spec->ordinal >= cu->gpus)
+        return um__fail(UM_ERR_NO_DEVICE,
+                        "um_init: option 'devices' asks for cuda:%d, but the driver reports %d "
+                        "GPU%s (cuda:0 to cuda:%d)",
+                        spec->ordinal, cu->gpus, cu->gpus == 1 ? "" : "s", cu->gpus - 1);
+    for (int g = first; g < end; g++) {
+        for (int i = 1; i < ctx->ndevices; i++)
+            if (ctx->devices[i].backend->ordinal == g)
+                return um__fail(UM_ERR_BAD_OPTION,
+                                "um_init: option 'devices' names GPU %d twice (device %d is "
+                                "cuda%d already)",
+                                g, i, g);
+        if (ctx->ndevices == UM_MAX_DEVICES)
+            return um__fail(UM_ERR_BAD_OPTION,
+                            "um_init: option 'devices' makes more than %d devices (with the host)",
+                            UM_MAX_DEVICES);
+        um__backend *b = NULL;
+        um_status st = um__cuda_backend_create(g, ctx->opts.cuda_vmm, &b);
+        if (st != UM_OK) {
+            char where[64];
+            snprintf(where, sizeof where, "um_init: device %d (cuda%d)", ctx->ndevices, g);
+            return fail_within(st, where);
+        }
+        add_device(ctx, b);
+    }
+    return UM_OK;
+}
+
 static um_status create_backends(um_context *ctx, const device_spec *specs, int nspecs)
 {
     const um__options *o = &ctx->opts;
     um__backend *b = NULL;
-    um_status st = um__host_backend_create(o->host_capacity, o->host_granularity, &b);
+    um_status st = create_host(ctx, specs, nspecs);
     if (st != UM_OK)
-        return fail_within(st, "um_init: device 0 (host)");
-    add_device(ctx, b);
+        return st;
     for (int i = 0; i < nspecs; i++) {
         switch (specs[i].kind) {
         case SPEC_SIM:
             for (int k = 0; k < specs[i].count; k++) {
                 char name[16], where[64], bytes[32];
                 int index = ctx->ndevices;
+                /* GPUs are counted only once the driver is asked, so the
+                 * parser's bound may not have seen them. */
+                if (index == UM_MAX_DEVICES)
+                    return um__fail(UM_ERR_BAD_OPTION,
+                                    "um_init: option 'devices' makes more than %d devices (with "
+                                    "the host)",
+                                    UM_MAX_DEVICES);
                 snprintf(name, sizeof name, "sim%d", index);
                 st = um__sim_backend_create(name, specs[i].size, o->sim_granularity, &b);
                 if (st != UM_OK) {
@@ -471,11 +655,9 @@ static um_status create_backends(um_context *ctx, const device_spec *specs, int 
             }
             break;
         case SPEC_CUDA:
-            /* Adding CUDA is this one branch: enumerate the GPUs here and
-             * add one backend per GPU. */
-            return um__fail(UM_ERR_UNSUPPORTED,
-                            "um_init: option 'devices' asks for 'cuda', but the CUDA backend is "
-                            "not built yet; use sim:SIZE devices");
+            if ((st = create_cuda(ctx, &specs[i])) != UM_OK)
+                return st;
+            break;
         }
     }
     return UM_OK;

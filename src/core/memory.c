@@ -153,3 +153,67 @@ um_status um_reset_peak(um_context *ctx, int dev)
     a->ops->reset_peak(a);
     return UM_OK;
 }
+
+/* ------------------------------------------------------------- copies */
+
+/* The device whose backend runs a copy: the stream's, else a CUDA device
+ * that owns either side (its driver can reach both through unified
+ * addressing), else whichever owns either side, else the host. */
+static int copy_device(um_context *ctx, const void *dst, const void *src, um_stream s)
+{
+    if (s)
+        return s->dev;
+    int d = owner_of(ctx, dst, -1), e = owner_of(ctx, src, -1);
+    if (d >= 0 && ctx->devices[d].backend->kind == UM_DEVICE_CUDA)
+        return d;
+    if (e >= 0 && ctx->devices[e].backend->kind == UM_DEVICE_CUDA)
+        return e;
+    if (ctx->devices[0].backend->pinned && ctx->ndevices > 1) {
+        /* Pinned host memory on both sides still wants the GPU's copy
+         * engine: take the first GPU. */
+        for (int i = 1; i < ctx->ndevices; i++)
+            if (ctx->devices[i].backend->kind == UM_DEVICE_CUDA)
+                return i;
+    }
+    return d >= 0 ? d : e >= 0 ? e : 0;
+}
+
+static um_status copy_common(um_context *ctx, void *dst, const void *src, size_t n, um_stream s,
+                             bool wait, const char *what)
+{
+    if (!ctx)
+        return um__fail(UM_ERR_INVALID, "%s: ctx is NULL", what);
+    if (s && (s->magic != UM_STREAM_MAGIC || s->ctx != ctx))
+        return bad_stream(what, s);
+    if (n == 0)
+        return UM_OK;
+    if (!dst || !src)
+        return um__fail(UM_ERR_INVALID, "%s: %zu bytes: the %s pointer is NULL", what, n,
+                        dst ? "source" : "destination");
+    uintptr_t a = (uintptr_t)dst, b = (uintptr_t)src;
+    if (a + n < a || b + n < b)
+        return um__fail(UM_ERR_INVALID, "%s: %zu bytes from %p to %p wrap around the address space",
+                        what, n, src, dst);
+    if ((a < b + n) && (b < a + n) && a != b)
+        return um__fail(UM_ERR_INVALID,
+                        "%s: %zu bytes from %p to %p: the ranges overlap (a stream-ordered copy "
+                        "of overlapping ranges is undefined)",
+                        what, n, src, dst);
+    int dev = copy_device(ctx, dst, src, s);
+    um_device *d = &ctx->devices[dev];
+    um__bstream *bs = s ? s->ref.bstream : NULL;
+    um_status st = um__be_copy_async(d->backend, dst, src, n, bs);
+    if (st == UM_OK && wait)
+        st = um__be_stream_sync(d->backend, bs);
+    return st;
+}
+
+um_status um_memcpy_async(um_context *ctx, void *dst, const void *src, size_t n, um_stream s)
+{
+    return copy_common(ctx, dst, src, n, s, false, "um_memcpy_async");
+}
+
+um_status um_memcpy(um_context *ctx, void *dst, const void *src, size_t n)
+{
+    return copy_common(ctx, dst, src, n, NULL, true, "um_memcpy");
+}

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The GPU machine's whole sequence for the CUDA backend: build, every test
+# (the GPU ones included), `unimem info`, replays on cuda:0 with the driver's
+# view, the allocator comparison, and (when torch is there) the PyTorch
+# end-to-end run. Every result goes under $OUT.
+# Usage: bench/gpu/gpu_run.sh [quick] [STEP...]   STEP: build test info replay compare torch e2e
+set -u
+OUT=${OUT:-out}
+mkdir -p "$OUT"
+QUICK=
+if [ "${1:-}" = quick ]; then QUICK=--quick; shift; fi
+STEPS=${*:-build test info replay compare torch e2e}
+has() { case " $STEPS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+{
+  date -u; uname -a; nproc; git rev-parse HEAD 2>/dev/null; git status --short 2>/dev/null | head
+  nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv 2>/dev/null
+} > "$OUT/machine.txt" 2>&1
+if has build; then
+  { cmake -S . -B build-dev -DCMAKE_BUILD_TYPE=RelWithDebInfo &&
+    cmake --build build-dev -j "$(nproc)"; } > "$OUT/build.txt" 2>&1 || { tail -40 "$OUT/build.txt"; exit 1; }
+  echo "build ok"
+fi
+if has test; then
+  build-dev/tests/test_cuda > "$OUT/test_cuda.txt" 2>&1; echo "test_cuda rc=$?"; tail -25 "$OUT/test_cuda.txt"
+  (cd build-dev && ctest -j 8 --output-on-failure) > "$OUT/ctest.txt" 2>&1; echo "ctest rc=$?"; tail -8 "$OUT/ctest.txt"
+fi
+if has info; then
+  build-dev/unimem info > "$OUT/info.txt" 2>&1; cat "$OUT/info.txt"
+  build-dev/unimem info --json > "$OUT/info.json" 2>&1
+fi
+if has replay; then
+  for t in data/*.trace.gz; do
+    n=$(basename "$t" .trace.gz)
+    build-dev/unimem replay "$t" --device cuda:0 --json > "$OUT/replay_cuda_$n.json" 2> "$OUT/replay_cuda_$n.err"
+    build-dev/unimem replay "$t" --device cuda:0 > "$OUT/replay_cuda_$n.txt" 2>&1
+    build-dev/unimem replay "$t" --json > "$OUT/replay_sim_$n.json" 2>&1
+    tail -8 "$OUT/replay_cuda_$n.txt"; cat "$OUT/replay_cuda_$n.err"
+  done
+fi
+if has compare; then
+  bench/gpu/build_compare.sh build-dev build-dev/alloc_compare > "$OUT/compare_build.txt" 2>&1 || tail -30 "$OUT/compare_build.txt"
+  build-dev/alloc_compare $QUICK --verify --json "$OUT/alloc_compare.json" > "$OUT/alloc_compare.txt" 2>&1
+  echo "alloc_compare rc=$?"; cat "$OUT/alloc_compare.txt"
+fi
+if has torch; then
+  (cd build-dev && ctest -R torch --output-on-failure) > "$OUT/test_torch.txt" 2>&1; echo "test_torch rc=$?"; tail -30 "$OUT/test_torch.txt"
+fi
+if has e2e; then
+  python3 bench/gpu/gpt2_e2e.py --lib build-dev/integrations/torch/libunimem_torch.so --out "$OUT/gpt2_e2e.json" > "$OUT/gpt2_e2e.txt" 2>&1
+  echo "gpt2_e2e rc=$?"; tail -40 "$OUT/gpt2_e2e.txt"
+fi

@@ -1,0 +1,622 @@
+/*
+ * cuda: the backend of one NVIDIA GPU, and of page-locked host memory,
+ * through the CUDA driver API (loaded at run time by cuda_driver.c).
+ *
+ * Pages come from CUDA's virtual memory management: the pool reserves one
+ * address range (cuMemAddressReserve) and maps physical chunks
+ * (cuMemCreate) into it with cuMemMap + cuMemSetAccess, so a page freed in
+ * one place can be unmapped and mapped where it is needed. A GPU without
+ * VMM (or with the `cuda_vmm` option off) is refused with
+ * UM_ERR_UNSUPPORTED and a message saying so: the cuMemAlloc-segment
+ * fallback is not built yet.
+ *
+ * Every driver call runs with the device's primary context current and
+ * restores the caller's context afterwards (um__cuda_enter/leave), because
+ * programs such as PyTorch keep their own notion of the current device.
+ *
+ * Owns: the primary-context reference, the backend streams it created, a
+ * small cache of events (recording a fence should not cost an event
+ * creation each time).
+ */
+#include "backend.h"
+#include "cuda_driver.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define CUDA_EVENT_CACHE 64
+#define CUDA_MAX_ACCESS 64
+
+typedef struct cuda_stream {
+    um_cuStream native;
+    bool owned; /* created here, so destroyed here */
+} cuda_stream;
+
+typedef struct cuda_backend {
+    um__backend base;
+    const um__cuda_api *cu;
+    um_cuDevice dev;     /* the GPU whose primary context runs the calls */
+    um_cuContext ctx;
+    um_cuMemAllocationProp prop;
+    um_cuMemAccessDesc access[CUDA_MAX_ACCESS];
+    size_t naccess;
+    pthread_mutex_t lock; /* guards the event cache */
+    um_cuEvent events[CUDA_EVENT_CACHE];
+    int nevents;
+} cuda_backend;
+
+static cuda_backend *cb(um__backend *b)
+{
+    return (cuda_backend *)b;
+}
+
+/* Runs `call` (a driver call yielding a um_cuResult) inside the device's
+ * primary context and stores its result in `r`. */
+#define CUDA_IN_CTX(c, r, call)                                                                   \
+    do {                                                                                          \
+        um_cuContext saved_ = NULL;                                                               \
+        (r) = um__cuda_enter((c)->cu, (c)->ctx, &saved_);                                         \
+        if ((r) == UM_CU_SUCCESS)                                                                 \
+            (r) = (call);                                                                         \
+        um__cuda_leave((c)->cu, (c)->ctx, saved_);                                                \
+    } while (0)
+
+static um_status cuda_reserve(um__backend *b, size_t size, uintptr_t *va)
+{
+    cuda_backend *c = cb(b);
+    um_cuDeviceptr p = 0;
+    um_cuResult r;
+    CUDA_IN_CTX(c, r, c->cu->MemAddressReserve(&p, size, b->granularity, 0, 0));
+    if (r != UM_CU_SUCCESS) {
+        char bytes[32];
+        return um__cuda_fail(um__cuda_status(r), r, "%s: cuMemAddressReserve of %s", b->name,
+                             um__format_bytes(bytes, sizeof bytes, size));
+    }
+    *va = (uintptr_t)p;
+    return UM_OK;
+}
+
+static um_status cuda_unreserve(um__backend *b, uintptr_t va, size_t size)
+{
+    cuda_backend *c = cb(b);
+    um_cuResult r;
+    CUDA_IN_CTX(c, r, c->cu->MemAddressFree((um_cuDeviceptr)va, size));
+    if (r != UM_CU_SUCCESS)
+        return um__cuda_fail(UM_ERR_BACKEND, r, "%s: cuMemAddressFree of %zu bytes at 0x%lx",
+                             b->name, size, (unsigned long)va);
+    return UM_OK;
+}
+
+static um_status cuda_create(um__backend *b, size_t size, um__phys *out)
+{
+    cuda_backend *c = cb(b);
+    um_cuMemHandle h = 0;
+    um_cuResult r;
+    CUDA_IN_CTX(c, r, c->cu->MemCreate(&h, size, &c->prop, 0));
+    if (r != UM_CU_SUCCESS)
+        return um__cuda_fail(um__cuda_status(r), r, "%s: cuMemCreate of %zu bytes", b->name, size);
+    if (h == 0) {
+        /* 0 means "no chunk" to the pool; the driver has never returned it,
+         * but a silent mix-up would lose a page. */
+        return um__fail(UM_ERR_BACKEND, "%s: cuMemCreate returned the handle 0", b->name);
+    }
+    atomic_fetch_add(&b->physical_bytes, size);
+    *out = (um__phys)h;
+    return UM_OK;
+}
+
+static um_status cuda_release(um__backend *b, um__phys h, size_t size)
+{
+    cuda_backend *c = cb(b);
+    um_cuResult r;
+    CUDA_IN_CTX(c, r, c->cu->MemRelease((um_cuMemHandle)h));
+    if (r != UM_CU_SUCCESS)
+        return um__cuda_fail(UM_ERR_BACKEND, r, "%s: cuMemRelease of a %zu-byte chunk", b->name,
+                             size);
+    atomic_fetch_sub(&b->physical_bytes, size);
+    return UM_OK;
+}
+
+static um_status cuda_map(um__backend *b, uintptr_t va, size_t size, um__phys h)
+{
+    cuda_backend *c = cb(b);
+    um_cuContext saved = NULL;
+    um_cuResult r = um__cuda_enter(c->cu, c->ctx, &saved);
+    const char *what = "cuCtxSetCurrent";
+    if (r == UM_CU_SUCCESS) {
+        what = "cuMemMap";
+        r = c->cu->MemMap((um_cuDeviceptr)va, size, 0, (um_cuMemHandle)h, 0);
+    }
+    if (r == UM_CU_SUCCESS) {
+        /* A new mapping starts with no access at all. */
+        r = c->cu->MemSetAccess((um_cuDeviceptr)va, size, c->access, c->naccess);
+        if (r != UM_CU_SUCCESS) {
+            what = "cuMemSetAccess";
+            (void)c->cu->MemUnmap((um_cuDeviceptr)va, size);
+        }
+    }
+    um__cuda_leave(c->cu, c->ctx, saved);
+    if (r != UM_CU_SUCCESS)
+        return um__cuda_fail(um__cuda_status(r), r, "%s: %s of %zu bytes at 0x%lx", b->name, what,
+                             size, (unsigned long)va);
+    return UM_OK;
+}
+
+static um_status cuda_unmap(um__backend *b, uintptr_t va, size_t size)
+{
+    cuda_backend *c = cb(b);
+    um_cuContext saved = NULL;
+    um_cuResult r = um__cuda_enter(c->cu, c->ctx, &saved);
+    if (r == UM_CU_SUCCESS) {
+        r = c->cu->MemUnmap((um_cuDeviceptr)va, size);
+        /* A run of pages is several mappings; should a driver insist on
+         * one call per mapping, unmap page by page. The failed call
+         * changed nothing, so every page is still mapped here. */
+        if (r == UM_CU_ERROR_INVALID_VALUE && size > b->granularity) {
+            r = UM_CU_SUCCESS;
+            for (size_t off = 0; off < size && r == UM_CU_SUCCESS; off += b->granularity)
+                r = c->cu->MemUnmap((um_cuDeviceptr)(va + off), b->granularity);
+        }
+    }
+    um__cuda_leave(c->cu, c->ctx, saved);
+    if (r != UM_CU_SUCCESS)
+        return um__cuda_fail(UM_ERR_BACKEND, r, "%s: cuMemUnmap of %zu bytes at 0x%lx", b->name,
+                             size, (unsigned long)va);
+    return UM_OK;
+}
+
+/* ------------------------------------------------------------- streams */
+
+static um_cuStream native_of(um__bstream *s)
+{
+    return s ? ((cuda_stream *)s)->native : NULL;
+}
+
+static um_status cuda_stream_create(um__backend *b, um__bstream **out)
+{
+    cuda_backend *c = cb(b);
+    cuda_stream *s = calloc(1, sizeof *s);
+    if (!s)
+        return um__fail(UM_ERR_NOMEM, "%s: no memory for a stream record", b->name);
+    um_cuResult r;
+    /* Non-blocking, like PyTorch's and RMM's streams: work on it does not
+     * wait for the legacy default stream. */
+    CUDA_IN_CTX(c, r, c->cu->StreamCreate(&s->native, UM_CU_STREAM_NON_BLOCKING));
+    if (r != UM_CU_SUCCESS) {
+        free(s);
+        return um__cuda_fail(um__cuda_status(r), r, "%s: cuStreamCreate", b->name);
+    }
+    s->owned = true;
+    *out = (um__bstream *)s;
+    return UM_OK;
+}
+
+static um_status cuda_stream_wrap(um__backend *b, void *native, um__bstream **out)
+{
+    cuda_stream *s = calloc(1, sizeof *s);
+    if (!s)
+        return um__fail(UM_ERR_NOMEM, "%s: no memory for a stream record", b->name);
+    s->native = (um_cuStream)native;
+    s->owned = false;
+    *out = (um__bstream *)s;
+    return UM_OK;
+}
+
+static void *cuda_stream_native(um__backend *b, um__bstream *s)
+{
+    UM_UNUSED(b);
+    return (void *)native_of(s);
+}
+
+static um_status cuda_stream_destroy(um__backend *b, um__bstream *bs)
+{
+    cuda_backend *c = cb(b);
+    cuda_stream *s = (cuda_stream *)bs;
+    if (!s)
+        return UM_OK;
+    if (s->owned) {
+        um_cuResult r;
+        CUDA_IN_CTX(c, r, c->cu->StreamSynchronize(s->native));
+        if (r == UM_CU_SUCCESS)
+            CUDA_IN_CTX(c, r, c->cu->StreamDestroy(s->native));
+        if (r != UM_CU_SUCCESS)
+            return um__cuda_fail(UM_ERR_BACKEND, r, "%s: destroying a stream", b->name);
+    }
+    free(s);
+    return UM_OK;
+}
+
+static um_status cuda_stream_sync(um__backend *b, um__bstream *s)
+{
+    cuda_backend *c = cb(b);
+    um_cuResult r;
+    CUDA_IN_CTX(c, r, c->cu->StreamSynchronize(native_of(s)));
+    if (r != UM_CU_SUCCESS)
+        return um__cuda_fail(UM_ERR_BACKEND, r, "%s: cuStreamSynchronize", b->name);
+    return UM_OK;
+}
+
+/* -------------------------------------------------------------- events */
+
+static um_status cuda_event_record(um__backend *b, um__bstream *s, um__bevent **out)
+{
+    cuda_backend *c = cb(b);
+    um_cuEvent e = NULL;
+    pthread_mutex_lock(&c->lock);
+    if (c->nevents)
+        e = c->events[--c->nevents];
+    pthread_mutex_unlock(&c->lock);
+    um_cuContext saved = NULL;
+    um_cuResult r = um__cuda_enter(c->cu, c->ctx, &saved);
+    const char *what = "cuEventCreate";
+    if (r == UM_CU_SUCCESS && !e)
+        r = c->cu->EventCreate(&e, UM_CU_EVENT_DISABLE_TIMING);
+    if (r == UM_CU_SUCCESS) {
+        what = "cuEventRecord";
+        r = c->cu->EventRecord(e, native_of(s));
+        if (r != UM_CU_SUCCESS)
+            (void)c->cu->EventDestroy(e);
+    }
+    um__cuda_leave(c->cu, c->ctx, saved);
+    if (r != UM_CU_SUCCESS)
+        return um__cuda_fail(UM_ERR_BACKEND, r, "%s: %s", b->name, what);
+    *out = (um__bevent *)e;
+    return UM_OK;
+}
+
+static um_status cuda_event_query(um__backend *b, um__bevent *e, int *done)
+{
+    cuda_backend *c = cb(b);
+    um_cuResult r;
+    CUDA_IN_CTX(c, r, c->cu->EventQuery((um_cuEvent)e));
+    *done = r == UM_CU_SUCCESS;
+    if (r == UM_CU_SUCCESS || r == UM_CU_ERROR_NOT_READY)
+        return UM_OK;
+    return um__cuda_fail(UM_ERR_BACKEND, r, "%s: cuEventQuery", b->name);
+}
+
+static um_status cuda_event_sync(um__backend *b, um__bevent *e)
+{
+    cuda_backend *c = cb(b);
+    um_cuResult r;
+    CUDA_IN_CTX(c, r, c->cu->EventSynchronize((um_cuEvent)e));
+    if (r != UM_CU_SUCCESS)
+        return um__cuda_fail(UM_ERR_BACKEND, r, "%s: cuEventSynchronize", b->name);
+    return UM_OK;
+}
+
+static void cuda_event_destroy(um__backend *b, um__bevent *e)
+{
+    cuda_backend *c = cb(b);
+    pthread_mutex_lock(&c->lock);
+    bool kept = c->nevents < CUDA_EVENT_CACHE;
+    if (kept)
+        c->events[c->nevents++] = (um_cuEvent)e;
+    pthread_mutex_unlock(&c->lock);
+    if (!kept) {
+        um_cuResult r;
+        CUDA_IN_CTX(c, r, c->cu->EventDestroy((um_cuEvent)e));
+        if (r != UM_CU_SUCCESS)
+            um__log(UM_LOG_WARN, "%s: cuEventDestroy failed (%d)", b->name, r);
+    }
+}
+
+/* --------------------------------------------------------------- copies */
+
+static um_status cuda_copy(um__backend *b, void *dst, const void *src, size_t n, int dir)
+{
+    cuda_backend *c = cb(b);
+    if (!dst || !src)
+        return um__fail(UM_ERR_INVALID, "%s: copy of %zu bytes: %s pointer is NULL", b->name, n,
+                        dst ? "source" : "destination");
+    if (dir != 0 && dir != 1)
+        return um__fail(UM_ERR_INVALID,
+                        "%s: copy of %zu bytes: direction %d is neither 0 (to the device) nor 1 "
+                        "(to the host)",
+                        b->name, n, dir);
+    if (n == 0)
+        return UM_OK;
+    um_cuResult r;
+    /* Unified addressing: the driver tells host from device by address. */
+    CUDA_IN_CTX(c, r, c->cu->Memcpy((um_cuDeviceptr)dst, (um_cuDeviceptr)src, n));
+    if (r != UM_CU_SUCCESS)
+        return um__cuda_fail(um__cuda_status(r), r, "%s: cuMemcpy of %zu bytes from %p to %p",
+                             b->name, n, src, dst);
+    return UM_OK;
+}
+
+static um_status cuda_copy_async(um__backend *b, void *dst, const void *src, size_t n,
+                                 um__bstream *s)
+{
+    cuda_backend *c = cb(b);
+    if (!dst || !src)
+        return um__fail(UM_ERR_INVALID, "%s: copy of %zu bytes: %s pointer is NULL", b->name, n,
+                        dst ? "source" : "destination");
+    if (n == 0)
+        return UM_OK;
+    um_cuResult r;
+    CUDA_IN_CTX(c, r,
+                c->cu->MemcpyAsync((um_cuDeviceptr)dst, (um_cuDeviceptr)src, n, native_of(s)));
+    if (r != UM_CU_SUCCESS)
+        return um__cuda_fail(um__cuda_status(r), r,
+                             "%s: cuMemcpyAsync of %zu bytes from %p to %p", b->name, n, src,
+                             dst);
+    return UM_OK;
+}
+
+static um_status cuda_mem_info(um__backend *b, size_t *free_bytes, size_t *total)
+{
+    cuda_backend *c = cb(b);
+    if (b->kind == UM_DEVICE_HOST) {
+        /* Pinned host memory is not in the GPU's figures. */
+        size_t used = atomic_load(&b->physical_bytes);
+        *total = b->capacity;
+        *free_bytes = used < b->capacity ? b->capacity - used : 0;
+        return UM_OK;
+    }
+    um_cuResult r;
+    CUDA_IN_CTX(c, r, c->cu->MemGetInfo(free_bytes, total));
+    if (r != UM_CU_SUCCESS)
+        return um__cuda_fail(UM_ERR_BACKEND, r, "%s: cuMemGetInfo", b->name);
+    return UM_OK;
+}
+
+static void cuda_destroy(um__backend *b)
+{
+    cuda_backend *c = cb(b);
+    if (!c)
+        return;
+    if (c->ctx) {
+        um_cuContext saved = NULL;
+        if (um__cuda_enter(c->cu, c->ctx, &saved) == UM_CU_SUCCESS)
+            for (int i = 0; i < c->nevents; i++)
+                (void)c->cu->EventDestroy(c->events[i]);
+        um__cuda_leave(c->cu, c->ctx, saved);
+        (void)c->cu->DevicePrimaryCtxRelease(c->dev);
+    }
+    pthread_mutex_destroy(&c->lock);
+    free(c);
+}
+
+static const um__backend_ops cuda_ops = {
+    .reserve = cuda_reserve,
+    .unreserve = cuda_unreserve,
+    .create = cuda_create,
+    .release = cuda_release,
+    .map = cuda_map,
+    .unmap = cuda_unmap,
+    .stream_create = cuda_stream_create,
+    .stream_destroy = cuda_stream_destroy,
+    .stream_sync = cuda_stream_sync,
+    .event_record = cuda_event_record,
+    .event_query = cuda_event_query,
+    .event_sync = cuda_event_sync,
+    .event_destroy = cuda_event_destroy,
+    .stream_wrap = cuda_stream_wrap,
+    .stream_native = cuda_stream_native,
+    .copy = cuda_copy,
+    .copy_async = cuda_copy_async,
+    .mem_info = cuda_mem_info,
+    .destroy = cuda_destroy,
+};
+
+/* ------------------------------------------------------------- creation */
+
+static um_status driver_or_fail(const um__cuda_api **cu, const char *what)
+{
+    char why[256];
+    *cu = um__cuda_load(why, sizeof why);
+    if (!*cu)
+        return um__fail(UM_ERR_UNSUPPORTED, "%s: %s", what, why);
+    return UM_OK;
+}
+
+/* The common part of both constructors: the record, the primary context
+ * of GPU `ordinal`, and the page size for c->prop. */
+static um_status cuda_new(const um__cuda_api *cu, int ordinal, const char *what,
+                          cuda_backend **out)
+{
+    cuda_backend *c = calloc(1, sizeof *c);
+    if (!c)
+        return um__fail(UM_ERR_NOMEM, "%s: no memory for the backend record", what);
+    c->cu = cu;
+    c->base.ops = &cuda_ops;
+    atomic_init(&c->base.calls, 0);
+    atomic_init(&c->base.physical_bytes, 0);
+    um__backend_no_driver_info(&c->base);
+    pthread_mutex_init(&c->lock, NULL);
+    um_cuResult r = cu->DeviceGet(&c->dev, ordinal);
+    if (r == UM_CU_SUCCESS)
+        r = cu->DevicePrimaryCtxRetain(&c->ctx, c->dev);
+    if (r != UM_CU_SUCCESS) {
+        c->ctx = NULL;
+        cuda_destroy(&c->base);
+        return um__cuda_fail(UM_ERR_BACKEND, r, "%s: GPU %d: cannot open its primary context",
+                             what, ordinal);
+    }
+    *out = c;
+    return UM_OK;
+}
+
+static int attr(const cuda_backend *c, int a, int fallback)
+{
+    int v = 0;
+    return c->cu->DeviceGetAttribute(&v, a, c->dev) == UM_CU_SUCCESS ? v : fallback;
+}
+
+/* Asks the driver for the allocation granularity of c->prop. */
+static um_status set_granularity(cuda_backend *c, const char *what)
+{
+    size_t g = 0;
+    um_cuResult r;
+    CUDA_IN_CTX(c, r,
+                c->cu->MemGetAllocationGranularity(&g, &c->prop,
+                                                   UM_CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+    if (r != UM_CU_SUCCESS)
+        return um__cuda_fail(um__cuda_status(r), r, "%s: cuMemGetAllocationGranularity", what);
+    if (!um__is_pow2(g))
+        return um__fail(UM_ERR_UNSUPPORTED,
+                        "%s: the driver's page size %zu is not a power of two", what, g);
+    c->base.granularity = g;
+    return UM_OK;
+}
+
+/* Grants read-write access to the pages to every GPU that can reach the
+ * memory of `owner` (an ordinal; -1 for host memory, which all can). */
+static void add_gpu_access(cuda_backend *c, int owner)
+{
+    for (int i = 0; i < c->cu->gpus && c->naccess < CUDA_MAX_ACCESS; i++) {
+        int ok = i == owner || owner < 0;
+        if (!ok) {
+            um_cuDevice from, to;
+            int v = 0;
+            if (c->cu->DeviceGet(&from, i) == UM_CU_SUCCESS &&
+                c->cu->DeviceGet(&to, owner) == UM_CU_SUCCESS &&
+                c->cu->DeviceGetP2PAttribute(&v, UM_CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED, from,
+                                             to) == UM_CU_SUCCESS)
+                ok = v != 0;
+        }
+        if (ok) {
+            um_cuMemAccessDesc *d = &c->access[c->naccess++];
+            d->location.type = UM_CU_MEM_LOCATION_TYPE_DEVICE;
+            d->location.id = i;
+            d->flags = UM_CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+        }
+    }
+}
+
+um_status um__cuda_backend_create(int ordinal, int vmm, um__backend **out)
+{
+    char what[48];
+    snprintf(what, sizeof what, "cuda%d", ordinal);
+    *out = NULL;
+    const um__cuda_api *cu;
+    um_status st = driver_or_fail(&cu, what);
+    if (st != UM_OK)
+        return st;
+    if (ordinal < 0 || ordinal >= cu->gpus)
+        return um__fail(UM_ERR_NO_DEVICE, "%s: the driver reports %d GPU%s", what, cu->gpus,
+                        cu->gpus == 1 ? "" : "s");
+    cuda_backend *c;
+    if ((st = cuda_new(cu, ordinal, what, &c)) != UM_OK)
+        return st;
+    um__backend *b = &c->base;
+    b->kind = UM_DEVICE_CUDA;
+    snprintf(b->name, sizeof b->name, "%s", what);
+    b->ordinal = ordinal;
+    b->cc_major = attr(c, UM_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, 0);
+    b->cc_minor = attr(c, UM_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, 0);
+    if (cu->DeviceGetPCIBusId(b->pci_bus_id, (int)sizeof b->pci_bus_id, c->dev) != UM_CU_SUCCESS)
+        b->pci_bus_id[0] = '\0';
+    size_t total = 0;
+    um_cuResult r = cu->DeviceTotalMem(&total, c->dev);
+    if (r != UM_CU_SUCCESS) {
+        cuda_destroy(b);
+        return um__cuda_fail(UM_ERR_BACKEND, r, "%s: cuDeviceTotalMem", what);
+    }
+    b->capacity = total;
+    bool has_vmm = attr(c, UM_CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, 0) != 0;
+    if (!has_vmm || !vmm) {
+        cuda_destroy(b);
+        return um__fail(UM_ERR_UNSUPPORTED,
+                        "%s: %s; cuMemAlloc segments are not implemented yet, so this GPU "
+                        "cannot be used",
+                        what,
+                        has_vmm ? "the option cuda_vmm=0 turns virtual memory management off"
+                                : "the GPU has no virtual memory management");
+    }
+    b->vmm = 1;
+    c->prop.type = UM_CU_MEM_ALLOCATION_TYPE_PINNED;
+    c->prop.requestedHandleTypes = UM_CU_MEM_HANDLE_TYPE_NONE;
+    c->prop.location.type = UM_CU_MEM_LOCATION_TYPE_DEVICE;
+    c->prop.location.id = ordinal;
+    if ((st = set_granularity(c, what)) != UM_OK) {
+        cuda_destroy(b);
+        return st;
+    }
+    add_gpu_access(c, ordinal);
+    *out = b;
+    return UM_OK;
+}
+
+um_status um__cuda_host_backend_create(size_t capacity, um__backend **out)
+{
+    const char *what = "pinned host memory";
+    *out = NULL;
+    const um__cuda_api *cu;
+    um_status st = driver_or_fail(&cu, what);
+    if (st != UM_OK)
+        return st;
+    if (cu->gpus < 1)
+        return um__fail(UM_ERR_UNSUPPORTED, "%s: the driver reports no GPU", what);
+    cuda_backend *c;
+    if ((st = cuda_new(cu, 0, what, &c)) != UM_OK)
+        return st;
+    um__backend *b = &c->base;
+    b->kind = UM_DEVICE_HOST;
+    snprintf(b->name, sizeof b->name, "host");
+    if (!attr(c, UM_CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, 0)) {
+        cuda_destroy(b);
+        return um__fail(UM_ERR_UNSUPPORTED,
+                        "%s: the driver cannot place VMM pages in host memory (no "
+                        "HOST_NUMA support; CUDA 12.4 or newer on Linux)",
+                        what);
+    }
+    if (capacity == 0) {
+        long pages = sysconf(_SC_PHYS_PAGES), psize = sysconf(_SC_PAGESIZE);
+        capacity = pages > 0 && psize > 0 ? (size_t)pages * (size_t)psize : 0;
+    }
+    b->capacity = capacity;
+    b->vmm = 1;
+    b->pinned = 1;
+    int numa = attr(c, UM_CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, -1);
+    c->prop.type = UM_CU_MEM_ALLOCATION_TYPE_PINNED;
+    c->prop.requestedHandleTypes = UM_CU_MEM_HANDLE_TYPE_NONE;
+    c->prop.location.type = UM_CU_MEM_LOCATION_TYPE_HOST_NUMA;
+    c->prop.location.id = numa < 0 ? 0 : numa;
+    if ((st = set_granularity(c, what)) != UM_OK) {
+        cuda_destroy(b);
+        return st;
+    }
+    /* The CPU first, then every GPU. */
+    c->access[0].location.type = UM_CU_MEM_LOCATION_TYPE_HOST_NUMA;
+    c->access[0].location.id = c->prop.location.id;
+    c->access[0].flags = UM_CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    c->naccess = 1;
+    add_gpu_access(c, -1);
+    *out = b;
+    return UM_OK;
+}
+
+um_status um__cuda_link(int from, int to, um_link_info *out)
+{
+    const um__cuda_api *cu;
+    memset(out, 0, sizeof *out);
+    um_status st = driver_or_fail(&cu, "um_device_link_get");
+    if (st != UM_OK)
+        return st;
+    um_cuDevice a, b;
+    um_cuResult r = cu->DeviceGet(&a, from);
+    if (r == UM_CU_SUCCESS)
+        r = cu->DeviceGet(&b, to);
+    if (r != UM_CU_SUCCESS)
+        return um__cuda_fail(UM_ERR_NO_DEVICE, r, "um_device_link_get: GPU %d -> GPU %d", from,
+                             to);
+    if (from == to) {
+        out->peer_access = 1;
+        out->native_atomics = 1;
+        return UM_OK;
+    }
+    /* Each attribute is asked on its own: a driver may know one and not
+     * another, and an unknown one just stays 0. */
+    (void)cu->DeviceGetP2PAttribute(&out->peer_access, UM_CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED,
+                                    a, b);
+    (void)cu->DeviceGetP2PAttribute(&out->performance_rank,
+                                    UM_CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK, a, b);
+    (void)cu->DeviceGetP2PAttribute(&out->native_atomics,
+                                    UM_CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED, a, b);
+    return UM_OK;
+}

@@ -1,0 +1,376 @@
+/*
+ * The pool on a real GPU: driver facts, data kept intact through random
+ * churn (pages are unmapped and mapped elsewhere underneath), unimem's
+ * reserved bytes against the driver's own count, stream-ordered reuse
+ * across two streams with a long-running kernel in between, a memory
+ * limit, pinned host memory with asynchronous copies, and wrapped streams.
+ *
+ * Device memory is written and read only through the driver (copies and a
+ * kernel), never by the host. Exits 77 (skipped) when there is no driver
+ * or no GPU, saying why.
+ */
+#include "backend/cuda_driver.h"
+#include "harness.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define MIB ((size_t)1 << 20)
+#define SKIP 77
+
+/* spin_fill(p, n, ns, v): waits `ns` nanoseconds of GPU time, then writes
+ * v + i to the 32-bit word i of p for i < n (grid-stride loop). PTX, so
+ * the driver compiles it for whatever GPU runs the test. */
+static const char spin_fill_ptx[] =
+    ".version 7.0\n"
+    ".target sm_52\n"
+    ".address_size 64\n"
+    ".visible .entry spin_fill(.param .u64 spin_fill_p, .param .u64 spin_fill_n,\n"
+    "    .param .u64 spin_fill_ns, .param .u32 spin_fill_v)\n"
+    "{\n"
+    "    .reg .pred %p<3>;\n"
+    "    .reg .b32 %r<10>;\n"
+    "    .reg .b64 %rd<12>;\n"
+    "    ld.param.u64 %rd1, [spin_fill_p];\n"
+    "    ld.param.u64 %rd2, [spin_fill_n];\n"
+    "    ld.param.u64 %rd3, [spin_fill_ns];\n"
+    "    ld.param.u32 %r1, [spin_fill_v];\n"
+    "    cvta.to.global.u64 %rd1, %rd1;\n"
+    "    mov.u64 %rd4, %globaltimer;\n"
+    "SPIN:\n"
+    "    mov.u64 %rd5, %globaltimer;\n"
+    "    sub.u64 %rd6, %rd5, %rd4;\n"
+    "    setp.lt.u64 %p1, %rd6, %rd3;\n"
+    "    @%p1 bra SPIN;\n"
+    "    mov.u32 %r2, %ctaid.x;\n"
+    "    mov.u32 %r3, %ntid.x;\n"
+    "    mov.u32 %r4, %tid.x;\n"
+    "    mad.lo.u32 %r5, %r2, %r3, %r4;\n"
+    "    cvt.u64.u32 %rd7, %r5;\n"
+    "    mov.u32 %r6, %nctaid.x;\n"
+    "    mul.lo.u32 %r7, %r6, %r3;\n"
+    "    cvt.u64.u32 %rd8, %r7;\n"
+    "LOOP:\n"
+    "    setp.ge.u64 %p2, %rd7, %rd2;\n"
+    "    @%p2 bra DONE;\n"
+    "    shl.b64 %rd9, %rd7, 2;\n"
+    "    add.u64 %rd10, %rd1, %rd9;\n"
+    "    cvt.u32.u64 %r8, %rd7;\n"
+    "    add.u32 %r9, %r1, %r8;\n"
+    "    st.global.u32 [%rd10], %r9;\n"
+    "    add.u64 %rd7, %rd7, %rd8;\n"
+    "    bra LOOP;\n"
+    "DONE:\n"
+    "    ret;\n"
+    "}\n";
+
+typedef struct gpu {
+    um_context *ctx;
+    int dev; /* unimem device of GPU 0 */
+    const um__cuda_api *cu;
+    um_cuContext cuctx;
+    um_cuModule mod;
+    um_cuFunction spin_fill;
+} gpu;
+
+static bool launch_spin_fill(gpu *g, void *p, size_t words, uint64_t ns, uint32_t v, um_stream s)
+{
+    unsigned long long dp = (unsigned long long)(uintptr_t)p;
+    unsigned long long n = words, wait = ns;
+    void *params[] = {&dp, &n, &wait, &v};
+    um_cuResult r = g->cu->LaunchKernel(g->spin_fill, 264, 1, 1, 256, 1, 1, 0,
+                                        (um_cuStream)um_stream_native(s), params, NULL);
+    if (r != UM_CU_SUCCESS)
+        fprintf(stderr, "cuLaunchKernel failed: %d\n", r);
+    return r == UM_CU_SUCCESS;
+}
+
+/* Copies a device block to the host and checks the pattern of `id`. */
+static bool block_intact(gpu *g, const void *dptr, size_t size, uint64_t id, unsigned char *buf)
+{
+    if (um_memcpy(g->ctx, buf, dptr, size) != UM_OK) {
+        fprintf(stderr, "um_memcpy back failed: %s\n", um_last_error());
+        return false;
+    }
+    unsigned char got, want;
+    size_t bad = harness_pattern_find_bad(buf, size, id, &got, &want);
+    if (bad != SIZE_MAX)
+        fprintf(stderr, "block %" PRIu64 " (%zu bytes at %p): byte %zu is 0x%02x, not 0x%02x\n",
+                id, size, dptr, bad, got, want);
+    return bad == SIZE_MAX;
+}
+
+static void check_driver_facts(gpu *g)
+{
+    um_device_info info;
+    CHECK_OK(um_device_info_get(g->ctx, g->dev, &info));
+    printf("device %d: %s, %.1f GiB, cc %d.%d, PCI %s, page %zu KiB, vmm %d\n", g->dev, info.name,
+           (double)info.capacity / (1 << 30), info.cc_major, info.cc_minor, info.pci_bus_id,
+           info.granularity >> 10, info.vmm);
+    CHECK_EQ(info.kind, UM_DEVICE_CUDA);
+    CHECK_EQ(info.ordinal, 0);
+    CHECK(info.cc_major >= 6);
+    CHECK(strlen(info.pci_bus_id) >= 7);
+    CHECK_EQ(info.vmm, 1);
+    CHECK(info.granularity >= 64 * 1024);
+    size_t free_b = 0, total = 0;
+    CHECK_OK(um_device_memory_get(g->ctx, g->dev, &free_b, &total));
+    CHECK_EQ(total, info.capacity);
+    CHECK(free_b > 0 && free_b <= total);
+    um_link_info link;
+    CHECK_OK(um_device_link_get(g->ctx, g->dev, g->dev, &link));
+    CHECK_EQ(link.peer_access, 1);
+    CHECK_OK(um_device_info_get(g->ctx, 0, &info));
+    printf("device 0: host memory %s\n", info.pinned ? "pinned (CUDA VMM host pages)" : "pageable");
+}
+
+/* Random churn with a reference model: every live block holds its id's
+ * pattern, written by a copy; blocks are checked at random and all at the
+ * end. Sizes span slabs, single pages and multi-page blocks, so pages are
+ * recycled under live neighbours. */
+static void check_churn(gpu *g)
+{
+    enum { SLOTS = 64, STEPS = 1500 };
+    uint64_t seed = harness_seed("test_cuda.churn"), rng = seed;
+    void *ptr[SLOTS] = {0};
+    size_t size[SLOTS] = {0};
+    uint64_t id[SLOTS] = {0}, next_id = 1;
+    unsigned char *buf = malloc(64 * MIB), *back = malloc(64 * MIB);
+    CHECK(buf && back);
+    if (!buf || !back)
+        return;
+    for (int step = 0; step < STEPS; step++) {
+        int k = (int)(harness_rand(&rng) % SLOTS);
+        if (ptr[k]) {
+            if (harness_rand(&rng) % 4 == 0)
+                CHECK(block_intact(g, ptr[k], size[k], id[k], back));
+            CHECK_OK(um_free(g->ctx, ptr[k], NULL));
+            ptr[k] = NULL;
+            continue;
+        }
+        uint64_t band = harness_rand(&rng) % 10;
+        size_t sz = band < 6   ? 1 + harness_rand(&rng) % (32 * 1024)
+                    : band < 9 ? 1 + harness_rand(&rng) % (4 * MIB)
+                               : 1 + harness_rand(&rng) % (64 * MIB);
+        CHECK_OK(um_malloc(g->ctx, g->dev, sz, NULL, &ptr[k]));
+        if (!ptr[k])
+            continue;
+        CHECK_EQ((uintptr_t)ptr[k] % 256, 0);
+        CHECK_EQ(um_pointer_device(g->ctx, ptr[k]), g->dev);
+        size[k] = sz;
+        id[k] = next_id++;
+        harness_pattern_fill(buf, sz, id[k]);
+        CHECK_OK(um_memcpy(g->ctx, ptr[k], buf, sz));
+    }
+    int bad = 0;
+    for (int k = 0; k < SLOTS; k++) {
+        if (ptr[k]) {
+            bad += !block_intact(g, ptr[k], size[k], id[k], back);
+            CHECK_OK(um_free(g->ctx, ptr[k], NULL));
+        }
+    }
+    CHECK_EQ(bad, 0);
+    um_stats st;
+    CHECK_OK(um_stats_get(g->ctx, g->dev, &st));
+    CHECK_EQ(st.active_bytes, 0);
+    CHECK_EQ(st.active_blocks, 0);
+    printf("churn: %d steps, seed %" PRIu64 ", peak reserved %zu MiB, %" PRIu64 " backend calls\n",
+           STEPS, seed, st.peak_reserved_bytes / MIB, st.num_backend_calls);
+    free(buf);
+    free(back);
+}
+
+/* unimem's reserved bytes against cuMemGetInfo: what the pool says it
+ * holds is what the driver says is gone, and a trim gives it back. */
+static void check_driver_agrees(gpu *g)
+{
+    CHECK_OK(um_trim(g->ctx, g->dev));
+    size_t free0, free1, free2, total;
+    um_stats st;
+    CHECK_OK(um_device_memory_get(g->ctx, g->dev, &free0, &total));
+    void *p[8];
+    for (int i = 0; i < 8; i++)
+        CHECK_OK(um_malloc(g->ctx, g->dev, 128 * MIB + (size_t)i * 4096, NULL, &p[i]));
+    CHECK_OK(um_device_memory_get(g->ctx, g->dev, &free1, &total));
+    CHECK_OK(um_stats_get(g->ctx, g->dev, &st));
+    double driver = (double)(free0 - free1), ours = (double)st.reserved_bytes;
+    printf("driver agreement: unimem reserved %.1f MiB, the driver's used memory grew %.1f MiB\n",
+           ours / MIB, driver / MIB);
+    /* The driver may add page-table memory of its own: allow 2%. */
+    CHECK(driver >= ours * 0.999 && driver <= ours * 1.02 + 4.0 * MIB);
+    for (int i = 0; i < 8; i++)
+        CHECK_OK(um_free(g->ctx, p[i], NULL));
+    CHECK_OK(um_trim(g->ctx, g->dev));
+    CHECK_OK(um_device_memory_get(g->ctx, g->dev, &free2, &total));
+    CHECK_OK(um_stats_get(g->ctx, g->dev, &st));
+    CHECK_EQ(st.reserved_bytes, 0);
+    CHECK(free2 + 4 * MIB >= free0);
+}
+
+/* A block freed on s1 while a kernel on s1 still writes it must not be
+ * handed to s2 until that kernel is done, but s1 itself may reuse it at
+ * once (its later work is ordered after the kernel). */
+static void check_stream_order(gpu *g)
+{
+    const size_t size = 16 * MIB, words = size / 4;
+    um_stream s1 = NULL, s2 = NULL;
+    CHECK_OK(um_stream_create(g->ctx, g->dev, &s1));
+    CHECK_OK(um_stream_create(g->ctx, g->dev, &s2));
+    if (!s1 || !s2)
+        return;
+    CHECK_OK(um_trim(g->ctx, g->dev));
+    void *a = NULL, *b = NULL, *c = NULL;
+    CHECK_OK(um_malloc(g->ctx, g->dev, size, s1, &a));
+    uint64_t t0 = um__now_ns();
+    CHECK(launch_spin_fill(g, a, words, 400000000ull, 7, s1)); /* 0.4 s, then fill */
+    CHECK_OK(um_free(g->ctx, a, s1));
+    CHECK_OK(um_malloc(g->ctx, g->dev, size, s2, &b));
+    uint64_t t_b = um__now_ns() - t0;
+    CHECK_OK(um_malloc(g->ctx, g->dev, size, s1, &c));
+    printf("stream order: A=%p freed on s1 under a 0.4 s kernel; s2 got %p after %.2f ms, s1 got "
+           "%p\n",
+           a, b, (double)t_b / 1e6, c);
+    /* b must not overlap a: the kernel is still writing a. */
+    CHECK((uintptr_t)b + size <= (uintptr_t)a || (uintptr_t)a + size <= (uintptr_t)b);
+    CHECK(t_b < 200000000ull); /* no waiting for the kernel */
+    CHECK(c == a);
+    CHECK_EQ(g->cu->MemsetD8Async((um_cuDeviceptr)(uintptr_t)b, 0xcd, size,
+                                  (um_cuStream)um_stream_native(s2)),
+             UM_CU_SUCCESS);
+    CHECK_OK(um_stream_synchronize(g->ctx, s1));
+    CHECK_OK(um_stream_synchronize(g->ctx, s2));
+    uint32_t *host = malloc(size);
+    if (host) {
+        CHECK_OK(um_memcpy(g->ctx, host, c, size));
+        size_t bad = SIZE_MAX;
+        for (size_t i = 0; i < words && bad == SIZE_MAX; i++)
+            if (host[i] != 7u + (uint32_t)i)
+                bad = i;
+        CHECK_EQ(bad, SIZE_MAX);
+        CHECK_OK(um_memcpy(g->ctx, host, b, size));
+        const unsigned char *hb = (const unsigned char *)host;
+        bad = SIZE_MAX;
+        for (size_t i = 0; i < size && bad == SIZE_MAX; i++)
+            if (hb[i] != 0xcd)
+                bad = i;
+        CHECK_EQ(bad, SIZE_MAX);
+        free(host);
+    }
+    /* Once s1's work is done, s2 may have the block. */
+    CHECK_OK(um_free(g->ctx, c, s1));
+    CHECK_OK(um_stream_synchronize(g->ctx, s1));
+    void *d = NULL;
+    CHECK_OK(um_malloc(g->ctx, g->dev, size, s2, &d));
+    CHECK(d == a);
+    CHECK_OK(um_free(g->ctx, d, s2));
+    CHECK_OK(um_free(g->ctx, b, s2));
+
+    /* A wrapped stream is the same CUDA stream; destroying the wrapper
+     * leaves the stream usable. */
+    um_stream w = NULL;
+    CHECK_OK(um_stream_wrap(g->ctx, g->dev, um_stream_native(s1), &w));
+    CHECK(um_stream_native(w) == um_stream_native(s1));
+    void *e = NULL;
+    CHECK_OK(um_malloc(g->ctx, g->dev, 4096, w, &e));
+    CHECK_OK(um_free(g->ctx, e, w));
+    CHECK_OK(um_stream_destroy(g->ctx, w));
+    CHECK_EQ(g->cu->StreamSynchronize((um_cuStream)um_stream_native(s1)), UM_CU_SUCCESS);
+    CHECK_OK(um_stream_destroy(g->ctx, s1));
+    CHECK_OK(um_stream_destroy(g->ctx, s2));
+}
+
+static void check_memory_limit(gpu *g)
+{
+    CHECK_OK(um_trim(g->ctx, g->dev));
+    CHECK_OK(um_set_memory_limit(g->ctx, g->dev, 256 * MIB));
+    void *p[8] = {0};
+    int got = 0;
+    um_status st = UM_OK;
+    while (got < 8 && (st = um_malloc(g->ctx, g->dev, 64 * MIB, NULL, &p[got])) == UM_OK)
+        got++;
+    CHECK_EQ(got, 4);
+    CHECK_EQ(st, UM_ERR_NOMEM);
+    CHECK_ERROR_MENTIONS("limit", NULL, NULL);
+    um_stats s;
+    CHECK_OK(um_stats_get(g->ctx, g->dev, &s));
+    CHECK(s.reserved_bytes <= 256 * MIB);
+    CHECK(s.num_ooms >= 1);
+    for (int i = 0; i < got; i++)
+        CHECK_OK(um_free(g->ctx, p[i], NULL));
+    CHECK_OK(um_set_memory_limit(g->ctx, g->dev, 0));
+}
+
+/* Host blocks of device 0 are pinned when a GPU is present: a round trip
+ * host -> GPU -> host through asynchronous copies on one stream. */
+static void check_pinned_copies(gpu *g)
+{
+    um_device_info info;
+    CHECK_OK(um_device_info_get(g->ctx, 0, &info));
+    if (!info.pinned) {
+        printf("pinned copies: skipped, host memory is pageable on this driver\n");
+        return;
+    }
+    const size_t size = 8 * MIB + 123;
+    void *h1 = NULL, *h2 = NULL, *d = NULL;
+    um_stream s = NULL;
+    CHECK_OK(um_stream_create(g->ctx, g->dev, &s));
+    CHECK_OK(um_malloc(g->ctx, 0, size, NULL, &h1));
+    CHECK_OK(um_malloc(g->ctx, 0, size, NULL, &h2));
+    CHECK_OK(um_malloc(g->ctx, g->dev, size, s, &d));
+    if (h1 && h2 && d && s) {
+        harness_pattern_fill(h1, size, 42); /* pinned host memory: the CPU writes it */
+        memset(h2, 0, size);
+        CHECK_OK(um_memcpy_async(g->ctx, d, h1, size, s));
+        CHECK_OK(um_memcpy_async(g->ctx, h2, d, size, s));
+        CHECK_OK(um_stream_synchronize(g->ctx, s));
+        unsigned char got, want;
+        CHECK_EQ(harness_pattern_find_bad(h2, size, 42, &got, &want), SIZE_MAX);
+    }
+    CHECK_OK(um_free(g->ctx, d, s));
+    CHECK_OK(um_free(g->ctx, h1, NULL));
+    CHECK_OK(um_free(g->ctx, h2, NULL));
+    CHECK_OK(um_stream_destroy(g->ctx, s));
+    /* Overlapping ranges and NULL pointers are refused with a reason. */
+    CHECK_STATUS(um_memcpy(g->ctx, NULL, h1, 16), UM_ERR_INVALID);
+    CHECK_ERROR_MENTIONS("destination", NULL, NULL);
+}
+
+int main(void)
+{
+    char why[256];
+    int version = 0, gpus = 0;
+    if (um_cuda_driver_info(&version, &gpus, why, sizeof why) != UM_OK || gpus < 1) {
+        printf("test_cuda: SKIPPED: %s\n", gpus < 1 && !why[0] ? "the driver reports no GPU" : why);
+        return SKIP;
+    }
+    printf("test_cuda: driver %d.%d, %d GPU%s\n", version / 1000, version % 1000 / 10, gpus,
+           gpus == 1 ? "" : "s");
+    gpu g = {0};
+    g.cu = um__cuda_load(NULL, 0);
+    CHECK_OK(um_init("devices=cuda:0", &g.ctx));
+    if (!g.ctx)
+        return harness_finish("test_cuda");
+    g.dev = 1;
+    um_cuDevice d0;
+    CHECK_EQ(g.cu->DeviceGet(&d0, 0), UM_CU_SUCCESS);
+    CHECK_EQ(g.cu->DevicePrimaryCtxRetain(&g.cuctx, d0), UM_CU_SUCCESS);
+    CHECK_EQ(g.cu->CtxSetCurrent(g.cuctx), UM_CU_SUCCESS);
+    um_cuResult r = g.cu->ModuleLoadData(&g.mod, spin_fill_ptx);
+    if (r == UM_CU_SUCCESS)
+        r = g.cu->ModuleGetFunction(&g.spin_fill, g.mod, "spin_fill");
+    CHECK_EQ(r, UM_CU_SUCCESS);
+
+    check_driver_facts(&g);
+    check_churn(&g);
+    check_driver_agrees(&g);
+    if (g.spin_fill)
+        check_stream_order(&g);
+    check_memory_limit(&g);
+    check_pinned_copies(&g);
+
+    if (g.mod)
+        (void)g.cu->ModuleUnload(g.mod);
+    um_shutdown(g.ctx);
+    (void)g.cu->DevicePrimaryCtxRelease(d0);
+    return harness_finish("test_cuda");
+}

@@ -1,0 +1,62 @@
+/*
+ * unimem declares the CUDA driver's ABI itself (backend/cuda_driver.h), so
+ * it builds with no toolkit. Where cuda.h exists this test checks, at
+ * compile time, every constant and structure layout against it; a mismatch
+ * is a build error naming the value. At run time it only reports.
+ */
+#include <cuda.h>
+#include <stddef.h>
+#include <stdio.h>
+
+#include "backend/cuda_driver.h"
+
+#define SAME(ours, theirs) _Static_assert((long long)(ours) == (long long)(theirs), #ours " differs from cuda.h's " #theirs)
+
+SAME(UM_CU_SUCCESS, CUDA_SUCCESS);
+SAME(UM_CU_ERROR_INVALID_VALUE, CUDA_ERROR_INVALID_VALUE);
+SAME(UM_CU_ERROR_OUT_OF_MEMORY, CUDA_ERROR_OUT_OF_MEMORY);
+SAME(UM_CU_ERROR_NO_DEVICE, CUDA_ERROR_NO_DEVICE);
+SAME(UM_CU_ERROR_NOT_READY, CUDA_ERROR_NOT_READY);
+SAME(UM_CU_ERROR_NOT_SUPPORTED, CUDA_ERROR_NOT_SUPPORTED);
+SAME(UM_CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT);
+SAME(UM_CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING, CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING);
+SAME(UM_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR);
+SAME(UM_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
+SAME(UM_CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+     CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED);
+SAME(UM_CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID);
+SAME(UM_CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+     CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED);
+SAME(UM_CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK, CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK);
+SAME(UM_CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED, CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED);
+SAME(UM_CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED,
+     CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED);
+SAME(UM_CU_STREAM_NON_BLOCKING, CU_STREAM_NON_BLOCKING);
+SAME(UM_CU_EVENT_DISABLE_TIMING, CU_EVENT_DISABLE_TIMING);
+SAME(UM_CU_MEM_ALLOCATION_TYPE_PINNED, CU_MEM_ALLOCATION_TYPE_PINNED);
+SAME(UM_CU_MEM_HANDLE_TYPE_NONE, CU_MEM_HANDLE_TYPE_NONE);
+SAME(UM_CU_MEM_LOCATION_TYPE_DEVICE, CU_MEM_LOCATION_TYPE_DEVICE);
+SAME(UM_CU_MEM_LOCATION_TYPE_HOST_NUMA, CU_MEM_LOCATION_TYPE_HOST_NUMA);
+SAME(UM_CU_MEM_ACCESS_FLAGS_PROT_READWRITE, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+SAME(UM_CU_MEM_ALLOC_GRANULARITY_MINIMUM, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+SAME(UM_CU_MEM_ALLOC_GRANULARITY_RECOMMENDED, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
+
+SAME(sizeof(um_cuResult), sizeof(CUresult));
+SAME(sizeof(um_cuDevice), sizeof(CUdevice));
+SAME(sizeof(um_cuDeviceptr), sizeof(CUdeviceptr));
+SAME(sizeof(um_cuMemHandle), sizeof(CUmemGenericAllocationHandle));
+SAME(sizeof(um_cuMemLocation), sizeof(CUmemLocation));
+SAME(sizeof(um_cuMemAllocationProp), sizeof(CUmemAllocationProp));
+SAME(offsetof(um_cuMemAllocationProp, location), offsetof(CUmemAllocationProp, location));
+SAME(offsetof(um_cuMemAllocationProp, win32HandleMetaData),
+     offsetof(CUmemAllocationProp, win32HandleMetaData));
+SAME(offsetof(um_cuMemAllocationProp, allocFlags), offsetof(CUmemAllocationProp, allocFlags));
+SAME(sizeof(um_cuMemAccessDesc), sizeof(CUmemAccessDesc));
+SAME(offsetof(um_cuMemAccessDesc, flags), offsetof(CUmemAccessDesc, flags));
+
+int main(void)
+{
+    printf("test_cuda_abi: unimem's CUDA declarations match cuda.h %d.%d\n", CUDA_VERSION / 1000,
+           CUDA_VERSION % 1000 / 10);
+    return 0;
+}
