@@ -7,13 +7,23 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define MiB (1024u * 1024u)
 
 static um__backend *backend;
 static um__bstream *s1, *s2;
 
+static um__allocator *make_pool_with(size_t capacity, const um__pool_config *c);
+
 static um__allocator *make_pool(size_t capacity, size_t limit, size_t cache_limit, int tc)
+{
+    um__pool_config c = {.dev = 1, .memory_limit = limit, .cache_limit = cache_limit,
+                         .thread_cache = tc, .va_factor = 4};
+    return make_pool_with(capacity, &c);
+}
+
+static um__allocator *make_pool_with(size_t capacity, const um__pool_config *c)
 {
     if (backend) {
         if (s1)
@@ -30,10 +40,8 @@ static um__allocator *make_pool(size_t capacity, size_t limit, size_t cache_limi
     }
     CHECK_OK(um__be_stream_create(backend, &s1));
     CHECK_OK(um__be_stream_create(backend, &s2));
-    um__pool_config c = {.dev = 1, .memory_limit = limit, .cache_limit = cache_limit,
-                         .thread_cache = tc, .va_factor = 4};
     um__allocator *a = NULL;
-    CHECK_OK(um__pool_create(backend, &c, &a));
+    CHECK_OK(um__pool_create(backend, c, &a));
     return a;
 }
 
@@ -157,6 +165,65 @@ static void test_page_recycling(void)
     xfree(a, z, 0);
     CHECK_OK(a->ops->check(a));
     a->ops->destroy(a);
+}
+
+/* recycle_pages=0: the same steps create pages instead of moving x's,
+ * until the memory limit leaves no room; then x's pages move after all. */
+static void test_no_page_recycling(void)
+{
+    for (int limited = 0; limited < 2; limited++) {
+        um__pool_config c = {.dev = 1, .memory_limit = limited ? 20 * MiB : 0,
+                             .thread_cache = 1, .va_factor = 4, .no_page_recycling = 1};
+        um__allocator *a = make_pool_with(256 * MiB, &c);
+        void *x = xalloc(a, 8 * MiB, 0);
+        void *y = xalloc(a, 8 * MiB, 0);
+        xfree(a, x, 0);
+        uint64_t calls = stats(a).num_backend_calls;
+        void *z = xalloc(a, 12 * MiB, 0);
+        um_stats st = stats(a);
+        CHECK((uintptr_t)z > (uintptr_t)y);
+        /* 8 (x's pages, kept) + 8 (y) + 12 (z, new), or 20 under the limit. */
+        CHECK_EQ(st.reserved_bytes, limited ? 20 * MiB : 28 * MiB);
+        /* Unlimited: 6 creates and 6 maps, no unmap, plus the fence poll
+         * before growing (record, query, destroy of one event). */
+        if (!limited)
+            CHECK_EQ(st.num_backend_calls - calls, 6 + 6 + 3);
+        memset(z, 0x5a, 12 * MiB);
+        CHECK_OK(a->ops->check(a));
+        xfree(a, y, 0);
+        xfree(a, z, 0);
+        CHECK_OK(a->ops->check(a));
+        a->ops->destroy(a);
+    }
+}
+
+/* fence_wait_us: rather than grow, the pool waits for a fence recorded a
+ * while ago; with no wait it grows instead. */
+static void test_fence_wait(void)
+{
+    for (int wait = 0; wait < 2; wait++) {
+        um__pool_config c = {.dev = 1, .thread_cache = 0, .va_factor = 4,
+                             .fence_wait_ns = wait ? 1000000 : 0};
+        um__allocator *a = make_pool_with(256 * MiB, &c);
+        void *x = xalloc(a, 6 * MiB, 1);
+        CHECK_OK(um__sim_stream_launch(backend, s1, 1));
+        xfree(a, x, 1);
+        /* A small request on stream 2 polls the fences and records one
+         * for x's free (its work is still queued). */
+        void *t = xalloc(a, 4096, 2);
+        xfree(a, t, 2);
+        struct timespec two_ms = {0, 2000000};
+        nanosleep(&two_ms, NULL);
+        size_t before = stats(a).reserved_bytes;
+        void *y = xalloc(a, 6 * MiB, 2);
+        um_stats st = stats(a);
+        /* Waiting: x's pages (the fence is 2 ms old); else 6 MiB more. */
+        CHECK_EQ(st.reserved_bytes, wait ? before : before + 6 * MiB);
+        CHECK_OK(um__sim_stream_complete(backend, s1, 1));
+        xfree(a, y, 2);
+        CHECK_OK(a->ops->check(a));
+        a->ops->destroy(a);
+    }
 }
 
 /* A block freed on a stream with queued work is reused at once on that
@@ -478,6 +545,8 @@ int main(void)
     test_stream_id_reuse();
     test_backend_failures();
     test_page_recycling();
+    test_no_page_recycling();
+    test_fence_wait();
     test_fenced_pages();
     test_limits();
     test_bad_pointers();

@@ -3,13 +3,17 @@
 # (the GPU ones included), `unimem info`, replays on cuda:0 with the driver's
 # view, the allocator comparison, and (when torch is there) the PyTorch
 # end-to-end run. Every result goes under $OUT.
-# Usage: bench/gpu/gpu_run.sh [quick] [STEP...]   STEP: build test info replay compare torch e2e
+# Usage: bench/gpu/gpu_run.sh [quick] [STEP...]   STEP: build test info vmm replay compare torch e2e e2e_variants
 set -u
-OUT=${OUT:-out}
+FINAL=${OUT:-out}
+# Results gather in one folder and leave as one archive (the transfer back
+# takes few files).
+OUT=$FINAL/r
 mkdir -p "$OUT"
+trap 'tar czf "$FINAL/results.tgz" -C "$FINAL" r && rm -rf "$OUT"' EXIT
 QUICK=
 if [ "${1:-}" = quick ]; then QUICK=--quick; shift; fi
-STEPS=${*:-build test info replay compare torch e2e}
+STEPS=${*:-build test info vmm replay compare torch e2e}
 has() { case " $STEPS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 {
   date -u; uname -a; nproc; git rev-parse HEAD 2>/dev/null; git status --short 2>/dev/null | head
@@ -27,6 +31,10 @@ fi
 if has info; then
   build-dev/unimem info > "$OUT/info.txt" 2>&1; cat "$OUT/info.txt"
   build-dev/unimem info --json > "$OUT/info.json" 2>&1
+fi
+if has vmm; then
+  cc -O2 -Isrc -Iinclude bench/gpu/vmm_cost.c build-dev/libunimem.a -lz -lpthread -ldl -o build-dev/vmm_cost &&
+    build-dev/vmm_cost > "$OUT/vmm_cost.txt" 2>&1; cat "$OUT/vmm_cost.txt"
 fi
 if has replay; then
   for t in data/*.trace.gz; do
@@ -46,6 +54,16 @@ if has torch; then
   (cd build-dev && ctest -R torch --output-on-failure) > "$OUT/test_torch.txt" 2>&1; echo "test_torch rc=$?"; tail -30 "$OUT/test_torch.txt"
 fi
 if has e2e; then
-  python3 bench/gpu/gpt2_e2e.py --lib build-dev/integrations/torch/libunimem_torch.so --out "$OUT/gpt2_e2e.json" > "$OUT/gpt2_e2e.txt" 2>&1
-  echo "gpt2_e2e rc=$?"; tail -40 "$OUT/gpt2_e2e.txt"
+  UNIMEM_TORCH_TRACE=$OUT/gpt2_e2e_unimem.trace python3 bench/gpu/gpt2_e2e.py \
+    --lib build-dev/integrations/torch/libunimem_torch.so --out "$OUT/gpt2_e2e.json" > "$OUT/gpt2_e2e.txt" 2>&1
+  echo "gpt2_e2e rc=$?"; tail -12 "$OUT/gpt2_e2e.txt"
+  gzip -f "$OUT/gpt2_e2e_unimem.trace"
+fi
+# Pool variants on the same run (unimem only), chosen by UNIMEM_CONF.
+if has e2e_variants; then
+  for conf in ${E2E_CONFS:-fence_wait_us=0}; do
+    UNIMEM_CONF=$conf python3 bench/gpu/gpt2_e2e.py --allocator unimem \
+      --lib build-dev/integrations/torch/libunimem_torch.so --out "$OUT/gpt2_e2e_$conf.json" > "$OUT/gpt2_e2e_$conf.txt" 2>&1
+    echo "gpt2_e2e [$conf] rc=$?"; tail -4 "$OUT/gpt2_e2e_$conf.txt"
+  done
 fi

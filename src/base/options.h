@@ -31,6 +31,13 @@
       "per-thread caches of small blocks (no lock on the common alloc/free pair)")            \
     X(va_factor, UM_OPT_INT, "4",                                                             \
       "virtual address space reserved per device, as a multiple of its capacity")             \
+    X(recycle_pages, UM_OPT_BOOL, "1",                                                        \
+      "move free pages to where an allocation needs them (reserved follows live memory); "   \
+      "0 creates pages instead while under the memory limit, as a caching allocator does "   \
+      "(no page moves on a GPU, more memory)")                                                \
+    X(fence_wait_us, UM_OPT_INT, "0",                                                         \
+      "before growing past its peak, a pool waits for stream fences at least this many "     \
+      "microseconds old (the device is still busy behind them); 0 never waits")              \
     X(host_memory, UM_OPT_ENUM, "auto",                                                       \
       "auto|pinned|pageable: host pool memory; auto pins it (CUDA VMM host pages) when "      \
       "devices lists a GPU and the driver can, else pageable")                                \
@@ -49,6 +56,8 @@ typedef struct um__options {
     size_t host_capacity;
     int thread_cache;
     int va_factor;
+    int recycle_pages;
+    int fence_wait_us;
     int host_memory;        /* um__host_memory */
     int cuda_vmm;
 } um__options;

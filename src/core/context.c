@@ -674,6 +674,8 @@ static um_status create_allocators(um_context *ctx)
             .cache_limit = o->cache_limit,
             .thread_cache = o->thread_cache,
             .va_factor = o->va_factor,
+            .fence_wait_ns = (uint64_t)o->fence_wait_us * 1000,
+            .no_page_recycling = !o->recycle_pages,
         };
         um_status st;
         switch (o->allocator) {

@@ -356,6 +356,7 @@ static um_status release_holes(um__pool *p, size_t keep)
 }
 
 static void poll_all(um__pool *p, bool wait);
+static bool wait_old_fences(um__pool *p, uint64_t min_age_ns);
 static void release_spare_slabs(um__pool *p);
 static void flush_own_cache_locked(um__pool *p);
 
@@ -444,7 +445,17 @@ static um_status map_and_pin(um__pool *p, uintptr_t addr, size_t len, bool may_c
             pg++;
             continue;
         }
-        uint32_t h = hole_outside(p, first, last);
+        /* Without recycling, holes move only once the limit leaves no
+         * room for a new page. */
+        bool room = p->reserved + p->page <= p->base.memory_limit;
+        uint32_t h = p->recycle_pages || !may_create || !room ? hole_outside(p, first, last)
+                                                              : NO_PAGE;
+        /* Rather than grow past the peak while holes wait for fences,
+         * wait for the old fences: cheap, as the device is past them or
+         * has work queued behind them. */
+        if (h == NO_PAGE && may_create && p->fence_wait_ns && p->holes &&
+            p->reserved + p->page > p->peak_reserved && wait_old_fences(p, p->fence_wait_ns))
+            h = hole_outside(p, first, last);
         um_status s;
         if (h != NO_PAGE) {
             s = move_holes(p, h, first, &pg, last);
@@ -591,34 +602,71 @@ static bool stream_has_pending(const um__stream_state *ss)
     return ss->open_frees || ss->small_pending;
 }
 
-/* Checks (wait = false) or waits for (wait = true) the stream's fence and
- * migrates what it covers; records a new fence when frees are uncovered.
- * Returns true when everything freed on the stream has completed. */
-static bool poll_stream(um__pool *p, um__stream_state *ss, bool wait)
+/* Retires the stream's oldest fence: waits for it (wait) or finds it
+ * complete, then makes what it covers reusable. False when it is still
+ * running or the backend failed. */
+static bool retire_fence(um__pool *p, um__stream_state *ss, bool wait)
 {
     um__backend *b = p->base.backend;
+    um__bevent *e = ss->fences[ss->fence_head].event;
+    int done = 0;
+    um_status s = wait ? um__be_event_sync(b, e) : um__be_event_query(b, e, &done);
+    if (s != UM_OK || (!wait && !done))
+        return false;
+    migrate(p, ss, ss->fences[ss->fence_head].epoch);
+    um__be_event_destroy(b, e);
+    ss->fence_head = (ss->fence_head + 1) % UM_FENCE_RING;
+    ss->fence_n--;
+    return true;
+}
+
+/* Records a fence covering the stream's frees so far, when some are not
+ * covered yet and the ring has room. */
+static void record_fence(um__pool *p, um__stream_state *ss)
+{
+    if (!ss->open_frees || ss->fence_n == UM_FENCE_RING)
+        return;
+    uint32_t i = (ss->fence_head + ss->fence_n) % UM_FENCE_RING;
+    if (um__be_event_record(p->base.backend, ss->bstream, &ss->fences[i].event) != UM_OK)
+        return;
+    ss->fences[i].epoch = ss->epoch++;
+    ss->fences[i].recorded_ns = um__now_ns();
+    ss->fence_n++;
+    ss->open_frees = false;
+}
+
+/* Checks (wait = false) or waits for (wait = true) the stream's fences,
+ * oldest first, and makes what they cover reusable; records a new fence
+ * when frees are uncovered. Returns true when everything freed on the
+ * stream has completed. */
+static bool poll_stream(um__pool *p, um__stream_state *ss, bool wait)
+{
+    /* The second round looks at the fence the first one recorded: a
+     * stream with no work in flight is then seen idle at once. */
     for (int round = 0; round < 2; round++) {
-        if (!ss->fence) {
-            if (!stream_has_pending(ss))
-                return true;
-            if (um__be_event_record(b, ss->bstream, &ss->fence) != UM_OK) {
-                ss->fence = NULL;
-                return false;
-            }
-            ss->fence_epoch = ss->epoch++;
-            ss->open_frees = false;
-        }
-        int done = 0;
-        um_status s = wait ? um__be_event_sync(b, ss->fence) : UM_OK;
-        if (s == UM_OK && !wait)
-            s = um__be_event_query(b, ss->fence, &done);
-        if (s != UM_OK || (!wait && !done))
-            return false;
-        migrate(p, ss, ss->fence_epoch);
-        um__be_event_destroy(b, ss->fence);
-        ss->fence = NULL;
+        while (ss->fence_n && retire_fence(p, ss, wait))
+            ;
+        if (round == 0)
+            record_fence(p, ss);
     }
-    return !stream_has_pending(ss);
+    return !ss->fence_n && !stream_has_pending(ss);
+}
+
+/* Waits for the fences of every stream that were recorded at least
+ * min_age_ns ago. The device is then still busy with the work queued after
+ * them, so the wait does not leave it idle, unlike waiting for the newest
+ * fence. Returns true when a fence was retired. */
+static bool wait_old_fences(um__pool *p, uint64_t min_age_ns)
+{
+    uint64_t now = um__now_ns();
+    bool any = false;
+    for (uint32_t i = 0; i < p->nstreams; i++) {
+        um__stream_state *ss = p->streams[i];
+        while (ss && ss->fence_n && now - ss->fences[ss->fence_head].recorded_ns >= min_age_ns &&
+               retire_fence(p, ss, true))
+            any = true;
+    }
+    return any;
 }
 
 static void poll_all(um__pool *p, bool wait)
@@ -837,6 +885,7 @@ static bool small_park(um__stream_state *ss, unsigned cls, void *ptr)
     if (!pending_push(&ss->small[cls], ptr, ss->epoch))
         return false;
     ss->small_pending++;
+    ss->open_frees = true;
     return true;
 }
 
@@ -1003,6 +1052,10 @@ static um_status take_range(um__pool *p, size_t size, size_t align, uint32_t sid
             }
         }
         if (need && (attempt == 0 || (attempt == 1 && need > p->holes)))
+            continue;
+        /* Without recycling, attempt 1 (moves only) is for a full device. */
+        if (need && attempt == 1 && !p->recycle_pages &&
+            p->reserved + need * p->page <= p->base.memory_limit)
             continue;
         if (need > p->holes && p->reserved + (need - p->holes) * p->page > p->base.memory_limit)
             continue;
@@ -1720,8 +1773,8 @@ static void pool_destroy(um__allocator *a)
         um__stream_state *ss = p->streams[i];
         if (!ss)
             continue;
-        if (ss->fence)
-            um__be_event_destroy(b, ss->fence);
+        for (uint32_t k = 0; k < ss->fence_n; k++)
+            um__be_event_destroy(b, ss->fences[(ss->fence_head + k) % UM_FENCE_RING].event);
         for (unsigned c = 0; c < UM_NCLASSES; c++)
             free(ss->small[c].items);
         free(ss);
@@ -1811,6 +1864,8 @@ um_status um__pool_create(um__backend *b, const um__pool_config *c, um__allocato
     p->base.memory_limit = c->memory_limit ? c->memory_limit : b->capacity;
     p->base.cache_limit = c->cache_limit ? c->cache_limit : SIZE_MAX;
     p->thread_cache = c->thread_cache;
+    p->fence_wait_ns = c->fence_wait_ns;
+    p->recycle_pages = !c->no_page_recycling;
     p->page = page;
     p->npages = va_size / page;
     p->va_size = va_size;

@@ -35,6 +35,8 @@ typedef struct um__pool_config {
     size_t cache_limit;    /* 0: no cap */
     int thread_cache;      /* per-thread caches on/off */
     int va_factor;         /* address space reserved = factor x limit */
+    uint64_t fence_wait_ns;/* see the fence_wait_us option; 0: never wait */
+    int no_page_recycling; /* the recycle_pages option, negated (0: recycle) */
 } um__pool_config;
 
 typedef struct um__allocator um__allocator;

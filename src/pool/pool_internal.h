@@ -90,6 +90,8 @@ typedef struct um__pending_vec {
     size_t n, cap;
 } um__pending_vec;
 
+#define UM_FENCE_RING 8
+
 typedef struct um__stream_state {
     bool known;
     bool open_frees;              /* frees stamped with `epoch` exist */
@@ -98,8 +100,16 @@ typedef struct um__stream_state {
     size_t small_pending;         /* objects in small[] */
     uint64_t epoch;               /* frees are stamped with it */
     uint64_t completed;           /* every epoch up to this one has completed */
-    um__bevent *fence;            /* covers epochs <= fence_epoch */
-    uint64_t fence_epoch;
+    /* Fences in flight, oldest first: fence i covers the epochs up to its
+     * epoch. Several, so that frees made a while ago become reusable when
+     * the device reaches them, not only when it catches up with the
+     * newest fence. */
+    struct {
+        um__bevent *event;
+        uint64_t epoch;
+        uint64_t recorded_ns;
+    } fences[UM_FENCE_RING];
+    uint32_t fence_head, fence_n;
 } um__stream_state;
 
 typedef struct um__tc_bin {
@@ -143,6 +153,8 @@ typedef struct um__pool {
     size_t nparked, parked_cap;
     uint32_t *fence_stream;       /* stream that last freed bytes of the page */
     uint64_t *fence_epoch;        /* its epoch then (MIXED: full_syncs then) */
+    uint64_t fence_wait_ns;       /* wait for fences this old before growing; 0: never */
+    bool recycle_pages;           /* move holes before creating pages (else only at the limit) */
     uint64_t full_syncs;          /* times every stream was seen idle */
     uint32_t hole_head, hole_tail;
     size_t holes;

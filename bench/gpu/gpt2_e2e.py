@@ -1,0 +1,319 @@
+#!/usr/bin/env python3
+"""GPT-2 small training, end to end, on PyTorch's allocator and on unimem.
+
+    gpt2_e2e.py [--compare] [--out FILE]       both allocators, one process each
+    gpt2_e2e.py --allocator torch|unimem --out FILE   one allocator (a child run)
+
+GPT2LMHeadModel(GPT2Config()) with random init (torch.manual_seed(0)), batch
+8 x 1024 random tokens (fixed seed), bf16 autocast, AdamW(lr=1e-4), 20 steps,
+deterministic algorithms. Each allocator runs in its own process because the
+allocator must be chosen before CUDA starts. The comparison reports the loss
+difference (zero expected: same kernels, same data), the median step time
+of steps 5..20, and peak reserved and live bytes as each allocator counts them
+and as the driver sees them (total - free, sampled after every step).
+
+It always exits 0 when both runs complete, whatever the numbers; 1 when a run
+failed.
+"""
+
+import os
+
+# cuBLAS reads this when PyTorch creates its handles; deterministic GEMMs
+# need it, so it is set before torch is imported.
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+import argparse  # noqa: E402
+import gc  # noqa: E402
+import json  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.normpath(os.path.join(HERE, "..", ".."))
+DEFAULT_LIB = "build-dev/integrations/torch/libunimem_torch.so"
+ALLOCATORS = ("torch", "unimem")
+MiB = 1024 * 1024
+
+
+def resolve_lib(path):
+    """A relative --lib is looked up from the working directory, then from
+    the repository root (so the default works from anywhere)."""
+    if os.path.isabs(path) or os.path.exists(path):
+        return os.path.abspath(path)
+    return os.path.join(REPO, path)
+
+
+# --------------------------------------------------------------- one run
+
+
+def train(torch, args, warn_only, memory):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.use_deterministic_algorithms(True, warn_only=warn_only)
+    torch.manual_seed(0)
+    config = GPT2Config()
+    # Built on the CPU so the initial weights come from the CPU generator,
+    # the same in every process whatever the allocator.
+    model = GPT2LMHeadModel(config).to("cuda")
+    model.train()
+    tokens = torch.Generator().manual_seed(1234)
+    ids = torch.randint(0, config.vocab_size, (args.batch, args.seq), generator=tokens).to("cuda")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    losses, times = [], []
+    free, total = torch.cuda.mem_get_info()
+    driver_peak = total - free
+    for step in range(args.steps):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+        losses.append(loss.item())
+        del loss
+        free, total = torch.cuda.mem_get_info()
+        driver_peak = max(driver_peak, total - free)
+        print(
+            f"[{args.allocator}] step {step + 1}/{args.steps} loss {losses[-1]:.6f} "
+            f"{times[-1] * 1000:.1f} ms, driver used {(total - free) / MiB:.0f} MiB",
+            flush=True,
+        )
+    memory.update(driver_used_peak_bytes=driver_peak, driver_total_bytes=total)
+    attn = getattr(model.config, "_attn_implementation", None)
+    del model, optimizer, ids
+    return losses, times, attn
+
+
+def reset_memory(torch, unimem_torch):
+    gc.collect()
+    torch.cuda.synchronize()
+    if unimem_torch:
+        unimem_torch.empty_cache()
+        unimem_torch.reset_peak_memory_stats()
+    else:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def run_one(args):
+    started = time.perf_counter()
+    import torch
+
+    unimem_torch = None
+    if args.allocator == "unimem":
+        sys.path.insert(0, os.path.join(REPO, "integrations", "torch"))
+        import unimem_torch
+
+        lib = resolve_lib(args.lib)
+        if not os.path.isfile(lib):
+            print(f"gpt2_e2e: {lib} does not exist; build it or pass --lib", file=sys.stderr)
+            return 2
+        unimem_torch.install(lib)
+    import transformers
+
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = True
+
+    torch.cuda.init()
+    free, total = torch.cuda.mem_get_info()
+    memory = {"driver_used_before_bytes": total - free}
+    mode = "strict"
+    try:
+        losses, times, attn = train(torch, args, False, memory)
+    except RuntimeError as err:
+        if "deterministic" not in str(err):
+            raise
+        mode = "warn_only"
+        print(
+            f"gpt2_e2e: a kernel has no deterministic implementation ({str(err).splitlines()[0]}); "
+            "running again with use_deterministic_algorithms(True, warn_only=True)",
+            flush=True,
+        )
+    if mode == "warn_only":
+        # Outside the except clause, so the failed attempt's frames (and its
+        # model) are gone before the memory is reset.
+        reset_memory(torch, unimem_torch)
+        losses, times, attn = train(torch, args, True, memory)
+
+    torch.cuda.synchronize()
+    result = {
+        "allocator": args.allocator,
+        "torch_version": torch.__version__,
+        "transformers_version": transformers.__version__,
+        "device": torch.cuda.get_device_name(),
+        "deterministic": mode,
+        "attn_implementation": attn,
+        "batch": args.batch,
+        "seq": args.seq,
+        "steps": args.steps,
+        "losses": losses,
+        "step_times_s": times,
+        "median_step_time_s": statistics.median(times[4:]) if len(times) > 4 else None,
+    }
+    result.update(memory)
+    if unimem_torch:
+        stats = unimem_torch.raw_stats()
+        result["peak_reserved_bytes"] = stats["peak_reserved_bytes"]
+        result["peak_live_bytes"] = stats["peak_active_bytes"]
+        result["unimem_stats"] = stats
+        result["library"] = unimem_torch.library_path()
+    else:
+        result["peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
+        result["peak_live_bytes"] = torch.cuda.max_memory_allocated()
+        stats = torch.cuda.memory_stats()
+        result["torch_memory_stats"] = {
+            key: stats.get(key)
+            for key in (
+                "allocated_bytes.all.peak",
+                "reserved_bytes.all.peak",
+                "requested_bytes.all.peak",
+                "num_alloc_retries",
+                "num_ooms",
+                "num_device_alloc",
+                "num_device_free",
+            )
+        }
+    result["wall_s"] = time.perf_counter() - started
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+    return 0
+
+
+# ------------------------------------------------------------ comparison
+
+
+def ratio(a, b):
+    return a / b if a is not None and b else None
+
+
+def compare(results):
+    t, u = results["torch"], results["unimem"]
+    if "losses" not in t or "losses" not in u:
+        return {"error": "a run failed; nothing to compare"}
+    diffs = [abs(a - b) for a, b in zip(t["losses"], u["losses"])]
+    same_length = len(t["losses"]) == len(u["losses"])
+    return {
+        "losses_max_abs_diff": max(diffs) if diffs and same_length else None,
+        "losses_identical": bool(same_length and diffs and max(diffs) == 0.0),
+        "deterministic_modes": [t["deterministic"], u["deterministic"]],
+        "step_time_ratio_unimem_over_torch": ratio(u["median_step_time_s"], t["median_step_time_s"]),
+        "reserved_over_live": {
+            name: ratio(r["peak_reserved_bytes"], r["peak_live_bytes"]) for name, r in results.items()
+        },
+        "peak_reserved_ratio_unimem_over_torch": ratio(u["peak_reserved_bytes"], t["peak_reserved_bytes"]),
+        "peak_live_ratio_unimem_over_torch": ratio(u["peak_live_bytes"], t["peak_live_bytes"]),
+        "driver_used_peak_ratio_unimem_over_torch": ratio(
+            u["driver_used_peak_bytes"], t["driver_used_peak_bytes"]
+        ),
+        "driver_used_growth_ratio_unimem_over_torch": ratio(
+            u["driver_used_peak_bytes"] - u["driver_used_before_bytes"],
+            t["driver_used_peak_bytes"] - t["driver_used_before_bytes"],
+        ),
+    }
+
+
+def fmt(value, scale=1.0, digits=1):
+    return "-" if value is None else f"{value / scale:.{digits}f}"
+
+
+def print_report(results, comparison):
+    rows = [
+        ("median step, steps 5-20 (ms)", "median_step_time_s", 1e-3, 2),
+        ("peak live (MiB)", "peak_live_bytes", MiB, 1),
+        ("peak reserved (MiB)", "peak_reserved_bytes", MiB, 1),
+        ("driver used before (MiB)", "driver_used_before_bytes", MiB, 1),
+        ("driver used peak (MiB)", "driver_used_peak_bytes", MiB, 1),
+    ]
+    print(f"\n{'':32} {'torch':>14} {'unimem':>14}")
+    for label, key, scale, digits in rows:
+        cells = [fmt(results[a].get(key), scale, digits) for a in ALLOCATORS]
+        print(f"{label:32} {cells[0]:>14} {cells[1]:>14}")
+    cells = [fmt(comparison.get("reserved_over_live", {}).get(a), 1, 4) for a in ALLOCATORS]
+    print(f"{'reserved / live':32} {cells[0]:>14} {cells[1]:>14}")
+    for a in ALLOCATORS:
+        r = results[a]
+        if "losses" in r:
+            print(f"{a} losses ({r['deterministic']}): " + " ".join(f"{x:.6f}" for x in r["losses"]))
+        else:
+            print(f"{a}: FAILED: {r.get('error')}")
+    if "error" not in comparison:
+        print(
+            f"losses max |diff| {comparison['losses_max_abs_diff']!r} "
+            f"({'identical' if comparison['losses_identical'] else 'NOT identical'}); "
+            f"step time unimem/torch {fmt(comparison['step_time_ratio_unimem_over_torch'], 1, 4)}; "
+            f"peak reserved unimem/torch {fmt(comparison['peak_reserved_ratio_unimem_over_torch'], 1, 4)}; "
+            f"driver peak unimem/torch {fmt(comparison['driver_used_peak_ratio_unimem_over_torch'], 1, 4)}"
+        )
+
+
+def run_compare(args):
+    started = time.perf_counter()
+    results = {}
+    for allocator in ALLOCATORS:
+        fd, path = tempfile.mkstemp(prefix=f"gpt2_e2e_{allocator}_", suffix=".json")
+        os.close(fd)
+        os.unlink(path)
+        command = [
+            sys.executable, os.path.abspath(__file__), "--allocator", allocator, "--out", path,
+            "--lib", resolve_lib(args.lib), "--steps", str(args.steps), "--batch", str(args.batch),
+            "--seq", str(args.seq),
+        ]
+        print(f"gpt2_e2e: running {allocator}: {' '.join(command)}", flush=True)
+        run_started = time.perf_counter()
+        try:
+            proc = subprocess.run(command, timeout=args.timeout)
+            rc = proc.returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+        if rc == 0 and os.path.exists(path):
+            with open(path) as f:
+                results[allocator] = json.load(f)
+            os.unlink(path)
+        else:
+            results[allocator] = {"error": f"the {allocator} run failed (exit {rc}); its output is above"}
+        results[allocator]["process_wall_s"] = time.perf_counter() - run_started
+
+    comparison = compare(results)
+    report = {"results": results, "comparison": comparison,
+              "total_wall_s": time.perf_counter() - started}
+    print_report(results, comparison)
+    print(f"total wall time {report['total_wall_s']:.1f} s")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=1)
+        print(f"gpt2_e2e: wrote {args.out}")
+    failed = any("error" in r for r in results.values())
+    return 1 if failed else 0
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--compare", action="store_true", help="run both allocators (the default)")
+    mode.add_argument("--allocator", choices=ALLOCATORS, help="run one allocator in this process")
+    parser.add_argument("--out", help="JSON results file (required with --allocator)")
+    parser.add_argument("--lib", default=DEFAULT_LIB, help=f"libunimem_torch.so (default {DEFAULT_LIB})")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--seq", type=int, default=1024)
+    parser.add_argument("--timeout", type=float, default=110.0,
+                        help="seconds each run may take in --compare (default 110: both within 4 minutes)")
+    args = parser.parse_args()
+    if args.steps < 1 or args.batch < 1 or args.seq < 1 or args.seq > 1024:
+        parser.error("--steps and --batch must be >= 1 and --seq 1..1024 (GPT-2's context)")
+    if args.allocator:
+        if not args.out:
+            parser.error("--allocator needs --out FILE")
+        return run_one(args)
+    return run_compare(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

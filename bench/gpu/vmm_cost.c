@@ -1,0 +1,122 @@
+/*
+ * What CUDA's virtual memory calls cost on this GPU, so the pool's policy
+ * (how often it may move a page) rests on measured numbers. Times each
+ * driver call the CUDA backend makes, on 2 MiB pages inside one large
+ * reservation, and checks that one cuMemUnmap and one cuMemSetAccess can
+ * cover a run of separately created pages. Prints microseconds per call.
+ * Build: cc -O2 -Isrc -Iinclude bench/gpu/vmm_cost.c BUILD/libunimem.a -lz -lpthread -ldl
+ */
+#include "backend/cuda_driver.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#define PAGES 256
+
+static double us_since(uint64_t t0, int n)
+{
+    return (double)(um__now_ns() - t0) / 1e3 / n;
+}
+
+#define CK(call)                                                                                  \
+    do {                                                                                          \
+        um_cuResult r_ = (call);                                                                  \
+        if (r_ != UM_CU_SUCCESS) {                                                                \
+            fprintf(stderr, "%s failed: %d\n", #call, r_);                                        \
+            return 1;                                                                             \
+        }                                                                                         \
+    } while (0)
+
+int main(void)
+{
+    char why[256];
+    const um__cuda_api *cu = um__cuda_load(why, sizeof why);
+    if (!cu || cu->gpus < 1) {
+        printf("vmm_cost: no GPU: %s\n", cu ? "the driver reports none" : why);
+        return 2;
+    }
+    um_cuDevice d;
+    um_cuContext ctx;
+    CK(cu->DeviceGet(&d, 0));
+    CK(cu->DevicePrimaryCtxRetain(&ctx, d));
+    CK(cu->CtxSetCurrent(ctx));
+    um_cuMemAllocationProp prop = {0};
+    prop.type = UM_CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = UM_CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = 0;
+    size_t g = 0;
+    CK(cu->MemGetAllocationGranularity(&g, &prop, UM_CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+    um_cuMemAccessDesc acc = {{UM_CU_MEM_LOCATION_TYPE_DEVICE, 0}, UM_CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    size_t va_size = (size_t)512 << 30;
+    um_cuDeviceptr va;
+    uint64_t t0 = um__now_ns();
+    CK(cu->MemAddressReserve(&va, va_size, g, 0, 0));
+    printf("cuMemAddressReserve of 512 GiB: %.1f us\n", us_since(t0, 1));
+    um_cuMemHandle h[PAGES];
+    t0 = um__now_ns();
+    for (int i = 0; i < PAGES; i++)
+        CK(cu->MemCreate(&h[i], g, &prop, 0));
+    printf("cuMemCreate (2 MiB):            %8.1f us\n", us_since(t0, PAGES));
+    /* Pages scattered over the reservation, as the pool's are. */
+    t0 = um__now_ns();
+    for (int i = 0; i < PAGES; i++)
+        CK(cu->MemMap(va + (size_t)i * 97 * g, g, 0, h[i], 0));
+    printf("cuMemMap (one page):            %8.1f us\n", us_since(t0, PAGES));
+    t0 = um__now_ns();
+    for (int i = 0; i < PAGES; i++)
+        CK(cu->MemSetAccess(va + (size_t)i * 97 * g, g, &acc, 1));
+    printf("cuMemSetAccess (one page):      %8.1f us\n", us_since(t0, PAGES));
+    t0 = um__now_ns();
+    for (int i = 0; i < PAGES; i++)
+        CK(cu->MemUnmap(va + (size_t)i * 97 * g, g));
+    printf("cuMemUnmap (one page):          %8.1f us\n", us_since(t0, PAGES));
+    /* Runs of 16 adjacent pages: one map per page, then one SetAccess and
+     * one Unmap for the whole run. */
+    int runs = PAGES / 16;
+    uint64_t tm = 0, ts = 0, tu = 0;
+    for (int r = 0; r < runs; r++) {
+        um_cuDeviceptr base = va + (size_t)r * 64 * g;
+        t0 = um__now_ns();
+        for (int i = 0; i < 16; i++)
+            CK(cu->MemMap(base + (size_t)i * g, g, 0, h[r * 16 + i], 0));
+        tm += um__now_ns() - t0;
+        t0 = um__now_ns();
+        CK(cu->MemSetAccess(base, 16 * g, &acc, 1));
+        ts += um__now_ns() - t0;
+        t0 = um__now_ns();
+        um_cuResult ur = cu->MemUnmap(base, 16 * g);
+        tu += um__now_ns() - t0;
+        if (ur != UM_CU_SUCCESS) {
+            printf("cuMemUnmap of a 16-page run: error %d (one call per mapping needed)\n", ur);
+            for (int i = 0; i < 16; i++)
+                CK(cu->MemUnmap(base + (size_t)i * g, g));
+        }
+    }
+    printf("cuMemMap in a run (per page):   %8.1f us\n", (double)tm / 1e3 / PAGES);
+    printf("cuMemSetAccess (16-page run):   %8.1f us\n", (double)ts / 1e3 / runs);
+    printf("cuMemUnmap (16-page run):       %8.1f us\n", (double)tu / 1e3 / runs);
+    size_t fr, tot;
+    t0 = um__now_ns();
+    for (int i = 0; i < 100; i++)
+        CK(cu->MemGetInfo(&fr, &tot));
+    printf("cuMemGetInfo:                   %8.1f us\n", us_since(t0, 100));
+    um_cuEvent e;
+    CK(cu->EventCreate(&e, UM_CU_EVENT_DISABLE_TIMING));
+    t0 = um__now_ns();
+    for (int i = 0; i < 1000; i++) {
+        CK(cu->EventRecord(e, NULL));
+        (void)cu->EventQuery(e);
+    }
+    printf("cuEventRecord + cuEventQuery:   %8.2f us\n", us_since(t0, 1000));
+    um_cuContext c2;
+    t0 = um__now_ns();
+    for (int i = 0; i < 100000; i++)
+        CK(cu->CtxGetCurrent(&c2));
+    printf("cuCtxGetCurrent:                %8.3f us\n", us_since(t0, 100000));
+    t0 = um__now_ns();
+    for (int i = 0; i < PAGES; i++)
+        CK(cu->MemRelease(h[i]));
+    printf("cuMemRelease (2 MiB):           %8.1f us\n", us_since(t0, PAGES));
+    CK(cu->MemAddressFree(va, va_size));
+    return 0;
+}

@@ -1,0 +1,231 @@
+"""unimem as PyTorch's CUDA allocator.
+
+    import unimem_torch
+    unimem_torch.install()          # before any CUDA tensor exists
+    ...
+    print(unimem_torch.memory_stats())
+
+install() loads libunimem_torch.so into torch.cuda.memory.CUDAPluggableAllocator.
+PyTorch's own statistics (torch.cuda.memory_stats, max_memory_reserved, ...)
+are not available for a pluggable allocator; memory_stats() here gives the
+same keys where they mean the same thing, from unimem's exact counters.
+Only ctypes and torch are needed.
+"""
+
+import ctypes
+import os
+
+__all__ = [
+    "UmStats",
+    "install",
+    "is_installed",
+    "library_path",
+    "find_library",
+    "memory_stats",
+    "raw_stats",
+    "reset_peak_memory_stats",
+    "empty_cache",
+]
+
+LIBRARY_NAME = "libunimem_torch.so"
+
+
+class UmStats(ctypes.Structure):
+    """Mirror of um_stats in include/unimem.h, field for field."""
+
+    _fields_ = [
+        ("active_bytes", ctypes.c_size_t),
+        ("requested_bytes", ctypes.c_size_t),
+        ("reserved_bytes", ctypes.c_size_t),
+        ("cached_bytes", ctypes.c_size_t),
+        ("peak_active_bytes", ctypes.c_size_t),
+        ("peak_reserved_bytes", ctypes.c_size_t),
+        ("largest_free_bytes", ctypes.c_size_t),
+        ("fragmentation", ctypes.c_double),
+        ("active_blocks", ctypes.c_uint64),
+        ("num_allocs", ctypes.c_uint64),
+        ("num_frees", ctypes.c_uint64),
+        ("num_backend_calls", ctypes.c_uint64),
+        ("num_cache_hits", ctypes.c_uint64),
+        ("num_ooms", ctypes.c_uint64),
+    ]
+
+
+_lib = None
+_lib_path = None
+
+
+def _candidates():
+    here = os.path.dirname(os.path.abspath(__file__))
+    repo = os.path.normpath(os.path.join(here, "..", ".."))
+    yield os.path.join(here, LIBRARY_NAME)
+    for build in ("build", "build-dev"):
+        yield os.path.join(repo, build, "integrations", "torch", LIBRARY_NAME)
+
+
+def find_library(path=None):
+    """The library to load: `path`, else $UNIMEM_TORCH_LIB, else the first
+    that exists of: next to this module, <repo>/build/integrations/torch/,
+    <repo>/build-dev/integrations/torch/."""
+    if path is None:
+        path = os.environ.get("UNIMEM_TORCH_LIB") or None
+        source = "UNIMEM_TORCH_LIB"
+    else:
+        source = "the path argument"
+    if path is not None:
+        path = os.path.abspath(os.fspath(path))
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"unimem_torch: {source} names {path}, which is not a file")
+        return path
+    tried = list(_candidates())
+    for candidate in tried:
+        if os.path.isfile(candidate):
+            return candidate
+    raise FileNotFoundError(
+        f"unimem_torch: {LIBRARY_NAME} not found; build it (cmake --build build) or pass its "
+        "path to install() or in UNIMEM_TORCH_LIB. Tried: " + ", ".join(tried)
+    )
+
+
+def _load(path):
+    """Loads the library for the stats calls and checks the struct mirror."""
+    lib = ctypes.CDLL(path)
+    lib.unimem_torch_stats.argtypes = [ctypes.c_int, ctypes.POINTER(UmStats)]
+    lib.unimem_torch_stats.restype = ctypes.c_int
+    lib.unimem_torch_reset_peak.argtypes = [ctypes.c_int]
+    lib.unimem_torch_reset_peak.restype = ctypes.c_int
+    lib.unimem_torch_trim.argtypes = [ctypes.c_int]
+    lib.unimem_torch_trim.restype = ctypes.c_int
+    lib.unimem_torch_last_error.argtypes = []
+    lib.unimem_torch_last_error.restype = ctypes.c_char_p
+    lib.unimem_torch_stats_size.argtypes = []
+    lib.unimem_torch_stats_size.restype = ctypes.c_size_t
+    native = lib.unimem_torch_stats_size()
+    if native != ctypes.sizeof(UmStats):
+        raise RuntimeError(
+            f"unimem_torch: um_stats is {native} bytes in {path} but {ctypes.sizeof(UmStats)} in "
+            "UmStats: the ctypes mirror no longer matches include/unimem.h"
+        )
+    return lib
+
+
+def install(path=None):
+    """Makes unimem PyTorch's CUDA allocator for this process.
+
+    Must run before CUDA is initialized (before the first CUDA tensor,
+    torch.cuda.init(), ...): PyTorch cannot swap allocators after that.
+    Calling it again with the same library does nothing. Returns the path of
+    the library it loaded."""
+    global _lib, _lib_path
+    import torch
+
+    path = find_library(path)
+    if _lib is not None:
+        if os.path.realpath(path) == os.path.realpath(_lib_path):
+            return _lib_path
+        raise RuntimeError(
+            f"unimem_torch: already installed from {_lib_path}; cannot switch to {path}"
+        )
+    if torch.cuda.is_initialized():
+        raise RuntimeError(
+            "unimem_torch.install() must run before CUDA is initialized: PyTorch cannot change "
+            "its allocator once a CUDA tensor exists or torch.cuda.init() has run. Call it at "
+            "the start of the program."
+        )
+    lib = _load(path)
+    allocator = torch.cuda.memory.CUDAPluggableAllocator(
+        path, "unimem_torch_alloc", "unimem_torch_free"
+    )
+    try:
+        torch.cuda.memory.change_current_allocator(allocator)
+    except RuntimeError as err:
+        raise RuntimeError(
+            "unimem_torch.install(): PyTorch refused to change its allocator (" + str(err) + "); "
+            "it must run before any CUDA allocation"
+        ) from err
+    _lib, _lib_path = lib, path
+    return path
+
+
+def is_installed():
+    return _lib is not None
+
+
+def library_path():
+    """The library install() loaded, or None."""
+    return _lib_path
+
+
+def _device_index(device):
+    import torch
+
+    if device is None:
+        return torch.cuda.current_device()
+    if isinstance(device, int):
+        return device
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise ValueError(f"unimem_torch: {device} is not a CUDA device")
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def _require_lib():
+    if _lib is None:
+        raise RuntimeError("unimem_torch: call install() first")
+    return _lib
+
+
+def _check(rc, what):
+    if rc != 0:
+        message = _lib.unimem_torch_last_error().decode(errors="replace")
+        raise RuntimeError(f"unimem_torch: {what} failed (status {rc}): {message}")
+
+
+def raw_stats(device=None):
+    """um_stats of the device as a dict with unimem's own field names."""
+    lib = _require_lib()
+    stats = UmStats()
+    index = _device_index(device)
+    _check(lib.unimem_torch_stats(index, ctypes.byref(stats)), f"stats of cuda:{index}")
+    return {name: getattr(stats, name) for name, _ in UmStats._fields_}
+
+
+def memory_stats(device=None):
+    """Like torch.cuda.memory_stats(): PyTorch's keys where unimem counts the
+    same thing, then every um_stats field under its own name.
+
+    allocated/active bytes are the rounded sizes of live blocks (as in
+    PyTorch); requested bytes are what the program asked for; reserved bytes
+    are the physical pages unimem holds."""
+    raw = raw_stats(device)
+    stats = {
+        "allocated_bytes.all.current": raw["active_bytes"],
+        "allocated_bytes.all.peak": raw["peak_active_bytes"],
+        "active_bytes.all.current": raw["active_bytes"],
+        "active_bytes.all.peak": raw["peak_active_bytes"],
+        "requested_bytes.all.current": raw["requested_bytes"],
+        "reserved_bytes.all.current": raw["reserved_bytes"],
+        "reserved_bytes.all.peak": raw["peak_reserved_bytes"],
+        "allocation.all.current": raw["active_blocks"],
+        "allocation.all.allocated": raw["num_allocs"],
+        "allocation.all.freed": raw["num_frees"],
+        "active.all.current": raw["active_blocks"],
+        "num_ooms": raw["num_ooms"],
+    }
+    stats.update(raw)
+    return stats
+
+
+def reset_peak_memory_stats(device=None):
+    """Peaks restart from the current values (torch.cuda.reset_peak_memory_stats)."""
+    lib = _require_lib()
+    index = _device_index(device)
+    _check(lib.unimem_torch_reset_peak(index), f"reset_peak of cuda:{index}")
+
+
+def empty_cache(device=None):
+    """Returns the device's cached pages to the driver (torch.cuda.empty_cache,
+    which does nothing for a pluggable allocator)."""
+    lib = _require_lib()
+    index = _device_index(device)
+    _check(lib.unimem_torch_trim(index), f"trim of cuda:{index}")

@@ -1,0 +1,254 @@
+#!/usr/bin/env python3
+"""PyTorch on unimem: install the allocator in this (fresh) process, then
+check values, stream-ordered reuse, statistics and the OOM error.
+
+Usage: test_torch.py --lib build/integrations/torch/libunimem_torch.so
+Exits 77 (skipped) when torch is not installed or has no usable GPU.
+"""
+
+import argparse
+import os
+import subprocess
+import sys
+import threading
+
+SKIP = 77
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.normpath(os.path.join(HERE, "..", ".."))
+MODULE_DIR = os.path.join(REPO, "integrations", "torch")
+sys.path.insert(0, MODULE_DIR)
+
+failures = []
+passes = 0
+
+
+def check(condition, what):
+    global passes
+    if condition:
+        passes += 1
+        print(f"ok   {what}")
+    else:
+        failures.append(what)
+        print(f"FAIL {what}")
+
+
+def skip(why):
+    print(f"SKIP: {why}")
+    sys.exit(SKIP)
+
+
+def install_after_cuda_init_is_refused(lib):
+    """In a child process: install() after CUDA started must fail clearly."""
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import torch, unimem_torch\n"
+        "torch.zeros(1, device='cuda')\n"
+        "try:\n"
+        "    unimem_torch.install(sys.argv[2])\n"
+        "except RuntimeError as err:\n"
+        "    print('refused:', err); sys.exit(0)\n"
+        "sys.exit(3)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, MODULE_DIR, lib], capture_output=True, text=True, timeout=300
+    )
+    output = proc.stdout + proc.stderr
+    check(
+        proc.returncode == 0 and "before CUDA is initialized" in output,
+        f"install() after CUDA init raises a clear RuntimeError (rc {proc.returncode}: "
+        f"{output.strip()[-300:]!r})",
+    )
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--lib", required=True, help="path of libunimem_torch.so")
+    args = parser.parse_args()
+
+    try:
+        import torch
+    except ImportError as err:
+        skip(f"PyTorch is not installed for {sys.executable} ({err})")
+    if not torch.cuda.is_available():
+        skip(f"torch {torch.__version__}: torch.cuda.is_available() is False (no GPU or driver)")
+    if not os.path.isfile(args.lib):
+        print(f"FAIL: the library {args.lib} does not exist")
+        return 1
+
+    import unimem_torch
+
+    install_after_cuda_init_is_refused(args.lib)
+
+    check(not torch.cuda.is_initialized(), "CUDA is not initialized before install()")
+    unimem_torch.install(args.lib)
+    check(unimem_torch.is_installed(), "install() succeeded")
+    torch.backends.cuda.matmul.allow_tf32 = False
+
+    s1 = torch.cuda.Stream()
+    s2 = torch.cuda.Stream()
+
+    # Warm up what PyTorch keeps for the life of the process (cuBLAS
+    # workspaces per stream), so the baseline below is the steady state.
+    for stream in (torch.cuda.current_stream(), s1, s2):
+        with torch.cuda.stream(stream):
+            for dtype in (torch.float32, torch.float64):
+                a = torch.ones(64, 64, dtype=dtype, device="cuda")
+                (a @ a).sum().item()
+            torch.arange(10, device="cuda").sum().item()
+    torch.cuda.synchronize()
+    del a
+
+    base = unimem_torch.memory_stats()
+    check(base["num_allocs"] > 0, f"unimem served the warm-up ({base['num_allocs']} allocations)")
+
+    # Tensors of several sizes (small slab sizes to hundreds of MiB) on two
+    # streams, all live at once.
+    counts = [1, 7, 1000, 4096, 4097, 1 << 17, 3_000_001, 1 << 25]
+    tensors, sums = [], []
+    for i, n in enumerate(counts):
+        with torch.cuda.stream(s1 if i % 2 == 0 else s2):
+            t = torch.arange(n, dtype=torch.int64, device="cuda")
+            tensors.append(t)
+            sums.append(t.sum())
+    torch.cuda.synchronize()
+    for n, total in zip(counts, sums):
+        check(total.item() == n * (n - 1) // 2, f"arange({n}) sums to {n * (n - 1) // 2}")
+    live = tensors + sums
+    live_bytes = sum(t.untyped_storage().nbytes() for t in live)
+    spans = sorted((t.data_ptr(), t.data_ptr() + max(t.untyped_storage().nbytes(), 1)) for t in live)
+    check(all(p % 256 == 0 for p, _ in spans), "every block is 256-byte aligned")
+    check(
+        all(end <= nxt for (_, end), (nxt, _) in zip(spans, spans[1:])), "live blocks do not overlap"
+    )
+
+    stats = unimem_torch.memory_stats()
+    check(
+        stats["requested_bytes"] - base["requested_bytes"] == live_bytes,
+        f"requested bytes grew by exactly the live tensors' {live_bytes} "
+        f"(grew {stats['requested_bytes'] - base['requested_bytes']})",
+    )
+    check(
+        stats["allocated_bytes.all.current"] - base["allocated_bytes.all.current"] >= live_bytes,
+        "allocated bytes cover the live tensors",
+    )
+    check(
+        stats["allocated_bytes.all.peak"] >= base["allocated_bytes.all.current"] + live_bytes,
+        "the allocated peak is at least what was live",
+    )
+    check(
+        stats["reserved_bytes.all.current"] >= stats["allocated_bytes.all.current"],
+        "reserved bytes cover allocated bytes",
+    )
+    check(
+        stats["active_blocks"] - base["active_blocks"] == len(live),
+        f"{len(live)} more live blocks (got {stats['active_blocks'] - base['active_blocks']})",
+    )
+
+    # A matmul against a CPU reference.
+    gen = torch.Generator().manual_seed(0)
+    a_cpu = torch.randn(512, 384, dtype=torch.float64, generator=gen)
+    b_cpu = torch.randn(384, 256, dtype=torch.float64, generator=gen)
+    with torch.cuda.stream(s2):
+        c = a_cpu.cuda() @ b_cpu.cuda()
+    s2.synchronize()
+    check(torch.allclose(c.cpu(), a_cpu @ b_cpu, rtol=1e-10, atol=1e-10), "float64 matmul matches the CPU")
+    del c
+
+    # A block freed on a busy stream must not be handed to another stream
+    # before that work has run: s1 sleeps, then fills x; x is freed at once
+    # and s2 allocates and fills y meanwhile. Reuse too early shows as 1s in y
+    # or 7s in x's sum.
+    n = 1 << 22
+    with torch.cuda.stream(s1):
+        x = torch.empty(n, dtype=torch.float32, device="cuda")
+        torch.cuda._sleep(200_000_000)
+        x.fill_(1.0)
+        x_sum = x.sum()
+        del x
+    with torch.cuda.stream(s2):
+        y = torch.full((n,), 7.0, dtype=torch.float32, device="cuda")
+    torch.cuda.synchronize()
+    check(x_sum.item() == n, f"work on the freeing stream saw its own data (sum {x_sum.item()} == {n})")
+    check(bool((y == 7.0).all()), "the other stream's block was not overwritten")
+    del y, x_sum
+
+    # Autograd frees and allocates on its own thread.
+    w = torch.randn(300, 300, device="cuda", requires_grad=True)
+    (w * w).sum().backward()
+    check(torch.allclose(w.grad, 2 * w.detach()), "autograd's gradient is right")
+    del w
+
+    # Allocation from another Python thread, on its own stream.
+    result = {}
+
+    def worker():
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            t = torch.arange(1 << 20, dtype=torch.int64, device="cuda")
+            result["sum"] = t.sum().item()
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    thread.join()
+    check(result.get("sum") == (1 << 20) * ((1 << 20) - 1) // 2, "a second thread allocates and computes")
+
+    empty = torch.empty(0, device="cuda")
+    check(empty.numel() == 0, "an empty tensor can be made")
+    del empty
+
+    del tensors, sums, live, t, total
+    torch.cuda.synchronize()
+    after = unimem_torch.memory_stats()
+    check(
+        after["allocated_bytes.all.current"] == base["allocated_bytes.all.current"],
+        f"allocated bytes are back to the baseline {base['allocated_bytes.all.current']} "
+        f"(now {after['allocated_bytes.all.current']})",
+    )
+    check(
+        after["requested_bytes"] == base["requested_bytes"],
+        f"requested bytes are back to the baseline {base['requested_bytes']} (now {after['requested_bytes']})",
+    )
+    check(after["num_frees"] > base["num_frees"], "frees were counted")
+    check(
+        after["allocated_bytes.all.peak"] >= base["allocated_bytes.all.current"] + live_bytes,
+        "the peak remembers the tensors",
+    )
+
+    unimem_torch.reset_peak_memory_stats()
+    reset = unimem_torch.memory_stats()
+    check(
+        reset["allocated_bytes.all.peak"] == reset["allocated_bytes.all.current"],
+        "reset_peak_memory_stats() restarts the peak from the current value",
+    )
+    unimem_torch.empty_cache()
+    trimmed = unimem_torch.memory_stats()
+    check(
+        trimmed["reserved_bytes.all.current"] <= reset["reserved_bytes.all.current"]
+        and trimmed["reserved_bytes.all.current"] >= trimmed["allocated_bytes.all.current"],
+        f"empty_cache() gives memory back ({reset['reserved_bytes.all.current']} -> "
+        f"{trimmed['reserved_bytes.all.current']} reserved bytes)",
+    )
+
+    # Too large for the device: PyTorch's OOM error, and the pool still works.
+    total_bytes = torch.cuda.mem_get_info()[1]
+    oom_type = getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemoryError
+    error = None
+    try:
+        huge = torch.empty(4 * total_bytes, dtype=torch.uint8, device="cuda")
+        detail = f"no error; data_ptr {huge.data_ptr():#x} (library built without PyTorch's headers?)"
+        del huge
+    except oom_type as err:
+        error = err
+        detail = str(err).splitlines()[0]
+    except RuntimeError as err:
+        detail = f"{type(err).__name__} instead: {str(err).splitlines()[0]}"
+    check(error is not None and "unimem" in str(error), f"a too-large tensor raises {oom_type.__name__}: {detail}")
+    oom_stats = unimem_torch.memory_stats()
+    check(oom_stats["num_ooms"] > trimmed["num_ooms"], f"the OOM was counted ({oom_stats['num_ooms']})")
+    check(torch.ones(1000, device="cuda").sum().item() == 1000, "allocation works after an OOM")
+
+    print(f"{passes} passed, {len(failures)} failed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
