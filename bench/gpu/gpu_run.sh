@@ -13,7 +13,7 @@ mkdir -p "$OUT"
 trap 'tar czf "$FINAL/results.tgz" -C "$FINAL" r && rm -rf "$OUT"' EXIT
 QUICK=
 if [ "${1:-}" = quick ]; then QUICK=--quick; shift; fi
-STEPS=${*:-build test info vmm replay compare torch e2e}
+STEPS=${*:-build test info vmm replay compare torch e2e e2e_variants}
 has() { case " $STEPS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 {
   date -u; uname -a; nproc; git rev-parse HEAD 2>/dev/null; git status --short 2>/dev/null | head
@@ -39,16 +39,20 @@ fi
 if has replay; then
   for t in data/*.trace.gz; do
     n=$(basename "$t" .trace.gz)
-    build-dev/unimem replay "$t" --device cuda:0 --json > "$OUT/replay_cuda_$n.json" 2> "$OUT/replay_cuda_$n.err"
     build-dev/unimem replay "$t" --device cuda:0 > "$OUT/replay_cuda_$n.txt" 2>&1
+    build-dev/unimem replay "$t" --device cuda:0 --json > "$OUT/replay_cuda_$n.json" 2>&1
     build-dev/unimem replay "$t" --json > "$OUT/replay_sim_$n.json" 2>&1
-    tail -8 "$OUT/replay_cuda_$n.txt"; cat "$OUT/replay_cuda_$n.err"
+    tail -8 "$OUT/replay_cuda_$n.txt"
   done
 fi
 if has compare; then
   bench/gpu/build_compare.sh build-dev build-dev/alloc_compare > "$OUT/compare_build.txt" 2>&1 || tail -30 "$OUT/compare_build.txt"
   build-dev/alloc_compare $QUICK --verify --json "$OUT/alloc_compare.json" > "$OUT/alloc_compare.txt" 2>&1
   echo "alloc_compare rc=$?"; cat "$OUT/alloc_compare.txt"
+  # The caching mode (no page moves below the limit), unimem only.
+  UNIMEM_CONF=recycle_pages=0 build-dev/alloc_compare $QUICK --skip-torch --json "$OUT/alloc_compare_norecycle.json" \
+    > "$OUT/alloc_compare_norecycle.txt" 2>&1
+  echo "alloc_compare recycle_pages=0 rc=$?"; grep -A3 -E "^(size|mixed|1 |16 )" "$OUT/alloc_compare_norecycle.txt" | grep -E "unimem|mixed" 
 fi
 if has torch; then
   (cd build-dev && ctest -R torch --output-on-failure) > "$OUT/test_torch.txt" 2>&1; echo "test_torch rc=$?"; tail -30 "$OUT/test_torch.txt"
@@ -61,7 +65,7 @@ if has e2e; then
 fi
 # Pool variants on the same run (unimem only), chosen by UNIMEM_CONF.
 if has e2e_variants; then
-  for conf in ${E2E_CONFS:-fence_wait_us=0}; do
+  for conf in ${E2E_CONFS:-recycle_pages=0 fence_wait_us=1000}; do
     UNIMEM_CONF=$conf python3 bench/gpu/gpt2_e2e.py --allocator unimem \
       --lib build-dev/integrations/torch/libunimem_torch.so --out "$OUT/gpt2_e2e_$conf.json" > "$OUT/gpt2_e2e_$conf.txt" 2>&1
     echo "gpt2_e2e [$conf] rc=$?"; tail -4 "$OUT/gpt2_e2e_$conf.txt"

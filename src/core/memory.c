@@ -52,18 +52,20 @@ um_status um_malloc(um_context *ctx, int dev, size_t size, um_stream s, void **p
 
 /* The device whose allocator manages ptr, trying `first` before the rest
  * (the stream's device is the likely owner), or -1. */
+static inline bool allocator_owns(um__allocator *a, const void *ptr)
+{
+    if (UM_LIKELY(a->range_size))
+        return (uintptr_t)ptr - a->range_lo < a->range_size;
+    return a->ops->owns(a, ptr);
+}
+
 static int owner_of(um_context *ctx, const void *ptr, int first)
 {
-    if (first >= 0) {
-        um__allocator *a = ctx->devices[first].alloc;
-        if (a->ops->owns(a, ptr))
-            return first;
-    }
-    for (int i = 0; i < ctx->ndevices; i++) {
-        um__allocator *a = ctx->devices[i].alloc;
-        if (i != first && a->ops->owns(a, ptr))
+    if (first >= 0 && allocator_owns(ctx->devices[first].alloc, ptr))
+        return first;
+    for (int i = 0; i < ctx->ndevices; i++)
+        if (i != first && allocator_owns(ctx->devices[i].alloc, ptr))
             return i;
-    }
     return -1;
 }
 

@@ -1854,9 +1854,12 @@ um_status um__pool_create(um__backend *b, const um__pool_config *c, um__allocato
                         "the granularity or lower va_factor",
                         c->dev, b->name, va_size / page, page);
 
-    um__pool *p = calloc(1, sizeof *p);
+    /* Aligned like its most aligned member, so the fields kept on lines of
+     * their own really are. */
+    um__pool *p = aligned_alloc(_Alignof(um__pool), um__align_up(sizeof *p, _Alignof(um__pool)));
     if (!p)
         return um__fail(UM_ERR_NOMEM, "out of host memory for the pool of device %d", c->dev);
+    memset(p, 0, sizeof *p);
     p->base.ops = &pool_ops;
     p->base.backend = b;
     p->base.dev = c->dev;
@@ -1885,6 +1888,8 @@ um_status um__pool_create(um__backend *b, const um__pool_config *c, um__allocato
         pool_destroy(&p->base);
         return s;
     }
+    p->base.range_lo = p->va;
+    p->base.range_size = va_size;
     p->page_phys = calloc(p->npages, sizeof *p->page_phys);
     p->page_pin = calloc(p->npages, sizeof *p->page_pin);
     p->hole_prev = malloc(p->npages * sizeof *p->hole_prev);

@@ -73,6 +73,11 @@ struct um__allocator {
     int dev;
     size_t memory_limit;   /* effective cap on reserved bytes */
     size_t cache_limit;    /* effective cap on cached pages (SIZE_MAX: none) */
+    /* Allocators whose memory is one address range say so here, so the
+     * context finds a pointer's device with a compare instead of a call
+     * to owns(); range_size 0: ask owns(). */
+    uintptr_t range_lo;
+    size_t range_size;
 };
 
 um_status um__pool_create(um__backend *b, const um__pool_config *c, um__allocator **out);

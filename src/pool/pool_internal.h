@@ -136,7 +136,6 @@ typedef struct um__region {
 
 typedef struct um__pool {
     um__allocator base;
-    pthread_mutex_t lock;
     uint64_t generation;          /* tells a thread's cached tcache pointer apart */
     int thread_cache;
 
@@ -183,6 +182,10 @@ typedef struct um__pool {
      * live_delta; a thread adds its delta to `active` once it passes
      * UM_DELTA_PUBLISH bytes, so the hot path writes no shared cache line.
      * Both get cache lines of their own. */
+    /* On a line of its own: threads that take it on a refill must not
+     * slow down the fast path's reads of the fields above. */
+    _Alignas(64) pthread_mutex_t lock;
+
     _Alignas(64) _Atomic int64_t active;
     _Alignas(64) _Atomic int64_t peak_active;
     _Alignas(64) size_t reserved, peak_reserved;
