@@ -125,20 +125,21 @@ static inline void counter_inc(_Atomic uint64_t *c)
 
 static size_t hash_addr(uintptr_t a) { return (size_t)((a >> 8) * 0x9e3779b97f4a7c15ull); }
 
+/* Entries keep the address next to the record, so a probe compares
+ * without touching the record (a cache miss per probe otherwise). */
 static bool live_map_grow(um__pool *p)
 {
     size_t cap = p->live_cap ? p->live_cap * 2 : 1024;
-    um__block **m = calloc(cap, sizeof *m);
+    um__live_entry *m = calloc(cap, sizeof *m);
     if (!m)
         return false;
     for (size_t i = 0; i < p->live_cap; i++) {
-        um__block *b = p->live_map[i];
-        if (!b)
+        if (!p->live_map[i].block)
             continue;
-        size_t j = hash_addr(b->fi.addr) & (cap - 1);
-        while (m[j])
+        size_t j = hash_addr(p->live_map[i].addr) & (cap - 1);
+        while (m[j].block)
             j = (j + 1) & (cap - 1);
-        m[j] = b;
+        m[j] = p->live_map[i];
     }
     free(p->live_map);
     p->live_map = m;
@@ -151,9 +152,9 @@ static bool live_map_put(um__pool *p, um__block *b)
     if ((p->live_count + 1) * 2 > p->live_cap && !live_map_grow(p))
         return false;
     size_t j = hash_addr(b->fi.addr) & (p->live_cap - 1);
-    while (p->live_map[j])
+    while (p->live_map[j].block)
         j = (j + 1) & (p->live_cap - 1);
-    p->live_map[j] = b;
+    p->live_map[j] = (um__live_entry){b->fi.addr, b};
     p->live_count++;
     return true;
 }
@@ -163,8 +164,8 @@ static size_t live_map_slot(um__pool *p, uintptr_t addr)
     if (!p->live_cap)
         return SIZE_MAX;
     size_t j = hash_addr(addr) & (p->live_cap - 1);
-    while (p->live_map[j]) {
-        if (p->live_map[j]->fi.addr == addr)
+    while (p->live_map[j].block) {
+        if (p->live_map[j].addr == addr)
             return j;
         j = (j + 1) & (p->live_cap - 1);
     }
@@ -174,14 +175,14 @@ static size_t live_map_slot(um__pool *p, uintptr_t addr)
 static void live_map_del(um__pool *p, size_t j)
 {
     size_t mask = p->live_cap - 1;
-    p->live_map[j] = NULL;
+    p->live_map[j] = (um__live_entry){0, NULL};
     p->live_count--;
     /* Backward-shift deletion keeps every probe chain unbroken. */
-    for (size_t k = (j + 1) & mask; p->live_map[k]; k = (k + 1) & mask) {
-        size_t home = hash_addr(p->live_map[k]->fi.addr) & mask;
+    for (size_t k = (j + 1) & mask; p->live_map[k].block; k = (k + 1) & mask) {
+        size_t home = hash_addr(p->live_map[k].addr) & mask;
         if (((k - home) & mask) >= ((k - j) & mask)) {
             p->live_map[j] = p->live_map[k];
-            p->live_map[k] = NULL;
+            p->live_map[k] = (um__live_entry){0, NULL};
             j = k;
         }
     }
@@ -790,7 +791,7 @@ static void slot_return(um__pool *p, void *ptr)
 {
     um__slab *s = slab_lookup(p, (uintptr_t)ptr);
     uint32_t slot = slot_of(s, (uintptr_t)ptr);
-    atomic_store_explicit(&s->slot[slot], UM_SLOT_FREE, memory_order_relaxed);
+    atomic_store_explicit(&s->slot[slot].w, UM_SLOT_FREE, memory_order_relaxed);
     s->free_stack[s->nfree++] = slot;
     if (s->nfree == s->nslots) {
         um__slab *other = p->partial[s->cls];
@@ -819,7 +820,9 @@ static um_status slab_create(um__pool *p, unsigned cls, um__slab **out)
     uint32_t n = (uint32_t)(bytes / um__class_size[cls]);
     if (s) {
         s->free_stack = malloc(n * sizeof *s->free_stack);
-        s->slot = calloc(n, sizeof *s->slot);
+        s->slot = aligned_alloc(_Alignof(um__slot_word), n * sizeof *s->slot);
+        if (s->slot)
+            memset(s->slot, 0, n * sizeof *s->slot);
     }
     if (!s || !s->free_stack || !s->slot ||
         !slab_map_set(p, s, b->fi.addr, bytes)) {
@@ -872,7 +875,7 @@ static um_status small_take(um__pool *p, unsigned cls, um__stream_state *ss, voi
             return st;
     }
     uint32_t slot = s->free_stack[--s->nfree];
-    atomic_store_explicit(&s->slot[slot], UM_SLOT_CACHED, memory_order_relaxed);
+    atomic_store_explicit(&s->slot[slot].w, UM_SLOT_CACHED, memory_order_relaxed);
     if (!s->nfree)
         partial_remove(p, s);
     *ptr = (void *)(s->base + (uintptr_t)slot * um__class_size[cls]);
@@ -1181,7 +1184,7 @@ static void mark_live_slot(um__pool *p, um__tcache *tc, void *ptr, size_t size, 
 {
     um__slab *s = slab_lookup(p, (uintptr_t)ptr);
     uint32_t slot = slot_of(s, (uintptr_t)ptr);
-    atomic_store_explicit(&s->slot[slot], UM_SLOT_WORD(UM_SLOT_LIVE, sid, size),
+    atomic_store_explicit(&s->slot[slot].w, UM_SLOT_WORD(UM_SLOT_LIVE, sid, size),
                           memory_order_release);
     account(p, tc, um__class_size[s->cls]);
 }
@@ -1309,10 +1312,10 @@ static um_status small_free(um__pool *p, um__slab *sl, uintptr_t addr, const um_
         return um__fail(UM_ERR_INVALID_POINTER,
                         "device %d (%s): %p points inside a block, not at its start",
                         p->base.dev, dev_name(p), (void *)addr);
-    uint64_t word = atomic_load_explicit(&sl->slot[slot], memory_order_acquire);
+    uint64_t word = atomic_load_explicit(&sl->slot[slot].w, memory_order_acquire);
     if (UM_UNLIKELY(UM_SLOT_STATE(word) != UM_SLOT_LIVE ||
                     !atomic_compare_exchange_strong_explicit(
-                        &sl->slot[slot], &word, UM_SLOT_CACHED, memory_order_acq_rel,
+                        &sl->slot[slot].w, &word, UM_SLOT_CACHED, memory_order_acq_rel,
                         memory_order_relaxed)))
         return um__fail(UM_ERR_DOUBLE_FREE, "device %d (%s): %p is not a live allocation",
                         p->base.dev, dev_name(p), (void *)addr);
@@ -1359,7 +1362,7 @@ static um_status small_free(um__pool *p, um__slab *sl, uintptr_t addr, const um_
     }
     if (!parked) {
         /* No host memory for the record: keep the slot live rather than lose it. */
-        atomic_store_explicit(&sl->slot[slot], word, memory_order_relaxed);
+        atomic_store_explicit(&sl->slot[slot].w, word, memory_order_relaxed);
         account(p, tc, um__class_size[cls]);
     }
     pthread_mutex_unlock(&p->lock);
@@ -1396,7 +1399,7 @@ static um_status large_free(um__pool *p, uintptr_t addr, const um__stream_ref *s
         pthread_mutex_unlock(&p->lock);
         return st;
     }
-    um__block *b = p->live_map[j];
+    um__block *b = p->live_map[j].block;
     um__stream_ref ref = {b->stream, NULL};
     if (s)
         ref = *s;
@@ -1578,7 +1581,7 @@ static void pool_stats(um__allocator *a, um_stats *out)
             continue;
         um__slab *s = b->slab;
         for (uint32_t i = 0; i < s->nslots; i++) {
-            uint64_t w = atomic_load_explicit(&s->slot[i], memory_order_acquire);
+            uint64_t w = atomic_load_explicit(&s->slot[i].w, memory_order_acquire);
             if (UM_SLOT_STATE(w) == UM_SLOT_LIVE) {
                 small_req += UM_SLOT_REQUESTED(w);
                 small_blocks++;
@@ -1673,7 +1676,7 @@ static um_status pool_check(um__allocator *a)
             }
             if (b->state == UM_BLOCK_LIVE) {
                 size_t j = live_map_slot(p, b->fi.addr);
-                CHECK_THAT(j != SIZE_MAX && p->live_map[j] == b, "live block %#" PRIxPTR
+                CHECK_THAT(j != SIZE_MAX && p->live_map[j].block == b, "live block %#" PRIxPTR
                            " missing from the pointer map", b->fi.addr);
                 active += b->fi.size;
                 live_large++;
@@ -1683,7 +1686,7 @@ static um_status pool_check(um__allocator *a)
                            "slab record of block %#" PRIxPTR " is wrong", b->fi.addr);
                 uint32_t nfree = 0;
                 for (uint32_t i = 0; i < s->nslots; i++) {
-                    unsigned state = UM_SLOT_STATE(atomic_load(&s->slot[i]));
+                    unsigned state = UM_SLOT_STATE(atomic_load(&s->slot[i].w));
                     nfree += state == UM_SLOT_FREE;
                     cached_slots += state == UM_SLOT_CACHED;
                     if (state == UM_SLOT_LIVE)
@@ -1692,7 +1695,7 @@ static um_status pool_check(um__allocator *a)
                 CHECK_THAT(nfree == s->nfree, "slab %#" PRIxPTR ": %u free slots, record says %u",
                            s->base, nfree, s->nfree);
                 for (uint32_t i = 0; i < s->nfree; i++)
-                    CHECK_THAT(UM_SLOT_STATE(atomic_load(&s->slot[s->free_stack[i]])) == UM_SLOT_FREE,
+                    CHECK_THAT(UM_SLOT_STATE(atomic_load(&s->slot[s->free_stack[i]].w)) == UM_SLOT_FREE,
                                "slab %#" PRIxPTR ": free stack holds a used slot", s->base);
                 for (uintptr_t u = s->base; u < s->base + b->fi.size; u += UM_SLAB_UNIT)
                     CHECK_THAT(slab_lookup(p, u) == s, "slab map wrong at %#" PRIxPTR, u);
