@@ -225,7 +225,7 @@ def fmt(value, scale=1.0, digits=1):
 
 def print_report(results, comparison):
     rows = [
-        ("median step, steps 5-20 (ms)", "median_step_time_s", 1e-3, 2),
+        ("median step, steps 5-N, all rounds (ms)", "median_step_time_s", 1e-3, 2),
         ("peak live (MiB)", "peak_live_bytes", MiB, 1),
         ("peak reserved (MiB)", "peak_reserved_bytes", MiB, 1),
         ("driver used before (MiB)", "driver_used_before_bytes", MiB, 1),
@@ -253,32 +253,62 @@ def print_report(results, comparison):
         )
 
 
+def merge_rounds(runs):
+    """One allocator's runs: the first run's figures, with the step time
+    taken as the median of every run's steps 5..N together (the GPU
+    machine's step time varies run to run, so runs alternate allocators)."""
+    ok = [r for r in runs if "error" not in r]
+    if not ok:
+        return runs[0]
+    merged = dict(ok[0])
+    steps = [t for r in ok for t in r["step_times_s"][4:]]
+    merged["median_step_time_s"] = statistics.median(steps) if steps else None
+    merged["round_median_step_times_s"] = [r["median_step_time_s"] for r in ok]
+    merged["rounds"] = len(ok)
+    merged["losses_same_every_round"] = all(r["losses"] == ok[0]["losses"] for r in ok)
+    for key in ("peak_reserved_bytes", "peak_live_bytes", "driver_used_peak_bytes"):
+        if all(r.get(key) is not None for r in ok):
+            merged[key] = max(r[key] for r in ok)
+    return merged
+
+
+def run_child(args, allocator):
+    fd, path = tempfile.mkstemp(prefix=f"gpt2_e2e_{allocator}_", suffix=".json")
+    os.close(fd)
+    os.unlink(path)
+    command = [
+        sys.executable, os.path.abspath(__file__), "--allocator", allocator, "--out", path,
+        "--lib", resolve_lib(args.lib), "--steps", str(args.steps), "--batch", str(args.batch),
+        "--seq", str(args.seq),
+    ]
+    env = dict(os.environ)
+    if allocator == "unimem" and args.unimem_conf is not None:
+        env["UNIMEM_CONF"] = args.unimem_conf
+    print(f"gpt2_e2e: running {allocator}: {' '.join(command)}", flush=True)
+    run_started = time.perf_counter()
+    try:
+        rc = subprocess.run(command, timeout=args.timeout, env=env).returncode
+    except subprocess.TimeoutExpired:
+        rc = "timeout"
+    if rc == 0 and os.path.exists(path):
+        with open(path) as f:
+            result = json.load(f)
+        os.unlink(path)
+    else:
+        result = {"error": f"the {allocator} run failed (exit {rc}); its output is above"}
+    result["process_wall_s"] = time.perf_counter() - run_started
+    return result
+
+
 def run_compare(args):
     started = time.perf_counter()
-    results = {}
-    for allocator in ALLOCATORS:
-        fd, path = tempfile.mkstemp(prefix=f"gpt2_e2e_{allocator}_", suffix=".json")
-        os.close(fd)
-        os.unlink(path)
-        command = [
-            sys.executable, os.path.abspath(__file__), "--allocator", allocator, "--out", path,
-            "--lib", resolve_lib(args.lib), "--steps", str(args.steps), "--batch", str(args.batch),
-            "--seq", str(args.seq),
-        ]
-        print(f"gpt2_e2e: running {allocator}: {' '.join(command)}", flush=True)
-        run_started = time.perf_counter()
-        try:
-            proc = subprocess.run(command, timeout=args.timeout)
-            rc = proc.returncode
-        except subprocess.TimeoutExpired:
-            rc = "timeout"
-        if rc == 0 and os.path.exists(path):
-            with open(path) as f:
-                results[allocator] = json.load(f)
-            os.unlink(path)
-        else:
-            results[allocator] = {"error": f"the {allocator} run failed (exit {rc}); its output is above"}
-        results[allocator]["process_wall_s"] = time.perf_counter() - run_started
+    runs = {a: [] for a in ALLOCATORS}
+    for _ in range(args.rounds):
+        for allocator in ALLOCATORS:
+            runs[allocator].append(run_child(args, allocator))
+    results = {a: merge_rounds(runs[a]) for a in ALLOCATORS}
+    if args.unimem_conf is not None:
+        results["unimem"]["unimem_conf"] = args.unimem_conf
 
     comparison = compare(results)
     report = {"results": results, "comparison": comparison,
@@ -303,11 +333,17 @@ def main():
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=1024)
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="runs per allocator in --compare, alternating (default 2)")
+    parser.add_argument("--unimem-conf", default=None,
+                        help="UNIMEM_CONF for the unimem runs of --compare (default: inherited)")
     parser.add_argument("--timeout", type=float, default=110.0,
                         help="seconds each run may take in --compare (default 110: both within 4 minutes)")
     args = parser.parse_args()
-    if args.steps < 1 or args.batch < 1 or args.seq < 1 or args.seq > 1024:
-        parser.error("--steps and --batch must be >= 1 and --seq 1..1024 (GPT-2's context)")
+    if args.rounds < 1:
+        parser.error("--rounds must be >= 1")
+    if args.steps < 5 or args.batch < 1 or args.seq < 1 or args.seq > 1024:
+        parser.error("--steps must be >= 5 (steps 5..N are timed), --batch >= 1 and --seq 1..1024 (GPT-2's context)")
     if args.allocator:
         if not args.out:
             parser.error("--allocator needs --out FILE")
