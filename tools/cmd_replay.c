@@ -231,11 +231,19 @@ typedef struct rp_run {
     size_t granularity;
 } rp_run;
 
-/* The driver's view of a GPU during a replay. */
+/* The driver's view of a GPU during a replay, sampled every
+ * DRIVER_WATCH_EVERY allocations and at the end: um_stats_get walks the
+ * pool's blocks, so a sample per event would dominate the replay's time.
+ * The pool never gives pages back during a replay (no trim, no cache
+ * limit), so its peak is its reserved memory at the end and no sample
+ * misses it; baselines that free chunks are sampled. */
+#define DRIVER_WATCH_EVERY 64
+
 typedef struct driver_watch {
     um_context *ctx;
     int dev;
     bool on;
+    unsigned countdown;
     size_t free_before, seen_reserved;
     uint64_t peak_used;
 } driver_watch;
@@ -250,10 +258,11 @@ static um_status driver_watch_start(driver_watch *w, um_context *ctx, int dev, b
     return on ? um_device_memory_get(ctx, dev, &w->free_before, &total) : UM_OK;
 }
 
-static um_status driver_watch_sample(driver_watch *w)
+static um_status driver_watch_sample(driver_watch *w, bool now)
 {
-    if (!w->on)
+    if (!w->on || (!now && ++w->countdown < DRIVER_WATCH_EVERY))
         return UM_OK;
+    w->countdown = 0;
     um_stats st;
     size_t free_now, total;
     um_status s = um_stats_get(w->ctx, w->dev, &st);
@@ -346,7 +355,7 @@ static int replay_once(const rp_opts *o, const rp_trace *t, const char *alloc, u
                 ptrs[e->slot] = NULL; /* its free is skipped */
                 if (stop_on_fail)
                     break;
-            } else if (s != UM_OK || (s = driver_watch_sample(&dw)) != UM_OK) {
+            } else if (s != UM_OK || (s = driver_watch_sample(&dw, false)) != UM_OK) {
                 bar_end(&bar);
                 rc = tool_fail(REPLAY_CMD, s);
                 goto out;
@@ -364,6 +373,10 @@ static int replay_once(const rp_opts *o, const rp_trace *t, const char *alloc, u
     }
     out->ns = tool_now_ns() - t0;
     bar_end(&bar);
+    if ((s = driver_watch_sample(&dw, true)) != UM_OK) {
+        rc = tool_fail(REPLAY_CMD, s);
+        goto out;
+    }
     um_stats stats;
     if ((s = um_stats_get(ctx, dev, &stats)) != UM_OK) {
         rc = tool_fail(REPLAY_CMD, s);
