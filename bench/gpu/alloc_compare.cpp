@@ -211,29 +211,28 @@ std::string cuda_error_text(cudaError_t e)
     return format("%s (%s)", cudaGetErrorName(e), cudaGetErrorString(e));
 }
 
+/* True on success; else keeps the error for error() and clears it, so
+ * later calls do not report it again. */
+inline bool cuda_ok(cudaError_t e)
+{
+    if (__builtin_expect(e == cudaSuccess, 1))
+        return true;
+    t_cuda_error = e;
+    cudaGetLastError();
+    return false;
+}
+
 struct CudaMallocAllocator {
     static constexpr const char *name = "cudaMalloc";
     static constexpr bool is_unimem = false;
 
     bool alloc(size_t n, void **p)
     {
-        cudaError_t e = cudaMalloc(p, n);
-        if (__builtin_expect(e != cudaSuccess, 0)) {
-            t_cuda_error = e;
-            cudaGetLastError(); /* clear it so later calls do not report it again */
-            return false;
-        }
-        return true;
+        return cuda_ok(cudaMalloc(p, n));
     }
     bool release(void *p)
     {
-        cudaError_t e = cudaFree(p);
-        if (__builtin_expect(e != cudaSuccess, 0)) {
-            t_cuda_error = e;
-            cudaGetLastError();
-            return false;
-        }
-        return true;
+        return cuda_ok(cudaFree(p));
     }
     std::string error() const { return cuda_error_text(t_cuda_error); }
     bool trim() { return cudaDeviceSynchronize() == cudaSuccess; }
@@ -264,23 +263,11 @@ struct CudaMallocAsyncAllocator {
     }
     bool alloc(size_t n, void **p)
     {
-        cudaError_t e = cudaMallocAsync(p, n, stream);
-        if (__builtin_expect(e != cudaSuccess, 0)) {
-            t_cuda_error = e;
-            cudaGetLastError();
-            return false;
-        }
-        return true;
+        return cuda_ok(cudaMallocAsync(p, n, stream));
     }
     bool release(void *p)
     {
-        cudaError_t e = cudaFreeAsync(p, stream);
-        if (__builtin_expect(e != cudaSuccess, 0)) {
-            t_cuda_error = e;
-            cudaGetLastError();
-            return false;
-        }
-        return true;
+        return cuda_ok(cudaFreeAsync(p, stream));
     }
     std::string error() const { return cuda_error_text(t_cuda_error); }
     bool trim()
@@ -515,6 +502,18 @@ Verifier *g_verify = nullptr; /* non-NULL in --verify mode */
 
 /* ------------------------------------------------------------ scenarios */
 
+/* A warm-up run, then kRepeats timed runs into samples; false when a pair
+ * failed. */
+template <class F>
+bool warm_and_time(F &pairs, const Options &o, std::vector<Sample> &samples)
+{
+    Sample warm;
+    bool ok = run_timed(pairs, o.warmup_s, &warm);
+    for (size_t k = 0; ok && k < samples.size(); k++)
+        ok = run_timed(pairs, o.budget_s, &samples[k]);
+    return ok;
+}
+
 template <class A>
 void pair_by_size(A &a, size_t size, const Options &o)
 {
@@ -543,11 +542,8 @@ void pair_by_size(A &a, size_t size, const Options &o)
         }
         return true;
     };
-    Sample warm;
     std::vector<Sample> samples(kRepeats);
-    bool ok = run_timed(pairs, o.warmup_s, &warm);
-    for (int k = 0; ok && k < kRepeats; k++)
-        ok = run_timed(pairs, o.budget_s, &samples[k]);
+    bool ok = warm_and_time(pairs, o, samples);
     if (!ok) {
         fail_row(r, format("alloc+free of %s (%zu bytes) failed: %s", size_text(size).c_str(), size,
                            a.error().c_str()));
@@ -648,11 +644,8 @@ void live_mixed(A &a, const Mix &mix, const Options &o)
         }
         return true;
     };
-    Sample warm;
     std::vector<Sample> samples(kRepeats);
-    bool ok = run_timed(pairs, o.warmup_s, &warm);
-    for (int k = 0; ok && k < kRepeats; k++)
-        ok = run_timed(pairs, o.budget_s, &samples[k]);
+    bool ok = warm_and_time(pairs, o, samples);
     if (!ok) {
         fail_row(r, format("step %llu (%zu bytes) failed: %s", (unsigned long long)step,
                            failed_size, a.error().c_str()));

@@ -3,7 +3,7 @@
 # (the GPU ones included), `unimem info`, replays on cuda:0 with the driver's
 # view, the allocator comparison, and (when torch is there) the PyTorch
 # end-to-end run. Every result goes under $OUT.
-# Usage: bench/gpu/gpu_run.sh [quick] [STEP...]   STEP: build test info vmm replay compare torch e2e e2e_variants
+# Usage: bench/gpu/gpu_run.sh [quick] [STEP...]   STEP: build test asan info vmm replay compare torch e2e e2e_variants
 set -u
 FINAL=${OUT:-out}
 # Results gather in one folder and leave as one archive (the transfer back
@@ -13,7 +13,7 @@ mkdir -p "$OUT"
 trap 'tar czf "$FINAL/results.tgz" -C "$FINAL" r && rm -rf "$OUT"' EXIT
 QUICK=
 if [ "${1:-}" = quick ]; then QUICK=--quick; shift; fi
-STEPS=${*:-build test info vmm replay compare torch e2e e2e_variants}
+STEPS=${*:-build test asan info vmm replay compare torch e2e e2e_variants}
 has() { case " $STEPS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 {
   date -u; uname -a; nproc; git rev-parse HEAD 2>/dev/null; git status --short 2>/dev/null | head
@@ -27,6 +27,16 @@ fi
 if has test; then
   build-dev/tests/test_cuda > "$OUT/test_cuda.txt" 2>&1; echo "test_cuda rc=$?"; tail -25 "$OUT/test_cuda.txt"
   (cd build-dev && ctest -j 8 --output-on-failure) > "$OUT/ctest.txt" 2>&1; echo "ctest rc=$?"; tail -8 "$OUT/ctest.txt"
+fi
+# The GPU test under AddressSanitizer and UndefinedBehaviorSanitizer.
+# protect_shadow_gap=0 lets the CUDA driver map what it needs; leak checks
+# stay off here because the driver keeps allocations to process exit (the
+# same pool code is leak-checked on the sim device by `make asan`).
+if has asan; then
+  { cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DUM_SANITIZE=address &&
+    cmake --build build-asan -j "$(nproc)" --target test_cuda; } > "$OUT/build_asan.txt" 2>&1 || tail -20 "$OUT/build_asan.txt"
+  ASAN_OPTIONS=protect_shadow_gap=0:detect_leaks=0 build-asan/tests/test_cuda > "$OUT/test_cuda_asan.txt" 2>&1
+  echo "test_cuda (ASan+UBSan) rc=$?"; tail -3 "$OUT/test_cuda_asan.txt"
 fi
 if has info; then
   build-dev/unimem info > "$OUT/info.txt" 2>&1; cat "$OUT/info.txt"

@@ -118,6 +118,23 @@ um_status um__cuda_link(int from, int to, um_link_info *out);
 um_status um__sim_stream_launch(um__backend *b, um__bstream *s, unsigned n);
 um_status um__sim_stream_complete(um__backend *b, um__bstream *s, unsigned n);
 
+/* The argument checks every backend's copies share: NULL pointers, and a
+ * direction (0: to the device, 1: to the host; -1: any, for copy_async).
+ * UM_OK, or a failure naming the backend and the bad argument. */
+static inline um_status um__backend_copy_check(const um__backend *b, const void *dst,
+                                               const void *src, size_t n, int dir)
+{
+    if (!dst || !src)
+        return um__fail(UM_ERR_INVALID, "%s: copy of %zu bytes: %s pointer is NULL", b->name, n,
+                        dst ? "source" : "destination");
+    if (dir != -1 && dir != 0 && dir != 1)
+        return um__fail(UM_ERR_INVALID,
+                        "%s: copy of %zu bytes: direction %d is neither 0 (to the device) nor 1 "
+                        "(to the host)",
+                        b->name, n, dir);
+    return UM_OK;
+}
+
 /* Counted wrappers: the only way layers above call a backend. */
 #define UM_BE_CALL_(b, op, ...) \
     (atomic_fetch_add_explicit(&(b)->calls, 1, memory_order_relaxed), (b)->ops->op((b), __VA_ARGS__))

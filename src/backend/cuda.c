@@ -309,16 +309,9 @@ static void cuda_event_destroy(um__backend *b, um__bevent *e)
 static um_status cuda_copy(um__backend *b, void *dst, const void *src, size_t n, int dir)
 {
     cuda_backend *c = cb(b);
-    if (!dst || !src)
-        return um__fail(UM_ERR_INVALID, "%s: copy of %zu bytes: %s pointer is NULL", b->name, n,
-                        dst ? "source" : "destination");
-    if (dir != 0 && dir != 1)
-        return um__fail(UM_ERR_INVALID,
-                        "%s: copy of %zu bytes: direction %d is neither 0 (to the device) nor 1 "
-                        "(to the host)",
-                        b->name, n, dir);
-    if (n == 0)
-        return UM_OK;
+    um_status st = um__backend_copy_check(b, dst, src, n, dir);
+    if (st != UM_OK || n == 0)
+        return st;
     um_cuResult r;
     /* Unified addressing: the driver tells host from device by address. */
     CUDA_IN_CTX(c, r, c->cu->Memcpy((um_cuDeviceptr)dst, (um_cuDeviceptr)src, n));
@@ -332,9 +325,9 @@ static um_status cuda_copy_async(um__backend *b, void *dst, const void *src, siz
                                  um__bstream *s)
 {
     cuda_backend *c = cb(b);
-    if (!dst || !src)
-        return um__fail(UM_ERR_INVALID, "%s: copy of %zu bytes: %s pointer is NULL", b->name, n,
-                        dst ? "source" : "destination");
+    um_status st = um__backend_copy_check(b, dst, src, n, -1);
+    if (st != UM_OK)
+        return st;
     if (n == 0)
         return UM_OK;
     um_cuResult r;

@@ -678,16 +678,9 @@ static void vmm_event_destroy(um__backend *b, um__bevent *e)
 static um_status vmm_copy(um__backend *b, void *dst, const void *src, size_t n, int dir)
 {
     um__memfd_backend *m = mb(b);
-    if (!dst || !src)
-        return um__fail(UM_ERR_INVALID, "%s: copy of %zu bytes: %s pointer is NULL", b->name, n,
-                        dst ? "source" : "destination");
-    if (dir != 0 && dir != 1)
-        return um__fail(UM_ERR_INVALID,
-                        "%s: copy of %zu bytes: direction %d is neither 0 (to the device) nor 1 "
-                        "(to the host)",
-                        b->name, n, dir);
-    if (n == 0)
-        return UM_OK;
+    um_status st = um__backend_copy_check(b, dst, src, n, dir);
+    if (st != UM_OK || n == 0)
+        return st;
     /* The device side must be mapped memory of this device, as on a GPU;
      * touching an unmapped page here would crash the process instead. */
     const void *dev = dir == 0 ? dst : src;
@@ -711,9 +704,9 @@ static um_status vmm_copy_async(um__backend *b, void *dst, const void *src, size
                                 um__bstream *s)
 {
     UM_UNUSED(s);
-    if (!dst || !src)
-        return um__fail(UM_ERR_INVALID, "%s: copy of %zu bytes: %s pointer is NULL", b->name, n,
-                        dst ? "source" : "destination");
+    um_status st = um__backend_copy_check(b, dst, src, n, -1);
+    if (st != UM_OK)
+        return st;
     if (n)
         memmove(dst, src, n);
     return UM_OK;
