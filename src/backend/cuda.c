@@ -6,9 +6,8 @@
  * address range (cuMemAddressReserve) and maps physical chunks
  * (cuMemCreate) into it with cuMemMap + cuMemSetAccess, so a page freed in
  * one place can be unmapped and mapped where it is needed. A GPU without
- * VMM (or with the `cuda_vmm` option off) is refused with
- * UM_ERR_UNSUPPORTED and a message saying so: the cuMemAlloc-segment
- * fallback is not built yet.
+ * VMM (or with the `cuda_vmm` option off) gets cuMemAlloc segments
+ * instead (see "cuMemAlloc segments" below).
  *
  * Every driver call runs with the device's primary context current and
  * restores the caller's context afterwards (um__cuda_enter/leave), because
@@ -374,6 +373,98 @@ static void cuda_destroy(um__backend *b)
     free(c);
 }
 
+/* ------------------------------------------------ cuMemAlloc segments */
+
+/* Without VMM a device address can only come with its memory, from
+ * cuMemAlloc. The segment backend keeps the vtable's shape for allocators
+ * that reserve, create and map one chunk per block (the baselines): the
+ * reservation is the cuMemAlloc segment itself, and create, map, unmap and
+ * release only keep the books. It cannot serve the pool, whose reservation
+ * is several times the device's memory; the context gives such a device
+ * the buffer cache (core/context.c). */
+static _Atomic uint64_t segment_handles = 1;
+
+static um_status segment_reserve(um__backend *b, size_t size, uintptr_t *va)
+{
+    cuda_backend *c = cb(b);
+    um_cuDeviceptr p = 0;
+    um_cuResult r;
+    CUDA_IN_CTX(c, r, c->cu->MemAlloc(&p, size));
+    if (r != UM_CU_SUCCESS) {
+        char bytes[32];
+        return um__cuda_fail(um__cuda_status(r), r, "%s: cuMemAlloc of %s", b->name,
+                             um__format_bytes(bytes, sizeof bytes, size));
+    }
+    atomic_fetch_add(&b->physical_bytes, size);
+    *va = (uintptr_t)p;
+    return UM_OK;
+}
+
+static um_status segment_unreserve(um__backend *b, uintptr_t va, size_t size)
+{
+    cuda_backend *c = cb(b);
+    um_cuResult r;
+    /* cuMemFree waits for the work that may still use the segment. */
+    CUDA_IN_CTX(c, r, c->cu->MemFree((um_cuDeviceptr)va));
+    if (r != UM_CU_SUCCESS)
+        return um__cuda_fail(UM_ERR_BACKEND, r, "%s: cuMemFree of %zu bytes at 0x%lx", b->name,
+                             size, (unsigned long)va);
+    atomic_fetch_sub(&b->physical_bytes, size);
+    return UM_OK;
+}
+
+static um_status segment_create(um__backend *b, size_t size, um__phys *out)
+{
+    UM_UNUSED(b);
+    UM_UNUSED(size);
+    *out = atomic_fetch_add(&segment_handles, 1);
+    return UM_OK;
+}
+
+static um_status segment_release(um__backend *b, um__phys h, size_t size)
+{
+    UM_UNUSED(b);
+    UM_UNUSED(h);
+    UM_UNUSED(size);
+    return UM_OK;
+}
+
+static um_status segment_map(um__backend *b, uintptr_t va, size_t size, um__phys h)
+{
+    UM_UNUSED(b);
+    UM_UNUSED(va);
+    UM_UNUSED(size);
+    UM_UNUSED(h);
+    return UM_OK;
+}
+
+static um_status segment_unmap(um__backend *b, uintptr_t va, size_t size)
+{
+    UM_UNUSED(b);
+    UM_UNUSED(va);
+    UM_UNUSED(size);
+    return UM_OK;
+}
+
+/* Streams, events, copies and teardown are the same with or without VMM. */
+#define CUDA_COMMON_OPS                                                                           \
+    .stream_create = cuda_stream_create, .stream_destroy = cuda_stream_destroy,                   \
+    .stream_sync = cuda_stream_sync, .event_record = cuda_event_record,                           \
+    .event_query = cuda_event_query, .event_sync = cuda_event_sync,                               \
+    .event_destroy = cuda_event_destroy, .stream_wrap = cuda_stream_wrap,                         \
+    .stream_native = cuda_stream_native, .copy = cuda_copy, .copy_async = cuda_copy_async,        \
+    .mem_info = cuda_mem_info, .destroy = cuda_destroy
+
+static const um__backend_ops cuda_segment_ops = {
+    .reserve = segment_reserve,
+    .unreserve = segment_unreserve,
+    .create = segment_create,
+    .release = segment_release,
+    .map = segment_map,
+    .unmap = segment_unmap,
+    CUDA_COMMON_OPS,
+};
+
 static const um__backend_ops cuda_ops = {
     .reserve = cuda_reserve,
     .unreserve = cuda_unreserve,
@@ -381,19 +472,7 @@ static const um__backend_ops cuda_ops = {
     .release = cuda_release,
     .map = cuda_map,
     .unmap = cuda_unmap,
-    .stream_create = cuda_stream_create,
-    .stream_destroy = cuda_stream_destroy,
-    .stream_sync = cuda_stream_sync,
-    .event_record = cuda_event_record,
-    .event_query = cuda_event_query,
-    .event_sync = cuda_event_sync,
-    .event_destroy = cuda_event_destroy,
-    .stream_wrap = cuda_stream_wrap,
-    .stream_native = cuda_stream_native,
-    .copy = cuda_copy,
-    .copy_async = cuda_copy_async,
-    .mem_info = cuda_mem_info,
-    .destroy = cuda_destroy,
+    CUDA_COMMON_OPS,
 };
 
 /* ------------------------------------------------------------- creation */
@@ -513,13 +592,13 @@ um_status um__cuda_backend_create(int ordinal, int vmm, um__backend **out)
     b->capacity = total;
     bool has_vmm = attr(c, UM_CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, 0) != 0;
     if (!has_vmm || !vmm) {
-        cuda_destroy(b);
-        return um__fail(UM_ERR_UNSUPPORTED,
-                        "%s: %s; cuMemAlloc segments are not implemented yet, so this GPU "
-                        "cannot be used",
-                        what,
-                        has_vmm ? "the option cuda_vmm=0 turns virtual memory management off"
-                                : "the GPU has no virtual memory management");
+        um__log(UM_LOG_INFO, "%s: %s: memory comes in cuMemAlloc segments", what,
+                has_vmm ? "cuda_vmm=0" : "the GPU has no virtual memory management");
+        b->ops = &cuda_segment_ops;
+        b->vmm = 0;
+        b->granularity = (size_t)2 << 20;
+        *out = b;
+        return UM_OK;
     }
     b->vmm = 1;
     c->prop.type = UM_CU_MEM_ALLOCATION_TYPE_PINNED;

@@ -42,8 +42,8 @@
       "auto|pinned|pageable: host pool memory; auto pins it (CUDA VMM host pages) when "      \
       "devices lists a GPU and the driver can, else pageable")                                \
     X(cuda_vmm, UM_OPT_BOOL, "1",                                                             \
-      "GPU pages through CUDA virtual memory management; 0 refuses GPUs (the cuMemAlloc "     \
-      "fallback is not built yet)")
+      "GPU pages through CUDA virtual memory management; 0 (or a GPU without it) uses "      \
+      "cuMemAlloc segments under the buffer cache allocator instead of the pool")
 
 typedef struct um__options {
     int log_level;          /* um_log_level */

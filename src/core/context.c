@@ -678,7 +678,16 @@ static um_status create_allocators(um_context *ctx)
             .no_page_recycling = !o->recycle_pages,
         };
         um_status st;
-        switch (o->allocator) {
+        int kind = o->allocator;
+        /* The pool needs an address range it can map pages into; a GPU
+         * without VMM has cuMemAlloc segments only, which the buffer cache
+         * serves whole. */
+        if (kind == UM_ALLOCATOR_POOL && !d->backend->vmm) {
+            um__log(UM_LOG_INFO, "um_init: device %d (%s) has no VMM: the buffer cache serves it",
+                    i, d->backend->name);
+            kind = UM_ALLOCATOR_BUFCACHE;
+        }
+        switch (kind) {
         case UM_ALLOCATOR_POOL:
             st = um__pool_create(d->backend, &c, &d->alloc);
             break;
@@ -689,13 +698,13 @@ static um_status create_allocators(um_context *ctx)
             st = um__bufcache_create(d->backend, &c, &d->alloc);
             break;
         default:
-            return um__fail(UM_ERR_INTERNAL, "um_init: allocator kind %d is unknown", o->allocator);
+            return um__fail(UM_ERR_INTERNAL, "um_init: allocator kind %d is unknown", kind);
         }
         if (st != UM_OK) {
             char where[128];
             d->alloc = NULL;
             snprintf(where, sizeof where, "um_init: %s allocator of device %d (%s)",
-                     um__allocator_name(o->allocator), i, d->backend->name);
+                     um__allocator_name(kind), i, d->backend->name);
             return fail_within(st, where);
         }
         d->default_stream = calloc(1, sizeof *d->default_stream);

@@ -335,6 +335,67 @@ static void check_pinned_copies(gpu *g)
     CHECK_ERROR_MENTIONS("destination", NULL, NULL);
 }
 
+/* cuda_vmm=0: the GPU is served from cuMemAlloc segments by the buffer
+ * cache. Data survive, freed buffers are reused, the driver sees what the
+ * statistics say, and a trim gives the segments back. */
+static void check_segments(gpu *g)
+{
+    um_context *ctx = NULL;
+    CHECK_OK(um_init("devices=cuda:0,cuda_vmm=0", &ctx));
+    if (!ctx)
+        return;
+    um_device_info info;
+    CHECK_OK(um_device_info_get(ctx, 1, &info));
+    CHECK_EQ(info.vmm, 0);
+    CHECK(strcmp(info.allocator, "bufcache") == 0);
+    size_t free0, free1, free2, total;
+    CHECK_OK(um_device_memory_get(ctx, 1, &free0, &total));
+    enum { N = 6 };
+    size_t size[N] = {1000, 64 * 1024, 3 * MIB + 5, 16 * MIB, 40 * MIB + 1, 100};
+    void *p[N] = {0};
+    unsigned char *buf = malloc(64 * MIB), *back = malloc(64 * MIB);
+    CHECK(buf && back);
+    for (int i = 0; i < N && buf; i++) {
+        CHECK_OK(um_malloc(ctx, 1, size[i], NULL, &p[i]));
+        harness_pattern_fill(buf, size[i], (uint64_t)i + 100);
+        CHECK_OK(um_memcpy(ctx, p[i], buf, size[i]));
+    }
+    for (int i = 0; i < N && back; i++) {
+        CHECK_OK(um_memcpy(ctx, back, p[i], size[i]));
+        unsigned char got, want;
+        CHECK_EQ(harness_pattern_find_bad(back, size[i], (uint64_t)i + 100, &got, &want),
+                 SIZE_MAX);
+    }
+    um_stats st;
+    CHECK_OK(um_stats_get(ctx, 1, &st));
+    CHECK_OK(um_device_memory_get(ctx, 1, &free1, &total));
+    printf("segments: %zu KiB reserved by the buffer cache, the driver's used memory grew %zu "
+           "KiB\n",
+           st.reserved_bytes >> 10, (free0 - free1) >> 10);
+    /* cuMemAlloc rounds to its own granularity: allow 2 MiB per segment. */
+    CHECK(free0 - free1 >= st.reserved_bytes && free0 - free1 <= st.reserved_bytes + N * 2 * MIB);
+    /* A freed 16 MiB buffer serves the next 16 MiB request without a driver call. */
+    void *again = NULL;
+    CHECK_OK(um_free(ctx, p[3], NULL));
+    uint64_t calls = st.num_backend_calls;
+    CHECK_OK(um_malloc(ctx, 1, 16 * MIB, NULL, &again));
+    CHECK(again == p[3]);
+    CHECK_OK(um_stats_get(ctx, 1, &st));
+    CHECK(st.num_backend_calls - calls <= 3); /* at most an event record, query and destroy */
+    p[3] = again;
+    for (int i = 0; i < N; i++)
+        CHECK_OK(um_free(ctx, p[i], NULL));
+    CHECK_OK(um_trim(ctx, 1));
+    CHECK_OK(um_stats_get(ctx, 1, &st));
+    CHECK_EQ(st.reserved_bytes, 0);
+    CHECK_OK(um_device_memory_get(ctx, 1, &free2, &total));
+    CHECK(free2 + 2 * MIB >= free0);
+    free(buf);
+    free(back);
+    um_shutdown(ctx);
+    UM_UNUSED(g);
+}
+
 int main(void)
 {
     char why[256];
@@ -367,6 +428,7 @@ int main(void)
         check_stream_order(&g);
     check_memory_limit(&g);
     check_pinned_copies(&g);
+    check_segments(&g);
 
     if (g.mod)
         (void)g.cu->ModuleUnload(g.mod);
