@@ -593,6 +593,86 @@ static void test_shutdown_with_leftovers(const char *alloc)
     um_shutdown(ctx);
 }
 
+/* The calls issue 3 added, on host and sim devices: copies between any
+ * two devices' blocks (checked byte for byte) and their bad inputs, a
+ * wrapped native stream (only CUDA has them), the link between devices and
+ * the memory a device's driver reports. */
+static void test_copies_links_memory(const char *alloc)
+{
+    char conf[128];
+    snprintf(conf, sizeof conf, "allocator=%s,devices=sim:2x64M", alloc);
+    um_context *ctx = NULL;
+    CHECK_OK(um_init(conf, &ctx));
+    if (!ctx)
+        return;
+    const size_t n = 3 * 1024 * 1024 + 17;
+    void *a = NULL, *b = NULL, *h = NULL;
+    CHECK_OK(um_malloc(ctx, 1, n, NULL, &a));
+    CHECK_OK(um_malloc(ctx, 2, n, NULL, &b));
+    CHECK_OK(um_malloc(ctx, 0, n, NULL, &h));
+    if (a && b && h) {
+        harness_pattern_fill(h, n, 7);
+        um_stream s = NULL;
+        CHECK_OK(um_stream_create(ctx, 1, &s));
+        CHECK_OK(um_memcpy_async(ctx, a, h, n, s));          /* host -> sim1 on a stream */
+        CHECK_OK(um_stream_synchronize(ctx, s));
+        CHECK_OK(um_memcpy(ctx, b, a, n));                   /* sim1 -> sim2 */
+        memset(h, 0, n);
+        CHECK_OK(um_memcpy(ctx, h, b, n));                   /* sim2 -> host */
+        unsigned char got, want;
+        CHECK_EQ(harness_pattern_find_bad(h, n, 7, &got, &want), SIZE_MAX);
+        CHECK_OK(um_memcpy(ctx, h, b, 0));                   /* nothing to copy: fine */
+        CHECK_STATUS(um_memcpy(ctx, NULL, b, 16), UM_ERR_INVALID);
+        CHECK_ERROR_MENTIONS("destination", "NULL", NULL);
+        CHECK_STATUS(um_memcpy(ctx, a, NULL, 16), UM_ERR_INVALID);
+        CHECK_ERROR_MENTIONS("source", "NULL", NULL);
+        CHECK_STATUS(um_memcpy(ctx, (char *)a + 8, a, 64), UM_ERR_INVALID);
+        CHECK_ERROR_MENTIONS("overlap", NULL, NULL);
+        CHECK_STATUS(um_memcpy(ctx, (void *)(UINTPTR_MAX - 8), a, 64), UM_ERR_INVALID);
+        CHECK_ERROR_MENTIONS("wrap around", NULL, NULL);
+        CHECK_STATUS(um_memcpy_async(ctx, b, a, 16, (um_stream)&conf), UM_ERR_INVALID);
+        CHECK_ERROR_MENTIONS("not a live stream", NULL, NULL);
+        CHECK_STATUS(um_memcpy(NULL, b, a, 16), UM_ERR_INVALID);
+        CHECK_OK(um_stream_destroy(ctx, s));
+    }
+    CHECK_OK(um_free(ctx, a, NULL));
+    CHECK_OK(um_free(ctx, b, NULL));
+    CHECK_OK(um_free(ctx, h, NULL));
+
+    /* Native streams exist only on CUDA devices. */
+    um_stream w = (um_stream)&conf;
+    CHECK_STATUS(um_stream_wrap(ctx, 1, NULL, &w), UM_ERR_UNSUPPORTED);
+    CHECK(w == NULL);
+    CHECK_ERROR_MENTIONS("CUDA", "sim", NULL);
+    CHECK_STATUS(um_stream_wrap(ctx, 9, NULL, &w), UM_ERR_NO_DEVICE);
+    CHECK(um_stream_native(NULL) == NULL);
+
+    /* Host and sim memory is process memory: every device reaches it. */
+    um_link_info l;
+    CHECK_OK(um_device_link_get(ctx, 1, 2, &l));
+    CHECK_EQ(l.peer_access, 1);
+    CHECK_EQ(l.native_atomics, 0);
+    CHECK_OK(um_device_link_get(ctx, 1, 1, &l));
+    CHECK_EQ(l.native_atomics, 1);
+    CHECK_STATUS(um_device_link_get(ctx, 1, 5, &l), UM_ERR_NO_DEVICE);
+    CHECK_STATUS(um_device_link_get(ctx, 1, 2, NULL), UM_ERR_INVALID);
+
+    /* A sim device's driver view: capacity, less the pages created. */
+    size_t free_b = 0, total = 0;
+    void *p = NULL;
+    CHECK_OK(um_malloc(ctx, 1, 8 * 1024 * 1024, NULL, &p));
+    CHECK_OK(um_device_memory_get(ctx, 1, &free_b, &total));
+    CHECK_EQ(total, 64 * 1024 * 1024);
+    um_stats st;
+    CHECK_OK(um_stats_get(ctx, 1, &st));
+    CHECK_EQ(total - free_b, st.reserved_bytes);
+    CHECK_OK(um_free(ctx, p, NULL));
+    CHECK_STATUS(um_device_memory_get(ctx, 1, NULL, &total), UM_ERR_INVALID);
+    CHECK_ERROR_MENTIONS("free_bytes", NULL, NULL);
+    CHECK_STATUS(um_device_memory_get(ctx, 7, &free_b, &total), UM_ERR_NO_DEVICE);
+    um_shutdown(ctx);
+}
+
 int main(void)
 {
     unsetenv("UNIMEM_CONF");
@@ -607,6 +687,7 @@ int main(void)
         test_stream_threads(alloc);
         test_random(alloc);
         test_shutdown_with_leftovers(alloc);
+        test_copies_links_memory(alloc);
         if (harness_failures != before)
             fprintf(stderr, "test_context: %d failures with allocator=%s\n",
                     harness_failures - before, alloc);
