@@ -51,8 +51,11 @@ static inline uint64_t um__now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-static inline size_t um__align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
-static inline size_t um__align_down(size_t x, size_t a) { return x / a * a; }
+/* a is a power of two everywhere unimem aligns (pages, 256 bytes, slab
+ * units), so masks replace divisions, which cost tens of cycles on the
+ * allocation path when a is not a compile-time constant. */
+static inline size_t um__align_up(size_t x, size_t a) { return (x + a - 1) & ~(a - 1); }
+static inline size_t um__align_down(size_t x, size_t a) { return x & ~(a - 1); }
 static inline bool um__is_pow2(size_t x) { return x && !(x & (x - 1)); }
 
 /* "1.50 GiB" into buf (at least 32 bytes); returns buf. */

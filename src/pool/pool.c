@@ -190,7 +190,7 @@ static void live_map_del(um__pool *p, size_t j)
 
 /* ------------------------------------------------------------ page holes */
 
-static inline size_t page_of(um__pool *p, uintptr_t a) { return (a - p->va) / p->page; }
+static inline size_t page_of(um__pool *p, uintptr_t a) { return (a - p->va) >> p->page_shift; }
 static inline uintptr_t page_addr(um__pool *p, size_t pg) { return p->va + pg * p->page; }
 
 static void hole_push(um__pool *p, uint32_t pg)
@@ -1873,6 +1873,7 @@ um_status um__pool_create(um__backend *b, const um__pool_config *c, um__allocato
     p->fence_wait_ns = c->fence_wait_ns;
     p->recycle_pages = !c->no_page_recycling;
     p->page = page;
+    p->page_shift = (unsigned)__builtin_ctzll(page);
     p->npages = va_size / page;
     p->va_size = va_size;
     p->hole_head = p->hole_tail = NO_PAGE;

@@ -154,6 +154,7 @@ typedef struct um__pool {
     uintptr_t va;                 /* the whole reservation */
     size_t va_size;
     size_t page;                  /* backend granularity */
+    unsigned page_shift;          /* log2(page) */
     size_t npages;
     um__region region;
 
