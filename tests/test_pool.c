@@ -5,6 +5,7 @@
 #include "harness.h"
 #include "pool/pool_internal.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -106,6 +107,109 @@ static void test_basic(int tc)
     st = stats(a);
     CHECK_EQ(st.reserved_bytes, 0);
     CHECK_EQ(atomic_load(&backend->physical_bytes), 0);
+    CHECK_OK(a->ops->check(a));
+    a->ops->destroy(a);
+}
+
+/* The bounce cache: a large block freed and asked for again (same size,
+ * same stream) comes back with no lock and no backend call; a second free
+ * is caught; any other request gives it back to the pool first; a block
+ * another thread freed is never taken for the cache's; and a thread short
+ * of memory takes back what another thread holds. */
+typedef struct holder {
+    um__allocator *a;
+    void *p;
+    size_t size;
+    int step;                /* 0: alloc+free and hold; 1: free p */
+    um_status alloc_st, free_st; /* checked by the main thread after join */
+} holder;
+
+/* Uses no CHECK: the harness's counters belong to the main thread. */
+static void *holder_main(void *arg)
+{
+    holder *h = arg;
+    um__stream_ref def = {0, NULL};
+    h->alloc_st = UM_OK;
+    if (h->step == 0)
+        h->alloc_st = h->a->ops->alloc(h->a, h->size, &def, &h->p);
+    h->free_st = h->alloc_st == UM_OK ? h->a->ops->free(h->a, h->p, &def) : UM_OK;
+    return NULL;
+}
+
+/* Runs holder_main on a thread of its own and checks what it got. */
+static void run_holder(holder *h)
+{
+    pthread_t t;
+    int err = pthread_create(&t, NULL, holder_main, h);
+    CHECK_EQ(err, 0);
+    if (err)
+        return;
+    pthread_join(t, NULL);
+    CHECK_STATUS(h->alloc_st, UM_OK);
+    CHECK_STATUS(h->free_st, UM_OK);
+}
+
+static void test_bounce_cache(void)
+{
+    um__allocator *a = make_pool(256 * MiB, 0, 0, 1);
+    void *x = xalloc(a, MiB + 100, 0);
+    xfree(a, x, 0);
+    um_stats st = stats(a);
+    CHECK_EQ(st.active_bytes, 0);
+    CHECK_EQ(st.active_blocks, 0);
+    CHECK_EQ(st.requested_bytes, 0);
+    CHECK_OK(a->ops->check(a));
+    uint64_t calls = st.num_backend_calls;
+    void *y = xalloc(a, MiB + 100, 0);
+    CHECK(y == x);
+    st = stats(a);
+    CHECK_EQ(st.num_backend_calls, calls);
+    CHECK_EQ(st.active_blocks, 1);
+    CHECK_EQ(st.requested_bytes, MiB + 100);
+    CHECK_OK(a->ops->check(a));
+    /* A second free of the held block is caught. */
+    xfree(a, y, 0);
+    um__stream_ref def = {0, NULL};
+    CHECK_STATUS(a->ops->free(a, y, &def), UM_ERR_DOUBLE_FREE);
+    CHECK_OK(a->ops->check(a));
+    /* Another size: the held block goes back first, so the larger block
+     * reuses its pages (6 MiB reserved, not 2 + 6). */
+    CHECK_OK(a->ops->trim(a));
+    void *z = xalloc(a, 4 * MiB, 0);
+    xfree(a, z, 0);
+    void *w = xalloc(a, 6 * MiB, 0);
+    CHECK_EQ(stats(a).reserved_bytes, 6 * MiB);
+    CHECK_OK(a->ops->check(a));
+    xfree(a, w, 0);
+    /* Freed on stream 1 under queued work: not handed to stream 2. */
+    void *u = xalloc(a, 3 * MiB, 1);
+    CHECK_OK(um__sim_stream_launch(backend, s1, 1));
+    xfree(a, u, 1);
+    void *v = xalloc(a, 3 * MiB, 2);
+    CHECK(v != u);
+    CHECK_OK(um__sim_stream_complete(backend, s1, 1));
+    xfree(a, v, 2);
+    CHECK_OK(a->ops->check(a));
+
+    /* A block freed by another thread: its allocating thread's cache lets
+     * it go, and a later free of it by that thread is a double free. */
+    void *q = xalloc(a, 2 * MiB, 0);
+    holder h = {a, q, 2 * MiB, 1, UM_OK, UM_OK};
+    run_holder(&h);
+    CHECK_STATUS(a->ops->free(a, q, &def), UM_ERR_DOUBLE_FREE);
+    CHECK_OK(a->ops->check(a));
+    a->ops->destroy(a);
+
+    /* Under a 16 MiB limit, a block this (live) thread holds is taken back
+     * when another thread needs the memory. */
+    a = make_pool(256 * MiB, 16 * MiB, 0, 1);
+    void *big = xalloc(a, 12 * MiB, 0);
+    xfree(a, big, 0);
+    CHECK_EQ(stats(a).reserved_bytes, 12 * MiB);
+    holder h3 = {a, NULL, 14 * MiB, 0, UM_OK, UM_OK};
+    run_holder(&h3);
+    CHECK(h3.p != NULL);
+    CHECK(stats(a).reserved_bytes <= 16 * MiB);
     CHECK_OK(a->ops->check(a));
     a->ops->destroy(a);
 }
@@ -545,6 +649,7 @@ int main(void)
     test_stream_id_reuse();
     test_backend_failures();
     test_page_recycling();
+    test_bounce_cache();
     test_no_page_recycling();
     test_fence_wait();
     test_fenced_pages();

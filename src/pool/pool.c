@@ -121,6 +121,13 @@ static inline void counter_inc(_Atomic uint64_t *c)
                           memory_order_relaxed);
 }
 
+/* Adds d to a counter only the owning thread writes. */
+static inline void delta_add(_Atomic int64_t *c, int64_t d)
+{
+    atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + d,
+                          memory_order_relaxed);
+}
+
 /* --------------------------------------------------- live large-block map */
 
 static size_t hash_addr(uintptr_t a) { return (size_t)((a >> 8) * 0x9e3779b97f4a7c15ull); }
@@ -358,6 +365,9 @@ static um_status release_holes(um__pool *p, size_t keep)
 
 static void poll_all(um__pool *p, bool wait);
 static bool wait_old_fences(um__pool *p, uint64_t min_age_ns);
+static void bounce_flush_locked(um__pool *p, struct um__tcache *tc);
+static void bounce_flush_all_locked(um__pool *p);
+static um__tcache *own_cache(um__pool *p);
 static void release_spare_slabs(um__pool *p);
 static void flush_own_cache_locked(um__pool *p);
 
@@ -374,6 +384,7 @@ static void enforce_cache_limit(um__pool *p)
     (void)release_holes(p, limit);
     if (p->reserved - active_total(p) > limit) {
         flush_own_cache_locked(p);
+        bounce_flush_all_locked(p);
         poll_all(p, false);
         release_spare_slabs(p);
         (void)release_holes(p, limit);
@@ -1026,10 +1037,12 @@ static um_status take_range(um__pool *p, size_t size, size_t align, uint32_t sid
                             um__block **out)
 {
     um_status last = UM_ERR_NOMEM;
+    bounce_flush_locked(p, own_cache(p));
     for (int attempt = 0; attempt < 4; attempt++) {
         if (attempt == 2)
             poll_all(p, false);
         if (attempt == 3) {
+            bounce_flush_all_locked(p);
             poll_all(p, true);
             release_spare_slabs(p);
         }
@@ -1095,6 +1108,7 @@ static void tcache_flush_locked(um__pool *p, um__tcache *tc)
     for (unsigned c = 0; c < UM_NCLASSES; c++)
         if (tc->bins[c].n)
             flush_bin_locked(p, &tc->bins[c], c, tc->bins[c].n);
+    bounce_flush_locked(p, tc);
 }
 
 static void tcache_thread_exit(void *arg)
@@ -1107,6 +1121,11 @@ static void tcache_thread_exit(void *arg)
                               memory_order_relaxed);
     p->dead_allocs += atomic_load_explicit(&tc->allocs, memory_order_relaxed);
     p->dead_frees += atomic_load_explicit(&tc->frees, memory_order_relaxed);
+    um__block *out = atomic_load_explicit(&tc->out, memory_order_relaxed);
+    if (out)
+        out->tc_owner = NULL;
+    p->large_blocks += (uint64_t)atomic_load_explicit(&tc->large_blocks_delta, memory_order_relaxed);
+    p->large_requested += (size_t)atomic_load_explicit(&tc->large_req_delta, memory_order_relaxed);
     if (tc->prev)
         tc->prev->next = tc->next;
     else
@@ -1259,9 +1278,125 @@ static um_status small_alloc(um__pool *p, size_t size, const um__stream_ref *s, 
     return st;
 }
 
+/* ------------------------------------------------------------ bounce cache */
+
+/* A program that frees a large block and at once asks for the same size on
+ * the same stream (a loop's temporary buffer) gets it back without the
+ * lock. A thread cache remembers the large block it handed out last
+ * (`out`); when the thread frees that very block, the cache holds it,
+ * still mapped and LIVE in the pool with tc_held set (so a second free is
+ * caught), for the next allocation of its size on its stream. Any placement
+ * or locked free by the thread first gives it back, so the pool places
+ * every other block exactly as without the cache. Any other thread that
+ * frees the `out` block clears it under the lock, so `out` never points at
+ * a block its thread does not own. */
+
+static bool stream_known(um__pool *p, uint32_t sid)
+{
+    return sid < KNOWN_STREAM_BITS &&
+           (atomic_load_explicit(&p->known_streams[sid / 64], memory_order_acquire) >> (sid % 64)) &
+               1;
+}
+
+/* Makes b the block tc handed out last. Under the lock. */
+static void bounce_set_out_locked(um__tcache *tc, um__block *b)
+{
+    um__block *old = atomic_load_explicit(&tc->out, memory_order_relaxed);
+    if (old)
+        old->tc_owner = NULL;
+    b->tc_owner = tc;
+    atomic_store_explicit(&tc->out, b, memory_order_relaxed);
+}
+
+/* A block leaves its owner's `out` (it is being freed by the lock path). */
+static void bounce_disown_locked(um__block *b)
+{
+    if (!b->tc_owner)
+        return;
+    um__block *expect = b;
+    atomic_compare_exchange_strong_explicit(&b->tc_owner->out, &expect, NULL,
+                                            memory_order_relaxed, memory_order_relaxed);
+    b->tc_owner = NULL;
+}
+
+/* Gives tc's held block back to the pool as an ordinary free. Under the
+ * lock; tc may be another thread's cache (the exchange decides who gets
+ * the block when that thread takes it at the same moment). */
+static void bounce_flush_locked(um__pool *p, um__tcache *tc)
+{
+    um__block *b = tc ? atomic_exchange_explicit(&tc->held, NULL, memory_order_acq_rel) : NULL;
+    if (!b)
+        return;
+    atomic_store_explicit(&b->tc_held, false, memory_order_relaxed);
+    b->tc_owner = NULL;
+    live_map_del(p, live_map_slot(p, b->fi.addr));
+    um__stream_state *ss = b->stream < p->nstreams ? p->streams[b->stream] : NULL;
+    if (ss)
+        fence_range(p, ss, b->stream, b->fi.addr, b->fi.size);
+    pin_range(p, b->fi.addr, b->fi.size, -1);
+    make_ready(p, b);
+}
+
+/* Every thread's held block, when memory is short or on trim. */
+static void bounce_flush_all_locked(um__pool *p)
+{
+    for (um__tcache *tc = p->tcaches; tc; tc = tc->next)
+        bounce_flush_locked(p, tc);
+}
+
+static bool bounce_take(um__pool *p, um__tcache *tc, size_t size, size_t bytes, uint32_t sid,
+                        void **ptr)
+{
+    /* Claimed before it is read: a thread short of memory may take it. */
+    um__block *b = atomic_exchange_explicit(&tc->held, NULL, memory_order_acq_rel);
+    if (!b)
+        return false;
+    if (b->fi.size != bytes || b->stream != sid) {
+        atomic_store_explicit(&tc->held, b, memory_order_release);
+        return false;
+    }
+    b->requested = size;
+    b->tc_owner = tc;
+    atomic_store_explicit(&b->tc_held, false, memory_order_release);
+    atomic_store_explicit(&tc->out, b, memory_order_relaxed);
+    delta_add(&tc->large_blocks_delta, 1);
+    delta_add(&tc->large_req_delta, (int64_t)size);
+    account(p, tc, (int64_t)bytes);
+    counter_inc(&tc->allocs);
+    *ptr = (void *)b->fi.addr;
+    return true;
+}
+
+static bool bounce_put(um__pool *p, um__tcache *tc, uintptr_t addr, const um__stream_ref *s)
+{
+    um__block *b = atomic_load_explicit(&tc->out, memory_order_acquire);
+    if (!b || atomic_load_explicit(&tc->held, memory_order_relaxed) || b->fi.addr != addr)
+        return false;
+    uint32_t sid = s ? s->id : b->stream;
+    if (!stream_known(p, sid))
+        return false;
+    /* Claims the block against a concurrent free elsewhere (a double free
+     * of the program's; the loser reports it). */
+    um__block *expect = b;
+    if (!atomic_compare_exchange_strong_explicit(&tc->out, &expect, NULL, memory_order_acq_rel,
+                                                 memory_order_relaxed))
+        return false;
+    b->stream = sid;
+    atomic_store_explicit(&b->tc_held, true, memory_order_relaxed);
+    atomic_store_explicit(&tc->held, b, memory_order_release);
+    delta_add(&tc->large_blocks_delta, -1);
+    delta_add(&tc->large_req_delta, -(int64_t)b->requested);
+    account(p, tc, -(int64_t)b->fi.size);
+    counter_inc(&tc->frees);
+    return true;
+}
+
 static um_status large_alloc(um__pool *p, size_t size, const um__stream_ref *s, void **ptr)
 {
     size_t bytes = um__align_up(size, UM_ALIGN);
+    um__tcache *tc = p->thread_cache ? tcache_get(p) : NULL;
+    if (tc && bounce_take(p, tc, size, bytes, s->id, ptr))
+        return UM_OK;
     pthread_mutex_lock(&p->lock);
     uint64_t calls = atomic_load_explicit(&p->base.backend->calls, memory_order_relaxed);
     um__stream_state *ss = stream_state(p, s);
@@ -1276,6 +1411,9 @@ static um_status large_alloc(um__pool *p, size_t size, const um__stream_ref *s, 
         b->state = UM_BLOCK_LIVE;
         b->stream = s->id;
         b->requested = size;
+        atomic_store_explicit(&b->tc_held, false, memory_order_relaxed);
+        if (tc)
+            bounce_set_out_locked(tc, b);
         p->large_requested += size;
         p->large_blocks++;
         p->central_allocs++;
@@ -1392,6 +1530,9 @@ static um_status bad_free_locked(um__pool *p, uintptr_t addr)
 
 static um_status large_free(um__pool *p, uintptr_t addr, const um__stream_ref *s)
 {
+    um__tcache *tc = p->thread_cache ? tcache_get(p) : NULL;
+    if (tc && bounce_put(p, tc, addr, s))
+        return UM_OK;
     pthread_mutex_lock(&p->lock);
     size_t j = live_map_slot(p, addr);
     if (j == SIZE_MAX) {
@@ -1400,6 +1541,16 @@ static um_status large_free(um__pool *p, uintptr_t addr, const um__stream_ref *s
         return st;
     }
     um__block *b = p->live_map[j].block;
+    if (atomic_load_explicit(&b->tc_held, memory_order_acquire)) {
+        pthread_mutex_unlock(&p->lock);
+        return um__fail(UM_ERR_DOUBLE_FREE,
+                        "device %d (%s): %p is not a live allocation (freed already)",
+                        p->base.dev, dev_name(p), (void *)addr);
+    }
+    bounce_disown_locked(b);
+    /* The held block goes back first, as it would have without the cache. */
+    bounce_flush_locked(p, tc);
+    j = live_map_slot(p, addr);
     um__stream_ref ref = {b->stream, NULL};
     if (s)
         ref = *s;
@@ -1454,6 +1605,7 @@ static um_status pool_trim(um__allocator *a)
     um__pool *p = P(a);
     pthread_mutex_lock(&p->lock);
     flush_own_cache_locked(p);
+    bounce_flush_all_locked(p);
     poll_all(p, true);
     release_spare_slabs(p);
     um_status s = release_holes(p, 0);
@@ -1468,6 +1620,8 @@ static um_status pool_set_memory_limit(um__allocator *a, size_t bytes)
     pthread_mutex_lock(&p->lock);
     um_status s = UM_OK;
     if (p->reserved > limit) {
+        flush_own_cache_locked(p);
+        bounce_flush_all_locked(p);
         poll_all(p, true);
         release_spare_slabs(p);
         size_t excess = p->reserved - limit, hole_bytes = p->holes * p->page;
@@ -1492,6 +1646,8 @@ static um_status pool_set_cache_limit(um__allocator *a, size_t bytes)
     um__pool *p = P(a);
     pthread_mutex_lock(&p->lock);
     p->base.cache_limit = bytes ? bytes : SIZE_MAX;
+    /* Cached slots and held blocks count as cached memory too. */
+    enforce_cache_limit(p);
     um_status s = p->base.cache_limit == SIZE_MAX ? UM_OK : release_holes(p, p->base.cache_limit);
     pthread_mutex_unlock(&p->lock);
     return s;
@@ -1506,6 +1662,9 @@ static void pool_stream_forget(um__allocator *a, const um__stream_ref *s)
         for (unsigned c = 0; c < UM_NCLASSES; c++)
             if (tc->bins[c].n && tc->bins[c].stream == s->id)
                 flush_bin_locked(p, &tc->bins[c], c, tc->bins[c].n);
+        um__block *held = atomic_load(&tc->held);
+        if (held && held->stream == s->id)
+            bounce_flush_locked(p, tc);
     }
     if (s->id < p->nstreams && p->streams[s->id]) {
         um__stream_state *ss = p->streams[s->id];
@@ -1589,12 +1748,15 @@ static void pool_stats(um__allocator *a, um_stats *out)
         }
     }
     uint64_t allocs = p->central_allocs + p->dead_allocs, frees = p->central_frees + p->dead_frees;
+    int64_t large_blocks = (int64_t)p->large_blocks, large_req = (int64_t)p->large_requested;
     for (um__tcache *tc = p->tcaches; tc; tc = tc->next) {
         allocs += atomic_load_explicit(&tc->allocs, memory_order_relaxed);
         frees += atomic_load_explicit(&tc->frees, memory_order_relaxed);
+        large_blocks += atomic_load_explicit(&tc->large_blocks_delta, memory_order_relaxed);
+        large_req += atomic_load_explicit(&tc->large_req_delta, memory_order_relaxed);
     }
     out->active_bytes = active_total(p);
-    out->requested_bytes = p->large_requested + small_req;
+    out->requested_bytes = (size_t)large_req + small_req;
     out->reserved_bytes = p->reserved;
     out->cached_bytes = p->reserved > out->active_bytes ? p->reserved - out->active_bytes : 0;
     /* Live bytes seen now count toward the peak too (other threads' deltas
@@ -1613,7 +1775,7 @@ static void pool_stats(um__allocator *a, um_stats *out)
     out->fragmentation = out->cached_bytes ? (double)(out->cached_bytes - out->largest_free_bytes) /
                                                  (double)out->cached_bytes
                                            : 0.0;
-    out->active_blocks = p->large_blocks + small_blocks;
+    out->active_blocks = (uint64_t)large_blocks + small_blocks;
     out->num_allocs = allocs;
     out->num_frees = frees;
     out->num_backend_calls =
@@ -1649,7 +1811,7 @@ static um_status pool_check(um__allocator *a)
     pthread_mutex_lock(&p->lock);
     uint32_t *pin = calloc(p->npages, sizeof *pin);
     CHECK_THAT(pin, "out of host memory for the check");
-    size_t active = 0, live_large = 0, cached_slots = 0;
+    size_t active = 0, live_large = 0, held_large = 0, cached_slots = 0;
     {
         um__region *rg = &p->region;
         uintptr_t at = rg->lo;
@@ -1678,8 +1840,12 @@ static um_status pool_check(um__allocator *a)
                 size_t j = live_map_slot(p, b->fi.addr);
                 CHECK_THAT(j != SIZE_MAX && p->live_map[j].block == b, "live block %#" PRIxPTR
                            " missing from the pointer map", b->fi.addr);
-                active += b->fi.size;
-                live_large++;
+                if (atomic_load(&b->tc_held)) {
+                    held_large++;
+                } else {
+                    active += b->fi.size;
+                    live_large++;
+                }
             } else if (b->state == UM_BLOCK_SLAB) {
                 um__slab *s = b->slab;
                 CHECK_THAT(s && s->block == b && s->base == b->fi.addr,
@@ -1745,14 +1911,33 @@ static um_status pool_check(um__allocator *a)
                cached_slots, pending_small);
     CHECK_THAT(active == active_total(p), "active bytes %zu, recount %zu", active_total(p),
                active);
-    CHECK_THAT(live_large == p->large_blocks && live_large == p->live_count,
-               "live large blocks: %zu counted, %" PRIu64 " recorded, %zu in map", live_large,
-               p->large_blocks, p->live_count);
-    size_t req_large = 0;
+    int64_t blocks_recorded = (int64_t)p->large_blocks, req_recorded = (int64_t)p->large_requested;
+    size_t held_by_caches = 0;
+    for (um__tcache *tc = p->tcaches; tc; tc = tc->next) {
+        blocks_recorded += atomic_load(&tc->large_blocks_delta);
+        req_recorded += atomic_load(&tc->large_req_delta);
+        um__block *held = atomic_load(&tc->held);
+        if (held) {
+            CHECK_THAT(held->state == UM_BLOCK_LIVE && atomic_load(&held->tc_held),
+                       "a thread cache holds %#" PRIxPTR ", which is not a held live block",
+                       held->fi.addr);
+            held_by_caches++;
+        }
+        um__block *out = atomic_load(&tc->out);
+        CHECK_THAT(!out || (out->state == UM_BLOCK_LIVE && out->tc_owner == tc),
+                   "a thread cache's last block %#" PRIxPTR " is not its live block",
+                   out ? out->fi.addr : 0);
+    }
+    CHECK_THAT(held_large == held_by_caches, "%zu held large blocks, caches hold %zu", held_large,
+               held_by_caches);
+    CHECK_THAT((int64_t)live_large == blocks_recorded && live_large + held_large == p->live_count,
+               "live large blocks: %zu counted, %" PRId64 " recorded, %zu in map (%zu held)",
+               live_large, blocks_recorded, p->live_count, held_large);
+    int64_t req_large = 0;
     for (um__block *b = p->region.first; b; b = b->next)
-        if (b->state == UM_BLOCK_LIVE)
-            req_large += b->requested;
-    CHECK_THAT(req_large == p->large_requested, "requested bytes of large blocks wrong");
+        if (b->state == UM_BLOCK_LIVE && !atomic_load(&b->tc_held))
+            req_large += (int64_t)b->requested;
+    CHECK_THAT(req_large == req_recorded, "requested bytes of large blocks wrong");
     CHECK_THAT(atomic_load(&p->peak_active) >= (int64_t)active, "active above its peak");
 done:
     free(pin);

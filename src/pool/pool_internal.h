@@ -51,6 +51,12 @@ typedef struct um__block {
     size_t requested;             /* LIVE: bytes asked for */
     uint32_t stream;              /* LIVE: allocation stream */
     uint8_t state;
+    /* The bounce cache (pool.c): held by a thread cache (atomic: the owner
+     * thread sets it without the lock), and the cache whose `out` this
+     * block is (changed under the lock, or by that thread while it owns
+     * the block). */
+    _Atomic bool tc_held;
+    struct um__tcache *tc_owner;
 } um__block;
 
 enum um__slot_state { UM_SLOT_FREE = 0, UM_SLOT_LIVE = 1, UM_SLOT_CACHED = 2 };
@@ -133,6 +139,17 @@ typedef struct um__tcache {
      * to the pool's `active` (written by the owner thread only). */
     _Atomic int64_t live_delta;
     um__tc_bin bins[UM_NCLASSES];
+    /* The bounce cache: the large block this thread allocated last (out),
+     * and that block once the thread freed it (held), for the next
+     * allocation of its size on its stream. The deltas count the live
+     * large blocks and requested bytes its hits and holds moved, not yet
+     * in the pool's counters (written by the owner thread only). */
+    _Atomic(struct um__block *) out;
+    /* Set by the owner thread; taken by it, or by any thread under the
+     * lock when memory is short, with an atomic exchange. A held block's
+     * `stream` is the stream it was freed on. */
+    _Atomic(struct um__block *) held;
+    _Atomic int64_t large_blocks_delta, large_req_delta;
 } um__tcache;
 
 typedef struct um__region {
