@@ -155,11 +155,15 @@ um_status um_cuda_driver_info(int *version, int *gpus, char *why, size_t why_len
 /* --------------------------------------------------------- pooled memory */
 
 /* Stream-ordered, like cudaMallocAsync: the block may be used on stream s at
- * once. size 0 is UM_ERR_INVALID. The pointer is aligned to 256 bytes. */
+ * once. size 0 is UM_ERR_INVALID. The pointer is aligned to 256 bytes.
+ * s must belong to dev, except that host memory (dev 0) may be ordered by
+ * any device's stream (the pinned buffers of its copies); otherwise
+ * UM_ERR_WRONG_DEVICE. */
 um_status um_malloc(um_context *ctx, int dev, size_t size, um_stream s, void **ptr);
 /* The block becomes reusable at once on stream s (NULL: its allocation
  * stream), and on other streams once the work queued on s before this call
- * has completed. */
+ * has completed. s is of the block's device, or any device's for host
+ * memory, as for um_malloc. */
 um_status um_free(um_context *ctx, void *ptr, um_stream s);
 /* The device that owns ptr, or -1. Reads no device memory. */
 int um_pointer_device(um_context *ctx, const void *ptr);

@@ -280,7 +280,7 @@ static void test_streams(void)
     um__bstream *b1 = NULL, *b2 = NULL;
     CHECK_OK(um__be_stream_create(b, &b1));
     CHECK_OK(um__be_stream_create(b, &b2));
-    const um__stream_ref s0 = {0, NULL}, s1 = {1, b1}, s2 = {2, b2};
+    const um__stream_ref s0 = {0, NULL, NULL}, s1 = {1, b1, NULL}, s2 = {2, b2, NULL};
 
     /* Several streams in use: the event is recorded at free time. */
     um__allocator *a = make(um__bufcache_create, b, 0, 0);

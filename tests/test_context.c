@@ -673,6 +673,57 @@ static void test_copies_links_memory(const char *alloc)
     um_shutdown(ctx);
 }
 
+/* Host memory ordered by an accelerator's stream (the pinned buffers of a
+ * GPU's copies): a host block freed on sim stream s, with work still
+ * queued on s, is reused at once on s but not by the host's own stream
+ * until that work is done; destroying s waits for it and gives its host
+ * stream id back. Small and large blocks alike. */
+static void test_host_memory_on_device_stream(const char *alloc)
+{
+    char conf[128];
+    snprintf(conf, sizeof conf, "allocator=%s,devices=sim:64M", alloc);
+    um_context *ctx = NULL;
+    CHECK_OK(um_init(conf, &ctx));
+    if (!ctx)
+        return;
+    size_t sizes[] = {4096, 3 * 1024 * 1024};
+    for (int k = 0; k < 2; k++) {
+        um_stream s = NULL;
+        CHECK_OK(um_stream_create(ctx, 1, &s));
+        if (!s)
+            break;
+        void *h = NULL, *again = NULL, *other = NULL;
+        CHECK_OK(um_malloc(ctx, 0, sizes[k], s, &h));
+        CHECK_EQ(um_pointer_device(ctx, h), 0);
+        CHECK_OK(um__sim_stream_launch(ctx->devices[1].backend, s->ref.bstream, 1));
+        CHECK_OK(um_free(ctx, h, s));
+        /* The host's default stream must not get h while s's work runs;
+         * s itself may reuse it at once: its later work is ordered. (The
+         * no-cache baseline reuses nothing, so it only has to work.) */
+        bool caching = strcmp(alloc, "direct") != 0;
+        CHECK_OK(um_malloc(ctx, 0, sizes[k], NULL, &other));
+        CHECK(other != h || !caching);
+        CHECK_OK(um_malloc(ctx, 0, sizes[k], s, &again));
+        CHECK(again == h || !caching);
+        CHECK_OK(um_free(ctx, again, s));
+        CHECK_OK(um_free(ctx, other, NULL));
+        CHECK_OK(um__sim_stream_complete(ctx->devices[1].backend, s->ref.bstream, 1));
+        CHECK_OK(ctx->devices[0].alloc->ops->check(ctx->devices[0].alloc));
+        CHECK_OK(um_stream_destroy(ctx, s));
+        um_stats st;
+        CHECK_OK(um_stats_get(ctx, 0, &st));
+        CHECK_EQ(st.active_blocks, 0);
+    }
+    /* Still refused for an accelerator's memory and another's stream. */
+    um_stream s = NULL;
+    void *p = NULL;
+    CHECK_OK(um_stream_create(ctx, 0, &s));
+    CHECK_STATUS(um_malloc(ctx, 1, 4096, s, &p), UM_ERR_WRONG_DEVICE);
+    CHECK_ERROR_MENTIONS("device 1", "device 0", NULL);
+    CHECK_OK(um_stream_destroy(ctx, s));
+    um_shutdown(ctx);
+}
+
 int main(void)
 {
     unsetenv("UNIMEM_CONF");
@@ -688,6 +739,7 @@ int main(void)
         test_random(alloc);
         test_shutdown_with_leftovers(alloc);
         test_copies_links_memory(alloc);
+        test_host_memory_on_device_stream(alloc);
         if (harness_failures != before)
             fprintf(stderr, "test_context: %d failures with allocator=%s\n",
                     harness_failures - before, alloc);

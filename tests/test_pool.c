@@ -48,7 +48,7 @@ static um__allocator *make_pool_with(size_t capacity, const um__pool_config *c)
 
 static void *xalloc(um__allocator *a, size_t size, uint32_t sid)
 {
-    um__stream_ref ref = {sid, sid == 1 ? s1 : sid == 2 ? s2 : NULL};
+    um__stream_ref ref = {sid, sid == 1 ? s1 : sid == 2 ? s2 : NULL, NULL};
     void *p = NULL;
     CHECK_OK(a->ops->alloc(a, size, &ref, &p));
     return p;
@@ -56,7 +56,7 @@ static void *xalloc(um__allocator *a, size_t size, uint32_t sid)
 
 static void xfree(um__allocator *a, void *p, uint32_t sid)
 {
-    um__stream_ref ref = {sid, sid == 1 ? s1 : sid == 2 ? s2 : NULL};
+    um__stream_ref ref = {sid, sid == 1 ? s1 : sid == 2 ? s2 : NULL, NULL};
     CHECK_OK(a->ops->free(a, p, &ref));
 }
 
@@ -128,7 +128,7 @@ typedef struct holder {
 static void *holder_main(void *arg)
 {
     holder *h = arg;
-    um__stream_ref def = {0, NULL};
+    um__stream_ref def = {0, NULL, NULL};
     h->alloc_st = UM_OK;
     if (h->step == 0)
         h->alloc_st = h->a->ops->alloc(h->a, h->size, &def, &h->p);
@@ -169,7 +169,7 @@ static void test_bounce_cache(void)
     CHECK_OK(a->ops->check(a));
     /* A second free of the held block is caught. */
     xfree(a, y, 0);
-    um__stream_ref def = {0, NULL};
+    um__stream_ref def = {0, NULL, NULL};
     CHECK_STATUS(a->ops->free(a, y, &def), UM_ERR_DOUBLE_FREE);
     CHECK_OK(a->ops->check(a));
     /* Another size: the held block goes back first, so the larger block
@@ -377,11 +377,11 @@ static void test_stream_id_reuse(void)
     void *x = xalloc(a, 4096, 1);
     xfree(a, x, 1);
     CHECK(p->streams[1]->bstream == s1);
-    um__stream_ref old = {1, s1};
+    um__stream_ref old = {1, s1, NULL};
     a->ops->stream_forget(a, &old);
     CHECK(p->streams[1]->bstream == NULL);
     /* Id 1 now names the backend stream s2. */
-    um__stream_ref reused = {1, s2};
+    um__stream_ref reused = {1, s2, NULL};
     void *y = NULL;
     CHECK_OK(a->ops->alloc(a, 4096, &reused, &y));
     CHECK_OK(a->ops->free(a, y, &reused));
@@ -420,7 +420,7 @@ static void test_limits(void)
     um__allocator *a = make_pool(256 * MiB, 16 * MiB, 0, 1);
     void *x = xalloc(a, 6 * MiB, 0);
     void *y = xalloc(a, 6 * MiB, 0);
-    um__stream_ref ref = {0, NULL};
+    um__stream_ref ref = {0, NULL, NULL};
     void *z = NULL;
     CHECK_STATUS(a->ops->alloc(a, 6 * MiB, &ref, &z), UM_ERR_NOMEM);
     const char *msg = um_last_error();
@@ -459,7 +459,7 @@ static void test_limits(void)
 static void test_bad_pointers(void)
 {
     um__allocator *a = make_pool(64 * MiB, 0, 0, 1);
-    um__stream_ref ref = {0, NULL};
+    um__stream_ref ref = {0, NULL, NULL};
     void *small = xalloc(a, 1000, 0), *large = xalloc(a, 1 * MiB, 0);
     CHECK(a->ops->owns(a, small) && a->ops->owns(a, large));
     int local;
@@ -569,7 +569,7 @@ static long pool_script(flaky *f, long k)
         f->countdown = 0;
         return 0;
     }
-    um__stream_ref ref = {0, NULL};
+    um__stream_ref ref = {0, NULL, NULL};
     size_t sizes[6] = {3 * MiB, 1 * MiB, 1000, 5 * MiB, 6 * MiB, 20000};
     void *p[6] = {NULL};
     (void)a->ops->alloc(a, sizes[0], &ref, &p[0]);

@@ -324,15 +324,16 @@ static void do_alloc(world *w, int dev, size_t size)
 
 /* Frees block i of dev on a random choice of stream: NULL (its allocation
  * stream), its own, or another stream of the same device. Sometimes first
- * tries a free through another device's stream, an interior pointer, and
- * afterwards a second free of the same pointer. */
+ * tries a free through another device's stream (an accelerator's memory
+ * only: any device's stream may order host memory), an interior pointer,
+ * and afterwards a second free of the same pointer. */
 static void do_free(world *w, int dev, size_t i)
 {
     devmodel *m = &w->d[dev];
     block b = m->v[i];
     pattern_check(w, dev, &b, "before free");
     unsigned r = (unsigned)rnd_below(w, 100);
-    if (r < 3 && w->ndev > 2) {
+    if (r < 3 && w->ndev > 2 && dev != 0) {
         int other = 1 + (int)rnd_below(w, (uint64_t)w->ndev - 1);
         if (other != dev) {
             CHECK_STATUS(um_free(w->ctx, (void *)b.addr, w->d[other].streams[1]),
@@ -443,7 +444,7 @@ static void do_bad_calls(world *w, int dev)
     CHECK_STATUS(um_malloc(w->ctx, -1, 64, NULL, &p), UM_ERR_NO_DEVICE);
     CHECK_STATUS(um_free(w->ctx, &local, NULL), UM_ERR_INVALID_POINTER);
     CHECK(um_pointer_device(w->ctx, &local) == -1);
-    if (w->ndev > 2) {
+    if (w->ndev > 2 && dev != 0) {
         int other = dev == 1 ? 2 : 1;
         um_status s = um_malloc(w->ctx, dev, 64, w->d[other].streams[1], &p);
         CHECK(s == UM_ERR_WRONG_DEVICE || s == UM_ERR_INVALID);

@@ -350,6 +350,60 @@ static bool valid_stream(um_context *ctx, um_stream s)
     return s && s->magic == UM_STREAM_MAGIC && s->ctx == ctx;
 }
 
+/* A stream id of device dev (ids of destroyed streams first), or false
+ * when the device has MAX_STREAM_ID streams already. Under impl->lock. */
+static bool take_id_locked(um_context *ctx, context_impl *impl, int dev, uint32_t *id)
+{
+    id_stack *fs = &impl->free_ids[dev];
+    *id = fs->n ? fs->ids[--fs->n] : atomic_fetch_add(&ctx->devices[dev].next_stream_id, 1);
+    if (*id <= MAX_STREAM_ID)
+        return true;
+    atomic_fetch_sub(&ctx->devices[dev].next_stream_id, 1);
+    return false;
+}
+
+/* Makes a destroyed stream's id reusable. Under impl->lock. */
+static void give_id_locked(context_impl *impl, int dev, uint32_t id)
+{
+    id_stack *fs = &impl->free_ids[dev];
+    if (fs->n == fs->cap) {
+        size_t cap = fs->cap ? fs->cap * 2 : 8;
+        uint32_t *ids = realloc(fs->ids, cap * sizeof *ids);
+        if (ids) {
+            fs->ids = ids;
+            fs->cap = cap;
+        }
+    }
+    /* Without room the id is simply not reused. */
+    if (fs->n < fs->cap)
+        fs->ids[fs->n++] = id;
+}
+
+const um__stream_ref *um__stream_host_ref(um_context *ctx, um_stream s)
+{
+    if (atomic_load_explicit(&s->host_id, memory_order_acquire))
+        return &s->host_ref;
+    context_impl *impl = impl_of(ctx);
+    pthread_mutex_lock(&impl->lock);
+    if (!atomic_load_explicit(&s->host_id, memory_order_relaxed)) {
+        uint32_t id;
+        if (!take_id_locked(ctx, impl, 0, &id)) {
+            pthread_mutex_unlock(&impl->lock);
+            um__fail(UM_ERR_NOMEM,
+                     "stream %u of device %d orders host memory, but device 0 already has %u "
+                     "streams",
+                     s->ref.id, s->dev, MAX_STREAM_ID);
+            return NULL;
+        }
+        s->host_ref.id = id;
+        s->host_ref.bstream = s->ref.bstream;
+        s->host_ref.backend = ctx->devices[s->dev].backend;
+        atomic_store_explicit(&s->host_id, id, memory_order_release);
+    }
+    pthread_mutex_unlock(&impl->lock);
+    return &s->host_ref;
+}
+
 /* um_stream_create (native NULL, wrap false) and um_stream_wrap: the
  * backend stream, an id, and the node on the context's list. */
 static um_status stream_new(um_context *ctx, int dev, bool wrap, void *native, um_stream *out,
@@ -377,10 +431,8 @@ static um_status stream_new(um_context *ctx, int dev, bool wrap, void *native, u
      * that exist at once. */
     context_impl *impl = impl_of(ctx);
     pthread_mutex_lock(&impl->lock);
-    id_stack *fs = &impl->free_ids[dev];
-    uint32_t id = fs->n ? fs->ids[--fs->n] : atomic_fetch_add(&d->next_stream_id, 1);
-    if (id > MAX_STREAM_ID) {
-        atomic_fetch_sub(&d->next_stream_id, 1);
+    uint32_t id;
+    if (!take_id_locked(ctx, impl, dev, &id)) {
         pthread_mutex_unlock(&impl->lock);
         (void)um__be_stream_destroy(d->backend, bs);
         free(n);
@@ -443,6 +495,11 @@ um_status um_stream_destroy(um_context *ctx, um_stream s)
                         (void *)s);
     um_device *d = &ctx->devices[s->dev];
     d->alloc->ops->stream_forget(d->alloc, &s->ref);
+    uint32_t host_id = atomic_load_explicit(&s->host_id, memory_order_acquire);
+    if (host_id) {
+        um__allocator *host = ctx->devices[0].alloc;
+        host->ops->stream_forget(host, &s->host_ref);
+    }
     um_status st = um__be_stream_destroy(d->backend, s->ref.bstream);
     if (st != UM_OK) {
         /* The backend still has the stream: keep it valid so the program can
@@ -454,18 +511,9 @@ um_status um_stream_destroy(um_context *ctx, um_stream s)
     }
     s->magic = 0;
     pthread_mutex_lock(&impl->lock);
-    id_stack *fs = &impl->free_ids[s->dev];
-    if (fs->n == fs->cap) {
-        size_t cap = fs->cap ? fs->cap * 2 : 8;
-        uint32_t *ids = realloc(fs->ids, cap * sizeof *ids);
-        if (ids) {
-            fs->ids = ids;
-            fs->cap = cap;
-        }
-    }
-    /* Without room the id is simply not reused. */
-    if (fs->n < fs->cap)
-        fs->ids[fs->n++] = s->ref.id;
+    give_id_locked(impl, s->dev, s->ref.id);
+    if (host_id)
+        give_id_locked(impl, 0, host_id);
     pthread_mutex_unlock(&impl->lock);
     free(n);
     return UM_OK;

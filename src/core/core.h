@@ -26,6 +26,11 @@ struct um_stream_s {
     int dev;
     um__stream_ref ref;    /* id and backend stream */
     uint32_t magic;        /* UM_STREAM_MAGIC while valid */
+    /* The stream as device 0's allocator sees it, made the first time the
+     * stream orders host memory (pinned buffers of its copies): an id of
+     * the host's, and this stream's backend to record fences with. */
+    _Atomic uint32_t host_id; /* 0 until then */
+    um__stream_ref host_ref;
 };
 #define UM_STREAM_MAGIC 0x5354524du
 
@@ -37,5 +42,9 @@ struct um_context {
 
 /* The device structure for dev, or NULL after um__fail(UM_ERR_NO_DEVICE). */
 um_device *um__device(um_context *ctx, int dev, const char *what);
+
+/* s (a stream of an accelerator) as device 0's allocator sees it, made on
+ * first use; NULL after um__fail when no host stream id is left. */
+const um__stream_ref *um__stream_host_ref(um_context *ctx, um_stream s);
 
 #endif /* UM_CORE_H */

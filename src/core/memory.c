@@ -39,13 +39,20 @@ um_status um_malloc(um_context *ctx, int dev, size_t size, um_stream s, void **p
     if (s) {
         if (UM_UNLIKELY(s->magic != UM_STREAM_MAGIC || s->ctx != ctx))
             return bad_stream("um_malloc", s);
-        if (UM_UNLIKELY(s->dev != dev))
-            return um__fail(UM_ERR_WRONG_DEVICE,
-                            "um_malloc: %zu bytes on device %d (%s) with "
-                            "stream %u of device %d (%s)",
-                            size, dev, dev_name(ctx, dev), s->ref.id, s->dev,
-                            dev_name(ctx, s->dev));
         ref = &s->ref;
+        if (UM_UNLIKELY(s->dev != dev)) {
+            /* Host memory may be ordered by any device's stream (the
+             * pinned buffers of its copies); other memory only by its own
+             * device's streams. */
+            if (dev != 0)
+                return um__fail(UM_ERR_WRONG_DEVICE,
+                                "um_malloc: %zu bytes on device %d (%s) with "
+                                "stream %u of device %d (%s)",
+                                size, dev, dev_name(ctx, dev), s->ref.id, s->dev,
+                                dev_name(ctx, s->dev));
+            if (!(ref = um__stream_host_ref(ctx, s)))
+                return UM_ERR_NOMEM;
+        }
     }
     return d->alloc->ops->alloc(d->alloc, size, ref, ptr);
 }
@@ -83,13 +90,19 @@ um_status um_free(um_context *ctx, void *ptr, um_stream s)
                         "um_free: pointer %p is not memory of any of the "
                         "%d devices of this context (not returned by um_malloc)",
                         ptr, ctx->ndevices);
-    if (s && UM_UNLIKELY(s->dev != dev))
-        return um__fail(UM_ERR_WRONG_DEVICE,
-                        "um_free: pointer %p belongs to device %d (%s) but "
-                        "stream %u is on device %d (%s)",
-                        ptr, dev, dev_name(ctx, dev), s->ref.id, s->dev, dev_name(ctx, s->dev));
+    const um__stream_ref *ref = s ? &s->ref : NULL;
+    if (s && UM_UNLIKELY(s->dev != dev)) {
+        if (dev != 0)
+            return um__fail(UM_ERR_WRONG_DEVICE,
+                            "um_free: pointer %p belongs to device %d (%s) but "
+                            "stream %u is on device %d (%s)",
+                            ptr, dev, dev_name(ctx, dev), s->ref.id, s->dev,
+                            dev_name(ctx, s->dev));
+        if (!(ref = um__stream_host_ref(ctx, s)))
+            return UM_ERR_NOMEM;
+    }
     um__allocator *a = ctx->devices[dev].alloc;
-    return a->ops->free(a, ptr, s ? &s->ref : NULL);
+    return a->ops->free(a, ptr, ref);
 }
 
 int um_pointer_device(um_context *ctx, const void *ptr)

@@ -197,6 +197,7 @@ typedef struct bl_block {
      * every stream. */
     uint32_t stream;
     um__bstream *bstream;
+    um__backend *sbackend;  /* bstream's backend; NULL: the allocator's own */
     bool stream_valid;
     um__bevent *event;      /* cached: completes when work on `stream` queued before the free has */
     struct bl_block *hnext; /* hash chain */
@@ -336,6 +337,12 @@ static void bl_peaks(baseline *bl)
         bl->peak_reserved = bl->reserved;
 }
 
+/* The backend of b's stream, which records and answers b's event. */
+static um__backend *bl_event_backend(const baseline *bl, const bl_block *b)
+{
+    return b->sbackend ? b->sbackend : bl->base.backend;
+}
+
 /* ------------------------------------------------------ backend memory */
 
 /* Gives back whatever of b's backend resources remain, in reverse order of
@@ -348,7 +355,7 @@ static um_status bl_teardown(baseline *bl, bl_block *b)
     um__backend *be = bl->base.backend;
     um_status s;
     if (b->event) {
-        um__be_event_destroy(be, b->event);
+        um__be_event_destroy(bl_event_backend(bl, b), b->event);
         b->event = NULL;
     }
     if (b->mapped) {
@@ -477,7 +484,7 @@ static void bl_note_stream(baseline *bl, uint32_t id)
  * another stream that needs its free-time event to have completed. */
 static bool bl_reusable(baseline *bl, bl_block *b, uint32_t id, bool *called)
 {
-    um__backend *be = bl->base.backend;
+    um__backend *be = bl_event_backend(bl, b);
     if (!b->stream_valid || b->stream == id)
         return true;
     if (!b->event) {
@@ -512,7 +519,7 @@ static bl_block *bl_cache_take(baseline *bl, size_t s, uint32_t stream, bool *ca
             bl_uncache(bl, b);
             if (b->event) {
                 *called = true;
-                um__be_event_destroy(bl->base.backend, b->event);
+                um__be_event_destroy(bl_event_backend(bl, b), b->event);
                 b->event = NULL;
             }
             return b;
@@ -580,6 +587,7 @@ static um_status bl_alloc(um__allocator *a, size_t size, const um__stream_ref *s
                         a->ops->name);
     uint32_t sid = sr ? sr->id : 0;
     um__bstream *bs = sr ? sr->bstream : NULL;
+    um__backend *sbe = sr ? sr->backend : NULL;
     pthread_mutex_lock(&bl->lock);
     if (size > SIZE_MAX - UM_ALIGN - bl->gran) {
         um_status s = bl_nomem(bl, size, size, "larger than any address range");
@@ -606,6 +614,7 @@ static um_status bl_alloc(um__allocator *a, size_t size, const um__stream_ref *s
     b->active = nominal;
     b->stream = sid;
     b->bstream = bs;
+    b->sbackend = sbe;
     b->stream_valid = true;
     bl->active += b->active;
     bl->requested += size;
@@ -661,6 +670,7 @@ static um_status bl_free(um__allocator *a, void *ptr, const um__stream_ref *sr)
         bl_note_stream(bl, sr->id);
         b->stream = sr->id;
         b->bstream = sr->bstream;
+        b->sbackend = sr->backend;
         b->stream_valid = true;
     }
     b->state = BL_CACHED;
@@ -675,7 +685,7 @@ static um_status bl_free(um__allocator *a, void *ptr, const um__stream_ref *sr)
     /* With several streams in use, record now what another stream must
      * wait for; if that fails the event is recorded when needed. */
     if (bl->multi_stream && b->stream_valid &&
-        um__be_event_record(a->backend, b->bstream, &b->event) != UM_OK)
+        um__be_event_record(bl_event_backend(bl, b), b->bstream, &b->event) != UM_OK)
         b->event = NULL;
     bl_enforce_cache_limit(bl);
     pthread_mutex_unlock(&bl->lock);
@@ -792,7 +802,8 @@ static void bl_stream_forget(um__allocator *a, const um__stream_ref *sr)
                 else
                     b->stream_valid = false;
             }
-    bool synced = !pending || um__be_stream_sync(a->backend, sr->bstream) == UM_OK;
+    bool synced =
+        !pending || um__be_stream_sync(sr->backend ? sr->backend : a->backend, sr->bstream) == UM_OK;
     if (!synced)
         um__log(UM_LOG_WARN,
                 "device %d (%s): stream %u could not be synchronized (%s); releasing the "
@@ -804,7 +815,7 @@ static void bl_stream_forget(um__allocator *a, const um__stream_ref *sr)
         if (b->stream_valid && b->stream == sr->id) {
             if (synced) {
                 if (b->event)
-                    um__be_event_destroy(a->backend, b->event);
+                    um__be_event_destroy(bl_event_backend(bl, b), b->event);
                 b->event = NULL;
                 b->stream_valid = false;
             } else {

@@ -567,6 +567,7 @@ static um__stream_state *stream_state(um__pool *p, const um__stream_ref *s)
     if (!ss->known) {
         ss->known = true;
         ss->bstream = s->bstream;
+        ss->backend = s->backend;
         if (s->id < KNOWN_STREAM_BITS)
             atomic_fetch_or_explicit(&p->known_streams[s->id / 64], 1ull << (s->id % 64),
                                      memory_order_release);
@@ -614,12 +615,19 @@ static bool stream_has_pending(const um__stream_state *ss)
     return ss->open_frees || ss->small_pending;
 }
 
+/* The backend that records and answers a stream's fences: the stream's
+ * own (another device's, for a GPU stream ordering host memory). */
+static um__backend *fence_backend(um__pool *p, const um__stream_state *ss)
+{
+    return ss->backend ? ss->backend : p->base.backend;
+}
+
 /* Retires the stream's oldest fence: waits for it (wait) or finds it
  * complete, then makes what it covers reusable. False when it is still
  * running or the backend failed. */
 static bool retire_fence(um__pool *p, um__stream_state *ss, bool wait)
 {
-    um__backend *b = p->base.backend;
+    um__backend *b = fence_backend(p, ss);
     um__bevent *e = ss->fences[ss->fence_head].event;
     int done = 0;
     um_status s = wait ? um__be_event_sync(b, e) : um__be_event_query(b, e, &done);
@@ -639,7 +647,7 @@ static void record_fence(um__pool *p, um__stream_state *ss)
     if (!ss->open_frees || ss->fence_n == UM_FENCE_RING)
         return;
     uint32_t i = (ss->fence_head + ss->fence_n) % UM_FENCE_RING;
-    if (um__be_event_record(p->base.backend, ss->bstream, &ss->fences[i].event) != UM_OK)
+    if (um__be_event_record(fence_backend(p, ss), ss->bstream, &ss->fences[i].event) != UM_OK)
         return;
     ss->fences[i].epoch = ss->epoch++;
     ss->fences[i].recorded_ns = um__now_ns();
@@ -1474,11 +1482,13 @@ static um_status small_free(um__pool *p, um__slab *sl, uintptr_t addr, const um_
         }
     }
     pthread_mutex_lock(&p->lock);
-    um__stream_ref ref = {sid, NULL};
-    if (s)
+    um__stream_ref ref = {sid, NULL, NULL};
+    if (s) {
         ref = *s;
-    else if (sid < p->nstreams && p->streams[sid])
+    } else if (sid < p->nstreams && p->streams[sid]) {
         ref.bstream = p->streams[sid]->bstream;
+        ref.backend = p->streams[sid]->backend;
+    }
     um__stream_state *ss = stream_state(p, &ref);
     bool parked = false;
     if (tc) {
@@ -1551,11 +1561,13 @@ static um_status large_free(um__pool *p, uintptr_t addr, const um__stream_ref *s
     /* The held block goes back first, as it would have without the cache. */
     bounce_flush_locked(p, tc);
     j = live_map_slot(p, addr);
-    um__stream_ref ref = {b->stream, NULL};
-    if (s)
+    um__stream_ref ref = {b->stream, NULL, NULL};
+    if (s) {
         ref = *s;
-    else
+    } else {
         ref.bstream = p->streams[b->stream]->bstream;
+        ref.backend = p->streams[b->stream]->backend;
+    }
     um__stream_state *ss = stream_state(p, &ref);
     if (!ss) {
         pthread_mutex_unlock(&p->lock);
@@ -1673,6 +1685,7 @@ static void pool_stream_forget(um__allocator *a, const um__stream_ref *s)
          * through the locked path again and registers the new backend
          * stream. Until then fences go to the default stream. */
         ss->bstream = NULL;
+        ss->backend = NULL;
         ss->known = false;
         if (s->id < KNOWN_STREAM_BITS)
             atomic_fetch_and_explicit(&p->known_streams[s->id / 64], ~(1ull << (s->id % 64)),
@@ -1962,7 +1975,8 @@ static void pool_destroy(um__allocator *a)
         if (!ss)
             continue;
         for (uint32_t k = 0; k < ss->fence_n; k++)
-            um__be_event_destroy(b, ss->fences[(ss->fence_head + k) % UM_FENCE_RING].event);
+            um__be_event_destroy(fence_backend(p, ss),
+                                 ss->fences[(ss->fence_head + k) % UM_FENCE_RING].event);
         for (unsigned c = 0; c < UM_NCLASSES; c++)
             free(ss->small[c].items);
         free(ss);
@@ -2112,7 +2126,7 @@ um_status um__pool_create(um__backend *b, const um__pool_config *c, um__allocato
     memset(p->hole_next, 0xff, p->npages * sizeof *p->hole_next);
     memset(p->fence_stream, 0xff, p->npages * sizeof *p->fence_stream);
     /* The default stream is known from the start. */
-    um__stream_ref def = {0, NULL};
+    um__stream_ref def = {0, NULL, NULL};
     if (!stream_state(p, &def)) {
         pool_destroy(&p->base);
         return um__fail(UM_ERR_NOMEM, "out of host memory for device %d", c->dev);

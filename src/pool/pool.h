@@ -23,10 +23,13 @@
 #define UM_ALIGN 256u
 
 /* A stream as the pool sees it: a small per-device id (0 is the default
- * stream) and the backend stream to record events on. */
+ * stream), the backend stream to record events on, and the backend that
+ * stream belongs to: NULL for the allocator's own; another device's for a
+ * GPU stream that orders host memory (pinned buffers of its copies). */
 typedef struct um__stream_ref {
     uint32_t id;
     um__bstream *bstream;
+    um__backend *backend;
 } um__stream_ref;
 
 typedef struct um__pool_config {

@@ -109,6 +109,7 @@ typedef struct um__stream_state {
     bool known;
     bool open_frees;              /* frees stamped with `epoch` exist */
     um__bstream *bstream;
+    um__backend *backend;         /* bstream's backend; NULL: the pool's */
     um__pending_vec small[UM_NCLASSES];
     size_t small_pending;         /* objects in small[] */
     uint64_t epoch;               /* frees are stamped with it */
