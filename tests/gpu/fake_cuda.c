@@ -1,0 +1,527 @@
+/*
+ * A stand-in for the CUDA driver (built as libcuda.so.1 in the build tree),
+ * so that CI, which has no GPU, runs the CUDA backend itself: the loader,
+ * context handling, VMM reserve/create/map/unmap, access, events, streams,
+ * copies, cuMemAlloc segments and every error path that checks a result.
+ *
+ * Memory is host memory: physical chunks live in one memfd, reservations
+ * are PROT_NONE ranges and cuMemMap maps the memfd there, as the sim
+ * backend does. It keeps CUDA's rules that the backend relies on (unmap
+ * covers whole mappings, map only into a reservation and never over a
+ * mapping) and answers anything else with CUDA_ERROR_INVALID_VALUE. Work
+ * completes at once: every event is complete when recorded. Kernels are
+ * not supported (cuModuleLoadData fails with CUDA_ERROR_NOT_SUPPORTED).
+ *
+ * FAKE_CUDA_GPUS=N (default 1) sets the GPU count, FAKE_CUDA_NO_VMM=1 takes
+ * VMM away, FAKE_CUDA_MEM=BYTES sets each GPU's memory (default 4 GiB).
+ */
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "backend/cuda_driver.h"
+
+#define EXPORT __attribute__((visibility("default")))
+#define MAX_MAPS 65536
+#define MAX_RES 256
+#define PAGE ((size_t)2 << 20)
+
+typedef struct mapping {
+    uintptr_t va;
+    size_t size;
+} mapping;
+
+typedef struct chunk {
+    size_t off, size; /* in the memfd */
+    int gpu;          /* -1: host */
+} chunk;
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static int fd = -1;
+static size_t fd_end;
+static mapping maps[MAX_MAPS];
+static size_t nmaps;
+static mapping res[MAX_RES];
+static size_t nres;
+static int gpus = 1;
+static int vmm = 1;
+static size_t gpu_mem = (size_t)4 << 30;
+static size_t used[64]; /* bytes created or cuMemAlloc'ed per GPU */
+static __thread um_cuContext current;
+static char ctx_tokens[64];
+
+static int setup(void)
+{
+    if (fd >= 0)
+        return 0;
+    const char *g = getenv("FAKE_CUDA_GPUS");
+    if (g)
+        gpus = atoi(g);
+    if (gpus < 0 || gpus > 64)
+        gpus = 1;
+    vmm = !(getenv("FAKE_CUDA_NO_VMM") && atoi(getenv("FAKE_CUDA_NO_VMM")));
+    if (getenv("FAKE_CUDA_MEM"))
+        gpu_mem = strtoull(getenv("FAKE_CUDA_MEM"), NULL, 0);
+    fd = memfd_create("fake_cuda", 0);
+    return fd < 0 ? -1 : 0;
+}
+
+EXPORT um_cuResult cuInit(unsigned flags)
+{
+    if (flags)
+        return UM_CU_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    int r = setup();
+    pthread_mutex_unlock(&lock);
+    return r ? UM_CU_ERROR_OUT_OF_MEMORY : UM_CU_SUCCESS;
+}
+
+EXPORT um_cuResult cuDriverGetVersion(int *v)
+{
+    *v = 13000;
+    return UM_CU_SUCCESS;
+}
+
+EXPORT um_cuResult cuGetErrorName(um_cuResult r, const char **s)
+{
+    switch (r) {
+    case UM_CU_SUCCESS: *s = "CUDA_SUCCESS"; break;
+    case UM_CU_ERROR_INVALID_VALUE: *s = "CUDA_ERROR_INVALID_VALUE"; break;
+    case UM_CU_ERROR_OUT_OF_MEMORY: *s = "CUDA_ERROR_OUT_OF_MEMORY"; break;
+    case UM_CU_ERROR_NOT_SUPPORTED: *s = "CUDA_ERROR_NOT_SUPPORTED"; break;
+    default: *s = NULL; return UM_CU_ERROR_INVALID_VALUE;
+    }
+    return UM_CU_SUCCESS;
+}
+
+EXPORT um_cuResult cuGetErrorString(um_cuResult r, const char **s)
+{
+    const char *name;
+    if (cuGetErrorName(r, &name) != UM_CU_SUCCESS) {
+        *s = NULL;
+        return UM_CU_ERROR_INVALID_VALUE;
+    }
+    *s = r == UM_CU_ERROR_OUT_OF_MEMORY ? "out of memory (fake driver)" : "fake driver";
+    return UM_CU_SUCCESS;
+}
+
+EXPORT um_cuResult cuDeviceGetCount(int *n)
+{
+    *n = gpus;
+    return UM_CU_SUCCESS;
+}
+
+static int valid_gpu(int d)
+{
+    return d >= 0 && d < gpus;
+}
+
+EXPORT um_cuResult cuDeviceGet(um_cuDevice *d, int ordinal)
+{
+    if (!valid_gpu(ordinal))
+        return UM_CU_ERROR_INVALID_VALUE;
+    *d = ordinal;
+    return UM_CU_SUCCESS;
+}
+
+EXPORT um_cuResult cuDeviceGetName(char *name, int len, um_cuDevice d)
+{
+    snprintf(name, (size_t)len, "Fake GPU %d", d);
+    return valid_gpu(d) ? UM_CU_SUCCESS : UM_CU_ERROR_INVALID_VALUE;
+}
+
+EXPORT um_cuResult cuDeviceTotalMem_v2(size_t *bytes, um_cuDevice d)
+{
+    *bytes = gpu_mem;
+    return valid_gpu(d) ? UM_CU_SUCCESS : UM_CU_ERROR_INVALID_VALUE;
+}
+
+EXPORT um_cuResult cuDeviceGetAttribute(int *v, int attr, um_cuDevice d)
+{
+    if (!valid_gpu(d))
+        return UM_CU_ERROR_INVALID_VALUE;
+    switch (attr) {
+    case UM_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *v = 9; break;
+    case UM_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *v = 0; break;
+    case UM_CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *v = 132; break;
+    case UM_CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING: *v = 1; break;
+    case UM_CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: *v = vmm; break;
+    case UM_CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: *v = vmm; break;
+    case UM_CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID: *v = 0; break;
+    default: return UM_CU_ERROR_INVALID_VALUE;
+    }
+    return UM_CU_SUCCESS;
+}
+
+EXPORT um_cuResult cuDeviceGetPCIBusId(char *id, int len, um_cuDevice d)
+{
+    snprintf(id, (size_t)len, "0000:%02x:00.0", d + 0x10);
+    return valid_gpu(d) ? UM_CU_SUCCESS : UM_CU_ERROR_INVALID_VALUE;
+}
+
+EXPORT um_cuResult cuDeviceGetP2PAttribute(int *v, int attr, um_cuDevice a, um_cuDevice b)
+{
+    if (!valid_gpu(a) || !valid_gpu(b))
+        return UM_CU_ERROR_INVALID_VALUE;
+    *v = attr == UM_CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK ? 0 : 1;
+    return UM_CU_SUCCESS;
+}
+
+EXPORT um_cuResult cuDevicePrimaryCtxRetain(um_cuContext *c, um_cuDevice d)
+{
+    if (!valid_gpu(d))
+        return UM_CU_ERROR_INVALID_VALUE;
+    *c = (um_cuContext)&ctx_tokens[d];
+    return UM_CU_SUCCESS;
+}
+
+EXPORT um_cuResult cuDevicePrimaryCtxRelease_v2(um_cuDevice d)
+{
+    return valid_gpu(d) ? UM_CU_SUCCESS : UM_CU_ERROR_INVALID_VALUE;
+}
+
+EXPORT um_cuResult cuCtxGetCurrent(um_cuContext *c)
+{
+    *c = current;
+    return UM_CU_SUCCESS;
+}
+
+EXPORT um_cuResult cuCtxSetCurrent(um_cuContext c)
+{
+    current = c;
+    return UM_CU_SUCCESS;
+}
+
+static int current_gpu(void)
+{
+    return current ? (int)((char *)current - ctx_tokens) : -1;
+}
+
+EXPORT um_cuResult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
+{
+    int g = current_gpu();
+    if (g < 0)
+        return UM_CU_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    *total = gpu_mem;
+    *free_bytes = gpu_mem - used[g];
+    pthread_mutex_unlock(&lock);
+    return UM_CU_SUCCESS;
+}
+
+EXPORT um_cuResult cuMemGetAllocationGranularity(size_t *g, const um_cuMemAllocationProp *prop,
+                                                 int option)
+{
+    (void)option;
+    if (!vmm || prop->type != UM_CU_MEM_ALLOCATION_TYPE_PINNED)
+        return UM_CU_ERROR_NOT_SUPPORTED;
+    *g = PAGE;
+    return UM_CU_SUCCESS;
+}
+
+EXPORT um_cuResult cuMemAddressReserve(um_cuDeviceptr *p, size_t size, size_t align,
+                                       um_cuDeviceptr addr, unsigned long long flags)
+{
+    if (!size || size % PAGE || (align && align % PAGE) || addr || flags)
+        return UM_CU_ERROR_INVALID_VALUE;
+    void *m = mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (m == MAP_FAILED)
+        return UM_CU_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_lock(&lock);
+    if (nres == MAX_RES) {
+        pthread_mutex_unlock(&lock);
+        munmap(m, size);
+        return UM_CU_ERROR_OUT_OF_MEMORY;
+    }
+    res[nres++] = (mapping){(uintptr_t)m, size};
+    pthread_mutex_unlock(&lock);
+    *p = (um_cuDeviceptr)(uintptr_t)m;
+    return UM_CU_SUCCESS;
+}
+
+EXPORT um_cuResult cuMemAddressFree(um_cuDeviceptr p, size_t size)
+{
+    pthread_mutex_lock(&lock);
+    for (size_t i = 0; i < nres; i++) {
+        if (res[i].va == (uintptr_t)p && res[i].size == size) {
+            res[i] = res[--nres];
+            pthread_mutex_unlock(&lock);
+            munmap((void *)(uintptr_t)p, size);
+            return UM_CU_SUCCESS;
+        }
+    }
+    pthread_mutex_unlock(&lock);
+    return UM_CU_ERROR_INVALID_VALUE;
+}
+
+EXPORT um_cuResult cuMemCreate(um_cuMemHandle *h, size_t size,
+                               const um_cuMemAllocationProp *prop, unsigned long long flags)
+{
+    if (!vmm || flags || !size || size % PAGE)
+        return UM_CU_ERROR_INVALID_VALUE;
+    int gpu = prop->location.type == UM_CU_MEM_LOCATION_TYPE_DEVICE ? prop->location.id : -1;
+    if (prop->location.type == UM_CU_MEM_LOCATION_TYPE_DEVICE && !valid_gpu(gpu))
+        return UM_CU_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    if (gpu >= 0 && used[gpu] + size > gpu_mem) {
+        pthread_mutex_unlock(&lock);
+        return UM_CU_ERROR_OUT_OF_MEMORY;
+    }
+    chunk *c = malloc(sizeof *c);
+    if (!c || ftruncate(fd, (off_t)(fd_end + size)) != 0) {
+        pthread_mutex_unlock(&lock);
+        free(c);
+        return UM_CU_ERROR_OUT_OF_MEMORY;
+    }
+    *c = (chunk){fd_end, size, gpu};
+    fd_end += size;
+    if (gpu >= 0)
+        used[gpu] += size;
+    pthread_mutex_unlock(&lock);
+    *h = (um_cuMemHandle)(uintptr_t)c;
+    return UM_CU_SUCCESS;
+}
+
+EXPORT um_cuResult cuMemRelease(um_cuMemHandle h)
+{
+    chunk *c = (chunk *)(uintptr_t)h;
+    if (!c)
+        return UM_CU_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    if (c->gpu >= 0)
+        used[c->gpu] -= c->size;
+    (void)fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)c->off,
+                    (off_t)c->size);
+    pthread_mutex_unlock(&lock);
+    free(c);
+    return UM_CU_SUCCESS;
+}
+
+static int in_reservation(uintptr_t va, size_t size)
+{
+    for (size_t i = 0; i < nres; i++)
+        if (va >= res[i].va && va + size <= res[i].va + res[i].size)
+            return 1;
+    return 0;
+}
+
+static int overlaps_mapping(uintptr_t va, size_t size)
+{
+    for (size_t i = 0; i < nmaps; i++)
+        if (va < maps[i].va + maps[i].size && maps[i].va < va + size)
+            return 1;
+    return 0;
+}
+
+EXPORT um_cuResult cuMemMap(um_cuDeviceptr p, size_t size, size_t offset, um_cuMemHandle h,
+                            unsigned long long flags)
+{
+    chunk *c = (chunk *)(uintptr_t)h;
+    uintptr_t va = (uintptr_t)p;
+    if (!c || flags || offset + size > c->size || size % PAGE || va % PAGE)
+        return UM_CU_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    if (!in_reservation(va, size) || overlaps_mapping(va, size) || nmaps == MAX_MAPS) {
+        pthread_mutex_unlock(&lock);
+        return UM_CU_ERROR_INVALID_VALUE;
+    }
+    void *m = mmap((void *)va, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd,
+                   (off_t)(c->off + offset));
+    if (m == MAP_FAILED) {
+        pthread_mutex_unlock(&lock);
+        return UM_CU_ERROR_OUT_OF_MEMORY;
+    }
+    maps[nmaps++] = (mapping){va, size};
+    pthread_mutex_unlock(&lock);
+    return UM_CU_SUCCESS;
+}
+
+/* Like CUDA: the range must consist of whole mappings. */
+EXPORT um_cuResult cuMemUnmap(um_cuDeviceptr p, size_t size)
+{
+    uintptr_t va = (uintptr_t)p;
+    pthread_mutex_lock(&lock);
+    size_t covered = 0;
+    for (size_t i = 0; i < nmaps; i++) {
+        if (maps[i].va < va + size && va < maps[i].va + maps[i].size) {
+            if (maps[i].va < va || maps[i].va + maps[i].size > va + size) {
+                pthread_mutex_unlock(&lock);
+                return UM_CU_ERROR_INVALID_VALUE;
+            }
+            covered += maps[i].size;
+        }
+    }
+    if (covered != size) {
+        pthread_mutex_unlock(&lock);
+        return UM_CU_ERROR_INVALID_VALUE;
+    }
+    for (size_t i = 0; i < nmaps;) {
+        if (maps[i].va >= va && maps[i].va < va + size)
+            maps[i] = maps[--nmaps];
+        else
+            i++;
+    }
+    mmap((void *)va, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED,
+         -1, 0);
+    pthread_mutex_unlock(&lock);
+    return UM_CU_SUCCESS;
+}
+
+EXPORT um_cuResult cuMemSetAccess(um_cuDeviceptr p, size_t size, const um_cuMemAccessDesc *desc,
+                                  size_t count)
+{
+    uintptr_t va = (uintptr_t)p;
+    if (!count || !desc)
+        return UM_CU_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    size_t covered = 0;
+    for (size_t i = 0; i < nmaps; i++)
+        if (maps[i].va >= va && maps[i].va + maps[i].size <= va + size)
+            covered += maps[i].size;
+    pthread_mutex_unlock(&lock);
+    return covered == size ? UM_CU_SUCCESS : UM_CU_ERROR_INVALID_VALUE;
+}
+
+/* cuMemAlloc segments: a size header in front, so cuMemFree knows it. */
+EXPORT um_cuResult cuMemAlloc_v2(um_cuDeviceptr *p, size_t size)
+{
+    int g = current_gpu();
+    if (g < 0 || !size)
+        return UM_CU_ERROR_INVALID_VALUE;
+    size_t rounded = (size + PAGE - 1) / PAGE * PAGE;
+    pthread_mutex_lock(&lock);
+    if (used[g] + rounded > gpu_mem) {
+        pthread_mutex_unlock(&lock);
+        return UM_CU_ERROR_OUT_OF_MEMORY;
+    }
+    used[g] += rounded;
+    pthread_mutex_unlock(&lock);
+    char *m = mmap(NULL, rounded + PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED)
+        return UM_CU_ERROR_OUT_OF_MEMORY;
+    ((size_t *)m)[0] = rounded;
+    ((size_t *)m)[1] = (size_t)g;
+    *p = (um_cuDeviceptr)(uintptr_t)(m + PAGE);
+    return UM_CU_SUCCESS;
+}
+
+EXPORT um_cuResult cuMemFree_v2(um_cuDeviceptr p)
+{
+    char *m = (char *)(uintptr_t)p - PAGE;
+    size_t rounded = ((size_t *)m)[0], g = ((size_t *)m)[1];
+    pthread_mutex_lock(&lock);
+    used[g] -= rounded;
+    pthread_mutex_unlock(&lock);
+    munmap(m, rounded + PAGE);
+    return UM_CU_SUCCESS;
+}
+
+EXPORT um_cuResult cuMemcpy(um_cuDeviceptr dst, um_cuDeviceptr src, size_t n)
+{
+    memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
+    return UM_CU_SUCCESS;
+}
+
+EXPORT um_cuResult cuMemcpyAsync(um_cuDeviceptr dst, um_cuDeviceptr src, size_t n, um_cuStream s)
+{
+    (void)s;
+    return cuMemcpy(dst, src, n);
+}
+
+EXPORT um_cuResult cuMemsetD8Async(um_cuDeviceptr dst, unsigned char v, size_t n, um_cuStream s)
+{
+    (void)s;
+    memset((void *)(uintptr_t)dst, v, n);
+    return UM_CU_SUCCESS;
+}
+
+EXPORT um_cuResult cuStreamCreate(um_cuStream *s, unsigned flags)
+{
+    (void)flags;
+    *s = malloc(1);
+    return *s ? UM_CU_SUCCESS : UM_CU_ERROR_OUT_OF_MEMORY;
+}
+
+EXPORT um_cuResult cuStreamDestroy_v2(um_cuStream s)
+{
+    free(s);
+    return UM_CU_SUCCESS;
+}
+
+EXPORT um_cuResult cuStreamSynchronize(um_cuStream s)
+{
+    (void)s;
+    return current ? UM_CU_SUCCESS : UM_CU_ERROR_INVALID_VALUE;
+}
+
+EXPORT um_cuResult cuStreamWaitEvent(um_cuStream s, um_cuEvent e, unsigned flags)
+{
+    (void)s;
+    (void)e;
+    (void)flags;
+    return UM_CU_SUCCESS;
+}
+
+EXPORT um_cuResult cuEventCreate(um_cuEvent *e, unsigned flags)
+{
+    (void)flags;
+    *e = malloc(1);
+    return *e ? UM_CU_SUCCESS : UM_CU_ERROR_OUT_OF_MEMORY;
+}
+
+EXPORT um_cuResult cuEventDestroy_v2(um_cuEvent e)
+{
+    free(e);
+    return UM_CU_SUCCESS;
+}
+
+EXPORT um_cuResult cuEventRecord(um_cuEvent e, um_cuStream s)
+{
+    (void)s;
+    return e && current ? UM_CU_SUCCESS : UM_CU_ERROR_INVALID_VALUE;
+}
+
+EXPORT um_cuResult cuEventQuery(um_cuEvent e)
+{
+    return e ? UM_CU_SUCCESS : UM_CU_ERROR_INVALID_VALUE;
+}
+
+EXPORT um_cuResult cuEventSynchronize(um_cuEvent e)
+{
+    return e ? UM_CU_SUCCESS : UM_CU_ERROR_INVALID_VALUE;
+}
+
+EXPORT um_cuResult cuModuleLoadData(um_cuModule *m, const void *image)
+{
+    (void)image;
+    *m = NULL;
+    return UM_CU_ERROR_NOT_SUPPORTED;
+}
+
+EXPORT um_cuResult cuModuleUnload(um_cuModule m)
+{
+    (void)m;
+    return UM_CU_ERROR_INVALID_VALUE;
+}
+
+EXPORT um_cuResult cuModuleGetFunction(um_cuFunction *f, um_cuModule m, const char *name)
+{
+    (void)m;
+    (void)name;
+    *f = NULL;
+    return UM_CU_ERROR_NOT_SUPPORTED;
+}
+
+EXPORT um_cuResult cuLaunchKernel(um_cuFunction f, unsigned gx, unsigned gy, unsigned gz,
+                                  unsigned bx, unsigned by, unsigned bz, unsigned shared,
+                                  um_cuStream s, void **params, void **extra)
+{
+    (void)f, (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shared;
+    (void)s, (void)params, (void)extra;
+    return UM_CU_ERROR_NOT_SUPPORTED;
+}
