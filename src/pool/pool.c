@@ -283,7 +283,6 @@ static uint32_t hole_outside(um__pool *p, size_t first, size_t last)
     return NO_PAGE;
 }
 
-/* Unmaps a hole and gives its physical page back to the backend. */
 /* Gives an unmapped page back to the backend. If the backend refuses, the
  * page stays reserved and parked, and later trims try again, so nothing is
  * lost. */
@@ -346,7 +345,8 @@ static um_status release_hole(um__pool *p, uint32_t h)
 }
 
 /* Releases the oldest holes no stream may still touch until at most keep
- * bytes of holes remain. */
+ * bytes of holes remain, and the parked pages. Fails, saying so, while a
+ * page the backend refused stays reserved (a later call tries again). */
 static um_status release_holes(um__pool *p, size_t keep)
 {
     retry_parked(p);
@@ -360,6 +360,12 @@ static um_status release_holes(um__pool *p, size_t keep)
         }
         h = next;
     }
+    if (p->nparked)
+        return um__fail(UM_ERR_BACKEND,
+                        "%s: %zu page%s the backend refused to take back %s still reserved; a "
+                        "later trim tries again",
+                        dev_name(p), p->nparked, p->nparked == 1 ? "" : "s",
+                        p->nparked == 1 ? "is" : "are");
     return UM_OK;
 }
 
@@ -481,15 +487,18 @@ static um_status map_and_pin(um__pool *p, uintptr_t addr, size_t len, bool may_c
         s = um__be_create(b, p->page, &ph);
         if (s != UM_OK)
             return s;
+        /* The page is the driver's memory from here on, mapped or not:
+         * the peak counts it even if the map fails and the page cannot be
+         * given back (found by the stand-in driver's injected failures). */
         p->reserved += p->page;
+        if (p->reserved > p->peak_reserved)
+            p->peak_reserved = p->reserved;
         s = um__be_map(b, page_addr(p, pg), p->page, ph);
         if (s != UM_OK) {
             give_back(p, ph);
             return s;
         }
         p->page_phys[pg] = ph;
-        if (p->reserved > p->peak_reserved)
-            p->peak_reserved = p->reserved;
         hole_push(p, (uint32_t)pg); /* a hole until pinned below */
         pg++;
     }

@@ -14,9 +14,13 @@
  *
  * FAKE_CUDA_GPUS=N (default 1) sets the GPU count, FAKE_CUDA_NO_VMM=1 takes
  * VMM away, FAKE_CUDA_MEM=BYTES sets each GPU's memory (default 4 GiB).
+ * FAKE_CUDA_FAIL_EVERY=N makes every Nth call of cuMemCreate, cuMemMap,
+ * cuMemSetAccess, cuMemUnmap, cuMemRelease and cuEventRecord fail (each
+ * counted on its own), for the backend's and the pool's error paths.
  */
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -53,6 +57,16 @@ static int vmm = 1;
 static size_t gpu_mem = (size_t)4 << 30;
 static size_t used[64]; /* bytes created or cuMemAlloc'ed per GPU */
 static __thread um_cuContext current;
+static unsigned fail_every;
+
+enum { F_CREATE, F_MAP, F_ACCESS, F_UNMAP, F_RELEASE, F_RECORD, F_COUNT };
+static _Atomic unsigned fail_calls[F_COUNT];
+
+/* True when this call of op is one the FAKE_CUDA_FAIL_EVERY rule fails. */
+static int injected(int op)
+{
+    return fail_every && (atomic_fetch_add(&fail_calls[op], 1) + 1) % fail_every == 0;
+}
 static char ctx_tokens[64];
 
 static int setup(void)
@@ -67,6 +81,8 @@ static int setup(void)
     vmm = !(getenv("FAKE_CUDA_NO_VMM") && atoi(getenv("FAKE_CUDA_NO_VMM")));
     if (getenv("FAKE_CUDA_MEM"))
         gpu_mem = strtoull(getenv("FAKE_CUDA_MEM"), NULL, 0);
+    if (getenv("FAKE_CUDA_FAIL_EVERY"))
+        fail_every = (unsigned)atoi(getenv("FAKE_CUDA_FAIL_EVERY"));
     fd = memfd_create("fake_cuda", 0);
     return fd < 0 ? -1 : 0;
 }
@@ -264,6 +280,8 @@ EXPORT um_cuResult cuMemCreate(um_cuMemHandle *h, size_t size,
 {
     if (!vmm || flags || !size || size % PAGE)
         return UM_CU_ERROR_INVALID_VALUE;
+    if (injected(F_CREATE))
+        return UM_CU_ERROR_OUT_OF_MEMORY;
     int gpu = prop->location.type == UM_CU_MEM_LOCATION_TYPE_DEVICE ? prop->location.id : -1;
     if (prop->location.type == UM_CU_MEM_LOCATION_TYPE_DEVICE && !valid_gpu(gpu))
         return UM_CU_ERROR_INVALID_VALUE;
@@ -291,6 +309,8 @@ EXPORT um_cuResult cuMemRelease(um_cuMemHandle h)
 {
     chunk *c = (chunk *)(uintptr_t)h;
     if (!c)
+        return UM_CU_ERROR_INVALID_VALUE;
+    if (injected(F_RELEASE))
         return UM_CU_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&lock);
     if (c->gpu >= 0)
@@ -323,7 +343,7 @@ EXPORT um_cuResult cuMemMap(um_cuDeviceptr p, size_t size, size_t offset, um_cuM
 {
     chunk *c = (chunk *)(uintptr_t)h;
     uintptr_t va = (uintptr_t)p;
-    if (!c || flags || offset + size > c->size || size % PAGE || va % PAGE)
+    if (!c || flags || offset + size > c->size || size % PAGE || va % PAGE || injected(F_MAP))
         return UM_CU_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&lock);
     if (!in_reservation(va, size) || overlaps_mapping(va, size) || nmaps == MAX_MAPS) {
@@ -345,6 +365,8 @@ EXPORT um_cuResult cuMemMap(um_cuDeviceptr p, size_t size, size_t offset, um_cuM
 EXPORT um_cuResult cuMemUnmap(um_cuDeviceptr p, size_t size)
 {
     uintptr_t va = (uintptr_t)p;
+    if (injected(F_UNMAP))
+        return UM_CU_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&lock);
     size_t covered = 0;
     for (size_t i = 0; i < nmaps; i++) {
@@ -376,7 +398,7 @@ EXPORT um_cuResult cuMemSetAccess(um_cuDeviceptr p, size_t size, const um_cuMemA
                                   size_t count)
 {
     uintptr_t va = (uintptr_t)p;
-    if (!count || !desc)
+    if (!count || !desc || injected(F_ACCESS))
         return UM_CU_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&lock);
     size_t covered = 0;
@@ -483,6 +505,8 @@ EXPORT um_cuResult cuEventDestroy_v2(um_cuEvent e)
 EXPORT um_cuResult cuEventRecord(um_cuEvent e, um_cuStream s)
 {
     (void)s;
+    if (injected(F_RECORD))
+        return UM_CU_ERROR_INVALID_VALUE;
     return e && current ? UM_CU_SUCCESS : UM_CU_ERROR_INVALID_VALUE;
 }
 
