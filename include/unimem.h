@@ -107,6 +107,7 @@ typedef struct um_device_info {
     const char *allocator;  /* "pool", "direct" or "bufcache" */
     /* What the driver reports; zeros and "" for host and sim devices. */
     int ordinal;            /* CUDA device ordinal (-1 when not a GPU) */
+    char product[96];       /* the driver's name for it ("NVIDIA H200") */
     int cc_major, cc_minor; /* compute capability */
     char pci_bus_id[32];    /* "0000:19:00.0" */
     int vmm;                /* 1: pages through CUDA VMM; 0: cuMemAlloc segments */

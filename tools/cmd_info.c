@@ -86,8 +86,10 @@ static int print_devices(um_context *ctx, bool json)
                 printf("%zu", d.cache_limit);
             printf(", \"allocator\": ");
             json_string(stdout, d.allocator);
-            printf(", \"ordinal\": %d, \"compute_capability\": \"%d.%d\", \"pci_bus_id\": ",
-                   d.ordinal, d.cc_major, d.cc_minor);
+            printf(", \"ordinal\": %d, \"product\": ", d.ordinal);
+            json_string(stdout, d.product);
+            printf(", \"compute_capability\": \"%d.%d\", \"pci_bus_id\": ", d.cc_major,
+                   d.cc_minor);
             json_string(stdout, d.pci_bus_id);
             printf(", \"vmm\": %s, \"pinned\": %s}", d.vmm ? "true" : "false",
                    d.pinned ? "true" : "false");
@@ -97,8 +99,8 @@ static int print_devices(um_context *ctx, bool json)
                    tool_bytes(cap, d.capacity), tool_bytes(gran, d.granularity),
                    limit_text(mem, d.memory_limit), limit_text(cache, d.cache_limit), d.allocator);
             if (d.kind == UM_DEVICE_CUDA)
-                printf("     GPU %d, compute capability %d.%d, PCI %s, pages through %s\n",
-                       d.ordinal, d.cc_major, d.cc_minor, d.pci_bus_id,
+                printf("     GPU %d (%s), compute capability %d.%d, PCI %s, pages through %s\n",
+                       d.ordinal, d.product, d.cc_major, d.cc_minor, d.pci_bus_id,
                        d.vmm ? "CUDA VMM" : "cuMemAlloc segments");
             else if (d.kind == UM_DEVICE_HOST)
                 printf("     %s host memory\n",

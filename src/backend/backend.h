@@ -77,6 +77,7 @@ struct um__backend {
     _Atomic size_t physical_bytes; /* bytes of chunks created and not released */
     /* What the driver reports (CUDA); -1, 0 and "" elsewhere. */
     int ordinal;           /* CUDA device ordinal, -1 when not a GPU */
+    char product[96];      /* the driver's device name */
     int cc_major, cc_minor;
     char pci_bus_id[32];
     int vmm;               /* 1: pages through VMM (memfd backends too) */
@@ -87,6 +88,7 @@ struct um__backend {
 static inline void um__backend_no_driver_info(um__backend *b)
 {
     b->ordinal = -1;
+    b->product[0] = '\0';
     b->cc_major = b->cc_minor = 0;
     b->pci_bus_id[0] = '\0';
     b->vmm = 1;

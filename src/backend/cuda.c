@@ -583,6 +583,8 @@ um_status um__cuda_backend_create(int ordinal, int vmm, um__backend **out)
     b->cc_minor = attr(c, UM_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, 0);
     if (cu->DeviceGetPCIBusId(b->pci_bus_id, (int)sizeof b->pci_bus_id, c->dev) != UM_CU_SUCCESS)
         b->pci_bus_id[0] = '\0';
+    if (cu->DeviceGetName(b->product, (int)sizeof b->product, c->dev) != UM_CU_SUCCESS)
+        b->product[0] = '\0';
     size_t total = 0;
     um_cuResult r = cu->DeviceTotalMem(&total, c->dev);
     if (r != UM_CU_SUCCESS) {

@@ -101,6 +101,7 @@ um_status um_device_info_get(um_context *ctx, int dev, um_device_info *out)
     out->cc_major = d->backend->cc_major;
     out->cc_minor = d->backend->cc_minor;
     snprintf(out->pci_bus_id, sizeof out->pci_bus_id, "%s", d->backend->pci_bus_id);
+    snprintf(out->product, sizeof out->product, "%s", d->backend->product);
     out->vmm = d->backend->vmm;
     out->pinned = d->backend->pinned;
     return UM_OK;

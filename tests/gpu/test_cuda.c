@@ -104,9 +104,10 @@ static void check_driver_facts(gpu *g)
 {
     um_device_info info;
     CHECK_OK(um_device_info_get(g->ctx, g->dev, &info));
-    printf("device %d: %s, %.1f GiB, cc %d.%d, PCI %s, page %zu KiB, vmm %d\n", g->dev, info.name,
-           (double)info.capacity / (1 << 30), info.cc_major, info.cc_minor, info.pci_bus_id,
-           info.granularity >> 10, info.vmm);
+    printf("device %d: %s (%s), %.1f GiB, cc %d.%d, PCI %s, page %zu KiB, vmm %d\n", g->dev,
+           info.name, info.product, (double)info.capacity / (1 << 30), info.cc_major,
+           info.cc_minor, info.pci_bus_id, info.granularity >> 10, info.vmm);
+    CHECK(info.product[0] != '\0');
     CHECK_EQ(info.kind, UM_DEVICE_CUDA);
     CHECK_EQ(info.ordinal, 0);
     CHECK(info.cc_major >= 6);
