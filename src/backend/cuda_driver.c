@@ -97,8 +97,10 @@ um_status um__cuda_fail(um_status st, um_cuResult r, const char *fmt, ...)
 um_cuResult um__cuda_enter(const um__cuda_api *cu, um_cuContext c, um_cuContext *saved)
 {
     um_cuResult r = cu->CtxGetCurrent(saved);
-    if (r != UM_CU_SUCCESS)
+    if (r != UM_CU_SUCCESS) {
+        *saved = c; /* so um__cuda_leave changes nothing */
         return r;
+    }
     return *saved == c ? UM_CU_SUCCESS : cu->CtxSetCurrent(c);
 }
 
