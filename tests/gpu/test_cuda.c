@@ -440,6 +440,53 @@ static void check_segments(gpu *g)
     UM_UNUSED(g);
 }
 
+/* Every GPU in one context (run where the driver reports two or more, as
+ * the stand-in driver does with FAKE_CUDA_GPUS=2): each is a device with
+ * its own pool, the link between them is what the driver reports, and a
+ * copy from one GPU's block to another's (peer where the driver allows)
+ * keeps every byte. */
+static void check_two_gpus(int gpus)
+{
+    if (gpus < 2) {
+        printf("two GPUs: skipped, the driver reports %d\n", gpus);
+        return;
+    }
+    um_context *ctx = NULL;
+    CHECK_OK(um_init("devices=cuda", &ctx));
+    if (!ctx)
+        return;
+    CHECK_EQ(um_device_count(ctx), 1 + gpus);
+    um_link_info l;
+    CHECK_OK(um_device_link_get(ctx, 1, 2, &l));
+    printf("two GPUs: link 1 -> 2: peer access %d, rank %d, atomics %d\n", l.peer_access,
+           l.performance_rank, l.native_atomics);
+    const size_t n = 6 * MIB + 300;
+    void *a = NULL, *b = NULL;
+    unsigned char *h = malloc(n);
+    CHECK_OK(um_malloc(ctx, 1, n, NULL, &a));
+    CHECK_OK(um_malloc(ctx, 2, n, NULL, &b));
+    CHECK_EQ(um_pointer_device(ctx, a), 1);
+    CHECK_EQ(um_pointer_device(ctx, b), 2);
+    if (a && b && h) {
+        harness_pattern_fill(h, n, 77);
+        CHECK_OK(um_memcpy(ctx, a, h, n));
+        CHECK_OK(um_memcpy(ctx, b, a, n));
+        memset(h, 0, n);
+        CHECK_OK(um_memcpy(ctx, h, b, n));
+        unsigned char got, want;
+        CHECK_EQ(harness_pattern_find_bad(h, n, 77, &got, &want), SIZE_MAX);
+    }
+    /* A stream of GPU 1 cannot order GPU 2's memory. */
+    um_stream s = NULL;
+    CHECK_OK(um_stream_create(ctx, 1, &s));
+    CHECK_STATUS(um_free(ctx, b, s), UM_ERR_WRONG_DEVICE);
+    CHECK_OK(um_stream_destroy(ctx, s));
+    CHECK_OK(um_free(ctx, a, NULL));
+    CHECK_OK(um_free(ctx, b, NULL));
+    free(h);
+    um_shutdown(ctx);
+}
+
 int main(void)
 {
     char why[256];
@@ -482,6 +529,7 @@ int main(void)
     check_memory_limit(&g);
     check_pinned_copies(&g);
     check_segments(&g);
+    check_two_gpus(gpus);
 
     if (g.mod)
         (void)g.cu->ModuleUnload(g.mod);
