@@ -105,9 +105,7 @@ static void check_cuda_entries(const char *alloc)
     char conf[160], why[256];
     int version = -1, gpus = -1;
     um_status drv = um_cuda_driver_info(&version, &gpus, why, sizeof why);
-    um_context *ctx = NULL;
-    snprintf(conf, sizeof conf, "allocator=%s,devices=sim:4M+cuda", alloc);
-    CHECK_OK(um_init(conf, &ctx));
+    um_context *ctx = init_ctx(alloc, "devices=sim:4M+cuda");
     if (!ctx)
         return;
     um_device_info info;
@@ -599,12 +597,10 @@ static void test_shutdown_with_leftovers(const char *alloc)
  * the memory a device's driver reports. */
 static void test_copies_links_memory(const char *alloc)
 {
-    char conf[128];
-    snprintf(conf, sizeof conf, "allocator=%s,devices=sim:2x64M", alloc);
-    um_context *ctx = NULL;
-    CHECK_OK(um_init(conf, &ctx));
+    um_context *ctx = init_ctx(alloc, "devices=sim:2x64M");
     if (!ctx)
         return;
+    _Alignas(16) char not_a_stream[128] = {0}; /* a stream handle this context never made */
     const size_t n = 3 * 1024 * 1024 + 17;
     void *a = NULL, *b = NULL, *h = NULL;
     CHECK_OK(um_malloc(ctx, 1, n, NULL, &a));
@@ -630,7 +626,7 @@ static void test_copies_links_memory(const char *alloc)
         CHECK_ERROR_MENTIONS("overlap", NULL, NULL);
         CHECK_STATUS(um_memcpy(ctx, (void *)(UINTPTR_MAX - 8), a, 64), UM_ERR_INVALID);
         CHECK_ERROR_MENTIONS("wrap around", NULL, NULL);
-        CHECK_STATUS(um_memcpy_async(ctx, b, a, 16, (um_stream)&conf), UM_ERR_INVALID);
+        CHECK_STATUS(um_memcpy_async(ctx, b, a, 16, (um_stream)not_a_stream), UM_ERR_INVALID);
         CHECK_ERROR_MENTIONS("not a live stream", NULL, NULL);
         CHECK_STATUS(um_memcpy(NULL, b, a, 16), UM_ERR_INVALID);
         CHECK_OK(um_stream_destroy(ctx, s));
@@ -640,7 +636,7 @@ static void test_copies_links_memory(const char *alloc)
     CHECK_OK(um_free(ctx, h, NULL));
 
     /* Native streams exist only on CUDA devices. */
-    um_stream w = (um_stream)&conf;
+    um_stream w = (um_stream)not_a_stream;
     CHECK_STATUS(um_stream_wrap(ctx, 1, NULL, &w), UM_ERR_UNSUPPORTED);
     CHECK(w == NULL);
     CHECK_ERROR_MENTIONS("CUDA", "sim", NULL);
@@ -680,10 +676,7 @@ static void test_copies_links_memory(const char *alloc)
  * stream id back. Small and large blocks alike. */
 static void test_host_memory_on_device_stream(const char *alloc)
 {
-    char conf[128];
-    snprintf(conf, sizeof conf, "allocator=%s,devices=sim:64M", alloc);
-    um_context *ctx = NULL;
-    CHECK_OK(um_init(conf, &ctx));
+    um_context *ctx = init_ctx(alloc, "devices=sim:64M");
     if (!ctx)
         return;
     size_t sizes[] = {4096, 3 * 1024 * 1024};
