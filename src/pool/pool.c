@@ -1364,7 +1364,11 @@ static void bounce_flush_all_locked(um__pool *p)
 static bool bounce_take(um__pool *p, um__tcache *tc, size_t size, size_t bytes, uint32_t sid,
                         void **ptr)
 {
-    /* Claimed before it is read: a thread short of memory may take it. */
+    /* A plain load first: most large allocations find nothing held, and
+     * need no locked exchange. The block is claimed before it is read,
+     * because a thread short of memory may take it meanwhile. */
+    if (!atomic_load_explicit(&tc->held, memory_order_relaxed))
+        return false;
     um__block *b = atomic_exchange_explicit(&tc->held, NULL, memory_order_acq_rel);
     if (!b)
         return false;
