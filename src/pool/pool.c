@@ -74,19 +74,21 @@ static void block_put(um__pool *p, um__block *b)
     p->block_freelist = b;
 }
 
-/* A thread publishes its live-bytes delta to the pool past this size. The
+/* A thread publishes its live-bytes delta to the pool past this size (plus
+ * the size of the block its bounce cache cycles, see account_slack). The
  * peak is taken from the pool's published bytes plus the calling thread's
  * own delta, which is exact while one thread uses a device; with several,
  * it can miss at most this much per other thread. */
 #define UM_DELTA_PUBLISH ((int64_t)1 << 20)
 
-/* Counts delta live bytes for the calling thread (tc: its cache, or NULL). */
-static inline void account(um__pool *p, um__tcache *tc, int64_t delta)
+/* Counts delta live bytes for the calling thread (tc: its cache, or NULL);
+ * the delta stays unpublished up to UM_DELTA_PUBLISH + slack bytes. */
+static inline void account_slack(um__pool *p, um__tcache *tc, int64_t delta, int64_t slack)
 {
     int64_t own = 0;
     if (tc) {
         own = atomic_load_explicit(&tc->live_delta, memory_order_relaxed) + delta;
-        if (UM_UNLIKELY(own > UM_DELTA_PUBLISH || own < -UM_DELTA_PUBLISH)) {
+        if (UM_UNLIKELY(own > UM_DELTA_PUBLISH + slack || own < -UM_DELTA_PUBLISH - slack)) {
             atomic_fetch_add_explicit(&p->active, own, memory_order_relaxed);
             own = 0;
         }
@@ -102,6 +104,11 @@ static inline void account(um__pool *p, um__tcache *tc, int64_t delta)
                                                       memory_order_relaxed, memory_order_relaxed))
             ;
     }
+}
+
+static inline void account(um__pool *p, um__tcache *tc, int64_t delta)
+{
+    account_slack(p, tc, delta, 0);
 }
 
 /* Live bytes: published plus every thread's delta. Under the pool lock. */
@@ -1382,7 +1389,9 @@ static bool bounce_take(um__pool *p, um__tcache *tc, size_t size, size_t bytes, 
     atomic_store_explicit(&tc->out, b, memory_order_relaxed);
     delta_add(&tc->large_blocks_delta, 1);
     delta_add(&tc->large_req_delta, (int64_t)size);
-    account(p, tc, (int64_t)bytes);
+    /* A free and a new allocation of the held block cancel out: the slack
+     * keeps that cycle off the shared counter (two locked adds a pair). */
+    account_slack(p, tc, (int64_t)bytes, (int64_t)bytes);
     counter_inc(&tc->allocs);
     *ptr = (void *)b->fi.addr;
     return true;
@@ -1407,7 +1416,7 @@ static bool bounce_put(um__pool *p, um__tcache *tc, uintptr_t addr, const um__st
     atomic_store_explicit(&tc->held, b, memory_order_release);
     delta_add(&tc->large_blocks_delta, -1);
     delta_add(&tc->large_req_delta, -(int64_t)b->requested);
-    account(p, tc, -(int64_t)b->fi.size);
+    account_slack(p, tc, -(int64_t)b->fi.size, (int64_t)b->fi.size);
     counter_inc(&tc->frees);
     return true;
 }
