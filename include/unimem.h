@@ -134,6 +134,13 @@ um_status um_stream_destroy(um_context *ctx, um_stream s);
 um_status um_stream_synchronize(um_context *ctx, um_stream s);
 /* The device a stream belongs to, or -1 for an invalid handle. */
 int um_stream_device(um_stream s);
+/* Simulated work on a sim device's stream (NULL: its default stream):
+ * queues `launch` units, then completes up to `complete` queued units, in
+ * order. Work not yet completed keeps stream-ordered frees on that stream
+ * fenced, as a running kernel does on a GPU. UM_ERR_UNSUPPORTED on other
+ * devices. */
+um_status um_sim_stream_work(um_context *ctx, int dev, um_stream s, unsigned launch,
+                             unsigned complete);
 /* A um_stream for a stream the program already has: a CUstream (or
  * cudaStream_t) on a CUDA device, NULL for its legacy default stream. The
  * context never destroys `native`; um_stream_destroy forgets the wrapper.

@@ -54,12 +54,14 @@ typedef struct rp_opts {
     bool json;
     bool min_limit;
     bool progress; /* stderr is a terminal */
+    uint64_t lag;  /* sim only: each stream's simulated work trails by this many events */
 } rp_opts;
 
 static void usage(FILE *f)
 {
     fprintf(f,
             "usage: unimem replay FILE [--device SPEC] [--limit BYTES] [--json] [--min-limit]\n"
+            "                         [--lag N]\n"
             "\n"
             "Replays an allocation trace (a <id> <size> <stream> / f <id> lines, gzip or plain)\n"
             "against unimem's pool and two baselines: no cache, and an MLX-style buffer cache.\n"
@@ -72,6 +74,9 @@ static void usage(FILE *f)
             "                  that fail under it are counted\n"
             "  --min-limit     also bisect, per allocator, the smallest memory limit (in 2 MiB\n"
             "                  steps) under which the trace runs with no failed allocation\n"
+            "  --lag N         sim devices: each event is a unit of simulated work that the\n"
+            "                  device finishes N events later (a GPU trailing its program), so\n"
+            "                  memory freed in the last N events is still fenced\n"
             "  --json          one JSON object on stdout instead of the table\n");
 }
 
@@ -302,6 +307,7 @@ static int replay_once(const rp_opts *o, const rp_trace *t, const char *alloc, u
         usage(stderr);
         return 2;
     }
+    uint64_t *queued = NULL;
     um_stream *streams = calloc(t->nstreams ? t->nstreams : 1, sizeof *streams);
     void **ptrs = calloc(t->slots ? t->slots : 1, sizeof *ptrs);
     int rc = 0;
@@ -342,6 +348,12 @@ static int replay_once(const rp_opts *o, const rp_trace *t, const char *alloc, u
             goto out;
         }
     }
+    queued = calloc(t->nstreams ? t->nstreams : 1, sizeof *queued);
+    if (!queued) {
+        fprintf(stderr, "unimem replay: no memory for %u stream counters\n", t->nstreams);
+        rc = 1;
+        goto out;
+    }
     rp_bar bar;
     bar_start(&bar, o->progress, what);
     uint64_t t0 = tool_now_ns();
@@ -368,6 +380,19 @@ static int replay_once(const rp_opts *o, const rp_trace *t, const char *alloc, u
             }
             ptrs[e->slot] = NULL;
         }
+        /* --lag: every event is one unit of simulated work on its stream,
+         * done only `lag` events later, as a GPU trails the program that
+         * queues its kernels. */
+        if (o->lag) {
+            uint32_t k = e->op_stream >> 1;
+            unsigned done = queued[k] >= o->lag;
+            queued[k] += 1 - done;
+            if ((s = um_sim_stream_work(ctx, dev, st, 1, done)) != UM_OK) {
+                bar_end(&bar);
+                rc = tool_fail(REPLAY_CMD, s);
+                goto out;
+            }
+        }
         if ((i & 1023) == 0)
             bar_update(&bar, (double)i / (double)t->n);
     }
@@ -386,6 +411,7 @@ static int replay_once(const rp_opts *o, const rp_trace *t, const char *alloc, u
     out->backend_calls = stats.num_backend_calls;
     out->driver_peak = dw.peak_used;
 out:
+    free(queued);
     for (uint32_t i = 0; streams && i < t->nstreams; i++)
         if (streams[i])
             um_stream_destroy(ctx, streams[i]);
@@ -559,6 +585,17 @@ static int parse_args(int argc, char **argv, rp_opts *o)
             o->json = true;
         } else if (!strcmp(a, "--min-limit")) {
             o->min_limit = true;
+        } else if (!strcmp(a, "--lag") || !strncmp(a, "--lag=", 6)) {
+            const char *v = a[5] == '=' ? a + 6 : (i + 1 < argc ? argv[++i] : NULL);
+            char *end = NULL;
+            unsigned long long n = v && *v ? strtoull(v, &end, 10) : 0;
+            if (!v || !*v || *end || *v == '-' || n == 0 || n > (1ull << 32)) {
+                fprintf(stderr, "unimem replay: bad --lag '%s' (a count of events, 1 to 2^32)\n\n",
+                        v ? v : "");
+                usage(stderr);
+                return 2;
+            }
+            o->lag = n;
         } else if (!strcmp(a, "--device") || !strcmp(a, "--limit") || !strncmp(a, "--device=", 9) ||
                    !strncmp(a, "--limit=", 8)) {
             bool is_device = !strncmp(a, "--device", 8);

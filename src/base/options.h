@@ -38,6 +38,10 @@
     X(fence_wait_us, UM_OPT_INT, "0",                                                         \
       "before growing past its peak, a pool waits for stream fences at least this many "     \
       "microseconds old (the device is still busy behind them); 0 never waits")              \
+    X(plan, UM_OPT_BOOL, "1",                                                                 \
+      "step planning: when the large allocations repeat with a period (a training step), "   \
+      "place them by a plan made from one period, in an arena mapped once (no page moves); "  \
+      "while it looks for the period a pool waits for fences rather than grow")               \
     X(host_memory, UM_OPT_ENUM, "auto",                                                       \
       "auto|pinned|pageable: host pool memory; auto pins it (CUDA VMM host pages) when "      \
       "devices lists a GPU and the driver can, else pageable")                                \
@@ -58,6 +62,7 @@ typedef struct um__options {
     int va_factor;
     int recycle_pages;
     int fence_wait_us;
+    int plan;
     int host_memory;        /* um__host_memory */
     int cuda_vmm;
 } um__options;

@@ -546,6 +546,32 @@ int um_stream_device(um_stream s)
     return s && s->magic == UM_STREAM_MAGIC ? s->dev : -1;
 }
 
+/* Simulated work: lets tests and `unimem replay --lag` hold a sim stream
+ * busy the way kernels hold a GPU's, so stream-ordered reuse and fences can
+ * be exercised without a GPU. */
+um_status um_sim_stream_work(um_context *ctx, int dev, um_stream s, unsigned launch,
+                             unsigned complete)
+{
+    const char *what = "um_sim_stream_work";
+    um_device *d = um__device(ctx, dev, what);
+    if (!d)
+        return UM_ERR_NO_DEVICE;
+    um__bstream *bs = NULL;
+    if (s) {
+        if (!valid_stream(ctx, s))
+            return um__fail(UM_ERR_INVALID, "%s: %p is not a live stream of this context", what,
+                            (void *)s);
+        if (s->dev != dev)
+            return um__fail(UM_ERR_INVALID, "%s: the stream belongs to device %d, not %d", what,
+                            s->dev, dev);
+        bs = s->ref.bstream;
+    }
+    um_status st = launch ? um__sim_stream_launch(d->backend, bs, launch) : UM_OK;
+    if (st == UM_OK && complete)
+        st = um__sim_stream_complete(d->backend, bs, complete);
+    return st;
+}
+
 /* ------------------------------------------------- init and shutdown */
 
 /* Tears down whatever part of a context exists: allocators first (they
@@ -725,6 +751,7 @@ static um_status create_allocators(um_context *ctx)
             .va_factor = o->va_factor,
             .fence_wait_ns = (uint64_t)o->fence_wait_us * 1000,
             .no_page_recycling = !o->recycle_pages,
+            .no_plan = !o->plan,
         };
         um_status st;
         int kind = o->allocator;

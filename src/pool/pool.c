@@ -457,6 +457,16 @@ static um_status move_holes(um__pool *p, uint32_t h, size_t first, size_t *pg, s
     return UM_OK;
 }
 
+/* How old a fence must be for the pool to wait for it rather than grow:
+ * the fence_wait_us option, or any fence while the planner learns a
+ * period, so that the steps it plans from stay as tight as with no lag. */
+static uint64_t fence_wait_ns(um__pool *p)
+{
+    if (p->fence_wait_ns)
+        return p->fence_wait_ns;
+    return p->plan_on && um__plan_learning(&p->plan) ? 1 : 0;
+}
+
 /* Maps every unmapped page under [addr, addr+len), taking holes from
  * elsewhere before new backend memory (none unless may_create), and pins
  * the range. On failure the pages mapped so far stay as holes and nothing
@@ -478,8 +488,9 @@ static um_status map_and_pin(um__pool *p, uintptr_t addr, size_t len, bool may_c
         /* Rather than grow past the peak while holes wait for fences,
          * wait for the old fences: cheap, as the device is past them or
          * has work queued behind them. */
-        if (h == NO_PAGE && may_create && p->fence_wait_ns && p->holes &&
-            p->reserved + p->page > p->peak_reserved && wait_old_fences(p, p->fence_wait_ns))
+        uint64_t wait_ns = fence_wait_ns(p);
+        if (h == NO_PAGE && may_create && wait_ns && p->holes &&
+            p->reserved + p->page > p->peak_reserved && wait_old_fences(p, wait_ns))
             h = hole_outside(p, first, last);
         um_status s;
         if (h != NO_PAGE) {
@@ -1302,6 +1313,31 @@ static um_status small_alloc(um__pool *p, size_t size, const um__stream_ref *s, 
     return st;
 }
 
+static void plan_put_back(um__pool *p, um__block *b);
+static void plan_stop(um__pool *p);
+
+/* The range of a freed large block (out of the pointer map) becomes free:
+ * ready memory fenced on the freeing stream ss (id sid), or a free range of
+ * the plan's arena. A planned block freed on another stream than the
+ * plan's stops the plan (later planned blocks there would not wait for
+ * that stream), and its range keeps the fence until the arena goes back. */
+static void release_range(um__pool *p, um__block *b, um__stream_state *ss, uint32_t sid)
+{
+    if (b->planned) {
+        bool foreign = sid != p->plan.stream;
+        if (foreign && ss)
+            fence_range(p, ss, sid, b->fi.addr, b->fi.size);
+        plan_put_back(p, b);
+        if (foreign)
+            plan_stop(p);
+        return;
+    }
+    if (ss)
+        fence_range(p, ss, sid, b->fi.addr, b->fi.size);
+    pin_range(p, b->fi.addr, b->fi.size, -1);
+    make_ready(p, b);
+}
+
 /* ------------------------------------------------------------ bounce cache */
 
 /* A program that frees a large block and at once asks for the same size on
@@ -1353,12 +1389,10 @@ static void bounce_flush_locked(um__pool *p, um__tcache *tc)
         return;
     atomic_store_explicit(&b->tc_held, false, memory_order_relaxed);
     b->tc_owner = NULL;
+    if (p->plan_on)
+        um__plan_note_free(&p->plan, b->seq, b->fi.size);
     live_map_del(p, live_map_slot(p, b->fi.addr));
-    um__stream_state *ss = b->stream < p->nstreams ? p->streams[b->stream] : NULL;
-    if (ss)
-        fence_range(p, ss, b->stream, b->fi.addr, b->fi.size);
-    pin_range(p, b->fi.addr, b->fi.size, -1);
-    make_ready(p, b);
+    release_range(p, b, b->stream < p->nstreams ? p->streams[b->stream] : NULL, b->stream);
 }
 
 /* Every thread's held block, when memory is short or on trim. */
@@ -1421,6 +1455,152 @@ static bool bounce_put(um__pool *p, um__tcache *tc, uintptr_t addr, const um__st
     return true;
 }
 
+/* ------------------------------------------------------------- step plan */
+
+/* Stops the plan. Its arena dissolves into the region: live planned
+ * blocks become ordinary live blocks where they are, and the free ranges
+ * between them become ready memory fenced on the plan's stream (their last
+ * blocks may still be in use there). Under the lock. */
+static void plan_stop(um__pool *p)
+{
+    um__plan *pl = &p->plan;
+    um__block *a = p->arena;
+    if (a) {
+        um__stream_state *ss = a->stream < p->nstreams ? p->streams[a->stream] : NULL;
+        uintptr_t at = a->fi.addr, end = a->fi.addr + a->fi.size;
+        um__block *tail = a->prev, *gaps = NULL;
+        um__block *after = a->next;
+        pin_range(p, a->fi.addr, a->fi.size, -1);
+        for (size_t i = 0; i <= pl->nlive; i++) {
+            uintptr_t lo = i < pl->nlive ? a->fi.addr + pl->live[i].lo : end;
+            um__block *run[2];
+            int n = 0;
+            if (lo > at) {
+                /* plan_open kept a record for every gap there can be. */
+                um__block *g = p->plan_spare;
+                p->plan_spare = g->next;
+                p->nplan_spare--;
+                memset(g, 0, sizeof *g);
+                g->fi.addr = at;
+                g->fi.size = lo - at;
+                /* Not READY until make_ready below; the gaps are listed
+                 * through their (unused) slab field meanwhile. */
+                g->state = UM_BLOCK_LIVE;
+                g->slab = (um__slab *)gaps;
+                gaps = g;
+                run[n++] = g;
+            }
+            if (i < pl->nlive) {
+                um__block *b = p->live_map[live_map_slot(p, lo)].block;
+                b->planned = false;
+                pin_range(p, b->fi.addr, b->fi.size, +1);
+                at = b->fi.addr + b->fi.size;
+                run[n++] = b;
+            }
+            for (int k = 0; k < n; k++) {
+                run[k]->prev = tail;
+                if (tail)
+                    tail->next = run[k];
+                else
+                    p->region.first = run[k];
+                tail = run[k];
+            }
+        }
+        tail->next = after;
+        if (after)
+            after->prev = tail;
+        while (gaps) {
+            um__block *g = gaps;
+            gaps = (um__block *)g->slab;
+            g->slab = NULL;
+            if (ss)
+                fence_range(p, ss, a->stream, g->fi.addr, g->fi.size);
+            make_ready(p, g);
+        }
+        block_put(p, a);
+        p->arena = NULL;
+        um__log(UM_LOG_INFO, "device %d (%s): step plan stopped; its arena is ordinary memory "
+                "again", p->base.dev, dev_name(p));
+    }
+    um__plan_abandon(pl);
+}
+
+/* The plan starts: one range of the arena's size, mapped once. Every fence
+ * is waited for first (once), so that the pages the last period used can
+ * move into the arena instead of new ones being created. */
+static void plan_open(um__pool *p)
+{
+    um__plan *pl = &p->plan;
+    while (p->nplan_spare < pl->period + 1) {
+        um__block *r = malloc(sizeof *r);
+        if (!r) {
+            um__plan_reject(pl);
+            return;
+        }
+        r->next = p->plan_spare;
+        p->plan_spare = r;
+        p->nplan_spare++;
+    }
+    poll_all(p, true);
+    um__block *a = NULL;
+    um_status s = take_range(p, pl->arena_bytes, p->page, pl->stream, &a);
+    if (s != UM_OK) {
+        um__log(UM_LOG_INFO, "device %d (%s): no room for a step plan's arena of %" PRIu64
+                " bytes; allocations stay unplanned", p->base.dev, dev_name(p), pl->arena_bytes);
+        um__plan_reject(pl);
+        return;
+    }
+    a->state = UM_BLOCK_LIVE;
+    a->stream = pl->stream;
+    a->requested = 0;
+    p->arena = a;
+    um__plan_activate(pl);
+    um__log(UM_LOG_INFO, "device %d (%s): step plan of %" PRIu64 " allocations, arena %" PRIu64
+            " bytes for a live peak of %" PRIu64 " bytes", p->base.dev, dev_name(p), pl->period,
+            pl->arena_bytes, pl->cycle_peak);
+}
+
+/* The planned place of allocation seq, as a block record outside the
+ * region, or NULL: placed by the pool. Under the lock. */
+static um__block *plan_take(um__pool *p, uint64_t seq, size_t bytes, uint32_t sid)
+{
+    um__plan *pl = &p->plan;
+    if (um__plan_starts_at(pl, seq))
+        plan_open(p);
+    if (pl->state != UM_PLAN_ACTIVE)
+        return NULL;
+    /* As take_range does: the thread's held block is freed first, so the
+     * sequence the plan was made from repeats exactly. */
+    bounce_flush_locked(p, own_cache(p));
+    uint64_t off = um__plan_take(pl, seq, bytes, sid);
+    if (off == UM_PLAN_MISMATCH) {
+        const um__plan_slot *want = &pl->slots[(seq - pl->base) % pl->period];
+        um__log(UM_LOG_INFO, "device %d (%s): allocation %" PRIu64 " (%zu bytes, stream %u) "
+                "is not the plan's (%" PRIu64 " bytes, stream %u)", p->base.dev, dev_name(p), seq,
+                bytes, sid, want->bytes, want->stream);
+        plan_stop(p);
+        return NULL;
+    }
+    if (off == UM_PLAN_NO_OFFSET)
+        return NULL;
+    um__block *b = block_new(p);
+    if (!b) {
+        um__plan_release(pl, off);
+        return NULL;
+    }
+    b->fi.addr = p->arena->fi.addr + off;
+    b->fi.size = bytes;
+    b->planned = true;
+    return b;
+}
+
+/* A planned block's range is free for the plan again. Under the lock. */
+static void plan_put_back(um__pool *p, um__block *b)
+{
+    um__plan_release(&p->plan, b->fi.addr - p->arena->fi.addr);
+    block_put(p, b);
+}
+
 static um_status large_alloc(um__pool *p, size_t size, const um__stream_ref *s, void **ptr)
 {
     size_t bytes = um__align_up(size, UM_ALIGN);
@@ -1431,16 +1611,35 @@ static um_status large_alloc(um__pool *p, size_t size, const um__stream_ref *s, 
     uint64_t calls = atomic_load_explicit(&p->base.backend->calls, memory_order_relaxed);
     um__stream_state *ss = stream_state(p, s);
     um__block *b = NULL;
-    um_status st = ss ? take_range(p, bytes, UM_ALIGN, s->id, &b) : UM_ERR_NOMEM;
+    uint64_t seq = p->plan_on && ss ? um__plan_note_alloc(&p->plan, bytes, s->id) : 0;
+    um_status st = UM_ERR_NOMEM;
+    if (ss && p->plan_on)
+        b = plan_take(p, seq, bytes, s->id);
+    if (ss && !b) {
+        st = take_range(p, bytes, UM_ALIGN, s->id, &b);
+        /* The arena's free space serves only the plan: short of memory,
+         * the plan gives way. */
+        if (st == UM_ERR_NOMEM && p->arena) {
+            plan_stop(p);
+            st = take_range(p, bytes, UM_ALIGN, s->id, &b);
+        }
+    } else if (b) {
+        st = UM_OK;
+    }
     if (st == UM_OK && !live_map_put(p, b)) {
-        pin_range(p, b->fi.addr, b->fi.size, -1);
-        make_ready(p, b);
+        if (b->planned)
+            plan_put_back(p, b);
+        else {
+            pin_range(p, b->fi.addr, b->fi.size, -1);
+            make_ready(p, b);
+        }
         st = UM_ERR_NOMEM;
     }
     if (st == UM_OK) {
         b->state = UM_BLOCK_LIVE;
         b->stream = s->id;
         b->requested = size;
+        b->seq = seq;
         atomic_store_explicit(&b->tc_held, false, memory_order_relaxed);
         if (tc)
             bounce_set_out_locked(tc, b);
@@ -1452,6 +1651,8 @@ static um_status large_alloc(um__pool *p, size_t size, const um__stream_ref *s, 
         account(p, own_cache(p), (int64_t)b->fi.size);
         *ptr = (void *)b->fi.addr;
     } else {
+        if (p->plan_on && ss)
+            um__plan_note_free(&p->plan, seq, bytes);
         st = fail_locked(p, st, size);
     }
     pthread_mutex_unlock(&p->lock);
@@ -1600,9 +1801,9 @@ static um_status large_free(um__pool *p, uintptr_t addr, const um__stream_ref *s
     p->large_blocks--;
     p->central_frees++;
     account(p, own_cache(p), -(int64_t)b->fi.size);
-    fence_range(p, ss, ref.id, b->fi.addr, b->fi.size);
-    pin_range(p, b->fi.addr, b->fi.size, -1);
-    make_ready(p, b);
+    if (p->plan_on)
+        um__plan_note_free(&p->plan, b->seq, b->fi.size);
+    release_range(p, b, ss, ref.id);
     enforce_cache_limit(p);
     pthread_mutex_unlock(&p->lock);
     return UM_OK;
@@ -1640,6 +1841,9 @@ static um_status pool_trim(um__allocator *a)
     pthread_mutex_lock(&p->lock);
     flush_own_cache_locked(p);
     bounce_flush_all_locked(p);
+    /* The arena holds memory for the plan alone: a trim ends the plan, and
+     * the arena goes back once its blocks are freed. */
+    plan_stop(p);
     poll_all(p, true);
     release_spare_slabs(p);
     um_status s = release_holes(p, 0);
@@ -1656,6 +1860,7 @@ static um_status pool_set_memory_limit(um__allocator *a, size_t bytes)
     if (p->reserved > limit) {
         flush_own_cache_locked(p);
         bounce_flush_all_locked(p);
+        plan_stop(p);
         poll_all(p, true);
         release_spare_slabs(p);
         size_t excess = p->reserved - limit, hole_bytes = p->holes * p->page;
@@ -1699,6 +1904,11 @@ static void pool_stream_forget(um__allocator *a, const um__stream_ref *s)
         um__block *held = atomic_load(&tc->held);
         if (held && held->stream == s->id)
             bounce_flush_locked(p, tc);
+    }
+    /* Planned blocks are ordered by the plan's stream: a plan cannot
+     * outlive it (and its id may go to a new stream). */
+    if (p->plan.state != UM_PLAN_RECORDING && p->plan.stream == s->id) {
+        plan_stop(p);
     }
     if (s->id < p->nstreams && p->streams[s->id]) {
         um__stream_state *ss = p->streams[s->id];
@@ -1871,7 +2081,10 @@ static um_status pool_check(um__allocator *a)
                 uintptr_t e = b->fi.addr + b->fi.size < pe ? b->fi.addr + b->fi.size : pe;
                 pin[pg] += (uint32_t)(e - s);
             }
-            if (b->state == UM_BLOCK_LIVE) {
+            if (b == p->arena) {
+                CHECK_THAT(b->state == UM_BLOCK_LIVE && p->plan.state >= UM_PLAN_ACTIVE,
+                           "the plan's arena %#" PRIxPTR " is not live", b->fi.addr);
+            } else if (b->state == UM_BLOCK_LIVE) {
                 size_t j = live_map_slot(p, b->fi.addr);
                 CHECK_THAT(j != SIZE_MAX && p->live_map[j].block == b, "live block %#" PRIxPTR
                            " missing from the pointer map", b->fi.addr);
@@ -1911,6 +2124,25 @@ static um_status pool_check(um__allocator *a)
                    "%zu ready blocks (%zu bytes), index has %zu (%zu bytes)", ready, ready_bytes,
                    rg->ready.count, rg->ready.bytes);
     }
+    /* Planned blocks live in the arena and only in the pointer map. */
+    size_t planned = 0;
+    int64_t planned_req = 0;
+    for (size_t i = 0; i < p->live_cap; i++) {
+        um__block *b = p->live_map[i].block;
+        if (!b || !b->planned)
+            continue;
+        CHECK_THAT(p->arena && b->state == UM_BLOCK_LIVE && b->fi.addr >= p->arena->fi.addr &&
+                       b->fi.addr + b->fi.size <= p->arena->fi.addr + p->arena->fi.size,
+                   "planned block %#" PRIxPTR " lies outside the plan's arena", b->fi.addr);
+        planned++;
+        planned_req += (int64_t)b->requested;
+        active += b->fi.size;
+        live_large++;
+    }
+    CHECK_THAT(planned == p->plan.nlive, "%zu planned blocks live, the plan counts %zu", planned,
+               p->plan.nlive);
+    CHECK_THAT(!p->arena == (p->plan.state < UM_PLAN_ACTIVE),
+               "plan state %d with%s an arena", (int)p->plan.state, p->arena ? "" : "out");
     size_t mapped = 0, holes = 0, pending_small = 0;
     for (size_t pg = 0; pg < p->npages; pg++) {
         CHECK_THAT(pin[pg] == p->page_pin[pg], "page %zu: %u bytes pinned, record says %u", pg,
@@ -1968,9 +2200,9 @@ static um_status pool_check(um__allocator *a)
     CHECK_THAT((int64_t)live_large == blocks_recorded && live_large + held_large == p->live_count,
                "live large blocks: %zu counted, %" PRId64 " recorded, %zu in map (%zu held)",
                live_large, blocks_recorded, p->live_count, held_large);
-    int64_t req_large = 0;
+    int64_t req_large = planned_req;
     for (um__block *b = p->region.first; b; b = b->next)
-        if (b->state == UM_BLOCK_LIVE && !atomic_load(&b->tc_held))
+        if (b->state == UM_BLOCK_LIVE && b != p->arena && !atomic_load(&b->tc_held))
             req_large += (int64_t)b->requested;
     CHECK_THAT(req_large == req_recorded, "requested bytes of large blocks wrong");
     CHECK_THAT(atomic_load(&p->peak_active) >= (int64_t)active, "active above its peak");
@@ -1985,6 +2217,11 @@ done:
 static void pool_destroy(um__allocator *a)
 {
     um__pool *p = P(a);
+    if (p->plan.plans)
+        um__log(UM_LOG_DEBUG, "device %d (%s): step plans: %" PRIu64 " made, %" PRIu64
+                " stopped, %" PRIu64 " not worth it; %" PRIu64 " allocations planned, %" PRIu64
+                " missed (range still in use)", p->base.dev, dev_name(p), p->plan.plans,
+                p->plan.abandoned, p->plan.rejected, p->plan.served, p->plan.misses);
     um__backend *b = p->base.backend;
     pthread_key_delete(p->tkey);
     while (p->tcaches) {
@@ -2029,7 +2266,16 @@ static void pool_destroy(um__allocator *a)
     for (size_t t = 0; p->slab_map && t < p->slab_map_top; t++)
         free(p->slab_map[t]);
     free(p->slab_map);
+    for (size_t i = 0; i < p->live_cap; i++)
+        if (p->live_map[i].block && p->live_map[i].block->planned)
+            free(p->live_map[i].block);
     free(p->live_map);
+    um__plan_fini(&p->plan);
+    while (p->plan_spare) {
+        um__block *nx = p->plan_spare->next;
+        free(p->plan_spare);
+        p->plan_spare = nx;
+    }
     free(p->page_phys);
     free(p->page_pin);
     free(p->hole_prev);
@@ -2093,6 +2339,7 @@ um_status um__pool_create(um__backend *b, const um__pool_config *c, um__allocato
     p->thread_cache = c->thread_cache;
     p->fence_wait_ns = c->fence_wait_ns;
     p->recycle_pages = !c->no_page_recycling;
+    p->plan_on = !c->no_plan;
     p->page = page;
     p->page_shift = (unsigned)__builtin_ctzll(page);
     p->npages = va_size / page;
@@ -2128,7 +2375,7 @@ um_status um__pool_create(um__backend *b, const um__pool_config *c, um__allocato
     p->slab_map_top = (va_size / UM_SLAB_UNIT + SLAB_MAP_LEAF - 1) / SLAB_MAP_LEAF;
     p->slab_map = calloc(p->slab_map_top, sizeof *p->slab_map);
     bool ok = p->page_phys && p->page_pin && p->hole_prev && p->hole_next && p->slab_map &&
-              p->fence_stream && p->fence_epoch;
+              p->fence_stream && p->fence_epoch && (!p->plan_on || um__plan_init(&p->plan));
     um__fi_init(&p->region.ready);
     um__block *blk = ok ? calloc(1, sizeof *blk) : NULL;
     ok = blk != NULL;

@@ -40,6 +40,7 @@ typedef struct um__pool_config {
     int va_factor;         /* address space reserved = factor x limit */
     uint64_t fence_wait_ns;/* see the fence_wait_us option; 0: never wait */
     int no_page_recycling; /* the recycle_pages option, negated (0: recycle) */
+    int no_plan;           /* the plan option, negated (0: step planning on) */
 } um__pool_config;
 
 typedef struct um__allocator um__allocator;

@@ -26,6 +26,7 @@
 #define UM_POOL_INTERNAL_H
 
 #include "freeidx.h"
+#include "plan.h"
 #include "pool.h"
 
 #include <pthread.h>
@@ -50,7 +51,9 @@ typedef struct um__block {
     struct um__slab *slab;        /* SLAB */
     size_t requested;             /* LIVE: bytes asked for */
     uint32_t stream;              /* LIVE: allocation stream */
+    uint64_t seq;                 /* LIVE: the planner's ordinal of its allocation */
     uint8_t state;
+    bool planned;                 /* LIVE in the plan's arena: in no region list */
     /* The bounce cache (pool.c): held by a thread cache (atomic: the owner
      * thread sets it without the lock), and the cache whose `out` this
      * block is (changed under the lock, or by that thread while it owns
@@ -185,6 +188,11 @@ typedef struct um__pool {
     uint64_t *fence_epoch;        /* its epoch then (MIXED: full_syncs then) */
     uint64_t fence_wait_ns;       /* wait for fences this old before growing; 0: never */
     bool recycle_pages;           /* move holes before creating pages (else only at the limit) */
+    bool plan_on;                 /* the plan option */
+    um__plan plan;                /* step planner (plan.h) */
+    struct um__block *arena;      /* the plan's arena: a LIVE region block, in no map */
+    struct um__block *plan_spare; /* records kept for the arena's gaps when it dissolves */
+    size_t nplan_spare;
     uint64_t full_syncs;          /* times every stream was seen idle */
     uint32_t hole_head, hole_tail;
     size_t holes;

@@ -1,0 +1,364 @@
+/*
+ * plan: period detection and offline placement for a pool's large blocks
+ * (see plan.h).
+ */
+#include "plan.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* Keys hashed into a signature: a period is proposed when the last
+ * SIG_WINDOW allocations were seen in the same order before. */
+#define SIG_WINDOW 8u
+/* A candidate period must repeat this many allocations, and at least one
+ * whole period, before it is planned. */
+#define MIN_RUN 16u
+/* The planner learns (the pool waits for fences) for this many
+ * allocations after it starts or abandons a plan. */
+#define LEARN_ALLOCS (4u * UM_PLAN_MAX_PERIOD)
+/* A plan whose arena exceeds the period's live peak by more than 1/16 is
+ * not worth its arena: the pool alone does about that well. */
+#define SPAN_SLACK_SHIFT 4u
+
+static um__plan_entry *entry(const um__plan *pl, uint64_t ordinal)
+{
+    return &pl->ring[ordinal % UM_PLAN_RING];
+}
+
+static bool same_key(const um__plan_entry *a, const um__plan_entry *b)
+{
+    return a->bytes == b->bytes && a->stream == b->stream;
+}
+
+bool um__plan_init(um__plan *pl)
+{
+    memset(pl, 0, sizeof *pl);
+    pl->ring = calloc(UM_PLAN_RING, sizeof *pl->ring);
+    pl->sigs = calloc(UM_PLAN_SIG_SLOTS, sizeof *pl->sigs);
+    if (!pl->ring || !pl->sigs) {
+        um__plan_fini(pl);
+        return false;
+    }
+    pl->learn_until = LEARN_ALLOCS;
+    return true;
+}
+
+void um__plan_fini(um__plan *pl)
+{
+    free(pl->ring);
+    free(pl->sigs);
+    free(pl->slots);
+    free(pl->live);
+    memset(pl, 0, sizeof *pl);
+}
+
+static void forget_plan(um__plan *pl)
+{
+    free(pl->slots);
+    free(pl->live);
+    pl->slots = NULL;
+    pl->live = NULL;
+    pl->nlive = 0;
+    pl->period = pl->arena_bytes = pl->cycle_peak = 0;
+    pl->ncand = 0;
+    pl->learn_until = pl->next + LEARN_ALLOCS;
+}
+
+/* ------------------------------------------------------------ placement */
+
+typedef struct item {
+    uint64_t start, end; /* on the period's circle: start < period, end <= start + period */
+    uint64_t bytes, offset;
+    uint32_t slot;
+} item;
+
+static bool meet(const item *a, const item *b, uint64_t period)
+{
+    return (a->start < b->end && b->start < a->end) ||
+           (a->start + period < b->end && b->start < a->end + period) ||
+           (a->start < b->end + period && b->start + period < a->end);
+}
+
+static int by_bytes_desc(const void *x, const void *y)
+{
+    const item *a = x, *b = y;
+    if (a->bytes != b->bytes)
+        return a->bytes < b->bytes ? 1 : -1;
+    return a->start < b->start ? -1 : a->start > b->start;
+}
+
+static int by_lo(const void *x, const void *y)
+{
+    const um__plan_span *a = x, *b = y;
+    return a->lo < b->lo ? -1 : a->lo > b->lo;
+}
+
+/* Greedy by size: each block, largest first, goes to the lowest offset
+ * where it meets no placed block that is live at the same time. Returns
+ * the span, or 0 when out of memory. */
+static uint64_t place(item *it, size_t n, uint64_t period)
+{
+    um__plan_span *busy = malloc((n ? n : 1) * sizeof *busy);
+    if (!busy)
+        return 0;
+    qsort(it, n, sizeof *it, by_bytes_desc);
+    uint64_t span = 0;
+    for (size_t i = 0; i < n; i++) {
+        size_t nb = 0;
+        for (size_t j = 0; j < i; j++)
+            if (meet(&it[i], &it[j], period))
+                busy[nb++] = (um__plan_span){it[j].offset, it[j].offset + it[j].bytes};
+        qsort(busy, nb, sizeof *busy, by_lo);
+        uint64_t at = 0;
+        for (size_t j = 0; j < nb && busy[j].lo < at + it[i].bytes; j++)
+            if (busy[j].hi > at)
+                at = busy[j].hi;
+        it[i].offset = at;
+        if (at + it[i].bytes > span)
+            span = at + it[i].bytes;
+    }
+    free(busy);
+    return span;
+}
+
+/* Adds bytes to d over the circular interval [start, end) of the period:
+ * d is a difference array of period + 1 entries. */
+static void add_circular(int64_t *d, uint64_t period, uint64_t start, uint64_t end, int64_t bytes)
+{
+    if (end <= period) {
+        d[start] += bytes;
+        d[end] -= bytes;
+    } else {
+        d[start] += bytes;
+        d[period] -= bytes;
+        d[0] += bytes;
+        d[end - period] -= bytes;
+    }
+}
+
+/* Plans the period that ended `period` allocations before `last` (the
+ * newest ordinal): all its blocks that lived at most a period are known.
+ * Returns false (nothing changed) when the plan is not worth making. */
+static bool build(um__plan *pl, uint64_t period, uint64_t last)
+{
+    uint64_t base = last + 1 - 2 * period;
+    uint32_t stream = entry(pl, base)->stream;
+    um__plan_slot *slots = calloc(period, sizeof *slots);
+    item *it = malloc(period * sizeof *it);
+    int64_t *d = calloc(period + 1, sizeof *d);
+    int64_t *across = calloc(period + 1, sizeof *across);
+    size_t n = 0;
+    bool ok = false;
+    if (!slots || !it || !d || !across)
+        goto out;
+    for (uint64_t k = 0; k < period; k++) {
+        const um__plan_entry *e = entry(pl, base + k);
+        slots[k] = (um__plan_slot){e->bytes, UM_PLAN_NO_OFFSET, e->stream};
+        if (e->stream != stream || e->free_at == UINT64_MAX || e->free_at - (base + k) > period)
+            continue;
+        uint64_t life = e->free_at - (base + k);
+        it[n++] = (item){k, k + life, e->bytes, 0, (uint32_t)k};
+        add_circular(d, period, k, k + life, (int64_t)e->bytes);
+        /* Live across the boundary before allocation t: k < t < k + life. */
+        if (life > 1)
+            add_circular(across, period, k + 1, k + life, (int64_t)e->bytes);
+    }
+    if (n < 2)
+        goto out;
+    uint64_t peak = 0;
+    int64_t live = 0, cross = 0, best_cross = INT64_MAX;
+    uint64_t origin = 0;
+    for (uint64_t t = 0; t < period; t++) {
+        live += d[t];
+        cross += across[t];
+        if ((uint64_t)live > peak)
+            peak = (uint64_t)live;
+        if (cross < best_cross) {
+            best_cross = cross;
+            origin = t;
+        }
+    }
+    uint64_t span = place(it, n, period);
+    if (!span || span > peak + (peak >> SPAN_SLACK_SHIFT))
+        goto out;
+    for (size_t i = 0; i < n; i++)
+        slots[it[i].slot].offset = it[i].offset;
+    um__plan_span *livev = malloc(n * sizeof *livev);
+    if (!livev)
+        goto out;
+    free(pl->slots);
+    free(pl->live);
+    pl->slots = slots;
+    slots = NULL;
+    pl->live = livev;
+    pl->nlive = 0;
+    pl->period = period;
+    pl->base = base;
+    pl->origin = origin;
+    pl->arena_bytes = span;
+    pl->cycle_peak = peak;
+    pl->stream = stream;
+    pl->state = UM_PLAN_READY;
+    pl->plans++;
+    ok = true;
+out:
+    free(slots);
+    free(it);
+    free(d);
+    free(across);
+    return ok;
+}
+
+/* ------------------------------------------------------------ recording */
+
+static uint64_t mix(uint64_t h, uint64_t v)
+{
+    h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    return h * 0xff51afd7ed558ccdull;
+}
+
+/* Follows the candidate periods with allocation o and plans the first one
+ * that repeated a whole period and came back to the same live bytes (a
+ * repeated layer inside a step does not: the step keeps its activations). */
+static void detect(um__plan *pl, uint64_t o)
+{
+    const um__plan_entry *e = entry(pl, o);
+    for (int i = 0; i < pl->ncand;) {
+        uint64_t period = pl->cand[i].period;
+        if (!same_key(e, entry(pl, o - period))) {
+            pl->cand[i] = pl->cand[--pl->ncand];
+            continue;
+        }
+        uint64_t run = ++pl->cand[i].run;
+        if (run >= period && run >= MIN_RUN && o + 1 >= 2 * period &&
+            e->live == entry(pl, o - period)->live && o >= pl->quiet_until) {
+            if (build(pl, period, o)) {
+                pl->ncand = 0;
+                return;
+            }
+            /* Not worth planning: look again a period later. */
+            pl->rejected++;
+            pl->quiet_until = o + period;
+            pl->cand[i] = pl->cand[--pl->ncand];
+            continue;
+        }
+        i++;
+    }
+    if (o + 1 < SIG_WINDOW)
+        return;
+    uint64_t sig = 0;
+    for (uint64_t k = o + 1 - SIG_WINDOW; k <= o; k++)
+        sig = mix(mix(sig, entry(pl, k)->bytes), entry(pl, k)->stream);
+    sig |= 1; /* 0 marks an empty slot */
+    um__plan_sig *s = &pl->sigs[sig % UM_PLAN_SIG_SLOTS];
+    if (s->sig == sig && s->ordinal < o) {
+        uint64_t period = o - s->ordinal;
+        bool known = false;
+        for (int i = 0; i < pl->ncand; i++)
+            known |= pl->cand[i].period == period;
+        if (!known && period <= UM_PLAN_MAX_PERIOD && pl->ncand < UM_PLAN_CANDIDATES)
+            pl->cand[pl->ncand++] = (um__plan_cand){period, 0};
+    }
+    s->sig = sig;
+    s->ordinal = o;
+}
+
+uint64_t um__plan_note_alloc(um__plan *pl, uint64_t bytes, uint32_t stream)
+{
+    uint64_t o = pl->next++;
+    *entry(pl, o) = (um__plan_entry){bytes, pl->live_bytes, UINT64_MAX, stream};
+    pl->live_bytes += bytes;
+    if (pl->state == UM_PLAN_RECORDING)
+        detect(pl, o);
+    return o;
+}
+
+void um__plan_note_free(um__plan *pl, uint64_t ordinal, uint64_t bytes)
+{
+    pl->live_bytes -= bytes;
+    if (ordinal < pl->next && pl->next - ordinal <= UM_PLAN_RING)
+        entry(pl, ordinal)->free_at = pl->next;
+}
+
+bool um__plan_learning(const um__plan *pl)
+{
+    return pl->state == UM_PLAN_RECORDING && pl->next < pl->learn_until;
+}
+
+/* ---------------------------------------------------------------- serving */
+
+static uint64_t slot_of(const um__plan *pl, uint64_t ordinal)
+{
+    return (ordinal - pl->base) % pl->period;
+}
+
+bool um__plan_starts_at(const um__plan *pl, uint64_t ordinal)
+{
+    return pl->state == UM_PLAN_READY && slot_of(pl, ordinal) == pl->origin;
+}
+
+void um__plan_activate(um__plan *pl)
+{
+    pl->state = UM_PLAN_ACTIVE;
+}
+
+void um__plan_reject(um__plan *pl)
+{
+    pl->rejected++;
+    pl->state = UM_PLAN_RECORDING;
+    forget_plan(pl);
+    pl->quiet_until = pl->next + UM_PLAN_MAX_PERIOD;
+}
+
+/* The first live span that ends after lo (spans do not overlap). */
+static size_t first_after(const um__plan *pl, uint64_t lo)
+{
+    size_t a = 0, b = pl->nlive;
+    while (a < b) {
+        size_t m = (a + b) / 2;
+        if (pl->live[m].hi <= lo)
+            a = m + 1;
+        else
+            b = m;
+    }
+    return a;
+}
+
+uint64_t um__plan_take(um__plan *pl, uint64_t ordinal, uint64_t bytes, uint32_t stream)
+{
+    if (pl->state != UM_PLAN_ACTIVE)
+        return UM_PLAN_NO_OFFSET;
+    const um__plan_slot *s = &pl->slots[slot_of(pl, ordinal)];
+    if (s->bytes != bytes || s->stream != stream)
+        return UM_PLAN_MISMATCH;
+    if (s->offset == UM_PLAN_NO_OFFSET)
+        return UM_PLAN_NO_OFFSET;
+    size_t i = first_after(pl, s->offset);
+    if (i < pl->nlive && pl->live[i].lo < s->offset + bytes) {
+        pl->misses++; /* a block of the last period still lives there */
+        return UM_PLAN_NO_OFFSET;
+    }
+    memmove(&pl->live[i + 1], &pl->live[i], (pl->nlive - i) * sizeof *pl->live);
+    pl->live[i] = (um__plan_span){s->offset, s->offset + bytes};
+    pl->nlive++;
+    pl->served++;
+    return s->offset;
+}
+
+void um__plan_release(um__plan *pl, uint64_t offset)
+{
+    size_t i = first_after(pl, offset);
+    if (i < pl->nlive && pl->live[i].lo == offset) {
+        memmove(&pl->live[i], &pl->live[i + 1], (pl->nlive - i - 1) * sizeof *pl->live);
+        pl->nlive--;
+    }
+}
+
+void um__plan_abandon(um__plan *pl)
+{
+    if (pl->state == UM_PLAN_RECORDING)
+        return;
+    pl->abandoned += pl->state == UM_PLAN_ACTIVE;
+    pl->state = UM_PLAN_RECORDING;
+    forget_plan(pl);
+}

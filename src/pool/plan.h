@@ -1,0 +1,122 @@
+/*
+ * plan: the step planner of a pool (see pool.c and docs/DESIGN.md).
+ *
+ * Training loops allocate the same sequence of large blocks every step.
+ * An online best fit cannot know what comes later in the step, so it
+ * either moves physical pages between phases of the step (each move a
+ * driver call, and impossible while the GPU still uses the page) or keeps
+ * more memory than the live peak. The planner watches the sequence of
+ * large allocations (size and stream, in the order the pool's locked path
+ * sees them), finds its period, and from one recorded period computes an
+ * offline placement (greedy by size on the circle of the period's time),
+ * whose span is close to the period's peak of live bytes. The pool then
+ * maps one arena of that span once and serves each planned allocation at
+ * its planned offset: no page moves and no fence waits in steady state.
+ *
+ * Owns: the record of recent allocations, period detection, the plan and
+ * the occupancy of the arena. Pure bookkeeping: it makes no backend call
+ * and takes no lock; the pool calls it under its lock.
+ */
+#ifndef UM_PLAN_H
+#define UM_PLAN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Longest period (in large allocations) the planner looks for. */
+#define UM_PLAN_MAX_PERIOD 4096u
+/* Allocations recorded: two periods and some. */
+#define UM_PLAN_RING (4u * UM_PLAN_MAX_PERIOD)
+#define UM_PLAN_SIG_SLOTS 4096u
+#define UM_PLAN_CANDIDATES 8
+#define UM_PLAN_NO_OFFSET UINT64_MAX
+#define UM_PLAN_MISMATCH (UINT64_MAX - 1)
+
+typedef enum um__plan_state {
+    UM_PLAN_RECORDING = 0, /* looking for a period */
+    UM_PLAN_READY,         /* a plan waits for its first allocation */
+    UM_PLAN_ACTIVE         /* allocations are served from the arena */
+} um__plan_state;
+
+typedef struct um__plan_entry {
+    uint64_t bytes;     /* block bytes (rounded) */
+    uint64_t live;      /* large live bytes just before the allocation */
+    uint64_t free_at;   /* allocation count when it was freed; UINT64_MAX: live */
+    uint32_t stream;
+} um__plan_entry;
+
+typedef struct um__plan_slot {
+    uint64_t bytes;
+    uint64_t offset;    /* in the arena; UM_PLAN_NO_OFFSET: placed by the pool */
+    uint32_t stream;
+} um__plan_slot;
+
+typedef struct um__plan_span {
+    uint64_t lo, hi;
+} um__plan_span;
+
+typedef struct um__plan_sig {
+    uint64_t sig, ordinal;
+} um__plan_sig;
+
+typedef struct um__plan_cand {
+    uint64_t period, run;
+} um__plan_cand;
+
+typedef struct um__plan {
+    um__plan_state state;
+    uint64_t next;                /* allocations seen so far (the next one's ordinal) */
+    uint64_t live_bytes;          /* bytes of the noted blocks not yet freed */
+    um__plan_entry *ring;         /* UM_PLAN_RING entries, by ordinal % UM_PLAN_RING */
+    /* period detection */
+    um__plan_sig *sigs;           /* UM_PLAN_SIG_SLOTS: where each signature was last seen */
+    um__plan_cand cand[UM_PLAN_CANDIDATES];
+    int ncand;
+    uint64_t quiet_until;         /* no detection before this ordinal (after a rejection) */
+    uint64_t learn_until;         /* the pool waits for fences until this ordinal */
+    /* the plan */
+    uint64_t period, base, origin;/* slot of ordinal o: (o - base) % period */
+    um__plan_slot *slots;         /* period entries */
+    uint64_t arena_bytes;
+    uint64_t cycle_peak;          /* the period's peak of planned live bytes */
+    uint32_t stream;
+    /* occupancy of the arena: live planned blocks, sorted by offset */
+    um__plan_span *live;
+    size_t nlive;
+    /* counters */
+    uint64_t plans, served, misses, abandoned, rejected;
+} um__plan;
+
+bool um__plan_init(um__plan *pl);
+void um__plan_fini(um__plan *pl);
+
+/* Records the next large allocation (its ordinal is returned) and, while
+ * recording, looks for a period; a found period is planned at once and
+ * leaves the planner READY. */
+uint64_t um__plan_note_alloc(um__plan *pl, uint64_t bytes, uint32_t stream);
+/* The block of ordinal `ordinal` (bytes) was freed. */
+void um__plan_note_free(um__plan *pl, uint64_t ordinal, uint64_t bytes);
+
+/* READY: whether `ordinal` is where the plan starts (the pool then makes
+ * the arena and calls um__plan_activate, or um__plan_reject). */
+bool um__plan_starts_at(const um__plan *pl, uint64_t ordinal);
+void um__plan_activate(um__plan *pl);
+void um__plan_reject(um__plan *pl);
+
+/* ACTIVE: the planned offset for allocation `ordinal` (bytes on stream);
+ * UM_PLAN_NO_OFFSET when it is not planned or its range is still occupied
+ * (a miss); UM_PLAN_MISMATCH when the program left the plan's sequence
+ * (the pool then stops the plan). An offset returned is occupied until
+ * um__plan_release. */
+uint64_t um__plan_take(um__plan *pl, uint64_t ordinal, uint64_t bytes, uint32_t stream);
+void um__plan_release(um__plan *pl, uint64_t offset);
+/* Back to RECORDING, the plan forgotten (the pool has turned the arena's
+ * blocks into ordinary ones first). */
+void um__plan_abandon(um__plan *pl);
+
+/* Whether the planner is looking for a period (the pool then waits for
+ * fences rather than grow, so the steps it learns from stay tight). */
+bool um__plan_learning(const um__plan *pl);
+
+#endif
