@@ -10,15 +10,13 @@
 /* Keys hashed into a signature: a period is proposed when the last
  * SIG_WINDOW allocations were seen in the same order before. */
 #define SIG_WINDOW 8u
+#define SIG_BASE 0x100000001b3ull
 /* A candidate period must repeat this many allocations, and at least one
  * whole period, before it is planned. */
 #define MIN_RUN 16u
 /* The planner learns (the pool waits for fences) for this many
  * allocations after it starts or abandons a plan. */
 #define LEARN_ALLOCS (4u * UM_PLAN_MAX_PERIOD)
-/* A plan whose arena exceeds the period's live peak by more than 1/16 is
- * not worth its arena: the pool alone does about that well. */
-#define SPAN_SLACK_SHIFT 4u
 
 static um__plan_entry *entry(const um__plan *pl, uint64_t ordinal)
 {
@@ -40,6 +38,10 @@ bool um__plan_init(um__plan *pl)
         return false;
     }
     pl->learn_until = LEARN_ALLOCS;
+    pl->span_slack = 1;
+    pl->base_pow = 1;
+    for (unsigned i = 0; i < SIG_WINDOW; i++)
+        pl->base_pow *= SIG_BASE;
     return true;
 }
 
@@ -79,6 +81,10 @@ static bool meet(const item *a, const item *b, uint64_t period)
            (a->start < b->end + period && b->start + period < a->end);
 }
 
+/* Orders tried for the greedy placement; the smallest span wins. Largest
+ * first is the classic rule; allocation order keeps nested (stack-like)
+ * lifetimes as tight as a stack; longest-lived and largest-area first
+ * help where lifetimes cross. */
 static int by_bytes_desc(const void *x, const void *y)
 {
     const item *a = x, *b = y;
@@ -87,21 +93,43 @@ static int by_bytes_desc(const void *x, const void *y)
     return a->start < b->start ? -1 : a->start > b->start;
 }
 
+static int by_start(const void *x, const void *y)
+{
+    const item *a = x, *b = y;
+    return a->start < b->start ? -1 : a->start > b->start;
+}
+
+static int by_life_desc(const void *x, const void *y)
+{
+    const item *a = x, *b = y;
+    uint64_t la = a->end - a->start, lb = b->end - b->start;
+    if (la != lb)
+        return la < lb ? 1 : -1;
+    return by_bytes_desc(x, y);
+}
+
+static int by_area_desc(const void *x, const void *y)
+{
+    const item *a = x, *b = y;
+    double aa = (double)a->bytes * (double)(a->end - a->start);
+    double ab = (double)b->bytes * (double)(b->end - b->start);
+    if (aa != ab)
+        return aa < ab ? 1 : -1;
+    return by_bytes_desc(x, y);
+}
+
 static int by_lo(const void *x, const void *y)
 {
     const um__plan_span *a = x, *b = y;
     return a->lo < b->lo ? -1 : a->lo > b->lo;
 }
 
-/* Greedy by size: each block, largest first, goes to the lowest offset
- * where it meets no placed block that is live at the same time. Returns
- * the span, or 0 when out of memory. */
-static uint64_t place(item *it, size_t n, uint64_t period)
+/* Greedy placement in the order of `it`: each block goes to the lowest
+ * offset (or, best_fit, the tightest gap) where it meets no placed block
+ * that is live at the same time. Returns the span. */
+static uint64_t place_in_order(item *it, size_t n, uint64_t period, bool best_fit,
+                               um__plan_span *busy)
 {
-    um__plan_span *busy = malloc((n ? n : 1) * sizeof *busy);
-    if (!busy)
-        return 0;
-    qsort(it, n, sizeof *it, by_bytes_desc);
     uint64_t span = 0;
     for (size_t i = 0; i < n; i++) {
         size_t nb = 0;
@@ -109,16 +137,52 @@ static uint64_t place(item *it, size_t n, uint64_t period)
             if (meet(&it[i], &it[j], period))
                 busy[nb++] = (um__plan_span){it[j].offset, it[j].offset + it[j].bytes};
         qsort(busy, nb, sizeof *busy, by_lo);
-        uint64_t at = 0;
-        for (size_t j = 0; j < nb && busy[j].lo < at + it[i].bytes; j++)
-            if (busy[j].hi > at)
-                at = busy[j].hi;
-        it[i].offset = at;
-        if (at + it[i].bytes > span)
-            span = at + it[i].bytes;
+        uint64_t end = 0, best = UINT64_MAX, best_gap = UINT64_MAX;
+        for (size_t j = 0; j <= nb; j++) {
+            uint64_t lo = j < nb ? busy[j].lo : UINT64_MAX;
+            if (lo > end && lo - end >= it[i].bytes) {
+                if (!best_fit) {
+                    best = end;
+                    break;
+                }
+                /* The open end counts as the loosest gap. */
+                if (best == UINT64_MAX || lo - end < best_gap) {
+                    best_gap = lo - end;
+                    best = end;
+                }
+            }
+            if (j < nb && busy[j].hi > end)
+                end = busy[j].hi;
+        }
+        it[i].offset = best;
+        if (best + it[i].bytes > span)
+            span = best + it[i].bytes;
     }
-    free(busy);
     return span;
+}
+
+/* The best of the greedy orders and gap rules; `it` keeps that placement.
+ * Returns the span, or 0 when out of memory. */
+static uint64_t place(item *it, size_t n, uint64_t period)
+{
+    int (*const orders[])(const void *, const void *) = {by_bytes_desc, by_start, by_life_desc,
+                                                         by_area_desc};
+    um__plan_span *busy = malloc(n * sizeof *busy);
+    item *best = malloc(n * sizeof *best);
+    uint64_t best_span = 0;
+    for (size_t k = 0; busy && best && k < 2 * sizeof orders / sizeof orders[0]; k++) {
+        qsort(it, n, sizeof *it, orders[k / 2]);
+        uint64_t span = place_in_order(it, n, period, k % 2, busy);
+        if (!best_span || span < best_span) {
+            best_span = span;
+            memcpy(best, it, n * sizeof *it);
+        }
+    }
+    if (best_span)
+        memcpy(it, best, n * sizeof *it);
+    free(busy);
+    free(best);
+    return best_span;
 }
 
 /* Adds bytes to d over the circular interval [start, end) of the period:
@@ -179,7 +243,7 @@ static bool build(um__plan *pl, uint64_t period, uint64_t last)
         }
     }
     uint64_t span = place(it, n, period);
-    if (!span || span > peak + (peak >> SPAN_SLACK_SHIFT))
+    if (!span || span > peak + peak / 16 * pl->span_slack)
         goto out;
     for (size_t i = 0; i < n; i++)
         slots[it[i].slot].offset = it[i].offset;
@@ -211,15 +275,27 @@ out:
 
 /* ------------------------------------------------------------ recording */
 
-static uint64_t mix(uint64_t h, uint64_t v)
+/* A finalizer that spreads every input bit over the whole word (MurmurHash3's
+ * fmix64), so any bits of a signature may index the table. */
+static uint64_t fmix(uint64_t x)
 {
-    h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
-    return h * 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ull;
+    x ^= x >> 33;
+    return x;
+}
+
+static uint64_t key_hash(const um__plan_entry *e)
+{
+    return fmix(e->bytes ^ (uint64_t)e->stream << 56);
 }
 
 /* Follows the candidate periods with allocation o and plans the first one
- * that repeated a whole period and came back to the same live bytes (a
- * repeated layer inside a step does not: the step keeps its activations). */
+ * that repeated a whole period and came back to the same live bytes. A
+ * candidate is proposed where the last SIG_WINDOW allocations and the live
+ * bytes were seen before. */
 static void detect(um__plan *pl, uint64_t o)
 {
     const um__plan_entry *e = entry(pl, o);
@@ -246,10 +322,10 @@ static void detect(um__plan *pl, uint64_t o)
     }
     if (o + 1 < SIG_WINDOW)
         return;
-    uint64_t sig = 0;
-    for (uint64_t k = o + 1 - SIG_WINDOW; k <= o; k++)
-        sig = mix(mix(sig, entry(pl, k)->bytes), entry(pl, k)->stream);
-    sig |= 1; /* 0 marks an empty slot */
+    /* The live bytes go into the signature: a layer repeated inside a step
+     * has the same sizes but more live bytes each time (the step keeps its
+     * activations), so only whole steps propose themselves. */
+    uint64_t sig = fmix(pl->roll ^ fmix(e->live + 1)) | 1; /* 0 marks an empty slot */
     um__plan_sig *s = &pl->sigs[sig % UM_PLAN_SIG_SLOTS];
     if (s->sig == sig && s->ordinal < o) {
         uint64_t period = o - s->ordinal;
@@ -268,6 +344,11 @@ uint64_t um__plan_note_alloc(um__plan *pl, uint64_t bytes, uint32_t stream)
     uint64_t o = pl->next++;
     *entry(pl, o) = (um__plan_entry){bytes, pl->live_bytes, UINT64_MAX, stream};
     pl->live_bytes += bytes;
+    /* A rolling hash of the last SIG_WINDOW keys: one multiply-add in,
+     * one out. */
+    pl->roll = pl->roll * SIG_BASE + key_hash(entry(pl, o));
+    if (o >= SIG_WINDOW)
+        pl->roll -= pl->base_pow * key_hash(entry(pl, o - SIG_WINDOW));
     if (pl->state == UM_PLAN_RECORDING)
         detect(pl, o);
     return o;

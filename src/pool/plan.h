@@ -71,6 +71,7 @@ typedef struct um__plan {
     um__plan_entry *ring;         /* UM_PLAN_RING entries, by ordinal % UM_PLAN_RING */
     /* period detection */
     um__plan_sig *sigs;           /* UM_PLAN_SIG_SLOTS: where each signature was last seen */
+    uint64_t roll, base_pow;      /* rolling hash of the last keys; SIG_BASE^SIG_WINDOW */
     um__plan_cand cand[UM_PLAN_CANDIDATES];
     int ncand;
     uint64_t quiet_until;         /* no detection before this ordinal (after a rejection) */
@@ -81,6 +82,10 @@ typedef struct um__plan {
     uint64_t arena_bytes;
     uint64_t cycle_peak;          /* the period's peak of planned live bytes */
     uint32_t stream;
+    /* A plan is made only if its arena exceeds the period's live peak by
+     * at most span_slack/16 of it (1 by default: beyond that the pool alone
+     * does about as well on memory). */
+    unsigned span_slack;
     /* occupancy of the arena: live planned blocks, sorted by offset */
     um__plan_span *live;
     size_t nlive;

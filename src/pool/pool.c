@@ -383,6 +383,7 @@ static void bounce_flush_all_locked(um__pool *p);
 static um__tcache *own_cache(um__pool *p);
 static void release_spare_slabs(um__pool *p);
 static void flush_own_cache_locked(um__pool *p);
+static void plan_stop(um__pool *p);
 
 /* Over the cache limit, free pages go back to the backend. Fresh holes are
  * fenced until their stream is seen done, and cached small slots keep
@@ -1116,6 +1117,12 @@ static um_status take_range(um__pool *p, size_t size, size_t align, uint32_t sid
         if (last != UM_ERR_NOMEM)
             return last;
     }
+    /* The arena's free space serves only the plan: short of memory, the
+     * plan gives way (once: the arena is gone after this). */
+    if (last == UM_ERR_NOMEM && p->arena) {
+        plan_stop(p);
+        return take_range(p, size, align, sid, out);
+    }
     return last;
 }
 
@@ -1314,7 +1321,6 @@ static um_status small_alloc(um__pool *p, size_t size, const um__stream_ref *s, 
 }
 
 static void plan_put_back(um__pool *p, um__block *b);
-static void plan_stop(um__pool *p);
 
 /* The range of a freed large block (out of the pointer map) becomes free:
  * ready memory fenced on the freeing stream ss (id sid), or a free range of
@@ -1569,9 +1575,6 @@ static um__block *plan_take(um__pool *p, uint64_t seq, size_t bytes, uint32_t si
         plan_open(p);
     if (pl->state != UM_PLAN_ACTIVE)
         return NULL;
-    /* As take_range does: the thread's held block is freed first, so the
-     * sequence the plan was made from repeats exactly. */
-    bounce_flush_locked(p, own_cache(p));
     uint64_t off = um__plan_take(pl, seq, bytes, sid);
     if (off == UM_PLAN_MISMATCH) {
         const um__plan_slot *want = &pl->slots[(seq - pl->base) % pl->period];
@@ -1611,18 +1614,15 @@ static um_status large_alloc(um__pool *p, size_t size, const um__stream_ref *s, 
     uint64_t calls = atomic_load_explicit(&p->base.backend->calls, memory_order_relaxed);
     um__stream_state *ss = stream_state(p, s);
     um__block *b = NULL;
+    /* The thread's held block is freed first (take_range would), so that
+     * the planner sees its free before this allocation. */
+    bounce_flush_locked(p, tc);
     uint64_t seq = p->plan_on && ss ? um__plan_note_alloc(&p->plan, bytes, s->id) : 0;
     um_status st = UM_ERR_NOMEM;
     if (ss && p->plan_on)
         b = plan_take(p, seq, bytes, s->id);
     if (ss && !b) {
         st = take_range(p, bytes, UM_ALIGN, s->id, &b);
-        /* The arena's free space serves only the plan: short of memory,
-         * the plan gives way. */
-        if (st == UM_ERR_NOMEM && p->arena) {
-            plan_stop(p);
-            st = take_range(p, bytes, UM_ALIGN, s->id, &b);
-        }
     } else if (b) {
         st = UM_OK;
     }
@@ -2135,6 +2135,10 @@ static um_status pool_check(um__allocator *a)
                        b->fi.addr + b->fi.size <= p->arena->fi.addr + p->arena->fi.size,
                    "planned block %#" PRIxPTR " lies outside the plan's arena", b->fi.addr);
         planned++;
+        if (atomic_load(&b->tc_held)) {
+            held_large++;
+            continue;
+        }
         planned_req += (int64_t)b->requested;
         active += b->fi.size;
         live_large++;
