@@ -126,9 +126,10 @@ static void check_placement(const um__plan *pl, const step_shape *s)
 static uint64_t serve_shape(um__plan *pl, const step_shape *s, int steps)
 {
     /* Detection needs a window, a repeated period and a confirming run of
-     * at least 16 allocations: short steps get more of them. */
+     * two more periods and at least 64 allocations: short steps get more
+     * of them. */
     size_t n = s->n;
-    while ((size_t)steps * n < 4 * n + 64)
+    while ((size_t)steps * n < 6 * n + 96)
         steps++;
     size_t total = n * (size_t)steps;
     uint64_t *off = calloc(total, sizeof *off);
@@ -142,7 +143,7 @@ static uint64_t serve_shape(um__plan *pl, const step_shape *s, int steps)
             if (off[k] != UM_PLAN_NO_OFFSET && pl->state == UM_PLAN_ACTIVE)
                 um__plan_release(pl, off[k]);
         }
-        uint64_t ord = um__plan_note_alloc(pl, s->bytes[o % n], 0);
+        uint64_t ord = um__plan_note_alloc(pl, s->bytes[o % n], 0, o);
         CHECK_EQ(ord, o);
         if (um__plan_starts_at(pl, ord)) {
             um__plan_activate(pl);
@@ -181,8 +182,12 @@ static void test_plan_random(uint64_t seed)
          * twice the peak, to check every placement. */
         pl.span_slack = 16;
         uint64_t started = serve_shape(&pl, s, 6);
-        /* Two whole periods, a confirming one, then the start. */
-        CHECK(started > 0 && started <= 4 * s->n + 8 + 16);
+        /* The first period differs from the next (no block of an earlier
+         * one is live yet), then: the window, a period, two confirming
+         * ones (64 allocations at least), and the start. */
+        CHECK(started > 0 && started <= 8 + 2 * s->n + (2 * s->n > 64 ? 2 * s->n : 64) + s->n);
+        if (!(started > 0 && started <= 8 + 2 * s->n + (2 * s->n > 64 ? 2 * s->n : 64) + s->n))
+            printf("round %d: n %zu, started at %" PRIu64 "\n", round, s->n, started);
         CHECK_EQ(pl.plans, 1);
         if (pl.plans != 1)
             printf("round %d: n %zu, rejected %" PRIu64 ", state %d\n", round, s->n, pl.rejected,
@@ -215,6 +220,16 @@ static void test_plan_layers(void)
     CHECK_EQ(pl.period, 120);
     CHECK_EQ(pl.plans, 1);
     um__plan_fini(&pl);
+    /* The same steps served by the pool with no backend call: no plan. */
+    CHECK(um__plan_init(&pl));
+    for (uint64_t o = 0; o < 10 * n; o++) {
+        for (uint64_t k = o > n ? o - n : 0; k < o; k++)
+            if (k + s->life[k % n] == o)
+                um__plan_note_free(&pl, k, s->bytes[k % n]);
+        um__plan_note_alloc(&pl, s->bytes[o % n], 0, 7);
+    }
+    CHECK_EQ(pl.plans, 0);
+    um__plan_fini(&pl);
     free(s);
 }
 
@@ -227,7 +242,7 @@ static void test_plan_mismatch(uint64_t seed)
     CHECK(um__plan_init(&pl));
     for (int i = 0; i < 20000; i++) {
         uint64_t bytes = 256 * (1 + harness_rand(&rng) % 4096);
-        uint64_t o = um__plan_note_alloc(&pl, bytes, 0);
+        uint64_t o = um__plan_note_alloc(&pl, bytes, 0, (uint64_t)i);
         um__plan_note_free(&pl, o, bytes);
     }
     CHECK_EQ(pl.state, UM_PLAN_RECORDING);
@@ -243,7 +258,7 @@ static void test_plan_mismatch(uint64_t seed)
     if (pl.state != UM_PLAN_ACTIVE)
         printf("test_plan_mismatch: n %zu, state %d, rejected %" PRIu64 ", plans %" PRIu64 "\n",
                s->n, (int)pl.state, pl.rejected, pl.plans);
-    uint64_t o = um__plan_note_alloc(&pl, s->bytes[pl.next % s->n] + 256, 0);
+    uint64_t o = um__plan_note_alloc(&pl, s->bytes[pl.next % s->n] + 256, 0, pl.next);
     CHECK_EQ(um__plan_take(&pl, o, s->bytes[o % s->n] + 256, 0), UM_PLAN_MISMATCH);
     um__plan_abandon(&pl);
     CHECK_EQ(pl.state, UM_PLAN_RECORDING);
@@ -267,8 +282,11 @@ static um__allocator *make_pool(size_t capacity, size_t limit)
     CHECK_OK(um__pool_create(backend, &c, &a));
     /* The random steps below pack worse than real ones (see
      * test_plan_random): let their plans be made. */
-    if (a)
+    if (a) {
         ((um__pool *)a)->plan.span_slack = 16;
+        /* Plan even where the pool happens to need no backend call. */
+        ((um__pool *)a)->plan.need_work = false;
+    }
     return a;
 }
 
@@ -320,6 +338,10 @@ static void prog_free(program *pg, uint64_t k, um__bstream *bs, uint32_t sid)
 static void prog_alloc(program *pg, uint64_t bytes)
 {
     uint64_t o = pg->next++;
+    if (o >= pg->cap) {
+        fprintf(stderr, "test_plan: more than %zu allocations\n", pg->cap);
+        exit(1);
+    }
     size_t n = pg->s->n;
     for (uint64_t k = o > n ? o - n : 0; k < o; k++)
         if (pg->ptr[k] && k + pg->s->life[k % n] == o)
@@ -338,6 +360,20 @@ static void prog_steps(program *pg, int steps)
             prog_alloc(pg, pg->s->bytes[pg->next % pg->s->n]);
 }
 
+/* Steps until the pool's plan runs (at most max_steps); returns the steps
+ * taken. */
+static int prog_until_planned(program *pg, int max_steps)
+{
+    um__pool *p = (um__pool *)pg->a;
+    int steps = 0;
+    while (steps < max_steps && p->plan.state != UM_PLAN_ACTIVE) {
+        prog_steps(pg, 1);
+        steps++;
+    }
+    CHECK_EQ(p->plan.state, UM_PLAN_ACTIVE);
+    return steps;
+}
+
 static void prog_free_all(program *pg)
 {
     for (uint64_t k = 0; k < pg->next; k++)
@@ -352,82 +388,83 @@ static um_stats pool_stats(um__allocator *a)
     return st;
 }
 
+/* How a running plan ends: 0 the program's sequence changes, 1 a planned
+ * block is freed on another stream, 2 a trim. */
+static const char *const plan_endings[] = {"a changed sequence", "a foreign stream", "a trim"};
+
 static void test_pool_plan(uint64_t seed)
 {
     uint64_t rng = seed ^ 0x5ca1ab1e;
     step_shape *s = malloc(sizeof *s);
     make_training_shape(s, &rng, 12 * MiB);
-    program pg = {.s = s, .lag = 25, .cap = 64 * s->n};
-    pg.ptr = calloc(pg.cap, sizeof *pg.ptr);
-    pg.size = calloc(pg.cap, sizeof *pg.size);
-    pg.a = make_pool((size_t)4096 * MiB, 0);
-    um__pool *p = (um__pool *)pg.a;
+    for (int ending = 0; ending < 3; ending++) {
+        program pg = {.s = s, .lag = 25, .cap = 200 * s->n};
+        pg.ptr = calloc(pg.cap, sizeof *pg.ptr);
+        pg.size = calloc(pg.cap, sizeof *pg.size);
+        pg.a = make_pool((size_t)4096 * MiB, 0);
+        um__pool *p = (um__pool *)pg.a;
 
-    /* Learning, then the plan: from then on no backend call at all. */
-    prog_steps(&pg, 6);
-    CHECK_EQ(p->plan.state, UM_PLAN_ACTIVE);
-    CHECK_OK(pg.a->ops->check(pg.a));
-    uint64_t calls = pool_stats(pg.a).num_backend_calls;
-    uint64_t served = p->plan.served;
-    prog_steps(&pg, 3);
-    CHECK_EQ(pool_stats(pg.a).num_backend_calls, calls);
-    CHECK_EQ(p->plan.served - served, 3 * s->n);
-    CHECK_EQ(p->plan.misses, 0);
-    CHECK_OK(pg.a->ops->check(pg.a));
-    um_stats st = pool_stats(pg.a);
-    printf("test_pool_plan: period %" PRIu64 ", arena %" PRIu64 " bytes for a live peak of %" PRIu64
-           "; peak reserved / peak live %.4f\n", p->plan.period, p->plan.arena_bytes,
-           p->plan.cycle_peak, (double)st.peak_reserved_bytes / (double)st.peak_active_bytes);
-    /* The arena is mapped in whole 2 MiB pages, beside what the learning
-     * steps left mapped; at this scale (tens of MiB) pages dominate. The
-     * replays and the GPU run measure the ratio at a real scale. */
-    CHECK(st.peak_reserved_bytes < 2 * st.peak_active_bytes);
-    CHECK(st.reserved_bytes >= (p->plan.arena_bytes + 2 * MiB - 1) / (2 * MiB) * 2 * MiB);
-
-    /* The sequence changes: the arena dissolves into ordinary blocks, which
-     * keep their data, and the pool stays consistent. */
-    prog_alloc(&pg, s->bytes[pg.next % s->n] + 256);
-    CHECK_EQ(p->plan.state, UM_PLAN_RECORDING);
-    CHECK(p->arena == NULL);
-    CHECK_OK(pg.a->ops->check(pg.a));
-    /* It is learned again (the pattern resumes, shifted by one). */
-    prog_steps(&pg, 7);
-    CHECK_EQ(p->plan.plans, 2);
-    CHECK_EQ(p->plan.state, UM_PLAN_ACTIVE);
-    CHECK_OK(pg.a->ops->check(pg.a));
-
-    /* A planned block freed on another stream ends the plan; the bytes stay
-     * fenced for that stream. */
-    uint64_t victim = UINT64_MAX;
-    for (uint64_t k = pg.next; k-- > 0 && victim == UINT64_MAX;) {
-        if (!pg.ptr[k])
-            continue;
-        uintptr_t at = (uintptr_t)pg.ptr[k];
-        if (p->arena && at >= p->arena->fi.addr && at < p->arena->fi.addr + p->arena->fi.size)
-            victim = k;
-    }
-    CHECK(victim != UINT64_MAX);
-    if (victim != UINT64_MAX) {
-        prog_free(&pg, victim, s2, 2);
-        CHECK_EQ(p->plan.state, UM_PLAN_RECORDING);
+        /* Learning, then the plan: from then on no backend call at all. */
+        int learned = prog_until_planned(&pg, 12);
+        prog_steps(&pg, 1);
         CHECK_OK(pg.a->ops->check(pg.a));
-    }
-    prog_steps(&pg, 7);
-    CHECK_EQ(p->plan.state, UM_PLAN_ACTIVE);
+        uint64_t calls = pool_stats(pg.a).num_backend_calls;
+        uint64_t served = p->plan.served;
+        prog_steps(&pg, 3);
+        CHECK_EQ(pool_stats(pg.a).num_backend_calls, calls);
+        CHECK_EQ(p->plan.served - served, 3 * s->n);
+        CHECK_EQ(p->plan.misses, 0);
+        CHECK_OK(pg.a->ops->check(pg.a));
+        um_stats st = pool_stats(pg.a);
+        if (ending == 0)
+            printf("test_pool_plan: period %" PRIu64 " (planned after %d steps), arena %" PRIu64
+                   " bytes for a live peak of %" PRIu64 "; peak reserved / peak live %.4f\n",
+                   p->plan.period, learned, p->plan.arena_bytes, p->plan.cycle_peak,
+                   (double)st.peak_reserved_bytes / (double)st.peak_active_bytes);
+        /* The arena is mapped in whole 2 MiB pages, beside what the
+         * learning steps left mapped; at this scale (tens of MiB) pages
+         * dominate. The replays and the GPU run measure the ratio at a
+         * real scale. */
+        CHECK(st.peak_reserved_bytes < 2 * st.peak_active_bytes);
+        CHECK(st.reserved_bytes >= (p->plan.arena_bytes + 2 * MiB - 1) / (2 * MiB) * 2 * MiB);
 
-    /* A trim ends it too, and gives back every page no block uses. */
-    CHECK_OK(pg.a->ops->trim(pg.a));
-    CHECK_EQ(p->plan.state, UM_PLAN_RECORDING);
-    CHECK_OK(pg.a->ops->check(pg.a));
-    prog_steps(&pg, 2);
-    prog_free_all(&pg);
-    CHECK_OK(um__sim_stream_complete(backend, s1, UINT32_MAX));
-    CHECK_OK(pg.a->ops->trim(pg.a));
-    CHECK_EQ(pool_stats(pg.a).reserved_bytes, 0);
-    CHECK_OK(pg.a->ops->check(pg.a));
-    destroy_pool(pg.a);
-    free(pg.ptr);
-    free(pg.size);
+        if (ending == 0) {
+            /* The arena dissolves into ordinary blocks, which keep their
+             * data where they are. */
+            prog_alloc(&pg, s->bytes[pg.next % s->n] + 256);
+        } else if (ending == 1) {
+            /* The bytes stay fenced for that stream. */
+            uint64_t victim = UINT64_MAX;
+            for (uint64_t k = pg.next; k-- > 0 && victim == UINT64_MAX;) {
+                uintptr_t at = (uintptr_t)pg.ptr[k];
+                if (at && at >= p->arena->fi.addr && at < p->arena->fi.addr + p->arena->fi.size)
+                    victim = k;
+            }
+            CHECK(victim != UINT64_MAX);
+            if (victim != UINT64_MAX)
+                prog_free(&pg, victim, s2, 2);
+        } else {
+            CHECK_OK(pg.a->ops->trim(pg.a));
+        }
+        if (p->plan.state != UM_PLAN_RECORDING || p->arena)
+            harness_report(__FILE__, __LINE__, "the plan still runs after %s",
+                           plan_endings[ending]);
+        harness_checks++;
+        CHECK_OK(pg.a->ops->check(pg.a));
+        /* The program goes on (it may be planned again); every byte is
+         * checked at its free, and then all memory goes back. */
+        prog_steps(&pg, 4);
+        CHECK_OK(pg.a->ops->check(pg.a));
+        prog_free_all(&pg);
+        CHECK_OK(um__sim_stream_complete(backend, s1, UINT32_MAX));
+        CHECK_OK(um__sim_stream_complete(backend, s2, UINT32_MAX));
+        CHECK_OK(pg.a->ops->trim(pg.a));
+        CHECK_EQ(pool_stats(pg.a).reserved_bytes, 0);
+        CHECK_OK(pg.a->ops->check(pg.a));
+        destroy_pool(pg.a);
+        free(pg.ptr);
+        free(pg.size);
+    }
     free(s);
 }
 
@@ -439,15 +476,15 @@ static void test_pool_plan_limit(uint64_t seed)
     uint64_t rng = seed ^ 0x1157;
     step_shape *s = malloc(sizeof *s);
     make_training_shape(s, &rng, 8 * MiB);
-    program pg = {.s = s, .lag = 0, .cap = 32 * s->n};
+    program pg = {.s = s, .lag = 10, .cap = 200 * s->n};
     pg.ptr = calloc(pg.cap, sizeof *pg.ptr);
     pg.size = calloc(pg.cap, sizeof *pg.size);
     pg.a = make_pool((size_t)4096 * MiB, 0);
     um__pool *p = (um__pool *)pg.a;
     um__stream_ref ref2 = {2, s2, NULL};
     for (int pass = 0; pass < 2; pass++) {
-        prog_steps(&pg, 7);
-        CHECK_EQ(p->plan.state, UM_PLAN_ACTIVE);
+        prog_until_planned(&pg, 20);
+        prog_steps(&pg, 1);
         um_stats st = pool_stats(pg.a);
         if (pass == 0) {
             /* No page to spare: small blocks on another stream, until the

@@ -11,9 +11,10 @@
  * SIG_WINDOW allocations were seen in the same order before. */
 #define SIG_WINDOW 8u
 #define SIG_BASE 0x100000001b3ull
-/* A candidate period must repeat this many allocations, and at least one
- * whole period, before it is planned. */
-#define MIN_RUN 16u
+/* A candidate period must repeat this many allocations, and at least two
+ * whole periods, before it is planned: a loop inside a step repeats a few
+ * times and then breaks, and a plan that breaks costs page moves. */
+#define MIN_RUN 64u
 /* The planner learns (the pool waits for fences) for this many
  * allocations after it starts or abandons a plan. */
 #define LEARN_ALLOCS (4u * UM_PLAN_MAX_PERIOD)
@@ -39,6 +40,7 @@ bool um__plan_init(um__plan *pl)
     }
     pl->learn_until = LEARN_ALLOCS;
     pl->span_slack = 1;
+    pl->need_work = true;
     pl->base_pow = 1;
     for (unsigned i = 0; i < SIG_WINDOW; i++)
         pl->base_pow *= SIG_BASE;
@@ -306,15 +308,23 @@ static void detect(um__plan *pl, uint64_t o)
             continue;
         }
         uint64_t run = ++pl->cand[i].run;
-        if (run >= period && run >= MIN_RUN && o + 1 >= 2 * period &&
+        if (run >= 2 * period && run >= MIN_RUN && o + 1 >= 2 * period &&
             e->live == entry(pl, o - period)->live && o >= pl->quiet_until) {
+            /* The pool served the last period without a backend call:
+             * nothing to gain. */
+            if (pl->need_work && e->work == entry(pl, o - period)->work) {
+                pl->cand[i] = pl->cand[--pl->ncand];
+                continue;
+            }
             if (build(pl, period, o)) {
                 pl->ncand = 0;
                 return;
             }
-            /* Not worth planning: look again a period later. */
+            /* Not worth planning: look again later, twice as late after
+             * every refusal in a row (a plan costs O(period^2) to make). */
             pl->rejected++;
-            pl->quiet_until = o + period;
+            pl->quiet_until = o + (period << (pl->refusals < 16 ? pl->refusals : 16));
+            pl->refusals++;
             pl->cand[i] = pl->cand[--pl->ncand];
             continue;
         }
@@ -339,10 +349,10 @@ static void detect(um__plan *pl, uint64_t o)
     s->ordinal = o;
 }
 
-uint64_t um__plan_note_alloc(um__plan *pl, uint64_t bytes, uint32_t stream)
+uint64_t um__plan_note_alloc(um__plan *pl, uint64_t bytes, uint32_t stream, uint64_t work)
 {
     uint64_t o = pl->next++;
-    *entry(pl, o) = (um__plan_entry){bytes, pl->live_bytes, UINT64_MAX, stream};
+    *entry(pl, o) = (um__plan_entry){bytes, work, pl->live_bytes, UINT64_MAX, stream};
     pl->live_bytes += bytes;
     /* A rolling hash of the last SIG_WINDOW keys: one multiply-add in,
      * one out. */
@@ -381,14 +391,17 @@ bool um__plan_starts_at(const um__plan *pl, uint64_t ordinal)
 void um__plan_activate(um__plan *pl)
 {
     pl->state = UM_PLAN_ACTIVE;
+    pl->served_at_start = pl->served;
 }
 
 void um__plan_reject(um__plan *pl)
 {
+    uint64_t period = pl->period;
     pl->rejected++;
     pl->state = UM_PLAN_RECORDING;
     forget_plan(pl);
-    pl->quiet_until = pl->next + UM_PLAN_MAX_PERIOD;
+    pl->quiet_until = pl->next + (period << (pl->refusals < 16 ? pl->refusals : 16));
+    pl->refusals++;
 }
 
 /* The first live span that ends after lo (spans do not overlap). */
@@ -439,6 +452,12 @@ void um__plan_abandon(um__plan *pl)
 {
     if (pl->state == UM_PLAN_RECORDING)
         return;
+    /* A plan that broke within two periods was a false start: the next
+     * one waits longer. One that ran longer was worth it. */
+    if (pl->state == UM_PLAN_ACTIVE && pl->served - pl->served_at_start >= 2 * pl->period)
+        pl->refusals = 0;
+    else
+        pl->quiet_until = pl->next + (pl->period << (pl->refusals < 16 ? pl->refusals++ : 16));
     pl->abandoned += pl->state == UM_PLAN_ACTIVE;
     pl->state = UM_PLAN_RECORDING;
     forget_plan(pl);

@@ -41,6 +41,7 @@ typedef enum um__plan_state {
 
 typedef struct um__plan_entry {
     uint64_t bytes;     /* block bytes (rounded) */
+    uint64_t work;      /* the pool's backend calls before the allocation */
     uint64_t live;      /* large live bytes just before the allocation */
     uint64_t free_at;   /* allocation count when it was freed; UINT64_MAX: live */
     uint32_t stream;
@@ -74,7 +75,9 @@ typedef struct um__plan {
     uint64_t roll, base_pow;      /* rolling hash of the last keys; SIG_BASE^SIG_WINDOW */
     um__plan_cand cand[UM_PLAN_CANDIDATES];
     int ncand;
-    uint64_t quiet_until;         /* no detection before this ordinal (after a rejection) */
+    uint64_t quiet_until;         /* no plan is made before this ordinal (after a refusal) */
+    unsigned refusals;            /* plans refused or broken early since one ran well */
+    uint64_t served_at_start;     /* `served` when the running plan started */
     uint64_t learn_until;         /* the pool waits for fences until this ordinal */
     /* the plan */
     uint64_t period, base, origin;/* slot of ordinal o: (o - base) % period */
@@ -86,6 +89,9 @@ typedef struct um__plan {
      * at most span_slack/16 of it (1 by default: beyond that the pool alone
      * does about as well on memory). */
     unsigned span_slack;
+    /* A period the pool served with no backend call has nothing to gain
+     * from a plan and is not planned (tests turn this off). */
+    bool need_work;
     /* occupancy of the arena: live planned blocks, sorted by offset */
     um__plan_span *live;
     size_t nlive;
@@ -98,8 +104,9 @@ void um__plan_fini(um__plan *pl);
 
 /* Records the next large allocation (its ordinal is returned) and, while
  * recording, looks for a period; a found period is planned at once and
- * leaves the planner READY. */
-uint64_t um__plan_note_alloc(um__plan *pl, uint64_t bytes, uint32_t stream);
+ * leaves the planner READY. work: the pool's count of backend calls so
+ * far (a period that needed none has nothing to gain from a plan). */
+uint64_t um__plan_note_alloc(um__plan *pl, uint64_t bytes, uint32_t stream, uint64_t work);
 /* The block of ordinal `ordinal` (bytes) was freed. */
 void um__plan_note_free(um__plan *pl, uint64_t ordinal, uint64_t bytes);
 

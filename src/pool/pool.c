@@ -1617,7 +1617,7 @@ static um_status large_alloc(um__pool *p, size_t size, const um__stream_ref *s, 
     /* The thread's held block is freed first (take_range would), so that
      * the planner sees its free before this allocation. */
     bounce_flush_locked(p, tc);
-    uint64_t seq = p->plan_on && ss ? um__plan_note_alloc(&p->plan, bytes, s->id) : 0;
+    uint64_t seq = p->plan_on && ss ? um__plan_note_alloc(&p->plan, bytes, s->id, calls) : 0;
     um_status st = UM_ERR_NOMEM;
     if (ss && p->plan_on)
         b = plan_take(p, seq, bytes, s->id);
