@@ -460,12 +460,13 @@ static um_status move_holes(um__pool *p, uint32_t h, size_t first, size_t *pg, s
 
 /* How old a fence must be for the pool to wait for it rather than grow:
  * the fence_wait_us option, or any fence while the planner learns a
- * period, so that the steps it plans from stay as tight as with no lag. */
+ * period, so that the steps it plans from stay as tight as with no lag
+ * (with recycling only: a caching pool grows rather than move pages). */
 static uint64_t fence_wait_ns(um__pool *p)
 {
     if (p->fence_wait_ns)
         return p->fence_wait_ns;
-    return p->plan_on && um__plan_learning(&p->plan) ? 1 : 0;
+    return p->plan_on && p->recycle_pages && um__plan_learning(&p->plan) ? 1 : 0;
 }
 
 /* Maps every unmapped page under [addr, addr+len), taking holes from
