@@ -717,6 +717,41 @@ static void test_host_memory_on_device_stream(const char *alloc)
     um_shutdown(ctx);
 }
 
+/* um_sim_stream_work: simulated kernels hold a sim stream busy, so a block
+ * freed on it is fenced for other streams until the work completes; bad
+ * arguments are refused with a reason. */
+static void test_sim_stream_work(const char *alloc)
+{
+    um_context *ctx = init_ctx(alloc, "devices=sim:64M+sim:64M");
+    if (!ctx)
+        return;
+    um_stream s = NULL, other = NULL;
+    CHECK_OK(um_stream_create(ctx, 1, &s));
+    CHECK_OK(um_stream_create(ctx, 2, &other));
+    void *p = NULL, *q = NULL;
+    CHECK_OK(um_malloc(ctx, 1, 3 * 1024 * 1024, s, &p));
+    CHECK_OK(um_sim_stream_work(ctx, 1, s, 2, 0));
+    CHECK_OK(um_free(ctx, p, s));
+    CHECK_OK(um_malloc(ctx, 1, 3 * 1024 * 1024, NULL, &q));
+    bool caching = strcmp(alloc, "direct") != 0;
+    CHECK(q != p || !caching); /* s's two units are still queued */
+    CHECK_OK(um_free(ctx, q, NULL));
+    CHECK_OK(um_sim_stream_work(ctx, 1, s, 0, 2));
+    CHECK_OK(um_stream_synchronize(ctx, NULL));
+    /* Completing more than is queued completes what is queued. */
+    CHECK_OK(um_sim_stream_work(ctx, 1, NULL, 1, 5));
+    CHECK_STATUS(um_sim_stream_work(ctx, 0, NULL, 1, 1), UM_ERR_UNSUPPORTED);
+    CHECK_ERROR_MENTIONS("sim devices", NULL, NULL);
+    CHECK_STATUS(um_sim_stream_work(ctx, 2, s, 1, 1), UM_ERR_INVALID);
+    CHECK_ERROR_MENTIONS("device 1", "not 2", NULL);
+    CHECK_STATUS(um_sim_stream_work(ctx, 7, NULL, 1, 1), UM_ERR_NO_DEVICE);
+    CHECK_STATUS(um_sim_stream_work(NULL, 1, NULL, 1, 1), UM_ERR_NO_DEVICE);
+    CHECK_OK(um_stream_destroy(ctx, s));
+    CHECK_STATUS(um_sim_stream_work(ctx, 1, s, 1, 1), UM_ERR_INVALID);
+    CHECK_OK(um_stream_destroy(ctx, other));
+    um_shutdown(ctx);
+}
+
 int main(void)
 {
     unsetenv("UNIMEM_CONF");
@@ -733,6 +768,7 @@ int main(void)
         test_shutdown_with_leftovers(alloc);
         test_copies_links_memory(alloc);
         test_host_memory_on_device_stream(alloc);
+        test_sim_stream_work(alloc);
         if (harness_failures != before)
             fprintf(stderr, "test_context: %d failures with allocator=%s\n",
                     harness_failures - before, alloc);

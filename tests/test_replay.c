@@ -207,7 +207,30 @@ static void test_errors(const char *dir)
     CHECK_EQ(run("replay " BUNDLED " --device sim:lots", true), 2);
     CHECK(strstr(out, "UM_ERR_BAD_OPTION") != NULL);
     CHECK_EQ(run("replay --help", false), 0);
-    CHECK(strstr(out, "--min-limit") != NULL);
+    CHECK(strstr(out, "--min-limit") != NULL && strstr(out, "--lag N") != NULL);
+    CHECK_EQ(run("replay " BUNDLED " --lag 0", true), 2);
+    CHECK(strstr(out, "bad --lag '0'") != NULL);
+    CHECK_EQ(run("replay " BUNDLED " --lag -3", true), 2);
+    CHECK_EQ(run("replay " BUNDLED " --lag", true), 2);
+    /* A device with no simulated work to trail. */
+    CHECK_EQ(run("replay " BUNDLED " --lag 10 --device host", true), 1);
+    CHECK(strstr(out, "sim devices") != NULL);
+}
+
+/* --lag: the device finishes each event's work 100 events late. Frees of
+ * the last 100 events stay fenced, so the no-cache baseline (which waits
+ * for nothing) and unimem's pool (which learns a plan while waiting for
+ * fences) still replay every allocation, with the pool's peak reserved no
+ * higher than without lag beyond a page per stream. */
+static void test_lag(void)
+{
+    CHECK_EQ(run("replay --json " BUNDLED, false), 0);
+    double base = field(NULL, "peak_reserved_bytes");
+    CHECK_EQ(run("replay --json --lag 100 " BUNDLED, false), 0);
+    CHECK_EQ(field(NULL, "failed_allocs"), 0);
+    double lagged = field(NULL, "peak_reserved_bytes");
+    CHECK(lagged >= base && lagged <= base * 1.01);
+    CHECK_EQ(field("direct", "failed_allocs"), 0);
 }
 
 int main(void)
@@ -224,6 +247,7 @@ int main(void)
     test_errors(dir);
     test_min_limit(dir);
     test_bundled();
+    test_lag();
     rmdir(dir);
     return harness_finish("test_replay");
 }
