@@ -2257,6 +2257,11 @@ static void pool_destroy(um__allocator *a)
     free(p->parked);
     if (p->va)
         (void)um__be_unreserve(b, p->va, p->va_size);
+    /* Planned blocks are only in the pointer map (read before the region's
+     * records, which the map also points to, are freed). */
+    for (size_t i = 0; i < p->live_cap; i++)
+        if (p->live_map[i].block && p->live_map[i].block->planned)
+            free(p->live_map[i].block);
     for (um__block *blk = p->region.first, *nx; blk; blk = nx) {
         nx = blk->next;
         if (blk->slab)
@@ -2271,9 +2276,6 @@ static void pool_destroy(um__allocator *a)
     for (size_t t = 0; p->slab_map && t < p->slab_map_top; t++)
         free(p->slab_map[t]);
     free(p->slab_map);
-    for (size_t i = 0; i < p->live_cap; i++)
-        if (p->live_map[i].block && p->live_map[i].block->planned)
-            free(p->live_map[i].block);
     free(p->live_map);
     um__plan_fini(&p->plan);
     while (p->plan_spare) {
