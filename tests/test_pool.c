@@ -277,7 +277,7 @@ static void test_no_page_recycling(void)
 {
     for (int limited = 0; limited < 2; limited++) {
         um__pool_config c = {.dev = 1, .memory_limit = limited ? 20 * MiB : 0,
-                             .thread_cache = 1, .va_factor = 4, .no_page_recycling = 1};
+                             .thread_cache = 1, .va_factor = 4, .recycle = UM_RECYCLE_NEVER};
         um__allocator *a = make_pool_with(256 * MiB, &c);
         void *x = xalloc(a, 8 * MiB, 0);
         void *y = xalloc(a, 8 * MiB, 0);
@@ -297,6 +297,35 @@ static void test_no_page_recycling(void)
         xfree(a, y, 0);
         xfree(a, z, 0);
         CHECK_OK(a->ops->check(a));
+        a->ops->destroy(a);
+    }
+}
+
+/* recycle_pages=auto (the default): pages move while the step planner
+ * learns; after its window (16,384 large allocations with no period) the
+ * pool caches as with recycle_pages=0. */
+static void test_auto_page_recycling(void)
+{
+    for (int learned = 0; learned < 2; learned++) {
+        um__pool_config c = {.dev = 1, .thread_cache = 1, .va_factor = 4};
+        um__allocator *a = make_pool_with(256 * MiB, &c);
+        uint64_t rng = 12345;
+        for (int i = 0; learned && i < 20000; i++) {
+            /* No period: sizes at random, each freed at once. */
+            void *t = xalloc(a, 64 * 1024 + 256 * (harness_rand(&rng) % 4096), 0);
+            xfree(a, t, 0);
+        }
+        CHECK_OK(a->ops->trim(a));
+        void *x = xalloc(a, 8 * MiB, 0);
+        void *y = xalloc(a, 8 * MiB, 0);
+        xfree(a, x, 0);
+        void *z = xalloc(a, 12 * MiB, 0);
+        /* Learning: x's 8 MiB move under z (20 MiB); after: z's pages are
+         * new (28 MiB), as a caching allocator's. */
+        CHECK_EQ(stats(a).reserved_bytes, learned ? 28 * MiB : 20 * MiB);
+        CHECK_OK(a->ops->check(a));
+        xfree(a, y, 0);
+        xfree(a, z, 0);
         a->ops->destroy(a);
     }
 }
@@ -654,6 +683,7 @@ int main(void)
     test_page_recycling();
     test_bounce_cache();
     test_no_page_recycling();
+    test_auto_page_recycling();
     test_fence_wait();
     test_fenced_pages();
     test_limits();

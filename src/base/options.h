@@ -31,10 +31,12 @@
       "per-thread caches of small blocks (no lock on the common alloc/free pair)")            \
     X(va_factor, UM_OPT_INT, "4",                                                             \
       "virtual address space reserved per device, as a multiple of its capacity")             \
-    X(recycle_pages, UM_OPT_BOOL, "1",                                                        \
-      "move free pages to where an allocation needs them (reserved follows live memory); "   \
-      "0 creates pages instead while under the memory limit, as a caching allocator does "   \
-      "(no page moves on a GPU, more memory)")                                                \
+    X(recycle_pages, UM_OPT_ENUM, "auto",                                                     \
+      "auto|1|0: 1 moves free pages to where an allocation needs them (reserved follows "    \
+      "live memory); 0 creates pages instead while under the memory limit, as a caching "    \
+      "allocator does (no page moves on a GPU, more memory); auto recycles while the step "  \
+      "planner learns (the first 16384 large allocations, and after a plan stops), then "    \
+      "caches, recycling at the memory limit")                                                \
     X(fence_wait_us, UM_OPT_INT, "0",                                                         \
       "before growing past its peak, a pool waits for stream fences at least this many "     \
       "microseconds old (the device is still busy behind them); 0 never waits")              \
@@ -60,7 +62,7 @@ typedef struct um__options {
     size_t host_capacity;
     int thread_cache;
     int va_factor;
-    int recycle_pages;
+    int recycle_pages;      /* um__recycle */
     int fence_wait_us;
     int plan;
     int host_memory;        /* um__host_memory */

@@ -750,7 +750,7 @@ static um_status create_allocators(um_context *ctx)
             .thread_cache = o->thread_cache,
             .va_factor = o->va_factor,
             .fence_wait_ns = (uint64_t)o->fence_wait_us * 1000,
-            .no_page_recycling = !o->recycle_pages,
+            .recycle = o->recycle_pages,
             .no_plan = !o->plan,
         };
         um_status st;

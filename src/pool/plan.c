@@ -373,7 +373,8 @@ void um__plan_note_free(um__plan *pl, uint64_t ordinal, uint64_t bytes)
 
 bool um__plan_learning(const um__plan *pl)
 {
-    return pl->state == UM_PLAN_RECORDING && pl->next < pl->learn_until;
+    return (pl->state == UM_PLAN_RECORDING && pl->next < pl->learn_until) ||
+           pl->state == UM_PLAN_READY;
 }
 
 /* ---------------------------------------------------------------- serving */

@@ -127,8 +127,10 @@ void um__plan_release(um__plan *pl, uint64_t offset);
  * blocks into ordinary ones first). */
 void um__plan_abandon(um__plan *pl);
 
-/* Whether the planner is looking for a period (the pool then waits for
- * fences rather than grow, so the steps it learns from stay tight). */
+/* Whether the planner is looking for a period, or has a plan that has not
+ * started yet (the pool then keeps memory tight: it waits for fences and
+ * moves pages rather than grow, and the arena takes the pages the steps
+ * it learned from used). */
 bool um__plan_learning(const um__plan *pl);
 
 #endif

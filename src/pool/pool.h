@@ -32,6 +32,14 @@ typedef struct um__stream_ref {
     um__backend *backend;
 } um__stream_ref;
 
+/* When the pool moves a free page rather than create one while under the
+ * memory limit (the recycle_pages option; the order of its values). */
+typedef enum um__recycle {
+    UM_RECYCLE_AUTO = 0,   /* while the step planner learns; else only at the limit */
+    UM_RECYCLE_ALWAYS = 1,
+    UM_RECYCLE_NEVER = 2   /* only at the limit */
+} um__recycle;
+
 typedef struct um__pool_config {
     int dev;               /* device index, for messages */
     size_t memory_limit;   /* 0: backend capacity */
@@ -39,7 +47,7 @@ typedef struct um__pool_config {
     int thread_cache;      /* per-thread caches on/off */
     int va_factor;         /* address space reserved = factor x limit */
     uint64_t fence_wait_ns;/* see the fence_wait_us option; 0: never wait */
-    int no_page_recycling; /* the recycle_pages option, negated (0: recycle) */
+    int recycle;           /* um__recycle: the recycle_pages option */
     int no_plan;           /* the plan option, negated (0: step planning on) */
 } um__pool_config;
 

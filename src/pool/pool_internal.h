@@ -187,7 +187,7 @@ typedef struct um__pool {
     uint32_t *fence_stream;       /* stream that last freed bytes of the page */
     uint64_t *fence_epoch;        /* its epoch then (MIXED: full_syncs then) */
     uint64_t fence_wait_ns;       /* wait for fences this old before growing; 0: never */
-    bool recycle_pages;           /* move holes before creating pages (else only at the limit) */
+    int recycle;                  /* um__recycle; see recycling() */
     bool plan_on;                 /* the plan option */
     um__plan plan;                /* step planner (plan.h) */
     struct um__block *arena;      /* the plan's arena: a LIVE region block, in no map */
