@@ -15,9 +15,14 @@
  * whole periods, before it is planned: a loop inside a step repeats a few
  * times and then breaks, and a plan that breaks costs page moves. */
 #define MIN_RUN 64u
-/* The planner learns (the pool waits for fences) for this many
- * allocations after it starts or abandons a plan. */
+/* The planner learns (the pool keeps memory tight) for up to this many
+ * allocations after it starts or abandons a plan; ... */
 #define LEARN_ALLOCS (4u * UM_PLAN_MAX_PERIOD)
+/* ... but stops after LEARN_QUICK of them, and at every LEARN_QUICK more,
+ * when fewer than 1 in 4 of the last LEARN_QUICK saw their last SIG_WINDOW
+ * sizes before: a program with no repeats (random churn) has no period to
+ * find, and keeping it tight costs a page move per churned block. */
+#define LEARN_QUICK 2048u
 
 static um__plan_entry *entry(const um__plan *pl, uint64_t ordinal)
 {
@@ -34,7 +39,8 @@ bool um__plan_init(um__plan *pl)
     memset(pl, 0, sizeof *pl);
     pl->ring = calloc(UM_PLAN_RING, sizeof *pl->ring);
     pl->sigs = calloc(UM_PLAN_SIG_SLOTS, sizeof *pl->sigs);
-    if (!pl->ring || !pl->sigs) {
+    pl->seen = calloc(UM_PLAN_SIG_SLOTS, sizeof *pl->seen);
+    if (!pl->ring || !pl->sigs || !pl->seen) {
         um__plan_fini(pl);
         return false;
     }
@@ -51,6 +57,7 @@ void um__plan_fini(um__plan *pl)
 {
     free(pl->ring);
     free(pl->sigs);
+    free(pl->seen);
     free(pl->slots);
     free(pl->live);
     memset(pl, 0, sizeof *pl);
@@ -66,6 +73,8 @@ static void forget_plan(um__plan *pl)
     pl->period = pl->arena_bytes = pl->cycle_peak = 0;
     pl->ncand = 0;
     pl->learn_until = pl->next + LEARN_ALLOCS;
+    pl->learn_from = pl->next;
+    pl->repeats = 0;
 }
 
 /* ------------------------------------------------------------ placement */
@@ -332,6 +341,16 @@ static void detect(um__plan *pl, uint64_t o)
     }
     if (o + 1 < SIG_WINDOW)
         return;
+    /* Repeats of the sizes alone (whatever the live bytes) tell a program
+     * with structure from random churn. */
+    uint64_t ks = fmix(pl->roll ^ 0x5851f42d4c957f2dull) | 1;
+    pl->repeats += pl->seen[ks % UM_PLAN_SIG_SLOTS] == ks;
+    pl->seen[ks % UM_PLAN_SIG_SLOTS] = ks;
+    if (o + 1 - pl->learn_from >= LEARN_QUICK && (o + 1 - pl->learn_from) % LEARN_QUICK == 0) {
+        if (pl->repeats < LEARN_QUICK / 4 && o < pl->learn_until)
+            pl->learn_until = o + 1;
+        pl->repeats = 0;
+    }
     /* The live bytes go into the signature: a layer repeated inside a step
      * has the same sizes but more live bytes each time (the step keeps its
      * activations), so only whole steps propose themselves. */

@@ -78,7 +78,10 @@ typedef struct um__plan {
     uint64_t quiet_until;         /* no plan is made before this ordinal (after a refusal) */
     unsigned refusals;            /* plans refused or broken early since one ran well */
     uint64_t served_at_start;     /* `served` when the running plan started */
-    uint64_t learn_until;         /* the pool waits for fences until this ordinal */
+    uint64_t learn_until;         /* the pool keeps memory tight until this ordinal */
+    uint64_t learn_from;          /* where learning (re)started */
+    uint64_t *seen;               /* UM_PLAN_SIG_SLOTS signatures of sizes alone */
+    uint64_t repeats;             /* allocations since the last check whose sizes repeated */
     /* the plan */
     uint64_t period, base, origin;/* slot of ordinal o: (o - base) % period */
     um__plan_slot *slots;         /* period entries */
