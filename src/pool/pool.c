@@ -137,7 +137,16 @@ static inline void delta_add(_Atomic int64_t *c, int64_t d)
 
 /* --------------------------------------------------- live large-block map */
 
-static size_t hash_addr(uintptr_t a) { return (size_t)((a >> 8) * 0x9e3779b97f4a7c15ull); }
+/* The product's high half is folded in: the low bits of a product depend
+ * only on the low bits of the address, which are zero for the 64 KiB- and
+ * 2 MiB-aligned blocks that are common, and the table is indexed by low
+ * bits (long probe chains otherwise: live_map_del was 11% of a churn with
+ * 10,000 large blocks). */
+static size_t hash_addr(uintptr_t a)
+{
+    uint64_t x = (uint64_t)(a >> 8) * 0x9e3779b97f4a7c15ull;
+    return (size_t)(x ^ (x >> 32));
+}
 
 /* Entries keep the address next to the record, so a probe compares
  * without touching the record (a cache miss per probe otherwise). */
