@@ -1865,7 +1865,7 @@ static um_status pool_trim(um__allocator *a)
     flush_own_cache_locked(p);
     bounce_flush_all_locked(p);
     /* The arena holds memory for the plan alone: a trim ends the plan, and
-     * the arena goes back once its blocks are freed. */
+     * the arena dissolves into ordinary memory whose idle pages go back. */
     plan_stop(p);
     poll_all(p, true);
     release_spare_slabs(p);
