@@ -63,6 +63,15 @@ void um__plan_fini(um__plan *pl)
     memset(pl, 0, sizeof *pl);
 }
 
+/* No plan is made for a while: a period later after the first refusal
+ * or false start, twice as long after each further one (a plan costs
+ * O(period^2) to make, and a false start costs page moves). */
+static void back_off(um__plan *pl, uint64_t period)
+{
+    pl->quiet_until = pl->next + (period << (pl->refusals < 16 ? pl->refusals : 16));
+    pl->refusals++;
+}
+
 static void forget_plan(um__plan *pl)
 {
     free(pl->slots);
@@ -329,11 +338,9 @@ static void detect(um__plan *pl, uint64_t o)
                 pl->ncand = 0;
                 return;
             }
-            /* Not worth planning: look again later, twice as late after
-             * every refusal in a row (a plan costs O(period^2) to make). */
+            /* Not worth planning. */
             pl->rejected++;
-            pl->quiet_until = o + (period << (pl->refusals < 16 ? pl->refusals : 16));
-            pl->refusals++;
+            back_off(pl, period);
             pl->cand[i] = pl->cand[--pl->ncand];
             continue;
         }
@@ -420,8 +427,7 @@ void um__plan_reject(um__plan *pl)
     pl->rejected++;
     pl->state = UM_PLAN_RECORDING;
     forget_plan(pl);
-    pl->quiet_until = pl->next + (period << (pl->refusals < 16 ? pl->refusals : 16));
-    pl->refusals++;
+    back_off(pl, period);
 }
 
 /* The first live span that ends after lo (spans do not overlap). */
@@ -477,7 +483,7 @@ void um__plan_abandon(um__plan *pl)
     if (pl->state == UM_PLAN_ACTIVE && pl->served - pl->served_at_start >= 2 * pl->period)
         pl->refusals = 0;
     else
-        pl->quiet_until = pl->next + (pl->period << (pl->refusals < 16 ? pl->refusals++ : 16));
+        back_off(pl, pl->period);
     pl->abandoned += pl->state == UM_PLAN_ACTIVE;
     pl->state = UM_PLAN_RECORDING;
     forget_plan(pl);
