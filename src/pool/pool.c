@@ -1413,7 +1413,11 @@ static void bounce_disown_locked(um__block *b)
  * the block when that thread takes it at the same moment). */
 static void bounce_flush_locked(um__pool *p, um__tcache *tc)
 {
-    um__block *b = tc ? atomic_exchange_explicit(&tc->held, NULL, memory_order_acq_rel) : NULL;
+    /* A plain load first: every locked large allocation flushes, and most
+     * find nothing held (no locked exchange then). */
+    if (!tc || !atomic_load_explicit(&tc->held, memory_order_relaxed))
+        return;
+    um__block *b = atomic_exchange_explicit(&tc->held, NULL, memory_order_acq_rel);
     if (!b)
         return;
     atomic_store_explicit(&b->tc_held, false, memory_order_relaxed);
