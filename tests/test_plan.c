@@ -6,6 +6,8 @@
 #include "harness.h"
 #include "pool/pool_internal.h"
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -536,6 +538,89 @@ static void test_pool_plan_limit(uint64_t seed)
     free(s);
 }
 
+/* Another thread churns small blocks, and now and then a large one, on
+ * stream 2 while the program runs its steps on stream 1: plans start and
+ * stop under the other thread's frees, bounce caches and reclaims. Every
+ * byte of both threads' blocks is checked. */
+typedef struct churner {
+    um__allocator *a;
+    uint64_t seed;
+    _Atomic int stop;
+    int bad;              /* failures seen by the thread (harness counters are not shared) */
+    uint64_t ops;
+} churner;
+
+static void *churn(void *arg)
+{
+    churner *c = arg;
+    enum { LIVE = 64 };
+    void *ptr[LIVE] = {0};
+    size_t size[LIVE] = {0};
+    uint64_t rng = c->seed;
+    um__stream_ref ref = {2, s2, NULL};
+    while (!atomic_load(&c->stop)) {
+        size_t k = harness_rand(&rng) % LIVE;
+        uint64_t id = 5000000 + k;
+        if (ptr[k]) {
+            unsigned char got, want;
+            c->bad += harness_pattern_find_bad(ptr[k], size[k], id, &got, &want) != SIZE_MAX;
+            c->bad += c->a->ops->free(c->a, ptr[k], &ref) != UM_OK;
+            ptr[k] = NULL;
+        } else {
+            bool large = harness_rand(&rng) % 5000 == 0;
+            size[k] = large ? 64 * KiB + harness_rand(&rng) % (4 * MiB)
+                            : 256 + harness_rand(&rng) % (32 * KiB - 256);
+            if (c->a->ops->alloc(c->a, size[k], &ref, &ptr[k]) != UM_OK) {
+                c->bad++;
+                ptr[k] = NULL;
+                continue;
+            }
+            harness_pattern_fill(ptr[k], size[k], id);
+        }
+        c->ops++;
+    }
+    for (size_t k = 0; k < LIVE; k++) {
+        unsigned char got, want;
+        if (!ptr[k])
+            continue;
+        c->bad += harness_pattern_find_bad(ptr[k], size[k], 5000000 + k, &got, &want) != SIZE_MAX;
+        c->bad += c->a->ops->free(c->a, ptr[k], &ref) != UM_OK;
+    }
+    return NULL;
+}
+
+static void test_pool_plan_threads(uint64_t seed)
+{
+    uint64_t rng = seed ^ 0x7472;
+    step_shape *s = malloc(sizeof *s);
+    make_training_shape(s, &rng, 4 * MiB);
+    program pg = {.s = s, .lag = 0, .cap = 40 * s->n};
+    pg.ptr = calloc(pg.cap, sizeof *pg.ptr);
+    pg.size = calloc(pg.cap, sizeof *pg.size);
+    pg.a = make_pool((size_t)4096 * MiB, 0);
+    churner c = {.a = pg.a, .seed = seed ^ 0xc4};
+    pthread_t t;
+    CHECK_EQ(pthread_create(&t, NULL, churn, &c), 0);
+    prog_steps(&pg, 36);
+    atomic_store(&c.stop, 1);
+    pthread_join(t, NULL);
+    CHECK_EQ(c.bad, 0);
+    CHECK(c.ops > 0);
+    um__pool *p = (um__pool *)pg.a;
+    printf("test_pool_plan_threads: %" PRIu64 " plans made, %" PRIu64 " stopped, %" PRIu64
+           " allocations planned; the other thread made %" PRIu64 " operations\n",
+           p->plan.plans, p->plan.abandoned, p->plan.served, c.ops);
+    CHECK_OK(pg.a->ops->check(pg.a));
+    prog_free_all(&pg);
+    CHECK_OK(pg.a->ops->trim(pg.a));
+    CHECK_EQ(pool_stats(pg.a).reserved_bytes, 0);
+    CHECK_OK(pg.a->ops->check(pg.a));
+    destroy_pool(pg.a);
+    free(pg.ptr);
+    free(pg.size);
+    free(s);
+}
+
 int main(void)
 {
     uint64_t seed = harness_seed("test_plan");
@@ -544,5 +629,6 @@ int main(void)
     test_plan_mismatch(seed);
     test_pool_plan(seed);
     test_pool_plan_limit(seed);
+    test_pool_plan_threads(seed);
     return harness_finish("test_plan");
 }
