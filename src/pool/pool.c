@@ -218,10 +218,10 @@ static inline uintptr_t page_addr(um__pool *p, size_t pg) { return p->va + pg * 
 
 static void hole_push(um__pool *p, uint32_t pg)
 {
-    p->hole_prev[pg] = p->hole_tail;
-    p->hole_next[pg] = NO_PAGE;
+    p->pages[pg].hole_prev = p->hole_tail;
+    p->pages[pg].hole_next = NO_PAGE;
     if (p->hole_tail != NO_PAGE)
-        p->hole_next[p->hole_tail] = pg;
+        p->pages[p->hole_tail].hole_next = pg;
     else
         p->hole_head = pg;
     p->hole_tail = pg;
@@ -230,16 +230,16 @@ static void hole_push(um__pool *p, uint32_t pg)
 
 static void hole_remove(um__pool *p, uint32_t pg)
 {
-    uint32_t pv = p->hole_prev[pg], nx = p->hole_next[pg];
+    uint32_t pv = p->pages[pg].hole_prev, nx = p->pages[pg].hole_next;
     if (pv != NO_PAGE)
-        p->hole_next[pv] = nx;
+        p->pages[pv].hole_next = nx;
     else
         p->hole_head = nx;
     if (nx != NO_PAGE)
-        p->hole_prev[nx] = pv;
+        p->pages[nx].hole_prev = pv;
     else
         p->hole_tail = pv;
-    p->hole_prev[pg] = p->hole_next[pg] = NO_PAGE;
+    p->pages[pg].hole_prev = p->pages[pg].hole_next = NO_PAGE;
     p->holes--;
 }
 
@@ -256,12 +256,12 @@ static void pin_range(um__pool *p, uintptr_t addr, size_t len, int sign)
         uintptr_t s = addr > ps ? addr : ps, e = addr + len < pe ? addr + len : pe;
         uint32_t n = (uint32_t)(e - s);
         if (sign > 0) {
-            if (p->page_pin[pg] == 0)
+            if (p->pages[pg].pin == 0)
                 hole_remove(p, (uint32_t)pg);
-            p->page_pin[pg] += n;
+            p->pages[pg].pin += n;
         } else {
-            p->page_pin[pg] -= n;
-            if (p->page_pin[pg] == 0 && p->page_phys[pg])
+            p->pages[pg].pin -= n;
+            if (p->pages[pg].pin == 0 && p->pages[pg].phys)
                 hole_push(p, (uint32_t)pg);
         }
     }
@@ -271,7 +271,7 @@ static size_t unmapped_pages(um__pool *p, uintptr_t addr, size_t len)
 {
     size_t first = page_of(p, addr), last = page_of(p, addr + len - 1), n = 0;
     for (size_t pg = first; pg <= last; pg++)
-        n += !p->page_phys[pg];
+        n += !p->pages[pg].phys;
     return n;
 }
 
@@ -282,7 +282,7 @@ static bool page_usable(um__pool *p, size_t pg, uint32_t sid);
 static bool fully_mapped(um__pool *p, uintptr_t addr, size_t len)
 {
     for (size_t pg = page_of(p, addr), last = page_of(p, addr + len - 1); pg <= last; pg++)
-        if (!p->page_phys[pg])
+        if (!p->pages[pg].phys)
             return false;
     return true;
 }
@@ -293,7 +293,7 @@ static bool fully_mapped(um__pool *p, uintptr_t addr, size_t len)
 static uint32_t hole_outside(um__pool *p, size_t first, size_t last)
 {
     size_t budget = last - first + 1 + 256;
-    for (uint32_t h = p->hole_head; h != NO_PAGE && budget--; h = p->hole_next[h])
+    for (uint32_t h = p->hole_head; h != NO_PAGE && budget--; h = p->pages[h].hole_next)
         if ((h < first || h > last) && page_usable(p, h, UM_NO_FENCE))
             return h;
     return NO_PAGE;
@@ -343,8 +343,8 @@ static um_status release_hole(um__pool *p, uint32_t h)
     if (s != UM_OK)
         return s;
     hole_remove(p, h);
-    um__phys ph = p->page_phys[h];
-    p->page_phys[h] = 0;
+    um__phys ph = p->pages[h].phys;
+    p->pages[h].phys = 0;
     s = um__be_release(b, ph, p->page);
     if (s == UM_OK) {
         p->reserved -= p->page;
@@ -352,7 +352,7 @@ static um_status release_hole(um__pool *p, uint32_t h)
     }
     /* Keep the page as a hole if it can go back where it was. */
     if (um__be_map(b, page_addr(p, h), p->page, ph) == UM_OK) {
-        p->page_phys[h] = ph;
+        p->pages[h].phys = ph;
         hole_push(p, h);
     } else {
         give_back(p, ph);
@@ -368,7 +368,7 @@ static um_status release_holes(um__pool *p, size_t keep)
     retry_parked(p);
     uint32_t h = p->hole_head;
     while (h != NO_PAGE && p->holes * p->page > keep) {
-        uint32_t next = p->hole_next[h];
+        uint32_t next = p->pages[h].hole_next;
         if (page_usable(p, h, UM_NO_FENCE)) {
             um_status s = release_hole(p, h);
             if (s != UM_OK)
@@ -417,7 +417,7 @@ static void enforce_cache_limit(um__pool *p)
 /* Whether page q is a hole that may be moved now. */
 static bool movable_hole(um__pool *p, size_t q)
 {
-    return q < p->npages && p->page_phys[q] && !p->page_pin[q] && page_usable(p, q, UM_NO_FENCE);
+    return q < p->npages && p->pages[q].phys && !p->pages[q].pin && page_usable(p, q, UM_NO_FENCE);
 }
 
 /* Physical-page recycling: moves the hole h, and the movable holes right
@@ -431,7 +431,7 @@ static um_status move_holes(um__pool *p, uint32_t h, size_t first, size_t *pg, s
     um__backend *b = p->base.backend;
     size_t want = 0;
     for (size_t q = *pg; q <= last; q++)
-        want += !p->page_phys[q];
+        want += !p->pages[q].phys;
     size_t run = 1;
     while (run < want && run < MAX_RUN && (h + run < first || h + run > last) &&
            movable_hole(p, h + run))
@@ -441,18 +441,18 @@ static um_status move_holes(um__pool *p, uint32_t h, size_t first, size_t *pg, s
         return s;
     um__phys phys[MAX_RUN];
     for (size_t i = 0; i < run; i++) {
-        phys[i] = p->page_phys[h + i];
-        p->page_phys[h + i] = 0;
+        phys[i] = p->pages[h + i].phys;
+        p->pages[h + i].phys = 0;
         hole_remove(p, (uint32_t)(h + i));
     }
     for (size_t i = 0; i < run; i++) {
-        while (p->page_phys[*pg])
+        while (p->pages[*pg].phys)
             (*pg)++;
         s = um__be_map(b, page_addr(p, *pg), p->page, phys[i]);
         if (s != UM_OK) {
             for (size_t j = i; j < run; j++) {
                 if (um__be_map(b, page_addr(p, h + j), p->page, phys[j]) == UM_OK) {
-                    p->page_phys[h + j] = phys[j];
+                    p->pages[h + j].phys = phys[j];
                     hole_push(p, (uint32_t)(h + j));
                 } else {
                     give_back(p, phys[j]);
@@ -460,7 +460,7 @@ static um_status move_holes(um__pool *p, uint32_t h, size_t first, size_t *pg, s
             }
             return s;
         }
-        p->page_phys[*pg] = phys[i];
+        p->pages[*pg].phys = phys[i];
         hole_push(p, (uint32_t)*pg); /* a hole until the caller pins it */
         (*pg)++;
     }
@@ -500,7 +500,7 @@ static um_status map_and_pin(um__pool *p, uintptr_t addr, size_t len, bool may_c
     um__backend *b = p->base.backend;
     size_t first = page_of(p, addr), last = page_of(p, addr + len - 1);
     for (size_t pg = first; pg <= last;) {
-        if (p->page_phys[pg]) {
+        if (p->pages[pg].phys) {
             pg++;
             continue;
         }
@@ -540,7 +540,7 @@ static um_status map_and_pin(um__pool *p, uintptr_t addr, size_t len, bool may_c
             give_back(p, ph);
             return s;
         }
-        p->page_phys[pg] = ph;
+        p->pages[pg].phys = ph;
         hole_push(p, (uint32_t)pg); /* a hole until pinned below */
         pg++;
     }
@@ -755,13 +755,13 @@ static void poll_all(um__pool *p, bool wait)
  * freed bytes of page pg; clears fences found completed. */
 static bool page_usable(um__pool *p, size_t pg, uint32_t sid)
 {
-    uint32_t u = p->fence_stream[pg];
+    uint32_t u = p->pages[pg].fence_stream;
     if (u == UM_NO_FENCE || u == sid)
         return true;
-    bool done = u == UM_MIXED_FENCE ? p->full_syncs > p->fence_epoch[pg]
-                                    : p->streams[u]->completed >= p->fence_epoch[pg];
+    bool done = u == UM_MIXED_FENCE ? p->full_syncs > p->pages[pg].fence_epoch
+                                    : p->streams[u]->completed >= p->pages[pg].fence_epoch;
     if (done)
-        p->fence_stream[pg] = UM_NO_FENCE;
+        p->pages[pg].fence_stream = UM_NO_FENCE;
     return done;
 }
 
@@ -771,12 +771,12 @@ static void fence_range(um__pool *p, um__stream_state *ss, uint32_t sid, uintptr
 {
     size_t first = page_of(p, addr), last = page_of(p, addr + len - 1);
     for (size_t pg = first; pg <= last; pg++) {
-        if (page_usable(p, pg, sid) && p->fence_stream[pg] != UM_MIXED_FENCE) {
-            p->fence_stream[pg] = sid;
-            p->fence_epoch[pg] = ss->epoch;
+        if (page_usable(p, pg, sid) && p->pages[pg].fence_stream != UM_MIXED_FENCE) {
+            p->pages[pg].fence_stream = sid;
+            p->pages[pg].fence_epoch = ss->epoch;
         } else {
-            p->fence_stream[pg] = UM_MIXED_FENCE;
-            p->fence_epoch[pg] = p->full_syncs;
+            p->pages[pg].fence_stream = UM_MIXED_FENCE;
+            p->pages[pg].fence_epoch = p->full_syncs;
         }
     }
     ss->open_frees = true;
@@ -1961,12 +1961,12 @@ static size_t mapped_bytes_in(um__pool *p, uintptr_t addr, size_t len, size_t *h
     size_t first = page_of(p, addr), last = page_of(p, addr + len - 1), n = 0;
     *holes_in = 0;
     for (size_t pg = first; pg <= last; pg++) {
-        if (!p->page_phys[pg])
+        if (!p->pages[pg].phys)
             continue;
         uintptr_t ps = page_addr(p, pg), pe = ps + p->page;
         uintptr_t s = addr > ps ? addr : ps, e = addr + len < pe ? addr + len : pe;
         n += e - s;
-        *holes_in += p->page_pin[pg] == 0;
+        *holes_in += p->pages[pg].pin == 0;
     }
     return n;
 }
@@ -2176,15 +2176,15 @@ static um_status pool_check(um__allocator *a)
                "plan state %d with%s an arena", (int)p->plan.state, p->arena ? "" : "out");
     size_t mapped = 0, holes = 0, pending_small = 0;
     for (size_t pg = 0; pg < p->npages; pg++) {
-        CHECK_THAT(pin[pg] == p->page_pin[pg], "page %zu: %u bytes pinned, record says %u", pg,
-                   pin[pg], p->page_pin[pg]);
-        CHECK_THAT(!pin[pg] || p->page_phys[pg], "page %zu holds data but is not mapped", pg);
-        mapped += p->page_phys[pg] != 0;
-        holes += p->page_phys[pg] && !pin[pg];
+        CHECK_THAT(pin[pg] == p->pages[pg].pin, "page %zu: %u bytes pinned, record says %u", pg,
+                   pin[pg], p->pages[pg].pin);
+        CHECK_THAT(!pin[pg] || p->pages[pg].phys, "page %zu holds data but is not mapped", pg);
+        mapped += p->pages[pg].phys != 0;
+        holes += p->pages[pg].phys && !pin[pg];
     }
     size_t listed = 0;
-    for (uint32_t h = p->hole_head; h != NO_PAGE; h = p->hole_next[h], listed++)
-        CHECK_THAT(p->page_phys[h] && !p->page_pin[h] && listed <= p->npages,
+    for (uint32_t h = p->hole_head; h != NO_PAGE; h = p->pages[h].hole_next, listed++)
+        CHECK_THAT(p->pages[h].phys && !p->pages[h].pin && listed <= p->npages,
                    "hole list holds page %u that is not a hole", h);
     CHECK_THAT(listed == holes && holes == p->holes, "%zu holes, list has %zu, count says %zu",
                holes, listed, p->holes);
@@ -2272,11 +2272,11 @@ static void pool_destroy(um__allocator *a)
         free(ss);
     }
     free(p->streams);
-    for (size_t pg = 0; p->page_phys && pg < p->npages; pg++) {
-        if (!p->page_phys[pg])
+    for (size_t pg = 0; p->pages && pg < p->npages; pg++) {
+        if (!p->pages[pg].phys)
             continue;
         (void)um__be_unmap(b, page_addr(p, pg), p->page);
-        (void)um__be_release(b, p->page_phys[pg], p->page);
+        (void)um__be_release(b, p->pages[pg].phys, p->page);
     }
     for (size_t i = 0; i < p->nparked; i++)
         (void)um__be_release(b, p->parked[i], p->page);
@@ -2309,12 +2309,7 @@ static void pool_destroy(um__allocator *a)
         free(p->plan_spare);
         p->plan_spare = nx;
     }
-    free(p->page_phys);
-    free(p->page_pin);
-    free(p->hole_prev);
-    free(p->hole_next);
-    free(p->fence_stream);
-    free(p->fence_epoch);
+    free(p->pages);
     pthread_mutex_destroy(&p->lock);
     free(p);
 }
@@ -2395,20 +2390,14 @@ um_status um__pool_create(um__backend *b, const um__pool_config *c, um__allocato
     }
     p->base.range_lo = p->va;
     p->base.range_size = va_size;
-    p->page_phys = calloc(p->npages, sizeof *p->page_phys);
-    p->page_pin = calloc(p->npages, sizeof *p->page_pin);
-    p->hole_prev = malloc(p->npages * sizeof *p->hole_prev);
-    p->hole_next = malloc(p->npages * sizeof *p->hole_next);
-    p->fence_stream = malloc(p->npages * sizeof *p->fence_stream);
-    p->fence_epoch = calloc(p->npages, sizeof *p->fence_epoch);
+    p->pages = malloc(p->npages * sizeof *p->pages);
     /* The range starts slab-aligned, so 64 KiB alignment inside it is
      * alignment of addresses. */
     p->region.lo = um__align_up(p->va, UM_SLAB_UNIT);
     p->region.hi = p->va + va_size;
     p->slab_map_top = (va_size / UM_SLAB_UNIT + SLAB_MAP_LEAF - 1) / SLAB_MAP_LEAF;
     p->slab_map = calloc(p->slab_map_top, sizeof *p->slab_map);
-    bool ok = p->page_phys && p->page_pin && p->hole_prev && p->hole_next && p->slab_map &&
-              p->fence_stream && p->fence_epoch && (!p->plan_on || um__plan_init(&p->plan));
+    bool ok = p->pages && p->slab_map && (!p->plan_on || um__plan_init(&p->plan));
     um__fi_init(&p->region.ready);
     um__block *blk = ok ? calloc(1, sizeof *blk) : NULL;
     ok = blk != NULL;
@@ -2424,9 +2413,9 @@ um_status um__pool_create(um__backend *b, const um__pool_config *c, um__allocato
         return um__fail(UM_ERR_NOMEM, "out of host memory for the page tables of device %d",
                         c->dev);
     }
-    memset(p->hole_prev, 0xff, p->npages * sizeof *p->hole_prev);
-    memset(p->hole_next, 0xff, p->npages * sizeof *p->hole_next);
-    memset(p->fence_stream, 0xff, p->npages * sizeof *p->fence_stream);
+    for (size_t pg = 0; pg < p->npages; pg++)
+        p->pages[pg] = (um__page){.fence_stream = UM_NO_FENCE, .hole_prev = NO_PAGE,
+                                  .hole_next = NO_PAGE};
     /* The default stream is known from the start. */
     um__stream_ref def = {0, NULL, NULL};
     if (!stream_state(p, &def)) {

@@ -11,7 +11,7 @@
  *   with split and coalesce.
  *
  *   physical pages (the backend granularity) are mapped only under bytes
- *   that are not free: page_pin[p] counts such bytes of page p. A mapped
+ *   that are not free: pages[p].pin counts such bytes of page p. A mapped
  *   page whose count is 0 is a hole: it sits on the hole list, and when the
  *   pool needs a page elsewhere it moves a hole there (unmap + map) before it
  *   asks the backend for new memory.
@@ -129,6 +129,14 @@ typedef struct um__stream_state {
     uint32_t fence_head, fence_n;
 } um__stream_state;
 
+typedef struct um__page {
+    um__phys phys;                /* 0: unmapped */
+    uint64_t fence_epoch;         /* the freeing stream's epoch then (MIXED: full_syncs then) */
+    uint32_t pin;                 /* bytes of the page not ready */
+    uint32_t fence_stream;        /* stream that last freed bytes of the page */
+    uint32_t hole_prev, hole_next;/* hole list links, UINT32_MAX = none */
+} um__page;
+
 typedef struct um__tc_bin {
     uint32_t n;
     uint32_t stream;
@@ -179,13 +187,11 @@ typedef struct um__pool {
     size_t npages;
     um__region region;
 
-    um__phys *page_phys;          /* 0: unmapped */
-    uint32_t *page_pin;           /* bytes of the page not ready */
-    uint32_t *hole_prev, *hole_next; /* hole list links, UINT32_MAX = none */
+    /* One record per page, all fields together: an operation on a block
+     * touches one cache line per two pages, not one per array. */
+    um__page *pages;
     um__phys *parked;             /* pages the backend failed to take back */
     size_t nparked, parked_cap;
-    uint32_t *fence_stream;       /* stream that last freed bytes of the page */
-    uint64_t *fence_epoch;        /* its epoch then (MIXED: full_syncs then) */
     uint64_t fence_wait_ns;       /* wait for fences this old before growing; 0: never */
     int recycle;                  /* um__recycle; see recycling() */
     bool plan_on;                 /* the plan option */
