@@ -388,6 +388,23 @@ static void prog_free_all(program *pg)
             prog_free(pg, k, s1, 1);
 }
 
+/* A program of shape s on a fresh 4 GiB pool, with room for `steps`
+ * steps of allocations. */
+static void prog_start(program *pg, const step_shape *s, unsigned lag, size_t steps)
+{
+    *pg = (program){.s = s, .lag = lag, .cap = steps * s->n};
+    pg->ptr = calloc(pg->cap, sizeof *pg->ptr);
+    pg->size = calloc(pg->cap, sizeof *pg->size);
+    pg->a = make_pool((size_t)4096 * MiB, 0);
+}
+
+static void prog_end(program *pg)
+{
+    destroy_pool(pg->a);
+    free(pg->ptr);
+    free(pg->size);
+}
+
 static um_stats pool_stats(um__allocator *a)
 {
     um_stats st;
@@ -405,10 +422,8 @@ static void test_pool_plan(uint64_t seed)
     step_shape *s = malloc(sizeof *s);
     make_training_shape(s, &rng, 12 * MiB);
     for (int ending = 0; ending < 3; ending++) {
-        program pg = {.s = s, .lag = 25, .cap = 200 * s->n};
-        pg.ptr = calloc(pg.cap, sizeof *pg.ptr);
-        pg.size = calloc(pg.cap, sizeof *pg.size);
-        pg.a = make_pool((size_t)4096 * MiB, 0);
+        program pg;
+        prog_start(&pg, s, 25, 200);
         um__pool *p = (um__pool *)pg.a;
 
         /* Learning, then the plan: from then on no backend call at all. */
@@ -468,9 +483,7 @@ static void test_pool_plan(uint64_t seed)
         CHECK_OK(pg.a->ops->trim(pg.a));
         CHECK_EQ(pool_stats(pg.a).reserved_bytes, 0);
         CHECK_OK(pg.a->ops->check(pg.a));
-        destroy_pool(pg.a);
-        free(pg.ptr);
-        free(pg.size);
+        prog_end(&pg);
     }
     free(s);
 }
@@ -483,10 +496,8 @@ static void test_pool_plan_limit(uint64_t seed)
     uint64_t rng = seed ^ 0x1157;
     step_shape *s = malloc(sizeof *s);
     make_training_shape(s, &rng, 8 * MiB);
-    program pg = {.s = s, .lag = 10, .cap = 200 * s->n};
-    pg.ptr = calloc(pg.cap, sizeof *pg.ptr);
-    pg.size = calloc(pg.cap, sizeof *pg.size);
-    pg.a = make_pool((size_t)4096 * MiB, 0);
+    program pg;
+    prog_start(&pg, s, 10, 200);
     um__pool *p = (um__pool *)pg.a;
     um__stream_ref ref2 = {2, s2, NULL};
     for (int pass = 0; pass < 2; pass++) {
@@ -532,9 +543,7 @@ static void test_pool_plan_limit(uint64_t seed)
     }
     prog_free_all(&pg);
     CHECK_OK(pg.a->ops->check(pg.a));
-    destroy_pool(pg.a);
-    free(pg.ptr);
-    free(pg.size);
+    prog_end(&pg);
     free(s);
 }
 
@@ -550,6 +559,16 @@ typedef struct churner {
     uint64_t ops;
 } churner;
 
+/* Checks block k's pattern (id 5000000 + k) and frees it. */
+static void churn_free(churner *c, void **ptr, const size_t *size, size_t k,
+                       const um__stream_ref *ref)
+{
+    unsigned char got, want;
+    c->bad += harness_pattern_find_bad(ptr[k], size[k], 5000000 + k, &got, &want) != SIZE_MAX;
+    c->bad += c->a->ops->free(c->a, ptr[k], ref) != UM_OK;
+    ptr[k] = NULL;
+}
+
 static void *churn(void *arg)
 {
     churner *c = arg;
@@ -562,10 +581,7 @@ static void *churn(void *arg)
         size_t k = harness_rand(&rng) % LIVE;
         uint64_t id = 5000000 + k;
         if (ptr[k]) {
-            unsigned char got, want;
-            c->bad += harness_pattern_find_bad(ptr[k], size[k], id, &got, &want) != SIZE_MAX;
-            c->bad += c->a->ops->free(c->a, ptr[k], &ref) != UM_OK;
-            ptr[k] = NULL;
+            churn_free(c, ptr, size, k, &ref);
         } else {
             bool large = harness_rand(&rng) % 5000 == 0;
             size[k] = large ? 64 * KiB + harness_rand(&rng) % (4 * MiB)
@@ -579,13 +595,9 @@ static void *churn(void *arg)
         }
         c->ops++;
     }
-    for (size_t k = 0; k < LIVE; k++) {
-        unsigned char got, want;
-        if (!ptr[k])
-            continue;
-        c->bad += harness_pattern_find_bad(ptr[k], size[k], 5000000 + k, &got, &want) != SIZE_MAX;
-        c->bad += c->a->ops->free(c->a, ptr[k], &ref) != UM_OK;
-    }
+    for (size_t k = 0; k < LIVE; k++)
+        if (ptr[k])
+            churn_free(c, ptr, size, k, &ref);
     return NULL;
 }
 
@@ -594,10 +606,8 @@ static void test_pool_plan_threads(uint64_t seed)
     uint64_t rng = seed ^ 0x7472;
     step_shape *s = malloc(sizeof *s);
     make_training_shape(s, &rng, 4 * MiB);
-    program pg = {.s = s, .lag = 0, .cap = 40 * s->n};
-    pg.ptr = calloc(pg.cap, sizeof *pg.ptr);
-    pg.size = calloc(pg.cap, sizeof *pg.size);
-    pg.a = make_pool((size_t)4096 * MiB, 0);
+    program pg;
+    prog_start(&pg, s, 0, 40);
     churner c = {.a = pg.a, .seed = seed ^ 0xc4};
     pthread_t t;
     CHECK_EQ(pthread_create(&t, NULL, churn, &c), 0);
@@ -615,9 +625,7 @@ static void test_pool_plan_threads(uint64_t seed)
     CHECK_OK(pg.a->ops->trim(pg.a));
     CHECK_EQ(pool_stats(pg.a).reserved_bytes, 0);
     CHECK_OK(pg.a->ops->check(pg.a));
-    destroy_pool(pg.a);
-    free(pg.ptr);
-    free(pg.size);
+    prog_end(&pg);
     free(s);
 }
 

@@ -1648,11 +1648,10 @@ static um_status large_alloc(um__pool *p, size_t size, const um__stream_ref *s, 
     um_status st = UM_ERR_NOMEM;
     if (ss && p->plan_on)
         b = plan_take(p, seq, bytes, s->id);
-    if (ss && !b) {
-        st = take_range(p, bytes, UM_ALIGN, s->id, &b);
-    } else if (b) {
+    if (b)
         st = UM_OK;
-    }
+    else if (ss)
+        st = take_range(p, bytes, UM_ALIGN, s->id, &b);
     if (st == UM_OK && !live_map_put(p, b)) {
         if (b->planned)
             plan_put_back(p, b);
