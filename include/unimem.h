@@ -16,6 +16,13 @@
 extern "C" {
 #endif
 
+/* The library is built with hidden visibility; these are its exports. */
+#if defined(UM_BUILDING_LIBRARY) && defined(__GNUC__)
+#define UM_API __attribute__((visibility("default")))
+#else
+#define UM_API
+#endif
+
 #define UNIMEM_VERSION_MAJOR 0
 #define UNIMEM_VERSION_MINOR 1
 #define UNIMEM_VERSION_PATCH 0
@@ -46,11 +53,11 @@ typedef enum um_status {
 } um_status;
 
 /* "UM_ERR_NOMEM"; "UM_STATUS_UNKNOWN" for a value outside the list. */
-const char *um_status_name(um_status s);
+UM_API const char *um_status_name(um_status s);
 /* "out of memory"; "unknown status" for a value outside the list. */
-const char *um_strerror(um_status s);
+UM_API const char *um_strerror(um_status s);
 /* Details of this thread's last failed call ("" if none failed yet). */
-const char *um_last_error(void);
+UM_API const char *um_last_error(void);
 
 /* --------------------------------------------------------------- options */
 
@@ -70,13 +77,13 @@ typedef struct um_option_info {
 } um_option_info;
 
 /* The option table, for `unimem info --options` and documentation. */
-int um_option_count(void);
-um_status um_option_get(int index, um_option_info *out);
+UM_API int um_option_count(void);
+UM_API um_status um_option_get(int index, um_option_info *out);
 
 /* "64M" -> 67108864. Accepts a plain byte count or a K/M/G/T suffix, with an
  * optional "iB"/"B" after it. Overflow, an empty string or a bad suffix is
  * UM_ERR_INVALID. */
-um_status um_parse_size(const char *text, size_t *out);
+UM_API um_status um_parse_size(const char *text, size_t *out);
 
 /* ------------------------------------------------------- context, devices */
 
@@ -94,7 +101,7 @@ typedef enum um_device_kind {
 } um_device_kind;
 
 /* "host", "sim", "cuda" ("unknown" outside the list). */
-const char *um_device_kind_name(um_device_kind k);
+UM_API const char *um_device_kind_name(um_device_kind k);
 
 typedef struct um_device_info {
     int index;              /* 0 is the host, 1..n the accelerators */
@@ -122,43 +129,43 @@ typedef struct um_link_info {
 } um_link_info;
 
 /* conf: "key=value,key=value" or NULL. UNIMEM_CONF is read first, then conf. */
-um_status um_init(const char *conf, um_context **ctx);
+UM_API um_status um_init(const char *conf, um_context **ctx);
 /* Frees every pool and backend resource; live allocations are released too. */
-void um_shutdown(um_context *ctx);
-int um_device_count(um_context *ctx);
-um_status um_device_info_get(um_context *ctx, int dev, um_device_info *out);
+UM_API void um_shutdown(um_context *ctx);
+UM_API int um_device_count(um_context *ctx);
+UM_API um_status um_device_info_get(um_context *ctx, int dev, um_device_info *out);
 
-um_status um_stream_create(um_context *ctx, int dev, um_stream *out);
+UM_API um_status um_stream_create(um_context *ctx, int dev, um_stream *out);
 /* Waits for the stream's work, then destroys it. */
-um_status um_stream_destroy(um_context *ctx, um_stream s);
-um_status um_stream_synchronize(um_context *ctx, um_stream s);
+UM_API um_status um_stream_destroy(um_context *ctx, um_stream s);
+UM_API um_status um_stream_synchronize(um_context *ctx, um_stream s);
 /* The device a stream belongs to, or -1 for an invalid handle. */
-int um_stream_device(um_stream s);
+UM_API int um_stream_device(um_stream s);
 /* Simulated work on a sim device's stream (NULL: its default stream):
  * queues `launch` units, then completes up to `complete` queued units, in
  * order. Work not yet completed keeps stream-ordered frees on that stream
  * fenced, as a running kernel does on a GPU. UM_ERR_UNSUPPORTED on other
  * devices. */
-um_status um_sim_stream_work(um_context *ctx, int dev, um_stream s, unsigned launch,
+UM_API um_status um_sim_stream_work(um_context *ctx, int dev, um_stream s, unsigned launch,
                              unsigned complete);
 /* A um_stream for a stream the program already has: a CUstream (or
  * cudaStream_t) on a CUDA device, NULL for its legacy default stream. The
  * context never destroys `native`; um_stream_destroy forgets the wrapper.
  * UM_ERR_UNSUPPORTED on host and sim devices. */
-um_status um_stream_wrap(um_context *ctx, int dev, void *native, um_stream *out);
+UM_API um_status um_stream_wrap(um_context *ctx, int dev, void *native, um_stream *out);
 /* The backend's handle (CUstream on CUDA; NULL for default and sim streams). */
-void *um_stream_native(um_stream s);
+UM_API void *um_stream_native(um_stream s);
 
-um_status um_device_link_get(um_context *ctx, int from, int to, um_link_info *out);
+UM_API um_status um_device_link_get(um_context *ctx, int from, int to, um_link_info *out);
 /* Free and total memory of the device as its driver sees it (cuMemGetInfo
  * on CUDA, so other processes' memory counts; capacity minus the pages
  * created so far on host and sim devices). */
-um_status um_device_memory_get(um_context *ctx, int dev, size_t *free_bytes, size_t *total_bytes);
+UM_API um_status um_device_memory_get(um_context *ctx, int dev, size_t *free_bytes, size_t *total_bytes);
 
 /* The CUDA driver as this process sees it, with no context needed: its
  * version (12040 for 12.4) and GPU count, or UM_ERR_UNSUPPORTED and in
  * `why` the reason there is none (no libcuda.so.1, cuInit failed, ...). */
-um_status um_cuda_driver_info(int *version, int *gpus, char *why, size_t why_len);
+UM_API um_status um_cuda_driver_info(int *version, int *gpus, char *why, size_t why_len);
 
 /* --------------------------------------------------------- pooled memory */
 
@@ -167,23 +174,23 @@ um_status um_cuda_driver_info(int *version, int *gpus, char *why, size_t why_len
  * s must belong to dev, except that host memory (dev 0) may be ordered by
  * any device's stream (the pinned buffers of its copies); otherwise
  * UM_ERR_WRONG_DEVICE. */
-um_status um_malloc(um_context *ctx, int dev, size_t size, um_stream s, void **ptr);
+UM_API um_status um_malloc(um_context *ctx, int dev, size_t size, um_stream s, void **ptr);
 /* The block becomes reusable at once on stream s (NULL: its allocation
  * stream), and on other streams once the work queued on s before this call
  * has completed. s is of the block's device, or any device's for host
  * memory, as for um_malloc. */
-um_status um_free(um_context *ctx, void *ptr, um_stream s);
+UM_API um_status um_free(um_context *ctx, void *ptr, um_stream s);
 /* The device that owns ptr, or -1. Reads no device memory. */
-int um_pointer_device(um_context *ctx, const void *ptr);
+UM_API int um_pointer_device(um_context *ctx, const void *ptr);
 
 /* Copies n bytes between any two addresses of host, sim or CUDA memory
  * (unimem's or the program's), queued on stream s after its earlier work;
  * NULL: the default stream of the device that owns dst (or src). Host
  * memory from device 0 is pinned when a GPU is present, so those copies
  * are truly asynchronous; other host memory may be copied synchronously. */
-um_status um_memcpy_async(um_context *ctx, void *dst, const void *src, size_t n, um_stream s);
+UM_API um_status um_memcpy_async(um_context *ctx, void *dst, const void *src, size_t n, um_stream s);
 /* The same, returning once the copy is complete. */
-um_status um_memcpy(um_context *ctx, void *dst, const void *src, size_t n);
+UM_API um_status um_memcpy(um_context *ctx, void *dst, const void *src, size_t n);
 
 /* ------------------------------------------------------- memory control */
 
@@ -191,11 +198,11 @@ um_status um_memcpy(um_context *ctx, void *dst, const void *src, size_t n);
  * for the cache limit). Lowering the memory limit below the reserved bytes
  * trims the cache first and fails with UM_ERR_BUSY if live data still
  * exceeds it (the limit is then left unchanged). */
-um_status um_set_memory_limit(um_context *ctx, int dev, size_t bytes);
-um_status um_set_cache_limit(um_context *ctx, int dev, size_t bytes);
+UM_API um_status um_set_memory_limit(um_context *ctx, int dev, size_t bytes);
+UM_API um_status um_set_cache_limit(um_context *ctx, int dev, size_t bytes);
 /* Returns cached memory (fully free pages) to the backend, like
  * torch.cuda.empty_cache() or mlx.core.clear_cache(). */
-um_status um_trim(um_context *ctx, int dev);
+UM_API um_status um_trim(um_context *ctx, int dev);
 
 typedef struct um_stats {
     size_t active_bytes;        /* bytes in live blocks (rounded block sizes) */
@@ -214,9 +221,9 @@ typedef struct um_stats {
     uint64_t num_ooms;          /* allocations that failed for lack of memory */
 } um_stats;
 
-um_status um_stats_get(um_context *ctx, int dev, um_stats *out);
+UM_API um_status um_stats_get(um_context *ctx, int dev, um_stats *out);
 /* Peaks restart from the current values. */
-um_status um_reset_peak(um_context *ctx, int dev);
+UM_API um_status um_reset_peak(um_context *ctx, int dev);
 
 /* --------------------------------------------------- allocation traces */
 
@@ -238,17 +245,17 @@ typedef struct um_trace_event {
     uint64_t line;      /* 1-based line number in the file */
 } um_trace_event;
 
-um_status um_trace_open(const char *path, um_trace **out);
+UM_API um_status um_trace_open(const char *path, um_trace **out);
 /* UM_OK with *ev filled, UM_ERR_PARSE / UM_ERR_IO on bad input; at the end of
  * the trace returns UM_OK and sets *done to 1. */
-um_status um_trace_next(um_trace *t, um_trace_event *ev, int *done);
+UM_API um_status um_trace_next(um_trace *t, um_trace_event *ev, int *done);
 /* Restarts from the first line (the trace is read again). */
-um_status um_trace_rewind(um_trace *t);
+UM_API um_status um_trace_rewind(um_trace *t);
 /* Fraction of the file consumed so far, 0..1 (for progress bars). */
-double um_trace_progress(const um_trace *t);
+UM_API double um_trace_progress(const um_trace *t);
 /* Number of distinct ids seen so far. */
-uint64_t um_trace_slots(const um_trace *t);
-void um_trace_close(um_trace *t);
+UM_API uint64_t um_trace_slots(const um_trace *t);
+UM_API void um_trace_close(um_trace *t);
 
 #ifdef __cplusplus
 }
