@@ -225,6 +225,81 @@ UM_API um_status um_stats_get(um_context *ctx, int dev, um_stats *out);
 /* Peaks restart from the current values. */
 UM_API um_status um_reset_peak(um_context *ctx, int dev);
 
+/* ------------------------------------------------------ unified buffers */
+
+/* A buffer is one handle for data usable on every device. It has at most
+ * one replica per device, each invalid, shared (valid and as new as any) or
+ * owner (valid; the last writer's, the only valid one right after a
+ * write). unimem copies data between replicas when a device needs it and
+ * only then. A new buffer reads as zeros. Buffers are thread-safe; work on
+ * one buffer is serialized by its lock. */
+typedef struct um_buffer um_buffer;
+
+typedef enum um_access {
+    UM_ACCESS_READ = 1,          /* valid data, not changed */
+    UM_ACCESS_WRITE = 2,         /* valid data, changed: the others go invalid */
+    UM_ACCESS_READ_WRITE = 3,    /* the same as WRITE, named for clarity */
+    UM_ACCESS_WRITE_DISCARD = 4  /* overwritten whole: no copy in, contents undefined */
+} um_access;
+
+typedef enum um_replica_state {
+    UM_REPLICA_INVALID = 0,
+    UM_REPLICA_SHARED = 1,
+    UM_REPLICA_OWNER = 2
+} um_replica_state;
+
+/* "invalid", "shared", "owner" ("unknown" outside the list). */
+UM_API const char *um_replica_state_name(um_replica_state s);
+
+typedef struct um_buffer_opts {
+    int device; /* make the first replica (zeros) here at once; -1: when first used */
+} um_buffer_opts;
+
+/* o NULL: no replica until first use. size 0 is UM_ERR_INVALID. */
+UM_API um_status um_buffer_create(um_context *ctx, size_t size, const um_buffer_opts *o,
+                                  um_buffer **out);
+/* A buffer whose host replica is the program's memory at host_ptr (not
+ * copied, never freed by unimem; it must outlive the buffer). It starts as
+ * the owner: the buffer holds what host_ptr holds, and um_buffer_destroy
+ * copies the newest data back there. */
+UM_API um_status um_buffer_wrap(um_context *ctx, void *host_ptr, size_t size, um_buffer **out);
+/* A pointer to the buffer's replica on dev, valid until um_buffer_release.
+ * The data is ready for work queued on stream s (of dev; NULL: the default
+ * stream) after this call, and for the host at once when dev is 0: copies
+ * are ordered through events, with no device-wide synchronisation. Any
+ * number of read acquisitions may be held at once, on any devices; a write
+ * acquisition excludes every other. A conflicting acquisition fails with
+ * UM_ERR_BUSY (it does not wait). */
+UM_API um_status um_buffer_acquire(um_buffer *b, int dev, um_access mode, um_stream s,
+                                   void **ptr);
+/* Ends one acquisition on dev. Work queued on s (NULL: the default stream)
+ * before this call may still use the replica: later copies and writes wait
+ * for it. */
+UM_API um_status um_buffer_release(um_buffer *b, int dev, um_stream s);
+/* Starts making the replica on dev valid (asynchronously where the device
+ * allows), so a later acquire finds it there. */
+UM_API um_status um_buffer_prefetch(um_buffer *b, int dev);
+/* Copies n bytes at offset between the buffer and host memory, returning
+ * once done. A write makes its replica the owner and the others invalid. */
+UM_API um_status um_buffer_read(um_buffer *b, size_t offset, void *dst, size_t n);
+UM_API um_status um_buffer_write(um_buffer *b, size_t offset, const void *src, size_t n);
+/* Frees the buffer; copies still in flight finish first (their memory goes
+ * back once they have). UM_ERR_BUSY while it is acquired. */
+UM_API um_status um_buffer_destroy(um_buffer *b);
+UM_API size_t um_buffer_size(const um_buffer *b);
+/* The state of the buffer's replica on dev (INVALID for a bad argument). */
+UM_API um_replica_state um_buffer_replica_state(um_buffer *b, int dev);
+
+/* Copies the transfer engine made from device `from` to device `to` (0 is
+ * the host; buffer reads and writes count as copies to and from it). */
+typedef struct um_link_stats {
+    uint64_t bytes;
+    uint64_t copies;
+    uint64_t busy_ns;   /* time from a copy's start to its observed completion, summed */
+} um_link_stats;
+
+UM_API um_status um_link_stats_get(um_context *ctx, int from, int to, um_link_stats *out);
+
 /* --------------------------------------------------- allocation traces */
 
 /* A reader for the allocation-trace format of shared/traces (gzip or plain

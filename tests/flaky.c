@@ -103,8 +103,18 @@ static void flaky_event_destroy(um__backend *b, um__bevent *e)
     flaky *f = (flaky *)b;
     f->inner->ops->event_destroy(f->inner, e);
 }
+/* Copies also count down copy_countdown, so a test can fail the n-th copy
+ * alone. */
+static bool flaky_copy_fails(um__backend *b)
+{
+    flaky *f = (flaky *)b;
+    return f->copy_countdown > 0 && --f->copy_countdown == 0;
+}
+
 static um_status flaky_copy(um__backend *b, void *dst, const void *src, size_t n, int dir)
 {
+    if (flaky_copy_fails(b))
+        return um__fail(UM_ERR_BACKEND, "injected failure of copy");
     FLAKY_FORWARD(copy, dst, src, n, dir);
 }
 static um_status flaky_stream_wrap(um__backend *b, void *native, um__bstream **out)
@@ -119,7 +129,18 @@ static void *flaky_stream_native(um__backend *b, um__bstream *s)
 static um_status flaky_copy_async(um__backend *b, void *dst, const void *src, size_t n,
                                   um__bstream *s)
 {
+    if (flaky_copy_fails(b))
+        return um__fail(UM_ERR_BACKEND, "injected failure of copy_async");
     FLAKY_FORWARD(copy_async, dst, src, n, s);
+}
+static um_status flaky_stream_wait(um__backend *b, um__bstream *s, um__backend *eb, um__bevent *e)
+{
+    FLAKY_FORWARD(stream_wait, s, eb, e);
+}
+static um_status flaky_memset_async(um__backend *b, void *dst, int value, size_t n,
+                                    um__bstream *s)
+{
+    FLAKY_FORWARD(memset_async, dst, value, n, s);
 }
 static um_status flaky_mem_info(um__backend *b, size_t *free_bytes, size_t *total)
 {
@@ -148,6 +169,8 @@ static const um__backend_ops flaky_ops = {
     .stream_native = flaky_stream_native,
     .copy = flaky_copy,
     .copy_async = flaky_copy_async,
+    .stream_wait = flaky_stream_wait,
+    .memset_async = flaky_memset_async,
     .mem_info = flaky_mem_info,
     .destroy = flaky_destroy,
 };

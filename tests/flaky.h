@@ -9,6 +9,7 @@ typedef struct flaky {
     um__backend base;
     um__backend *inner;
     long countdown; /* the call that fails, counting down; 0: none */
+    long copy_countdown; /* the copy (copy, copy_async) that fails; 0: none */
     long reservations, chunks;
     long long mapped_bytes; /* unmap may cover several mappings */
 } flaky;

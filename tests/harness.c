@@ -5,8 +5,8 @@
 #include <string.h>
 #include <time.h>
 
-int harness_checks;
-int harness_failures;
+_Atomic int harness_checks;
+_Atomic int harness_failures;
 
 void harness_report(const char *file, int line, const char *fmt, ...)
 {

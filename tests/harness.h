@@ -10,8 +10,9 @@
 #include <stdint.h>
 #include <stdio.h>
 
-extern int harness_checks;
-extern int harness_failures;
+/* Atomic: multi-threaded tests check from every thread. */
+extern _Atomic int harness_checks;
+extern _Atomic int harness_failures;
 
 void harness_report(const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

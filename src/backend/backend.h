@@ -61,6 +61,11 @@ typedef struct um__backend_ops {
      * host memory, a peer's memory), queued on s. */
     um_status (*copy_async)(um__backend *b, void *dst, const void *src, size_t n,
                             um__bstream *s);
+    /* Work queued on s after this call waits until e (of any backend of the
+     * same driver) has completed; the host does not wait. */
+    um_status (*stream_wait)(um__backend *b, um__bstream *s, um__backend *eb, um__bevent *e);
+    /* Sets n bytes at dst (this backend's memory) to value, queued on s. */
+    um_status (*memset_async)(um__backend *b, void *dst, int value, size_t n, um__bstream *s);
     /* Free and total physical memory as the device's driver sees it. */
     um_status (*mem_info)(um__backend *b, size_t *free_bytes, size_t *total);
 
@@ -164,6 +169,12 @@ static inline um_status um__be_copy(um__backend *b, void *dst, const void *src, 
 static inline um_status um__be_copy_async(um__backend *b, void *dst, const void *src, size_t n,
                                           um__bstream *s)
 { return UM_BE_CALL_(b, copy_async, dst, src, n, s); }
+static inline um_status um__be_stream_wait(um__backend *b, um__bstream *s, um__backend *eb,
+                                           um__bevent *e)
+{ return UM_BE_CALL_(b, stream_wait, s, eb, e); }
+static inline um_status um__be_memset_async(um__backend *b, void *dst, int value, size_t n,
+                                            um__bstream *s)
+{ return UM_BE_CALL_(b, memset_async, dst, value, n, s); }
 static inline um_status um__be_stream_wrap(um__backend *b, void *native, um__bstream **out)
 { return UM_BE_CALL_(b, stream_wrap, native, out); }
 static inline um_status um__be_mem_info(um__backend *b, size_t *free_bytes, size_t *total)

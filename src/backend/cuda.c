@@ -335,6 +335,38 @@ static um_status cuda_copy_async(um__backend *b, void *dst, const void *src, siz
     return UM_OK;
 }
 
+/* An event of another CUDA backend is waited for on the device; any other
+ * backend's event (host work) is waited for by the host first. */
+static um_status cuda_stream_wait(um__backend *b, um__bstream *s, um__backend *eb, um__bevent *e)
+{
+    if (eb->ops->event_record != cuda_event_record)
+        return eb->ops->event_sync(eb, e);
+    cuda_backend *c = cb(b);
+    um_cuResult r;
+    CUDA_IN_CTX(c, r, c->cu->StreamWaitEvent(native_of(s), (um_cuEvent)e, 0));
+    if (r != UM_CU_SUCCESS)
+        return um__cuda_fail(UM_ERR_BACKEND, r, "%s: cuStreamWaitEvent", b->name);
+    return UM_OK;
+}
+
+static um_status cuda_memset_async(um__backend *b, void *dst, int value, size_t n,
+                                   um__bstream *s)
+{
+    cuda_backend *c = cb(b);
+    if (!dst)
+        return um__fail(UM_ERR_INVALID, "%s: memset of %zu bytes: the pointer is NULL", b->name,
+                        n);
+    if (!n)
+        return UM_OK;
+    um_cuResult r;
+    CUDA_IN_CTX(c, r, c->cu->MemsetD8Async((um_cuDeviceptr)dst, (unsigned char)value, n,
+                                           native_of(s)));
+    if (r != UM_CU_SUCCESS)
+        return um__cuda_fail(um__cuda_status(r), r, "%s: cuMemsetD8Async of %zu bytes at %p",
+                             b->name, n, dst);
+    return UM_OK;
+}
+
 static um_status cuda_mem_info(um__backend *b, size_t *free_bytes, size_t *total)
 {
     cuda_backend *c = cb(b);
@@ -449,6 +481,7 @@ static um_status segment_unmap(um__backend *b, uintptr_t va, size_t size)
     .event_query = cuda_event_query, .event_sync = cuda_event_sync,                               \
     .event_destroy = cuda_event_destroy, .stream_wrap = cuda_stream_wrap,                         \
     .stream_native = cuda_stream_native, .copy = cuda_copy, .copy_async = cuda_copy_async,        \
+    .stream_wait = cuda_stream_wait, .memset_async = cuda_memset_async,                           \
     .mem_info = cuda_mem_info, .destroy = cuda_destroy
 
 static const um__backend_ops cuda_segment_ops = {

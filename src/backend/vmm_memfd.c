@@ -712,6 +712,26 @@ static um_status vmm_copy_async(um__backend *b, void *dst, const void *src, size
     return UM_OK;
 }
 
+/* A sim stream's later work is ordered after e by completing e first: sim
+ * work is counters, and copies are done when queued. */
+static um_status vmm_stream_wait(um__backend *b, um__bstream *s, um__backend *eb, um__bevent *e)
+{
+    UM_UNUSED(b);
+    UM_UNUSED(s);
+    return eb->ops->event_sync(eb, e);
+}
+
+static um_status vmm_memset_async(um__backend *b, void *dst, int value, size_t n,
+                                  um__bstream *s)
+{
+    UM_UNUSED(s);
+    if (!dst)
+        return um__fail(UM_ERR_INVALID, "%s: memset of %zu bytes: the pointer is NULL", b->name,
+                        n);
+    memset(dst, value, n);
+    return UM_OK;
+}
+
 static um_status vmm_stream_wrap(um__backend *b, void *native, um__bstream **out)
 {
     UM_UNUSED(native);
@@ -787,6 +807,8 @@ const um__backend_ops um__memfd_ops = {
     .stream_native = vmm_stream_native,
     .copy = vmm_copy,
     .copy_async = vmm_copy_async,
+    .stream_wait = vmm_stream_wait,
+    .memset_async = vmm_memset_async,
     .mem_info = vmm_mem_info,
     .destroy = vmm_destroy,
 };

@@ -42,6 +42,11 @@ static context_impl *impl_of(um_context *ctx)
     return (context_impl *)ctx;
 }
 
+pthread_mutex_t *um__context_lock(um_context *ctx)
+{
+    return &impl_of(ctx)->lock;
+}
+
 /* ------------------------------------------------------------ devices */
 
 /* Prints "0 host, 1 sim1, ..." into buf; a long table ends in "...". */
@@ -580,6 +585,8 @@ um_status um_sim_stream_work(um_context *ctx, int dev, um_stream s, unsigned lau
 static void destroy_context(context_impl *impl)
 {
     um_context *ctx = &impl->pub;
+    if (ctx->buffers_fini)
+        ctx->buffers_fini(ctx);
     for (int i = 0; i < ctx->ndevices; i++) {
         um_device *d = &ctx->devices[i];
         if (d->alloc)

@@ -38,7 +38,15 @@ struct um_context {
     um__options opts;
     int ndevices;
     um_device devices[UM_MAX_DEVICES];
+    /* The buffer layer (src/buffer), made on first use: its state, and the
+     * call that frees it (and every buffer left) at um_shutdown, before the
+     * allocators and streams go. Set once under the context lock. */
+    struct um__xfer *_Atomic xfer;
+    void (*buffers_fini)(um_context *ctx);
 };
+
+/* The context's lock (guards streams, ids and the buffer layer's creation). */
+pthread_mutex_t *um__context_lock(um_context *ctx);
 
 /* The device structure for dev, or NULL after um__fail(UM_ERR_NO_DEVICE). */
 um_device *um__device(um_context *ctx, int dev, const char *what);

@@ -1,0 +1,595 @@
+/*
+ * buffer: unified buffers (see buffer.h and include/unimem.h). The
+ * coherence protocol, per buffer and under its lock:
+ *
+ *   - at most one replica is OWNER, and once any replica is valid exactly
+ *     one is: the newest contents, made by the last writer (or the zeros
+ *     of a new buffer); SHARED replicas hold the same contents;
+ *   - a read acquisition on a device with no valid replica copies from the
+ *     valid replica with the cheapest route, and the copy is SHARED;
+ *   - a write acquisition copies in the same way (not for WRITE_DISCARD),
+ *     makes its replica the OWNER and every other one INVALID; invalid
+ *     replicas keep their memory, so a later copy back needs no allocation;
+ *   - so a byte moves only when a device without a valid copy needs it.
+ *
+ * Reads may be held on any number of devices at once; a write excludes
+ * every other acquisition, and a conflict fails with UM_ERR_BUSY.
+ */
+#include "buffer.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+const char *um_replica_state_name(um_replica_state s)
+{
+    switch (s) {
+    case UM_REPLICA_INVALID: return "invalid";
+    case UM_REPLICA_SHARED: return "shared";
+    case UM_REPLICA_OWNER: return "owner";
+    }
+    return "unknown";
+}
+
+/* ---------------------------------------------------------- arguments */
+
+static um_status bad_buffer(const char *what, const um_buffer *b)
+{
+    return um__fail(UM_ERR_INVALID, "%s: %p is not a live buffer (destroyed, or never created)",
+                    what, (const void *)b);
+}
+
+static bool live(const um_buffer *b)
+{
+    return b && b->magic == UM_BUFFER_MAGIC;
+}
+
+static um_status check_device(const um_buffer *b, int dev, const char *what)
+{
+    if (dev < 0 || dev >= b->ctx->ndevices)
+        return um__fail(UM_ERR_NO_DEVICE, "%s: buffer %p: device %d: the context has devices 0..%d",
+                        what, (const void *)b, dev, b->ctx->ndevices - 1);
+    return UM_OK;
+}
+
+static um_status check_stream(const um_buffer *b, int dev, um_stream s, const char *what)
+{
+    if (!s)
+        return UM_OK;
+    if (s->magic != UM_STREAM_MAGIC || s->ctx != b->ctx)
+        return um__fail(UM_ERR_INVALID, "%s: %p is not a live stream of the buffer's context",
+                        what, (void *)s);
+    if (s->dev != dev)
+        return um__fail(UM_ERR_WRONG_DEVICE,
+                        "%s: buffer %p on device %d with a stream of device %d", what,
+                        (const void *)b, dev, s->dev);
+    return UM_OK;
+}
+
+static um_status check_range(const um_buffer *b, size_t offset, const void *p, size_t n,
+                             const char *what)
+{
+    if (!p && n)
+        return um__fail(UM_ERR_INVALID, "%s: buffer %p: the host pointer is NULL", what,
+                        (const void *)b);
+    if (offset > b->size || n > b->size - offset)
+        return um__fail(UM_ERR_INVALID,
+                        "%s: buffer %p: %zu bytes at offset %zu run past its %zu bytes", what,
+                        (const void *)b, n, offset, b->size);
+    return UM_OK;
+}
+
+static um__xfer *engine(const um_buffer *b)
+{
+    return atomic_load_explicit(&b->ctx->xfer, memory_order_acquire);
+}
+
+/* ------------------------------------------------------------ fences */
+
+/* Adds f to the replica's users. A newer fence of the same stream covers
+ * an older one; when the list is full, finished fences are dropped, and if
+ * none has finished the oldest is waited for. */
+static void add_use(um__xfer *x, um__replica *r, um__fence f)
+{
+    if (!f.ev)
+        return;
+    for (uint32_t i = 0; i < r->nused; i++) {
+        if (r->used[i].stream == f.stream && r->used[i].be == f.be) {
+            um__fence_drop(&r->used[i]);
+            r->used[i] = f;
+            return;
+        }
+    }
+    if (r->nused == UM_REPLICA_USES) {
+        uint32_t kept = 0;
+        for (uint32_t i = 0; i < r->nused; i++)
+            if (!um__fence_done(x, &r->used[i]))
+                r->used[kept++] = r->used[i];
+        r->nused = kept;
+        if (kept == UM_REPLICA_USES) {
+            if (um__fence_wait(x, &r->used[0]) != UM_OK)
+                um__fence_drop(&r->used[0]);
+            memmove(&r->used[0], &r->used[1], (UM_REPLICA_USES - 1) * sizeof r->used[0]);
+            r->nused--;
+        }
+    }
+    r->used[r->nused++] = f;
+}
+
+static void drop_uses(um__replica *r)
+{
+    for (uint32_t i = 0; i < r->nused; i++)
+        um__fence_drop(&r->used[i]);
+    r->nused = 0;
+}
+
+/* The fences a write into r must wait for: its readers and its filler. */
+static int write_hazards(const um__replica *r, um__fence *out)
+{
+    int n = 0;
+    for (uint32_t i = 0; i < r->nused; i++)
+        out[n++] = r->used[i];
+    out[n++] = r->ready;
+    return n;
+}
+
+/* Orders work queued on s (device dev) after f: a stream wait on a
+ * device, a wait on the host for the host's own work. f is dropped once
+ * seen complete. */
+static um_status order_stream(um__xfer *x, um_context *ctx, int dev, um_stream s, um__fence *f)
+{
+    if (!f->ev || um__fence_done(x, f))
+        return UM_OK;
+    if (dev == 0 && !s)
+        return um__fence_wait(x, f);
+    um_stream us = s ? s : ctx->devices[dev].default_stream;
+    return um__be_stream_wait(ctx->devices[dev].backend, us->ref.bstream, f->be, f->ev);
+}
+
+/* --------------------------------------------------------- replicas */
+
+/* The valid replica (not on `except`) cheapest to copy to device `to`, or
+ * -1 when the buffer holds no data yet. */
+static int best_source(const um_buffer *b, int to, int except)
+{
+    const um__xfer *x = engine(b);
+    int best = -1;
+    double cost = 0.0;
+    for (int d = 0; d < b->ctx->ndevices; d++) {
+        if (d == except || b->rep[d].state == UM_REPLICA_INVALID)
+            continue;
+        double c = um__xfer_cost(x, d, to, b->size);
+        if (best < 0 || c < cost) {
+            best = d;
+            cost = c;
+        }
+    }
+    return best;
+}
+
+static int owner_of(const um_buffer *b)
+{
+    for (int d = 0; d < b->ctx->ndevices; d++)
+        if (b->rep[d].state == UM_REPLICA_OWNER)
+            return d;
+    return -1;
+}
+
+/* Memory for the replica on dev, allocated on the stream that will first
+ * write it (stream-ordered reuse then needs no other wait). */
+static um_status ensure_memory(um_buffer *b, int dev, um_stream first_writer)
+{
+    um__replica *r = &b->rep[dev];
+    if (r->ptr)
+        return UM_OK;
+    return um_malloc(b->ctx, dev, b->size, first_writer, &r->ptr);
+}
+
+/* The stream a copy from src into dev runs on, for allocating dev's
+ * replica (host memory may be ordered by a GPU's stream). */
+static um_stream copy_stream(um__xfer *x, int dev, int src)
+{
+    um_stream s = um__xfer_stream(x, dev, true);
+    if (!s && dev == 0 && src >= 0)
+        s = um__xfer_stream(x, src, false);
+    return s;
+}
+
+/* Makes the replica on dev valid: a copy from the cheapest valid replica,
+ * or zeros for a buffer that holds no data yet (that replica becomes the
+ * owner). On failure the replica stays invalid and the others untouched. */
+static um_status fill(um_buffer *b, int dev)
+{
+    um__xfer *x = engine(b);
+    um__replica *r = &b->rep[dev];
+    int src = best_source(b, dev, dev);
+    um_status st = ensure_memory(b, dev, copy_stream(x, dev, src));
+    if (st != UM_OK)
+        return st;
+    um__fence after[UM_REPLICA_USES + 2];
+    int n = write_hazards(r, after);
+    um__fence done;
+    if (src < 0) {
+        st = um__xfer_zero(x, dev, r->ptr, b->size, after, n, &done);
+    } else {
+        after[n++] = b->rep[src].ready;
+        st = um__xfer_copy(x, dev, r->ptr, src, b->rep[src].ptr, b->size, after, n, &done);
+    }
+    if (st != UM_OK)
+        return st;
+    /* The copy ran after every earlier user and filler of r. */
+    drop_uses(r);
+    um__fence_drop(&r->ready);
+    r->ready = done;
+    if (src >= 0 && done.ev) {
+        /* The copy reads the source: writes there must wait for it. */
+        um__fence use;
+        um_stream runner = (um_stream)done.stream;
+        if (um__fence_record(b->ctx, runner->dev, runner, &use) == UM_OK)
+            add_use(x, &b->rep[src], use);
+        else
+            (void)um__fence_wait(x, &r->ready);
+    }
+    r->state = src < 0 ? UM_REPLICA_OWNER : UM_REPLICA_SHARED;
+    return UM_OK;
+}
+
+/* Makes dev's replica the owner and every other one invalid. */
+static void take_ownership(um_buffer *b, int dev)
+{
+    for (int d = 0; d < b->ctx->ndevices; d++)
+        if (d != dev)
+            b->rep[d].state = UM_REPLICA_INVALID;
+    b->rep[dev].state = UM_REPLICA_OWNER;
+}
+
+/* Hands the replica's memory back once its users are done. */
+static void free_replica(um_buffer *b, int dev)
+{
+    um__replica *r = &b->rep[dev];
+    if (!r->ptr)
+        return;
+    um__xfer *x = engine(b);
+    um__fence f[UM_REPLICA_USES + 1];
+    int n = write_hazards(r, f);
+    if (dev == 0 && b->wrapped) {
+        /* The program's memory: its copies must be done when destroy returns. */
+        for (int i = 0; i < n; i++)
+            if (um__fence_wait(x, &f[i]) != UM_OK)
+                um__fence_drop(&f[i]);
+    } else {
+        um__xfer_free_later(x, dev, r->ptr, f, n);
+    }
+    r->ptr = NULL;
+    r->nused = 0;
+    r->ready = UM_FENCE_NONE;
+    r->state = UM_REPLICA_INVALID;
+}
+
+/* ------------------------------------------------------------- public */
+
+static um_status buffer_new(um_context *ctx, size_t size, const char *what, um_buffer **out)
+{
+    if (!ctx)
+        return um__fail(UM_ERR_INVALID, "%s: ctx is NULL", what);
+    *out = NULL;
+    if (size == 0)
+        return um__fail(UM_ERR_INVALID, "%s: size 0 (a buffer needs at least 1 byte)", what);
+    um__xfer *x;
+    um_status st = um__xfer_get(ctx, &x);
+    if (st != UM_OK)
+        return st;
+    um__xfer_poll(x);
+    um_buffer *b = um__xfer_record(x);
+    if (!b)
+        return um__fail(UM_ERR_NOMEM, "%s: no host memory for a buffer record", what);
+    b->magic = UM_BUFFER_MAGIC;
+    b->ctx = ctx;
+    b->size = size;
+    pthread_mutex_init(&b->lock, NULL);
+    for (int d = 0; d < ctx->ndevices; d++) {
+        b->rep[d].ready = UM_FENCE_NONE;
+        b->rep[d].state = UM_REPLICA_INVALID;
+    }
+    um__xfer_track(x, b, true);
+    *out = b;
+    return UM_OK;
+}
+
+um_status um_buffer_create(um_context *ctx, size_t size, const um_buffer_opts *o, um_buffer **out)
+{
+    if (!out)
+        return um__fail(UM_ERR_INVALID, "um_buffer_create: out is NULL");
+    um_buffer *b;
+    um_status st = buffer_new(ctx, size, "um_buffer_create", &b);
+    *out = st == UM_OK && (!o || o->device == -1) ? b : NULL;
+    if (st != UM_OK || !o || o->device == -1)
+        return st;
+    st = check_device(b, o->device, "um_buffer_create");
+    if (st == UM_OK)
+        st = fill(b, o->device);
+    if (st != UM_OK) {
+        um__buffer_discard(b);
+        return st;
+    }
+    *out = b;
+    return UM_OK;
+}
+
+um_status um_buffer_wrap(um_context *ctx, void *host_ptr, size_t size, um_buffer **out)
+{
+    if (!out)
+        return um__fail(UM_ERR_INVALID, "um_buffer_wrap: out is NULL");
+    *out = NULL;
+    if (!host_ptr)
+        return um__fail(UM_ERR_INVALID, "um_buffer_wrap: host_ptr is NULL (%zu bytes)", size);
+    um_buffer *b;
+    um_status st = buffer_new(ctx, size, "um_buffer_wrap", &b);
+    if (st != UM_OK)
+        return st;
+    b->wrapped = true;
+    b->rep[0].ptr = host_ptr;
+    b->rep[0].state = UM_REPLICA_OWNER;
+    *out = b;
+    return UM_OK;
+}
+
+static bool writes(um_access mode)
+{
+    return mode != UM_ACCESS_READ;
+}
+
+/* Why an acquisition in `mode` cannot be had now, or UM_OK. */
+static um_status conflict(const um_buffer *b, um_access mode, const char *what)
+{
+    for (int d = 0; d < b->ctx->ndevices; d++) {
+        const um__replica *r = &b->rep[d];
+        if (r->writer)
+            return um__fail(UM_ERR_BUSY, "%s: buffer %p is acquired for writing on device %d",
+                            what, (const void *)b, d);
+        if (r->readers && writes(mode))
+            return um__fail(UM_ERR_BUSY,
+                            "%s: buffer %p is acquired for reading on device %d (%u time%s); "
+                            "a write needs it alone",
+                            what, (const void *)b, d, r->readers, r->readers == 1 ? "" : "s");
+    }
+    return UM_OK;
+}
+
+um_status um_buffer_acquire(um_buffer *b, int dev, um_access mode, um_stream s, void **ptr)
+{
+    static const char what[] = "um_buffer_acquire";
+    if (!live(b))
+        return bad_buffer(what, b);
+    if (!ptr)
+        return um__fail(UM_ERR_INVALID, "%s: buffer %p: ptr is NULL", what, (void *)b);
+    *ptr = NULL;
+    um_status st = check_device(b, dev, what);
+    if (st == UM_OK)
+        st = check_stream(b, dev, s, what);
+    if (st != UM_OK)
+        return st;
+    if (mode != UM_ACCESS_READ && mode != UM_ACCESS_WRITE && mode != UM_ACCESS_READ_WRITE &&
+        mode != UM_ACCESS_WRITE_DISCARD)
+        return um__fail(UM_ERR_INVALID,
+                        "%s: buffer %p: mode %d is none of READ (1), WRITE (2), READ_WRITE (3), "
+                        "WRITE_DISCARD (4)",
+                        what, (void *)b, (int)mode);
+    um__xfer *x = engine(b);
+    pthread_mutex_lock(&b->lock);
+    st = conflict(b, mode, what);
+    um__replica *r = &b->rep[dev];
+    if (st == UM_OK && r->state == UM_REPLICA_INVALID) {
+        if (mode == UM_ACCESS_WRITE_DISCARD)
+            st = ensure_memory(b, dev, s);
+        else
+            st = fill(b, dev);
+    }
+    if (st == UM_OK && writes(mode)) {
+        /* The program's writes on s come after every earlier reader and
+         * the filler; its release fence will stand for all of them. */
+        st = order_stream(x, b->ctx, dev, s, &r->ready);
+        for (uint32_t i = 0; st == UM_OK && i < r->nused; i++)
+            st = order_stream(x, b->ctx, dev, s, &r->used[i]);
+        if (st == UM_OK) {
+            drop_uses(r);
+            um__fence_drop(&r->ready);
+            take_ownership(b, dev);
+            r->writer = true;
+        }
+    } else if (st == UM_OK) {
+        st = order_stream(x, b->ctx, dev, s, &r->ready);
+        if (st == UM_OK)
+            r->readers++;
+    }
+    if (st == UM_OK) {
+        b->holders++;
+        *ptr = r->ptr;
+    }
+    pthread_mutex_unlock(&b->lock);
+    return st;
+}
+
+um_status um_buffer_release(um_buffer *b, int dev, um_stream s)
+{
+    static const char what[] = "um_buffer_release";
+    if (!live(b))
+        return bad_buffer(what, b);
+    um_status st = check_device(b, dev, what);
+    if (st == UM_OK)
+        st = check_stream(b, dev, s, what);
+    if (st != UM_OK)
+        return st;
+    um__xfer *x = engine(b);
+    pthread_mutex_lock(&b->lock);
+    um__replica *r = &b->rep[dev];
+    if (!r->writer && !r->readers) {
+        pthread_mutex_unlock(&b->lock);
+        return um__fail(UM_ERR_INVALID, "%s: buffer %p is not acquired on device %d", what,
+                        (void *)b, dev);
+    }
+    um__fence f;
+    st = um__fence_record(b->ctx, dev, s, &f);
+    if (st != UM_OK) {
+        /* No event: the stream's work is waited for here instead. */
+        um_stream us = s ? s : b->ctx->devices[dev].default_stream;
+        um_status s2 = um__be_stream_sync(b->ctx->devices[dev].backend, us->ref.bstream);
+        if (s2 == UM_OK)
+            st = UM_OK;
+    }
+    if (r->writer) {
+        r->writer = false;
+        r->ready = f;
+    } else {
+        r->readers--;
+        add_use(x, r, f);
+    }
+    b->holders--;
+    pthread_mutex_unlock(&b->lock);
+    return st;
+}
+
+um_status um_buffer_prefetch(um_buffer *b, int dev)
+{
+    static const char what[] = "um_buffer_prefetch";
+    if (!live(b))
+        return bad_buffer(what, b);
+    um_status st = check_device(b, dev, what);
+    if (st != UM_OK)
+        return st;
+    pthread_mutex_lock(&b->lock);
+    st = conflict(b, UM_ACCESS_READ, what);
+    if (st == UM_OK && b->rep[dev].state == UM_REPLICA_INVALID)
+        st = fill(b, dev);
+    pthread_mutex_unlock(&b->lock);
+    return st;
+}
+
+um_status um_buffer_read(um_buffer *b, size_t offset, void *dst, size_t n)
+{
+    static const char what[] = "um_buffer_read";
+    if (!live(b))
+        return bad_buffer(what, b);
+    um_status st = check_range(b, offset, dst, n, what);
+    if (st != UM_OK || n == 0)
+        return st;
+    um__xfer *x = engine(b);
+    pthread_mutex_lock(&b->lock);
+    st = conflict(b, UM_ACCESS_READ, what);
+    int src = st == UM_OK ? best_source(b, 0, -1) : -1;
+    if (st == UM_OK && src < 0) {
+        memset(dst, 0, n); /* a new buffer reads as zeros */
+    } else if (st == UM_OK) {
+        um__fence done;
+        st = um__xfer_copy(x, 0, dst, src, (char *)b->rep[src].ptr + offset, n,
+                           &b->rep[src].ready, 1, &done);
+        if (st == UM_OK)
+            st = um__fence_wait(x, &done);
+    }
+    pthread_mutex_unlock(&b->lock);
+    return st;
+}
+
+um_status um_buffer_write(um_buffer *b, size_t offset, const void *src, size_t n)
+{
+    static const char what[] = "um_buffer_write";
+    if (!live(b))
+        return bad_buffer(what, b);
+    um_status st = check_range(b, offset, src, n, what);
+    if (st != UM_OK || n == 0)
+        return st;
+    um__xfer *x = engine(b);
+    pthread_mutex_lock(&b->lock);
+    st = conflict(b, UM_ACCESS_WRITE, what);
+    int dev = owner_of(b);
+    if (st == UM_OK && dev < 0) {
+        /* No data yet: the host gets the first replica, zeros unless this
+         * write covers it all. */
+        dev = 0;
+        if (n == b->size)
+            st = ensure_memory(b, 0, NULL);
+        else
+            st = fill(b, 0);
+    }
+    if (st == UM_OK) {
+        um__replica *r = &b->rep[dev];
+        um__fence after[UM_REPLICA_USES + 1], done;
+        int na = write_hazards(r, after);
+        st = um__xfer_copy(x, dev, (char *)r->ptr + offset, 0, src, n, after, na, &done);
+        if (st == UM_OK)
+            st = um__fence_wait(x, &done);
+        if (st == UM_OK) {
+            drop_uses(r);
+            um__fence_drop(&r->ready);
+            take_ownership(b, dev);
+        }
+    }
+    pthread_mutex_unlock(&b->lock);
+    return st;
+}
+
+/* A wrapped buffer's newest data goes back into the program's memory
+ * before the buffer goes: that memory is the buffer's home. */
+static um_status write_back_home(um_buffer *b)
+{
+    if (!b->wrapped || b->rep[0].state != UM_REPLICA_INVALID)
+        return UM_OK;
+    if (fill(b, 0) != UM_OK)
+        return um__fail(UM_ERR_BACKEND, "buffer %p: its newest data (on device %d) could not be "
+                        "copied back to the wrapped host memory %p: %s", (void *)b, owner_of(b),
+                        b->rep[0].ptr, um_last_error());
+    return um__fence_wait(engine(b), &b->rep[0].ready);
+}
+
+void um__buffer_discard(um_buffer *b)
+{
+    if (write_back_home(b) != UM_OK)
+        um__log(UM_LOG_ERROR, "%s", um_last_error());
+    um__xfer *x = engine(b);
+    b->magic = 0;
+    um__xfer_track(x, b, false);
+    for (int d = 0; d < b->ctx->ndevices; d++)
+        free_replica(b, d);
+    pthread_mutex_destroy(&b->lock);
+    um__xfer_recycle(x, b);
+}
+
+um_status um_buffer_destroy(um_buffer *b)
+{
+    static const char what[] = "um_buffer_destroy";
+    if (!b)
+        return UM_OK;
+    if (!live(b))
+        return bad_buffer(what, b);
+    pthread_mutex_lock(&b->lock);
+    if (b->holders) {
+        pthread_mutex_unlock(&b->lock);
+        return um__fail(UM_ERR_BUSY, "%s: buffer %p is still acquired (%u acquisition%s held)",
+                        what, (void *)b, b->holders, b->holders == 1 ? "" : "s");
+    }
+    um_status st = write_back_home(b);
+    if (st != UM_OK) {
+        pthread_mutex_unlock(&b->lock);
+        return st; /* the buffer stays, with its data */
+    }
+    b->magic = 0;
+    pthread_mutex_unlock(&b->lock);
+    um__xfer *x = engine(b);
+    um__buffer_discard(b);
+    um__xfer_poll(x);
+    return UM_OK;
+}
+
+size_t um_buffer_size(const um_buffer *b)
+{
+    return live(b) ? b->size : 0;
+}
+
+um_replica_state um_buffer_replica_state(um_buffer *b, int dev)
+{
+    if (!live(b) || dev < 0 || dev >= b->ctx->ndevices)
+        return UM_REPLICA_INVALID;
+    pthread_mutex_lock(&b->lock);
+    um_replica_state s = (um_replica_state)b->rep[dev].state;
+    pthread_mutex_unlock(&b->lock);
+    return s;
+}

@@ -1,0 +1,108 @@
+/*
+ * buffer: unified buffers (buffer.c) and the transfer engine that moves
+ * their data (transfer.c).
+ *
+ * buffer.c owns every um_buffer: its replicas (one per device at most,
+ * memory from that device's pool), their coherence state and the fences
+ * that order work on them. transfer.c owns the per-context engine: the copy
+ * streams (one per direction per GPU), the route costs, the per-link
+ * statistics, and the replicas of destroyed buffers whose last copies or
+ * users are still running. Both sit on the core (devices, streams, pools).
+ *
+ * Ordering is by fences, never by device-wide synchronisation: a replica's
+ * `ready` fence completes when its contents are final (the copy that filled
+ * it, or the last writer's work), and its `used` fences when the work that
+ * reads it (acquirers' streams, copies out) is done. A copy into a replica
+ * waits for both; a copy out of it waits for `ready`.
+ */
+#ifndef UM_BUFFER_H
+#define UM_BUFFER_H
+
+#include "../core/core.h"
+
+/* A point in a stream's work: an event of backend `be` recorded on the
+ * stream `stream` (an identity only, to replace older fences of the same
+ * stream). ev NULL: nothing to wait for. A fence made by a copy also names
+ * its link, to which the copy's time is added once it is seen done. */
+typedef struct um__fence {
+    um__backend *be;
+    um__bevent *ev;
+    const void *stream;
+    uint64_t start_ns;
+    int16_t from, to;  /* the copy's link, or -1 */
+} um__fence;
+
+#define UM_FENCE_NONE ((um__fence){NULL, NULL, NULL, 0, -1, -1})
+#define UM_REPLICA_USES 4
+
+typedef struct um__replica {
+    void *ptr;              /* NULL: no memory on this device */
+    uint8_t state;          /* um_replica_state */
+    uint32_t readers;       /* read acquisitions held */
+    bool writer;            /* a write acquisition is held */
+    um__fence ready;
+    um__fence used[UM_REPLICA_USES];
+    uint32_t nused;
+} um__replica;
+
+#define UM_BUFFER_MAGIC 0x42554646u
+
+struct um_buffer {
+    uint32_t magic;         /* UM_BUFFER_MAGIC while the handle is valid */
+    um_context *ctx;
+    size_t size;
+    bool wrapped;           /* the host replica is the program's memory */
+    pthread_mutex_t lock;
+    struct um_buffer *prev, *next; /* the engine's list of live buffers */
+    uint32_t holders;       /* acquisitions held, on every device */
+    um__replica rep[];      /* one per device */
+};
+
+typedef struct um__xfer um__xfer;
+
+/* Frees b whatever its state (acquisitions included), after the work that
+ * uses its replicas: for um_shutdown. */
+void um__buffer_discard(um_buffer *b);
+
+/* The context's engine, made on first use. */
+um_status um__xfer_get(um_context *ctx, um__xfer **out);
+
+/* A zeroed record for a new buffer, and the record of a destroyed one
+ * (its magic cleared), kept for reuse until shutdown. */
+um_buffer *um__xfer_record(um__xfer *x);
+void um__xfer_recycle(um__xfer *x, um_buffer *b);
+
+/* Adds b to / removes it from the engine's list of live buffers (freed at
+ * um_shutdown if the program did not destroy them). */
+void um__xfer_track(um__xfer *x, um_buffer *b, bool add);
+
+/* Copies n bytes from src (memory of device sd, or program memory when sd
+ * is 0) to dst (of device dd), after the `after` fences; *done is the
+ * copy's completion (none when it completed already). */
+um_status um__xfer_copy(um__xfer *x, int dd, void *dst, int sd, const void *src, size_t n,
+                        const um__fence *after, int nafter, um__fence *done);
+/* Zeros n bytes at dst (of device dev) after the `after` fences. */
+um_status um__xfer_zero(um__xfer *x, int dev, void *dst, size_t n, const um__fence *after,
+                        int nafter, um__fence *done);
+/* The stream the engine copies into (to = true) or out of device dev with:
+ * NULL (the default stream) where copies are synchronous. */
+um_stream um__xfer_stream(um__xfer *x, int dev, bool to);
+/* Estimated nanoseconds to copy n bytes from `from` to `to`. */
+double um__xfer_cost(const um__xfer *x, int from, int to, size_t n);
+/* Frees ptr (of device dev, from its pool) once the fences have completed;
+ * takes them over. */
+void um__xfer_free_later(um__xfer *x, int dev, void *ptr, um__fence *fences, int nfences);
+/* Frees what um__xfer_free_later holds whose fences have completed. */
+void um__xfer_poll(um__xfer *x);
+
+/* True once f has completed (f becomes none then); queries the backend. */
+bool um__fence_done(um__xfer *x, um__fence *f);
+/* Waits on the host until f has completed; f becomes none. */
+um_status um__fence_wait(um__xfer *x, um__fence *f);
+/* Forgets f (its event is released; the work it marks may still run). */
+void um__fence_drop(um__fence *f);
+/* A fence at the current end of stream s's work (of device dev); none for
+ * the host's default stream, whose work is the program's own. */
+um_status um__fence_record(um_context *ctx, int dev, um_stream s, um__fence *out);
+
+#endif /* UM_BUFFER_H */

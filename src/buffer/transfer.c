@@ -1,0 +1,450 @@
+/*
+ * transfer: the engine that moves buffer data between devices (see
+ * buffer.h). A copy into a GPU runs on that GPU's copy-in stream, a copy
+ * out of a GPU on its copy-out stream, so the two directions overlap each
+ * other and the program's compute; copies between host and simulated
+ * memory are plain memory copies, done when issued. A copy is ordered after
+ * the fences it is given by stream waits on a GPU (the host does not
+ * block), by waiting on the host otherwise.
+ */
+#include "buffer.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct link_counters {
+    _Atomic uint64_t bytes, copies, busy_ns;
+} link_counters;
+
+typedef struct held_memory {
+    int dev;
+    void *ptr;
+    um__fence fences[UM_REPLICA_USES + 1];
+    int nfences;
+} held_memory;
+
+struct um__xfer {
+    um_context *ctx;
+    int ndev;
+    pthread_mutex_t lock;         /* guards everything below but the counters */
+    um_stream to[UM_MAX_DEVICES]; /* copy-in stream of each GPU, made on first use */
+    um_stream from[UM_MAX_DEVICES];
+    link_counters *links;         /* ndev x ndev, from-major */
+    double *lat_ns, *ns_per_byte; /* the route cost model, ndev x ndev */
+    held_memory *held;            /* memory of destroyed buffers, still in use */
+    size_t nheld, held_cap;
+    _Atomic size_t nheld_pending;
+    um_buffer *buffers;           /* every live buffer */
+    /* Records of destroyed buffers, reused for new ones and freed at
+     * shutdown, so a destroyed handle stays readable memory whose magic
+     * says it is dead (until a new buffer takes its record). */
+    um_buffer *spare;
+};
+
+static bool is_gpu(um_context *ctx, int dev)
+{
+    return ctx->devices[dev].backend->kind == UM_DEVICE_CUDA;
+}
+
+/* ------------------------------------------------------------- fences */
+
+static void count_busy(um__xfer *x, const um__fence *f)
+{
+    if (f->from >= 0 && f->to >= 0)
+        atomic_fetch_add_explicit(&x->links[f->from * x->ndev + f->to].busy_ns,
+                                  um__now_ns() - f->start_ns, memory_order_relaxed);
+}
+
+void um__fence_drop(um__fence *f)
+{
+    if (f->ev)
+        um__be_event_destroy(f->be, f->ev);
+    *f = UM_FENCE_NONE;
+}
+
+bool um__fence_done(um__xfer *x, um__fence *f)
+{
+    if (!f->ev)
+        return true;
+    int done = 0;
+    if (um__be_event_query(f->be, f->ev, &done) != UM_OK || !done)
+        return false;
+    count_busy(x, f);
+    um__fence_drop(f);
+    return true;
+}
+
+um_status um__fence_wait(um__xfer *x, um__fence *f)
+{
+    if (!f->ev)
+        return UM_OK;
+    um_status st = um__be_event_sync(f->be, f->ev);
+    if (st != UM_OK)
+        return st;
+    count_busy(x, f);
+    um__fence_drop(f);
+    return UM_OK;
+}
+
+um_status um__fence_record(um_context *ctx, int dev, um_stream s, um__fence *out)
+{
+    *out = UM_FENCE_NONE;
+    if (dev == 0 && !s)
+        return UM_OK;
+    um_stream us = s ? s : ctx->devices[dev].default_stream;
+    um__backend *be = ctx->devices[us->dev].backend;
+    um__bevent *ev = NULL;
+    um_status st = um__be_event_record(be, us->ref.bstream, &ev);
+    if (st != UM_OK)
+        return st;
+    *out = (um__fence){be, ev, us, 0, -1, -1};
+    return UM_OK;
+}
+
+/* ------------------------------------------------------------- engine */
+
+/* The route model until links are measured: GPU links at the H200's host
+ * link speed, peers faster, host and simulated memory at memory speed.
+ * Only the order of the costs matters to the choice of a source. */
+static void model_routes(um__xfer *x)
+{
+    um_context *ctx = x->ctx;
+    for (int i = 0; i < x->ndev; i++) {
+        for (int j = 0; j < x->ndev; j++) {
+            double lat = 1000.0, gbps = 10.0;
+            if (i == j) {
+                lat = 0.0;
+                gbps = 1000.0;
+            } else if (is_gpu(ctx, i) && is_gpu(ctx, j)) {
+                um_link_info li;
+                bool peer = um_device_link_get(ctx, i, j, &li) == UM_OK && li.peer_access;
+                lat = 10000.0;
+                gbps = peer ? 400.0 : 25.0;
+            } else if (is_gpu(ctx, i) || is_gpu(ctx, j)) {
+                lat = 10000.0;
+                gbps = 50.0;
+            }
+            x->lat_ns[i * x->ndev + j] = lat;
+            x->ns_per_byte[i * x->ndev + j] = 1.0 / gbps;
+        }
+    }
+}
+
+static void buffers_fini(um_context *ctx);
+
+um_status um__xfer_get(um_context *ctx, um__xfer **out)
+{
+    um__xfer *x = atomic_load_explicit(&ctx->xfer, memory_order_acquire);
+    if (x) {
+        *out = x;
+        return UM_OK;
+    }
+    pthread_mutex_lock(um__context_lock(ctx));
+    x = atomic_load_explicit(&ctx->xfer, memory_order_relaxed);
+    if (!x) {
+        size_t n = (size_t)ctx->ndevices;
+        x = calloc(1, sizeof *x);
+        if (x) {
+            x->links = calloc(n * n, sizeof *x->links);
+            x->lat_ns = calloc(n * n, sizeof *x->lat_ns);
+            x->ns_per_byte = calloc(n * n, sizeof *x->ns_per_byte);
+        }
+        if (!x || !x->links || !x->lat_ns || !x->ns_per_byte) {
+            if (x) {
+                free(x->links);
+                free(x->lat_ns);
+                free(x->ns_per_byte);
+            }
+            free(x);
+            pthread_mutex_unlock(um__context_lock(ctx));
+            return um__fail(UM_ERR_NOMEM, "unified buffers: no host memory for the transfer "
+                            "engine of %d devices", ctx->ndevices);
+        }
+        x->ctx = ctx;
+        x->ndev = ctx->ndevices;
+        pthread_mutex_init(&x->lock, NULL);
+        model_routes(x);
+        ctx->buffers_fini = buffers_fini;
+        atomic_store_explicit(&ctx->xfer, x, memory_order_release);
+    }
+    pthread_mutex_unlock(um__context_lock(ctx));
+    *out = x;
+    return UM_OK;
+}
+
+um_buffer *um__xfer_record(um__xfer *x)
+{
+    size_t bytes = sizeof(um_buffer) + (size_t)x->ndev * sizeof(um__replica);
+    pthread_mutex_lock(&x->lock);
+    um_buffer *b = x->spare;
+    if (b)
+        x->spare = b->next;
+    pthread_mutex_unlock(&x->lock);
+    if (!b)
+        b = malloc(bytes);
+    if (b)
+        memset(b, 0, bytes);
+    return b;
+}
+
+void um__xfer_recycle(um__xfer *x, um_buffer *b)
+{
+    pthread_mutex_lock(&x->lock);
+    b->next = x->spare;
+    x->spare = b;
+    pthread_mutex_unlock(&x->lock);
+}
+
+void um__xfer_track(um__xfer *x, um_buffer *b, bool add)
+{
+    pthread_mutex_lock(&x->lock);
+    if (add) {
+        b->prev = NULL;
+        b->next = x->buffers;
+        if (b->next)
+            b->next->prev = b;
+        x->buffers = b;
+    } else {
+        if (b->prev)
+            b->prev->next = b->next;
+        else
+            x->buffers = b->next;
+        if (b->next)
+            b->next->prev = b->prev;
+        b->prev = b->next = NULL;
+    }
+    pthread_mutex_unlock(&x->lock);
+}
+
+um_stream um__xfer_stream(um__xfer *x, int dev, bool to)
+{
+    if (!is_gpu(x->ctx, dev))
+        return NULL;
+    um_stream *slot = to ? &x->to[dev] : &x->from[dev];
+    pthread_mutex_lock(&x->lock);
+    if (!*slot && um_stream_create(x->ctx, dev, slot) != UM_OK) {
+        /* The default stream still orders the copies correctly, only with
+         * less overlap. */
+        um__log(UM_LOG_WARN, "transfer engine: %s", um_last_error());
+        *slot = x->ctx->devices[dev].default_stream;
+    }
+    um_stream s = *slot;
+    pthread_mutex_unlock(&x->lock);
+    return s;
+}
+
+double um__xfer_cost(const um__xfer *x, int from, int to, size_t n)
+{
+    size_t k = (size_t)from * (size_t)x->ndev + (size_t)to;
+    return x->lat_ns[k] + (double)n * x->ns_per_byte[k];
+}
+
+/* Who runs a copy from device sd to dd: a GPU on its copy stream, else the
+ * backend of a side that is not the CUDA-pinned host (both are process
+ * memory), else nobody (a plain memmove). */
+typedef struct runner {
+    um__backend *be;
+    um_stream stream; /* NULL: the copy is done when issued */
+} runner;
+
+static runner pick_runner(um__xfer *x, int dd, int sd)
+{
+    um_context *ctx = x->ctx;
+    if (is_gpu(ctx, dd))
+        return (runner){ctx->devices[dd].backend, um__xfer_stream(x, dd, true)};
+    if (is_gpu(ctx, sd))
+        return (runner){ctx->devices[sd].backend, um__xfer_stream(x, sd, false)};
+    um__backend *d = ctx->devices[dd].backend, *s = ctx->devices[sd].backend;
+    return (runner){!d->pinned ? d : !s->pinned ? s : NULL, NULL};
+}
+
+/* Orders the runner's next work after the fences. */
+static um_status order_after(const runner *r, const um__fence *after, int nafter)
+{
+    for (int i = 0; i < nafter; i++) {
+        if (!after[i].ev)
+            continue;
+        um_status st = r->stream ? um__be_stream_wait(r->be, r->stream->ref.bstream, after[i].be,
+                                                     after[i].ev)
+                                 : um__be_event_sync(after[i].be, after[i].ev);
+        if (st != UM_OK)
+            return st;
+    }
+    return UM_OK;
+}
+
+/* The completion of what the runner just queued. */
+static um_status finish(um__xfer *x, const runner *r, int from, int to, uint64_t t0,
+                        um__fence *done)
+{
+    *done = UM_FENCE_NONE;
+    if (!r->stream) {
+        if (from >= 0)
+            atomic_fetch_add_explicit(&x->links[from * x->ndev + to].busy_ns, um__now_ns() - t0,
+                                      memory_order_relaxed);
+        return UM_OK;
+    }
+    um__bevent *ev = NULL;
+    um_status st = um__be_event_record(r->be, r->stream->ref.bstream, &ev);
+    if (st != UM_OK) {
+        /* Without an event, the copy is waited for here. */
+        um_status s2 = um__be_stream_sync(r->be, r->stream->ref.bstream);
+        return s2 == UM_OK ? UM_OK : st;
+    }
+    *done = (um__fence){r->be, ev, r->stream, t0, (int16_t)from, (int16_t)to};
+    return UM_OK;
+}
+
+um_status um__xfer_copy(um__xfer *x, int dd, void *dst, int sd, const void *src, size_t n,
+                        const um__fence *after, int nafter, um__fence *done)
+{
+    *done = UM_FENCE_NONE;
+    runner r = pick_runner(x, dd, sd);
+    um_status st = order_after(&r, after, nafter);
+    if (st != UM_OK)
+        return st;
+    uint64_t t0 = um__now_ns();
+    if (r.be)
+        st = um__be_copy_async(r.be, dst, src, n, r.stream ? r.stream->ref.bstream : NULL);
+    else
+        memmove(dst, src, n);
+    if (st != UM_OK)
+        return st;
+    link_counters *l = &x->links[sd * x->ndev + dd];
+    atomic_fetch_add_explicit(&l->bytes, n, memory_order_relaxed);
+    atomic_fetch_add_explicit(&l->copies, 1, memory_order_relaxed);
+    return finish(x, &r, sd, dd, t0, done);
+}
+
+um_status um__xfer_zero(um__xfer *x, int dev, void *dst, size_t n, const um__fence *after,
+                        int nafter, um__fence *done)
+{
+    *done = UM_FENCE_NONE;
+    runner r = pick_runner(x, dev, dev);
+    um_status st = order_after(&r, after, nafter);
+    if (st != UM_OK)
+        return st;
+    if (r.be)
+        st = um__be_memset_async(r.be, dst, 0, n, r.stream ? r.stream->ref.bstream : NULL);
+    else
+        memset(dst, 0, n);
+    if (st != UM_OK)
+        return st;
+    return finish(x, &r, -1, -1, 0, done);
+}
+
+/* ------------------------------------------------ memory still in use */
+
+static bool all_done(um__xfer *x, held_memory *h)
+{
+    for (int i = 0; i < h->nfences; i++)
+        if (!um__fence_done(x, &h->fences[i]))
+            return false;
+    return true;
+}
+
+void um__xfer_free_later(um__xfer *x, int dev, void *ptr, um__fence *fences, int nfences)
+{
+    held_memory h = {dev, ptr, {{0}}, 0};
+    for (int i = 0; i < nfences; i++)
+        if (fences[i].ev)
+            h.fences[h.nfences++] = fences[i];
+    if (all_done(x, &h)) {
+        (void)um_free(x->ctx, ptr, NULL);
+        return;
+    }
+    pthread_mutex_lock(&x->lock);
+    if (x->nheld == x->held_cap) {
+        size_t cap = x->held_cap ? x->held_cap * 2 : 16;
+        held_memory *a = realloc(x->held, cap * sizeof *a);
+        if (!a) {
+            pthread_mutex_unlock(&x->lock);
+            /* No room to remember it: wait for its users here instead. */
+            for (int i = 0; i < h.nfences; i++)
+                (void)um__fence_wait(x, &h.fences[i]);
+            (void)um_free(x->ctx, ptr, NULL);
+            return;
+        }
+        x->held = a;
+        x->held_cap = cap;
+    }
+    x->held[x->nheld++] = h;
+    atomic_store_explicit(&x->nheld_pending, x->nheld, memory_order_release);
+    pthread_mutex_unlock(&x->lock);
+}
+
+void um__xfer_poll(um__xfer *x)
+{
+    if (!atomic_load_explicit(&x->nheld_pending, memory_order_acquire))
+        return;
+    pthread_mutex_lock(&x->lock);
+    size_t kept = 0;
+    for (size_t i = 0; i < x->nheld; i++) {
+        if (all_done(x, &x->held[i]))
+            (void)um_free(x->ctx, x->held[i].ptr, NULL);
+        else
+            x->held[kept++] = x->held[i];
+    }
+    x->nheld = kept;
+    atomic_store_explicit(&x->nheld_pending, kept, memory_order_release);
+    pthread_mutex_unlock(&x->lock);
+}
+
+/* ---------------------------------------------------------- statistics */
+
+um_status um_link_stats_get(um_context *ctx, int from, int to, um_link_stats *out)
+{
+    if (!ctx || !out)
+        return um__fail(UM_ERR_INVALID, "um_link_stats_get: %s is NULL", ctx ? "out" : "ctx");
+    if (from < 0 || from >= ctx->ndevices || to < 0 || to >= ctx->ndevices)
+        return um__fail(UM_ERR_NO_DEVICE,
+                        "um_link_stats_get: link %d -> %d: the context has devices 0..%d", from,
+                        to, ctx->ndevices - 1);
+    memset(out, 0, sizeof *out);
+    um__xfer *x = atomic_load_explicit(&ctx->xfer, memory_order_acquire);
+    if (!x)
+        return UM_OK; /* no buffer was ever made: nothing was copied */
+    um__xfer_poll(x);
+    link_counters *l = &x->links[from * x->ndev + to];
+    out->bytes = atomic_load_explicit(&l->bytes, memory_order_relaxed);
+    out->copies = atomic_load_explicit(&l->copies, memory_order_relaxed);
+    out->busy_ns = atomic_load_explicit(&l->busy_ns, memory_order_relaxed);
+    return UM_OK;
+}
+
+/* ------------------------------------------------------------ shutdown */
+
+static void buffers_fini(um_context *ctx)
+{
+    um__xfer *x = atomic_load_explicit(&ctx->xfer, memory_order_acquire);
+    if (!x)
+        return;
+    while (x->buffers)
+        um__buffer_discard(x->buffers); /* untracks it */
+    for (size_t i = 0; i < x->nheld; i++) {
+        held_memory *h = &x->held[i];
+        for (int k = 0; k < h->nfences; k++)
+            if (um__fence_wait(x, &h->fences[k]) != UM_OK)
+                um__fence_drop(&h->fences[k]);
+        (void)um_free(ctx, h->ptr, NULL);
+    }
+    for (int d = 0; d < x->ndev; d++) {
+        if (x->to[d] && x->to[d] != ctx->devices[d].default_stream)
+            (void)um_stream_destroy(ctx, x->to[d]);
+        if (x->from[d] && x->from[d] != ctx->devices[d].default_stream)
+            (void)um_stream_destroy(ctx, x->from[d]);
+    }
+    while (x->spare) {
+        um_buffer *b = x->spare;
+        x->spare = b->next;
+        free(b);
+    }
+    free(x->held);
+    free(x->links);
+    free(x->lat_ns);
+    free(x->ns_per_byte);
+    pthread_mutex_destroy(&x->lock);
+    free(x);
+    ctx->xfer = NULL;
+    ctx->buffers_fini = NULL;
+}

@@ -1,0 +1,647 @@
+/* Tests of unified buffers (src/buffer): the coherence protocol step by
+ * step, every bad-input path, a failed copy, wrapped host memory, and a
+ * randomized run of several threads against a reference model that checks
+ * every byte read, every replica's state after every step, and at the end
+ * that the bytes copied equal the minimum the protocol needs. A contention
+ * phase then has threads fight over a few buffers, counting writes.
+ *
+ * UM_TEST_BUFFER_DEVICES replaces the devices (default host + 3 small sim
+ * devices); CI also runs it on two stand-in CUDA GPUs, whose memory, like
+ * the sim devices', is readable from the host. */
+#include "buffer/buffer.h"
+#include "flaky.h"
+#include "harness.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define KB 1024u
+#define MB (1024u * 1024u)
+
+static const char *devices_conf(void)
+{
+    const char *e = getenv("UM_TEST_BUFFER_DEVICES");
+    return e && *e ? e : "sim:3x32M";
+}
+
+static um_context *open_ctx(void)
+{
+    char conf[256];
+    snprintf(conf, sizeof conf, "devices=%s", devices_conf());
+    um_context *ctx = NULL;
+    CHECK_OK(um_init(conf, &ctx));
+    return ctx;
+}
+
+static uint64_t bytes_copied(um_context *ctx)
+{
+    uint64_t sum = 0;
+    int n = um_device_count(ctx);
+    for (int i = 0; i < n; i++) {
+        for (int j = 0; j < n; j++) {
+            um_link_stats st;
+            CHECK_OK(um_link_stats_get(ctx, i, j, &st));
+            sum += st.bytes;
+        }
+    }
+    return sum;
+}
+
+static void check_states(um_buffer *b, int ndev, const um_replica_state *want, int line)
+{
+    for (int d = 0; d < ndev; d++) {
+        um_replica_state got = um_buffer_replica_state(b, d);
+        harness_checks++;
+        if (got != want[d])
+            harness_report(__FILE__, line, "replica on device %d is %s, the model says %s", d,
+                           um_replica_state_name(got), um_replica_state_name(want[d]));
+    }
+}
+
+static bool all_bytes(const unsigned char *p, size_t n, unsigned char v)
+{
+    for (size_t i = 0; i < n; i++)
+        if (p[i] != v)
+            return false;
+    return true;
+}
+
+/* ------------------------------------------------------------ protocol */
+
+static void test_protocol(void)
+{
+    um_context *ctx = open_ctx();
+    if (!ctx)
+        return;
+    int n = um_device_count(ctx);
+    CHECK(n >= 3);
+    const size_t size = 300 * KB + 7;
+    um_buffer *b = NULL;
+    CHECK_OK(um_buffer_create(ctx, size, NULL, &b));
+    CHECK_EQ(um_buffer_size(b), size);
+    um_replica_state st[64] = {0};
+    check_states(b, n, st, __LINE__);
+
+    /* A new buffer reads as zeros, with nothing copied. */
+    unsigned char *host = malloc(size);
+    memset(host, 0xee, size);
+    CHECK_OK(um_buffer_read(b, 0, host, size));
+    CHECK(all_bytes(host, size, 0));
+    CHECK_EQ(bytes_copied(ctx), 0);
+
+    /* Write on device 1: zeros come first (no copy), then the program's data. */
+    void *p = NULL;
+    CHECK_OK(um_buffer_acquire(b, 1, UM_ACCESS_WRITE, NULL, &p));
+    CHECK(p != NULL && all_bytes(p, size, 0));
+    harness_pattern_fill(p, size, 1);
+    CHECK_OK(um_buffer_release(b, 1, NULL));
+    st[1] = UM_REPLICA_OWNER;
+    check_states(b, n, st, __LINE__);
+    CHECK_EQ(bytes_copied(ctx), 0);
+
+    /* Read on device 2: one copy; device 1 stays the owner. */
+    void *q = NULL;
+    CHECK_OK(um_buffer_acquire(b, 2, UM_ACCESS_READ, NULL, &q));
+    CHECK(q != p);
+    unsigned char got, want;
+    CHECK_EQ(harness_pattern_find_bad(q, size, 1, &got, &want), SIZE_MAX);
+    st[2] = UM_REPLICA_SHARED;
+    check_states(b, n, st, __LINE__);
+    CHECK_EQ(bytes_copied(ctx), size);
+
+    /* Another read there copies nothing; a second reader may hold it too. */
+    void *q2 = NULL;
+    CHECK_OK(um_buffer_acquire(b, 2, UM_ACCESS_READ, NULL, &q2));
+    CHECK(q2 == q);
+    CHECK_EQ(bytes_copied(ctx), size);
+
+    /* A write anywhere conflicts with the readers; the state is unchanged. */
+    void *r = NULL;
+    CHECK_STATUS(um_buffer_acquire(b, 3, UM_ACCESS_WRITE, NULL, &r), UM_ERR_BUSY);
+    CHECK_ERROR_MENTIONS("reading", "device 2", NULL);
+    CHECK(r == NULL);
+    CHECK_STATUS(um_buffer_write(b, 0, host, 1), UM_ERR_BUSY);
+    CHECK_STATUS(um_buffer_destroy(b), UM_ERR_BUSY);
+    check_states(b, n, st, __LINE__);
+    CHECK_OK(um_buffer_release(b, 2, NULL));
+    CHECK_OK(um_buffer_release(b, 2, NULL));
+    CHECK_STATUS(um_buffer_release(b, 2, NULL), UM_ERR_INVALID);
+    CHECK_ERROR_MENTIONS("not acquired", "device 2", NULL);
+
+    /* Write-discard on device 3: no copy in; every other replica invalid. */
+    CHECK_OK(um_buffer_acquire(b, 3, UM_ACCESS_WRITE_DISCARD, NULL, &r));
+    harness_pattern_fill(r, size, 3);
+    /* While written, nothing else may acquire or read it. */
+    CHECK_STATUS(um_buffer_acquire(b, 0, UM_ACCESS_READ, NULL, &p), UM_ERR_BUSY);
+    CHECK_ERROR_MENTIONS("writing", "device 3", NULL);
+    CHECK_STATUS(um_buffer_read(b, 0, host, size), UM_ERR_BUSY);
+    CHECK_STATUS(um_buffer_prefetch(b, 1), UM_ERR_BUSY);
+    CHECK_OK(um_buffer_release(b, 3, NULL));
+    memset(st, 0, sizeof st);
+    st[3] = UM_REPLICA_OWNER;
+    check_states(b, n, st, __LINE__);
+    CHECK_EQ(bytes_copied(ctx), size);
+
+    /* Prefetch to the host, then a host read: one copy for both. */
+    CHECK_OK(um_buffer_prefetch(b, 0));
+    st[0] = UM_REPLICA_SHARED;
+    check_states(b, n, st, __LINE__);
+    CHECK_EQ(bytes_copied(ctx), 2 * size);
+    CHECK_OK(um_buffer_acquire(b, 0, UM_ACCESS_READ, NULL, &p));
+    CHECK_EQ(harness_pattern_find_bad(p, size, 3, &got, &want), SIZE_MAX);
+    CHECK_OK(um_buffer_release(b, 0, NULL));
+    CHECK_EQ(bytes_copied(ctx), 2 * size);
+
+    /* A partial write from the host lands in the owner (device 3). */
+    memset(host, 0x5a, 1000);
+    CHECK_OK(um_buffer_write(b, 123, host, 1000));
+    memset(st, 0, sizeof st);
+    st[3] = UM_REPLICA_OWNER;
+    check_states(b, n, st, __LINE__);
+    CHECK_EQ(bytes_copied(ctx), 2 * size + 1000);
+    memset(host, 0, size);
+    CHECK_OK(um_buffer_read(b, 0, host, size));
+    CHECK(all_bytes(host + 123, 1000, 0x5a));
+    harness_pattern_fill(host + 123, 1000, 99); /* only to compare the rest */
+    unsigned char *ref = malloc(size);
+    harness_pattern_fill(ref, size, 3);
+    CHECK(memcmp(host, ref, 123) == 0);
+    CHECK(memcmp(host + 1123, ref + 1123, size - 1123) == 0);
+    CHECK_EQ(bytes_copied(ctx), 3 * size + 1000);
+
+    CHECK_OK(um_buffer_destroy(b));
+    CHECK_STATUS(um_buffer_destroy(b), UM_ERR_INVALID);
+    CHECK_ERROR_MENTIONS("not a live buffer", NULL, NULL);
+    CHECK_STATUS(um_buffer_acquire(b, 1, UM_ACCESS_READ, NULL, &p), UM_ERR_INVALID);
+
+    /* Created on a device: a zero replica there at once. */
+    CHECK_OK(um_buffer_create(ctx, 4096, &(um_buffer_opts){.device = 2}, &b));
+    memset(st, 0, sizeof st);
+    st[2] = UM_REPLICA_OWNER;
+    check_states(b, n, st, __LINE__);
+    CHECK_OK(um_buffer_destroy(b));
+
+    /* Every replica's memory went back to its pool. */
+    for (int d = 0; d < n; d++) {
+        um_stats s;
+        CHECK_OK(um_stats_get(ctx, d, &s));
+        CHECK_EQ(s.active_bytes, 0);
+    }
+    free(ref);
+    free(host);
+    um_shutdown(ctx);
+}
+
+/* ------------------------------------------------------------ bad input */
+
+static void test_bad_input(void)
+{
+    um_context *ctx = open_ctx();
+    if (!ctx)
+        return;
+    um_buffer *b = (um_buffer *)1;
+    CHECK_STATUS(um_buffer_create(NULL, 16, NULL, &b), UM_ERR_INVALID);
+    CHECK_STATUS(um_buffer_create(ctx, 16, NULL, NULL), UM_ERR_INVALID);
+    CHECK_STATUS(um_buffer_create(ctx, 0, NULL, &b), UM_ERR_INVALID);
+    CHECK_ERROR_MENTIONS("size 0", NULL, NULL);
+    CHECK(b == NULL);
+    CHECK_STATUS(um_buffer_create(ctx, 16, &(um_buffer_opts){.device = 9}, &b), UM_ERR_NO_DEVICE);
+    CHECK(b == NULL);
+    /* Larger than the device: the pool says so, and nothing is left. */
+    CHECK_STATUS(um_buffer_create(ctx, (size_t)1 << 40, &(um_buffer_opts){.device = 1}, &b),
+                 UM_ERR_NOMEM);
+    CHECK_STATUS(um_buffer_wrap(ctx, NULL, 16, &b), UM_ERR_INVALID);
+    CHECK_OK(um_buffer_create(ctx, 64, NULL, &b));
+    void *p = (void *)1;
+    CHECK_STATUS(um_buffer_acquire(b, 1, UM_ACCESS_READ, NULL, NULL), UM_ERR_INVALID);
+    CHECK_STATUS(um_buffer_acquire(b, -1, UM_ACCESS_READ, NULL, &p), UM_ERR_NO_DEVICE);
+    CHECK(p == NULL);
+    CHECK_STATUS(um_buffer_acquire(b, 1, (um_access)7, NULL, &p), UM_ERR_INVALID);
+    CHECK_ERROR_MENTIONS("mode 7", NULL, NULL);
+    um_stream s;
+    CHECK_OK(um_stream_create(ctx, 2, &s));
+    CHECK_STATUS(um_buffer_acquire(b, 1, UM_ACCESS_READ, s, &p), UM_ERR_WRONG_DEVICE);
+    CHECK_STATUS(um_buffer_release(b, 1, s), UM_ERR_WRONG_DEVICE);
+    struct um_stream_s not_a_stream = {0};
+    CHECK_STATUS(um_buffer_acquire(b, 1, UM_ACCESS_READ, &not_a_stream, &p), UM_ERR_INVALID);
+    /* On its own device's stream it works. */
+    CHECK_OK(um_buffer_acquire(b, 2, UM_ACCESS_READ, s, &p));
+    CHECK_OK(um_buffer_release(b, 2, s));
+    char buf[128];
+    CHECK_STATUS(um_buffer_read(b, 60, buf, 5), UM_ERR_INVALID);
+    CHECK_ERROR_MENTIONS("run past", NULL, NULL);
+    CHECK_STATUS(um_buffer_write(b, 65, buf, 0), UM_ERR_INVALID);
+    CHECK_STATUS(um_buffer_read(b, 0, NULL, 5), UM_ERR_INVALID);
+    CHECK_STATUS(um_buffer_write(b, (size_t)-1, buf, 2), UM_ERR_INVALID);
+    CHECK_OK(um_buffer_read(b, 64, buf, 0));
+    CHECK_STATUS(um_buffer_prefetch(b, 5), UM_ERR_NO_DEVICE);
+    CHECK_STATUS(um_buffer_prefetch(NULL, 1), UM_ERR_INVALID);
+    CHECK_OK(um_buffer_destroy(NULL));
+    CHECK_EQ(um_buffer_size(NULL), 0);
+    CHECK_EQ(um_buffer_replica_state(b, 99), UM_REPLICA_INVALID);
+    CHECK(strcmp(um_replica_state_name((um_replica_state)9), "unknown") == 0);
+    um_link_stats ls;
+    CHECK_STATUS(um_link_stats_get(ctx, 0, 9, &ls), UM_ERR_NO_DEVICE);
+    CHECK_STATUS(um_link_stats_get(ctx, 0, 1, NULL), UM_ERR_INVALID);
+    /* Acquired buffers and streams left at shutdown are freed by it. */
+    CHECK_OK(um_buffer_acquire(b, 1, UM_ACCESS_WRITE, NULL, &p));
+    um_shutdown(ctx);
+}
+
+/* ------------------------------------------------- a copy that fails */
+
+static void test_failed_copy(void)
+{
+    um_context *ctx = open_ctx();
+    if (!ctx)
+        return;
+    int n = um_device_count(ctx);
+    const size_t size = 64 * KB;
+    um_buffer *b;
+    void *p;
+    CHECK_OK(um_buffer_create(ctx, size, NULL, &b));
+    CHECK_OK(um_buffer_acquire(b, 1, UM_ACCESS_WRITE_DISCARD, NULL, &p));
+    harness_pattern_fill(p, size, 11);
+    CHECK_OK(um_buffer_release(b, 1, NULL));
+    /* Every copy into device 2 runs on a backend that fails its first copy. */
+    um__backend *real = ctx->devices[2].backend;
+    flaky f;
+    flaky_init(&f, real);
+    f.copy_countdown = 1;
+    if (real->kind == UM_DEVICE_CUDA || ctx->devices[1].backend->kind == UM_DEVICE_CUDA) {
+        printf("test_buffer: the failed-copy case runs on sim devices only\n");
+        CHECK_OK(um_buffer_destroy(b));
+        um_shutdown(ctx);
+        return;
+    }
+    ctx->devices[2].backend = &f.base;
+    void *q = NULL;
+    CHECK_STATUS(um_buffer_acquire(b, 2, UM_ACCESS_READ, NULL, &q), UM_ERR_BACKEND);
+    CHECK_ERROR_MENTIONS("injected", NULL, NULL);
+    CHECK(q == NULL);
+    um_replica_state st[64] = {0};
+    st[1] = UM_REPLICA_OWNER;
+    check_states(b, n, st, __LINE__);
+    /* The valid replica is intact, and the next try works. */
+    unsigned char got, want;
+    CHECK_OK(um_buffer_acquire(b, 2, UM_ACCESS_READ, NULL, &q));
+    CHECK_EQ(harness_pattern_find_bad(q, size, 11, &got, &want), SIZE_MAX);
+    CHECK_OK(um_buffer_release(b, 2, NULL));
+    ctx->devices[2].backend = real;
+    CHECK_OK(um_buffer_acquire(b, 1, UM_ACCESS_READ, NULL, &p));
+    CHECK_EQ(harness_pattern_find_bad(p, size, 11, &got, &want), SIZE_MAX);
+    CHECK_OK(um_buffer_release(b, 1, NULL));
+    CHECK_OK(um_buffer_destroy(b));
+    um_shutdown(ctx);
+}
+
+/* ---------------------------------------------------------------- wrap */
+
+static void test_wrap(void)
+{
+    um_context *ctx = open_ctx();
+    if (!ctx)
+        return;
+    const size_t size = 3 * MB + 5;
+    unsigned char *mine = malloc(size);
+    harness_pattern_fill(mine, size, 21);
+    um_buffer *b;
+    CHECK_OK(um_buffer_wrap(ctx, mine, size, &b));
+    CHECK_EQ(um_buffer_replica_state(b, 0), UM_REPLICA_OWNER);
+    void *p;
+    CHECK_OK(um_buffer_acquire(b, 0, UM_ACCESS_READ, NULL, &p));
+    CHECK(p == mine); /* no copy: the program's memory itself */
+    CHECK_OK(um_buffer_release(b, 0, NULL));
+    CHECK_EQ(bytes_copied(ctx), 0);
+    unsigned char got, want;
+    CHECK_OK(um_buffer_acquire(b, 1, UM_ACCESS_READ_WRITE, NULL, &p));
+    CHECK_EQ(harness_pattern_find_bad(p, size, 21, &got, &want), SIZE_MAX);
+    harness_pattern_fill(p, size, 22);
+    CHECK_OK(um_buffer_release(b, 1, NULL));
+    CHECK_EQ(um_buffer_replica_state(b, 0), UM_REPLICA_INVALID);
+    CHECK_EQ(harness_pattern_find_bad(mine, size, 21, &got, &want), SIZE_MAX);
+    /* Destroying it brings the newest data home. */
+    CHECK_OK(um_buffer_destroy(b));
+    CHECK_EQ(harness_pattern_find_bad(mine, size, 22, &got, &want), SIZE_MAX);
+    CHECK_EQ(bytes_copied(ctx), 2 * (uint64_t)size);
+    free(mine);
+    um_shutdown(ctx);
+}
+
+/* ------------------------------------------------------ randomized model */
+
+#define NBUF 24
+#define NTHREADS 4
+
+typedef struct model_buffer {
+    pthread_mutex_t lock; /* the test's: one step on a buffer at a time */
+    um_buffer *b;
+    size_t size;
+    unsigned char *data; /* what the buffer holds, by the model */
+    bool any_valid;
+    um_replica_state st[64];
+} model_buffer;
+
+typedef struct model {
+    um_context *ctx;
+    int ndev;
+    model_buffer buf[NBUF];
+    _Atomic uint64_t bytes; /* the minimum the protocol copies */
+    _Atomic uint64_t steps;
+    uint64_t seed;
+    long steps_per_thread;
+} model;
+
+static size_t random_size(uint64_t *rng)
+{
+    static const size_t sizes[] = {1, 7, 256, 4095, 4096, 65537, 300 * KB, MB + 3};
+    return sizes[harness_rand(rng) % (sizeof sizes / sizeof sizes[0])];
+}
+
+/* Writes fresh random bytes over [off, off+n) of p and the model. */
+static void scribble(model_buffer *mb, unsigned char *p, size_t off, size_t n, uint64_t *rng)
+{
+    uint64_t v = harness_rand(rng);
+    for (size_t i = 0; i < n; i++) {
+        if ((i & 7) == 0)
+            v = v * 6364136223846793005ull + 1442695040888963407ull;
+        unsigned char c = (unsigned char)(v >> (8 * (i & 7)));
+        p[off + i] = c;
+        mb->data[off + i] = c;
+    }
+}
+
+static void check_bytes(model_buffer *mb, const unsigned char *p, size_t off, size_t n,
+                        const char *what, int dev)
+{
+    harness_checks++;
+    for (size_t i = 0; i < n; i++) {
+        if (p[i] != mb->data[off + i]) {
+            harness_report(__FILE__, __LINE__,
+                           "%s on device %d: byte %zu of a %zu-byte buffer is %u, the model "
+                           "says %u", what, dev, off + i, mb->size, p[i], mb->data[off + i]);
+            return;
+        }
+    }
+}
+
+/* The model's side of making dev's replica valid for a read. */
+static void model_fill(model *m, model_buffer *mb, int dev)
+{
+    if (mb->st[dev] != UM_REPLICA_INVALID)
+        return;
+    if (!mb->any_valid) {
+        mb->any_valid = true;
+        mb->st[dev] = UM_REPLICA_OWNER;
+        return;
+    }
+    atomic_fetch_add(&m->bytes, mb->size);
+    mb->st[dev] = UM_REPLICA_SHARED;
+}
+
+static void model_own(model *m, model_buffer *mb, int dev)
+{
+    for (int d = 0; d < m->ndev; d++)
+        mb->st[d] = UM_REPLICA_INVALID;
+    mb->st[dev] = UM_REPLICA_OWNER;
+    mb->any_valid = true;
+}
+
+static void model_new(model *m, model_buffer *mb, uint64_t *rng)
+{
+    mb->size = random_size(rng);
+    free(mb->data);
+    mb->data = calloc(1, mb->size);
+    mb->any_valid = false;
+    memset(mb->st, 0, sizeof mb->st);
+    CHECK_OK(um_buffer_create(m->ctx, mb->size, NULL, &mb->b));
+}
+
+static void step(model *m, model_buffer *mb, uint64_t *rng)
+{
+    int dev = (int)(harness_rand(rng) % (uint64_t)m->ndev);
+    int op = (int)(harness_rand(rng) % 8);
+    size_t off = harness_rand(rng) % mb->size;
+    size_t n = 1 + harness_rand(rng) % (mb->size - off);
+    void *p = NULL;
+    switch (op) {
+    case 0:
+    case 1: /* read */
+        CHECK_OK(um_buffer_acquire(mb->b, dev, UM_ACCESS_READ, NULL, &p));
+        model_fill(m, mb, dev);
+        if (p)
+            check_bytes(mb, p, 0, mb->size, "acquire for read", dev);
+        CHECK_OK(um_buffer_release(mb->b, dev, NULL));
+        break;
+    case 2: /* read-write, a part changed */
+        CHECK_OK(um_buffer_acquire(mb->b, dev,
+                                   harness_rand(rng) % 2 ? UM_ACCESS_READ_WRITE : UM_ACCESS_WRITE,
+                                   NULL, &p));
+        model_fill(m, mb, dev);
+        if (p) {
+            check_bytes(mb, p, 0, mb->size, "acquire for write", dev);
+            scribble(mb, p, off, n, rng);
+        }
+        model_own(m, mb, dev);
+        CHECK_OK(um_buffer_release(mb->b, dev, NULL));
+        break;
+    case 3: /* write-discard: all of it */
+        CHECK_OK(um_buffer_acquire(mb->b, dev, UM_ACCESS_WRITE_DISCARD, NULL, &p));
+        if (p)
+            scribble(mb, p, 0, mb->size, rng);
+        model_own(m, mb, dev);
+        CHECK_OK(um_buffer_release(mb->b, dev, NULL));
+        break;
+    case 4: /* prefetch */
+        CHECK_OK(um_buffer_prefetch(mb->b, dev));
+        model_fill(m, mb, dev);
+        break;
+    case 5: { /* read part into host memory */
+        unsigned char *h = malloc(n);
+        CHECK_OK(um_buffer_read(mb->b, off, h, n));
+        if (mb->any_valid)
+            atomic_fetch_add(&m->bytes, n);
+        check_bytes(mb, h, off, n, "um_buffer_read", 0);
+        free(h);
+        break;
+    }
+    case 6: { /* write part from host memory */
+        unsigned char *h = malloc(mb->size);
+        scribble(mb, h, off, n, rng);
+        CHECK_OK(um_buffer_write(mb->b, off, h + off, n));
+        int target = 0;
+        for (int d = 0; d < m->ndev; d++)
+            if (mb->st[d] == UM_REPLICA_OWNER)
+                target = d;
+        atomic_fetch_add(&m->bytes, n);
+        model_own(m, mb, target);
+        free(h);
+        break;
+    }
+    default: /* a new buffer in its place */
+        CHECK_OK(um_buffer_destroy(mb->b));
+        model_new(m, mb, rng);
+        break;
+    }
+    check_states(mb->b, m->ndev, mb->st, __LINE__);
+}
+
+typedef struct worker {
+    model *m;
+    int id;
+    pthread_t tid;
+} worker;
+
+static void *worker_main(void *arg)
+{
+    worker *w = arg;
+    model *m = w->m;
+    uint64_t rng = m->seed ^ (0x9e3779b97f4a7c15ull * (uint64_t)(w->id + 1));
+    for (long i = 0; i < m->steps_per_thread; i++) {
+        model_buffer *mb = &m->buf[harness_rand(&rng) % NBUF];
+        pthread_mutex_lock(&mb->lock);
+        step(m, mb, &rng);
+        pthread_mutex_unlock(&mb->lock);
+        atomic_fetch_add(&m->steps, 1);
+    }
+    return NULL;
+}
+
+static void test_random(uint64_t seed)
+{
+    model *m = calloc(1, sizeof *m);
+    m->ctx = open_ctx();
+    if (!m->ctx) {
+        free(m);
+        return;
+    }
+    m->ndev = um_device_count(m->ctx);
+    m->seed = seed;
+    m->steps_per_thread = getenv("UM_TEST_QUICK") ? 300 : 1500;
+    uint64_t rng = seed;
+    for (int i = 0; i < NBUF; i++) {
+        pthread_mutex_init(&m->buf[i].lock, NULL);
+        model_new(m, &m->buf[i], &rng);
+    }
+    worker w[NTHREADS];
+    for (int t = 0; t < NTHREADS; t++) {
+        w[t] = (worker){m, t, 0};
+        CHECK_EQ(pthread_create(&w[t].tid, NULL, worker_main, &w[t]), 0);
+    }
+    for (int t = 0; t < NTHREADS; t++)
+        pthread_join(w[t].tid, NULL);
+    CHECK_EQ(m->steps, (uint64_t)NTHREADS * (uint64_t)m->steps_per_thread);
+    /* No redundant copy: exactly the bytes the model counted. */
+    CHECK_EQ(bytes_copied(m->ctx), m->bytes);
+    printf("test_buffer: %llu steps on %d devices, %llu bytes copied (the model's minimum: %llu)\n",
+           (unsigned long long)m->steps, m->ndev, (unsigned long long)bytes_copied(m->ctx),
+           (unsigned long long)m->bytes);
+    for (int i = 0; i < NBUF; i++) {
+        CHECK_OK(um_buffer_destroy(m->buf[i].b));
+        free(m->buf[i].data);
+        pthread_mutex_destroy(&m->buf[i].lock);
+    }
+    for (int d = 0; d < m->ndev; d++) {
+        um_stats s;
+        CHECK_OK(um_stats_get(m->ctx, d, &s));
+        CHECK_EQ(s.active_bytes, 0);
+    }
+    um_shutdown(m->ctx);
+    free(m);
+}
+
+/* ----------------------------------------------------------- contention */
+
+#define NHOT 3
+
+typedef struct contention {
+    um_context *ctx;
+    int ndev;
+    um_buffer *b[NHOT];
+    _Atomic uint64_t writes[NHOT], busy, reads;
+    uint64_t seed;
+} contention;
+
+typedef struct cworker {
+    contention *c;
+    int id;
+    pthread_t tid;
+} cworker;
+
+/* Each successful write acquisition adds one to the counter at the start
+ * of the buffer: only exclusive, coherent writes keep the count. */
+static void *contend_main(void *arg)
+{
+    cworker *w = arg;
+    contention *c = w->c;
+    uint64_t rng = c->seed ^ (0xc2b2ae3d27d4eb4full * (uint64_t)(w->id + 1));
+    for (int i = 0; i < 2000; i++) {
+        int k = (int)(harness_rand(&rng) % NHOT);
+        int dev = (int)(harness_rand(&rng) % (uint64_t)c->ndev);
+        bool write = harness_rand(&rng) % 2;
+        void *p = NULL;
+        um_status st = um_buffer_acquire(c->b[k], dev, write ? UM_ACCESS_WRITE : UM_ACCESS_READ,
+                                         NULL, &p);
+        if (st == UM_ERR_BUSY) {
+            atomic_fetch_add(&c->busy, 1);
+            continue;
+        }
+        CHECK_OK(st);
+        if (st != UM_OK)
+            continue;
+        uint64_t v;
+        memcpy(&v, p, sizeof v);
+        if (write) {
+            v++;
+            memcpy(p, &v, sizeof v);
+            atomic_fetch_add(&c->writes[k], 1);
+        } else {
+            atomic_fetch_add(&c->reads, 1);
+        }
+        CHECK_OK(um_buffer_release(c->b[k], dev, NULL));
+    }
+    return NULL;
+}
+
+static void test_contention(uint64_t seed)
+{
+    contention c = {0};
+    c.ctx = open_ctx();
+    if (!c.ctx)
+        return;
+    c.ndev = um_device_count(c.ctx);
+    c.seed = seed;
+    for (int k = 0; k < NHOT; k++)
+        CHECK_OK(um_buffer_create(c.ctx, 4096 + (size_t)k, NULL, &c.b[k]));
+    cworker w[NTHREADS];
+    for (int t = 0; t < NTHREADS; t++) {
+        w[t] = (cworker){&c, t, 0};
+        CHECK_EQ(pthread_create(&w[t].tid, NULL, contend_main, &w[t]), 0);
+    }
+    for (int t = 0; t < NTHREADS; t++)
+        pthread_join(w[t].tid, NULL);
+    for (int k = 0; k < NHOT; k++) {
+        uint64_t v = 0;
+        CHECK_OK(um_buffer_read(c.b[k], 0, &v, sizeof v));
+        CHECK_EQ(v, c.writes[k]);
+        CHECK_OK(um_buffer_destroy(c.b[k]));
+    }
+    printf("test_buffer: contention: %llu writes, %llu reads, %llu refused as busy\n",
+           (unsigned long long)(c.writes[0] + c.writes[1] + c.writes[2]),
+           (unsigned long long)c.reads, (unsigned long long)c.busy);
+    um_shutdown(c.ctx);
+}
+
+int main(void)
+{
+    uint64_t seed = harness_seed("test_buffer");
+    printf("test_buffer: devices=%s\n", devices_conf());
+    test_protocol();
+    test_bad_input();
+    test_failed_copy();
+    test_wrap();
+    test_random(seed);
+    test_contention(seed);
+    return harness_finish("test_buffer");
+}
