@@ -25,13 +25,18 @@ static const char *devices_conf(void)
     return e && *e ? e : "sim:3x32M";
 }
 
-static um_context *open_ctx(void)
+static um_context *open_ctx_with(const char *extra)
 {
     char conf[256];
-    snprintf(conf, sizeof conf, "devices=%s", devices_conf());
+    snprintf(conf, sizeof conf, "devices=%s%s", devices_conf(), extra);
     um_context *ctx = NULL;
     CHECK_OK(um_init(conf, &ctx));
     return ctx;
+}
+
+static um_context *open_ctx(void)
+{
+    return open_ctx_with("");
 }
 
 static uint64_t bytes_copied(um_context *ctx)
@@ -326,6 +331,47 @@ static void test_wrap(void)
     CHECK_EQ(harness_pattern_find_bad(mine, size, 22, &got, &want), SIZE_MAX);
     CHECK_EQ(bytes_copied(ctx), 2 * (uint64_t)size);
     free(mine);
+    um_shutdown(ctx);
+}
+
+/* ------------------------------------------------------------- staging */
+
+/* Reads and writes of program memory large enough to be staged through
+ * pinned buffers (on a GPU) in many small chunks and several threads, at
+ * odd offsets and lengths. */
+static void test_staging(void)
+{
+    um_context *ctx = open_ctx_with(",copy_chunk=64K,copy_threads=3");
+    if (!ctx)
+        return;
+    const size_t size = MB + 777;
+    unsigned char *ref = malloc(size), *host = malloc(size);
+    um_buffer *b;
+    void *p;
+    CHECK_OK(um_buffer_create(ctx, size, NULL, &b));
+    CHECK_OK(um_buffer_acquire(b, 1, UM_ACCESS_WRITE_DISCARD, NULL, &p));
+    harness_pattern_fill(p, size, 31);
+    CHECK_OK(um_buffer_release(b, 1, NULL));
+    harness_pattern_fill(ref, size, 31);
+    CHECK_OK(um_buffer_read(b, 0, host, size));
+    CHECK(memcmp(host, ref, size) == 0);
+    CHECK_OK(um_buffer_read(b, 4097, host, size - 5000));
+    CHECK(memcmp(host, ref + 4097, size - 5000) == 0);
+    /* A write lands in the owner (device 1) through the staging buffers. */
+    harness_pattern_fill(host, size, 32);
+    CHECK_OK(um_buffer_write(b, 333, host, size - 1000));
+    memcpy(ref + 333, host, size - 1000);
+    CHECK_EQ(um_buffer_replica_state(b, 1), UM_REPLICA_OWNER);
+    CHECK_OK(um_buffer_acquire(b, 1, UM_ACCESS_READ, NULL, &p));
+    CHECK(memcmp(p, ref, size) == 0);
+    CHECK_OK(um_buffer_release(b, 1, NULL));
+    CHECK_OK(um_buffer_destroy(b));
+    /* A bad chunk size is refused, naming the option. */
+    um_context *bad = NULL;
+    CHECK_STATUS(um_init("copy_chunk=1K", &bad), UM_ERR_BAD_OPTION);
+    CHECK_ERROR_MENTIONS("copy_chunk", NULL, NULL);
+    free(ref);
+    free(host);
     um_shutdown(ctx);
 }
 
@@ -641,6 +687,7 @@ int main(void)
     test_bad_input();
     test_failed_copy();
     test_wrap();
+    test_staging();
     test_random(seed);
     test_contention(seed);
     return harness_finish("test_buffer");

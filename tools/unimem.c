@@ -15,6 +15,8 @@ static void usage(FILE *f)
             "                                 replay an allocation trace against the pool and\n"
             "                                 two baselines (no cache, MLX-style buffer cache)\n"
             "  bench alloc [--json] [--quick] time alloc+free pairs against glibc malloc\n"
+            "  bench copy [--json] [--quick]  time buffer copies host<->device against plain\n"
+            "                                 copies, and acquiring a valid buffer\n"
             "\n"
             "UNIMEM_CONF=\"key=value,...\" sets options (see unimem info --options).\n");
 }

@@ -51,6 +51,7 @@ typedef struct int_range {
 
 static const int_range int_ranges[] = {
     {offsetof(um__options, va_factor), 1, 64},
+    {offsetof(um__options, copy_threads), 0, 64},
 };
 
 static void range_of(const opt_entry *e, long *min, long *max)

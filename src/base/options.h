@@ -49,7 +49,12 @@
       "devices lists a GPU and the driver can, else pageable")                                \
     X(cuda_vmm, UM_OPT_BOOL, "1",                                                             \
       "GPU pages through CUDA virtual memory management; 0 (or a GPU without it) uses "      \
-      "cuMemAlloc segments under the buffer cache allocator instead of the pool")
+      "cuMemAlloc segments under the buffer cache allocator instead of the pool")            \
+    X(copy_threads, UM_OPT_INT, "0",                                                          \
+      "host threads that copy program (pageable) memory through pinned staging buffers "     \
+      "for a GPU copy; 0 = half the online CPUs, at most 8")                                  \
+    X(copy_chunk, UM_OPT_SIZE, "4M",                                                          \
+      "bytes per staged chunk of a copy between program memory and a GPU")
 
 typedef struct um__options {
     int log_level;          /* um_log_level */
@@ -67,6 +72,8 @@ typedef struct um__options {
     int plan;
     int host_memory;        /* um__host_memory */
     int cuda_vmm;
+    int copy_threads;
+    size_t copy_chunk;
 } um__options;
 
 typedef enum um__host_memory {

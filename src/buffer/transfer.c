@@ -9,8 +9,10 @@
  */
 #include "buffer.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 typedef struct link_counters {
     _Atomic uint64_t bytes, copies, busy_ns;
@@ -295,6 +297,145 @@ static um_status finish(um__xfer *x, const runner *r, int from, int to, uint64_t
     return UM_OK;
 }
 
+/* ------------------------------------------------------------ staging */
+
+/* A copy between a GPU and program memory (pageable: the GPU's copy engine
+ * cannot read it at full speed) goes through pinned staging buffers in
+ * chunks. Several host threads each move chunks between the program's
+ * memory and two staging buffers of their own while the GPU copies their
+ * previous chunks, so the host copies and the DMA run at once. */
+typedef struct stage_job {
+    um__backend *gpu;
+    um__bstream *stream;
+    char *dev, *host;       /* the device side and the program side */
+    size_t n, chunk;
+    bool to_gpu;
+    char *slots;            /* two chunks per worker, pinned host memory */
+    _Atomic size_t next;    /* the next chunk to take */
+    _Atomic bool failed;
+} stage_job;
+
+typedef struct stage_worker {
+    stage_job *job;
+    int id;
+    pthread_t tid;
+    um_status st;
+    char error[256];
+} stage_worker;
+
+static void stage_fail(stage_worker *w, um_status st)
+{
+    if (w->st != UM_OK)
+        return;
+    w->st = st;
+    snprintf(w->error, sizeof w->error, "%s", um_last_error());
+    atomic_store(&w->job->failed, true);
+}
+
+/* Waits for slot s's DMA; for a copy to the host, then moves its chunk. */
+static void stage_finish(stage_worker *w, char *slot, um__bevent **ev, size_t off, size_t len)
+{
+    stage_job *j = w->job;
+    if (!*ev)
+        return;
+    um_status st = um__be_event_sync(j->gpu, *ev);
+    um__be_event_destroy(j->gpu, *ev);
+    *ev = NULL;
+    if (st != UM_OK)
+        stage_fail(w, st);
+    else if (!j->to_gpu)
+        memcpy(j->host + off, slot, len);
+}
+
+static void *stage_run(void *arg)
+{
+    stage_worker *w = arg;
+    stage_job *j = w->job;
+    char *slot[2] = {j->slots + (size_t)(2 * w->id) * j->chunk,
+                     j->slots + (size_t)(2 * w->id + 1) * j->chunk};
+    um__bevent *ev[2] = {NULL, NULL};
+    size_t off[2] = {0, 0}, len[2] = {0, 0};
+    for (unsigned k = 0; !atomic_load_explicit(&j->failed, memory_order_relaxed); k++) {
+        size_t i = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+        if (i >= (j->n + j->chunk - 1) / j->chunk)
+            break;
+        unsigned s = k & 1;
+        /* The slot's previous chunk must be done before it is reused. */
+        stage_finish(w, slot[s], &ev[s], off[s], len[s]);
+        off[s] = i * j->chunk;
+        len[s] = j->n - off[s] < j->chunk ? j->n - off[s] : j->chunk;
+        if (j->to_gpu)
+            memcpy(slot[s], j->host + off[s], len[s]);
+        um_status st = j->to_gpu
+                           ? um__be_copy_async(j->gpu, j->dev + off[s], slot[s], len[s], j->stream)
+                           : um__be_copy_async(j->gpu, slot[s], j->dev + off[s], len[s], j->stream);
+        if (st == UM_OK)
+            st = um__be_event_record(j->gpu, j->stream, &ev[s]);
+        if (st != UM_OK) {
+            stage_fail(w, st);
+            break;
+        }
+    }
+    for (unsigned s = 0; s < 2; s++)
+        stage_finish(w, slot[s], &ev[s], off[s], len[s]);
+    return NULL;
+}
+
+static int stage_threads(const um__xfer *x)
+{
+    int t = x->ctx->opts.copy_threads;
+    if (t <= 0) {
+        long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+        t = cpus >= 4 ? (int)(cpus / 2) : 1;
+        if (t > 8)
+            t = 8;
+    }
+    return t;
+}
+
+/* Copies n bytes between program memory and the GPU r runs on; waits for
+ * the whole copy. */
+static um_status staged_copy(um__xfer *x, const runner *r, char *dev, char *host, size_t n,
+                             bool to_gpu)
+{
+    stage_job j = {r->be, r->stream->ref.bstream, dev, host, n, x->ctx->opts.copy_chunk,
+                   to_gpu, NULL, 0, false};
+    size_t chunks = (n + j.chunk - 1) / j.chunk;
+    int nw = stage_threads(x);
+    if ((size_t)nw > (chunks + 1) / 2)
+        nw = (int)((chunks + 1) / 2);
+    void *slots = NULL;
+    um_status st = um_malloc(x->ctx, 0, (size_t)(2 * nw) * j.chunk, r->stream, &slots);
+    if (st != UM_OK)
+        return st;
+    j.slots = slots;
+    stage_worker w[64];
+    int started = 1;
+    for (int i = 0; i < nw; i++)
+        w[i] = (stage_worker){&j, i, 0, UM_OK, ""};
+    for (int i = 1; i < nw; i++, started++)
+        if (pthread_create(&w[i].tid, NULL, stage_run, &w[i]) != 0)
+            break; /* fewer helpers: the chunks are shared by those there are */
+    stage_run(&w[0]);
+    for (int i = 1; i < started; i++)
+        pthread_join(w[i].tid, NULL);
+    st = UM_OK;
+    for (int i = 0; i < started && st == UM_OK; i++)
+        if (w[i].st != UM_OK)
+            st = um__fail(w[i].st, "staged copy of %zu bytes %s the GPU: %s", n,
+                          to_gpu ? "to" : "from", w[i].error);
+    /* Every DMA from or to the slots has been waited for. */
+    (void)um_free(x->ctx, slots, r->stream);
+    return st;
+}
+
+/* Whether p is program memory the GPU's copy engine reads slowly: not from
+ * the host pool, or from a host pool that is not page-locked. */
+static bool pageable(um__xfer *x, const void *p)
+{
+    return !x->ctx->devices[0].backend->pinned || um_pointer_device(x->ctx, p) != 0;
+}
+
 um_status um__xfer_copy(um__xfer *x, int dd, void *dst, int sd, const void *src, size_t n,
                         const um__fence *after, int nafter, um__fence *done)
 {
@@ -304,10 +445,19 @@ um_status um__xfer_copy(um__xfer *x, int dd, void *dst, int sd, const void *src,
     if (st != UM_OK)
         return st;
     uint64_t t0 = um__now_ns();
-    if (r.be)
+    bool gpu_to_host = r.stream && dd == 0 && is_gpu(x->ctx, sd);
+    bool host_to_gpu = r.stream && sd == 0 && is_gpu(x->ctx, dd);
+    bool stage = n >= 2 * x->ctx->opts.copy_chunk && x->ctx->devices[0].backend->pinned &&
+                 ((gpu_to_host && pageable(x, dst)) || (host_to_gpu && pageable(x, src)));
+    if (stage) {
+        st = staged_copy(x, &r, gpu_to_host ? (char *)src : dst,
+                         gpu_to_host ? dst : (char *)src, n, host_to_gpu);
+        r.stream = NULL; /* done: nothing to wait for */
+    } else if (r.be) {
         st = um__be_copy_async(r.be, dst, src, n, r.stream ? r.stream->ref.bstream : NULL);
-    else
+    } else {
         memmove(dst, src, n);
+    }
     if (st != UM_OK)
         return st;
     link_counters *l = &x->links[sd * x->ndev + dd];

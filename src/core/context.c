@@ -819,6 +819,10 @@ um_status um_init(const char *conf, um_context **out)
     if (st != UM_OK)
         return st;
     um__log_set_level((um_log_level)opts.log_level);
+    if (opts.copy_chunk < 64 * 1024 || opts.copy_chunk > ((size_t)1 << 30))
+        return um__fail(UM_ERR_BAD_OPTION,
+                        "option 'copy_chunk': %zu bytes is outside 64K..1G (a staged chunk)",
+                        opts.copy_chunk);
 
     device_spec specs[UM_MAX_DEVICES - 1];
     int nspecs = 0;

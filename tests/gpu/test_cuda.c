@@ -489,6 +489,100 @@ static void check_two_gpus(int gpus)
     um_shutdown(ctx);
 }
 
+/* Unified buffers on the GPU: round trips host -> GPU -> host from 1 byte
+ * to 4 GiB, odd sizes and offsets, through the pinned host replica and
+ * through the program's pageable memory (staged). Device memory is only
+ * read back through copies. */
+static void check_buffer_round_trips(gpu *g, bool fake)
+{
+    static const size_t sizes[] = {1, 3, 4095, 65537, (1u << 20) + 1, (64u << 20) + 7,
+                                   ((size_t)1 << 30) + 3, (size_t)4 << 30};
+    size_t nsizes = fake ? 6 : sizeof sizes / sizeof sizes[0];
+    for (size_t k = 0; k < nsizes; k++) {
+        size_t n = sizes[k];
+        unsigned char *src = malloc(n), *out = malloc(n);
+        if (!src || !out) {
+            free(src);
+            free(out);
+            printf("test_cuda: no host memory for the %zu-byte round trip: skipped\n", n);
+            continue;
+        }
+        harness_pattern_fill(src, n, 100 + k);
+        um_buffer *b = NULL;
+        CHECK_OK(um_buffer_create(g->ctx, n, NULL, &b));
+        if (!b) {
+            free(src);
+            free(out);
+            continue;
+        }
+        uint64_t t0 = um__now_ns();
+        CHECK_OK(um_buffer_write(b, 0, src, n)); /* a new buffer: the host replica */
+        void *p = NULL;
+        CHECK_OK(um_buffer_acquire(b, g->dev, UM_ACCESS_READ_WRITE, NULL, &p)); /* host -> GPU */
+        CHECK_OK(um_buffer_release(b, g->dev, NULL));
+        CHECK_EQ(um_buffer_replica_state(b, 0), UM_REPLICA_INVALID);
+        memset(out, 0, n);
+        CHECK_OK(um_buffer_read(b, 0, out, n)); /* GPU -> program memory */
+        uint64_t t1 = um__now_ns();
+        CHECK(memcmp(out, src, n) == 0);
+        size_t off = n / 3 | 1, len = n - off - (n > 8 ? 5 : 0);
+        if (off < n && len) {
+            CHECK_OK(um_buffer_read(b, off, out, len));
+            CHECK(memcmp(out, src + off, len) == 0);
+            /* A write at an odd offset lands in the GPU's replica. */
+            harness_pattern_fill(out, len, 200 + k);
+            CHECK_OK(um_buffer_write(b, off, out, len));
+            memcpy(src + off, out, len);
+            CHECK_EQ(um_buffer_replica_state(b, g->dev), UM_REPLICA_OWNER);
+        }
+        /* GPU -> the pinned host replica, read there directly. */
+        CHECK_OK(um_buffer_acquire(b, 0, UM_ACCESS_READ, NULL, &p));
+        CHECK(p && memcmp(p, src, n) == 0);
+        CHECK_OK(um_buffer_release(b, 0, NULL));
+        CHECK_OK(um_buffer_destroy(b));
+        if (n >= (64u << 20))
+            printf("test_cuda: buffer round trip of %zu bytes: %.1f ms (write, to GPU, read)\n", n,
+                   (double)(t1 - t0) / 1e6);
+        free(src);
+        free(out);
+    }
+}
+
+/* A kernel writes a buffer on a stream of the program's; the release on
+ * that stream is all that orders later copies after the kernel. */
+static void check_buffer_stream_order(gpu *g)
+{
+    const size_t words = 1u << 20, n = words * 4;
+    um_stream s;
+    CHECK_OK(um_stream_create(g->ctx, g->dev, &s));
+    um_buffer *b = NULL;
+    CHECK_OK(um_buffer_create(g->ctx, n, NULL, &b));
+    void *p = NULL;
+    CHECK_OK(um_buffer_acquire(b, g->dev, UM_ACCESS_WRITE_DISCARD, s, &p));
+    CHECK(p && launch_spin_fill(g, p, words, 300000000ull, 5, s)); /* 0.3 s, then fill */
+    CHECK_OK(um_buffer_release(b, g->dev, s));
+    uint32_t *out = malloc(n);
+    CHECK_OK(um_buffer_read(b, 0, out, n));
+    size_t bad = 0;
+    for (size_t i = 0; i < words; i++)
+        bad += out[i] != 5 + (uint32_t)i;
+    CHECK_EQ(bad, 0);
+    /* Again into the host replica, for a read acquisition there. */
+    CHECK_OK(um_buffer_acquire(b, g->dev, UM_ACCESS_WRITE, s, &p));
+    CHECK(p && launch_spin_fill(g, p, words, 300000000ull, 9, s));
+    CHECK_OK(um_buffer_release(b, g->dev, s));
+    uint32_t *h = NULL;
+    CHECK_OK(um_buffer_acquire(b, 0, UM_ACCESS_READ, NULL, (void **)&h));
+    bad = 0;
+    for (size_t i = 0; h && i < words; i++)
+        bad += h[i] != 9 + (uint32_t)i;
+    CHECK_EQ(bad, 0);
+    CHECK_OK(um_buffer_release(b, 0, NULL));
+    CHECK_OK(um_buffer_destroy(b));
+    CHECK_OK(um_stream_destroy(g->ctx, s));
+    free(out);
+}
+
 int main(void)
 {
     char why[256];
@@ -532,6 +626,9 @@ int main(void)
     check_pinned_copies(&g);
     check_segments(&g);
     check_two_gpus(gpus);
+    check_buffer_round_trips(&g, fake);
+    if (g.spin_fill)
+        check_buffer_stream_order(&g);
 
     if (g.mod)
         (void)g.cu->ModuleUnload(g.mod);
