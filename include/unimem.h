@@ -291,11 +291,19 @@ UM_API size_t um_buffer_size(const um_buffer *b);
 UM_API um_replica_state um_buffer_replica_state(um_buffer *b, int dev);
 
 /* Copies the transfer engine made from device `from` to device `to` (0 is
- * the host; buffer reads and writes count as copies to and from it). */
+ * the host; buffer reads and writes count as copies to and from it), and
+ * the link's cost. The first call (or buffer) of a context measures every
+ * link unless the link cache already has this machine's figures. */
 typedef struct um_link_stats {
     uint64_t bytes;
     uint64_t copies;
     uint64_t busy_ns;   /* time from a copy's start to its observed completion, summed */
+    /* The cost the engine uses to pick a copy's source on this link:
+     * measured at the context's first buffer (or read from the link cache
+     * file), or the fixed model (the links option). */
+    double bandwidth_gbps;
+    double latency_us;
+    int measured;       /* 1: measured or cached; 0: the model */
 } um_link_stats;
 
 UM_API um_status um_link_stats_get(um_context *ctx, int from, int to, um_link_stats *out);

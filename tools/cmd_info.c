@@ -159,6 +159,42 @@ static int print_cuda(um_context *ctx, bool json)
     return 0;
 }
 
+/* The link costs the transfer engine picks copy sources by: GB/s and
+ * latency of a copy from each device (row) to each other (column). */
+static int print_link_costs(um_context *ctx, bool json)
+{
+    int n = um_device_count(ctx);
+    um_link_stats ls;
+    um_status s = um_link_stats_get(ctx, 0, 0, &ls);
+    if (s != UM_OK)
+        return tool_fail("info", s);
+    if (json)
+        printf(",\n  \"link_costs\": {\"measured\": %s, \"links\": [",
+               ls.measured ? "true" : "false");
+    else
+        printf("\nlink costs (%s): GB/s, latency us; row = from, column = to\n     ",
+               ls.measured ? "measured once per machine, then read from link_cache" : "model");
+    for (int b = 0; b < n && !json; b++)
+        printf(" %16d", b);
+    for (int a = 0, shown = 0; a < n; a++) {
+        if (!json)
+            printf("\n  %-3d", a);
+        for (int b = 0; b < n; b++) {
+            if ((s = um_link_stats_get(ctx, a, b, &ls)) != UM_OK)
+                return tool_fail("info", s);
+            if (json && a != b)
+                printf("%s{\"from\": %d, \"to\": %d, \"gbps\": %.3f, \"latency_us\": %.3f}",
+                       shown++ ? ", " : "", a, b, ls.bandwidth_gbps, ls.latency_us);
+            else if (!json && a == b)
+                printf(" %16s", "-");
+            else if (!json)
+                printf(" %8.2f %7.2f", ls.bandwidth_gbps, ls.latency_us);
+        }
+    }
+    printf(json ? "]}" : "\n");
+    return 0;
+}
+
 static int print_options(bool json)
 {
     int n = um_option_count();
@@ -227,6 +263,8 @@ int um_cmd_info(int argc, char **argv)
     int rc = print_devices(ctx, json);
     if (rc == 0)
         rc = print_cuda(ctx, json);
+    if (rc == 0)
+        rc = print_link_costs(ctx, json);
     if (rc == 0 && options)
         rc = print_options(json);
     if (json && rc == 0)

@@ -54,7 +54,13 @@
       "host threads that copy program (pageable) memory through pinned staging buffers "     \
       "for a GPU copy; 0 = half the online CPUs, at most 8")                                  \
     X(copy_chunk, UM_OPT_SIZE, "4M",                                                          \
-      "bytes per staged chunk of a copy between program memory and a GPU")
+      "bytes per staged chunk of a copy between program memory and a GPU")                    \
+    X(links, UM_OPT_ENUM, "measure",                                                          \
+      "measure|model: the link costs that pick a copy's source: measured once (then read "   \
+      "from link_cache), or a fixed model by device kind")                                    \
+    X(link_cache, UM_OPT_STRING, "",                                                          \
+      "file of link measurements by machine; empty: $XDG_CACHE_HOME/unimem/links (or "      \
+      "~/.cache/unimem/links); none: measure at every start")
 
 typedef struct um__options {
     int log_level;          /* um_log_level */
@@ -74,7 +80,11 @@ typedef struct um__options {
     int cuda_vmm;
     int copy_threads;
     size_t copy_chunk;
+    int links;              /* um__links */
+    char link_cache[256];
 } um__options;
+
+typedef enum um__links { UM_LINKS_MEASURE = 0, UM_LINKS_MODEL = 1 } um__links;
 
 typedef enum um__host_memory {
     UM_HOST_MEMORY_AUTO = 0,

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 typedef struct link_counters {
@@ -41,6 +42,7 @@ struct um__xfer {
      * shutdown, so a destroyed handle stays readable memory whose magic
      * says it is dead (until a new buffer takes its record). */
     um_buffer *spare;
+    bool measured;                /* the route costs are measured, not the model */
 };
 
 static bool is_gpu(um_context *ctx, int dev)
@@ -132,6 +134,171 @@ static void model_routes(um__xfer *x)
     }
 }
 
+/* ------------------------------------------------------ link measuring */
+
+/* Every link is timed once per machine: a 4 KiB copy (latency) and a
+ * 16 MiB copy (bandwidth), the best of a few, with the engine's own runner
+ * (copy streams, memory copies) but outside the link statistics. The
+ * figures are kept in the link cache file under a key made of the devices'
+ * kinds, names, sizes and driver identities, so later starts read them. */
+#define MEASURE_BIG ((size_t)16 << 20)
+#define MEASURE_SMALL ((size_t)4096)
+
+typedef struct runner runner;
+static runner pick_runner(um__xfer *x, int dd, int sd);
+
+static um_status time_copy(um__xfer *x, int dd, void *dst, int sd, const void *src, size_t n,
+                           uint64_t *ns);
+
+static uint64_t fnv1a(uint64_t h, const char *s)
+{
+    for (; *s; s++)
+        h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
+    return h;
+}
+
+static uint64_t machine_key(um_context *ctx)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    char buf[512];
+    for (int d = 0; d < ctx->ndevices; d++) {
+        const um__backend *b = ctx->devices[d].backend;
+        snprintf(buf, sizeof buf, "%d|%s|%zu|%zu|%s|%s|%d|%d;", (int)b->kind, b->name,
+                 b->capacity, b->granularity, b->product, b->pci_bus_id, b->pinned, b->vmm);
+        h = fnv1a(h, buf);
+    }
+    return h;
+}
+
+/* The cache file's path into buf, or false for none. */
+static bool cache_path(um_context *ctx, char *buf, size_t len, bool make_dir)
+{
+    const char *opt = ctx->opts.link_cache;
+    if (!strcmp(opt, "none"))
+        return false;
+    if (*opt)
+        return snprintf(buf, len, "%s", opt) < (int)len;
+    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    char dir[400];
+    if (xdg && *xdg)
+        snprintf(dir, sizeof dir, "%s", xdg);
+    else if (home && *home)
+        snprintf(dir, sizeof dir, "%s/.cache", home);
+    else
+        return false;
+    if (make_dir) {
+        (void)mkdir(dir, 0755);
+        size_t n = strlen(dir);
+        snprintf(dir + n, sizeof dir - n, "/unimem");
+        (void)mkdir(dir, 0755);
+    } else {
+        size_t n = strlen(dir);
+        snprintf(dir + n, sizeof dir - n, "/unimem");
+    }
+    return snprintf(buf, len, "%s/links", dir) < (int)len;
+}
+
+/* Reads this machine's line of the cache: "KEY N" then latency (ns) and
+ * GB/s for every link, from-major. */
+static bool cache_read(um__xfer *x, uint64_t key)
+{
+    char path[512];
+    if (!cache_path(x->ctx, path, sizeof path, false))
+        return false;
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return false;
+    bool found = false;
+    size_t nn = (size_t)x->ndev * (size_t)x->ndev;
+    unsigned long long k;
+    int n;
+    while (!found && fscanf(f, "%llx %d", &k, &n) == 2) {
+        bool ok = k == key && n == x->ndev;
+        for (size_t i = 0; i < nn && ok; i++) {
+            double lat, gbps;
+            ok = fscanf(f, "%lf %lf", &lat, &gbps) == 2 && lat >= 0 && gbps > 0;
+            if (ok) {
+                x->lat_ns[i] = lat;
+                x->ns_per_byte[i] = 1.0 / gbps;
+            }
+        }
+        found = ok;
+        int c;
+        while (!found && (c = fgetc(f)) != EOF && c != '\n')
+            ;
+    }
+    fclose(f);
+    return found;
+}
+
+static void cache_write(um__xfer *x, uint64_t key)
+{
+    char path[512];
+    if (!cache_path(x->ctx, path, sizeof path, true))
+        return;
+    FILE *f = fopen(path, "a");
+    if (!f) {
+        um__log(UM_LOG_INFO, "transfer engine: link cache %s cannot be written", path);
+        return;
+    }
+    fprintf(f, "%016llx %d", (unsigned long long)key, x->ndev);
+    for (int i = 0; i < x->ndev * x->ndev; i++)
+        fprintf(f, " %.1f %.3f", x->lat_ns[i], 1.0 / x->ns_per_byte[i]);
+    fprintf(f, "\n");
+    fclose(f);
+}
+
+/* Times every link; a device whose memory cannot be had keeps the model. */
+static void measure_routes(um__xfer *x)
+{
+    um_context *ctx = x->ctx;
+    void *buf[UM_MAX_DEVICES] = {0};
+    for (int d = 0; d < x->ndev; d++)
+        if (um_malloc(ctx, d, MEASURE_BIG, NULL, &buf[d]) != UM_OK)
+            buf[d] = NULL;
+    for (int i = 0; i < x->ndev; i++) {
+        for (int j = 0; j < x->ndev; j++) {
+            if (i == j || !buf[i] || !buf[j])
+                continue;
+            uint64_t big = UINT64_MAX, small = UINT64_MAX, ns;
+            bool ok = time_copy(x, j, buf[j], i, buf[i], MEASURE_BIG, &ns) == UM_OK;
+            for (int k = 0; k < 3 && ok; k++) {
+                ok = time_copy(x, j, buf[j], i, buf[i], MEASURE_BIG, &ns) == UM_OK;
+                big = ns < big ? ns : big;
+            }
+            for (int k = 0; k < 5 && ok; k++) {
+                ok = time_copy(x, j, buf[j], i, buf[i], MEASURE_SMALL, &ns) == UM_OK;
+                small = ns < small ? ns : small;
+            }
+            if (!ok)
+                continue;
+            double lat = (double)small, per = ((double)big - lat) / (double)MEASURE_BIG;
+            if (per <= 0)
+                per = (double)big / (double)MEASURE_BIG;
+            x->lat_ns[i * x->ndev + j] = lat;
+            x->ns_per_byte[i * x->ndev + j] = per;
+        }
+    }
+    for (int d = 0; d < x->ndev; d++)
+        if (buf[d])
+            (void)um_free(ctx, buf[d], NULL);
+}
+
+static void set_routes(um__xfer *x)
+{
+    model_routes(x);
+    if (x->ctx->opts.links == UM_LINKS_MODEL)
+        return;
+    uint64_t key = machine_key(x->ctx);
+    if (cache_read(x, key)) {
+        x->measured = true;
+        return;
+    }
+    measure_routes(x);
+    x->measured = true;
+    cache_write(x, key);
+}
+
 static void buffers_fini(um_context *ctx);
 
 um_status um__xfer_get(um_context *ctx, um__xfer **out)
@@ -141,7 +308,7 @@ um_status um__xfer_get(um_context *ctx, um__xfer **out)
         *out = x;
         return UM_OK;
     }
-    pthread_mutex_lock(um__context_lock(ctx));
+    pthread_mutex_lock(&ctx->buffers_lock);
     x = atomic_load_explicit(&ctx->xfer, memory_order_relaxed);
     if (!x) {
         size_t n = (size_t)ctx->ndevices;
@@ -158,18 +325,18 @@ um_status um__xfer_get(um_context *ctx, um__xfer **out)
                 free(x->ns_per_byte);
             }
             free(x);
-            pthread_mutex_unlock(um__context_lock(ctx));
+            pthread_mutex_unlock(&ctx->buffers_lock);
             return um__fail(UM_ERR_NOMEM, "unified buffers: no host memory for the transfer "
                             "engine of %d devices", ctx->ndevices);
         }
         x->ctx = ctx;
         x->ndev = ctx->ndevices;
         pthread_mutex_init(&x->lock, NULL);
-        model_routes(x);
+        set_routes(x);
         ctx->buffers_fini = buffers_fini;
         atomic_store_explicit(&ctx->xfer, x, memory_order_release);
     }
-    pthread_mutex_unlock(um__context_lock(ctx));
+    pthread_mutex_unlock(&ctx->buffers_lock);
     *out = x;
     return UM_OK;
 }
@@ -244,10 +411,10 @@ double um__xfer_cost(const um__xfer *x, int from, int to, size_t n)
 /* Who runs a copy from device sd to dd: a GPU on its copy stream, else the
  * backend of a side that is not the CUDA-pinned host (both are process
  * memory), else nobody (a plain memmove). */
-typedef struct runner {
+struct runner {
     um__backend *be;
     um_stream stream; /* NULL: the copy is done when issued */
-} runner;
+};
 
 static runner pick_runner(um__xfer *x, int dd, int sd)
 {
@@ -258,6 +425,24 @@ static runner pick_runner(um__xfer *x, int dd, int sd)
         return (runner){ctx->devices[sd].backend, um__xfer_stream(x, sd, false)};
     um__backend *d = ctx->devices[dd].backend, *s = ctx->devices[sd].backend;
     return (runner){!d->pinned ? d : !s->pinned ? s : NULL, NULL};
+}
+
+/* One copy, waited for, outside the statistics (link measuring). */
+static um_status time_copy(um__xfer *x, int dd, void *dst, int sd, const void *src, size_t n,
+                           uint64_t *ns)
+{
+    runner r = pick_runner(x, dd, sd);
+    um__bstream *bs = r.stream ? r.stream->ref.bstream : NULL;
+    uint64_t t0 = um__now_ns();
+    um_status st = UM_OK;
+    if (r.be)
+        st = um__be_copy_async(r.be, dst, src, n, bs);
+    else
+        memmove(dst, src, n);
+    if (st == UM_OK && r.stream)
+        st = um__be_stream_sync(r.be, bs);
+    *ns = um__now_ns() - t0;
+    return st;
 }
 
 /* Orders the runner's next work after the fences. */
@@ -551,14 +736,19 @@ um_status um_link_stats_get(um_context *ctx, int from, int to, um_link_stats *ou
                         "um_link_stats_get: link %d -> %d: the context has devices 0..%d", from,
                         to, ctx->ndevices - 1);
     memset(out, 0, sizeof *out);
-    um__xfer *x = atomic_load_explicit(&ctx->xfer, memory_order_acquire);
-    if (!x)
-        return UM_OK; /* no buffer was ever made: nothing was copied */
+    um__xfer *x;
+    um_status st = um__xfer_get(ctx, &x);
+    if (st != UM_OK)
+        return st;
     um__xfer_poll(x);
     link_counters *l = &x->links[from * x->ndev + to];
     out->bytes = atomic_load_explicit(&l->bytes, memory_order_relaxed);
     out->copies = atomic_load_explicit(&l->copies, memory_order_relaxed);
     out->busy_ns = atomic_load_explicit(&l->busy_ns, memory_order_relaxed);
+    size_t k = (size_t)from * (size_t)x->ndev + (size_t)to;
+    out->bandwidth_gbps = 1.0 / x->ns_per_byte[k];
+    out->latency_us = x->lat_ns[k] / 1000.0;
+    out->measured = x->measured;
     return UM_OK;
 }
 

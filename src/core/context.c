@@ -42,10 +42,6 @@ static context_impl *impl_of(um_context *ctx)
     return (context_impl *)ctx;
 }
 
-pthread_mutex_t *um__context_lock(um_context *ctx)
-{
-    return &impl_of(ctx)->lock;
-}
 
 /* ------------------------------------------------------------ devices */
 
@@ -615,6 +611,7 @@ static void destroy_context(context_impl *impl)
     ctx->ndevices = 0;
     for (int i = 0; i < UM_MAX_DEVICES; i++)
         free(impl->free_ids[i].ids);
+    pthread_mutex_destroy(&ctx->buffers_lock);
     pthread_mutex_destroy(&impl->lock);
     free(impl);
 }
@@ -840,6 +837,12 @@ um_status um_init(const char *conf, um_context **out)
     }
     impl->streams.next = impl->streams.prev = &impl->streams;
     um_context *ctx = &impl->pub;
+    err = pthread_mutex_init(&ctx->buffers_lock, NULL);
+    if (err) {
+        pthread_mutex_destroy(&impl->lock);
+        free(impl);
+        return um__fail(UM_ERR_NOMEM, "um_init: pthread_mutex_init failed (error %d)", err);
+    }
     ctx->opts = opts;
     ctx->ndevices = 0;
 

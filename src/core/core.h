@@ -40,13 +40,12 @@ struct um_context {
     um_device devices[UM_MAX_DEVICES];
     /* The buffer layer (src/buffer), made on first use: its state, and the
      * call that frees it (and every buffer left) at um_shutdown, before the
-     * allocators and streams go. Set once under the context lock. */
+     * allocators and streams go. Set once under buffers_lock, which is not
+     * the stream lock: making the layer creates streams. */
+    pthread_mutex_t buffers_lock;
     struct um__xfer *_Atomic xfer;
     void (*buffers_fini)(um_context *ctx);
 };
-
-/* The context's lock (guards streams, ids and the buffer layer's creation). */
-pthread_mutex_t *um__context_lock(um_context *ctx);
 
 /* The device structure for dev, or NULL after um__fail(UM_ERR_NO_DEVICE). */
 um_device *um__device(um_context *ctx, int dev, const char *what);
