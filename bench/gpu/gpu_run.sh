@@ -3,7 +3,7 @@
 # (the GPU ones included), `unimem info`, replays on cuda:0 with the driver's
 # view, the allocator comparison, and (when torch is there) the PyTorch
 # end-to-end run. Every result goes under $OUT.
-# Usage: bench/gpu/gpu_run.sh [quick] [STEP...]   STEP: build test asan info vmm replay compare torch e2e e2e_variants
+# Usage: bench/gpu/gpu_run.sh [quick] [STEP...]   STEP: build test asan info vmm replay compare copy torch e2e e2e_variants
 set -u
 FINAL=${OUT:-out}
 # Results gather in one folder and leave as one archive (the transfer back
@@ -63,6 +63,16 @@ if has compare; then
   UNIMEM_CONF=recycle_pages=0 build-dev/alloc_compare $QUICK --skip-torch --json "$OUT/alloc_compare_norecycle.json" \
     > "$OUT/alloc_compare_norecycle.txt" 2>&1
   echo "alloc_compare recycle_pages=0 rc=$?"; grep -A3 -E "^(size|mixed|1 |16 )" "$OUT/alloc_compare_norecycle.txt" | grep -E "unimem|mixed" 
+fi
+# Unified buffers: host<->GPU copies against cuMemcpyAsync, and how the
+# staged (pageable) path scales with its copy threads.
+if has copy; then
+  build-dev/unimem bench copy > "$OUT/bench_copy.txt" 2>&1; echo "bench copy rc=$?"; cat "$OUT/bench_copy.txt"
+  build-dev/unimem bench copy --json > "$OUT/bench_copy.json" 2>&1
+  for t in ${COPY_THREADS:-4 12 16}; do
+    UNIMEM_CONF=copy_threads=$t build-dev/unimem bench copy --quick > "$OUT/bench_copy_t$t.txt" 2>&1
+    echo "copy_threads=$t:"; grep pageable "$OUT/bench_copy_t$t.txt"
+  done
 fi
 if has torch; then
   (cd build-dev && ctest -R torch --output-on-failure) > "$OUT/test_torch.txt" 2>&1; echo "test_torch rc=$?"; tail -30 "$OUT/test_torch.txt"
