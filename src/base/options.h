@@ -53,7 +53,7 @@
     X(copy_threads, UM_OPT_INT, "0",                                                          \
       "host threads that copy program (pageable) memory through pinned staging buffers "     \
       "for a GPU copy; 0 = half the online CPUs, at most 8")                                  \
-    X(copy_chunk, UM_OPT_SIZE, "4M",                                                          \
+    X(copy_chunk, UM_OPT_SIZE, "2M",                                                          \
       "bytes per staged chunk of a copy between program memory and a GPU")                    \
     X(links, UM_OPT_ENUM, "measure",                                                          \
       "measure|model: the link costs that pick a copy's source: measured once (then read "   \
