@@ -43,6 +43,7 @@ struct um__xfer {
      * says it is dead (until a new buffer takes its record). */
     um_buffer *spare;
     bool measured;                /* the route costs are measured, not the model */
+    struct stage_pool *stage;     /* staging workers, made at the first staged copy */
 };
 
 static bool is_gpu(um_context *ctx, int dev)
@@ -500,8 +501,11 @@ typedef struct stage_job {
     _Atomic bool failed;
 } stage_job;
 
+typedef struct stage_pool stage_pool;
+
 typedef struct stage_worker {
     stage_job *job;
+    stage_pool *pool;
     int id;
     pthread_t tid;
     um_status st;
@@ -631,39 +635,146 @@ static int stage_threads(const um__xfer *x)
     return t;
 }
 
+/* The staging workers: made at the first staged copy and kept, parked on
+ * a condition variable, with their pinned slots (starting threads and
+ * taking slots for every copy cost 4% of a 256 MiB copy). The calling
+ * thread is worker 0; one staged copy runs at a time (they would share the
+ * same link). */
+struct stage_pool {
+    pthread_mutex_t one_copy;   /* held for a whole staged copy */
+    pthread_mutex_t lock;       /* guards the fields below */
+    pthread_cond_t work, done;
+    uint64_t generation;        /* bumped per job */
+    int active;                 /* workers of the current job still running */
+    int nworkers;               /* including the caller */
+    int job_workers;
+    bool quit;
+    char *slots;                /* STAGE_SLOTS chunks per worker */
+    size_t chunk;
+    stage_worker w[64];
+};
+
+static void *stage_helper(void *arg)
+{
+    stage_worker *w = arg;
+    stage_pool *sp = w->pool;
+    uint64_t seen = 0;
+    pthread_mutex_lock(&sp->lock);
+    for (;;) {
+        while (!sp->quit && sp->generation == seen)
+            pthread_cond_wait(&sp->work, &sp->lock);
+        if (sp->quit)
+            break;
+        seen = sp->generation;
+        bool mine = w->id < sp->job_workers;
+        pthread_mutex_unlock(&sp->lock);
+        if (mine)
+            stage_run(w);
+        pthread_mutex_lock(&sp->lock);
+        if (mine && --sp->active == 0)
+            pthread_cond_signal(&sp->done);
+    }
+    pthread_mutex_unlock(&sp->lock);
+    return NULL;
+}
+
+static void stage_pool_destroy(um__xfer *x)
+{
+    stage_pool *sp = x->stage;
+    if (!sp)
+        return;
+    pthread_mutex_lock(&sp->lock);
+    sp->quit = true;
+    pthread_cond_broadcast(&sp->work);
+    pthread_mutex_unlock(&sp->lock);
+    for (int i = 1; i < sp->nworkers; i++)
+        pthread_join(sp->w[i].tid, NULL);
+    if (sp->slots)
+        (void)um_free(x->ctx, sp->slots, NULL);
+    pthread_cond_destroy(&sp->work);
+    pthread_cond_destroy(&sp->done);
+    pthread_mutex_destroy(&sp->lock);
+    pthread_mutex_destroy(&sp->one_copy);
+    free(sp);
+    x->stage = NULL;
+}
+
+/* The pool, made on first use; NULL after um__fail. */
+static stage_pool *stage_pool_get(um__xfer *x)
+{
+    pthread_mutex_lock(&x->lock);
+    stage_pool *sp = x->stage;
+    if (sp) {
+        pthread_mutex_unlock(&x->lock);
+        return sp;
+    }
+    sp = calloc(1, sizeof *sp);
+    if (!sp) {
+        pthread_mutex_unlock(&x->lock);
+        um__fail(UM_ERR_NOMEM, "transfer engine: no host memory for the staging workers");
+        return NULL;
+    }
+    sp->chunk = x->ctx->opts.copy_chunk;
+    int want = stage_threads(x);
+    void *slots = NULL;
+    if (um_malloc(x->ctx, 0, (size_t)(STAGE_SLOTS * want) * sp->chunk, NULL, &slots) != UM_OK) {
+        pthread_mutex_unlock(&x->lock);
+        free(sp);
+        return NULL;
+    }
+    sp->slots = slots;
+    pthread_mutex_init(&sp->one_copy, NULL);
+    pthread_mutex_init(&sp->lock, NULL);
+    pthread_cond_init(&sp->work, NULL);
+    pthread_cond_init(&sp->done, NULL);
+    sp->nworkers = 1;
+    for (int i = 0; i < want; i++)
+        sp->w[i] = (stage_worker){NULL, sp, i, 0, UM_OK, ""};
+    /* Fewer helpers than asked for still work: the chunks are shared. */
+    for (int i = 1; i < want && pthread_create(&sp->w[i].tid, NULL, stage_helper, &sp->w[i]) == 0;
+         i++)
+        sp->nworkers++;
+    x->stage = sp;
+    pthread_mutex_unlock(&x->lock);
+    return sp;
+}
+
 /* Copies n bytes between program memory and the GPU r runs on; waits for
  * the whole copy. */
 static um_status staged_copy(um__xfer *x, const runner *r, char *dev, char *host, size_t n,
                              bool to_gpu)
 {
-    stage_job j = {r->be, r->stream->ref.bstream, dev, host, n, x->ctx->opts.copy_chunk,
-                   to_gpu, NULL, 0, false};
+    stage_pool *sp = stage_pool_get(x);
+    if (!sp)
+        return UM_ERR_NOMEM;
+    pthread_mutex_lock(&sp->one_copy);
+    stage_job j = {r->be, r->stream->ref.bstream, dev, host, n, sp->chunk, to_gpu, sp->slots,
+                   0, false};
     size_t chunks = (n + j.chunk - 1) / j.chunk;
-    int nw = stage_threads(x);
+    int nw = sp->nworkers;
     if ((size_t)nw > (chunks + 1) / 2)
         nw = (int)((chunks + 1) / 2);
-    void *slots = NULL;
-    um_status st = um_malloc(x->ctx, 0, (size_t)(STAGE_SLOTS * nw) * j.chunk, r->stream, &slots);
-    if (st != UM_OK)
-        return st;
-    j.slots = slots;
-    stage_worker w[64];
-    int started = 1;
-    for (int i = 0; i < nw; i++)
-        w[i] = (stage_worker){&j, i, 0, UM_OK, ""};
-    for (int i = 1; i < nw; i++, started++)
-        if (pthread_create(&w[i].tid, NULL, stage_run, &w[i]) != 0)
-            break; /* fewer helpers: the chunks are shared by those there are */
-    stage_run(&w[0]);
-    for (int i = 1; i < started; i++)
-        pthread_join(w[i].tid, NULL);
-    st = UM_OK;
-    for (int i = 0; i < started && st == UM_OK; i++)
-        if (w[i].st != UM_OK)
-            st = um__fail(w[i].st, "staged copy of %zu bytes %s the GPU: %s", n,
-                          to_gpu ? "to" : "from", w[i].error);
-    /* Every DMA from or to the slots has been waited for. */
-    (void)um_free(x->ctx, slots, r->stream);
+    pthread_mutex_lock(&sp->lock);
+    for (int i = 0; i < sp->nworkers; i++) {
+        sp->w[i].job = &j;
+        sp->w[i].st = UM_OK;
+    }
+    sp->job_workers = nw;
+    sp->active = nw - 1;
+    sp->generation++;
+    pthread_cond_broadcast(&sp->work);
+    pthread_mutex_unlock(&sp->lock);
+    stage_run(&sp->w[0]);
+    pthread_mutex_lock(&sp->lock);
+    while (sp->active)
+        pthread_cond_wait(&sp->done, &sp->lock);
+    pthread_mutex_unlock(&sp->lock);
+    um_status st = UM_OK;
+    for (int i = 0; i < nw && st == UM_OK; i++)
+        if (sp->w[i].st != UM_OK)
+            st = um__fail(sp->w[i].st, "staged copy of %zu bytes %s the GPU: %s", n,
+                          to_gpu ? "to" : "from", sp->w[i].error);
+    pthread_mutex_unlock(&sp->one_copy);
     return st;
 }
 
@@ -814,6 +925,7 @@ static void buffers_fini(um_context *ctx)
         return;
     while (x->buffers)
         um__buffer_discard(x->buffers); /* untracks it */
+    stage_pool_destroy(x);
     for (size_t i = 0; i < x->nheld; i++) {
         held_memory *h = &x->held[i];
         for (int k = 0; k < h->nfences; k++)
