@@ -365,6 +365,16 @@ static void test_staging(void)
     CHECK_OK(um_buffer_acquire(b, 1, UM_ACCESS_READ, NULL, &p));
     CHECK(memcmp(p, ref, size) == 0);
     CHECK_OK(um_buffer_release(b, 1, NULL));
+    /* Device to device (two GPUs: directly, or in two hops through the
+     * staging slots with peer_copies=0), in chunks. */
+    CHECK_OK(um_buffer_acquire(b, 2, UM_ACCESS_READ_WRITE, NULL, &p));
+    CHECK(memcmp(p, ref, size) == 0);
+    memset((char *)p + 100, 0x77, 200000);
+    memset(ref + 100, 0x77, 200000);
+    CHECK_OK(um_buffer_release(b, 2, NULL));
+    CHECK_OK(um_buffer_acquire(b, 1, UM_ACCESS_READ, NULL, &p));
+    CHECK(memcmp(p, ref, size) == 0);
+    CHECK_OK(um_buffer_release(b, 1, NULL));
     CHECK_OK(um_buffer_destroy(b));
     /* A bad chunk size is refused, naming the option. */
     um_context *bad = NULL;

@@ -55,6 +55,9 @@
       "for a GPU copy; 0 = half the online CPUs, at most 8")                                  \
     X(copy_chunk, UM_OPT_SIZE, "2M",                                                          \
       "bytes per staged chunk of a copy between program memory and a GPU")                    \
+    X(peer_copies, UM_OPT_BOOL, "1",                                                          \
+      "GPU-to-GPU copies go directly where the driver allows peer access; 0 always takes "   \
+      "two hops through pinned host memory, pipelined in chunks")                             \
     X(links, UM_OPT_ENUM, "measure",                                                          \
       "measure|model: the link costs that pick a copy's source: measured once (then read "   \
       "from link_cache), or a fixed model by device kind")                                    \
@@ -80,6 +83,7 @@ typedef struct um__options {
     int cuda_vmm;
     int copy_threads;
     size_t copy_chunk;
+    int peer_copies;
     int links;              /* um__links */
     char link_cache[256];
 } um__options;

@@ -461,6 +461,13 @@ static um_status order_after(const runner *r, const um__fence *after, int nafter
     return UM_OK;
 }
 
+static void count_copy(um__xfer *x, int from, int to, size_t n)
+{
+    link_counters *l = &x->links[from * x->ndev + to];
+    atomic_fetch_add_explicit(&l->bytes, n, memory_order_relaxed);
+    atomic_fetch_add_explicit(&l->copies, 1, memory_order_relaxed);
+}
+
 /* The completion of what the runner just queued. */
 static um_status finish(um__xfer *x, const runner *r, int from, int to, uint64_t t0,
                         um__fence *done)
@@ -778,6 +785,76 @@ static um_status staged_copy(um__xfer *x, const runner *r, char *dev, char *host
     return st;
 }
 
+/* Between two GPUs without peer access: two hops through the staging
+ * slots, chunk by chunk, the first hop on the source's copy-out stream and
+ * the second on the destination's copy-in stream, each ordered after the
+ * other by events, so both hops run at once on different chunks and the
+ * host only waits for the end. */
+static um_status two_hop_copy(um__xfer *x, int dd, char *dst, int sd, const char *src, size_t n,
+                              const um__fence *after, int nafter)
+{
+    stage_pool *sp = stage_pool_get(x);
+    if (!sp)
+        return UM_ERR_NOMEM;
+    um_context *ctx = x->ctx;
+    runner out = {ctx->devices[sd].backend, um__xfer_stream(x, sd, false)};
+    runner in = {ctx->devices[dd].backend, um__xfer_stream(x, dd, true)};
+    um__bstream *os = out.stream->ref.bstream, *is = in.stream->ref.bstream;
+    um_status st = order_after(&out, after, nafter);
+    if (st == UM_OK)
+        st = order_after(&in, after, nafter);
+    if (st != UM_OK)
+        return st;
+    pthread_mutex_lock(&sp->one_copy);
+    int nslots = STAGE_SLOTS * sp->nworkers;
+    um__bevent *hop1[STAGE_SLOTS * 64] = {0}, *hop2[STAGE_SLOTS * 64] = {0};
+    size_t chunks = (n + sp->chunk - 1) / sp->chunk;
+    for (size_t i = 0; i < chunks && st == UM_OK; i++) {
+        int k = (int)(i % (size_t)nslots);
+        char *slot = sp->slots + (size_t)k * sp->chunk;
+        size_t off = i * sp->chunk, len = n - off < sp->chunk ? n - off : sp->chunk;
+        /* The slot's previous second hop must have read it. */
+        if (hop2[k])
+            st = um__be_stream_wait(out.be, os, in.be, hop2[k]);
+        if (st == UM_OK)
+            st = um__be_copy_async(out.be, slot, src + off, len, os);
+        if (hop1[k]) {
+            um__be_event_destroy(out.be, hop1[k]);
+            hop1[k] = NULL;
+        }
+        if (st == UM_OK)
+            st = um__be_event_record(out.be, os, &hop1[k]);
+        if (st == UM_OK)
+            st = um__be_stream_wait(in.be, is, out.be, hop1[k]);
+        if (st == UM_OK)
+            st = um__be_copy_async(in.be, dst + off, slot, len, is);
+        if (hop2[k]) {
+            um__be_event_destroy(in.be, hop2[k]);
+            hop2[k] = NULL;
+        }
+        if (st == UM_OK)
+            st = um__be_event_record(in.be, is, &hop2[k]);
+    }
+    /* The slots are free again once both streams are past them. */
+    um_status s2 = um__be_stream_sync(out.be, os);
+    um_status s3 = um__be_stream_sync(in.be, is);
+    for (int k = 0; k < nslots; k++) {
+        if (hop1[k])
+            um__be_event_destroy(out.be, hop1[k]);
+        if (hop2[k])
+            um__be_event_destroy(in.be, hop2[k]);
+    }
+    pthread_mutex_unlock(&sp->one_copy);
+    return st != UM_OK ? st : s2 != UM_OK ? s2 : s3;
+}
+
+static bool peer_access(um_context *ctx, int from, int to)
+{
+    um_link_info li;
+    return ctx->opts.peer_copies && um_device_link_get(ctx, from, to, &li) == UM_OK &&
+           li.peer_access;
+}
+
 /* Whether p is program memory the GPU's copy engine reads slowly: not from
  * the host pool, or from a host pool that is not page-locked. */
 static bool pageable(um__xfer *x, const void *p)
@@ -789,11 +866,20 @@ um_status um__xfer_copy(um__xfer *x, int dd, void *dst, int sd, const void *src,
                         const um__fence *after, int nafter, um__fence *done)
 {
     *done = UM_FENCE_NONE;
+    uint64_t t0 = um__now_ns();
+    if (dd != sd && is_gpu(x->ctx, dd) && is_gpu(x->ctx, sd) && !peer_access(x->ctx, sd, dd) &&
+        n >= x->ctx->opts.copy_chunk) {
+        um_status st = two_hop_copy(x, dd, dst, sd, src, n, after, nafter);
+        if (st != UM_OK)
+            return st;
+        runner none = {NULL, NULL};
+        count_copy(x, sd, dd, n);
+        return finish(x, &none, sd, dd, t0, done);
+    }
     runner r = pick_runner(x, dd, sd);
     um_status st = order_after(&r, after, nafter);
     if (st != UM_OK)
         return st;
-    uint64_t t0 = um__now_ns();
     bool gpu_to_host = r.stream && dd == 0 && is_gpu(x->ctx, sd);
     bool host_to_gpu = r.stream && sd == 0 && is_gpu(x->ctx, dd);
     bool stage = n >= 2 * x->ctx->opts.copy_chunk && x->ctx->devices[0].backend->pinned &&
@@ -809,9 +895,7 @@ um_status um__xfer_copy(um__xfer *x, int dd, void *dst, int sd, const void *src,
     }
     if (st != UM_OK)
         return st;
-    link_counters *l = &x->links[sd * x->ndev + dd];
-    atomic_fetch_add_explicit(&l->bytes, n, memory_order_relaxed);
-    atomic_fetch_add_explicit(&l->copies, 1, memory_order_relaxed);
+    count_copy(x, sd, dd, n);
     return finish(x, &r, sd, dd, t0, done);
 }
 
