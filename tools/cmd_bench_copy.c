@@ -10,6 +10,9 @@
  *             and the program's malloc'd memory (staged through pinned
  *             buffers on a GPU); baselines: the same pinned copy, and
  *             um_memcpy straight from or to the malloc'd memory;
+ *   device    with two devices or more: a buffer replica from device 1
+ *             to device 2; baseline: um_memcpy between raw blocks of the
+ *             two (cuMemcpyAsync, peer to peer where the driver allows);
  *   acquire   the cost of acquiring a buffer already valid on the device
  *             (and of releasing it), averaged over many buffers.
  *
@@ -161,6 +164,55 @@ static void print_row(copy_bench *cb, const char *dir, const char *mem, size_t n
            base > 0 ? um / base : 0.0);
 }
 
+/* A buffer replica from device 1 to device 2 (peer access, or two hops
+ * through pinned host memory), against um_memcpy between raw blocks of
+ * the two devices (cuMemcpyAsync). */
+typedef struct d2d_case {
+    um_buffer *b;
+} d2d_case;
+
+static um_status step_d2d(copy_bench *cb, void *arg, uint64_t *ns)
+{
+    d2d_case *c = arg;
+    void *p;
+    um_status st = um_buffer_acquire(c->b, 1, UM_ACCESS_WRITE, NULL, &p);
+    if (st == UM_OK)
+        st = um_buffer_release(c->b, 1, NULL);
+    if (st == UM_OK)
+        st = um_stream_synchronize(cb->ctx, NULL);
+    uint64_t t0 = tool_now_ns();
+    if (st == UM_OK)
+        st = um_buffer_acquire(c->b, 2, UM_ACCESS_READ, NULL, &p);
+    if (st == UM_OK)
+        st = um_stream_synchronize(cb->ctx, NULL);
+    *ns = tool_now_ns() - t0;
+    if (st == UM_OK)
+        st = um_buffer_release(c->b, 2, NULL);
+    return st;
+}
+
+static um_status bench_device_to_device(copy_bench *cb, um_buffer *b, size_t n)
+{
+    void *a = NULL, *z = NULL;
+    um_status st = um_malloc(cb->ctx, 1, n, NULL, &a);
+    if (st == UM_OK)
+        st = um_malloc(cb->ctx, 2, n, NULL, &z);
+    raw_case raw = {z, a, n};
+    d2d_case dc = {b};
+    uint64_t t_um = 0, t_base = 0;
+    if (st == UM_OK)
+        st = time_steps(cb, step_raw, &raw, &t_base);
+    if (st == UM_OK)
+        st = time_steps(cb, step_d2d, &dc, &t_um);
+    if (st == UM_OK)
+        print_row(cb, "d2d", "device", n, gbps(n, t_um), gbps(n, t_base), 0.0);
+    if (a)
+        (void)um_free(cb->ctx, a, NULL);
+    if (z)
+        (void)um_free(cb->ctx, z, NULL);
+    return st;
+}
+
 /* Every row of one size. */
 static um_status bench_size(copy_bench *cb, size_t n)
 {
@@ -206,6 +258,8 @@ static um_status bench_size(copy_bench *cb, size_t n)
             print_row(cb, dir, "pageable", n, gbps(n, t_user), gbps(n, t_base),
                       gbps(n, t_plain));
     }
+    if (st == UM_OK && um_device_count(ctx) > 2)
+        st = bench_device_to_device(cb, b, n);
     if (b)
         (void)um_buffer_destroy(b);
     if (dev_raw)
