@@ -72,6 +72,19 @@ static bool all_bytes(const unsigned char *p, size_t n, unsigned char v)
     return true;
 }
 
+/* A new buffer of `size` bytes holding pattern `id`, written on dev. */
+static um_buffer *patterned(um_context *ctx, int dev, size_t size, uint64_t id)
+{
+    um_buffer *b = NULL;
+    void *p = NULL;
+    CHECK_OK(um_buffer_create(ctx, size, NULL, &b));
+    CHECK_OK(um_buffer_acquire(b, dev, UM_ACCESS_WRITE_DISCARD, NULL, &p));
+    if (p)
+        harness_pattern_fill(p, size, id);
+    CHECK_OK(um_buffer_release(b, dev, NULL));
+    return b;
+}
+
 /* ------------------------------------------------------------ protocol */
 
 static void test_protocol(void)
@@ -263,12 +276,8 @@ static void test_failed_copy(void)
         return;
     int n = um_device_count(ctx);
     const size_t size = 64 * KB;
-    um_buffer *b;
+    um_buffer *b = patterned(ctx, 1, size, 11);
     void *p;
-    CHECK_OK(um_buffer_create(ctx, size, NULL, &b));
-    CHECK_OK(um_buffer_acquire(b, 1, UM_ACCESS_WRITE_DISCARD, NULL, &p));
-    harness_pattern_fill(p, size, 11);
-    CHECK_OK(um_buffer_release(b, 1, NULL));
     /* Every copy into device 2 runs on a backend that fails its first copy. */
     um__backend *real = ctx->devices[2].backend;
     flaky f;
@@ -346,12 +355,8 @@ static void test_staging(void)
         return;
     const size_t size = MB + 777;
     unsigned char *ref = malloc(size), *host = malloc(size);
-    um_buffer *b;
+    um_buffer *b = patterned(ctx, 1, size, 31);
     void *p;
-    CHECK_OK(um_buffer_create(ctx, size, NULL, &b));
-    CHECK_OK(um_buffer_acquire(b, 1, UM_ACCESS_WRITE_DISCARD, NULL, &p));
-    harness_pattern_fill(p, size, 31);
-    CHECK_OK(um_buffer_release(b, 1, NULL));
     harness_pattern_fill(ref, size, 31);
     CHECK_OK(um_buffer_read(b, 0, host, size));
     CHECK(memcmp(host, ref, size) == 0);
@@ -543,16 +548,28 @@ static void step(model *m, model_buffer *mb, uint64_t *rng)
     check_states(mb->b, m->ndev, mb->st, __LINE__);
 }
 
-typedef struct worker {
-    model *m;
+/* One of NTHREADS threads of a phase, all given the same shared state. */
+typedef struct thread_arg {
+    void *shared;
     int id;
     pthread_t tid;
-} worker;
+} thread_arg;
+
+static void run_threads(void *(*fn)(void *), void *shared)
+{
+    thread_arg t[NTHREADS];
+    for (int i = 0; i < NTHREADS; i++) {
+        t[i] = (thread_arg){shared, i, 0};
+        CHECK_EQ(pthread_create(&t[i].tid, NULL, fn, &t[i]), 0);
+    }
+    for (int i = 0; i < NTHREADS; i++)
+        pthread_join(t[i].tid, NULL);
+}
 
 static void *worker_main(void *arg)
 {
-    worker *w = arg;
-    model *m = w->m;
+    thread_arg *w = arg;
+    model *m = w->shared;
     uint64_t rng = m->seed ^ (0x9e3779b97f4a7c15ull * (uint64_t)(w->id + 1));
     for (long i = 0; i < m->steps_per_thread; i++) {
         model_buffer *mb = &m->buf[harness_rand(&rng) % NBUF];
@@ -580,13 +597,7 @@ static void test_random(uint64_t seed)
         pthread_mutex_init(&m->buf[i].lock, NULL);
         model_new(m, &m->buf[i], &rng);
     }
-    worker w[NTHREADS];
-    for (int t = 0; t < NTHREADS; t++) {
-        w[t] = (worker){m, t, 0};
-        CHECK_EQ(pthread_create(&w[t].tid, NULL, worker_main, &w[t]), 0);
-    }
-    for (int t = 0; t < NTHREADS; t++)
-        pthread_join(w[t].tid, NULL);
+    run_threads(worker_main, m);
     CHECK_EQ(m->steps, (uint64_t)NTHREADS * (uint64_t)m->steps_per_thread);
     /* No redundant copy: exactly the bytes the model counted. */
     CHECK_EQ(bytes_copied(m->ctx), m->bytes);
@@ -619,18 +630,12 @@ typedef struct contention {
     uint64_t seed;
 } contention;
 
-typedef struct cworker {
-    contention *c;
-    int id;
-    pthread_t tid;
-} cworker;
-
 /* Each successful write acquisition adds one to the counter at the start
  * of the buffer: only exclusive, coherent writes keep the count. */
 static void *contend_main(void *arg)
 {
-    cworker *w = arg;
-    contention *c = w->c;
+    thread_arg *w = arg;
+    contention *c = w->shared;
     uint64_t rng = c->seed ^ (0xc2b2ae3d27d4eb4full * (uint64_t)(w->id + 1));
     for (int i = 0; i < 2000; i++) {
         int k = (int)(harness_rand(&rng) % NHOT);
@@ -670,13 +675,7 @@ static void test_contention(uint64_t seed)
     c.seed = seed;
     for (int k = 0; k < NHOT; k++)
         CHECK_OK(um_buffer_create(c.ctx, 4096 + (size_t)k, NULL, &c.b[k]));
-    cworker w[NTHREADS];
-    for (int t = 0; t < NTHREADS; t++) {
-        w[t] = (cworker){&c, t, 0};
-        CHECK_EQ(pthread_create(&w[t].tid, NULL, contend_main, &w[t]), 0);
-    }
-    for (int t = 0; t < NTHREADS; t++)
-        pthread_join(w[t].tid, NULL);
+    run_threads(contend_main, &c);
     for (int k = 0; k < NHOT; k++) {
         uint64_t v = 0;
         CHECK_OK(um_buffer_read(c.b[k], 0, &v, sizeof v));

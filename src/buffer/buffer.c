@@ -464,12 +464,17 @@ um_status um_buffer_prefetch(um_buffer *b, int dev)
     return st;
 }
 
+/* The argument checks of um_buffer_read and um_buffer_write. */
+static um_status check_io(const um_buffer *b, size_t offset, const void *p, size_t n,
+                          const char *what)
+{
+    return live(b) ? check_range(b, offset, p, n, what) : bad_buffer(what, b);
+}
+
 um_status um_buffer_read(um_buffer *b, size_t offset, void *dst, size_t n)
 {
     static const char what[] = "um_buffer_read";
-    if (!live(b))
-        return bad_buffer(what, b);
-    um_status st = check_range(b, offset, dst, n, what);
+    um_status st = check_io(b, offset, dst, n, what);
     if (st != UM_OK || n == 0)
         return st;
     um__xfer *x = engine(b);
@@ -492,9 +497,7 @@ um_status um_buffer_read(um_buffer *b, size_t offset, void *dst, size_t n)
 um_status um_buffer_write(um_buffer *b, size_t offset, const void *src, size_t n)
 {
     static const char what[] = "um_buffer_write";
-    if (!live(b))
-        return bad_buffer(what, b);
-    um_status st = check_range(b, offset, src, n, what);
+    um_status st = check_io(b, offset, src, n, what);
     if (st != UM_OK || n == 0)
         return st;
     um__xfer *x = engine(b);
