@@ -292,7 +292,9 @@ UM_API um_replica_state um_buffer_replica_state(um_buffer *b, int dev);
 
 /* Copies the transfer engine made from device `from` to device `to` (0 is
  * the host; buffer reads and writes count as copies to and from it), and
- * the link's cost. The first call (or buffer) of a context measures every
+ * the link's cost. -1 on either side sums over every device there: a
+ * device's copies out (to = -1) or in (from = -1), or all (both -1), with
+ * no link cost. The first call (or buffer) of a context measures every
  * link unless the link cache already has this machine's figures. */
 typedef struct um_link_stats {
     uint64_t bytes;

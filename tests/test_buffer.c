@@ -39,17 +39,27 @@ static um_context *open_ctx(void)
     return open_ctx_with("");
 }
 
+/* Every link's bytes, summed here, and the same from the per-device and
+ * all-device totals of um_link_stats_get. */
 static uint64_t bytes_copied(um_context *ctx)
 {
-    uint64_t sum = 0;
+    uint64_t sum = 0, out_sum = 0, in_sum = 0;
     int n = um_device_count(ctx);
+    um_link_stats st;
     for (int i = 0; i < n; i++) {
         for (int j = 0; j < n; j++) {
-            um_link_stats st;
             CHECK_OK(um_link_stats_get(ctx, i, j, &st));
             sum += st.bytes;
         }
+        CHECK_OK(um_link_stats_get(ctx, i, -1, &st));
+        out_sum += st.bytes;
+        CHECK_OK(um_link_stats_get(ctx, -1, i, &st));
+        in_sum += st.bytes;
     }
+    CHECK_OK(um_link_stats_get(ctx, -1, -1, &st));
+    CHECK_EQ(st.bytes, sum);
+    CHECK_EQ(out_sum, sum);
+    CHECK_EQ(in_sum, sum);
     return sum;
 }
 
@@ -261,6 +271,7 @@ static void test_bad_input(void)
     CHECK(strcmp(um_replica_state_name((um_replica_state)9), "unknown") == 0);
     um_link_stats ls;
     CHECK_STATUS(um_link_stats_get(ctx, 0, 9, &ls), UM_ERR_NO_DEVICE);
+    CHECK_STATUS(um_link_stats_get(ctx, -2, 0, &ls), UM_ERR_NO_DEVICE);
     CHECK_STATUS(um_link_stats_get(ctx, 0, 1, NULL), UM_ERR_INVALID);
     /* Acquired buffers and streams left at shutdown are freed by it. */
     CHECK_OK(um_buffer_acquire(b, 1, UM_ACCESS_WRITE, NULL, &p));

@@ -979,23 +979,33 @@ um_status um_link_stats_get(um_context *ctx, int from, int to, um_link_stats *ou
 {
     if (!ctx || !out)
         return um__fail(UM_ERR_INVALID, "um_link_stats_get: %s is NULL", ctx ? "out" : "ctx");
-    if (from < 0 || from >= ctx->ndevices || to < 0 || to >= ctx->ndevices)
+    if (from < -1 || from >= ctx->ndevices || to < -1 || to >= ctx->ndevices)
         return um__fail(UM_ERR_NO_DEVICE,
-                        "um_link_stats_get: link %d -> %d: the context has devices 0..%d", from,
-                        to, ctx->ndevices - 1);
+                        "um_link_stats_get: link %d -> %d: the context has devices 0..%d (-1: "
+                        "every device)",
+                        from, to, ctx->ndevices - 1);
     memset(out, 0, sizeof *out);
     um__xfer *x;
     um_status st = um__xfer_get(ctx, &x);
     if (st != UM_OK)
         return st;
     um__xfer_poll(x);
-    link_counters *l = &x->links[from * x->ndev + to];
-    out->bytes = atomic_load_explicit(&l->bytes, memory_order_relaxed);
-    out->copies = atomic_load_explicit(&l->copies, memory_order_relaxed);
-    out->busy_ns = atomic_load_explicit(&l->busy_ns, memory_order_relaxed);
-    size_t k = (size_t)from * (size_t)x->ndev + (size_t)to;
-    out->bandwidth_gbps = 1.0 / x->ns_per_byte[k];
-    out->latency_us = x->lat_ns[k] / 1000.0;
+    /* -1 sums over every device on that side (a device's copies in or out). */
+    for (int a = 0; a < x->ndev; a++) {
+        for (int b = 0; b < x->ndev; b++) {
+            if ((from >= 0 && a != from) || (to >= 0 && b != to))
+                continue;
+            link_counters *l = &x->links[a * x->ndev + b];
+            out->bytes += atomic_load_explicit(&l->bytes, memory_order_relaxed);
+            out->copies += atomic_load_explicit(&l->copies, memory_order_relaxed);
+            out->busy_ns += atomic_load_explicit(&l->busy_ns, memory_order_relaxed);
+        }
+    }
+    if (from >= 0 && to >= 0) {
+        size_t k = (size_t)from * (size_t)x->ndev + (size_t)to;
+        out->bandwidth_gbps = 1.0 / x->ns_per_byte[k];
+        out->latency_us = x->lat_ns[k] / 1000.0;
+    }
     out->measured = x->measured;
     return UM_OK;
 }
