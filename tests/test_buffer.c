@@ -15,6 +15,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define KB 1024u
 #define MB (1024u * 1024u)
@@ -401,6 +402,64 @@ static void test_staging(void)
     um_shutdown(ctx);
 }
 
+/* ------------------------------------------------------------ trace file */
+
+static size_t count_substr(const char *s, const char *what)
+{
+    size_t n = 0;
+    for (const char *p = s; (p = strstr(p, what)); p += strlen(what))
+        n++;
+    return n;
+}
+
+/* With trace_file set, every copy is one complete event of the trace. */
+static void test_trace_file(void)
+{
+    char path[] = "/tmp/unimem_test_buffer_trace_XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    if (fd < 0)
+        return;
+    close(fd);
+    char extra[128];
+    snprintf(extra, sizeof extra, ",trace_file=%s", path);
+    um_context *ctx = open_ctx_with(extra);
+    if (!ctx)
+        return;
+    um_buffer *b = patterned(ctx, 1, 3 * MB + 1, 41);
+    void *p;
+    CHECK_OK(um_buffer_acquire(b, 2, UM_ACCESS_READ, NULL, &p));
+    CHECK_OK(um_buffer_release(b, 2, NULL));
+    CHECK_OK(um_buffer_acquire(b, 0, UM_ACCESS_READ_WRITE, NULL, &p));
+    CHECK_OK(um_buffer_release(b, 0, NULL));
+    unsigned char small[100];
+    CHECK_OK(um_buffer_read(b, 5, small, sizeof small));
+    CHECK_OK(um_buffer_destroy(b));
+    um_link_stats all;
+    CHECK_OK(um_link_stats_get(ctx, -1, -1, &all));
+    CHECK_EQ(all.copies, 3);
+    um_shutdown(ctx);
+    FILE *f = fopen(path, "r");
+    CHECK(f != NULL);
+    if (f) {
+        static char text[1 << 16];
+        size_t n = fread(text, 1, sizeof text - 1, f);
+        text[n] = '\0';
+        fclose(f);
+        static const char head[] = "{\"displayTimeUnit\":\"ns\",\"traceEvents\":[";
+        CHECK(strncmp(text, head, strlen(head)) == 0);
+        CHECK(n > 4 && strcmp(text + n - 4, "\n]}\n") == 0);
+        CHECK_EQ(count_substr(text, "\"cat\":\"copy\""), all.copies);
+        CHECK_EQ(count_substr(text, "\"bytes\":3145729"), 2);
+        CHECK_EQ(count_substr(text, "\"bytes\":100,"), 1);
+    }
+    remove(path);
+    /* A file that cannot be written fails um_init, naming the option. */
+    um_context *bad = NULL;
+    CHECK_STATUS(um_init("trace_file=/nonexistent-dir/x.json", &bad), UM_ERR_IO);
+    CHECK_ERROR_MENTIONS("trace_file", "/nonexistent-dir/x.json", NULL);
+}
+
 /* ------------------------------------------------------ randomized model */
 
 #define NBUF 24
@@ -708,6 +767,7 @@ int main(void)
     test_failed_copy();
     test_wrap();
     test_staging();
+    test_trace_file();
     test_random(seed);
     test_contention(seed);
     return harness_finish("test_buffer");

@@ -61,6 +61,9 @@
     X(links, UM_OPT_ENUM, "measure",                                                          \
       "measure|model: the link costs that pick a copy's source: measured once (then read "   \
       "from link_cache), or a fixed model by device kind")                                    \
+    X(trace_file, UM_OPT_STRING, "",                                                          \
+      "write events (copies between devices, so far) to this file as Chrome trace JSON, for " \
+      "Perfetto or chrome://tracing; empty: no recording")                                    \
     X(link_cache, UM_OPT_STRING, "",                                                          \
       "file of link measurements by machine; empty: $XDG_CACHE_HOME/unimem/links (or "      \
       "~/.cache/unimem/links); none: measure at every start")
@@ -85,6 +88,7 @@ typedef struct um__options {
     size_t copy_chunk;
     int peer_copies;
     int links;              /* um__links */
+    char trace_file[256];
     char link_cache[256];
 } um__options;
 

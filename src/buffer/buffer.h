@@ -29,10 +29,12 @@ typedef struct um__fence {
     um__bevent *ev;
     const void *stream;
     uint64_t start_ns;
+    uint64_t bytes;    /* the copy's size */
+    struct um__xfer *xfer; /* a copy's engine, which counts its time */
     int16_t from, to;  /* the copy's link, or -1 */
 } um__fence;
 
-#define UM_FENCE_NONE ((um__fence){NULL, NULL, NULL, 0, -1, -1})
+#define UM_FENCE_NONE ((um__fence){NULL, NULL, NULL, 0, 0, NULL, -1, -1})
 #define UM_REPLICA_USES 4
 
 typedef struct um__replica {
@@ -99,7 +101,9 @@ void um__xfer_poll(um__xfer *x);
 bool um__fence_done(um__xfer *x, um__fence *f);
 /* Waits on the host until f has completed; f becomes none. */
 um_status um__fence_wait(um__xfer *x, um__fence *f);
-/* Forgets f (its event is released; the work it marks may still run). */
+/* Forgets f (its event is released; the work it marks may still run, or
+ * has been waited for through a stream; a copy's time is counted up to
+ * now). */
 void um__fence_drop(um__fence *f);
 /* A fence at the current end of stream s's work (of device dev); none for
  * the host's default stream, whose work is the program's own. */

@@ -53,18 +53,35 @@ static bool is_gpu(um_context *ctx, int dev)
 
 /* ------------------------------------------------------------- fences */
 
+/* A copy's time on its link, seen done now: into the link's busy time
+ * and, when recording, the trace. */
+static void copy_done(um__xfer *x, int from, int to, uint64_t start_ns, uint64_t bytes,
+                      bool staged)
+{
+    uint64_t dur = um__now_ns() - start_ns;
+    atomic_fetch_add_explicit(&x->links[from * x->ndev + to].busy_ns, dur, memory_order_relaxed);
+    if (x->ctx->events)
+        um__event_add(x->ctx->events, UM_EVENT_COPY, to, from, start_ns, dur, bytes, staged);
+}
+
 static void count_busy(um__xfer *x, const um__fence *f)
 {
     if (f->from >= 0 && f->to >= 0)
-        atomic_fetch_add_explicit(&x->links[f->from * x->ndev + f->to].busy_ns,
-                                  um__now_ns() - f->start_ns, memory_order_relaxed);
+        copy_done(x, f->from, f->to, f->start_ns, f->bytes, false);
 }
 
-void um__fence_drop(um__fence *f)
+static void release_fence(um__fence *f)
 {
     if (f->ev)
         um__be_event_destroy(f->be, f->ev);
     *f = UM_FENCE_NONE;
+}
+
+void um__fence_drop(um__fence *f)
+{
+    if (f->ev && f->xfer)
+        count_busy(f->xfer, f);
+    release_fence(f);
 }
 
 bool um__fence_done(um__xfer *x, um__fence *f)
@@ -75,7 +92,7 @@ bool um__fence_done(um__xfer *x, um__fence *f)
     if (um__be_event_query(f->be, f->ev, &done) != UM_OK || !done)
         return false;
     count_busy(x, f);
-    um__fence_drop(f);
+    release_fence(f);
     return true;
 }
 
@@ -87,7 +104,7 @@ um_status um__fence_wait(um__xfer *x, um__fence *f)
     if (st != UM_OK)
         return st;
     count_busy(x, f);
-    um__fence_drop(f);
+    release_fence(f);
     return UM_OK;
 }
 
@@ -102,7 +119,7 @@ um_status um__fence_record(um_context *ctx, int dev, um_stream s, um__fence *out
     um_status st = um__be_event_record(be, us->ref.bstream, &ev);
     if (st != UM_OK)
         return st;
-    *out = (um__fence){be, ev, us, 0, -1, -1};
+    *out = (um__fence){be, ev, us, 0, 0, NULL, -1, -1};
     return UM_OK;
 }
 
@@ -468,15 +485,15 @@ static void count_copy(um__xfer *x, int from, int to, size_t n)
     atomic_fetch_add_explicit(&l->copies, 1, memory_order_relaxed);
 }
 
-/* The completion of what the runner just queued. */
-static um_status finish(um__xfer *x, const runner *r, int from, int to, uint64_t t0,
-                        um__fence *done)
+/* The completion of what the runner just queued (a copy of n bytes from
+ * `from` to `to`; from -1 for a fill). */
+static um_status finish(um__xfer *x, const runner *r, int from, int to, uint64_t t0, size_t n,
+                        bool staged, um__fence *done)
 {
     *done = UM_FENCE_NONE;
     if (!r->stream) {
         if (from >= 0)
-            atomic_fetch_add_explicit(&x->links[from * x->ndev + to].busy_ns, um__now_ns() - t0,
-                                      memory_order_relaxed);
+            copy_done(x, from, to, t0, n, staged);
         return UM_OK;
     }
     um__bevent *ev = NULL;
@@ -486,7 +503,8 @@ static um_status finish(um__xfer *x, const runner *r, int from, int to, uint64_t
         um_status s2 = um__be_stream_sync(r->be, r->stream->ref.bstream);
         return s2 == UM_OK ? UM_OK : st;
     }
-    *done = (um__fence){r->be, ev, r->stream, t0, (int16_t)from, (int16_t)to};
+    *done = (um__fence){r->be, ev, r->stream, t0, n, from >= 0 ? x : NULL, (int16_t)from,
+                        (int16_t)to};
     return UM_OK;
 }
 
@@ -874,7 +892,7 @@ um_status um__xfer_copy(um__xfer *x, int dd, void *dst, int sd, const void *src,
             return st;
         runner none = {NULL, NULL};
         count_copy(x, sd, dd, n);
-        return finish(x, &none, sd, dd, t0, done);
+        return finish(x, &none, sd, dd, t0, n, true, done);
     }
     runner r = pick_runner(x, dd, sd);
     um_status st = order_after(&r, after, nafter);
@@ -896,7 +914,7 @@ um_status um__xfer_copy(um__xfer *x, int dd, void *dst, int sd, const void *src,
     if (st != UM_OK)
         return st;
     count_copy(x, sd, dd, n);
-    return finish(x, &r, sd, dd, t0, done);
+    return finish(x, &r, sd, dd, t0, n, stage, done);
 }
 
 um_status um__xfer_zero(um__xfer *x, int dev, void *dst, size_t n, const um__fence *after,
@@ -913,7 +931,7 @@ um_status um__xfer_zero(um__xfer *x, int dev, void *dst, size_t n, const um__fen
         memset(dst, 0, n);
     if (st != UM_OK)
         return st;
-    return finish(x, &r, -1, -1, 0, done);
+    return finish(x, &r, -1, -1, 0, 0, false, done);
 }
 
 /* ------------------------------------------------ memory still in use */

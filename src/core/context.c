@@ -611,6 +611,7 @@ static void destroy_context(context_impl *impl)
     ctx->ndevices = 0;
     for (int i = 0; i < UM_MAX_DEVICES; i++)
         free(impl->free_ids[i].ids);
+    um__events_close(ctx->events);
     pthread_mutex_destroy(&ctx->buffers_lock);
     pthread_mutex_destroy(&impl->lock);
     free(impl);
@@ -849,6 +850,9 @@ um_status um_init(const char *conf, um_context **out)
     st = create_backends(ctx, specs, nspecs);
     if (st == UM_OK)
         st = create_allocators(ctx);
+    if (st == UM_OK && opts.trace_file[0] && !(ctx->events = um__events_open(opts.trace_file,
+                                                                             ctx->ndevices)))
+        st = UM_ERR_IO;
     if (st != UM_OK) {
         destroy_context(impl);
         return st;

@@ -8,6 +8,7 @@
 
 #include "../base/options.h"
 #include "../pool/pool.h"
+#include "../trace/events.h"
 
 #include <pthread.h>
 
@@ -43,6 +44,7 @@ struct um_context {
      * allocators and streams go. Set once under buffers_lock, which is not
      * the stream lock: making the layer creates streams. */
     pthread_mutex_t buffers_lock;
+    um__events *events;     /* the trace_file recorder, or NULL */
     struct um__xfer *_Atomic xfer;
     void (*buffers_fini)(um_context *ctx);
 };

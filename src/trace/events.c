@@ -1,0 +1,93 @@
+/* Event recorder; see events.h. */
+#include "events.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Records are written out once this many are pending. */
+#define EVENTS_BATCH 4096
+
+typedef struct event_rec {
+    uint64_t start_ns, dur_ns, a0, a1;
+    int32_t kind, dev, src;
+} event_rec;
+
+struct um__events {
+    pthread_mutex_t lock;
+    FILE *f;
+    uint64_t t0;          /* um__now_ns at open: time 0 of the trace */
+    event_rec pending[EVENTS_BATCH];
+    size_t npending;
+    uint64_t written;     /* events in the file so far */
+};
+
+static void write_batch(um__events *e)
+{
+    for (size_t i = 0; i < e->npending; i++) {
+        const event_rec *r = &e->pending[i];
+        double ts = (double)(r->start_ns - e->t0) / 1000.0, dur = (double)r->dur_ns / 1000.0;
+        switch (r->kind) {
+        case UM_EVENT_COPY:
+            fprintf(e->f,
+                    ",\n{\"name\":\"copy %d->%d\",\"cat\":\"copy\",\"ph\":\"X\",\"ts\":%.3f,"
+                    "\"dur\":%.3f,\"pid\":%d,\"tid\":%d,\"args\":{\"bytes\":%llu,\"from\":%d,"
+                    "\"to\":%d,\"staged\":%llu}}",
+                    r->src, r->dev, ts, dur, r->dev, 1000 + r->src, (unsigned long long)r->a0,
+                    r->src, r->dev, (unsigned long long)r->a1);
+            break;
+        default:
+            break;
+        }
+        e->written++;
+    }
+    e->npending = 0;
+}
+
+um__events *um__events_open(const char *path, int ndevices)
+{
+    um__events *e = calloc(1, sizeof *e);
+    if (!e) {
+        um__fail(UM_ERR_NOMEM, "trace_file: no memory for the event recorder");
+        return NULL;
+    }
+    e->f = fopen(path, "w");
+    if (!e->f) {
+        um__fail(UM_ERR_IO, "trace_file: cannot open '%s' for writing", path);
+        free(e);
+        return NULL;
+    }
+    pthread_mutex_init(&e->lock, NULL);
+    e->t0 = um__now_ns();
+    /* Track names: one process per device. */
+    fprintf(e->f, "{\"displayTimeUnit\":\"ns\",\"traceEvents\":[\n"
+                  "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":0,\"args\":{\"name\":"
+                  "\"device 0 (host)\"}}");
+    for (int d = 1; d < ndevices; d++)
+        fprintf(e->f, ",\n{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"args\":{\"name\":"
+                      "\"device %d\"}}", d, d);
+    return e;
+}
+
+void um__event_add(um__events *e, um__event_kind kind, int dev, int src, uint64_t start_ns,
+                   uint64_t dur_ns, uint64_t a0, uint64_t a1)
+{
+    pthread_mutex_lock(&e->lock);
+    if (e->npending == EVENTS_BATCH)
+        write_batch(e);
+    e->pending[e->npending++] = (event_rec){start_ns, dur_ns, a0, a1, (int32_t)kind, dev, src};
+    pthread_mutex_unlock(&e->lock);
+}
+
+void um__events_close(um__events *e)
+{
+    if (!e)
+        return;
+    write_batch(e);
+    fprintf(e->f, "\n]}\n");
+    if (fclose(e->f) != 0)
+        um__log(UM_LOG_WARN, "trace_file: writing the trace failed");
+    pthread_mutex_destroy(&e->lock);
+    free(e);
+}

@@ -1,0 +1,31 @@
+/*
+ * events: the event recorder behind the `trace_file` option. Off unless
+ * the option names a file; then every layer adds compact records (a time,
+ * a duration, devices, two numbers) under one lock, and the recorder writes
+ * them as Chrome trace JSON (Perfetto, chrome://tracing) in batches and at
+ * close. Formatting happens only when a batch is written, never in the
+ * calls that record. Owns the file and the pending records.
+ */
+#ifndef UM_EVENTS_H
+#define UM_EVENTS_H
+
+#include "../base/base.h"
+
+typedef struct um__events um__events;
+
+typedef enum um__event_kind {
+    UM_EVENT_COPY = 0,  /* a copy between devices: a0 bytes, a1 1 if staged or in two hops */
+    UM_EVENT_KINDS
+} um__event_kind;
+
+/* Opens path for writing (truncated); NULL after um__fail. ndevices names
+ * the tracks. */
+um__events *um__events_open(const char *path, int ndevices);
+/* Adds one event that started at start_ns (um__now_ns) and lasted dur_ns,
+ * on device dev, from device src (-1: none). */
+void um__event_add(um__events *e, um__event_kind kind, int dev, int src, uint64_t start_ns,
+                   uint64_t dur_ns, uint64_t a0, uint64_t a1);
+/* Writes what is pending and the end of the JSON, closes, frees. */
+void um__events_close(um__events *e);
+
+#endif /* UM_EVENTS_H */
