@@ -69,7 +69,10 @@ fi
 if has copy; then
   build-dev/unimem bench copy > "$OUT/bench_copy.txt" 2>&1; echo "bench copy rc=$?"; cat "$OUT/bench_copy.txt"
   build-dev/unimem bench copy --json > "$OUT/bench_copy.json" 2>&1
-  for t in ${COPY_THREADS:-4 12 16}; do
+  # Every copy recorded as a Chrome trace event; the file must parse.
+  UNIMEM_CONF=trace_file=$OUT/copies.json build-dev/unimem bench copy --quick > /dev/null 2>&1
+  python3 -c "import json,sys; d=json.load(open(sys.argv[1])); e=[x for x in d['traceEvents'] if x.get('cat')=='copy']; print('trace_file: %d copy events, %.1f GB' % (len(e), sum(x['args']['bytes'] for x in e)/1e9))" "$OUT/copies.json"
+  for t in ${COPY_THREADS:-}; do
     UNIMEM_CONF=copy_threads=$t build-dev/unimem bench copy --quick > "$OUT/bench_copy_t$t.txt" 2>&1
     echo "copy_threads=$t:"; grep pageable "$OUT/bench_copy_t$t.txt"
   done
