@@ -290,6 +290,41 @@ UM_API size_t um_buffer_size(const um_buffer *b);
 /* The state of the buffer's replica on dev (INVALID for a bad argument). */
 UM_API um_replica_state um_buffer_replica_state(um_buffer *b, int dev);
 
+/* ------------------------------------------- reclaim: eviction and spill */
+
+/* When a device runs short, unimem makes room instead of failing: it trims
+ * the pool's cached memory, then frees invalid replicas' memory, drops
+ * clean replicas (a valid copy exists elsewhere) and writes dirty ones back
+ * (to the host, or another device with room) before dropping them. An
+ * allocation at the memory limit does this itself and retries; above a
+ * device's high watermark a background thread does it ahead of need until
+ * usage is below the low watermark. Acquired replicas are never evicted. */
+typedef enum um_hint {
+    UM_HINT_WONT_USE = 1, /* evict this buffer first (until its next acquire) */
+    UM_HINT_WILL_USE = 2, /* it will be acquired: one announcement per coming use, in order */
+    UM_HINT_PIN = 3,      /* never evict it */
+    UM_HINT_UNPIN = 4
+} um_hint;
+
+UM_API um_status um_buffer_hint(um_buffer *b, um_hint hint);
+
+/* Watermarks of device dev in bytes of reserved memory (0, 0: back to the
+ * watermark_low / watermark_high options, percent of the memory limit). */
+UM_API um_status um_set_watermarks(um_context *ctx, int dev, size_t low_bytes, size_t high_bytes);
+
+typedef struct um_reclaim_stats {
+    uint64_t evictions;          /* replicas dropped from the device */
+    uint64_t written_back;       /* of which written back first (the only valid copy) */
+    uint64_t written_back_bytes;
+    uint64_t refetched_bytes;    /* bytes copied back into the device after an eviction */
+    uint64_t reclaimer_runs;     /* background passes that found the device above its high mark */
+    uint64_t sync_reclaims;      /* allocations that had to make room themselves */
+    uint64_t wait_ns;            /* time those allocations spent making room */
+    uint64_t failed;             /* allocations that failed with no room to make */
+} um_reclaim_stats;
+
+UM_API um_status um_reclaim_stats_get(um_context *ctx, int dev, um_reclaim_stats *out);
+
 /* Copies the transfer engine made from device `from` to device `to` (0 is
  * the host; buffer reads and writes count as copies to and from it), and
  * the link's cost. -1 on either side sums over every device there: a

@@ -108,7 +108,7 @@ static void flaky_event_destroy(um__backend *b, um__bevent *e)
 static bool flaky_copy_fails(um__backend *b)
 {
     flaky *f = (flaky *)b;
-    return f->copy_countdown > 0 && --f->copy_countdown == 0;
+    return f->copies_fail || (f->copy_countdown > 0 && --f->copy_countdown == 0);
 }
 
 static um_status flaky_copy(um__backend *b, void *dst, const void *src, size_t n, int dir)

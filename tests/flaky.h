@@ -5,11 +5,14 @@
 
 #include "backend/backend.h"
 
+#include <stdbool.h>
+
 typedef struct flaky {
     um__backend base;
     um__backend *inner;
     long countdown; /* the call that fails, counting down; 0: none */
     long copy_countdown; /* the copy (copy, copy_async) that fails; 0: none */
+    bool copies_fail;    /* every copy fails */
     long reservations, chunks;
     long long mapped_bytes; /* unmap may cover several mappings */
 } flaky;

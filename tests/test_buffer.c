@@ -29,7 +29,9 @@ static const char *devices_conf(void)
 static um_context *open_ctx_with(const char *extra)
 {
     char conf[256];
-    snprintf(conf, sizeof conf, "devices=%s%s", devices_conf(), extra);
+    /* No background eviction: the model here has none (test_reclaim has). */
+    snprintf(conf, sizeof conf, "devices=%s,watermark_high=100,watermark_low=100%s",
+             devices_conf(), extra);
     um_context *ctx = NULL;
     CHECK_OK(um_init(conf, &ctx));
     return ctx;

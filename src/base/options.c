@@ -52,6 +52,8 @@ typedef struct int_range {
 static const int_range int_ranges[] = {
     {offsetof(um__options, va_factor), 1, 64},
     {offsetof(um__options, copy_threads), 0, 64},
+    {offsetof(um__options, watermark_high), 1, 100},
+    {offsetof(um__options, watermark_low), 0, 100},
 };
 
 static void range_of(const opt_entry *e, long *min, long *max)

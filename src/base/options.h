@@ -58,6 +58,15 @@
     X(peer_copies, UM_OPT_BOOL, "1",                                                          \
       "GPU-to-GPU copies go directly where the driver allows peer access; 0 always takes "   \
       "two hops through pinned host memory, pipelined in chunks")                             \
+    X(watermark_high, UM_OPT_INT, "90",                                                       \
+      "percent of a device's memory limit above which the background reclaimer evicts "      \
+      "buffer replicas (100: never)")                                                         \
+    X(watermark_low, UM_OPT_INT, "80",                                                        \
+      "percent of the memory limit the background reclaimer brings a device down to")        \
+    X(evict_policy, UM_OPT_ENUM, "cost",                                                      \
+      "cost|lru: which replica to evict: cost prefers free, clean, large, unannounced and "  \
+      "WONT_USE buffers and otherwise the farthest announced use; lru the least recently "   \
+      "used")                                                                                 \
     X(links, UM_OPT_ENUM, "measure",                                                          \
       "measure|model: the link costs that pick a copy's source: measured once (then read "   \
       "from link_cache), or a fixed model by device kind")                                    \
@@ -87,12 +96,16 @@ typedef struct um__options {
     int copy_threads;
     size_t copy_chunk;
     int peer_copies;
+    int watermark_high;
+    int watermark_low;
+    int evict_policy;       /* um__evict_policy */
     int links;              /* um__links */
     char trace_file[256];
     char link_cache[256];
 } um__options;
 
 typedef enum um__links { UM_LINKS_MEASURE = 0, UM_LINKS_MODEL = 1 } um__links;
+typedef enum um__evict_policy { UM_EVICT_COST = 0, UM_EVICT_LRU = 1 } um__evict_policy;
 
 typedef enum um__host_memory {
     UM_HOST_MEMORY_AUTO = 0,

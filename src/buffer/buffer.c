@@ -181,7 +181,10 @@ static um_status ensure_memory(um_buffer *b, int dev, um_stream first_writer)
     um__replica *r = &b->rep[dev];
     if (r->ptr)
         return UM_OK;
-    return um_malloc(b->ctx, dev, b->size, first_writer, &r->ptr);
+    um_status st = um_malloc(b->ctx, dev, b->size, first_writer, &r->ptr);
+    if (st == UM_OK)
+        um__reclaim_account(um__xfer_reclaim(engine(b)), dev, (int64_t)b->size);
+    return st;
 }
 
 /* The stream a copy from src into dev runs on, for allocating dev's
@@ -230,6 +233,10 @@ static um_status fill(um_buffer *b, int dev)
             (void)um__fence_wait(x, &r->ready);
     }
     r->state = src < 0 ? UM_REPLICA_OWNER : UM_REPLICA_SHARED;
+    r->last_use = um__xfer_tick(x);
+    if (r->evicted && src >= 0 && um__xfer_reclaim(x))
+        um__reclaim_refetched(um__xfer_reclaim(x), dev, b->size);
+    r->evicted = false;
     return UM_OK;
 }
 
@@ -258,6 +265,7 @@ static void free_replica(um_buffer *b, int dev)
                 um__fence_drop(&f[i]);
     } else {
         um__xfer_free_later(x, dev, r->ptr, f, n);
+        um__reclaim_account(um__xfer_reclaim(x), dev, -(int64_t)b->size);
     }
     r->ptr = NULL;
     r->nused = 0;
@@ -403,6 +411,11 @@ um_status um_buffer_acquire(um_buffer *b, int dev, um_access mode, um_stream s, 
     }
     if (st == UM_OK) {
         b->holders++;
+        r->last_use = um__xfer_tick(x);
+        /* This use was the oldest announced one; WONT_USE no longer holds. */
+        if (b->nannounced)
+            memmove(b->announced, b->announced + 1, --b->nannounced * sizeof *b->announced);
+        b->wont_use = false;
         *ptr = r->ptr;
     }
     pthread_mutex_unlock(&b->lock);
@@ -436,6 +449,7 @@ um_status um_buffer_release(um_buffer *b, int dev, um_stream s)
         if (s2 == UM_OK)
             st = UM_OK;
     }
+    r->last_use = um__xfer_tick(x);
     if (r->writer) {
         r->writer = false;
         r->ready = f;
@@ -552,6 +566,7 @@ void um__buffer_discard(um_buffer *b)
     um__xfer_track(x, b, false);
     for (int d = 0; d < b->ctx->ndevices; d++)
         free_replica(b, d);
+    free(b->announced);
     pthread_mutex_destroy(&b->lock);
     um__xfer_recycle(x, b);
 }
@@ -595,4 +610,120 @@ um_replica_state um_buffer_replica_state(um_buffer *b, int dev)
     um_replica_state s = (um_replica_state)b->rep[dev].state;
     pthread_mutex_unlock(&b->lock);
     return s;
+}
+
+/* ------------------------------------------------------------ eviction */
+
+/* Where the only valid copy on dev goes before it is dropped: the host or
+ * another device with room for it, cheapest link first; -1 if none. The
+ * host's own replicas are never written elsewhere (the host is their
+ * home). Tried in order by the caller; `skip` lists failed targets. */
+static int write_back_target(um_buffer *b, int dev, const bool *skip)
+{
+    if (dev == 0)
+        return -1;
+    um_context *ctx = b->ctx;
+    const um__xfer *x = engine(b);
+    int best = -1;
+    double cost = 0.0;
+    for (int d = 0; d < ctx->ndevices; d++) {
+        if (d == dev || skip[d])
+            continue;
+        um__backend *be = ctx->devices[d].backend;
+        size_t used = atomic_load_explicit(&be->physical_bytes, memory_order_relaxed);
+        size_t limit = ctx->devices[d].alloc->memory_limit;
+        bool room = b->rep[d].ptr || (used < limit && limit - used >= b->size);
+        if (d != 0 && !room)
+            continue;
+        double c = um__xfer_cost(x, dev, d, b->size);
+        if (best < 0 || c < cost) {
+            best = d;
+            cost = c;
+        }
+    }
+    return best;
+}
+
+um_status um__buffer_evict(um_buffer *b, int dev, size_t *bytes_written)
+{
+    *bytes_written = 0;
+    um__replica *r = &b->rep[dev];
+    if (!r->ptr || r->readers || r->writer || b->pinned || (dev == 0 && b->wrapped))
+        return UM_ERR_BUSY;
+    um__xfer *x = engine(b);
+    if (r->state != UM_REPLICA_INVALID) {
+        int other = best_source(b, dev, dev);
+        bool skip[UM_MAX_DEVICES] = {false};
+        while (other < 0) {
+            int t = write_back_target(b, dev, skip);
+            if (t < 0)
+                return um__fail(UM_ERR_NOMEM,
+                                "buffer %p (%zu bytes): its only valid copy, on device %d, has "
+                                "nowhere to go", (void *)b, b->size, dev);
+            um_status st = fill(b, t);
+            if (st == UM_OK) {
+                other = t;
+                *bytes_written = b->size;
+            } else {
+                skip[t] = true;
+            }
+        }
+        if (r->state == UM_REPLICA_OWNER)
+            b->rep[other].state = UM_REPLICA_OWNER;
+    }
+    /* The memory goes back now: the room is needed now. */
+    um__fence f[UM_REPLICA_USES + 1];
+    int n = write_hazards(r, f);
+    for (int i = 0; i < n; i++)
+        if (um__fence_wait(x, &f[i]) != UM_OK)
+            um__fence_drop(&f[i]);
+    (void)um_free(b->ctx, r->ptr, NULL);
+    um__reclaim_account(um__xfer_reclaim(x), dev, -(int64_t)b->size);
+    r->ptr = NULL;
+    r->nused = 0;
+    r->ready = UM_FENCE_NONE;
+    r->state = UM_REPLICA_INVALID;
+    r->evicted = true;
+    return UM_OK;
+}
+
+um_status um_buffer_hint(um_buffer *b, um_hint hint)
+{
+    static const char what[] = "um_buffer_hint";
+    if (!live(b))
+        return bad_buffer(what, b);
+    if (hint != UM_HINT_WONT_USE && hint != UM_HINT_WILL_USE && hint != UM_HINT_PIN &&
+        hint != UM_HINT_UNPIN)
+        return um__fail(UM_ERR_INVALID,
+                        "%s: buffer %p: hint %d is none of WONT_USE (1), WILL_USE (2), PIN (3), "
+                        "UNPIN (4)", what, (void *)b, (int)hint);
+    um_status st = UM_OK;
+    pthread_mutex_lock(&b->lock);
+    switch (hint) {
+    case UM_HINT_WONT_USE:
+        b->wont_use = true;
+        break;
+    case UM_HINT_WILL_USE:
+        if (b->nannounced == b->announced_cap) {
+            uint32_t cap = b->announced_cap ? 2 * b->announced_cap : 8;
+            uint64_t *a = realloc(b->announced, cap * sizeof *a);
+            if (!a) {
+                st = um__fail(UM_ERR_NOMEM, "%s: no host memory for an announcement", what);
+                break;
+            }
+            b->announced = a;
+            b->announced_cap = cap;
+        }
+        b->announced[b->nannounced++] = um__xfer_tick(engine(b));
+        b->wont_use = false;
+        break;
+    case UM_HINT_PIN:
+        b->pinned = true;
+        break;
+    default:
+        b->pinned = false;
+        break;
+    }
+    pthread_mutex_unlock(&b->lock);
+    return st;
 }

@@ -45,6 +45,8 @@ typedef struct um__replica {
     um__fence ready;
     um__fence used[UM_REPLICA_USES];
     uint32_t nused;
+    uint64_t last_use;      /* the engine's clock at its last acquire, release or fill */
+    bool evicted;           /* dropped by reclaim since it was last valid */
 } um__replica;
 
 #define UM_BUFFER_MAGIC 0x42554646u
@@ -57,10 +59,16 @@ struct um_buffer {
     pthread_mutex_t lock;
     struct um_buffer *prev, *next; /* the engine's list of live buffers */
     uint32_t holders;       /* acquisitions held, on every device */
+    /* Hints (reclaim.c): pinned, WONT_USE until the next acquire, and the
+     * announcement tickets of WILL_USE, oldest first. */
+    bool pinned, wont_use;
+    uint64_t *announced;
+    uint32_t nannounced, announced_cap;
     um__replica rep[];      /* one per device */
 };
 
 typedef struct um__xfer um__xfer;
+typedef struct um__reclaim um__reclaim;
 
 /* Frees b whatever its state (acquisitions included), after the work that
  * uses its replicas: for um_shutdown. */
@@ -96,6 +104,35 @@ double um__xfer_cost(const um__xfer *x, int from, int to, size_t n);
 void um__xfer_free_later(um__xfer *x, int dev, void *ptr, um__fence *fences, int nfences);
 /* Frees what um__xfer_free_later holds whose fences have completed. */
 void um__xfer_poll(um__xfer *x);
+/* Calls fn(b, arg) for every live buffer, under the engine's lock (which
+ * is recursive: fn may call into the engine), until fn returns false. */
+void um__xfer_each_buffer(um__xfer *x, bool (*fn)(um_buffer *b, void *arg), void *arg);
+/* The engine's logical clock, for least-recently-used order. */
+uint64_t um__xfer_tick(um__xfer *x);
+/* The engine's reclaim state (reclaim.c). */
+struct um__reclaim *um__xfer_reclaim(um__xfer *x);
+
+/* Drops b's replica on dev to make room (b locked, the replica not
+ * acquired): an invalid one frees its memory; a valid one with another
+ * valid copy is dropped (that copy becomes the owner if this one was); the
+ * only valid copy is first written back to the host or another device with
+ * room, whichever is cheaper. The memory is back in dev's pool on return.
+ * UM_ERR_BUSY if it may not be evicted; on a failed write-back the replica
+ * stays as it was. *bytes_written: bytes written back (0 if none). */
+um_status um__buffer_evict(um_buffer *b, int dev, size_t *bytes_written);
+
+/* reclaim.c: made with the engine (started once the engine is in the
+ * context: it installs the context's reclaim hook and its thread),
+ * stopped before the engine's buffers go. */
+struct um__reclaim *um__reclaim_create(um__xfer *x);
+void um__reclaim_start(struct um__reclaim *rc, um_context *ctx);
+void um__reclaim_destroy(struct um__reclaim *rc);
+/* Replica memory on dev grew or shrank by `bytes` (what watermarks count). */
+void um__reclaim_account(struct um__reclaim *rc, int dev, int64_t bytes);
+/* A fill copied into a replica that reclaim had dropped. */
+void um__reclaim_refetched(struct um__reclaim *rc, int dev, size_t bytes);
+/* The background reclaimer should look at the devices now. */
+void um__reclaim_nudge(struct um__reclaim *rc);
 
 /* True once f has completed (f becomes none then); queries the backend. */
 bool um__fence_done(um__xfer *x, um__fence *f);

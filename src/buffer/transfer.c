@@ -44,6 +44,8 @@ struct um__xfer {
     um_buffer *spare;
     bool measured;                /* the route costs are measured, not the model */
     struct stage_pool *stage;     /* staging workers, made at the first staged copy */
+    struct um__reclaim *reclaim;  /* eviction and the background reclaimer */
+    _Atomic uint64_t clock;       /* logical time of replica uses */
 };
 
 static bool is_gpu(um_context *ctx, int dev)
@@ -349,10 +351,19 @@ um_status um__xfer_get(um_context *ctx, um__xfer **out)
         }
         x->ctx = ctx;
         x->ndev = ctx->ndevices;
-        pthread_mutex_init(&x->lock, NULL);
+        /* Recursive: reclaim walks the buffers under it and evicts, which
+         * calls back into the engine. */
+        pthread_mutexattr_t attr;
+        pthread_mutexattr_init(&attr);
+        pthread_mutexattr_settype(&attr, PTHREAD_MUTEX_RECURSIVE);
+        pthread_mutex_init(&x->lock, &attr);
+        pthread_mutexattr_destroy(&attr);
         set_routes(x);
         ctx->buffers_fini = buffers_fini;
         atomic_store_explicit(&ctx->xfer, x, memory_order_release);
+        x->reclaim = um__reclaim_create(x); /* NULL: no reclaim, allocations just fail */
+        if (x->reclaim)
+            um__reclaim_start(x->reclaim, ctx);
     }
     pthread_mutex_unlock(&ctx->buffers_lock);
     *out = x;
@@ -380,6 +391,27 @@ void um__xfer_recycle(um__xfer *x, um_buffer *b)
     b->next = x->spare;
     x->spare = b;
     pthread_mutex_unlock(&x->lock);
+}
+
+void um__xfer_each_buffer(um__xfer *x, bool (*fn)(um_buffer *b, void *arg), void *arg)
+{
+    pthread_mutex_lock(&x->lock);
+    for (um_buffer *b = x->buffers, *nx; b; b = nx) {
+        nx = b->next;
+        if (!fn(b, arg))
+            break;
+    }
+    pthread_mutex_unlock(&x->lock);
+}
+
+uint64_t um__xfer_tick(um__xfer *x)
+{
+    return atomic_fetch_add_explicit(&x->clock, 1, memory_order_relaxed) + 1;
+}
+
+struct um__reclaim *um__xfer_reclaim(um__xfer *x)
+{
+    return x->reclaim;
 }
 
 void um__xfer_track(um__xfer *x, um_buffer *b, bool add)
@@ -1035,6 +1067,9 @@ static void buffers_fini(um_context *ctx)
     um__xfer *x = atomic_load_explicit(&ctx->xfer, memory_order_acquire);
     if (!x)
         return;
+    atomic_store_explicit(&ctx->reclaim, NULL, memory_order_release);
+    um__reclaim_destroy(x->reclaim);
+    x->reclaim = NULL;
     while (x->buffers)
         um__buffer_discard(x->buffers); /* untracks it */
     stage_pool_destroy(x);

@@ -817,6 +817,10 @@ um_status um_init(const char *conf, um_context **out)
     if (st != UM_OK)
         return st;
     um__log_set_level((um_log_level)opts.log_level);
+    if (opts.watermark_low > opts.watermark_high)
+        return um__fail(UM_ERR_BAD_OPTION,
+                        "option 'watermark_low': %d%% is above watermark_high (%d%%)",
+                        opts.watermark_low, opts.watermark_high);
     if (opts.copy_chunk < 64 * 1024 || opts.copy_chunk > ((size_t)1 << 30))
         return um__fail(UM_ERR_BAD_OPTION,
                         "option 'copy_chunk': %zu bytes is outside 64K..1G (a staged chunk)",

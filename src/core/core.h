@@ -47,6 +47,10 @@ struct um_context {
     um__events *events;     /* the trace_file recorder, or NULL */
     struct um__xfer *_Atomic xfer;
     void (*buffers_fini)(um_context *ctx);
+    /* Makes room on dev for an allocation of `bytes` that failed for lack
+     * of memory (evicting buffer replicas); true when it freed something,
+     * so the allocation is worth retrying. Set with the buffer layer. */
+    bool (*_Atomic reclaim)(um_context *ctx, int dev, size_t bytes);
 };
 
 /* The device structure for dev, or NULL after um__fail(UM_ERR_NO_DEVICE). */

@@ -7,6 +7,7 @@
  */
 #include "core.h"
 
+#include <stdio.h>
 #include <string.h>
 
 /* The message for a stream handle that is not a live stream of ctx. */
@@ -18,6 +19,34 @@ static um_status bad_stream(const char *what, um_stream s)
 static const char *dev_name(um_context *ctx, int dev)
 {
     return ctx->devices[dev].backend->name;
+}
+
+/* At the memory limit: room is made (buffer replicas evicted) and the
+ * allocation retried, for as long as making room frees something. */
+static um_status alloc_after_reclaim(um_context *ctx, int dev, size_t size,
+                                     const um__stream_ref *ref, void **ptr)
+{
+    um__allocator *a = ctx->devices[dev].alloc;
+    bool (*reclaim)(um_context *, int, size_t) =
+        atomic_load_explicit(&ctx->reclaim, memory_order_acquire);
+    if (!reclaim)
+        return UM_ERR_NOMEM;
+    char pool_says[512];
+    um_status st = UM_ERR_NOMEM;
+    for (;;) {
+        snprintf(pool_says, sizeof pool_says, "%s", um_last_error());
+        if (!reclaim(ctx, dev, size))
+            break;
+        st = a->ops->alloc(a, size, ref, ptr);
+        if (st != UM_ERR_NOMEM)
+            return st;
+    }
+    /* The pool's figures, then what holds the memory (copied: um__fail
+     * writes the buffer um_last_error points into). */
+    char reclaim_says[512];
+    snprintf(reclaim_says, sizeof reclaim_says, "%s", um_last_error());
+    const char *pool = strchr(pool_says, ':'), *why = strchr(reclaim_says, ':');
+    return um__fail(UM_ERR_NOMEM, "%s;%s", pool ? pool + 2 : pool_says, why ? why + 1 : "");
 }
 
 um_status um_malloc(um_context *ctx, int dev, size_t size, um_stream s, void **ptr)
@@ -54,7 +83,10 @@ um_status um_malloc(um_context *ctx, int dev, size_t size, um_stream s, void **p
                 return UM_ERR_NOMEM;
         }
     }
-    return d->alloc->ops->alloc(d->alloc, size, ref, ptr);
+    um_status st = d->alloc->ops->alloc(d->alloc, size, ref, ptr);
+    if (UM_UNLIKELY(st == UM_ERR_NOMEM))
+        st = alloc_after_reclaim(ctx, dev, size, ref, ptr);
+    return st;
 }
 
 /* The device whose allocator manages ptr, trying `first` before the rest

@@ -1,0 +1,397 @@
+/*
+ * reclaim: making room on a device by evicting buffer replicas (see
+ * buffer.h and include/unimem.h). Owns the eviction policy, the watermarks,
+ * the background reclaimer thread and the reclaim statistics; the eviction
+ * of one replica is buffer.c's (um__buffer_evict).
+ *
+ * Two ways in. An allocation that fails at the memory limit calls the
+ * context's reclaim hook, which evicts one replica and lets it retry, until
+ * it fits or nothing is left to evict (then the allocation fails, saying
+ * what holds the memory). The background thread wakes when the bytes of
+ * replicas on a device pass its high watermark and evicts until they are
+ * below the low one, so that allocations find room without waiting.
+ *
+ * A victim is chosen by scanning the buffers under the engine's lock and
+ * only trying (never waiting for) their locks: a thread that holds one
+ * buffer's lock and needs room can never wait for another that does the
+ * same. Acquired and pinned replicas are never candidates, so the buffers
+ * one operation holds cannot evict each other; an operation that cannot
+ * fit even then gets UM_ERR_NOMEM naming the acquired bytes.
+ */
+#include "buffer.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define KEY_LEN 5
+
+typedef struct device_counters {
+    _Atomic uint64_t evictions, written_back, written_back_bytes, refetched_bytes, runs, sync,
+        wait_ns, failed;
+    _Atomic size_t low, high; /* watermarks in bytes; 0, 0: from the options */
+    _Atomic int64_t replica_bytes; /* memory held by buffer replicas */
+} device_counters;
+
+struct um__reclaim {
+    um__xfer *x;
+    um_context *ctx;
+    pthread_mutex_t one;     /* one eviction at a time */
+    pthread_mutex_t lock;    /* the thread's wake-up */
+    pthread_cond_t wake;
+    bool quit, nudged, thread_started;
+    pthread_t tid;
+    device_counters dev[UM_MAX_DEVICES];
+};
+
+/* Set while this thread evicts: an allocation inside an eviction (a
+ * write-back's target) must not start another. */
+static _Thread_local bool in_reclaim;
+
+/* -------------------------------------------------------------- policy */
+
+typedef struct victim_scan {
+    um__reclaim *rc;
+    int dev;
+    int policy;
+    um_buffer *best;
+    uint64_t key[KEY_LEN];
+    /* Why nothing may be evicted, for the error message. */
+    uint32_t acquired, pinned;
+    uint64_t acquired_bytes;
+} victim_scan;
+
+static bool valid_elsewhere(const um_buffer *b, int dev)
+{
+    for (int d = 0; d < b->ctx->ndevices; d++)
+        if (d != dev && b->rep[d].state != UM_REPLICA_INVALID)
+            return true;
+    return false;
+}
+
+/* A host replica goes only if another valid copy exists (the host is the
+ * home of data; there is no spill file yet). */
+static bool evictable(const um_buffer *b, int dev)
+{
+    const um__replica *r = &b->rep[dev];
+    return r->ptr && !r->readers && !r->writer && !b->pinned && !(dev == 0 && b->wrapped) &&
+           (dev != 0 || r->state == UM_REPLICA_INVALID || valid_elsewhere(b, dev));
+}
+
+/* The eviction order of b's replica on scan->dev, smallest first (b locked
+ * and evictable). cost: free memory of invalid replicas first; then
+ * buffers no announced use needs (WONT_USE first, clean before dirty,
+ * larger first, least recently used first); then announced buffers, the
+ * farthest next use first (what Belady's MIN does). lru: invalid memory
+ * first, then least recently used. */
+static void key_of(const um_buffer *b, const um__replica *r, int policy, uint64_t *k)
+{
+    memset(k, 0, KEY_LEN * sizeof *k);
+    bool invalid = r->state == UM_REPLICA_INVALID;
+    if (policy == UM_EVICT_LRU) {
+        k[0] = !invalid;
+        k[1] = r->last_use;
+        return;
+    }
+    uint64_t dirty = !invalid && !valid_elsewhere(b, (int)(r - b->rep));
+    k[0] = invalid ? 0 : b->nannounced ? 2 : 1;
+    if (b->nannounced) {
+        k[1] = UINT64_MAX - b->announced[0]; /* the farthest next use first */
+        k[2] = dirty;
+        return;
+    }
+    k[1] = !b->wont_use;
+    k[2] = dirty;
+    k[3] = UINT64_MAX - b->size;
+    k[4] = r->last_use;
+}
+
+static bool key_less(const uint64_t *a, const uint64_t *b)
+{
+    for (int i = 0; i < KEY_LEN; i++)
+        if (a[i] != b[i])
+            return a[i] < b[i];
+    return false;
+}
+
+static bool consider(um_buffer *b, void *arg)
+{
+    victim_scan *s = arg;
+    if (pthread_mutex_trylock(&b->lock) != 0)
+        return true; /* in use right now: not a victim */
+    if (b->magic == UM_BUFFER_MAGIC) {
+        const um__replica *r = &b->rep[s->dev];
+        if (evictable(b, s->dev)) {
+            uint64_t k[KEY_LEN];
+            key_of(b, r, s->policy, k);
+            if (!s->best || key_less(k, s->key)) {
+                s->best = b;
+                memcpy(s->key, k, sizeof k);
+            }
+        } else if (r->ptr && (r->readers || r->writer)) {
+            s->acquired++;
+            s->acquired_bytes += b->size;
+        } else if (r->ptr && b->pinned) {
+            s->pinned++;
+        }
+    }
+    pthread_mutex_unlock(&b->lock);
+    return true;
+}
+
+typedef struct evict_job {
+    victim_scan *scan;
+    bool done;
+    um_status st;
+    size_t written;
+} evict_job;
+
+/* The second pass: the chosen buffer is still listed (so alive), is locked
+ * if free, checked again and evicted. */
+static bool evict_chosen(um_buffer *b, void *arg)
+{
+    evict_job *j = arg;
+    if (b != j->scan->best)
+        return true;
+    if (pthread_mutex_trylock(&b->lock) != 0)
+        return false;
+    if (b->magic == UM_BUFFER_MAGIC && evictable(b, j->scan->dev)) {
+        j->st = um__buffer_evict(b, j->scan->dev, &j->written);
+        j->done = j->st == UM_OK;
+    }
+    pthread_mutex_unlock(&b->lock);
+    return false;
+}
+
+/* Evicts one replica from dev; false when there was none to evict (scan
+ * holds why). Under rc->one. */
+static bool evict_one(um__reclaim *rc, int dev, victim_scan *scan)
+{
+    for (int attempt = 0; attempt < 8; attempt++) {
+        *scan = (victim_scan){rc, dev, rc->ctx->opts.evict_policy, NULL, {0}, 0, 0, 0};
+        um__xfer_each_buffer(rc->x, consider, scan);
+        if (!scan->best)
+            return false;
+        evict_job j = {scan, false, UM_OK, 0};
+        um__xfer_each_buffer(rc->x, evict_chosen, &j);
+        if (j.done) {
+            device_counters *c = &rc->dev[dev];
+            atomic_fetch_add(&c->evictions, 1);
+            if (j.written) {
+                atomic_fetch_add(&c->written_back, 1);
+                atomic_fetch_add(&c->written_back_bytes, j.written);
+            }
+            return true;
+        }
+        /* Taken meanwhile, or its write-back found no room: look again. */
+    }
+    return false;
+}
+
+/* ---------------------------------------------------------------- hook */
+
+/* The context's reclaim hook: one eviction on dev for a failed allocation. */
+static bool reclaim_hook(um_context *ctx, int dev, size_t bytes)
+{
+    um__xfer *x = atomic_load_explicit(&ctx->xfer, memory_order_acquire);
+    um__reclaim *rc = x ? um__xfer_reclaim(x) : NULL;
+    if (!rc || in_reclaim)
+        return false;
+    uint64_t t0 = um__now_ns();
+    in_reclaim = true;
+    victim_scan scan;
+    pthread_mutex_lock(&rc->one);
+    bool freed = evict_one(rc, dev, &scan);
+    pthread_mutex_unlock(&rc->one);
+    in_reclaim = false;
+    device_counters *c = &rc->dev[dev];
+    atomic_fetch_add(&c->sync, 1);
+    atomic_fetch_add(&c->wait_ns, um__now_ns() - t0);
+    if (!freed) {
+        atomic_fetch_add(&c->failed, 1);
+        char held[32];
+        um__fail(UM_ERR_NOMEM,
+                 "device %d: no room for %zu bytes and nothing left to evict: %u acquired "
+                 "replica%s hold %s there, %u pinned",
+                 dev, bytes, scan.acquired, scan.acquired == 1 ? "" : "s",
+                 um__format_bytes(held, sizeof held, scan.acquired_bytes), scan.pinned);
+    }
+    return freed;
+}
+
+/* ---------------------------------------------------- background thread */
+
+static void marks(um__reclaim *rc, int dev, size_t *low, size_t *high)
+{
+    device_counters *c = &rc->dev[dev];
+    *low = atomic_load(&c->low);
+    *high = atomic_load(&c->high);
+    if (*high)
+        return;
+    size_t limit = rc->ctx->devices[dev].alloc->memory_limit;
+    *low = (size_t)((double)limit * rc->ctx->opts.watermark_low / 100.0);
+    *high = (size_t)((double)limit * rc->ctx->opts.watermark_high / 100.0);
+}
+
+static size_t usage(um__reclaim *rc, int dev)
+{
+    int64_t v = atomic_load(&rc->dev[dev].replica_bytes);
+    return v > 0 ? (size_t)v : 0;
+}
+
+static void *reclaimer(void *arg)
+{
+    um__reclaim *rc = arg;
+    in_reclaim = true;
+    pthread_mutex_lock(&rc->lock);
+    while (!rc->quit) {
+        /* Usage changes only through um__reclaim_account, which nudges
+         * when it crosses a high mark: no polling. */
+        while (!rc->nudged && !rc->quit)
+            pthread_cond_wait(&rc->wake, &rc->lock);
+        rc->nudged = false;
+        if (rc->quit)
+            break;
+        pthread_mutex_unlock(&rc->lock);
+        for (int d = 0; d < rc->ctx->ndevices; d++) {
+            size_t low, high;
+            marks(rc, d, &low, &high);
+            if (usage(rc, d) <= high)
+                continue;
+            atomic_fetch_add(&rc->dev[d].runs, 1);
+            victim_scan scan;
+            bool more = true;
+            while (more && usage(rc, d) > low) {
+                pthread_mutex_lock(&rc->one);
+                more = evict_one(rc, d, &scan);
+                pthread_mutex_unlock(&rc->one);
+            }
+        }
+        pthread_mutex_lock(&rc->lock);
+    }
+    pthread_mutex_unlock(&rc->lock);
+    return NULL;
+}
+
+void um__reclaim_nudge(um__reclaim *rc)
+{
+    if (!rc)
+        return;
+    pthread_mutex_lock(&rc->lock);
+    rc->nudged = true;
+    pthread_cond_signal(&rc->wake);
+    pthread_mutex_unlock(&rc->lock);
+}
+
+/* ------------------------------------------------------------ lifetime */
+
+um__reclaim *um__reclaim_create(um__xfer *x)
+{
+    um__reclaim *rc = calloc(1, sizeof *rc);
+    if (!rc)
+        return NULL;
+    rc->x = x;
+    rc->ctx = NULL;
+    pthread_mutex_init(&rc->one, NULL);
+    pthread_mutex_init(&rc->lock, NULL);
+    pthread_cond_init(&rc->wake, NULL);
+    return rc;
+}
+
+/* Starts what needs the context: the hook and the thread. */
+void um__reclaim_start(um__reclaim *rc, um_context *ctx)
+{
+    rc->ctx = ctx;
+    atomic_store_explicit(&ctx->reclaim, reclaim_hook, memory_order_release);
+    rc->thread_started = pthread_create(&rc->tid, NULL, reclaimer, rc) == 0;
+}
+
+void um__reclaim_destroy(um__reclaim *rc)
+{
+    if (!rc)
+        return;
+    if (rc->thread_started) {
+        pthread_mutex_lock(&rc->lock);
+        rc->quit = true;
+        pthread_cond_signal(&rc->wake);
+        pthread_mutex_unlock(&rc->lock);
+        pthread_join(rc->tid, NULL);
+    }
+    pthread_cond_destroy(&rc->wake);
+    pthread_mutex_destroy(&rc->lock);
+    pthread_mutex_destroy(&rc->one);
+    free(rc);
+}
+
+/* ----------------------------------------------------------- accounting */
+
+void um__reclaim_refetched(um__reclaim *rc, int dev, size_t bytes)
+{
+    atomic_fetch_add(&rc->dev[dev].refetched_bytes, bytes);
+}
+
+void um__reclaim_account(um__reclaim *rc, int dev, int64_t bytes)
+{
+    if (!rc)
+        return;
+    int64_t now = atomic_fetch_add(&rc->dev[dev].replica_bytes, bytes) + bytes;
+    if (bytes > 0 && rc->ctx) {
+        size_t low, high;
+        marks(rc, dev, &low, &high);
+        if ((size_t)now > high)
+            um__reclaim_nudge(rc);
+    }
+}
+
+/* ---------------------------------------------------------------- public */
+
+static um_status reclaim_of(um_context *ctx, int dev, const char *what, um__reclaim **out)
+{
+    if (!ctx)
+        return um__fail(UM_ERR_INVALID, "%s: ctx is NULL", what);
+    if (dev < 0 || dev >= ctx->ndevices)
+        return um__fail(UM_ERR_NO_DEVICE, "%s: device %d: the context has devices 0..%d", what,
+                        dev, ctx->ndevices - 1);
+    um__xfer *x;
+    um_status st = um__xfer_get(ctx, &x);
+    if (st != UM_OK)
+        return st;
+    *out = um__xfer_reclaim(x);
+    if (!*out)
+        return um__fail(UM_ERR_NOMEM, "%s: the reclaimer could not be made", what);
+    return UM_OK;
+}
+
+um_status um_set_watermarks(um_context *ctx, int dev, size_t low_bytes, size_t high_bytes)
+{
+    um__reclaim *rc;
+    um_status st = reclaim_of(ctx, dev, "um_set_watermarks", &rc);
+    if (st != UM_OK)
+        return st;
+    if (low_bytes > high_bytes)
+        return um__fail(UM_ERR_INVALID,
+                        "um_set_watermarks: device %d: the low mark (%zu bytes) is above the "
+                        "high mark (%zu bytes)", dev, low_bytes, high_bytes);
+    atomic_store(&rc->dev[dev].low, low_bytes);
+    atomic_store(&rc->dev[dev].high, high_bytes);
+    um__reclaim_nudge(rc);
+    return UM_OK;
+}
+
+um_status um_reclaim_stats_get(um_context *ctx, int dev, um_reclaim_stats *out)
+{
+    if (!out)
+        return um__fail(UM_ERR_INVALID, "um_reclaim_stats_get: out is NULL");
+    um__reclaim *rc;
+    um_status st = reclaim_of(ctx, dev, "um_reclaim_stats_get", &rc);
+    if (st != UM_OK)
+        return st;
+    device_counters *c = &rc->dev[dev];
+    *out = (um_reclaim_stats){atomic_load(&c->evictions), atomic_load(&c->written_back),
+                              atomic_load(&c->written_back_bytes),
+                              atomic_load(&c->refetched_bytes), atomic_load(&c->runs),
+                              atomic_load(&c->sync), atomic_load(&c->wait_ns),
+                              atomic_load(&c->failed)};
+    return UM_OK;
+}

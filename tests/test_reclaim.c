@@ -1,0 +1,426 @@
+/* Tests of reclaim (src/buffer/reclaim.c): buffers totalling 2x, 4x and 8x
+ * a device's memory, used at random by several threads and streamed in
+ * order, with every byte checked against a reference model and no
+ * allocation failing while the data fits in all memories; an operation
+ * that cannot fit gets a clear error; pins and hints steer the victims;
+ * the background reclaimer keeps a device under its watermarks; and a
+ * write-back that fails never loses the only valid copy. A watchdog ends a
+ * run that stops making progress, printing where each thread was. */
+#include "buffer/buffer.h"
+#include "flaky.h"
+#include "harness.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define KB 1024u
+#define MB (1024u * 1024u)
+#define NTHREADS 4
+
+static um_context *open_ctx(const char *conf)
+{
+    um_context *ctx = NULL;
+    CHECK_OK(um_init(conf, &ctx));
+    return ctx;
+}
+
+static bool same_pattern(const void *p, size_t n, uint64_t id)
+{
+    unsigned char got, want;
+    return harness_pattern_find_bad(p, n, id, &got, &want) == SIZE_MAX;
+}
+
+/* ---------------------------------------------------------- watchdog */
+
+static _Atomic uint64_t progress[NTHREADS + 1];
+static _Atomic bool watchdog_stop;
+static const char *watchdog_phase = "";
+
+static void *watchdog_main(void *arg)
+{
+    (void)arg;
+    uint64_t last[NTHREADS + 1] = {0};
+    for (int quiet = 0; !atomic_load(&watchdog_stop);) {
+        usleep(100000);
+        bool moved = false;
+        for (int i = 0; i <= NTHREADS; i++) {
+            uint64_t v = atomic_load(&progress[i]);
+            moved |= v != last[i];
+            last[i] = v;
+        }
+        quiet = moved ? 0 : quiet + 1;
+        if (quiet == 600) { /* 60 s without a step */
+            fprintf(stderr, "test_reclaim: no progress for 60 s in '%s'; steps per thread:",
+                    watchdog_phase);
+            for (int i = 0; i <= NTHREADS; i++)
+                fprintf(stderr, " %llu", (unsigned long long)last[i]);
+            fprintf(stderr, "\n");
+            _exit(1);
+        }
+    }
+    return NULL;
+}
+
+/* ------------------------------------------------------ oversubscription */
+
+typedef struct obuf {
+    pthread_mutex_t lock;
+    um_buffer *b;
+    uint64_t id; /* the pattern it holds */
+} obuf;
+
+typedef struct over {
+    um_context *ctx;
+    int ndev;
+    obuf *buf;
+    int nbuf;
+    size_t size;
+    uint64_t seed;
+    int steps;
+    _Atomic uint64_t next_id;
+} over;
+
+typedef struct thread_arg {
+    over *o;
+    int id;
+    pthread_t tid;
+} thread_arg;
+
+/* Random acquires on random devices: reads check the pattern, writes
+ * replace it. Every call must succeed: one buffer per thread at a time
+ * always fits. */
+static void *random_main(void *arg)
+{
+    thread_arg *t = arg;
+    over *o = t->o;
+    uint64_t rng = o->seed ^ (0x9e3779b97f4a7c15ull * (uint64_t)(t->id + 1));
+    for (int i = 0; i < o->steps; i++) {
+        obuf *ob = &o->buf[harness_rand(&rng) % (uint64_t)o->nbuf];
+        int dev = (int)(harness_rand(&rng) % (uint64_t)o->ndev);
+        int kind = (int)(harness_rand(&rng) % 3);
+        um_access mode = kind == 0 ? UM_ACCESS_READ
+                         : kind == 1 ? UM_ACCESS_READ_WRITE
+                                     : UM_ACCESS_WRITE_DISCARD;
+        pthread_mutex_lock(&ob->lock);
+        void *p = NULL;
+        CHECK_OK(um_buffer_acquire(ob->b, dev, mode, NULL, &p));
+        if (p) {
+            if (mode != UM_ACCESS_WRITE_DISCARD && !same_pattern(p, o->size, ob->id))
+                harness_report(__FILE__, __LINE__, "buffer with pattern %llu: wrong bytes on "
+                               "device %d", (unsigned long long)ob->id, dev);
+            if (mode != UM_ACCESS_READ) {
+                ob->id = atomic_fetch_add(&o->next_id, 1);
+                harness_pattern_fill(p, o->size, ob->id);
+            }
+            CHECK_OK(um_buffer_release(ob->b, dev, NULL));
+        }
+        pthread_mutex_unlock(&ob->lock);
+        atomic_fetch_add(&progress[t->id], 1);
+    }
+    return NULL;
+}
+
+static void check_all(over *o)
+{
+    unsigned char *h = malloc(o->size);
+    for (int i = 0; i < o->nbuf; i++) {
+        CHECK_OK(um_buffer_read(o->buf[i].b, 0, h, o->size));
+        if (!same_pattern(h, o->size, o->buf[i].id))
+            harness_report(__FILE__, __LINE__, "buffer %d lost its data", i);
+    }
+    free(h);
+}
+
+static void test_oversubscribe(uint64_t seed, int factor)
+{
+    char conf[160];
+    /* 8 MiB devices; the buffers total factor x that. */
+    snprintf(conf, sizeof conf, "devices=sim:2x8M,links=model,evict_policy=%s",
+             factor == 4 ? "lru" : "cost");
+    over o = {0};
+    o.ctx = open_ctx(conf);
+    if (!o.ctx)
+        return;
+    o.ndev = um_device_count(o.ctx);
+    o.size = 512 * KB;
+    o.nbuf = (int)((size_t)factor * 8 * MB / o.size);
+    o.seed = seed;
+    o.steps = getenv("UM_TEST_QUICK") ? 200 : 1000;
+    o.next_id = 1000;
+    o.buf = calloc((size_t)o.nbuf, sizeof *o.buf);
+    for (int i = 0; i < o.nbuf; i++) {
+        pthread_mutex_init(&o.buf[i].lock, NULL);
+        o.buf[i].id = (uint64_t)i + 1;
+        unsigned char *h = malloc(o.size);
+        harness_pattern_fill(h, o.size, o.buf[i].id);
+        CHECK_OK(um_buffer_create(o.ctx, o.size, NULL, &o.buf[i].b));
+        CHECK_OK(um_buffer_write(o.buf[i].b, 0, h, o.size));
+        free(h);
+    }
+    /* Streaming: every buffer in order on device 1, twice, and a result
+     * buffer written on device 2 after each. */
+    watchdog_phase = "streaming";
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < o.nbuf; i++) {
+            void *p = NULL;
+            CHECK_OK(um_buffer_acquire(o.buf[i].b, 1, UM_ACCESS_READ, NULL, &p));
+            if (p && !same_pattern(p, o.size, o.buf[i].id))
+                harness_report(__FILE__, __LINE__, "streamed buffer %d is wrong", i);
+            CHECK_OK(um_buffer_release(o.buf[i].b, 1, NULL));
+            int r = (i + 1) % o.nbuf;
+            pthread_mutex_lock(&o.buf[r].lock);
+            CHECK_OK(um_buffer_acquire(o.buf[r].b, 2, UM_ACCESS_WRITE_DISCARD, NULL, &p));
+            o.buf[r].id = atomic_fetch_add(&o.next_id, 1);
+            if (p)
+                harness_pattern_fill(p, o.size, o.buf[r].id);
+            CHECK_OK(um_buffer_release(o.buf[r].b, 2, NULL));
+            pthread_mutex_unlock(&o.buf[r].lock);
+            atomic_fetch_add(&progress[NTHREADS], 1);
+        }
+    }
+    watchdog_phase = "random";
+    thread_arg t[NTHREADS];
+    for (int i = 0; i < NTHREADS; i++) {
+        t[i] = (thread_arg){&o, i, 0};
+        CHECK_EQ(pthread_create(&t[i].tid, NULL, random_main, &t[i]), 0);
+    }
+    for (int i = 0; i < NTHREADS; i++)
+        pthread_join(t[i].tid, NULL);
+    check_all(&o);
+    um_reclaim_stats s1, s2;
+    CHECK_OK(um_reclaim_stats_get(o.ctx, 1, &s1));
+    CHECK_OK(um_reclaim_stats_get(o.ctx, 2, &s2));
+    CHECK(s1.evictions > 0 && s2.evictions > 0);
+    CHECK(s2.written_back > 0); /* device 2 held the only copies of results */
+    CHECK(s1.refetched_bytes > 0);
+    CHECK_EQ(s1.failed + s2.failed, 0);
+    printf("test_reclaim: %dx (%d buffers of %zu KiB on 8 MiB devices): device 1 %llu "
+           "evictions (%llu written back), device 2 %llu (%llu); %llu bytes fetched again\n",
+           factor, o.nbuf, o.size / KB, (unsigned long long)s1.evictions,
+           (unsigned long long)s1.written_back, (unsigned long long)s2.evictions,
+           (unsigned long long)s2.written_back, (unsigned long long)s1.refetched_bytes);
+    for (int i = 0; i < o.nbuf; i++) {
+        CHECK_OK(um_buffer_destroy(o.buf[i].b));
+        pthread_mutex_destroy(&o.buf[i].lock);
+    }
+    free(o.buf);
+    um_shutdown(o.ctx);
+}
+
+/* ------------------------------------------------------- cannot fit */
+
+static void test_cannot_fit(void)
+{
+    um_context *ctx = open_ctx("devices=sim:8M,links=model,watermark_high=100");
+    if (!ctx)
+        return;
+    um_buffer *b[8];
+    void *p;
+    int held = 0;
+    um_status st = UM_OK;
+    for (int i = 0; i < 8 && st == UM_OK; i++) {
+        CHECK_OK(um_buffer_create(ctx, 2 * MB, NULL, &b[i]));
+        st = um_buffer_acquire(b[i], 1, UM_ACCESS_WRITE_DISCARD, NULL, &p);
+        held += st == UM_OK;
+    }
+    /* Four 2 MiB buffers fill the device; the fifth cannot evict them. */
+    CHECK_EQ(held, 4);
+    CHECK_EQ(st, UM_ERR_NOMEM);
+    CHECK_ERROR_MENTIONS("nothing left to evict", "4 acquired replicas", "8.00 MiB");
+    for (int i = 0; i < held; i++)
+        CHECK_OK(um_buffer_release(b[i], 1, NULL));
+    /* Released, they make room: their data goes to the host first. */
+    CHECK_OK(um_buffer_acquire(b[4], 1, UM_ACCESS_WRITE_DISCARD, NULL, &p));
+    CHECK_OK(um_buffer_release(b[4], 1, NULL));
+    um_reclaim_stats s;
+    CHECK_OK(um_reclaim_stats_get(ctx, 1, &s));
+    CHECK_EQ(s.failed, 1);
+    CHECK_EQ(s.evictions, 1);
+    CHECK_EQ(s.written_back, 1);
+    CHECK_EQ(s.written_back_bytes, 2 * MB);
+    for (int i = 0; i < 5; i++)
+        CHECK_OK(um_buffer_destroy(b[i]));
+    um_reclaim_stats bad;
+    CHECK_STATUS(um_reclaim_stats_get(ctx, 7, &bad), UM_ERR_NO_DEVICE);
+    CHECK_STATUS(um_set_watermarks(ctx, 1, 2 * MB, MB), UM_ERR_INVALID);
+    CHECK_STATUS(um_buffer_hint(NULL, UM_HINT_PIN), UM_ERR_INVALID);
+    um_context *badctx = NULL;
+    CHECK_STATUS(um_init("watermark_low=90,watermark_high=50", &badctx), UM_ERR_BAD_OPTION);
+    CHECK_ERROR_MENTIONS("watermark_low", NULL, NULL);
+    um_shutdown(ctx);
+}
+
+/* ----------------------------------------------------- pins and hints */
+
+/* Four 1 MiB buffers fill a 4 MiB device (two pages of 2 MiB); a fifth
+ * evicts one of them, chosen by the policy and the hints. */
+static int victim_after(const char *policy, void (*hint)(um_buffer **b))
+{
+    char conf[128];
+    snprintf(conf, sizeof conf, "devices=sim:4M,links=model,watermark_high=100,evict_policy=%s",
+             policy);
+    um_context *ctx = open_ctx(conf);
+    if (!ctx)
+        return -1;
+    um_buffer *b[5];
+    void *p;
+    for (int i = 0; i < 5; i++)
+        CHECK_OK(um_buffer_create(ctx, MB, NULL, &b[i]));
+    for (int i = 0; i < 4; i++) {
+        CHECK_OK(um_buffer_acquire(b[i], 1, UM_ACCESS_WRITE_DISCARD, NULL, &p));
+        harness_pattern_fill(p, MB, 50 + (uint64_t)i);
+        CHECK_OK(um_buffer_release(b[i], 1, NULL));
+    }
+    hint(b);
+    CHECK_OK(um_buffer_acquire(b[4], 1, UM_ACCESS_WRITE_DISCARD, NULL, &p));
+    CHECK_OK(um_buffer_release(b[4], 1, NULL));
+    int victim = -1, gone = 0;
+    for (int i = 0; i < 4; i++) {
+        if (um_buffer_replica_state(b[i], 1) == UM_REPLICA_INVALID) {
+            victim = i;
+            gone++;
+        }
+        /* Evicted or not, the data is intact. */
+        unsigned char *h = malloc(MB);
+        CHECK_OK(um_buffer_read(b[i], 0, h, MB));
+        CHECK(same_pattern(h, MB, 50 + (uint64_t)i));
+        free(h);
+    }
+    CHECK_EQ(gone, 1);
+    for (int i = 0; i < 5; i++)
+        CHECK_OK(um_buffer_destroy(b[i]));
+    um_shutdown(ctx);
+    return victim;
+}
+
+static void no_hint(um_buffer **b) { (void)b; }
+static void pin_first(um_buffer **b) { CHECK_OK(um_buffer_hint(b[0], UM_HINT_PIN)); }
+static void wont_use_third(um_buffer **b) { CHECK_OK(um_buffer_hint(b[2], UM_HINT_WONT_USE)); }
+/* Announced uses: 0, 1, 3, 2 in that order: 2 is needed last. */
+static void announce(um_buffer **b)
+{
+    static const int order[] = {0, 1, 3, 2};
+    for (int i = 0; i < 4; i++)
+        CHECK_OK(um_buffer_hint(b[order[i]], UM_HINT_WILL_USE));
+}
+static void use_first(um_buffer **b)
+{
+    void *p;
+    CHECK_OK(um_buffer_acquire(b[0], 1, UM_ACCESS_READ, NULL, &p));
+    CHECK_OK(um_buffer_release(b[0], 1, NULL));
+}
+
+static void test_hints(void)
+{
+    /* Dirty replicas all; the cost policy takes the least recently used
+     * then, as LRU does. */
+    CHECK_EQ(victim_after("lru", no_hint), 0);
+    CHECK_EQ(victim_after("cost", no_hint), 0);
+    CHECK_EQ(victim_after("lru", use_first), 1);
+    CHECK_EQ(victim_after("lru", pin_first), 1);
+    CHECK_EQ(victim_after("cost", pin_first), 1);
+    CHECK_EQ(victim_after("cost", wont_use_third), 2);
+    CHECK_EQ(victim_after("cost", announce), 2);
+    CHECK_EQ(victim_after("lru", announce), 0); /* LRU ignores hints */
+    CHECK_STATUS(um_buffer_hint((um_buffer *)"not a buffer, just bytes here", UM_HINT_PIN),
+                 UM_ERR_INVALID);
+}
+
+/* ---------------------------------------------------------- watermarks */
+
+static void test_watermarks(void)
+{
+    um_context *ctx = open_ctx("devices=sim:32M,links=model");
+    if (!ctx)
+        return;
+    um_buffer *b[12];
+    void *p;
+    for (int i = 0; i < 12; i++) {
+        CHECK_OK(um_buffer_create(ctx, MB, NULL, &b[i]));
+        CHECK_OK(um_buffer_acquire(b[i], 1, UM_ACCESS_WRITE_DISCARD, NULL, &p));
+        harness_pattern_fill(p, MB, 70 + (uint64_t)i);
+        CHECK_OK(um_buffer_release(b[i], 1, NULL));
+    }
+    /* 12 MiB of replicas, under the default marks (90% of 32 MiB); with
+     * marks of 4 and 8 MiB the background reclaimer brings them under 4. */
+    CHECK_OK(um_set_watermarks(ctx, 1, 4 * MB, 8 * MB));
+    int valid = 12;
+    for (int waited = 0; waited < 5000 && valid > 4; waited++) {
+        usleep(1000);
+        valid = 0;
+        for (int i = 0; i < 12; i++)
+            valid += um_buffer_replica_state(b[i], 1) != UM_REPLICA_INVALID;
+    }
+    CHECK(valid <= 4);
+    um_reclaim_stats s;
+    CHECK_OK(um_reclaim_stats_get(ctx, 1, &s));
+    CHECK(s.reclaimer_runs >= 1);
+    CHECK(s.evictions >= 8);
+    CHECK_EQ(s.sync_reclaims, 0); /* never at the limit */
+    CHECK_EQ(s.written_back, s.evictions);
+    unsigned char *h = malloc(MB);
+    for (int i = 0; i < 12; i++) {
+        CHECK_OK(um_buffer_read(b[i], 0, h, MB));
+        CHECK(same_pattern(h, MB, 70 + (uint64_t)i));
+        CHECK_OK(um_buffer_destroy(b[i]));
+    }
+    free(h);
+    um_shutdown(ctx);
+}
+
+/* --------------------------------------------------- failed write-back */
+
+static void test_failed_write_back(void)
+{
+    um_context *ctx = open_ctx("devices=sim:4M,links=model,watermark_high=100");
+    if (!ctx)
+        return;
+    um_buffer *a, *c;
+    void *p;
+    CHECK_OK(um_buffer_create(ctx, 4 * MB, NULL, &a));
+    CHECK_OK(um_buffer_acquire(a, 1, UM_ACCESS_WRITE_DISCARD, NULL, &p));
+    harness_pattern_fill(p, 4 * MB, 90);
+    CHECK_OK(um_buffer_release(a, 1, NULL));
+    /* Copies to the host fail: a's write-back cannot happen. */
+    um__backend *real = ctx->devices[0].backend;
+    flaky f;
+    flaky_init(&f, real);
+    f.copies_fail = true;
+    ctx->devices[0].backend = &f.base;
+    CHECK_OK(um_buffer_create(ctx, 2 * MB, NULL, &c));
+    CHECK_STATUS(um_buffer_acquire(c, 1, UM_ACCESS_WRITE_DISCARD, NULL, &p), UM_ERR_NOMEM);
+    ctx->devices[0].backend = real;
+    /* The only valid copy is where it was, whole. */
+    CHECK_EQ(um_buffer_replica_state(a, 1), UM_REPLICA_OWNER);
+    CHECK_OK(um_buffer_acquire(a, 1, UM_ACCESS_READ, NULL, &p));
+    CHECK(p && same_pattern(p, 4 * MB, 90));
+    CHECK_OK(um_buffer_release(a, 1, NULL));
+    /* With copies working again, the same request evicts a. */
+    CHECK_OK(um_buffer_acquire(c, 1, UM_ACCESS_WRITE_DISCARD, NULL, &p));
+    CHECK_OK(um_buffer_release(c, 1, NULL));
+    unsigned char *h = malloc(4 * MB);
+    CHECK_OK(um_buffer_read(a, 0, h, 4 * MB));
+    CHECK(same_pattern(h, 4 * MB, 90));
+    free(h);
+    CHECK_OK(um_buffer_destroy(a));
+    CHECK_OK(um_buffer_destroy(c));
+    um_shutdown(ctx);
+}
+
+int main(void)
+{
+    uint64_t seed = harness_seed("test_reclaim");
+    pthread_t wd;
+    CHECK_EQ(pthread_create(&wd, NULL, watchdog_main, NULL), 0);
+    test_cannot_fit();
+    test_hints();
+    test_watermarks();
+    test_failed_write_back();
+    for (int factor = 2; factor <= 8; factor *= 2)
+        test_oversubscribe(seed, factor);
+    atomic_store(&watchdog_stop, true);
+    pthread_join(wd, NULL);
+    return harness_finish("test_reclaim");
+}
