@@ -177,11 +177,11 @@ static bool evict_one(um__reclaim *rc, int dev, victim_scan *scan)
         um__xfer_each_buffer(rc->x, evict_chosen, &j);
         if (j.done) {
             device_counters *c = &rc->dev[dev];
-            atomic_fetch_add(&c->evictions, 1);
             if (j.written) {
                 atomic_fetch_add(&c->written_back, 1);
                 atomic_fetch_add(&c->written_back_bytes, j.written);
             }
+            atomic_fetch_add(&c->evictions, 1); /* last: readers see the rest first */
             return true;
         }
         /* Taken meanwhile, or its write-back found no room: look again. */
