@@ -17,6 +17,9 @@ static void usage(FILE *f)
             "  bench alloc [--json] [--quick] time alloc+free pairs against glibc malloc\n"
             "  bench copy [--json] [--quick]  time buffer copies host<->device against plain\n"
             "                                 copies, and acquiring a valid buffer\n"
+            "  bench oversub [--json] [--limit BYTES]\n"
+            "                                 data larger than a device: bytes and time against\n"
+            "                                 what Belady's MIN needs\n"
             "\n"
             "UNIMEM_CONF=\"key=value,...\" sets options (see unimem info --options).\n");
 }

@@ -3,7 +3,7 @@
 # (the GPU ones included), `unimem info`, replays on cuda:0 with the driver's
 # view, the allocator comparison, and (when torch is there) the PyTorch
 # end-to-end run. Every result goes under $OUT.
-# Usage: bench/gpu/gpu_run.sh [quick] [STEP...]   STEP: build test asan info vmm replay compare copy torch e2e e2e_variants
+# Usage: bench/gpu/gpu_run.sh [quick] [STEP...]   STEP: build test asan info vmm replay compare copy oversub torch e2e e2e_variants
 set -u
 FINAL=${OUT:-out}
 # Results gather in one folder and leave as one archive (the transfer back
@@ -76,6 +76,12 @@ if has copy; then
     UNIMEM_CONF=copy_threads=$t build-dev/unimem bench copy --quick > "$OUT/bench_copy_t$t.txt" 2>&1
     echo "copy_threads=$t:"; grep pageable "$OUT/bench_copy_t$t.txt"
   done
+fi
+# Data larger than the device: the limit at 8 GiB, buffers of 256 MiB.
+if has oversub; then
+  build-dev/unimem bench oversub > "$OUT/bench_oversub.txt" 2>&1; echo "bench oversub rc=$?"; cat "$OUT/bench_oversub.txt"
+  build-dev/unimem bench oversub --json > "$OUT/bench_oversub.json" 2>&1
+  build-dev/tests/test_reclaim > "$OUT/test_reclaim.txt" 2>&1; echo "test_reclaim rc=$?"; tail -2 "$OUT/test_reclaim.txt"
 fi
 if has torch; then
   (cd build-dev && ctest -R torch --output-on-failure) > "$OUT/test_torch.txt" 2>&1; echo "test_torch rc=$?"; tail -30 "$OUT/test_torch.txt"

@@ -716,6 +716,7 @@ um_status um_buffer_hint(um_buffer *b, um_hint hint)
         }
         b->announced[b->nannounced++] = um__xfer_tick(engine(b));
         b->wont_use = false;
+        um__reclaim_announced(um__xfer_reclaim(engine(b)));
         break;
     case UM_HINT_PIN:
         b->pinned = true;

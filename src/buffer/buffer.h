@@ -129,6 +129,8 @@ void um__reclaim_start(struct um__reclaim *rc, um_context *ctx);
 void um__reclaim_destroy(struct um__reclaim *rc);
 /* Replica memory on dev grew or shrank by `bytes` (what watermarks count). */
 void um__reclaim_account(struct um__reclaim *rc, int dev, int64_t bytes);
+/* A buffer got UM_HINT_WILL_USE: the program announces its uses. */
+void um__reclaim_announced(struct um__reclaim *rc);
 /* A fill copied into a replica that reclaim had dropped. */
 void um__reclaim_refetched(struct um__reclaim *rc, int dev, size_t bytes);
 /* The background reclaimer should look at the devices now. */

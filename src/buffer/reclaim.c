@@ -42,6 +42,7 @@ struct um__reclaim {
     pthread_cond_t wake;
     bool quit, nudged, thread_started;
     pthread_t tid;
+    _Atomic bool announcing;  /* some buffer got UM_HINT_WILL_USE */
     device_counters dev[UM_MAX_DEVICES];
 };
 
@@ -55,6 +56,7 @@ typedef struct victim_scan {
     um__reclaim *rc;
     int dev;
     int policy;
+    bool announcing;    /* the program announces uses (WILL_USE seen) */
     um_buffer *best;
     uint64_t key[KEY_LEN];
     /* Why nothing may be evicted, for the error message. */
@@ -82,10 +84,15 @@ static bool evictable(const um_buffer *b, int dev)
 /* The eviction order of b's replica on scan->dev, smallest first (b locked
  * and evictable). cost: free memory of invalid replicas first; then
  * buffers no announced use needs (WONT_USE first, clean before dirty,
- * larger first, least recently used first); then announced buffers, the
- * farthest next use first (what Belady's MIN does). lru: invalid memory
- * first, then least recently used. */
-static void key_of(const um_buffer *b, const um__replica *r, int policy, uint64_t *k)
+ * larger first, then by recency); then announced buffers, the farthest
+ * next use first (what Belady's MIN does). Recency is least recently used
+ * first, unless the program announces its uses: then an unannounced
+ * buffer is not needed within its look-ahead, and the one used last is
+ * the one a scan or loop needs again last, so it goes first (MIN's choice
+ * for a loop; LRU's is the worst). lru: invalid memory first, then least
+ * recently used. */
+static void key_of(const um_buffer *b, const um__replica *r, int policy, bool announcing,
+                   uint64_t *k)
 {
     memset(k, 0, KEY_LEN * sizeof *k);
     bool invalid = r->state == UM_REPLICA_INVALID;
@@ -104,7 +111,7 @@ static void key_of(const um_buffer *b, const um__replica *r, int policy, uint64_
     k[1] = !b->wont_use;
     k[2] = dirty;
     k[3] = UINT64_MAX - b->size;
-    k[4] = r->last_use;
+    k[4] = announcing ? UINT64_MAX - r->last_use : r->last_use;
 }
 
 static bool key_less(const uint64_t *a, const uint64_t *b)
@@ -124,7 +131,7 @@ static bool consider(um_buffer *b, void *arg)
         const um__replica *r = &b->rep[s->dev];
         if (evictable(b, s->dev)) {
             uint64_t k[KEY_LEN];
-            key_of(b, r, s->policy, k);
+            key_of(b, r, s->policy, s->announcing, k);
             if (!s->best || key_less(k, s->key)) {
                 s->best = b;
                 memcpy(s->key, k, sizeof k);
@@ -169,7 +176,8 @@ static bool evict_chosen(um_buffer *b, void *arg)
 static bool evict_one(um__reclaim *rc, int dev, victim_scan *scan)
 {
     for (int attempt = 0; attempt < 8; attempt++) {
-        *scan = (victim_scan){rc, dev, rc->ctx->opts.evict_policy, NULL, {0}, 0, 0, 0};
+        *scan = (victim_scan){rc,   dev, rc->ctx->opts.evict_policy,
+                              atomic_load(&rc->announcing), NULL, {0}, 0, 0, 0};
         um__xfer_each_buffer(rc->x, consider, scan);
         if (!scan->best)
             return false;
@@ -325,6 +333,12 @@ void um__reclaim_destroy(um__reclaim *rc)
 }
 
 /* ----------------------------------------------------------- accounting */
+
+void um__reclaim_announced(um__reclaim *rc)
+{
+    if (rc && !atomic_load_explicit(&rc->announcing, memory_order_relaxed))
+        atomic_store(&rc->announcing, true);
+}
 
 void um__reclaim_refetched(um__reclaim *rc, int dev, size_t bytes)
 {
