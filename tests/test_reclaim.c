@@ -19,10 +19,19 @@
 #define MB (1024u * 1024u)
 #define NTHREADS 4
 
-static um_context *open_ctx(const char *conf)
+/* Two accelerators (UM_TEST_RECLAIM_DEVICES: default two sim devices; CI
+ * also runs two stand-in GPUs) with their memory limit set to `limit`,
+ * and the options in `extra`. */
+static um_context *open_ctx(size_t limit, const char *extra)
 {
+    const char *devs = getenv("UM_TEST_RECLAIM_DEVICES");
+    char conf[256];
+    snprintf(conf, sizeof conf, "devices=%s,links=model%s", devs && *devs ? devs : "sim:2x64M",
+             extra);
     um_context *ctx = NULL;
     CHECK_OK(um_init(conf, &ctx));
+    for (int d = 1; ctx && d < um_device_count(ctx); d++)
+        CHECK_OK(um_set_memory_limit(ctx, d, limit));
     return ctx;
 }
 
@@ -135,12 +144,9 @@ static void check_all(over *o)
 
 static void test_oversubscribe(uint64_t seed, int factor)
 {
-    char conf[160];
     /* 8 MiB devices; the buffers total factor x that. */
-    snprintf(conf, sizeof conf, "devices=sim:2x8M,links=model,evict_policy=%s",
-             factor == 4 ? "lru" : "cost");
     over o = {0};
-    o.ctx = open_ctx(conf);
+    o.ctx = open_ctx(8 * MB, factor == 4 ? ",evict_policy=lru" : "");
     if (!o.ctx)
         return;
     o.ndev = um_device_count(o.ctx);
@@ -213,7 +219,7 @@ static void test_oversubscribe(uint64_t seed, int factor)
 
 static void test_cannot_fit(void)
 {
-    um_context *ctx = open_ctx("devices=sim:8M,links=model,watermark_high=100");
+    um_context *ctx = open_ctx(8 * MB, ",watermark_high=100");
     if (!ctx)
         return;
     um_buffer *b[8];
@@ -259,9 +265,8 @@ static void test_cannot_fit(void)
 static int victim_after(const char *policy, void (*hint)(um_buffer **b))
 {
     char conf[128];
-    snprintf(conf, sizeof conf, "devices=sim:4M,links=model,watermark_high=100,evict_policy=%s",
-             policy);
-    um_context *ctx = open_ctx(conf);
+    snprintf(conf, sizeof conf, ",watermark_high=100,evict_policy=%s", policy);
+    um_context *ctx = open_ctx(4 * MB, conf);
     if (!ctx)
         return -1;
     um_buffer *b[5];
@@ -332,7 +337,7 @@ static void test_hints(void)
 
 static void test_watermarks(void)
 {
-    um_context *ctx = open_ctx("devices=sim:32M,links=model");
+    um_context *ctx = open_ctx(32 * MB, "");
     if (!ctx)
         return;
     um_buffer *b[12];
@@ -378,7 +383,7 @@ static void test_watermarks(void)
 
 static void test_failed_write_back(void)
 {
-    um_context *ctx = open_ctx("devices=sim:4M,links=model,watermark_high=100");
+    um_context *ctx = open_ctx(4 * MB, ",watermark_high=100");
     if (!ctx)
         return;
     um_buffer *a, *c;
@@ -387,15 +392,21 @@ static void test_failed_write_back(void)
     CHECK_OK(um_buffer_acquire(a, 1, UM_ACCESS_WRITE_DISCARD, NULL, &p));
     harness_pattern_fill(p, 4 * MB, 90);
     CHECK_OK(um_buffer_release(a, 1, NULL));
-    /* Copies to the host fail: a's write-back cannot happen. */
-    um__backend *real = ctx->devices[0].backend;
-    flaky f;
-    flaky_init(&f, real);
-    f.copies_fail = true;
-    ctx->devices[0].backend = &f.base;
+    /* Every copy fails: a's write-back (to the host or the other device)
+     * cannot happen. */
+    int n = um_device_count(ctx);
+    um__backend *real[8];
+    flaky f[8];
+    for (int d = 0; d < n; d++) {
+        real[d] = ctx->devices[d].backend;
+        flaky_init(&f[d], real[d]);
+        f[d].copies_fail = true;
+        ctx->devices[d].backend = &f[d].base;
+    }
     CHECK_OK(um_buffer_create(ctx, 2 * MB, NULL, &c));
     CHECK_STATUS(um_buffer_acquire(c, 1, UM_ACCESS_WRITE_DISCARD, NULL, &p), UM_ERR_NOMEM);
-    ctx->devices[0].backend = real;
+    for (int d = 0; d < n; d++)
+        ctx->devices[d].backend = real[d];
     /* The only valid copy is where it was, whole. */
     CHECK_EQ(um_buffer_replica_state(a, 1), UM_REPLICA_OWNER);
     CHECK_OK(um_buffer_acquire(a, 1, UM_ACCESS_READ, NULL, &p));

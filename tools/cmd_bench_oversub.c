@@ -5,7 +5,8 @@
  * would move, computed on the same access sequence):
  *
  *   stream   every pass reads the input buffers in order on the device and
- *            writes a result buffer there, read back to the host; working
+ *            writes a result buffer there, copied back to the host (a
+ *            prefetch, overlapping the next pass); working
  *            set 1.5x, 2x and 4x the limit; throughput_over_bound is the
  *            time the MIN bytes need at the link bandwidth measured in the
  *            same run (each direction on its own) over the time taken;
@@ -161,8 +162,9 @@ static um_status play(run *r, const int *seq, size_t len, size_t pass_len)
             st = um_buffer_acquire(r->result, 1, UM_ACCESS_WRITE_DISCARD, NULL, &p);
             if (st == UM_OK)
                 st = um_buffer_release(r->result, 1, NULL);
+            /* Back to the host while the next pass's copies run. */
             if (st == UM_OK)
-                st = um_buffer_read(r->result, 0, r->host, r->size);
+                st = um_buffer_prefetch(r->result, 0);
         }
     }
     if (st == UM_OK)

@@ -671,13 +671,28 @@ um_status um__buffer_evict(um_buffer *b, int dev, size_t *bytes_written)
         if (r->state == UM_REPLICA_OWNER)
             b->rep[other].state = UM_REPLICA_OWNER;
     }
-    /* The memory goes back now: the room is needed now. */
+    /* The memory goes back now, for the allocation that needs the room.
+     * On a GPU it goes to the copy-in stream after that stream waits for
+     * the replica's users: the copy that takes the room is queued right
+     * behind them, and the host never waits (waiting here kept one copy in
+     * flight at a time). Elsewhere the users are waited for. */
     um__fence f[UM_REPLICA_USES + 1];
     int n = write_hazards(r, f);
-    for (int i = 0; i < n; i++)
-        if (um__fence_wait(x, &f[i]) != UM_OK)
+    um_stream in = um__xfer_stream(x, dev, true);
+    um_status st = UM_OK;
+    for (int i = 0; i < n; i++) {
+        if (in && f[i].ev && !um__fence_done(x, &f[i]))
+            st = um__be_stream_wait(b->ctx->devices[dev].backend, in->ref.bstream, f[i].be,
+                                    f[i].ev);
+        if (!in || st != UM_OK) {
+            /* No stream (or it failed): wait here instead. */
+            if (um__fence_wait(x, &f[i]) != UM_OK)
+                um__fence_drop(&f[i]);
+        } else {
             um__fence_drop(&f[i]);
-    (void)um_free(b->ctx, r->ptr, NULL);
+        }
+    }
+    (void)um_free(b->ctx, r->ptr, in && st == UM_OK ? in : NULL);
     um__reclaim_account(um__xfer_reclaim(x), dev, -(int64_t)b->size);
     r->ptr = NULL;
     r->nused = 0;
