@@ -11,6 +11,7 @@
 #include "harness.h"
 
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -219,7 +220,13 @@ static void test_oversubscribe(uint64_t seed, int factor)
 
 static void test_cannot_fit(void)
 {
-    um_context *ctx = open_ctx(8 * MB, ",watermark_high=100");
+    char trace[] = "/tmp/unimem_test_reclaim_XXXXXX";
+    int fd = mkstemp(trace);
+    CHECK(fd >= 0);
+    close(fd);
+    char extra[128];
+    snprintf(extra, sizeof extra, ",watermark_high=100,trace_file=%s", trace);
+    um_context *ctx = open_ctx(8 * MB, extra);
     if (!ctx)
         return;
     um_buffer *b[8];
@@ -256,6 +263,17 @@ static void test_cannot_fit(void)
     CHECK_STATUS(um_init("watermark_low=90,watermark_high=50", &badctx), UM_ERR_BAD_OPTION);
     CHECK_ERROR_MENTIONS("watermark_low", NULL, NULL);
     um_shutdown(ctx);
+    /* The eviction is in the trace, with its write-back. */
+    FILE *f = fopen(trace, "r");
+    CHECK(f != NULL);
+    if (f) {
+        static char text[1 << 16];
+        text[fread(text, 1, sizeof text - 1, f)] = '\0';
+        fclose(f);
+        CHECK(strstr(text, "\"cat\":\"evict\"") != NULL);
+        CHECK(strstr(text, "\"bytes\":2097152,\"written_back\":2097152") != NULL);
+    }
+    remove(trace);
 }
 
 /* ----------------------------------------------------- pins and hints */

@@ -71,7 +71,8 @@
       "measure|model: the link costs that pick a copy's source: measured once (then read "   \
       "from link_cache), or a fixed model by device kind")                                    \
     X(trace_file, UM_OPT_STRING, "",                                                          \
-      "write events (copies between devices, so far) to this file as Chrome trace JSON, for " \
+      "write events (copies between devices and evictions, so far) to this file as Chrome "  \
+      "trace JSON, for "                                                                      \
       "Perfetto or chrome://tracing; empty: no recording")                                    \
     X(link_cache, UM_OPT_STRING, "",                                                          \
       "file of link measurements by machine; empty: $XDG_CACHE_HOME/unimem/links (or "      \

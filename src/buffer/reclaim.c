@@ -151,7 +151,7 @@ typedef struct evict_job {
     victim_scan *scan;
     bool done;
     um_status st;
-    size_t written;
+    size_t written, size;
 } evict_job;
 
 /* The second pass: the chosen buffer is still listed (so alive), is locked
@@ -166,6 +166,7 @@ static bool evict_chosen(um_buffer *b, void *arg)
     if (b->magic == UM_BUFFER_MAGIC && evictable(b, j->scan->dev)) {
         j->st = um__buffer_evict(b, j->scan->dev, &j->written);
         j->done = j->st == UM_OK;
+        j->size = b->size;
     }
     pthread_mutex_unlock(&b->lock);
     return false;
@@ -181,9 +182,13 @@ static bool evict_one(um__reclaim *rc, int dev, victim_scan *scan)
         um__xfer_each_buffer(rc->x, consider, scan);
         if (!scan->best)
             return false;
-        evict_job j = {scan, false, UM_OK, 0};
+        evict_job j = {scan, false, UM_OK, 0, 0};
+        uint64_t t0 = um__now_ns();
         um__xfer_each_buffer(rc->x, evict_chosen, &j);
         if (j.done) {
+            if (rc->ctx->events)
+                um__event_add(rc->ctx->events, UM_EVENT_EVICT, dev, -1, t0, um__now_ns() - t0,
+                              j.size, j.written);
             device_counters *c = &rc->dev[dev];
             if (j.written) {
                 atomic_fetch_add(&c->written_back, 1);

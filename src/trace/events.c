@@ -37,6 +37,13 @@ static void write_batch(um__events *e)
                     r->src, r->dev, ts, dur, r->dev, 1000 + r->src, (unsigned long long)r->a0,
                     r->src, r->dev, (unsigned long long)r->a1);
             break;
+        case UM_EVENT_EVICT:
+            fprintf(e->f,
+                    ",\n{\"name\":\"evict\",\"cat\":\"evict\",\"ph\":\"X\",\"ts\":%.3f,"
+                    "\"dur\":%.3f,\"pid\":%d,\"tid\":1,\"args\":{\"bytes\":%llu,"
+                    "\"written_back\":%llu}}",
+                    ts, dur, r->dev, (unsigned long long)r->a0, (unsigned long long)r->a1);
+            break;
         default:
             break;
         }

@@ -15,6 +15,8 @@ typedef struct um__events um__events;
 
 typedef enum um__event_kind {
     UM_EVENT_COPY = 0,  /* a copy between devices: a0 bytes, a1 1 if staged or in two hops */
+    UM_EVENT_EVICT = 1, /* a replica dropped from dev to make room: a0 bytes, a1 bytes
+                         * written back first (src: where to, or -1) */
     UM_EVENT_KINDS
 } um__event_kind;
 
