@@ -329,13 +329,8 @@ static int parse(int argc, char **argv, copy_opts *o)
                 return 2;
             }
             o->repeats = (int)v;
-        } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            copy_usage(stdout);
-            return 0;
         } else {
-            fprintf(stderr, "unimem " COPY_CMD ": unknown or incomplete argument '%s'\n\n", a);
-            copy_usage(stderr);
-            return 2;
+            return tool_other_arg(COPY_CMD, a, copy_usage);
         }
     }
     return -1;

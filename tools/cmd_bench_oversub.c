@@ -303,13 +303,8 @@ int um_cmd_bench_oversub(int argc, char **argv)
                         "not '%s'\n", argv[i]);
                 return 2;
             }
-        } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            oversub_usage(stdout);
-            return 0;
         } else {
-            fprintf(stderr, "unimem " OVERSUB_CMD ": unknown or incomplete argument '%s'\n\n", a);
-            oversub_usage(stderr);
-            return 2;
+            return tool_other_arg(OVERSUB_CMD, a, oversub_usage);
         }
     }
     int version = 0, gpus = 0;

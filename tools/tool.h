@@ -21,5 +21,8 @@ int tool_fail(const char *cmd, um_status s);
 /* "1.50 GiB" into buf (at least 32 bytes). */
 const char *tool_bytes(char *buf, uint64_t bytes);
 uint64_t tool_now_ns(void);
+/* An argument a command does not take: -h/--help prints the usage and
+ * gives 0; anything else is reported with the usage on stderr and gives 2. */
+int tool_other_arg(const char *cmd, const char *arg, void (*usage)(FILE *));
 
 #endif

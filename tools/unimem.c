@@ -71,3 +71,14 @@ uint64_t tool_now_ns(void)
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
+
+int tool_other_arg(const char *cmd, const char *arg, void (*print_usage)(FILE *))
+{
+    if (!strcmp(arg, "-h") || !strcmp(arg, "--help")) {
+        print_usage(stdout);
+        return 0;
+    }
+    fprintf(stderr, "unimem %s: unknown or incomplete argument '%s'\n\n", cmd, arg);
+    print_usage(stderr);
+    return 2;
+}

@@ -147,23 +147,39 @@ static um_status order_stream(um__xfer *x, um_context *ctx, int dev, um_stream s
 
 /* --------------------------------------------------------- replicas */
 
-/* The valid replica (not on `except`) cheapest to copy to device `to`, or
- * -1 when the buffer holds no data yet. */
-static int best_source(const um_buffer *b, int to, int except)
+/* The device d for which ok(b, d, arg) holds with the cheapest copy of b
+ * between d and `peer` (from d to peer, or from peer to d when
+ * `from_peer`), or -1. */
+typedef bool (*candidate_fn)(const um_buffer *b, int d, const void *arg);
+
+static int cheapest(const um_buffer *b, int peer, bool from_peer, candidate_fn ok,
+                    const void *arg)
 {
     const um__xfer *x = engine(b);
     int best = -1;
     double cost = 0.0;
     for (int d = 0; d < b->ctx->ndevices; d++) {
-        if (d == except || b->rep[d].state == UM_REPLICA_INVALID)
+        if (!ok(b, d, arg))
             continue;
-        double c = um__xfer_cost(x, d, to, b->size);
+        double c = from_peer ? um__xfer_cost(x, peer, d, b->size) : um__xfer_cost(x, d, peer, b->size);
         if (best < 0 || c < cost) {
             best = d;
             cost = c;
         }
     }
     return best;
+}
+
+static bool valid_source(const um_buffer *b, int d, const void *except)
+{
+    return d != *(const int *)except && b->rep[d].state != UM_REPLICA_INVALID;
+}
+
+/* The valid replica (not on `except`) cheapest to copy to device `to`, or
+ * -1 when the buffer holds no data yet. */
+static int best_source(const um_buffer *b, int to, int except)
+{
+    return cheapest(b, to, false, valid_source, &except);
 }
 
 static int owner_of(const um_buffer *b)
@@ -614,34 +630,34 @@ um_replica_state um_buffer_replica_state(um_buffer *b, int dev)
 
 /* ------------------------------------------------------------ eviction */
 
+typedef struct target_arg {
+    int dev;          /* the device written back from */
+    const bool *skip; /* targets that failed already */
+} target_arg;
+
+/* The host, or a device other than the source with room for b. */
+static bool write_back_ok(const um_buffer *b, int d, const void *arg)
+{
+    const target_arg *t = arg;
+    if (d == t->dev || t->skip[d])
+        return false;
+    if (d == 0 || b->rep[d].ptr)
+        return true;
+    um_context *ctx = b->ctx;
+    size_t used = atomic_load_explicit(&ctx->devices[d].backend->physical_bytes,
+                                       memory_order_relaxed);
+    size_t limit = ctx->devices[d].alloc->memory_limit;
+    return used < limit && limit - used >= b->size;
+}
+
 /* Where the only valid copy on dev goes before it is dropped: the host or
  * another device with room for it, cheapest link first; -1 if none. The
  * host's own replicas are never written elsewhere (the host is their
  * home). Tried in order by the caller; `skip` lists failed targets. */
 static int write_back_target(um_buffer *b, int dev, const bool *skip)
 {
-    if (dev == 0)
-        return -1;
-    um_context *ctx = b->ctx;
-    const um__xfer *x = engine(b);
-    int best = -1;
-    double cost = 0.0;
-    for (int d = 0; d < ctx->ndevices; d++) {
-        if (d == dev || skip[d])
-            continue;
-        um__backend *be = ctx->devices[d].backend;
-        size_t used = atomic_load_explicit(&be->physical_bytes, memory_order_relaxed);
-        size_t limit = ctx->devices[d].alloc->memory_limit;
-        bool room = b->rep[d].ptr || (used < limit && limit - used >= b->size);
-        if (d != 0 && !room)
-            continue;
-        double c = um__xfer_cost(x, dev, d, b->size);
-        if (best < 0 || c < cost) {
-            best = d;
-            cost = c;
-        }
-    }
-    return best;
+    target_arg t = {dev, skip};
+    return dev == 0 ? -1 : cheapest(b, dev, true, write_back_ok, &t);
 }
 
 um_status um__buffer_evict(um_buffer *b, int dev, size_t *bytes_written)
