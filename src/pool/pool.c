@@ -1480,11 +1480,14 @@ static bool bounce_put(um__pool *p, um__tcache *tc, uintptr_t addr, const um__st
         return false;
     b->stream = sid;
     atomic_store_explicit(&b->tc_held, true, memory_order_relaxed);
-    atomic_store_explicit(&tc->held, b, memory_order_release);
     delta_add(&tc->large_blocks_delta, -1);
     delta_add(&tc->large_req_delta, -(int64_t)b->requested);
     account_slack(p, tc, -(int64_t)b->fi.size, (int64_t)b->fi.size);
     counter_inc(&tc->frees);
+    /* Published last: once held, a thread short of memory may take the
+     * block and free its record (found by ThreadSanitizer when reclaim
+     * made such flushes common). */
+    atomic_store_explicit(&tc->held, b, memory_order_release);
     return true;
 }
 
