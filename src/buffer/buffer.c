@@ -428,6 +428,9 @@ um_status um_buffer_acquire(um_buffer *b, int dev, um_access mode, um_stream s, 
     if (st == UM_OK) {
         b->holders++;
         r->last_use = um__xfer_tick(x);
+        if (b->last_acquire)
+            b->reuse_interval = r->last_use - b->last_acquire;
+        b->last_acquire = r->last_use;
         /* This use was the oldest announced one; WONT_USE no longer holds. */
         if (b->nannounced)
             memmove(b->announced, b->announced + 1, --b->nannounced * sizeof *b->announced);

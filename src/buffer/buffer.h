@@ -64,6 +64,9 @@ struct um_buffer {
     bool pinned, wont_use;
     uint64_t *announced;
     uint32_t nannounced, announced_cap;
+    /* The engine's clock at the last acquire, and the time between the
+     * last two (0: not seen twice): a guess at the next use. */
+    uint64_t last_acquire, reuse_interval;
     um__replica rep[];      /* one per device */
 };
 

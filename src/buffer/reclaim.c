@@ -87,10 +87,11 @@ static bool evictable(const um_buffer *b, int dev)
  * larger first, then by recency); then announced buffers, the farthest
  * next use first (what Belady's MIN does). Recency is least recently used
  * first, unless the program announces its uses: then an unannounced
- * buffer is not needed within its look-ahead, and the one used last is
- * the one a scan or loop needs again last, so it goes first (MIN's choice
- * for a loop; LRU's is the worst). lru: invalid memory first, then least
- * recently used. */
+ * buffer is not needed within its look-ahead, and the one whose next use
+ * is guessed farthest (last acquire + its last reuse interval) goes first.
+ * In a loop that is the one used last (MIN's choice; LRU's is the worst);
+ * at random it beats either fixed order. lru: invalid memory first, then
+ * least recently used. */
 static void key_of(const um_buffer *b, const um__replica *r, int policy, bool announcing,
                    uint64_t *k)
 {
@@ -111,7 +112,13 @@ static void key_of(const um_buffer *b, const um__replica *r, int policy, bool an
     k[1] = !b->wont_use;
     k[2] = dirty;
     k[3] = UINT64_MAX - b->size;
-    k[4] = announcing ? UINT64_MAX - r->last_use : r->last_use;
+    if (!announcing) {
+        k[4] = r->last_use;
+        return;
+    }
+    /* The farthest guessed next use first: the last acquire plus the time
+     * between the last two (never reused: first of all). */
+    k[4] = b->reuse_interval ? UINT64_MAX - (b->last_acquire + b->reuse_interval) : 0;
 }
 
 static bool key_less(const uint64_t *a, const uint64_t *b)
