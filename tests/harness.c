@@ -1,5 +1,6 @@
 #include "harness.h"
 
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -96,6 +97,25 @@ size_t harness_pattern_find_bad(const void *p, size_t size, uint64_t id, unsigne
         }
     }
     return SIZE_MAX;
+}
+
+void harness_run_threads(int n, void *(*fn)(void *), void *shared)
+{
+    harness_thread arg[64];
+    pthread_t tid[64];
+    if (n > 64)
+        n = 64;
+    int started = 0;
+    for (int i = 0; i < n; i++) {
+        arg[i] = (harness_thread){shared, i};
+        int e = pthread_create(&tid[i], NULL, fn, &arg[i]);
+        CHECK_EQ(e, 0);
+        if (e)
+            break;
+        started++;
+    }
+    for (int i = 0; i < started; i++)
+        pthread_join(tid[i], NULL);
 }
 
 int harness_finish(const char *test_name)

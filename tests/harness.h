@@ -70,6 +70,14 @@ void harness_pattern_fill(void *p, size_t size, uint64_t id);
  * *got and *want receive that byte and the expected one. */
 size_t harness_pattern_find_bad(const void *p, size_t size, uint64_t id, unsigned char *got,
                                 unsigned char *want);
+/* Runs fn in n threads (at most 64) and waits for them; each gets a
+ * harness_thread with the shared state and its index 0..n-1. */
+typedef struct harness_thread {
+    void *shared;
+    int id;
+} harness_thread;
+void harness_run_threads(int n, void *(*fn)(void *), void *shared);
+
 /* Prints "<name>: N passed, N failed" and returns the exit status. */
 int harness_finish(const char *test_name);
 

@@ -620,27 +620,9 @@ static void step(model *m, model_buffer *mb, uint64_t *rng)
     check_states(mb->b, m->ndev, mb->st, __LINE__);
 }
 
-/* One of NTHREADS threads of a phase, all given the same shared state. */
-typedef struct thread_arg {
-    void *shared;
-    int id;
-    pthread_t tid;
-} thread_arg;
-
-static void run_threads(void *(*fn)(void *), void *shared)
-{
-    thread_arg t[NTHREADS];
-    for (int i = 0; i < NTHREADS; i++) {
-        t[i] = (thread_arg){shared, i, 0};
-        CHECK_EQ(pthread_create(&t[i].tid, NULL, fn, &t[i]), 0);
-    }
-    for (int i = 0; i < NTHREADS; i++)
-        pthread_join(t[i].tid, NULL);
-}
-
 static void *worker_main(void *arg)
 {
-    thread_arg *w = arg;
+    harness_thread *w = arg;
     model *m = w->shared;
     uint64_t rng = m->seed ^ (0x9e3779b97f4a7c15ull * (uint64_t)(w->id + 1));
     for (long i = 0; i < m->steps_per_thread; i++) {
@@ -669,7 +651,7 @@ static void test_random(uint64_t seed)
         pthread_mutex_init(&m->buf[i].lock, NULL);
         model_new(m, &m->buf[i], &rng);
     }
-    run_threads(worker_main, m);
+    harness_run_threads(NTHREADS, worker_main, m);
     CHECK_EQ(m->steps, (uint64_t)NTHREADS * (uint64_t)m->steps_per_thread);
     /* No redundant copy: exactly the bytes the model counted. */
     CHECK_EQ(bytes_copied(m->ctx), m->bytes);
@@ -706,7 +688,7 @@ typedef struct contention {
  * of the buffer: only exclusive, coherent writes keep the count. */
 static void *contend_main(void *arg)
 {
-    thread_arg *w = arg;
+    harness_thread *w = arg;
     contention *c = w->shared;
     uint64_t rng = c->seed ^ (0xc2b2ae3d27d4eb4full * (uint64_t)(w->id + 1));
     for (int i = 0; i < 2000; i++) {
@@ -747,7 +729,7 @@ static void test_contention(uint64_t seed)
     c.seed = seed;
     for (int k = 0; k < NHOT; k++)
         CHECK_OK(um_buffer_create(c.ctx, 4096 + (size_t)k, NULL, &c.b[k]));
-    run_threads(contend_main, &c);
+    harness_run_threads(NTHREADS, contend_main, &c);
     for (int k = 0; k < NHOT; k++) {
         uint64_t v = 0;
         CHECK_OK(um_buffer_read(c.b[k], 0, &v, sizeof v));

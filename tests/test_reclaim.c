@@ -92,19 +92,13 @@ typedef struct over {
     _Atomic uint64_t next_id;
 } over;
 
-typedef struct thread_arg {
-    over *o;
-    int id;
-    pthread_t tid;
-} thread_arg;
-
 /* Random acquires on random devices: reads check the pattern, writes
  * replace it. Every call must succeed: one buffer per thread at a time
  * always fits. */
 static void *random_main(void *arg)
 {
-    thread_arg *t = arg;
-    over *o = t->o;
+    harness_thread *t = arg;
+    over *o = t->shared;
     uint64_t rng = o->seed ^ (0x9e3779b97f4a7c15ull * (uint64_t)(t->id + 1));
     for (int i = 0; i < o->steps; i++) {
         obuf *ob = &o->buf[harness_rand(&rng) % (uint64_t)o->nbuf];
@@ -188,13 +182,7 @@ static void test_oversubscribe(uint64_t seed, int factor)
         }
     }
     watchdog_phase = "random";
-    thread_arg t[NTHREADS];
-    for (int i = 0; i < NTHREADS; i++) {
-        t[i] = (thread_arg){&o, i, 0};
-        CHECK_EQ(pthread_create(&t[i].tid, NULL, random_main, &t[i]), 0);
-    }
-    for (int i = 0; i < NTHREADS; i++)
-        pthread_join(t[i].tid, NULL);
+    harness_run_threads(NTHREADS, random_main, &o);
     check_all(&o);
     um_reclaim_stats s1, s2;
     CHECK_OK(um_reclaim_stats_get(o.ctx, 1, &s1));

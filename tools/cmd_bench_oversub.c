@@ -180,11 +180,10 @@ static um_status link_gbps(run *r, double *h2d, double *d2h)
     for (int i = 0; i < 3 && st == UM_OK; i++) {
         void *p;
         um_buffer *b = r->result;
-        uint64_t t0 = tool_now_ns();
         st = um_buffer_acquire(b, 0, UM_ACCESS_WRITE_DISCARD, NULL, &p);
         if (st == UM_OK)
             st = um_buffer_release(b, 0, NULL);
-        t0 = tool_now_ns();
+        uint64_t t0 = tool_now_ns();
         if (st == UM_OK)
             st = um_buffer_acquire(b, 1, UM_ACCESS_READ_WRITE, NULL, &p);
         if (st == UM_OK)

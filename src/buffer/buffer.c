@@ -663,11 +663,23 @@ static int write_back_target(um_buffer *b, int dev, const bool *skip)
     return dev == 0 ? -1 : cheapest(b, dev, true, write_back_ok, &t);
 }
 
+bool um__buffer_valid_elsewhere(const um_buffer *b, int dev)
+{
+    return best_source(b, dev, dev) >= 0;
+}
+
+bool um__buffer_evictable(const um_buffer *b, int dev)
+{
+    const um__replica *r = &b->rep[dev];
+    return r->ptr && !r->readers && !r->writer && !b->pinned && !(dev == 0 && b->wrapped) &&
+           (dev != 0 || r->state == UM_REPLICA_INVALID || um__buffer_valid_elsewhere(b, dev));
+}
+
 um_status um__buffer_evict(um_buffer *b, int dev, size_t *bytes_written)
 {
     *bytes_written = 0;
     um__replica *r = &b->rep[dev];
-    if (!r->ptr || r->readers || r->writer || b->pinned || (dev == 0 && b->wrapped))
+    if (!um__buffer_evictable(b, dev))
         return UM_ERR_BUSY;
     um__xfer *x = engine(b);
     if (r->state != UM_REPLICA_INVALID) {

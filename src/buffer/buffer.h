@@ -123,6 +123,13 @@ struct um__reclaim *um__xfer_reclaim(um__xfer *x);
  * UM_ERR_BUSY if it may not be evicted; on a failed write-back the replica
  * stays as it was. *bytes_written: bytes written back (0 if none). */
 um_status um__buffer_evict(um_buffer *b, int dev, size_t *bytes_written);
+/* Whether b's replica on dev may be evicted now (b locked): it has memory,
+ * is not acquired, b is not pinned, and a host replica goes only if it is
+ * not the program's wrapped memory and, when valid, another valid copy
+ * exists (the host is the home of data; there is no spill file yet). */
+bool um__buffer_evictable(const um_buffer *b, int dev);
+/* Whether a replica other than dev's is valid. */
+bool um__buffer_valid_elsewhere(const um_buffer *b, int dev);
 
 /* reclaim.c: made with the engine (started once the engine is in the
  * context: it installs the context's reclaim hook and its thread),
@@ -136,8 +143,7 @@ void um__reclaim_account(struct um__reclaim *rc, int dev, int64_t bytes);
 void um__reclaim_announced(struct um__reclaim *rc);
 /* A fill copied into a replica that reclaim had dropped. */
 void um__reclaim_refetched(struct um__reclaim *rc, int dev, size_t bytes);
-/* The background reclaimer should look at the devices now. */
-void um__reclaim_nudge(struct um__reclaim *rc);
+
 
 /* True once f has completed (f becomes none then); queries the backend. */
 bool um__fence_done(um__xfer *x, um__fence *f);

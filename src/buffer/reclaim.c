@@ -20,7 +20,6 @@
  */
 #include "buffer.h"
 
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,23 +63,6 @@ typedef struct victim_scan {
     uint64_t acquired_bytes;
 } victim_scan;
 
-static bool valid_elsewhere(const um_buffer *b, int dev)
-{
-    for (int d = 0; d < b->ctx->ndevices; d++)
-        if (d != dev && b->rep[d].state != UM_REPLICA_INVALID)
-            return true;
-    return false;
-}
-
-/* A host replica goes only if another valid copy exists (the host is the
- * home of data; there is no spill file yet). */
-static bool evictable(const um_buffer *b, int dev)
-{
-    const um__replica *r = &b->rep[dev];
-    return r->ptr && !r->readers && !r->writer && !b->pinned && !(dev == 0 && b->wrapped) &&
-           (dev != 0 || r->state == UM_REPLICA_INVALID || valid_elsewhere(b, dev));
-}
-
 /* The eviction order of b's replica on scan->dev, smallest first (b locked
  * and evictable). cost: free memory of invalid replicas first; then
  * buffers no announced use needs (WONT_USE first, clean before dirty,
@@ -102,7 +84,7 @@ static void key_of(const um_buffer *b, const um__replica *r, int policy, bool an
         k[1] = r->last_use;
         return;
     }
-    uint64_t dirty = !invalid && !valid_elsewhere(b, (int)(r - b->rep));
+    uint64_t dirty = !invalid && !um__buffer_valid_elsewhere(b, (int)(r - b->rep));
     k[0] = invalid ? 0 : b->nannounced ? 2 : 1;
     if (b->nannounced) {
         k[1] = UINT64_MAX - b->announced[0]; /* the farthest next use first */
@@ -136,7 +118,7 @@ static bool consider(um_buffer *b, void *arg)
         return true; /* in use right now: not a victim */
     if (b->magic == UM_BUFFER_MAGIC) {
         const um__replica *r = &b->rep[s->dev];
-        if (evictable(b, s->dev)) {
+        if (um__buffer_evictable(b, s->dev)) {
             uint64_t k[KEY_LEN];
             key_of(b, r, s->policy, s->announcing, k);
             if (!s->best || key_less(k, s->key)) {
@@ -170,7 +152,7 @@ static bool evict_chosen(um_buffer *b, void *arg)
         return true;
     if (pthread_mutex_trylock(&b->lock) != 0)
         return false;
-    if (b->magic == UM_BUFFER_MAGIC && evictable(b, j->scan->dev)) {
+    if (b->magic == UM_BUFFER_MAGIC && um__buffer_evictable(b, j->scan->dev)) {
         j->st = um__buffer_evict(b, j->scan->dev, &j->written);
         j->done = j->st == UM_OK;
         j->size = b->size;
@@ -294,7 +276,7 @@ static void *reclaimer(void *arg)
     return NULL;
 }
 
-void um__reclaim_nudge(um__reclaim *rc)
+static void nudge(um__reclaim *rc)
 {
     if (!rc)
         return;
@@ -366,7 +348,7 @@ void um__reclaim_account(um__reclaim *rc, int dev, int64_t bytes)
         size_t low, high;
         marks(rc, dev, &low, &high);
         if ((size_t)now > high)
-            um__reclaim_nudge(rc);
+            nudge(rc);
     }
 }
 
@@ -401,7 +383,7 @@ um_status um_set_watermarks(um_context *ctx, int dev, size_t low_bytes, size_t h
                         "high mark (%zu bytes)", dev, low_bytes, high_bytes);
     atomic_store(&rc->dev[dev].low, low_bytes);
     atomic_store(&rc->dev[dev].high, high_bytes);
-    um__reclaim_nudge(rc);
+    nudge(rc);
     return UM_OK;
 }
 
