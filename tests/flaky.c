@@ -186,4 +186,5 @@ void flaky_init(flaky *f, um__backend *inner)
     f->base.capacity = inner->capacity;
     f->base.granularity = inner->granularity;
     um__backend_no_driver_info(&f->base);
+    f->base.link_ns_per_byte = inner->link_ns_per_byte;
 }

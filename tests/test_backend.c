@@ -22,7 +22,7 @@ static um__backend *make(int sim, size_t capacity, size_t granularity)
 {
     um__backend *b = NULL;
     if (sim)
-        CHECK_OK(um__sim_backend_create("sim1", capacity, granularity, &b));
+        CHECK_OK(um__sim_backend_create("sim1", capacity, granularity, 0, &b));
     else
         CHECK_OK(um__host_backend_create(capacity, granularity, &b));
     return b;
@@ -430,27 +430,27 @@ static void test_bad_config(void)
 {
     um__backend *b = NULL;
     long ps = sysconf(_SC_PAGESIZE);
-    CHECK_STATUS(um__sim_backend_create("s", 16 * G, 0, &b), UM_ERR_INVALID);
-    CHECK_STATUS(um__sim_backend_create("s", 16 * G, 3000, &b), UM_ERR_INVALID);
-    CHECK_STATUS(um__sim_backend_create("s", 16 * G, 3 * (size_t)ps, &b), UM_ERR_INVALID);
-    CHECK_STATUS(um__sim_backend_create("s", 16 * G, (size_t)ps / 2, &b), UM_ERR_INVALID);
+    CHECK_STATUS(um__sim_backend_create("s", 16 * G, 0, 0, &b), UM_ERR_INVALID);
+    CHECK_STATUS(um__sim_backend_create("s", 16 * G, 3000, 0, &b), UM_ERR_INVALID);
+    CHECK_STATUS(um__sim_backend_create("s", 16 * G, 3 * (size_t)ps, 0, &b), UM_ERR_INVALID);
+    CHECK_STATUS(um__sim_backend_create("s", 16 * G, (size_t)ps / 2, 0, &b), UM_ERR_INVALID);
     CHECK_STATUS(um__host_backend_create(16 * G, 12345, &b), UM_ERR_INVALID);
-    CHECK_STATUS(um__sim_backend_create("s", G - 1, G, &b), UM_ERR_INVALID);
-    CHECK_STATUS(um__sim_backend_create("s", 0, G, &b), UM_ERR_INVALID);
+    CHECK_STATUS(um__sim_backend_create("s", G - 1, G, 0, &b), UM_ERR_INVALID);
+    CHECK_STATUS(um__sim_backend_create("s", 0, G, 0, &b), UM_ERR_INVALID);
     CHECK_STATUS(um__host_backend_create(G / 2, G, &b), UM_ERR_INVALID);
-    CHECK_STATUS(um__sim_backend_create(NULL, 16 * G, G, &b), UM_ERR_INVALID);
-    CHECK_STATUS(um__sim_backend_create("", 16 * G, G, &b), UM_ERR_INVALID);
+    CHECK_STATUS(um__sim_backend_create(NULL, 16 * G, G, 0, &b), UM_ERR_INVALID);
+    CHECK_STATUS(um__sim_backend_create("", 16 * G, G, 0, &b), UM_ERR_INVALID);
     CHECK_STATUS(um__sim_backend_create("a-name-that-is-much-longer-than-the-sixty-three-"
                                         "characters-a-device-name-may-have",
-                                        16 * G, G, &b),
+                                        16 * G, G, 0, &b),
                  UM_ERR_INVALID);
-    CHECK_STATUS(um__sim_backend_create("s", 16 * G, G, NULL), UM_ERR_INVALID);
-    CHECK_STATUS(um__sim_backend_create("s", (size_t)1 << 50, 4096, &b), UM_ERR_INVALID);
+    CHECK_STATUS(um__sim_backend_create("s", 16 * G, G, 0, NULL), UM_ERR_INVALID);
+    CHECK_STATUS(um__sim_backend_create("s", (size_t)1 << 50, 4096, 0, &b), UM_ERR_INVALID);
     CHECK(b == NULL);
     CHECK(strstr(um_last_error(), "pages") != NULL);
 
     /* The smallest legal device: one OS page. */
-    CHECK_OK(um__sim_backend_create("tiny", (size_t)ps, (size_t)ps, &b));
+    CHECK_OK(um__sim_backend_create("tiny", (size_t)ps, (size_t)ps, 0, &b));
     if (b) {
         CHECK_EQ(b->capacity, (size_t)ps);
         um__backend_destroy(b);

@@ -15,7 +15,7 @@
 static um__backend *sim_backend(size_t capacity)
 {
     um__backend *b = NULL;
-    CHECK_OK(um__sim_backend_create("sim1", capacity, GRAN, &b));
+    CHECK_OK(um__sim_backend_create("sim1", capacity, GRAN, 0, &b));
     return b;
 }
 

@@ -35,7 +35,7 @@ static um__allocator *make_pool_with(size_t capacity, const um__pool_config *c)
     }
     backend = NULL;
     s1 = s2 = NULL;
-    if (um__sim_backend_create("sim1", capacity, 2 * MiB, &backend) != UM_OK) {
+    if (um__sim_backend_create("sim1", capacity, 2 * MiB, 0, &backend) != UM_OK) {
         fprintf(stderr, "sim backend: %s\n", um_last_error());
         exit(1);
     }
@@ -643,7 +643,7 @@ static void test_backend_failures(void)
 {
     um__log_set_level(UM_LOG_ERROR); /* lost-page warnings are expected */
     um__backend *inner = NULL;
-    CHECK_OK(um__sim_backend_create("sim1", 64 * MiB, 2 * MiB, &inner));
+    CHECK_OK(um__sim_backend_create("sim1", 64 * MiB, 2 * MiB, 0, &inner));
     flaky f;
     flaky_init(&f, inner);
     long total = pool_script(&f, 0);

@@ -3,7 +3,7 @@
 # (the GPU ones included), `unimem info`, replays on cuda:0 with the driver's
 # view, the allocator comparison, and (when torch is there) the PyTorch
 # end-to-end run. Every result goes under $OUT.
-# Usage: bench/gpu/gpu_run.sh [quick] [STEP...]   STEP: build test asan info vmm replay compare copy oversub torch e2e e2e_variants
+# Usage: bench/gpu/gpu_run.sh [quick] [STEP...]   STEP: build test asan info vmm replay compare copy managed oversub torch e2e e2e_variants
 set -u
 FINAL=${OUT:-out}
 # Results gather in one folder and leave as one archive (the transfer back
@@ -76,6 +76,15 @@ if has copy; then
     UNIMEM_CONF=copy_threads=$t build-dev/unimem bench copy --quick > "$OUT/bench_copy_t$t.txt" 2>&1
     echo "copy_threads=$t:"; grep pageable "$OUT/bench_copy_t$t.txt"
   done
+fi
+# CUDA managed memory (cudaMallocManaged with prefetch hints, and without)
+# against unified buffers on the same workloads, with data that fits on the
+# GPU; it needs the build step's build-dev/libunimem.a.
+if has managed; then
+  /usr/local/cuda/bin/nvcc -O2 -std=c++17 -Iinclude bench/gpu/managed_compare.cu build-dev/libunimem.a \
+    -lz -lpthread -ldl -o build-dev/managed_compare > "$OUT/managed_build.txt" 2>&1 || tail -30 "$OUT/managed_build.txt"
+  build-dev/managed_compare $QUICK --json "$OUT/managed_compare.json" > "$OUT/managed_compare.txt" 2>&1
+  echo "managed_compare rc=$?"; cat "$OUT/managed_compare.txt"
 fi
 # Data larger than the device: the limit at 8 GiB, buffers of 256 MiB.
 if has oversub; then

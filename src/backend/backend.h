@@ -87,6 +87,10 @@ struct um__backend {
     char pci_bus_id[32];
     int vmm;               /* 1: pages through VMM (memfd backends too) */
     int pinned;            /* 1: host memory that is page-locked */
+    /* A simulated device's modelled link: nanoseconds per byte of a copy
+     * to or from it (each direction its own link); 0: copies take only
+     * the memcpy's time, as before there was a model. */
+    double link_ns_per_byte;
 };
 
 /* Sets the driver-reported fields of a backend that has none. */
@@ -98,6 +102,7 @@ static inline void um__backend_no_driver_info(um__backend *b)
     b->pci_bus_id[0] = '\0';
     b->vmm = 1;
     b->pinned = 0;
+    b->link_ns_per_byte = 0.0;
 }
 
 /* Constructors. Both keep physical memory in one memfd per device and map
@@ -105,8 +110,10 @@ static inline void um__backend_no_driver_info(um__backend *b)
  * in another, exactly like CUDA VMM. capacity 0 for the host means physical
  * RAM. */
 um_status um__host_backend_create(size_t capacity, size_t granularity, um__backend **out);
+/* link_bytes_per_s: the sim device's modelled link bandwidth (each
+ * direction); 0 for none. */
 um_status um__sim_backend_create(const char *name, size_t capacity, size_t granularity,
-                                 um__backend **out);
+                                 size_t link_bytes_per_s, um__backend **out);
 
 /* CUDA (cuda.c). um__cuda_backend_create makes the backend of one GPU
  * (pages from cuMemCreate on that GPU, or cuMemAlloc segments when vmm is

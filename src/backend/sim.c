@@ -10,9 +10,12 @@
 #include "vmm_memfd.h"
 
 um_status um__sim_backend_create(const char *name, size_t capacity, size_t granularity,
-                                 um__backend **out)
+                                 size_t link_bytes_per_s, um__backend **out)
 {
-    return um__memfd_backend_create(UM_DEVICE_SIM, name, capacity, granularity, out);
+    um_status st = um__memfd_backend_create(UM_DEVICE_SIM, name, capacity, granularity, out);
+    if (st == UM_OK && link_bytes_per_s)
+        (*out)->link_ns_per_byte = 1e9 / (double)link_bytes_per_s;
+    return st;
 }
 
 /* The stream of a sim backend that simulated work goes to. */

@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #define NOT_FOUND SIZE_MAX
@@ -600,12 +601,66 @@ static um_status vmm_stream_destroy(um__backend *b, um__bstream *s)
     return UM_OK;
 }
 
+/* ------------------------------------------------------ modelled link */
+
+/* A sim device may model its link to the host (option sim_link_bandwidth):
+ * the data still moves at once (a memmove), but a copy keeps its stream
+ * and its direction of the link busy for bytes x ns_per_byte, after the
+ * work queued before it. Events and synchronizes then complete at those
+ * times, so the engine's overlap of copies (or its lack) shows in wall
+ * time as it would on a GPU. */
+
+static void sleep_until(uint64_t t)
+{
+    for (uint64_t now = um__now_ns(); now < t; now = um__now_ns()) {
+        struct timespec ts = {(time_t)((t - now) / 1000000000u), (long)((t - now) % 1000000000u)};
+        nanosleep(&ts, NULL);
+    }
+}
+
+static void busy_at_least(um__bstream *s, uint64_t t)
+{
+    uint64_t v = atomic_load_explicit(&s->busy_until, memory_order_acquire);
+    while (v < t && !atomic_compare_exchange_weak_explicit(&s->busy_until, &v, t,
+                                                            memory_order_acq_rel,
+                                                            memory_order_acquire))
+        ;
+}
+
+/* The time a copy of n bytes from src to dst, issued at `issued`, ends on
+ * the modelled link, queued behind `after` (a stream's queued work; 0 for
+ * none), or 0 when the copy does not cross the link (no model, or both
+ * ends on one side). The memmove's own time overlaps the link's, as the
+ * host's does a GPU copy's. */
+static uint64_t link_copy_end(um__memfd_backend *m, void *dst, const void *src, size_t n,
+                              uint64_t issued, uint64_t after)
+{
+    double per = m->base.link_ns_per_byte;
+    if (per <= 0.0 || n == 0)
+        return 0;
+    pthread_mutex_lock(&m->lock);
+    bool to = range_mapped(m, (uintptr_t)dst, 1), from = range_mapped(m, (uintptr_t)src, 1);
+    uint64_t end = 0;
+    if (to != from) {
+        uint64_t *free_at = &m->link_free[to ? 0 : 1], start = issued;
+        if (after > start)
+            start = after;
+        if (*free_at > start)
+            start = *free_at;
+        end = start + (uint64_t)((double)n * per);
+        *free_at = end;
+    }
+    pthread_mutex_unlock(&m->lock);
+    return end;
+}
+
 static um_status vmm_stream_sync(um__backend *b, um__bstream *s)
 {
     um__bstream *st = um__memfd_stream(b, s, "stream_sync");
     if (!st)
         return UM_ERR_INVALID;
     complete_to(st, atomic_load_explicit(&st->submitted, memory_order_acquire));
+    sleep_until(atomic_load_explicit(&st->busy_until, memory_order_acquire));
     return UM_OK;
 }
 
@@ -635,6 +690,7 @@ static um_status vmm_event_record(um__backend *b, um__bstream *s, um__bevent **o
     e->owner = b;
     e->stream = st;
     e->target = atomic_load_explicit(&st->submitted, memory_order_acquire);
+    e->busy_until = atomic_load_explicit(&st->busy_until, memory_order_acquire);
     e->magic = UM_MEMFD_EVENT_MAGIC;
     *out = e;
     return UM_OK;
@@ -646,7 +702,8 @@ static um_status vmm_event_query(um__backend *b, um__bevent *e, int *done)
         return UM_ERR_INVALID;
     if (!done)
         return um__fail(UM_ERR_INVALID, "%s: event_query: the output flag is NULL", b->name);
-    *done = atomic_load_explicit(&e->stream->completed, memory_order_acquire) >= e->target;
+    *done = atomic_load_explicit(&e->stream->completed, memory_order_acquire) >= e->target &&
+            um__now_ns() >= e->busy_until;
     return UM_OK;
 }
 
@@ -655,6 +712,7 @@ static um_status vmm_event_sync(um__backend *b, um__bevent *e)
     if (!event_check(b, e, "event_sync"))
         return UM_ERR_INVALID;
     complete_to(e->stream, e->target);
+    sleep_until(e->busy_until);
     return UM_OK;
 }
 
@@ -693,32 +751,50 @@ static um_status vmm_copy(um__backend *b, void *dst, const void *src, size_t n, 
                         "of this device",
                         b->name, n, dir == 0 ? "to the device" : "to the host", dev);
     /* memmove: an overlapping copy within one device stays defined. */
+    uint64_t issued = um__now_ns();
     memmove(dst, src, n);
+    sleep_until(link_copy_end(m, dst, src, n, issued, 0));
     return UM_OK;
 }
 
 /* Host and sim memory is ordinary process memory, so a copy between any
  * two addresses is a memmove, done at once: a queued copy on a sim stream
- * is complete when it is queued. */
+ * is complete when it is queued, or (modelled link) at its end time. */
 static um_status vmm_copy_async(um__backend *b, void *dst, const void *src, size_t n,
                                 um__bstream *s)
 {
-    UM_UNUSED(s);
     um_status st = um__backend_copy_check(b, dst, src, n, -1);
     if (st != UM_OK)
         return st;
+    um__bstream *bs = NULL;
+    if (b->link_ns_per_byte > 0.0 && !(bs = um__memfd_stream(b, s, "copy_async")))
+        return UM_ERR_INVALID;
+    uint64_t issued = bs ? um__now_ns() : 0;
     if (n)
         memmove(dst, src, n);
+    if (bs)
+        busy_at_least(bs, link_copy_end(mb(b), dst, src, n, issued,
+                                        atomic_load_explicit(&bs->busy_until,
+                                                             memory_order_acquire)));
     return UM_OK;
 }
 
 /* A sim stream's later work is ordered after e by completing e first: sim
- * work is counters, and copies are done when queued. */
+ * work is counters, and copies are done when queued. With a modelled link
+ * the stream also stays busy until e's time, without the host waiting;
+ * a stream without one (its work untimed) waits for e on the host. */
 static um_status vmm_stream_wait(um__backend *b, um__bstream *s, um__backend *eb, um__bevent *e)
 {
-    UM_UNUSED(b);
-    UM_UNUSED(s);
-    return eb->ops->event_sync(eb, e);
+    if (b->link_ns_per_byte <= 0.0 || eb->ops != &um__memfd_ops)
+        return eb->ops->event_sync(eb, e);
+    um__bstream *bs = um__memfd_stream(b, s, "stream_wait");
+    if (!bs)
+        return UM_ERR_INVALID;
+    if (!event_check(eb, e, "stream_wait"))
+        return UM_ERR_INVALID;
+    complete_to(e->stream, e->target);
+    busy_at_least(bs, e->busy_until);
+    return UM_OK;
 }
 
 static um_status vmm_memset_async(um__backend *b, void *dst, int value, size_t n,

@@ -51,6 +51,9 @@ struct um__bstream {
     _Atomic uint32_t refs;      /* 1 for the creator + 1 per live event */
     _Atomic uint64_t submitted; /* units of work queued so far */
     _Atomic uint64_t completed; /* units of work done; never > submitted */
+    /* With a modelled link: when the copies queued so far finish (monotonic
+     * ns). Set under the backend's lock, read without it. */
+    _Atomic uint64_t busy_until;
 };
 #define UM_MEMFD_STREAM_MAGIC 0x42535452u /* "BSTR" */
 #define UM_MEMFD_STREAM_DEAD 0x44454144u  /* destroyed, kept alive by events */
@@ -59,6 +62,7 @@ struct um__bevent {
     um__backend *owner;
     um__bstream *stream;
     uint64_t target; /* the stream's submitted count when recorded */
+    uint64_t busy_until; /* the stream's busy_until when recorded */
     uint32_t magic;
 };
 #define UM_MEMFD_EVENT_MAGIC 0x42455654u /* "BEVT" */
@@ -88,6 +92,9 @@ typedef struct um__memfd_backend {
     size_t nmaps; /* live mappings, all reservations */
 
     um__memfd_link streams; /* list head of created streams */
+    /* A modelled link (base.link_ns_per_byte): when each direction (0: to
+     * the device, 1: from it) is free again. Under lock. */
+    uint64_t link_free[2];
     um__bstream default_stream;
 } um__memfd_backend;
 

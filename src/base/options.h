@@ -25,6 +25,10 @@
       "cap on cached bytes (free pages, cached small slots) a device keeps; 0 = no cap")                            \
     X(sim_granularity, UM_OPT_SIZE, "2M",                                                     \
       "physical page size of simulated devices (CUDA VMM granularity on an H200)")            \
+    X(sim_link_bandwidth, UM_OPT_SIZE, "0",                                                   \
+      "bytes per second of each simulated device's link to the host, each direction (e.g. "  \
+      "16G); copies keep the engine's copy streams busy for that long; 0: no model (copies " \
+      "take the memcpy's time)")                                                              \
     X(host_granularity, UM_OPT_SIZE, "2M", "physical page size of the host pool")             \
     X(host_capacity, UM_OPT_SIZE, "0", "bytes the host pool may use; 0 = physical RAM")      \
     X(thread_cache, UM_OPT_BOOL, "1",                                                         \
@@ -85,6 +89,7 @@ typedef struct um__options {
     size_t memory_limit;
     size_t cache_limit;
     size_t sim_granularity;
+    size_t sim_link_bandwidth;
     size_t host_granularity;
     size_t host_capacity;
     int thread_cache;

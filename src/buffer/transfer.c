@@ -53,6 +53,14 @@ static bool is_gpu(um_context *ctx, int dev)
     return ctx->devices[dev].backend->kind == UM_DEVICE_CUDA;
 }
 
+/* Whether copies to and from dev run on the engine's copy streams: a GPU's,
+ * or a sim device's whose link is modelled (its copies take time); other
+ * copies are done when issued. */
+static bool streamed(um_context *ctx, int dev)
+{
+    return is_gpu(ctx, dev) || ctx->devices[dev].backend->link_ns_per_byte > 0.0;
+}
+
 /* ------------------------------------------------------------- fences */
 
 /* A copy's time on its link, seen done now: into the link's busy time
@@ -147,6 +155,11 @@ static void model_routes(um__xfer *x)
             } else if (is_gpu(ctx, i) || is_gpu(ctx, j)) {
                 lat = 10000.0;
                 gbps = 50.0;
+            } else if (streamed(ctx, i) || streamed(ctx, j)) {
+                /* A sim device's modelled link (the host end has none). */
+                double per = ctx->devices[i].backend->link_ns_per_byte +
+                             ctx->devices[j].backend->link_ns_per_byte;
+                gbps = 1.0 / per;
             }
             x->lat_ns[i * x->ndev + j] = lat;
             x->ns_per_byte[i * x->ndev + j] = 1.0 / gbps;
@@ -183,8 +196,9 @@ static uint64_t machine_key(um_context *ctx)
     char buf[512];
     for (int d = 0; d < ctx->ndevices; d++) {
         const um__backend *b = ctx->devices[d].backend;
-        snprintf(buf, sizeof buf, "%d|%s|%zu|%zu|%s|%s|%d|%d;", (int)b->kind, b->name,
-                 b->capacity, b->granularity, b->product, b->pci_bus_id, b->pinned, b->vmm);
+        snprintf(buf, sizeof buf, "%d|%s|%zu|%zu|%s|%s|%d|%d|%.6g;", (int)b->kind, b->name,
+                 b->capacity, b->granularity, b->product, b->pci_bus_id, b->pinned, b->vmm,
+                 b->link_ns_per_byte);
         h = fnv1a(h, buf);
     }
     return h;
@@ -437,7 +451,7 @@ void um__xfer_track(um__xfer *x, um_buffer *b, bool add)
 
 um_stream um__xfer_stream(um__xfer *x, int dev, bool to)
 {
-    if (!is_gpu(x->ctx, dev))
+    if (!streamed(x->ctx, dev))
         return NULL;
     um_stream *slot = to ? &x->to[dev] : &x->from[dev];
     pthread_mutex_lock(&x->lock);
@@ -458,9 +472,10 @@ double um__xfer_cost(const um__xfer *x, int from, int to, size_t n)
     return x->lat_ns[k] + (double)n * x->ns_per_byte[k];
 }
 
-/* Who runs a copy from device sd to dd: a GPU on its copy stream, else the
- * backend of a side that is not the CUDA-pinned host (both are process
- * memory), else nobody (a plain memmove). */
+/* Who runs a copy from device sd to dd: a GPU (or a sim device with a
+ * modelled link) on its copy stream, else the backend of a side that is
+ * not the CUDA-pinned host (both are process memory), else nobody (a plain
+ * memmove). */
 struct runner {
     um__backend *be;
     um_stream stream; /* NULL: the copy is done when issued */
@@ -469,9 +484,9 @@ struct runner {
 static runner pick_runner(um__xfer *x, int dd, int sd)
 {
     um_context *ctx = x->ctx;
-    if (is_gpu(ctx, dd))
+    if (streamed(ctx, dd))
         return (runner){ctx->devices[dd].backend, um__xfer_stream(x, dd, true)};
-    if (is_gpu(ctx, sd))
+    if (streamed(ctx, sd))
         return (runner){ctx->devices[sd].backend, um__xfer_stream(x, sd, false)};
     um__backend *d = ctx->devices[dd].backend, *s = ctx->devices[sd].backend;
     return (runner){!d->pinned ? d : !s->pinned ? s : NULL, NULL};

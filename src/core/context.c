@@ -725,7 +725,8 @@ static um_status create_backends(um_context *ctx, const device_spec *specs, int 
                                     "the host)",
                                     UM_MAX_DEVICES);
                 snprintf(name, sizeof name, "sim%d", index);
-                st = um__sim_backend_create(name, specs[i].size, o->sim_granularity, &b);
+                st = um__sim_backend_create(name, specs[i].size, o->sim_granularity,
+                                            o->sim_link_bandwidth, &b);
                 if (st != UM_OK) {
                     snprintf(where, sizeof where, "um_init: device %d (%s, %s)", index, name,
                              um__format_bytes(bytes, sizeof bytes, specs[i].size));

@@ -1,0 +1,191 @@
+/* Tests of the modelled link of sim devices (option sim_link_bandwidth,
+ * src/backend/vmm_memfd.c): a copy returns at once but its stream stays
+ * busy for the bytes' time; copies in one direction queue behind each
+ * other, the two directions run at once; a stream that waits for an event
+ * inherits its time without the host waiting; the engine measures the
+ * modelled bandwidth. Time bounds from below are exact (the model sleeps
+ * at least that long); bounds from above are loose, for a busy machine. */
+#include "harness.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define MB ((size_t)1 << 20)
+#define SIZE (20 * MB)
+/* 200 MiB/s: SIZE takes 100 ms on the link. */
+#define LINK "200M"
+#define LINK_NS 100000000ull
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static um_context *open_ctx(const char *links)
+{
+    char conf[200];
+    snprintf(conf, sizeof conf,
+             "devices=sim:256M,sim_link_bandwidth=" LINK ",links=%s,link_cache=none,"
+             "watermark_high=100",
+             links);
+    um_context *ctx = NULL;
+    CHECK_OK(um_init(conf, &ctx));
+    /* Memory touched once: the pools keep it mapped, so the copies' memmove
+     * does not pay first-touch page faults (slow on some machines) that
+     * would hide the link's time. */
+    for (int d = 0; ctx && d < 2; d++) {
+        void *p = NULL;
+        CHECK_OK(um_malloc(ctx, d, 4 * SIZE, NULL, &p));
+        if (p)
+            memset(p, 0, 4 * SIZE);
+        CHECK_OK(um_free(ctx, p, NULL));
+    }
+    return ctx;
+}
+
+/* A buffer of SIZE bytes holding pattern `id`, valid on the host only. */
+static um_buffer *host_buffer(um_context *ctx, void *scratch, uint64_t id)
+{
+    um_buffer *b = NULL;
+    CHECK_OK(um_buffer_create(ctx, SIZE, NULL, &b));
+    harness_pattern_fill(scratch, SIZE, id);
+    CHECK_OK(um_buffer_write(b, 0, scratch, SIZE));
+    return b;
+}
+
+/* Waits on the host until b is valid there (an acquire on the host's
+ * default stream waits for the copy that fills it). */
+static void wait_on_host(um_buffer *b)
+{
+    void *p;
+    CHECK_OK(um_buffer_acquire(b, 0, UM_ACCESS_READ, NULL, &p));
+    CHECK_OK(um_buffer_release(b, 0, NULL));
+}
+
+static void test_one_copy_is_async_and_timed(void)
+{
+    um_context *ctx = open_ctx("model");
+    void *scratch = malloc(SIZE);
+    um_buffer *b = host_buffer(ctx, scratch, 1);
+    um_stream s;
+    CHECK_OK(um_stream_create(ctx, 1, &s));
+
+    uint64_t t0 = now_ns();
+    CHECK_OK(um_buffer_prefetch(b, 1));
+    uint64_t queued = now_ns() - t0;
+    /* The memmove runs now; the link time does not. */
+    CHECK(queued < LINK_NS / 2);
+    void *p = NULL;
+    CHECK_OK(um_buffer_acquire(b, 1, UM_ACCESS_READ, s, &p));
+    CHECK(now_ns() - t0 < LINK_NS / 2); /* the stream waits, not the host */
+    CHECK_OK(um_stream_synchronize(ctx, s));
+    uint64_t done = now_ns() - t0;
+    CHECK(done >= LINK_NS);
+    CHECK(done < 3 * LINK_NS);
+    unsigned char got, want;
+    CHECK_EQ(harness_pattern_find_bad(p, SIZE, 1, &got, &want), SIZE_MAX);
+    CHECK_OK(um_buffer_release(b, 1, s));
+    printf("one copy of 20 MiB at " LINK "/s: queued in %.1f ms, done after %.1f ms\n",
+           (double)queued / 1e6, (double)done / 1e6);
+
+    um_link_stats ls;
+    CHECK_OK(um_link_stats_get(ctx, 0, 1, &ls));
+    CHECK_EQ(ls.bytes, SIZE);
+    CHECK_EQ(ls.copies, 1);
+    CHECK_OK(um_buffer_destroy(b));
+    CHECK_OK(um_stream_destroy(ctx, s));
+    free(scratch);
+    um_shutdown(ctx);
+}
+
+/* Two copies to the device queue on the link (200 ms); one each way at
+ * the same time take the time of one (100 ms). */
+static void test_directions(void)
+{
+    um_context *ctx = open_ctx("model");
+    void *scratch = malloc(SIZE);
+    um_buffer *a = host_buffer(ctx, scratch, 2), *c = host_buffer(ctx, scratch, 3);
+
+    uint64_t t0 = now_ns();
+    CHECK_OK(um_buffer_prefetch(a, 1));
+    CHECK_OK(um_buffer_prefetch(c, 1));
+    /* Written on the device: only the device holds the newest data. */
+    void *p;
+    um_stream s;
+    CHECK_OK(um_stream_create(ctx, 1, &s));
+    CHECK_OK(um_buffer_acquire(c, 1, UM_ACCESS_READ_WRITE, s, &p));
+    CHECK_OK(um_stream_synchronize(ctx, s));
+    uint64_t same_way = now_ns() - t0;
+    CHECK(same_way >= 2 * LINK_NS);
+    CHECK(same_way < 5 * LINK_NS);
+    ((unsigned char *)p)[0] ^= 0xff;
+    CHECK_OK(um_buffer_release(c, 1, s));
+    CHECK_OK(um_stream_synchronize(ctx, s));
+
+    /* One copy in (a new buffer) and one out (c) at once. */
+    um_buffer *d = host_buffer(ctx, scratch, 4);
+    t0 = now_ns();
+    CHECK_OK(um_buffer_prefetch(d, 1));
+    CHECK_OK(um_buffer_prefetch(c, 0));
+    wait_on_host(c);
+    CHECK_OK(um_buffer_acquire(d, 1, UM_ACCESS_READ, s, &p));
+    CHECK_OK(um_stream_synchronize(ctx, s));
+    uint64_t both_ways = now_ns() - t0;
+    CHECK_OK(um_buffer_release(d, 1, s));
+    CHECK(both_ways >= LINK_NS);
+    CHECK(both_ways < 2 * LINK_NS - LINK_NS / 4);
+    printf("two copies one way: %.1f ms; one each way: %.1f ms\n", (double)same_way / 1e6,
+           (double)both_ways / 1e6);
+
+    /* The data made it: c's first byte flipped on the device. */
+    CHECK_OK(um_buffer_read(c, 0, scratch, SIZE));
+    unsigned char *ref = malloc(SIZE);
+    harness_pattern_fill(ref, SIZE, 3);
+    ref[0] ^= 0xff;
+    CHECK(memcmp(scratch, ref, SIZE) == 0);
+    free(ref);
+    CHECK_OK(um_buffer_destroy(a));
+    CHECK_OK(um_buffer_destroy(c));
+    CHECK_OK(um_buffer_destroy(d));
+    CHECK_OK(um_stream_destroy(ctx, s));
+    free(scratch);
+    um_shutdown(ctx);
+}
+
+/* links=measure times the modelled link: the engine's cost is the model. */
+static void test_measured(void)
+{
+    um_context *ctx = open_ctx("measure");
+    um_buffer *b = NULL;
+    CHECK_OK(um_buffer_create(ctx, 4096, NULL, &b)); /* the first buffer measures */
+    um_link_stats ls;
+    CHECK_OK(um_link_stats_get(ctx, 0, 1, &ls));
+    double model_gbps = 200.0 * (double)MB / 1e9;
+    CHECK(ls.measured);
+    CHECK(ls.bandwidth_gbps > 0.9 * model_gbps && ls.bandwidth_gbps < 1.1 * model_gbps);
+    CHECK_OK(um_link_stats_get(ctx, 1, 0, &ls));
+    CHECK(ls.bandwidth_gbps > 0.9 * model_gbps && ls.bandwidth_gbps < 1.1 * model_gbps);
+    printf("measured link: %.3f GB/s (model %.3f)\n", ls.bandwidth_gbps, model_gbps);
+    CHECK_OK(um_buffer_destroy(b));
+    um_shutdown(ctx);
+}
+
+static void test_bad_option(void)
+{
+    um_context *ctx = NULL;
+    CHECK_STATUS(um_init("devices=sim:256M,sim_link_bandwidth=fast", &ctx), UM_ERR_BAD_OPTION);
+    CHECK_ERROR_MENTIONS("sim_link_bandwidth", "fast", NULL);
+    CHECK(ctx == NULL);
+}
+
+int main(void)
+{
+    test_one_copy_is_async_and_timed();
+    test_directions();
+    test_measured();
+    test_bad_option();
+    return harness_finish("test_sim_link");
+}
