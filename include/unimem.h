@@ -295,7 +295,12 @@ UM_API um_replica_state um_buffer_replica_state(um_buffer *b, int dev);
 /* When a device runs short, unimem makes room instead of failing: it trims
  * the pool's cached memory, then frees invalid replicas' memory, drops
  * clean replicas (a valid copy exists elsewhere) and writes dirty ones back
- * (to the host, or another device with room) before dropping them. An
+ * (to the host, or another device with room) before dropping them. With
+ * the option spill_dir, host memory is a device like the others: when no
+ * memory has room (the host's limit is host_capacity or
+ * um_set_memory_limit(ctx, 0, ...)), the only copy of a buffer's data goes
+ * to a file there (unlinked at once, so nothing is left behind) and comes
+ * back from it on the next acquire. An
  * allocation at the memory limit does this itself and retries; above a
  * device's high watermark a background thread does it ahead of need until
  * usage is below the low watermark. Acquired replicas are never evicted. */
@@ -321,6 +326,9 @@ typedef struct um_reclaim_stats {
     uint64_t sync_reclaims;      /* allocations that had to make room themselves */
     uint64_t wait_ns;            /* time those allocations spent making room */
     uint64_t failed;             /* allocations that failed with no room to make */
+    uint64_t spilled;            /* of written_back, those that went to the spill file */
+    uint64_t spilled_bytes;
+    uint64_t spill_file_bytes;   /* the context's spill file now (every device reports it) */
 } um_reclaim_stats;
 
 UM_API um_status um_reclaim_stats_get(um_context *ctx, int dev, um_reclaim_stats *out);

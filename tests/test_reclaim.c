@@ -137,13 +137,21 @@ static void check_all(over *o)
     free(h);
 }
 
-static void test_oversubscribe(uint64_t seed, int factor)
+/* spill_dir non-NULL: the host is limited too, to less than the data
+ * beyond the devices' room, and the rest goes to the spill file there. */
+static void test_oversubscribe(uint64_t seed, int factor, const char *spill_dir)
 {
     /* 8 MiB devices; the buffers total factor x that. */
     over o = {0};
-    o.ctx = open_ctx(8 * MB, factor == 4 ? ",evict_policy=lru" : "");
+    char extra[300];
+    snprintf(extra, sizeof extra, "%s%s%s", factor == 4 ? ",evict_policy=lru" : "",
+             spill_dir ? ",spill_dir=" : "", spill_dir ? spill_dir : "");
+    o.ctx = open_ctx(8 * MB, extra);
     if (!o.ctx)
         return;
+    const size_t host_limit = 24 * MB;
+    if (spill_dir)
+        CHECK_OK(um_set_memory_limit(o.ctx, 0, host_limit));
     o.ndev = um_device_count(o.ctx);
     o.size = 512 * KB;
     o.nbuf = (int)((size_t)factor * 8 * MB / o.size);
@@ -196,6 +204,19 @@ static void test_oversubscribe(uint64_t seed, int factor)
            factor, o.nbuf, o.size / KB, (unsigned long long)s1.evictions,
            (unsigned long long)s1.written_back, (unsigned long long)s2.evictions,
            (unsigned long long)s2.written_back, (unsigned long long)s1.refetched_bytes);
+    if (spill_dir) {
+        um_reclaim_stats s0;
+        CHECK_OK(um_reclaim_stats_get(o.ctx, 0, &s0));
+        CHECK(s0.spilled > 0);
+        CHECK_EQ(s0.failed, 0);
+        /* More data than all memories hold lives in the file. */
+        CHECK(s0.spill_file_bytes >= (size_t)o.nbuf * o.size - host_limit - 16 * MB);
+        printf("test_reclaim: %dx with the host limited to %zu MiB: %llu host replicas spilled "
+               "(%llu MiB), the spill file holds %llu MiB\n",
+               factor, host_limit / MB, (unsigned long long)s0.spilled,
+               (unsigned long long)(s0.spilled_bytes / MB),
+               (unsigned long long)(s0.spill_file_bytes / MB));
+    }
     for (int i = 0; i < o.nbuf; i++) {
         CHECK_OK(um_buffer_destroy(o.buf[i].b));
         pthread_mutex_destroy(&o.buf[i].lock);
@@ -430,6 +451,106 @@ static void test_failed_write_back(void)
     um_shutdown(ctx);
 }
 
+/* ---------------------------------------------------------- spill file */
+
+static void test_spill_bad_dir(void)
+{
+    um_context *ctx = NULL;
+    CHECK_STATUS(um_init("devices=sim:64M,spill_dir=/nonexistent/unimem", &ctx),
+                 UM_ERR_BAD_OPTION);
+    CHECK_ERROR_MENTIONS("spill_dir", "/nonexistent/unimem", NULL);
+    CHECK_STATUS(um_init("devices=sim:64M,spill_dir=/dev/null", &ctx), UM_ERR_BAD_OPTION);
+    CHECK_ERROR_MENTIONS("spill_dir", "not a directory", NULL);
+    CHECK(ctx == NULL);
+}
+
+/* Sums the buffers whose host replica is invalid. */
+static int host_invalid(um_buffer **b, int n)
+{
+    int k = 0;
+    for (int i = 0; i < n; i++)
+        k += um_buffer_replica_state(b[i], 0) == UM_REPLICA_INVALID;
+    return k;
+}
+
+/* The host holds two of three buffers: the third write spills one, whose
+ * data then comes back from the file to be read, used on a device and
+ * written on the host; a spill that fails keeps the only copy. */
+static void test_spill(const char *dir)
+{
+    char extra[300];
+    snprintf(extra, sizeof extra, ",watermark_high=100,spill_dir=%s", dir);
+    um_context *ctx = open_ctx(4 * MB, extra);
+    if (!ctx)
+        return;
+    CHECK_OK(um_set_memory_limit(ctx, 0, 4 * MB));
+    const size_t size = 2 * MB;
+    um_buffer *b[3];
+    unsigned char *h = malloc(size);
+    for (int i = 0; i < 3; i++) {
+        CHECK_OK(um_buffer_create(ctx, size, NULL, &b[i]));
+        harness_pattern_fill(h, size, 100 + (uint64_t)i);
+        CHECK_OK(um_buffer_write(b[i], 0, h, size));
+    }
+    um_reclaim_stats s0;
+    CHECK_OK(um_reclaim_stats_get(ctx, 0, &s0));
+    CHECK_EQ(s0.spilled, 1);
+    CHECK_EQ(s0.spilled_bytes, size);
+    CHECK_EQ(s0.spill_file_bytes, size);
+    CHECK_EQ(host_invalid(b, 3), 1);
+    for (int i = 0; i < 3; i++) {
+        CHECK_OK(um_buffer_read(b[i], 0, h, size));
+        CHECK(same_pattern(h, size, 100 + (uint64_t)i));
+    }
+    int spilled = 0;
+    while (spilled < 2 && um_buffer_replica_state(b[spilled], 0) != UM_REPLICA_INVALID)
+        spilled++;
+    /* On a device, straight from the file. */
+    void *p = NULL;
+    CHECK_OK(um_buffer_acquire(b[spilled], 1, UM_ACCESS_READ, NULL, &p));
+    CHECK(p && same_pattern(p, size, 100 + (uint64_t)spilled));
+    CHECK_OK(um_buffer_release(b[spilled], 1, NULL));
+    /* Written on the host: another buffer goes to the file for the room. */
+    CHECK_OK(um_buffer_acquire(b[spilled], 0, UM_ACCESS_READ_WRITE, NULL, &p));
+    if (p)
+        harness_pattern_fill(p, size, 200);
+    CHECK_OK(um_buffer_release(b[spilled], 0, NULL));
+    CHECK_OK(um_reclaim_stats_get(ctx, 0, &s0));
+    CHECK_EQ(s0.spilled, 2);
+    CHECK_OK(um_buffer_read(b[spilled], 0, h, size));
+    CHECK(same_pattern(h, size, 200));
+
+    /* Every copy fails now: the host's only copies cannot be spilled, and
+     * a request for host memory fails, naming why, with the data intact. */
+    int n = um_device_count(ctx);
+    um__backend *real[8];
+    flaky f[8];
+    for (int d = 0; d < n; d++) {
+        real[d] = ctx->devices[d].backend;
+        flaky_init(&f[d], real[d]);
+        f[d].copies_fail = true;
+        ctx->devices[d].backend = &f[d].base;
+    }
+    um_buffer *extra_buf = NULL;
+    CHECK_OK(um_buffer_create(ctx, size, NULL, &extra_buf));
+    CHECK_STATUS(um_buffer_acquire(extra_buf, 0, UM_ACCESS_WRITE_DISCARD, NULL, &p), UM_ERR_NOMEM);
+    CHECK_ERROR_MENTIONS("nowhere to go", "injected", NULL);
+    printf("test_reclaim: a spill that fails: %s\n", um_last_error());
+    for (int d = 0; d < n; d++)
+        ctx->devices[d].backend = real[d];
+    for (int i = 0; i < 3; i++) {
+        CHECK_OK(um_buffer_read(b[i], 0, h, size));
+        CHECK(same_pattern(h, size, i == spilled ? 200 : 100 + (uint64_t)i));
+    }
+    CHECK_OK(um_buffer_destroy(extra_buf));
+    for (int i = 0; i < 3; i++)
+        CHECK_OK(um_buffer_destroy(b[i]));
+    CHECK_OK(um_reclaim_stats_get(ctx, 0, &s0));
+    CHECK_EQ(s0.spill_file_bytes, 0); /* destroyed buffers give their extents back */
+    free(h);
+    um_shutdown(ctx);
+}
+
 int main(void)
 {
     uint64_t seed = harness_seed("test_reclaim");
@@ -440,7 +561,16 @@ int main(void)
     test_watermarks();
     test_failed_write_back();
     for (int factor = 2; factor <= 8; factor *= 2)
-        test_oversubscribe(seed, factor);
+        test_oversubscribe(seed, factor, NULL);
+    char dir[] = "/tmp/unimem-spill-test-XXXXXX";
+    if (mkdtemp(dir)) {
+        test_spill(dir);
+        test_oversubscribe(seed, 8, dir);
+        CHECK_EQ(rmdir(dir), 0); /* the spill file was never left there */
+    } else {
+        harness_report(__FILE__, __LINE__, "mkdtemp failed: no spill directory to test with");
+    }
+    test_spill_bad_dir();
     atomic_store(&watchdog_stop, true);
     pthread_join(wd, NULL);
     return harness_finish("test_reclaim");

@@ -71,6 +71,10 @@
       "cost|lru: which replica to evict: cost prefers free, clean, large, unannounced and "  \
       "WONT_USE buffers and otherwise the farthest announced use; lru the least recently "   \
       "used")                                                                                 \
+    X(spill_dir, UM_OPT_STRING, "",                                                           \
+      "directory of the file tier: when host memory is full, buffer data with no other "     \
+      "copy goes to a file made there (removed at exit) instead of failing; empty: no file " \
+      "tier")                                                                                 \
     X(links, UM_OPT_ENUM, "measure",                                                          \
       "measure|model: the link costs that pick a copy's source: measured once (then read "   \
       "from link_cache), or a fixed model by device kind")                                    \
@@ -105,6 +109,7 @@ typedef struct um__options {
     int watermark_high;
     int watermark_low;
     int evict_policy;       /* um__evict_policy */
+    char spill_dir[256];
     int links;              /* um__links */
     char trace_file[256];
     char link_cache[256];

@@ -17,6 +17,7 @@
  */
 #include "buffer.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -221,13 +222,18 @@ static um_status fill(um_buffer *b, int dev)
     um__xfer *x = engine(b);
     um__replica *r = &b->rep[dev];
     int src = best_source(b, dev, dev);
-    um_status st = ensure_memory(b, dev, copy_stream(x, dev, src));
+    /* With no valid replica the data may be in the spill file (the host's
+     * side of every link: program memory to the engine). */
+    bool from_spill = src < 0 && b->spill_valid;
+    um_status st = ensure_memory(b, dev, copy_stream(x, dev, from_spill ? 0 : src));
     if (st != UM_OK)
         return st;
     um__fence after[UM_REPLICA_USES + 2];
     int n = write_hazards(r, after);
     um__fence done;
-    if (src < 0) {
+    if (from_spill) {
+        st = um__xfer_copy(x, dev, r->ptr, 0, b->spill, b->size, after, n, &done);
+    } else if (src < 0) {
         st = um__xfer_zero(x, dev, r->ptr, b->size, after, n, &done);
     } else {
         after[n++] = b->rep[src].ready;
@@ -248,17 +254,20 @@ static um_status fill(um_buffer *b, int dev)
         else
             (void)um__fence_wait(x, &r->ready);
     }
+    /* Zeros, or the spill file's copy, make the first replica: the owner
+     * (a spill copy stays valid beside it until the next write). */
     r->state = src < 0 ? UM_REPLICA_OWNER : UM_REPLICA_SHARED;
     r->last_use = um__xfer_tick(x);
-    if (r->evicted && src >= 0 && um__xfer_reclaim(x))
+    if (r->evicted && (src >= 0 || from_spill) && um__xfer_reclaim(x))
         um__reclaim_refetched(um__xfer_reclaim(x), dev, b->size);
     r->evicted = false;
     return UM_OK;
 }
 
-/* Makes dev's replica the owner and every other one invalid. */
+/* Makes dev's replica the owner and every other copy invalid. */
 static void take_ownership(um_buffer *b, int dev)
 {
+    b->spill_valid = false;
     for (int d = 0; d < b->ctx->ndevices; d++)
         if (d != dev)
             b->rep[d].state = UM_REPLICA_INVALID;
@@ -514,7 +523,9 @@ um_status um_buffer_read(um_buffer *b, size_t offset, void *dst, size_t n)
     pthread_mutex_lock(&b->lock);
     st = conflict(b, UM_ACCESS_READ, what);
     int src = st == UM_OK ? best_source(b, 0, -1) : -1;
-    if (st == UM_OK && src < 0) {
+    if (st == UM_OK && src < 0 && b->spill_valid) {
+        memcpy(dst, (const char *)b->spill + offset, n);
+    } else if (st == UM_OK && src < 0) {
         memset(dst, 0, n); /* a new buffer reads as zeros */
     } else if (st == UM_OK) {
         um__fence done;
@@ -585,6 +596,11 @@ void um__buffer_discard(um_buffer *b)
     um__xfer_track(x, b, false);
     for (int d = 0; d < b->ctx->ndevices; d++)
         free_replica(b, d);
+    um__spill *sp;
+    if (b->spill && um__xfer_spill(x, &sp) == UM_OK)
+        um__spill_free(sp, b->spill, b->spill_off, b->size);
+    b->spill = NULL;
+    b->spill_valid = false;
     free(b->announced);
     pthread_mutex_destroy(&b->lock);
     um__xfer_recycle(x, b);
@@ -665,19 +681,42 @@ static int write_back_target(um_buffer *b, int dev, const bool *skip)
 
 bool um__buffer_valid_elsewhere(const um_buffer *b, int dev)
 {
-    return best_source(b, dev, dev) >= 0;
+    return b->spill_valid || best_source(b, dev, dev) >= 0;
 }
 
 bool um__buffer_evictable(const um_buffer *b, int dev)
 {
     const um__replica *r = &b->rep[dev];
     return r->ptr && !r->readers && !r->writer && !b->pinned && !(dev == 0 && b->wrapped) &&
-           (dev != 0 || r->state == UM_REPLICA_INVALID || um__buffer_valid_elsewhere(b, dev));
+           (dev != 0 || r->state == UM_REPLICA_INVALID || um__buffer_valid_elsewhere(b, dev) ||
+            b->ctx->opts.spill_dir[0]);
 }
 
-um_status um__buffer_evict(um_buffer *b, int dev, size_t *bytes_written)
+/* Writes the only valid copy, dev's replica, to b's spill extent (made on
+ * first use) and waits for it. On failure nothing changes but a new
+ * extent, kept for the next try. */
+static um_status spill_out(um_buffer *b, int dev)
+{
+    um__xfer *x = engine(b);
+    um__spill *sp;
+    um_status st = um__xfer_spill(x, &sp);
+    if (st == UM_OK && !b->spill)
+        st = um__spill_alloc(sp, b->size, &b->spill, &b->spill_off);
+    um__replica *r = &b->rep[dev];
+    um__fence done;
+    if (st == UM_OK)
+        st = um__xfer_copy(x, 0, b->spill, dev, r->ptr, b->size, &r->ready, 1, &done);
+    if (st == UM_OK)
+        st = um__fence_wait(x, &done);
+    if (st == UM_OK)
+        b->spill_valid = true;
+    return st;
+}
+
+um_status um__buffer_evict(um_buffer *b, int dev, size_t *bytes_written, bool *spilled)
 {
     *bytes_written = 0;
+    *spilled = false;
     um__replica *r = &b->rep[dev];
     if (!um__buffer_evictable(b, dev))
         return UM_ERR_BUSY;
@@ -685,12 +724,22 @@ um_status um__buffer_evict(um_buffer *b, int dev, size_t *bytes_written)
     if (r->state != UM_REPLICA_INVALID) {
         int other = best_source(b, dev, dev);
         bool skip[UM_MAX_DEVICES] = {false};
-        while (other < 0) {
+        while (other < 0 && !b->spill_valid) {
             int t = write_back_target(b, dev, skip);
-            if (t < 0)
-                return um__fail(UM_ERR_NOMEM,
-                                "buffer %p (%zu bytes): its only valid copy, on device %d, has "
-                                "nowhere to go", (void *)b, b->size, dev);
+            if (t < 0) {
+                /* No memory has room: the file tier is the last. */
+                if (spill_out(b, dev) != UM_OK) {
+                    char why[300]; /* um__fail writes where um_last_error points */
+                    snprintf(why, sizeof why, "%s", um_last_error());
+                    return um__fail(UM_ERR_NOMEM,
+                                    "buffer %p (%zu bytes): its only valid copy, on device %d, "
+                                    "has nowhere to go: %s",
+                                    (void *)b, b->size, dev, why);
+                }
+                *bytes_written = b->size;
+                *spilled = true;
+                break;
+            }
             um_status st = fill(b, t);
             if (st == UM_OK) {
                 other = t;
@@ -699,7 +748,7 @@ um_status um__buffer_evict(um_buffer *b, int dev, size_t *bytes_written)
                 skip[t] = true;
             }
         }
-        if (r->state == UM_REPLICA_OWNER)
+        if (r->state == UM_REPLICA_OWNER && other >= 0)
             b->rep[other].state = UM_REPLICA_OWNER;
     }
     /* The memory goes back now, for the allocation that needs the room.

@@ -4,7 +4,10 @@
  *
  * buffer.c owns every um_buffer: its replicas (one per device at most,
  * memory from that device's pool), their coherence state and the fences
- * that order work on them. transfer.c owns the per-context engine: the copy
+ * that order work on them. spill.c owns the file tier below the host
+ * (option spill_dir): a buffer whose data has nowhere else to go keeps it
+ * in an extent of the spill file, a copy that is valid until the next
+ * write. transfer.c owns the per-context engine: the copy
  * streams (one per direction per GPU), the route costs, the per-link
  * statistics, and the replicas of destroyed buffers whose last copies or
  * users are still running. Both sit on the core (devices, streams, pools).
@@ -67,11 +70,28 @@ struct um_buffer {
     /* The engine's clock at the last acquire, and the time between the
      * last two (0: not seen twice): a guess at the next use. */
     uint64_t last_acquire, reuse_interval;
+    /* The file tier: the buffer's extent of the spill file (mapped; NULL
+     * none) and whether it holds the newest data. */
+    void *spill;
+    size_t spill_off;
+    bool spill_valid;
     um__replica rep[];      /* one per device */
 };
 
 typedef struct um__xfer um__xfer;
 typedef struct um__reclaim um__reclaim;
+typedef struct um__spill um__spill;
+
+/* spill.c: the spill file in `dir` (made now, unlinked at once). */
+um_status um__spill_create(const char *dir, um__spill **out);
+void um__spill_destroy(um__spill *sp);
+/* An extent of at least size bytes with its disk blocks allocated, mapped
+ * at *map; *offset identifies it for um__spill_free. UM_ERR_NOMEM naming
+ * the file when the disk has no room. */
+um_status um__spill_alloc(um__spill *sp, size_t size, void **map, size_t *offset);
+void um__spill_free(um__spill *sp, void *map, size_t offset, size_t size);
+/* Bytes of live extents (0 for NULL). */
+size_t um__spill_used(um__spill *sp);
 
 /* Frees b whatever its state (acquisitions included), after the work that
  * uses its replicas: for um_shutdown. */
@@ -112,23 +132,31 @@ void um__xfer_poll(um__xfer *x);
 void um__xfer_each_buffer(um__xfer *x, bool (*fn)(um_buffer *b, void *arg), void *arg);
 /* The engine's logical clock, for least-recently-used order. */
 uint64_t um__xfer_tick(um__xfer *x);
+/* The context's spill file, made on first use; UM_ERR_NOMEM when the
+ * option spill_dir is not set. */
+um_status um__xfer_spill(um__xfer *x, um__spill **out);
+/* Bytes in the spill file now. */
+size_t um__xfer_spilled(um__xfer *x);
 /* The engine's reclaim state (reclaim.c). */
 struct um__reclaim *um__xfer_reclaim(um__xfer *x);
 
 /* Drops b's replica on dev to make room (b locked, the replica not
  * acquired): an invalid one frees its memory; a valid one with another
- * valid copy is dropped (that copy becomes the owner if this one was); the
- * only valid copy is first written back to the host or another device with
- * room, whichever is cheaper. The memory is back in dev's pool on return.
- * UM_ERR_BUSY if it may not be evicted; on a failed write-back the replica
- * stays as it was. *bytes_written: bytes written back (0 if none). */
-um_status um__buffer_evict(um_buffer *b, int dev, size_t *bytes_written);
+ * valid copy (or a valid spill extent) is dropped (that copy becomes the
+ * owner if this one was); the only valid copy is first written back to
+ * the host or another device with room, whichever is cheaper, and when
+ * none has room (always, for the host's own replica) to the spill file.
+ * The memory is back in dev's pool on return. UM_ERR_BUSY if it may not be
+ * evicted; on a failed write-back the replica stays as it was.
+ * *bytes_written: bytes written back (0 if none); *spilled: whether they
+ * went to the spill file. */
+um_status um__buffer_evict(um_buffer *b, int dev, size_t *bytes_written, bool *spilled);
 /* Whether b's replica on dev may be evicted now (b locked): it has memory,
  * is not acquired, b is not pinned, and a host replica goes only if it is
  * not the program's wrapped memory and, when valid, another valid copy
- * exists (the host is the home of data; there is no spill file yet). */
+ * exists or the file tier can take it. */
 bool um__buffer_evictable(const um_buffer *b, int dev);
-/* Whether a replica other than dev's is valid. */
+/* Whether a copy other than dev's replica is valid (a spill extent too). */
 bool um__buffer_valid_elsewhere(const um_buffer *b, int dev);
 
 /* reclaim.c: made with the engine (started once the engine is in the

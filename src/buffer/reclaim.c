@@ -4,6 +4,10 @@
  * the background reclaimer thread and the reclaim statistics; the eviction
  * of one replica is buffer.c's (um__buffer_evict).
  *
+ * Host memory is reclaimed the same way once a file tier exists (option
+ * spill_dir): the host's replicas that are the only copy go to the spill
+ * file (buffer.c), so data larger than RAM keeps running.
+ *
  * Two ways in. An allocation that fails at the memory limit calls the
  * context's reclaim hook, which evicts one replica and lets it retry, until
  * it fits or nothing is left to evict (then the allocation fails, saying
@@ -28,7 +32,7 @@
 
 typedef struct device_counters {
     _Atomic uint64_t evictions, written_back, written_back_bytes, refetched_bytes, runs, sync,
-        wait_ns, failed;
+        wait_ns, failed, spilled, spilled_bytes;
     _Atomic size_t low, high; /* watermarks in bytes; 0, 0: from the options */
     _Atomic int64_t replica_bytes; /* memory held by buffer replicas */
 } device_counters;
@@ -61,6 +65,7 @@ typedef struct victim_scan {
     /* Why nothing may be evicted, for the error message. */
     uint32_t acquired, pinned;
     uint64_t acquired_bytes;
+    char failed[320]; /* why the last eviction tried failed ("" none) */
 } victim_scan;
 
 /* The eviction order of b's replica on scan->dev, smallest first (b locked
@@ -138,7 +143,7 @@ static bool consider(um_buffer *b, void *arg)
 
 typedef struct evict_job {
     victim_scan *scan;
-    bool done;
+    bool done, spilled;
     um_status st;
     size_t written, size;
 } evict_job;
@@ -153,7 +158,7 @@ static bool evict_chosen(um_buffer *b, void *arg)
     if (pthread_mutex_trylock(&b->lock) != 0)
         return false;
     if (b->magic == UM_BUFFER_MAGIC && um__buffer_evictable(b, j->scan->dev)) {
-        j->st = um__buffer_evict(b, j->scan->dev, &j->written);
+        j->st = um__buffer_evict(b, j->scan->dev, &j->written, &j->spilled);
         j->done = j->st == UM_OK;
         j->size = b->size;
     }
@@ -166,12 +171,15 @@ static bool evict_chosen(um_buffer *b, void *arg)
 static bool evict_one(um__reclaim *rc, int dev, victim_scan *scan)
 {
     for (int attempt = 0; attempt < 8; attempt++) {
+        char failed[sizeof scan->failed];
+        snprintf(failed, sizeof failed, "%s", attempt ? scan->failed : "");
         *scan = (victim_scan){rc,   dev, rc->ctx->opts.evict_policy,
-                              atomic_load(&rc->announcing), NULL, {0}, 0, 0, 0};
+                              atomic_load(&rc->announcing), NULL, {0}, 0, 0, 0, ""};
+        memcpy(scan->failed, failed, sizeof failed);
         um__xfer_each_buffer(rc->x, consider, scan);
         if (!scan->best)
             return false;
-        evict_job j = {scan, false, UM_OK, 0, 0};
+        evict_job j = {scan, false, false, UM_OK, 0, 0};
         uint64_t t0 = um__now_ns();
         um__xfer_each_buffer(rc->x, evict_chosen, &j);
         if (j.done) {
@@ -183,10 +191,16 @@ static bool evict_one(um__reclaim *rc, int dev, victim_scan *scan)
                 atomic_fetch_add(&c->written_back, 1);
                 atomic_fetch_add(&c->written_back_bytes, j.written);
             }
+            if (j.spilled) {
+                atomic_fetch_add(&c->spilled, 1);
+                atomic_fetch_add(&c->spilled_bytes, j.written);
+            }
             atomic_fetch_add(&c->evictions, 1); /* last: readers see the rest first */
             return true;
         }
         /* Taken meanwhile, or its write-back found no room: look again. */
+        if (j.st != UM_OK)
+            snprintf(scan->failed, sizeof scan->failed, "%s", um_last_error());
     }
     return false;
 }
@@ -210,7 +224,11 @@ static bool reclaim_hook(um_context *ctx, int dev, size_t bytes)
     device_counters *c = &rc->dev[dev];
     atomic_fetch_add(&c->sync, 1);
     atomic_fetch_add(&c->wait_ns, um__now_ns() - t0);
-    if (!freed) {
+    if (!freed && scan.failed[0]) {
+        atomic_fetch_add(&c->failed, 1);
+        um__fail(UM_ERR_NOMEM, "device %d: no room for %zu bytes: evicting failed: %s", dev, bytes,
+                 scan.failed);
+    } else if (!freed) {
         atomic_fetch_add(&c->failed, 1);
         char held[32];
         um__fail(UM_ERR_NOMEM,
@@ -400,6 +418,8 @@ um_status um_reclaim_stats_get(um_context *ctx, int dev, um_reclaim_stats *out)
                               atomic_load(&c->written_back_bytes),
                               atomic_load(&c->refetched_bytes), atomic_load(&c->runs),
                               atomic_load(&c->sync), atomic_load(&c->wait_ns),
-                              atomic_load(&c->failed)};
+                              atomic_load(&c->failed), atomic_load(&c->spilled),
+                              atomic_load(&c->spilled_bytes),
+                              um__xfer_spilled(rc->x)};
     return UM_OK;
 }

@@ -45,6 +45,7 @@ struct um__xfer {
     bool measured;                /* the route costs are measured, not the model */
     struct stage_pool *stage;     /* staging workers, made at the first staged copy */
     struct um__reclaim *reclaim;  /* eviction and the background reclaimer */
+    um__spill *spill;             /* the file tier, made at the first spill */
     _Atomic uint64_t clock;       /* logical time of replica uses */
 };
 
@@ -421,6 +422,27 @@ void um__xfer_each_buffer(um__xfer *x, bool (*fn)(um_buffer *b, void *arg), void
 uint64_t um__xfer_tick(um__xfer *x)
 {
     return atomic_fetch_add_explicit(&x->clock, 1, memory_order_relaxed) + 1;
+}
+
+um_status um__xfer_spill(um__xfer *x, um__spill **out)
+{
+    *out = NULL;
+    const char *dir = x->ctx->opts.spill_dir;
+    if (!*dir)
+        return um__fail(UM_ERR_NOMEM, "no file tier (option spill_dir is not set)");
+    pthread_mutex_lock(&x->lock);
+    um_status st = x->spill ? UM_OK : um__spill_create(dir, &x->spill);
+    *out = x->spill;
+    pthread_mutex_unlock(&x->lock);
+    return st;
+}
+
+size_t um__xfer_spilled(um__xfer *x)
+{
+    pthread_mutex_lock(&x->lock);
+    size_t n = um__spill_used(x->spill);
+    pthread_mutex_unlock(&x->lock);
+    return n;
 }
 
 struct um__reclaim *um__xfer_reclaim(um__xfer *x)
@@ -1088,6 +1110,7 @@ static void buffers_fini(um_context *ctx)
     while (x->buffers)
         um__buffer_discard(x->buffers); /* untracks it */
     stage_pool_destroy(x);
+    um__spill_destroy(x->spill);
     for (size_t i = 0; i < x->nheld; i++) {
         held_memory *h = &x->held[i];
         for (int k = 0; k < h->nfences; k++)

@@ -7,9 +7,12 @@
 #include "core.h"
 #include "../backend/cuda_driver.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 /* The context as allocated: the shared um_context first, so a um_context
  * pointer is a pointer to this, plus the list of user streams that
@@ -804,6 +807,21 @@ static um_status create_allocators(um_context *ctx)
     return UM_OK;
 }
 
+/* The spill file is made at the first spill; a directory that cannot
+ * take it is an error now, not then. */
+static um_status check_spill_dir(const char *dir)
+{
+    struct stat sb;
+    if (stat(dir, &sb) != 0)
+        return um__fail(UM_ERR_BAD_OPTION, "option 'spill_dir': '%s': %s", dir, strerror(errno));
+    if (!S_ISDIR(sb.st_mode))
+        return um__fail(UM_ERR_BAD_OPTION, "option 'spill_dir': '%s' is not a directory", dir);
+    if (access(dir, W_OK | X_OK) != 0)
+        return um__fail(UM_ERR_BAD_OPTION, "option 'spill_dir': '%s' cannot be written: %s", dir,
+                        strerror(errno));
+    return UM_OK;
+}
+
 um_status um_init(const char *conf, um_context **out)
 {
     if (!out)
@@ -826,6 +844,9 @@ um_status um_init(const char *conf, um_context **out)
         return um__fail(UM_ERR_BAD_OPTION,
                         "option 'copy_chunk': %zu bytes is outside 64K..1G (a staged chunk)",
                         opts.copy_chunk);
+
+    if (opts.spill_dir[0] && (st = check_spill_dir(opts.spill_dir)) != UM_OK)
+        return st;
 
     device_spec specs[UM_MAX_DEVICES - 1];
     int nspecs = 0;
