@@ -280,7 +280,12 @@ static void test_cannot_fit(void)
         text[fread(text, 1, sizeof text - 1, f)] = '\0';
         fclose(f);
         CHECK(strstr(text, "\"cat\":\"evict\"") != NULL);
-        CHECK(strstr(text, "\"bytes\":2097152,\"written_back\":2097152") != NULL);
+        CHECK(strstr(text, "\"bytes\":2097152,\"written_back\":2097152,\"to_spill_file\":0") !=
+              NULL);
+        /* The allocation that failed, and the one that made room. */
+        CHECK(strstr(text, "\"cat\":\"reclaim\"") != NULL);
+        CHECK(strstr(text, "\"bytes\":2097152,\"made_room\":0") != NULL);
+        CHECK(strstr(text, "\"bytes\":2097152,\"made_room\":1") != NULL);
     }
     remove(trace);
 }
@@ -364,7 +369,13 @@ static void test_hints(void)
 
 static void test_watermarks(void)
 {
-    um_context *ctx = open_ctx(32 * MB, "");
+    char trace[] = "/tmp/unimem_test_reclaim_XXXXXX";
+    int fd = mkstemp(trace);
+    CHECK(fd >= 0);
+    close(fd);
+    char extra[128];
+    snprintf(extra, sizeof extra, ",trace_file=%s", trace);
+    um_context *ctx = open_ctx(32 * MB, extra);
     if (!ctx)
         return;
     um_buffer *b[12];
@@ -404,6 +415,17 @@ static void test_watermarks(void)
     }
     free(h);
     um_shutdown(ctx);
+    /* The background pass is in the trace, from 12 MiB of replicas. */
+    FILE *f = fopen(trace, "r");
+    CHECK(f != NULL);
+    if (f) {
+        static char text[1 << 16];
+        text[fread(text, 1, sizeof text - 1, f)] = '\0';
+        fclose(f);
+        CHECK(strstr(text, "\"name\":\"reclaimer pass\"") != NULL);
+        CHECK(strstr(text, "\"bytes_before\":12582912") != NULL);
+    }
+    remove(trace);
 }
 
 /* --------------------------------------------------- failed write-back */

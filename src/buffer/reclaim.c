@@ -184,8 +184,8 @@ static bool evict_one(um__reclaim *rc, int dev, victim_scan *scan)
         um__xfer_each_buffer(rc->x, evict_chosen, &j);
         if (j.done) {
             if (rc->ctx->events)
-                um__event_add(rc->ctx->events, UM_EVENT_EVICT, dev, -1, t0, um__now_ns() - t0,
-                              j.size, j.written);
+                um__event_add(rc->ctx->events, UM_EVENT_EVICT, dev, j.spilled, t0,
+                              um__now_ns() - t0, j.size, j.written);
             device_counters *c = &rc->dev[dev];
             if (j.written) {
                 atomic_fetch_add(&c->written_back, 1);
@@ -222,8 +222,11 @@ static bool reclaim_hook(um_context *ctx, int dev, size_t bytes)
     pthread_mutex_unlock(&rc->one);
     in_reclaim = false;
     device_counters *c = &rc->dev[dev];
+    uint64_t waited = um__now_ns() - t0;
     atomic_fetch_add(&c->sync, 1);
-    atomic_fetch_add(&c->wait_ns, um__now_ns() - t0);
+    atomic_fetch_add(&c->wait_ns, waited);
+    if (ctx->events)
+        um__event_add(ctx->events, UM_EVENT_RECLAIM_WAIT, dev, -1, t0, waited, bytes, freed);
     if (!freed && scan.failed[0]) {
         atomic_fetch_add(&c->failed, 1);
         um__fail(UM_ERR_NOMEM, "device %d: no room for %zu bytes: evicting failed: %s", dev, bytes,
@@ -282,11 +285,16 @@ static void *reclaimer(void *arg)
             atomic_fetch_add(&rc->dev[d].runs, 1);
             victim_scan scan;
             bool more = true;
+            uint64_t t0 = um__now_ns();
+            size_t before = usage(rc, d);
             while (more && usage(rc, d) > low) {
                 pthread_mutex_lock(&rc->one);
                 more = evict_one(rc, d, &scan);
                 pthread_mutex_unlock(&rc->one);
             }
+            if (rc->ctx->events)
+                um__event_add(rc->ctx->events, UM_EVENT_RECLAIM_RUN, d, -1, t0,
+                              um__now_ns() - t0, before, usage(rc, d));
         }
         pthread_mutex_lock(&rc->lock);
     }

@@ -41,7 +41,22 @@ static void write_batch(um__events *e)
             fprintf(e->f,
                     ",\n{\"name\":\"evict\",\"cat\":\"evict\",\"ph\":\"X\",\"ts\":%.3f,"
                     "\"dur\":%.3f,\"pid\":%d,\"tid\":1,\"args\":{\"bytes\":%llu,"
-                    "\"written_back\":%llu}}",
+                    "\"written_back\":%llu,\"to_spill_file\":%d}}",
+                    ts, dur, r->dev, (unsigned long long)r->a0, (unsigned long long)r->a1,
+                    r->src == 1);
+            break;
+        case UM_EVENT_RECLAIM_WAIT:
+            fprintf(e->f,
+                    ",\n{\"name\":\"alloc waits for room\",\"cat\":\"reclaim\",\"ph\":\"X\","
+                    "\"ts\":%.3f,\"dur\":%.3f,\"pid\":%d,\"tid\":2,\"args\":{\"bytes\":%llu,"
+                    "\"made_room\":%llu}}",
+                    ts, dur, r->dev, (unsigned long long)r->a0, (unsigned long long)r->a1);
+            break;
+        case UM_EVENT_RECLAIM_RUN:
+            fprintf(e->f,
+                    ",\n{\"name\":\"reclaimer pass\",\"cat\":\"reclaim\",\"ph\":\"X\","
+                    "\"ts\":%.3f,\"dur\":%.3f,\"pid\":%d,\"tid\":3,\"args\":"
+                    "{\"bytes_before\":%llu,\"bytes_after\":%llu}}",
                     ts, dur, r->dev, (unsigned long long)r->a0, (unsigned long long)r->a1);
             break;
         default:

@@ -16,7 +16,10 @@ typedef struct um__events um__events;
 typedef enum um__event_kind {
     UM_EVENT_COPY = 0,  /* a copy between devices: a0 bytes, a1 1 if staged or in two hops */
     UM_EVENT_EVICT = 1, /* a replica dropped from dev to make room: a0 bytes, a1 bytes
-                         * written back first (src: where to, or -1) */
+                         * written back first (src: 1 if they went to the spill file) */
+    UM_EVENT_RECLAIM_WAIT = 2, /* an allocation on dev making room itself: a0 bytes asked,
+                                * a1 1 if room was made */
+    UM_EVENT_RECLAIM_RUN = 3,  /* a background pass on dev: a0 replica bytes before, a1 after */
     UM_EVENT_KINDS
 } um__event_kind;
 
