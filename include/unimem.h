@@ -44,7 +44,9 @@ extern "C" {
     X(UM_ERR_PARSE, 10, "malformed input")                                       \
     X(UM_ERR_IO, 11, "input/output error")                                       \
     X(UM_ERR_BUSY, 12, "resource still in use")                                  \
-    X(UM_ERR_INTERNAL, 13, "internal consistency check failed")
+    X(UM_ERR_INTERNAL, 13, "internal consistency check failed")                 \
+    X(UM_ERR_TASK, 14, "a task failed (or a task it depends on did)")          \
+    X(UM_ERR_CANCELLED, 15, "cancelled before it ran")
 
 typedef enum um_status {
 #define UM_STATUS_ENUM_(name, value, message) name = value,
@@ -352,6 +354,76 @@ typedef struct um_link_stats {
 } um_link_stats;
 
 UM_API um_status um_link_stats_get(um_context *ctx, int from, int to, um_link_stats *out);
+
+/* ------------------------------------------------------------------ tasks */
+
+/* Multi-device execution, as in StarPU: a task names the buffers it uses
+ * and how; unimem orders it after the tasks it depends on (read after
+ * write, write after read, write after write, in submission order), picks
+ * the device it runs on (option sched), brings its buffers there (the
+ * inputs of queued tasks are prefetched while earlier ones run) and runs
+ * the implementation for that kind of device on the device's worker. */
+typedef uint64_t um_task_id;
+
+/* What an implementation gets: the device, its native stream (a CUstream
+ * on a GPU, where the implementation launches its work and returns; NULL
+ * elsewhere, where it computes before returning), and every buffer's
+ * address there, in the task's order. */
+typedef struct um_task_exec {
+    int device;
+    um_device_kind kind;
+    void *stream;
+    void *const *ptrs;
+    const size_t *sizes;
+    int nbuffers;
+    void *user;
+} um_task_exec;
+
+/* 0 on success; anything else fails the task and, without running them,
+ * every task that depends on it (UM_ERR_TASK). */
+typedef int (*um_task_fn)(const um_task_exec *e);
+
+#define UM_TASK_MAX_BUFFERS 16
+
+typedef struct um_task {
+    const char *name;       /* the kind of task: performance history is kept per name and size */
+    um_task_fn cpu;         /* runs on the host, and on sim devices (their memory is host memory) */
+    um_task_fn cuda;        /* launches on e->stream of a GPU */
+    int nbuffers;
+    um_buffer *buffers[UM_TASK_MAX_BUFFERS];
+    um_access modes[UM_TASK_MAX_BUFFERS];
+    double flops;           /* a cost hint (0: unknown): sizes the first estimates */
+    int device;             /* -1: the policy places it; else it runs there */
+    void *user;
+    /* Called on the worker when the task has finished (its GPU work too),
+     * failed or been cancelled. */
+    void (*done)(um_task_id id, um_status st, void *user);
+} um_task;
+
+/* Submits *t (copied; its buffers must live until it is done). *id names
+ * it for um_task_wait and um_task_cancel. Bad input (no implementation
+ * for any device, a forced device without one, a buffer twice, a bad
+ * mode) fails here, naming it. */
+UM_API um_status um_task_submit(um_context *ctx, const um_task *t, um_task_id *id);
+/* Waits for one task: UM_OK, UM_ERR_TASK (with the reason), or
+ * UM_ERR_CANCELLED. */
+UM_API um_status um_task_wait(um_context *ctx, um_task_id id);
+/* Cancels a task that has not started (and, failing them, its
+ * dependents); UM_ERR_BUSY once it runs or has finished. */
+UM_API um_status um_task_cancel(um_context *ctx, um_task_id id);
+/* Waits for every task submitted so far: UM_OK, or the status of the first
+ * that failed (its message in um_last_error). */
+UM_API um_status um_wait_all(um_context *ctx);
+
+typedef struct um_task_stats {
+    uint64_t tasks;         /* run on this device */
+    uint64_t failed;
+    uint64_t busy_ns;       /* time its worker spent running tasks */
+    uint64_t waited_ns;     /* time its tasks waited for their buffers */
+    uint64_t bytes_in;      /* bytes fetched for its tasks */
+} um_task_stats;
+
+UM_API um_status um_task_stats_get(um_context *ctx, int dev, um_task_stats *out);
 
 /* --------------------------------------------------- allocation traces */
 

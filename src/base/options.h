@@ -78,6 +78,14 @@
     X(links, UM_OPT_ENUM, "measure",                                                          \
       "measure|model: the link costs that pick a copy's source: measured once (then read "   \
       "from link_cache), or a fixed model by device kind")                                    \
+    X(sched, UM_OPT_ENUM, "cost",                                                            \
+      "eager|round_robin|locality|cost: where a ready task runs: the first idle device, "     \
+      "each device in turn, the device holding most of its input bytes, or the earliest "   \
+      "estimated finish (queued work + missing inputs' transfer + compute time learned "   \
+      "per task name and size)")                                                              \
+    X(sim_gflops, UM_OPT_INT, "0",                                                            \
+      "compute speed of simulated devices for tasks that give flops: a task takes at least " \
+      "flops / (this x 1e9) seconds there; 0: as fast as the host runs it")                  \
     X(trace_file, UM_OPT_STRING, "",                                                          \
       "write events (copies between devices and evictions, so far) to this file as Chrome "  \
       "trace JSON, for "                                                                      \
@@ -111,11 +119,19 @@ typedef struct um__options {
     int evict_policy;       /* um__evict_policy */
     char spill_dir[256];
     int links;              /* um__links */
+    int sched;              /* um__sched */
+    int sim_gflops;
     char trace_file[256];
     char link_cache[256];
 } um__options;
 
 typedef enum um__links { UM_LINKS_MEASURE = 0, UM_LINKS_MODEL = 1 } um__links;
+typedef enum um__sched {
+    UM_SCHED_EAGER = 0,
+    UM_SCHED_ROUND_ROBIN = 1,
+    UM_SCHED_LOCALITY = 2,
+    UM_SCHED_COST = 3
+} um__sched;
 typedef enum um__evict_policy { UM_EVICT_COST = 0, UM_EVICT_LRU = 1 } um__evict_policy;
 
 typedef enum um__host_memory {

@@ -613,6 +613,11 @@ um_status um_buffer_destroy(um_buffer *b)
         return UM_OK;
     if (!live(b))
         return bad_buffer(what, b);
+    bool (*forget)(um_context *, const um_buffer *) =
+        atomic_load_explicit(&b->ctx->forget_buffer, memory_order_acquire);
+    if (forget && !forget(b->ctx, b))
+        return um__fail(UM_ERR_BUSY, "%s: buffer %p is used by tasks that have not finished "
+                        "(um_task_wait or um_wait_all first)", what, (void *)b);
     pthread_mutex_lock(&b->lock);
     if (b->holders) {
         pthread_mutex_unlock(&b->lock);
@@ -780,6 +785,22 @@ um_status um__buffer_evict(um_buffer *b, int dev, size_t *bytes_written, bool *s
     r->state = UM_REPLICA_INVALID;
     r->evicted = true;
     return UM_OK;
+}
+
+bool um__buffer_fetch_cost(um_buffer *b, int dev, double *ns)
+{
+    *ns = 0.0;
+    pthread_mutex_lock(&b->lock);
+    bool valid = b->rep[dev].state != UM_REPLICA_INVALID;
+    if (!valid) {
+        int src = best_source(b, dev, dev);
+        if (src >= 0)
+            *ns = um__xfer_cost(engine(b), src, dev, b->size);
+        else if (b->spill_valid)
+            *ns = um__xfer_cost(engine(b), 0, dev, b->size);
+    }
+    pthread_mutex_unlock(&b->lock);
+    return valid;
 }
 
 um_status um_buffer_hint(um_buffer *b, um_hint hint)

@@ -159,6 +159,10 @@ bool um__buffer_evictable(const um_buffer *b, int dev);
 /* Whether a copy other than dev's replica is valid (a spill extent too). */
 bool um__buffer_valid_elsewhere(const um_buffer *b, int dev);
 
+/* For placement: whether b's replica on dev is valid; if not, *ns is the
+ * estimated time to bring it there (0 for data not written yet). */
+bool um__buffer_fetch_cost(um_buffer *b, int dev, double *ns);
+
 /* reclaim.c: made with the engine (started once the engine is in the
  * context: it installs the context's reclaim hook and its thread),
  * stopped before the engine's buffers go. */

@@ -584,6 +584,8 @@ um_status um_sim_stream_work(um_context *ctx, int dev, um_stream s, unsigned lau
 static void destroy_context(context_impl *impl)
 {
     um_context *ctx = &impl->pub;
+    if (ctx->run_fini)
+        ctx->run_fini(ctx);
     if (ctx->buffers_fini)
         ctx->buffers_fini(ctx);
     for (int i = 0; i < ctx->ndevices; i++) {

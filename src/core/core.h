@@ -51,6 +51,14 @@ struct um_context {
      * of memory (evicting buffer replicas); true when it freed something,
      * so the allocation is worth retrying. Set with the buffer layer. */
     bool (*_Atomic reclaim)(um_context *ctx, int dev, size_t bytes);
+    /* The run layer (src/run), made at the first task: its state, the call
+     * that stops its workers at um_shutdown (before the buffer layer goes),
+     * and the call a buffer's destroy makes first: false while tasks not
+     * finished yet use the buffer (it may not go), else the run layer
+     * forgets it and says true. Set under buffers_lock. */
+    struct um__run *_Atomic run;
+    void (*run_fini)(um_context *ctx);
+    bool (*_Atomic forget_buffer)(um_context *ctx, const struct um_buffer *b);
 };
 
 /* The device structure for dev, or NULL after um__fail(UM_ERR_NO_DEVICE). */

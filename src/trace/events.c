@@ -12,7 +12,18 @@
 typedef struct event_rec {
     uint64_t start_ns, dur_ns, a0, a1;
     int32_t kind, dev, src;
+    char name[32];
 } event_rec;
+
+/* name as a JSON string body: quotes, backslashes and controls dropped. */
+static void json_name(char *out, size_t len, const char *name)
+{
+    size_t k = 0;
+    for (const char *c = name; *c && k + 1 < len; c++)
+        if ((unsigned char)*c >= 0x20 && *c != '"' && *c != '\\')
+            out[k++] = *c;
+    out[k] = '\0';
+}
 
 struct um__events {
     pthread_mutex_t lock;
@@ -59,6 +70,15 @@ static void write_batch(um__events *e)
                     "{\"bytes_before\":%llu,\"bytes_after\":%llu}}",
                     ts, dur, r->dev, (unsigned long long)r->a0, (unsigned long long)r->a1);
             break;
+        case UM_EVENT_TASK: {
+            char name[32];
+            json_name(name, sizeof name, r->name);
+            fprintf(e->f,
+                    ",\n{\"name\":\"%s\",\"cat\":\"task\",\"ph\":\"X\",\"ts\":%.3f,"
+                    "\"dur\":%.3f,\"pid\":%d,\"tid\":4,\"args\":{\"task\":%llu,\"failed\":%llu}}",
+                    name, ts, dur, r->dev, (unsigned long long)r->a0, (unsigned long long)r->a1);
+            break;
+        }
         default:
             break;
         }
@@ -98,7 +118,19 @@ void um__event_add(um__events *e, um__event_kind kind, int dev, int src, uint64_
     pthread_mutex_lock(&e->lock);
     if (e->npending == EVENTS_BATCH)
         write_batch(e);
-    e->pending[e->npending++] = (event_rec){start_ns, dur_ns, a0, a1, (int32_t)kind, dev, src};
+    e->pending[e->npending++] = (event_rec){start_ns, dur_ns, a0, a1, (int32_t)kind, dev, src, ""};
+    pthread_mutex_unlock(&e->lock);
+}
+
+void um__event_add_named(um__events *e, um__event_kind kind, int dev, uint64_t start_ns,
+                         uint64_t dur_ns, uint64_t a0, uint64_t a1, const char *name)
+{
+    pthread_mutex_lock(&e->lock);
+    if (e->npending == EVENTS_BATCH)
+        write_batch(e);
+    event_rec *r = &e->pending[e->npending++];
+    *r = (event_rec){start_ns, dur_ns, a0, a1, (int32_t)kind, dev, -1, ""};
+    snprintf(r->name, sizeof r->name, "%s", name ? name : "task");
     pthread_mutex_unlock(&e->lock);
 }
 

@@ -20,6 +20,7 @@ typedef enum um__event_kind {
     UM_EVENT_RECLAIM_WAIT = 2, /* an allocation on dev making room itself: a0 bytes asked,
                                 * a1 1 if room was made */
     UM_EVENT_RECLAIM_RUN = 3,  /* a background pass on dev: a0 replica bytes before, a1 after */
+    UM_EVENT_TASK = 4,         /* a task's compute on dev: a0 its id, a1 1 if it failed; named */
     UM_EVENT_KINDS
 } um__event_kind;
 
@@ -30,6 +31,9 @@ um__events *um__events_open(const char *path, int ndevices);
  * on device dev, from device src (-1: none). */
 void um__event_add(um__events *e, um__event_kind kind, int dev, int src, uint64_t start_ns,
                    uint64_t dur_ns, uint64_t a0, uint64_t a1);
+/* The same with a name (a task's; the first 31 characters are kept). */
+void um__event_add_named(um__events *e, um__event_kind kind, int dev, uint64_t start_ns,
+                         uint64_t dur_ns, uint64_t a0, uint64_t a1, const char *name);
 /* Writes what is pending and the end of the JSON, closes, frees. */
 void um__events_close(um__events *e);
 

@@ -1,0 +1,262 @@
+/* Placement policies and performance history; see place.h. */
+#include "place.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* History: an open-addressing table keyed by (name, size class, device). */
+#define HISTORY_SLOTS 4096
+/* Weight of a new measurement in the running averages. */
+#define LEARN_WEIGHT 0.25
+
+typedef struct history_slot {
+    uint64_t key;   /* 0: empty */
+    double ns;      /* running average of the compute time */
+    uint32_t count;
+} history_slot;
+
+struct um__place {
+    um_context *ctx;
+    int policy;
+    pthread_mutex_t lock;
+    int next;                            /* round_robin's next device */
+    history_slot history[HISTORY_SLOTS];
+    double ns_per_flop[UM_MAX_DEVICES];  /* 0: not measured yet */
+};
+
+um__place *um__place_create(um_context *ctx, int policy)
+{
+    um__place *p = calloc(1, sizeof *p);
+    if (!p)
+        return NULL;
+    p->ctx = ctx;
+    p->policy = policy;
+    pthread_mutex_init(&p->lock, NULL);
+    return p;
+}
+
+void um__place_destroy(um__place *p)
+{
+    if (!p)
+        return;
+    pthread_mutex_destroy(&p->lock);
+    free(p);
+}
+
+/* ------------------------------------------------------------ history */
+
+static uint64_t history_key(const um__place_task *t, int dev)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (const char *c = t->name ? t->name : ""; *c; c++)
+        h = (h ^ (unsigned char)*c) * 0x100000001b3ull;
+    /* Size classes of a power of two: a task's time depends on its size. */
+    uint64_t size_class = t->bytes ? (uint64_t)(63 - __builtin_clzll((unsigned long long)t->bytes))
+                                   : 0;
+    h = (h ^ (size_class << 8) ^ (uint64_t)dev) * 0x100000001b3ull;
+    return h ? h : 1;
+}
+
+/* The slot of key (under lock): its own, or the empty one to take, or
+ * NULL when the table is full. */
+static history_slot *history_find(um__place *p, uint64_t key)
+{
+    for (uint32_t i = 0; i < HISTORY_SLOTS; i++) {
+        history_slot *s = &p->history[(key + i) % HISTORY_SLOTS];
+        if (s->key == key || s->key == 0)
+            return s;
+    }
+    return NULL;
+}
+
+/* What is known of t on dev: its history there, else the device's time
+ * per flop on other tasks; 0 when neither. */
+static double known_locked(um__place *p, const um__place_task *t, int dev)
+{
+    history_slot *s = history_find(p, history_key(t, dev));
+    if (s && s->key && s->count)
+        return s->ns;
+    if (t->flops > 0 && p->ns_per_flop[dev] > 0)
+        return t->flops * p->ns_per_flop[dev];
+    return 0.0;
+}
+
+/* Until a device has run such a task, it is assumed as fast as the mean
+ * of those that have (or 1 ms when none has): unknown devices then share
+ * the work by their queues and get measured, instead of all of it going to
+ * the first device. */
+#define UNKNOWN_TASK_NS 1e6
+
+static double estimate_locked(um__place *p, const um__place_task *t, int dev)
+{
+    double ns = known_locked(p, t, dev);
+    if (ns > 0)
+        return ns;
+    double sum = 0.0;
+    int known = 0;
+    for (int d = 0; d < p->ctx->ndevices; d++) {
+        double k = t->eligible[d] ? known_locked(p, t, d) : 0.0;
+        if (k > 0) {
+            sum += k;
+            known++;
+        }
+    }
+    return known ? sum / known : UNKNOWN_TASK_NS;
+}
+
+double um__place_estimate(um__place *p, const um__place_task *t, int dev)
+{
+    pthread_mutex_lock(&p->lock);
+    double ns = known_locked(p, t, dev);
+    pthread_mutex_unlock(&p->lock);
+    return ns;
+}
+
+void um__place_learn(um__place *p, const um__place_task *t, int dev, uint64_t ns)
+{
+    pthread_mutex_lock(&p->lock);
+    uint64_t key = history_key(t, dev);
+    history_slot *s = history_find(p, key);
+    if (s) {
+        if (!s->key || !s->count)
+            s->ns = (double)ns;
+        else
+            s->ns += LEARN_WEIGHT * ((double)ns - s->ns);
+        s->key = key;
+        s->count++;
+    }
+    if (t->flops > 0) {
+        double per = (double)ns / t->flops;
+        p->ns_per_flop[dev] = p->ns_per_flop[dev] > 0
+                                  ? p->ns_per_flop[dev] + LEARN_WEIGHT * (per - p->ns_per_flop[dev])
+                                  : per;
+    }
+    pthread_mutex_unlock(&p->lock);
+}
+
+/* ----------------------------------------------------------- policies */
+
+static int eager(const um__place_task *t, const um__place_device *devs, int n)
+{
+    int best = -1;
+    for (int d = 1; d <= n; d++) {
+        int dev = d % n; /* accelerators first, the host last */
+        if (!t->eligible[dev])
+            continue;
+        if (devs[dev].queued == 0)
+            return dev;
+        if (best < 0 || devs[dev].queued < devs[best].queued)
+            best = dev;
+    }
+    return best;
+}
+
+static int round_robin(um__place *p, const um__place_task *t, int n)
+{
+    for (int i = 0; i < n; i++) {
+        int dev = (p->next + i) % n;
+        if (t->eligible[dev]) {
+            p->next = (dev + 1) % n;
+            return dev;
+        }
+    }
+    return -1;
+}
+
+/* Input bytes of t already valid on dev, and what the missing ones cost. */
+static size_t resident(const um__place_task *t, int dev, double *fetch_ns)
+{
+    size_t bytes = 0;
+    *fetch_ns = 0.0;
+    for (int i = 0; i < t->nbuffers; i++) {
+        if (t->modes[i] == UM_ACCESS_WRITE_DISCARD)
+            continue;
+        double ns;
+        if (um__buffer_fetch_cost(t->buffers[i], dev, &ns))
+            bytes += um_buffer_size(t->buffers[i]);
+        else
+            *fetch_ns += ns;
+    }
+    return bytes;
+}
+
+static int locality(const um__place_task *t, const um__place_device *devs, int n)
+{
+    int best = -1;
+    size_t best_bytes = 0;
+    for (int d = 1; d <= n; d++) {
+        int dev = d % n;
+        if (!t->eligible[dev])
+            continue;
+        double ns;
+        size_t bytes = resident(t, dev, &ns);
+        if (best < 0 || bytes > best_bytes ||
+            (bytes == best_bytes && devs[dev].queued_ns < devs[best].queued_ns)) {
+            best = dev;
+            best_bytes = bytes;
+        }
+    }
+    return best;
+}
+
+/* The bytes dev may hold and holds now. */
+static void room(um_context *ctx, int dev, size_t *limit, size_t *used)
+{
+    *limit = ctx->devices[dev].alloc->memory_limit;
+    *used = atomic_load_explicit(&ctx->devices[dev].backend->physical_bytes, memory_order_relaxed);
+}
+
+static int cost(um__place *p, const um__place_task *t, const um__place_device *devs, int n)
+{
+    int best = -1, fallback = -1;
+    double best_finish = 0.0;
+    for (int d = 1; d <= n; d++) {
+        int dev = d % n;
+        if (!t->eligible[dev])
+            continue;
+        if (fallback < 0)
+            fallback = dev;
+        size_t limit, used;
+        room(p->ctx, dev, &limit, &used);
+        if (dev != 0 && t->bytes > limit)
+            continue; /* it could never fit there */
+        double fetch_ns;
+        size_t have = resident(t, dev, &fetch_ns);
+        size_t missing = t->bytes - (have < t->bytes ? have : t->bytes);
+        double finish = devs[dev].queued_ns + fetch_ns + estimate_locked(p, t, dev);
+        /* Short of room, the excess evicts data: written back, perhaps
+         * fetched again, each at about the missing inputs' rate. */
+        if (dev != 0 && used + missing > limit && missing > 0)
+            finish += 2.0 * fetch_ns * (double)(used + missing - limit) / (double)missing;
+        if (best < 0 || finish < best_finish) {
+            best = dev;
+            best_finish = finish;
+        }
+    }
+    return best >= 0 ? best : fallback;
+}
+
+int um__place_pick(um__place *p, const um__place_task *t, const um__place_device *devs,
+                   double *est_ns)
+{
+    int n = p->ctx->ndevices;
+    pthread_mutex_lock(&p->lock);
+    int dev;
+    switch (p->policy) {
+    case UM_SCHED_EAGER:
+        dev = eager(t, devs, n);
+        break;
+    case UM_SCHED_ROUND_ROBIN:
+        dev = round_robin(p, t, n);
+        break;
+    case UM_SCHED_LOCALITY:
+        dev = locality(t, devs, n);
+        break;
+    default:
+        dev = cost(p, t, devs, n);
+        break;
+    }
+    *est_ns = dev >= 0 ? estimate_locked(p, t, dev) : 0.0;
+    pthread_mutex_unlock(&p->lock);
+    return dev;
+}

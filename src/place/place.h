@@ -1,0 +1,55 @@
+/*
+ * place: device-aware placement (option sched): the device a ready task
+ * runs on. Owns the four policies and the performance history the cost
+ * policy learns from (compute time per task name, size class and device,
+ * and each device's time per flop). Sees tasks and devices only through
+ * the views below, which the run layer fills; asks the buffer layer what
+ * each input would cost to bring to a device.
+ *
+ *   eager        the first idle device (none idle: the shortest queue)
+ *   round_robin  each eligible device in turn
+ *   locality     the device holding most of the task's input bytes
+ *                (ties: the least queued work)
+ *   cost         the earliest estimated finish: queued work + the missing
+ *                inputs' transfer time (the link costs) + the compute time
+ *                (history), plus the cost of making room when the device
+ *                lacks it; a device whose memory limit is below the task's
+ *                working set is never chosen.
+ */
+#ifndef UM_PLACE_H
+#define UM_PLACE_H
+
+#include "../buffer/buffer.h"
+
+typedef struct um__place um__place;
+
+/* A ready task as placement sees it. */
+typedef struct um__place_task {
+    const char *name;
+    double flops;
+    int nbuffers;
+    um_buffer *const *buffers;
+    const um_access *modes;
+    size_t bytes;                     /* the working set: every buffer's size */
+    bool eligible[UM_MAX_DEVICES];    /* may run there (an implementation, a forced device) */
+} um__place_task;
+
+/* A device's load as placement sees it. */
+typedef struct um__place_device {
+    double queued_ns; /* estimated compute time of its queued and running tasks */
+    int queued;       /* those tasks */
+} um__place_device;
+
+um__place *um__place_create(um_context *ctx, int policy);
+void um__place_destroy(um__place *p);
+/* The device for t: one where t->eligible holds (the caller ensures one
+ * does); *est_ns is the estimated compute time there (a device that has
+ * not run such a task yet is assumed as fast as those that have). */
+int um__place_pick(um__place *p, const um__place_task *t, const um__place_device *devs,
+                   double *est_ns);
+/* The estimated compute time of t on dev (0: nothing known yet). */
+double um__place_estimate(um__place *p, const um__place_task *t, int dev);
+/* t's compute on dev took ns: learnt for later estimates. */
+void um__place_learn(um__place *p, const um__place_task *t, int dev, uint64_t ns);
+
+#endif /* UM_PLACE_H */

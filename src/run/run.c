@@ -1,0 +1,837 @@
+/* Tasks, dependencies and per-device workers; see run.h. */
+#include "run.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* Tasks prefetched ahead of the one running, per worker. */
+#define PREFETCH_AHEAD 2
+
+enum { WAITING, READY, RUNNING, DONE };
+/* A task id's outcome, kept after its record is freed. */
+enum { ID_PENDING = 0, ID_OK = 1, ID_FAILED = 2, ID_CANCELLED = 3 };
+
+typedef struct task task;
+struct task {
+    um_task t;
+    um_task_id id;
+    int state;
+    int ndeps;              /* unfinished tasks it waits for */
+    task **dependents;
+    int ndependents, dependents_cap;
+    int dev;                /* where it runs, once ready */
+    double est_ns;          /* its estimated compute time there */
+    size_t bytes;           /* its working set */
+    um_task_id failed_dep;  /* a dependency that failed before it was submitted */
+    task *next;             /* in a worker's queue, or a list of finished tasks */
+    bool retired;           /* its callback ran; freed once no task lists it */
+    um_status status;
+    char why[256];
+};
+
+/* What tasks do with one buffer: its last writer and the readers since
+ * (ids), and how many unfinished tasks use it. An open-addressing table
+ * keyed by the buffer's address. */
+typedef struct access_rec {
+    const um_buffer *b; /* NULL: empty; TOMBSTONE: removed */
+    um_task_id writer;
+    um_task_id *readers;
+    uint32_t nreaders, readers_cap;
+    uint32_t pending;
+} access_rec;
+#define TOMBSTONE ((const um_buffer *)1)
+
+typedef struct failure {
+    um_task_id id;
+    um_status st;
+    char why[256];
+} failure;
+
+typedef struct worker {
+    um__run *r;
+    int dev;
+    pthread_t tid;
+    bool started;
+    pthread_cond_t wake;
+    task *head, *tail;
+    int queued;             /* queued and running */
+    double queued_ns;
+    um_stream stream;
+    _Atomic uint64_t tasks, failed, busy_ns, waited_ns, bytes_in;
+} worker;
+
+struct um__run {
+    um_context *ctx;
+    pthread_mutex_t lock;
+    pthread_cond_t finished; /* some task finished */
+    bool quit;
+    um__place *place;
+    worker w[UM_MAX_DEVICES];
+    uint8_t *outcome;        /* per id (index id - 1) */
+    task **live;             /* per id: the record while it exists */
+    uint64_t nids, ids_cap;
+    uint64_t unfinished;
+    failure *failures;       /* failed and cancelled tasks' reasons */
+    size_t nfailures, failures_cap;
+    um_task_id first_failed; /* not yet reported by um_wait_all */
+    access_rec *recs;
+    size_t recs_cap, recs_used;
+};
+
+/* ------------------------------------------------------ access records */
+
+static size_t rec_hash(const um_buffer *b, size_t cap)
+{
+    uint64_t h = (uint64_t)(uintptr_t)b * 0x9e3779b97f4a7c15ull;
+    return (size_t)(h >> 20) & (cap - 1);
+}
+
+static access_rec *rec_find(um__run *r, const um_buffer *b)
+{
+    if (!r->recs_cap)
+        return NULL;
+    for (size_t i = rec_hash(b, r->recs_cap), n = 0; n < r->recs_cap;
+         i = (i + 1) & (r->recs_cap - 1), n++) {
+        if (r->recs[i].b == b)
+            return &r->recs[i];
+        if (!r->recs[i].b)
+            return NULL;
+    }
+    return NULL;
+}
+
+static bool recs_grow(um__run *r)
+{
+    size_t cap = r->recs_cap ? 2 * r->recs_cap : 256;
+    access_rec *old = r->recs, *n = calloc(cap, sizeof *n);
+    if (!n)
+        return false;
+    size_t old_cap = r->recs_cap;
+    r->recs = n;
+    r->recs_cap = cap;
+    r->recs_used = 0;
+    for (size_t i = 0; i < old_cap; i++) {
+        if (!old[i].b || old[i].b == TOMBSTONE)
+            continue;
+        size_t j = rec_hash(old[i].b, cap);
+        while (n[j].b)
+            j = (j + 1) & (cap - 1);
+        n[j] = old[i];
+        r->recs_used++;
+    }
+    free(old);
+    return true;
+}
+
+/* b's record, made if new; NULL when no memory. */
+static access_rec *rec_get(um__run *r, const um_buffer *b)
+{
+    access_rec *a = rec_find(r, b);
+    if (a)
+        return a;
+    if ((r->recs_used + 1) * 2 > r->recs_cap && !recs_grow(r))
+        return NULL;
+    size_t i = rec_hash(b, r->recs_cap);
+    while (r->recs[i].b && r->recs[i].b != TOMBSTONE)
+        i = (i + 1) & (r->recs_cap - 1);
+    if (!r->recs[i].b)
+        r->recs_used++;
+    r->recs[i] = (access_rec){b, 0, NULL, 0, 0, 0};
+    return &r->recs[i];
+}
+
+static bool add_reader(access_rec *a, um_task_id id)
+{
+    if (a->nreaders == a->readers_cap) {
+        uint32_t cap = a->readers_cap ? 2 * a->readers_cap : 4;
+        um_task_id *n = realloc(a->readers, cap * sizeof *n);
+        if (!n)
+            return false;
+        a->readers = n;
+        a->readers_cap = cap;
+    }
+    a->readers[a->nreaders++] = id;
+    return true;
+}
+
+/* --------------------------------------------------------- ids, failures */
+
+static uint8_t outcome_of(um_status st)
+{
+    return st == UM_OK ? ID_OK : st == UM_ERR_CANCELLED ? ID_CANCELLED : ID_FAILED;
+}
+
+static const failure *failure_of(const um__run *r, um_task_id id)
+{
+    for (size_t i = r->nfailures; i-- > 0;)
+        if (r->failures[i].id == id)
+            return &r->failures[i];
+    return NULL;
+}
+
+static void note_failure(um__run *r, const task *t)
+{
+    if (r->nfailures == r->failures_cap) {
+        size_t cap = r->failures_cap ? 2 * r->failures_cap : 16;
+        failure *n = realloc(r->failures, cap * sizeof *n);
+        if (!n)
+            return; /* the outcome is still known, only its message is lost */
+        r->failures = n;
+        r->failures_cap = cap;
+    }
+    failure *f = &r->failures[r->nfailures++];
+    f->id = t->id;
+    f->st = t->status;
+    snprintf(f->why, sizeof f->why, "%s", t->why);
+}
+
+static const char *task_name(const task *t)
+{
+    return t->t.name ? t->t.name : "task";
+}
+
+/* ------------------------------------------------------------- placing */
+
+static bool runs_on(const um_task *t, const um__backend *b)
+{
+    return b->kind == UM_DEVICE_CUDA ? t->cuda != NULL : t->cpu != NULL;
+}
+
+static void fill_place_task(um__run *r, const task *t, um__place_task *pt)
+{
+    memset(pt, 0, sizeof *pt);
+    pt->name = t->t.name;
+    pt->flops = t->t.flops;
+    pt->nbuffers = t->t.nbuffers;
+    pt->buffers = t->t.buffers;
+    pt->modes = t->t.modes;
+    pt->bytes = t->bytes;
+    for (int d = 0; d < r->ctx->ndevices; d++)
+        pt->eligible[d] = (t->t.device < 0 || t->t.device == d) && r->w[d].started &&
+                          runs_on(&t->t, r->ctx->devices[d].backend);
+}
+
+/* Places a ready task and queues it on its device's worker (locked). */
+static void make_ready(um__run *r, task *t)
+{
+    um__place_task pt;
+    fill_place_task(r, t, &pt);
+    um__place_device devs[UM_MAX_DEVICES];
+    for (int d = 0; d < r->ctx->ndevices; d++)
+        devs[d] = (um__place_device){r->w[d].queued_ns, r->w[d].queued};
+    t->dev = um__place_pick(r->place, &pt, devs, &t->est_ns);
+    /* Its buffers will be used: reclaim keeps them where it can. */
+    for (int i = 0; i < t->t.nbuffers; i++)
+        (void)um_buffer_hint(t->t.buffers[i], UM_HINT_WILL_USE);
+    worker *w = &r->w[t->dev];
+    t->state = READY;
+    t->next = NULL;
+    if (w->tail)
+        w->tail->next = t;
+    else
+        w->head = t;
+    w->tail = t;
+    w->queued++;
+    w->queued_ns += t->est_ns;
+    pthread_cond_signal(&w->wake);
+}
+
+/* ----------------------------------------------------------- finishing */
+
+static void free_task(task *t)
+{
+    free(t->dependents);
+    free(t);
+}
+
+/* Finishes t with st (locked): its outcome, its buffers' records, and its
+ * dependents (made ready, or failed with it). Finished tasks go on *done
+ * for their callbacks and freeing outside the lock. */
+static void finish(um__run *r, task *t, um_status st, const char *why, task **done)
+{
+    t->state = DONE;
+    t->status = st;
+    if (st != UM_OK) {
+        snprintf(t->why, sizeof t->why, "%s", why);
+        note_failure(r, t);
+        if (!r->first_failed)
+            r->first_failed = t->id;
+    }
+    r->outcome[t->id - 1] = outcome_of(st);
+    for (int i = 0; i < t->t.nbuffers; i++) {
+        access_rec *a = rec_find(r, t->t.buffers[i]);
+        if (a && a->pending)
+            a->pending--;
+    }
+    for (int i = 0; i < t->ndependents; i++) {
+        task *d = t->dependents[i];
+        if (d->state == DONE) {
+            /* Failed or cancelled before this one finished: it waited
+             * only to be freed. */
+            if (--d->ndeps == 0 && d->retired)
+                free_task(d);
+            continue;
+        }
+        if (st != UM_OK) {
+            d->ndeps--;
+            char because[256];
+            snprintf(because, sizeof because, "task %llu (%s) depends on task %llu (%s), which %s",
+                     (unsigned long long)d->id, task_name(d), (unsigned long long)t->id,
+                     task_name(t), st == UM_ERR_CANCELLED ? "was cancelled" : "failed");
+            finish(r, d, UM_ERR_TASK, because, done);
+        } else if (--d->ndeps == 0) {
+            make_ready(r, d);
+        }
+    }
+    r->unfinished--;
+    t->next = *done;
+    *done = t;
+    pthread_cond_broadcast(&r->finished);
+}
+
+/* Callbacks and freeing, outside the lock (a callback may submit). */
+static void retire(um__run *r, task *done)
+{
+    while (done) {
+        task *t = done;
+        done = t->next;
+        if (t->t.done)
+            t->t.done(t->id, t->status, t->t.user);
+        pthread_mutex_lock(&r->lock);
+        r->live[t->id - 1] = NULL;
+        /* Tasks it depended on that are still running list it. */
+        if (t->ndeps)
+            t->retired = true;
+        else
+            free_task(t);
+        pthread_mutex_unlock(&r->lock);
+    }
+}
+
+/* ------------------------------------------------------------- workers */
+
+static void sleep_until_ns(uint64_t t)
+{
+    for (uint64_t now = um__now_ns(); now < t; now = um__now_ns()) {
+        struct timespec ts = {(time_t)((t - now) / 1000000000u), (long)((t - now) % 1000000000u)};
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* Queues copies of the inputs of the tasks after the running one, where
+ * the device has room for them (a prefetch that evicts could push out
+ * what the running task needs). Unlocked. */
+static void prefetch(worker *w, um_buffer *const *bufs, int n)
+{
+    um_context *ctx = w->r->ctx;
+    size_t limit = ctx->devices[w->dev].alloc->memory_limit;
+    for (int i = 0; i < n; i++) {
+        size_t used = atomic_load_explicit(&ctx->devices[w->dev].backend->physical_bytes,
+                                           memory_order_relaxed);
+        size_t size = um_buffer_size(bufs[i]);
+        if (used + size > limit)
+            break;
+        (void)um_buffer_prefetch(bufs[i], w->dev);
+    }
+}
+
+/* Acquires t's buffers on the worker's stream, waits for them, runs the
+ * implementation and releases them. UM_OK or a failure with *why. */
+static um_status run_task(worker *w, task *t, char *why, size_t why_len)
+{
+    um__run *r = w->r;
+    um_context *ctx = r->ctx;
+    const um_task *ut = &t->t;
+    um__backend *be = ctx->devices[w->dev].backend;
+    void *ptrs[UM_TASK_MAX_BUFFERS];
+    size_t sizes[UM_TASK_MAX_BUFFERS];
+    int held = 0;
+    um_status st = UM_OK;
+    uint64_t t0 = um__now_ns(), in = 0;
+    for (int i = 0; i < ut->nbuffers && st == UM_OK; i++) {
+        double ns;
+        if (ut->modes[i] != UM_ACCESS_WRITE_DISCARD &&
+            !um__buffer_fetch_cost(ut->buffers[i], w->dev, &ns))
+            in += um_buffer_size(ut->buffers[i]);
+        sizes[i] = um_buffer_size(ut->buffers[i]);
+        /* Busy: the program itself holds the buffer; it is its to release. */
+        for (int tries = 0; tries < 10000; tries++) {
+            st = um_buffer_acquire(ut->buffers[i], w->dev, ut->modes[i], w->stream, &ptrs[i]);
+            if (st != UM_ERR_BUSY)
+                break;
+            sleep_until_ns(um__now_ns() + 1000000);
+        }
+        held += st == UM_OK;
+    }
+    if (st == UM_OK)
+        st = um_stream_synchronize(ctx, w->stream);
+    if (st != UM_OK)
+        snprintf(why, why_len, "task %llu (%s) on device %d: its buffers could not be had: %s",
+                 (unsigned long long)t->id, task_name(t), w->dev, um_last_error());
+    uint64_t t1 = um__now_ns();
+    atomic_fetch_add(&w->waited_ns, t1 - t0);
+    atomic_fetch_add(&w->bytes_in, in);
+    if (st == UM_OK) {
+        um_task_exec e = {w->dev, be->kind, um_stream_native(w->stream), ptrs, sizes,
+                          ut->nbuffers, ut->user};
+        int rc = be->kind == UM_DEVICE_CUDA ? ut->cuda(&e) : ut->cpu(&e);
+        um_status s2 = be->kind == UM_DEVICE_CUDA ? um_stream_synchronize(ctx, w->stream) : UM_OK;
+        if (rc != 0) {
+            st = UM_ERR_TASK;
+            snprintf(why, why_len, "task %llu (%s) on device %d returned %d",
+                     (unsigned long long)t->id, task_name(t), w->dev, rc);
+        } else if (s2 != UM_OK) {
+            st = UM_ERR_TASK;
+            snprintf(why, why_len, "task %llu (%s) on device %d: its GPU work failed: %s",
+                     (unsigned long long)t->id, task_name(t), w->dev, um_last_error());
+        }
+        /* A simulated device computes at its modelled speed. */
+        if (be->kind == UM_DEVICE_SIM && ctx->opts.sim_gflops > 0 && ut->flops > 0)
+            sleep_until_ns(t1 + (uint64_t)(ut->flops / (double)ctx->opts.sim_gflops));
+    }
+    uint64_t t2 = um__now_ns();
+    for (int i = 0; i < ut->nbuffers && i < held; i++)
+        if (um_buffer_release(ut->buffers[i], w->dev, w->stream) != UM_OK && st == UM_OK) {
+            st = UM_ERR_TASK;
+            snprintf(why, why_len, "task %llu (%s) on device %d: a release failed: %s",
+                     (unsigned long long)t->id, task_name(t), w->dev, um_last_error());
+        }
+    if (held == ut->nbuffers && t2 > t1) {
+        atomic_fetch_add(&w->busy_ns, t2 - t1);
+        if (st == UM_OK) {
+            um__place_task pt;
+            fill_place_task(r, t, &pt);
+            um__place_learn(r->place, &pt, w->dev, t2 - t1);
+        }
+        if (ctx->events)
+            um__event_add_named(ctx->events, UM_EVENT_TASK, w->dev, t1, t2 - t1, t->id,
+                                st != UM_OK, task_name(t));
+    }
+    atomic_fetch_add(st == UM_OK ? &w->tasks : &w->failed, 1);
+    return st;
+}
+
+static void *worker_main(void *arg)
+{
+    worker *w = arg;
+    um__run *r = w->r;
+    pthread_mutex_lock(&r->lock);
+    while (!r->quit) {
+        task *t = w->head;
+        if (!t) {
+            pthread_cond_wait(&w->wake, &r->lock);
+            continue;
+        }
+        w->head = t->next;
+        if (!w->head)
+            w->tail = NULL;
+        t->state = RUNNING;
+        /* The next tasks' inputs, copied while this one runs. */
+        um_buffer *next[PREFETCH_AHEAD * UM_TASK_MAX_BUFFERS];
+        int nnext = 0;
+        int ahead = 0;
+        for (task *q = w->head; q && ahead < PREFETCH_AHEAD; q = q->next, ahead++)
+            for (int i = 0; i < q->t.nbuffers; i++)
+                if (q->t.modes[i] != UM_ACCESS_WRITE_DISCARD)
+                    next[nnext++] = q->t.buffers[i];
+        pthread_mutex_unlock(&r->lock);
+        prefetch(w, next, nnext);
+        char why[256] = "";
+        um_status st = run_task(w, t, why, sizeof why);
+        pthread_mutex_lock(&r->lock);
+        w->queued--;
+        w->queued_ns -= t->est_ns;
+        if (w->queued_ns < 0 || !w->queued)
+            w->queued_ns = 0;
+        task *done = NULL;
+        finish(r, t, st, why, &done);
+        pthread_mutex_unlock(&r->lock);
+        retire(r, done);
+        pthread_mutex_lock(&r->lock);
+    }
+    pthread_mutex_unlock(&r->lock);
+    return NULL;
+}
+
+/* ------------------------------------------------------------ lifetime */
+
+static void run_fini(um_context *ctx);
+static bool forget_buffer(um_context *ctx, const um_buffer *b);
+
+static um_status run_get(um_context *ctx, um__run **out)
+{
+    um__run *r = atomic_load_explicit(&ctx->run, memory_order_acquire);
+    if (r) {
+        *out = r;
+        return UM_OK;
+    }
+    pthread_mutex_lock(&ctx->buffers_lock);
+    r = atomic_load_explicit(&ctx->run, memory_order_acquire);
+    if (r) {
+        pthread_mutex_unlock(&ctx->buffers_lock);
+        *out = r;
+        return UM_OK;
+    }
+    r = calloc(1, sizeof *r);
+    um__place *p = r ? um__place_create(ctx, ctx->opts.sched) : NULL;
+    if (!p) {
+        free(r);
+        pthread_mutex_unlock(&ctx->buffers_lock);
+        return um__fail(UM_ERR_NOMEM, "um_task_submit: no memory for the task runtime");
+    }
+    r->ctx = ctx;
+    r->place = p;
+    pthread_mutex_init(&r->lock, NULL);
+    pthread_cond_init(&r->finished, NULL);
+    um_status st = UM_OK;
+    for (int d = 0; d < ctx->ndevices && st == UM_OK; d++) {
+        worker *w = &r->w[d];
+        w->r = r;
+        w->dev = d;
+        pthread_cond_init(&w->wake, NULL);
+        st = um_stream_create(ctx, d, &w->stream);
+        if (st == UM_OK && pthread_create(&w->tid, NULL, worker_main, w) != 0)
+            st = um__fail(UM_ERR_NOMEM, "um_task_submit: no thread for device %d's worker", d);
+        w->started = st == UM_OK;
+    }
+    atomic_store_explicit(&ctx->run, r, memory_order_release);
+    ctx->run_fini = run_fini;
+    atomic_store_explicit(&ctx->forget_buffer, forget_buffer, memory_order_release);
+    pthread_mutex_unlock(&ctx->buffers_lock);
+    *out = r;
+    return st;
+}
+
+/* At um_shutdown: the tasks submitted run to their end first. */
+static void run_fini(um_context *ctx)
+{
+    um__run *r = atomic_load_explicit(&ctx->run, memory_order_acquire);
+    if (!r)
+        return;
+    (void)um_wait_all(ctx);
+    pthread_mutex_lock(&r->lock);
+    r->quit = true;
+    for (int d = 0; d < ctx->ndevices; d++)
+        pthread_cond_broadcast(&r->w[d].wake);
+    pthread_mutex_unlock(&r->lock);
+    for (int d = 0; d < ctx->ndevices; d++) {
+        worker *w = &r->w[d];
+        if (w->started)
+            pthread_join(w->tid, NULL);
+        if (w->stream)
+            (void)um_stream_destroy(ctx, w->stream);
+        pthread_cond_destroy(&w->wake);
+    }
+    atomic_store_explicit(&ctx->forget_buffer, NULL, memory_order_release);
+    for (size_t i = 0; i < r->recs_cap; i++)
+        free(r->recs[i].readers);
+    free(r->recs);
+    free(r->outcome);
+    free(r->live);
+    free(r->failures);
+    um__place_destroy(r->place);
+    pthread_cond_destroy(&r->finished);
+    pthread_mutex_destroy(&r->lock);
+    free(r);
+    ctx->run = NULL;
+    ctx->run_fini = NULL;
+}
+
+static bool forget_buffer(um_context *ctx, const um_buffer *b)
+{
+    um__run *r = atomic_load_explicit(&ctx->run, memory_order_acquire);
+    if (!r)
+        return true;
+    pthread_mutex_lock(&r->lock);
+    access_rec *a = rec_find(r, b);
+    bool ok = !a || !a->pending;
+    if (a && ok) {
+        free(a->readers);
+        *a = (access_rec){TOMBSTONE, 0, NULL, 0, 0, 0};
+    }
+    pthread_mutex_unlock(&r->lock);
+    return ok;
+}
+
+/* -------------------------------------------------------------- public */
+
+static bool reads(um_access m)
+{
+    return m != UM_ACCESS_WRITE_DISCARD;
+}
+
+static bool writes(um_access m)
+{
+    return m != UM_ACCESS_READ;
+}
+
+static um_status check_task(um_context *ctx, const um_task *t)
+{
+    static const char what[] = "um_task_submit";
+    if (!ctx || !t)
+        return um__fail(UM_ERR_INVALID, "%s: %s is NULL", what, ctx ? "the task" : "ctx");
+    const char *name = t->name ? t->name : "task";
+    if (!t->cpu && !t->cuda)
+        return um__fail(UM_ERR_INVALID, "%s: task '%s' has no implementation (cpu and cuda "
+                        "are both NULL)", what, name);
+    if (t->nbuffers < 0 || t->nbuffers > UM_TASK_MAX_BUFFERS)
+        return um__fail(UM_ERR_INVALID, "%s: task '%s' names %d buffers (0..%d)", what, name,
+                        t->nbuffers, UM_TASK_MAX_BUFFERS);
+    for (int i = 0; i < t->nbuffers; i++) {
+        um_access m = t->modes[i];
+        if (!t->buffers[i] || um_buffer_size(t->buffers[i]) == 0)
+            return um__fail(UM_ERR_INVALID, "%s: task '%s': buffer %d is not a live buffer",
+                            what, name, i);
+        if (m != UM_ACCESS_READ && m != UM_ACCESS_WRITE && m != UM_ACCESS_READ_WRITE &&
+            m != UM_ACCESS_WRITE_DISCARD)
+            return um__fail(UM_ERR_INVALID, "%s: task '%s': buffer %d has mode %d (READ, WRITE, "
+                            "READ_WRITE or WRITE_DISCARD)", what, name, i, (int)m);
+        for (int j = 0; j < i; j++)
+            if (t->buffers[j] == t->buffers[i])
+                return um__fail(UM_ERR_INVALID, "%s: task '%s' names buffer %p twice (%d and "
+                                "%d): one access with the combined mode", what, name,
+                                (void *)t->buffers[i], j, i);
+    }
+    if (t->device >= ctx->ndevices || t->device < -1)
+        return um__fail(UM_ERR_NO_DEVICE, "%s: task '%s' is forced onto device %d: the context "
+                        "has devices 0..%d", what, name, t->device, ctx->ndevices - 1);
+    bool any = false;
+    for (int d = 0; d < ctx->ndevices; d++)
+        any |= (t->device < 0 || t->device == d) && runs_on(t, ctx->devices[d].backend);
+    if (!any)
+        return um__fail(UM_ERR_UNSUPPORTED, "%s: task '%s' has no implementation for %s", what,
+                        name, t->device >= 0 ? "the device it is forced onto"
+                                             : "any device of the context (a cuda one only, "
+                                               "and no GPU?)");
+    return UM_OK;
+}
+
+static bool ids_grow(um__run *r)
+{
+    if (r->nids < r->ids_cap)
+        return true;
+    uint64_t cap = r->ids_cap ? 2 * r->ids_cap : 1024;
+    uint8_t *o = realloc(r->outcome, cap);
+    if (!o)
+        return false;
+    r->outcome = o;
+    task **l = realloc(r->live, cap * sizeof *l);
+    if (!l)
+        return false;
+    r->live = l;
+    r->ids_cap = cap;
+    return true;
+}
+
+/* t waits for task `id` (locked). One that finished already is nothing
+ * to wait for; if it failed, t inherits the failure unless t replaces
+ * the data whole (`discards`: a WRITE_DISCARD access repairs a buffer). */
+static bool depend(um__run *r, task *t, um_task_id id, bool discards)
+{
+    if (!id || id == t->id)
+        return true;
+    task *d = r->live[id - 1];
+    if (!d || d->state == DONE) {
+        if (r->outcome[id - 1] != ID_OK && !discards && !t->failed_dep)
+            t->failed_dep = id;
+        return true;
+    }
+    if (d->ndependents == d->dependents_cap) {
+        int cap = d->dependents_cap ? 2 * d->dependents_cap : 4;
+        task **n = realloc(d->dependents, (size_t)cap * sizeof *n);
+        if (!n)
+            return false;
+        d->dependents = n;
+        d->dependents_cap = cap;
+    }
+    d->dependents[d->ndependents++] = t;
+    t->ndeps++;
+    return true;
+}
+
+um_status um_task_submit(um_context *ctx, const um_task *ut, um_task_id *id)
+{
+    if (id)
+        *id = 0;
+    um_status st = check_task(ctx, ut);
+    if (st != UM_OK)
+        return st;
+    um__run *r = NULL;
+    if ((st = run_get(ctx, &r)) != UM_OK)
+        return st;
+    task *t = calloc(1, sizeof *t);
+    if (!t)
+        return um__fail(UM_ERR_NOMEM, "um_task_submit: no memory for a task");
+    t->t = *ut;
+    for (int i = 0; i < ut->nbuffers; i++)
+        t->bytes += um_buffer_size(ut->buffers[i]);
+    pthread_mutex_lock(&r->lock);
+    if (!ids_grow(r)) {
+        pthread_mutex_unlock(&r->lock);
+        free(t);
+        return um__fail(UM_ERR_NOMEM, "um_task_submit: no memory for task ids");
+    }
+    t->id = ++r->nids;
+    r->outcome[t->id - 1] = ID_PENDING;
+    r->live[t->id - 1] = t;
+    bool ok = true;
+    for (int i = 0; i < ut->nbuffers && ok; i++) {
+        access_rec *a = rec_get(r, ut->buffers[i]);
+        ok = a != NULL;
+        if (!ok)
+            break;
+        um_access m = ut->modes[i];
+        /* After the last writer always (read after write, write after
+         * write); a writer also after the readers since (write after read). */
+        ok = depend(r, t, a->writer, !reads(m));
+        if (writes(m))
+            for (uint32_t k = 0; k < a->nreaders && ok; k++)
+                ok = depend(r, t, a->readers[k], true);
+        if (!ok)
+            break;
+        if (writes(m)) {
+            a->writer = t->id;
+            a->nreaders = 0;
+        } else if (reads(m)) {
+            ok = add_reader(a, t->id);
+        }
+        a->pending++;
+    }
+    r->unfinished++;
+    task *done = NULL;
+    if (!ok) {
+        finish(r, t, UM_ERR_TASK, "no memory for the task's dependency records", &done);
+    } else if (t->failed_dep) {
+        const failure *f = failure_of(r, t->failed_dep);
+        char because[256];
+        snprintf(because, sizeof because, "task %llu (%s) depends on task %llu, which %s%s%.160s",
+                 (unsigned long long)t->id, task_name(t), (unsigned long long)t->failed_dep,
+                 r->outcome[t->failed_dep - 1] == ID_CANCELLED ? "was cancelled" : "failed",
+                 f ? ": " : "", f ? f->why : "");
+        finish(r, t, UM_ERR_TASK, because, &done);
+    } else if (t->ndeps == 0) {
+        make_ready(r, t);
+    }
+    um_task_id tid = t->id;
+    pthread_mutex_unlock(&r->lock);
+    retire(r, done);
+    if (id)
+        *id = tid;
+    return UM_OK;
+}
+
+/* The status of a finished id, with its message in um_last_error (locked). */
+static um_status outcome_status(um__run *r, um_task_id id)
+{
+    uint8_t o = r->outcome[id - 1];
+    if (o == ID_OK)
+        return UM_OK;
+    const failure *f = failure_of(r, id);
+    return um__fail(o == ID_CANCELLED ? UM_ERR_CANCELLED : UM_ERR_TASK, "%s",
+                    f ? f->why : "the task failed");
+}
+
+/* The run layer of ctx, locked, when id names one of its tasks. */
+static um_status run_of(um_context *ctx, um_task_id id, const char *what, um__run **out)
+{
+    if (!ctx)
+        return um__fail(UM_ERR_INVALID, "%s: ctx is NULL", what);
+    um__run *r = atomic_load_explicit(&ctx->run, memory_order_acquire);
+    if (r)
+        pthread_mutex_lock(&r->lock);
+    if (!r || id == 0 || id > r->nids) {
+        if (r)
+            pthread_mutex_unlock(&r->lock);
+        return um__fail(UM_ERR_INVALID, "%s: %llu is not a task id of this context", what,
+                        (unsigned long long)id);
+    }
+    *out = r;
+    return UM_OK;
+}
+
+um_status um_task_wait(um_context *ctx, um_task_id id)
+{
+    um__run *r = NULL;
+    um_status st = run_of(ctx, id, "um_task_wait", &r); /* locks r on success */
+    if (st != UM_OK)
+        return st;
+    while (r->outcome[id - 1] == ID_PENDING)
+        pthread_cond_wait(&r->finished, &r->lock);
+    st = outcome_status(r, id);
+    pthread_mutex_unlock(&r->lock);
+    return st;
+}
+
+um_status um_task_cancel(um_context *ctx, um_task_id id)
+{
+    um__run *r = NULL;
+    um_status st = run_of(ctx, id, "um_task_cancel", &r); /* locks r on success */
+    if (st != UM_OK)
+        return st;
+    task *t = r->live[id - 1];
+    if (!t || t->state == RUNNING || t->state == DONE) {
+        pthread_mutex_unlock(&r->lock);
+        return um__fail(UM_ERR_BUSY, "um_task_cancel: task %llu has %s", (unsigned long long)id,
+                        t && t->state == RUNNING ? "started" : "finished");
+    }
+    if (t->state == READY) {
+        worker *w = &r->w[t->dev];
+        task **pp = &w->head, *prev = NULL;
+        while (*pp != t) {
+            prev = *pp;
+            pp = &(*pp)->next;
+        }
+        *pp = t->next;
+        if (w->tail == t)
+            w->tail = prev;
+        w->queued--;
+        w->queued_ns -= t->est_ns;
+    }
+    task *done = NULL;
+    char why[128];
+    snprintf(why, sizeof why, "task %llu (%s) was cancelled", (unsigned long long)id,
+             task_name(t));
+    finish(r, t, UM_ERR_CANCELLED, why, &done);
+    pthread_mutex_unlock(&r->lock);
+    retire(r, done);
+    return UM_OK;
+}
+
+um_status um_wait_all(um_context *ctx)
+{
+    if (!ctx)
+        return um__fail(UM_ERR_INVALID, "um_wait_all: ctx is NULL");
+    um__run *r = atomic_load_explicit(&ctx->run, memory_order_acquire);
+    if (!r)
+        return UM_OK;
+    pthread_mutex_lock(&r->lock);
+    while (r->unfinished)
+        pthread_cond_wait(&r->finished, &r->lock);
+    um_status st = UM_OK;
+    if (r->first_failed) {
+        st = outcome_status(r, r->first_failed);
+        r->first_failed = 0; /* reported once */
+    }
+    pthread_mutex_unlock(&r->lock);
+    return st;
+}
+
+um_status um_task_stats_get(um_context *ctx, int dev, um_task_stats *out)
+{
+    if (!ctx || !out)
+        return um__fail(UM_ERR_INVALID, "um_task_stats_get: %s is NULL", ctx ? "out" : "ctx");
+    if (dev < 0 || dev >= ctx->ndevices)
+        return um__fail(UM_ERR_NO_DEVICE, "um_task_stats_get: device %d: the context has "
+                        "devices 0..%d", dev, ctx->ndevices - 1);
+    memset(out, 0, sizeof *out);
+    um__run *r = atomic_load_explicit(&ctx->run, memory_order_acquire);
+    if (!r)
+        return UM_OK;
+    worker *w = &r->w[dev];
+    *out = (um_task_stats){atomic_load(&w->tasks), atomic_load(&w->failed),
+                           atomic_load(&w->busy_ns), atomic_load(&w->waited_ns),
+                           atomic_load(&w->bytes_in)};
+    return UM_OK;
+}

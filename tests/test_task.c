@@ -1,0 +1,429 @@
+/* Tests of tasks (src/run) and placement (src/place) on the host and sim
+ * devices: random task graphs against a sequential reference under every
+ * policy (with the devices' memory limited, so reclaim runs under the
+ * tasks), failure and cancellation propagation, bad input, buffers in use,
+ * and each policy's choice in a case where it is known. */
+#include "harness.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define WORDS 1024 /* uint32 per buffer: 4 KiB */
+
+static const char *const policies[] = {"eager", "round_robin", "locality", "cost"};
+
+/* ------------------------------------------------- random task graphs */
+
+typedef struct spec {
+    int nbuf;
+    int idx[3];
+    um_access mode[3];
+    uint32_t seed;
+    int delay_us;
+    _Atomic int device; /* where it ran */
+} spec;
+
+static uint32_t mix(uint32_t h, uint32_t v)
+{
+    h ^= v + 0x9e3779b9u + (h << 6) + (h >> 2);
+    return h;
+}
+
+/* The one computation both the tasks and the reference make: a hash of
+ * every input read, then each written buffer updated in an order-sensitive
+ * way (so a task run out of order changes the result). */
+static void compute(const spec *s, uint32_t *const *data)
+{
+    uint32_t h = s->seed;
+    for (int i = 0; i < s->nbuf; i++)
+        if (s->mode[i] != UM_ACCESS_WRITE_DISCARD)
+            for (int j = 0; j < WORDS; j += 7)
+                h = mix(h, data[i][j]);
+    for (int i = 0; i < s->nbuf; i++) {
+        if (s->mode[i] == UM_ACCESS_READ)
+            continue;
+        for (int j = 0; j < WORDS; j++)
+            data[i][j] = s->mode[i] == UM_ACCESS_WRITE_DISCARD ? mix(h, (uint32_t)j)
+                                                                 : data[i][j] * 31u + h + (uint32_t)j;
+    }
+}
+
+static int task_fn(const um_task_exec *e)
+{
+    spec *s = e->user;
+    atomic_store(&s->device, e->device);
+    if (s->delay_us)
+        usleep((useconds_t)s->delay_us);
+    compute(s, (uint32_t *const *)e->ptrs);
+    return 0;
+}
+
+static void test_random_graphs(uint64_t seed, const char *policy, size_t limit, int nbufs,
+                               int ntasks)
+{
+    char conf[256];
+    /* Pages of 64 KiB, so a small limit holds a few buffers. */
+    snprintf(conf, sizeof conf, "devices=sim:3x64M,sim_granularity=64K,links=model,sched=%s",
+             policy);
+    um_context *ctx = NULL;
+    CHECK_OK(um_init(conf, &ctx));
+    if (!ctx)
+        return;
+    for (int d = 1; d < um_device_count(ctx); d++)
+        CHECK_OK(um_set_memory_limit(ctx, d, limit));
+    uint64_t rng = seed ^ (uint64_t)(uintptr_t)policy;
+    um_buffer **b = calloc((size_t)nbufs, sizeof *b);
+    uint32_t **ref = calloc((size_t)nbufs, sizeof *ref);
+    for (int i = 0; i < nbufs; i++) {
+        ref[i] = malloc(WORDS * sizeof(uint32_t));
+        for (int j = 0; j < WORDS; j++)
+            ref[i][j] = (uint32_t)harness_rand(&rng);
+        CHECK_OK(um_buffer_create(ctx, WORDS * sizeof(uint32_t), NULL, &b[i]));
+        CHECK_OK(um_buffer_write(b[i], 0, ref[i], WORDS * sizeof(uint32_t)));
+    }
+    spec *specs = calloc((size_t)ntasks, sizeof *specs);
+    int per_device[8] = {0};
+    for (int k = 0; k < ntasks; k++) {
+        spec *s = &specs[k];
+        s->nbuf = 1 + (int)(harness_rand(&rng) % 3);
+        for (int i = 0; i < s->nbuf; i++) {
+            int x;
+            bool dup;
+            do {
+                x = (int)(harness_rand(&rng) % (uint64_t)nbufs);
+                dup = false;
+                for (int q = 0; q < i; q++)
+                    dup |= s->idx[q] == x;
+            } while (dup);
+            s->idx[i] = x;
+            s->mode[i] = (um_access)(1 + harness_rand(&rng) % 4);
+        }
+        s->seed = (uint32_t)harness_rand(&rng);
+        s->delay_us = harness_rand(&rng) % 8 == 0 ? 200 : 0;
+        um_task t = {0};
+        t.name = "mix";
+        t.cpu = task_fn;
+        t.nbuffers = s->nbuf;
+        for (int i = 0; i < s->nbuf; i++) {
+            t.buffers[i] = b[s->idx[i]];
+            t.modes[i] = s->mode[i];
+        }
+        t.flops = 1e4;
+        t.device = harness_rand(&rng) % 10 == 0 ? (int)(harness_rand(&rng) % 4) : -1;
+        t.user = s;
+        um_task_id id;
+        CHECK_OK(um_task_submit(ctx, &t, &id));
+        CHECK_EQ(id, (uint64_t)k + 1);
+        /* The reference: the same tasks in submission order. */
+        uint32_t *data[3];
+        for (int i = 0; i < s->nbuf; i++)
+            data[i] = ref[s->idx[i]];
+        compute(s, data);
+    }
+    CHECK_OK(um_wait_all(ctx));
+    uint32_t *got = malloc(WORDS * sizeof(uint32_t));
+    int wrong = 0;
+    for (int i = 0; i < nbufs; i++) {
+        CHECK_OK(um_buffer_read(b[i], 0, got, WORDS * sizeof(uint32_t)));
+        wrong += memcmp(got, ref[i], WORDS * sizeof(uint32_t)) != 0;
+    }
+    CHECK_EQ(wrong, 0);
+    for (int k = 0; k < ntasks; k++)
+        per_device[atomic_load(&specs[k].device) & 7]++;
+    uint64_t ran = 0;
+    for (int d = 0; d < um_device_count(ctx); d++) {
+        um_task_stats ts;
+        CHECK_OK(um_task_stats_get(ctx, d, &ts));
+        CHECK_EQ(ts.tasks, (uint64_t)per_device[d]);
+        CHECK_EQ(ts.failed, 0);
+        ran += ts.tasks;
+    }
+    CHECK_EQ(ran, (uint64_t)ntasks);
+    printf("test_task: %s, %d tasks on %d buffers, device limit %zu KiB: ran %d/%d/%d/%d on "
+           "devices 0-3, %d buffers wrong\n",
+           policy, ntasks, nbufs, limit >> 10, per_device[0], per_device[1], per_device[2],
+           per_device[3], wrong);
+    for (int i = 0; i < nbufs; i++) {
+        CHECK_OK(um_buffer_destroy(b[i]));
+        free(ref[i]);
+    }
+    free(got);
+    free(specs);
+    free(ref);
+    free(b);
+    um_shutdown(ctx);
+}
+
+/* ------------------------------------------------ failure, cancellation */
+
+typedef struct probe {
+    _Atomic int ran;
+    _Atomic int done_calls;
+    _Atomic int done_status;
+    int result;
+    _Atomic int *gate; /* when set, the task waits until *gate != 0 */
+} probe;
+
+static int probe_fn(const um_task_exec *e)
+{
+    probe *p = e->user;
+    atomic_fetch_add(&p->ran, 1);
+    while (p->gate && !atomic_load(p->gate))
+        usleep(1000);
+    return p->result;
+}
+
+static void probe_done(um_task_id id, um_status st, void *user)
+{
+    (void)id;
+    probe *p = user;
+    atomic_store(&p->done_status, (int)st);
+    atomic_fetch_add(&p->done_calls, 1);
+}
+
+static um_task_id submit_probe(um_context *ctx, probe *p, um_buffer *x, um_access mx,
+                               um_buffer *y, um_access my)
+{
+    um_task t = {0};
+    t.name = "probe";
+    t.cpu = probe_fn;
+    t.buffers[0] = x;
+    t.modes[0] = mx;
+    t.nbuffers = 1;
+    if (y) {
+        t.buffers[1] = y;
+        t.modes[1] = my;
+        t.nbuffers = 2;
+    }
+    t.device = -1;
+    t.user = p;
+    t.done = probe_done;
+    um_task_id id = 0;
+    CHECK_OK(um_task_submit(ctx, &t, &id));
+    return id;
+}
+
+static void test_failure_and_cancel(void)
+{
+    um_context *ctx = NULL;
+    CHECK_OK(um_init("devices=sim:2x64M,links=model", &ctx));
+    if (!ctx)
+        return;
+    um_buffer *x, *y, *z;
+    CHECK_OK(um_buffer_create(ctx, 4096, NULL, &x));
+    CHECK_OK(um_buffer_create(ctx, 4096, NULL, &y));
+    CHECK_OK(um_buffer_create(ctx, 4096, NULL, &z));
+    _Atomic int gate = 0;
+    probe a = {0}, b = {0}, c = {0}, d = {0};
+    a.result = 7;   /* fails */
+    a.gate = &gate; /* once the others are queued behind it */
+    um_task_id ia = submit_probe(ctx, &a, x, UM_ACCESS_WRITE_DISCARD, NULL, 0);
+    um_task_id ib = submit_probe(ctx, &b, x, UM_ACCESS_READ, y, UM_ACCESS_WRITE_DISCARD);
+    um_task_id ic = submit_probe(ctx, &c, z, UM_ACCESS_WRITE_DISCARD, NULL, 0);
+    um_task_id id = submit_probe(ctx, &d, y, UM_ACCESS_READ, NULL, 0);
+    /* The buffers of unfinished tasks cannot go. */
+    CHECK_STATUS(um_buffer_destroy(y), UM_ERR_BUSY);
+    CHECK_ERROR_MENTIONS("tasks", NULL, NULL);
+    atomic_store(&gate, 1);
+    CHECK_STATUS(um_task_wait(ctx, ia), UM_ERR_TASK);
+    CHECK_ERROR_MENTIONS("returned 7", NULL, NULL);
+    CHECK_STATUS(um_task_wait(ctx, ib), UM_ERR_TASK);
+    CHECK_ERROR_MENTIONS("depends on task 1", "failed", NULL);
+    CHECK_STATUS(um_task_wait(ctx, id), UM_ERR_TASK);
+    CHECK_OK(um_task_wait(ctx, ic));
+    CHECK_STATUS(um_wait_all(ctx), UM_ERR_TASK); /* the first failure, once */
+    CHECK_ERROR_MENTIONS("returned 7", NULL, NULL);
+    CHECK_OK(um_wait_all(ctx));
+    CHECK_EQ(atomic_load(&a.ran), 1);
+    CHECK_EQ(atomic_load(&b.ran), 0); /* never run */
+    CHECK_EQ(atomic_load(&d.ran), 0);
+    CHECK_EQ(atomic_load(&c.ran), 1);
+    CHECK_EQ(atomic_load(&b.done_calls), 1);
+    CHECK_EQ(atomic_load(&b.done_status), UM_ERR_TASK);
+    CHECK_EQ(atomic_load(&c.done_status), UM_OK);
+    /* A task submitted after its writer failed fails at once. */
+    probe e = {0};
+    um_task_id ie = submit_probe(ctx, &e, x, UM_ACCESS_READ, NULL, 0);
+    CHECK_STATUS(um_task_wait(ctx, ie), UM_ERR_TASK);
+    CHECK_ERROR_MENTIONS("depends on task 1", "returned 7", NULL);
+    CHECK_STATUS(um_wait_all(ctx), UM_ERR_TASK);
+    /* A task that replaces x whole repairs it; readers after it run. */
+    probe f = {0}, f2 = {0};
+    CHECK_OK(um_task_wait(ctx, submit_probe(ctx, &f, x, UM_ACCESS_WRITE_DISCARD, NULL, 0)));
+    CHECK_OK(um_task_wait(ctx, submit_probe(ctx, &f2, x, UM_ACCESS_READ, NULL, 0)));
+
+    /* Cancellation: g holds z on a worker; h and its dependent k wait. */
+    gate = 0;
+    probe g = {0}, h = {0}, k = {0};
+    g.gate = &gate;
+    um_task_id ig = submit_probe(ctx, &g, z, UM_ACCESS_READ_WRITE, NULL, 0);
+    um_task_id ih = submit_probe(ctx, &h, z, UM_ACCESS_READ_WRITE, NULL, 0);
+    um_task_id ik = submit_probe(ctx, &k, z, UM_ACCESS_READ, NULL, 0);
+    while (!atomic_load(&g.ran))
+        usleep(1000);
+    CHECK_STATUS(um_task_cancel(ctx, ig), UM_ERR_BUSY);
+    CHECK_ERROR_MENTIONS("started", NULL, NULL);
+    CHECK_OK(um_task_cancel(ctx, ih));
+    atomic_store(&gate, 1);
+    CHECK_OK(um_task_wait(ctx, ig));
+    CHECK_STATUS(um_task_wait(ctx, ih), UM_ERR_CANCELLED);
+    CHECK_STATUS(um_task_wait(ctx, ik), UM_ERR_TASK);
+    CHECK_ERROR_MENTIONS("was cancelled", NULL, NULL);
+    CHECK_EQ(atomic_load(&h.ran) + atomic_load(&k.ran), 0);
+    CHECK_EQ(atomic_load(&h.done_status), UM_ERR_CANCELLED);
+    CHECK_STATUS(um_task_cancel(ctx, ig), UM_ERR_BUSY);
+    CHECK_ERROR_MENTIONS("finished", NULL, NULL);
+    CHECK_STATUS(um_wait_all(ctx), UM_ERR_CANCELLED);
+    CHECK_OK(um_buffer_destroy(y));
+    CHECK_OK(um_buffer_destroy(x));
+    CHECK_OK(um_buffer_destroy(z));
+    um_shutdown(ctx);
+}
+
+static int noop(const um_task_exec *e)
+{
+    (void)e;
+    return 0;
+}
+
+static void test_bad_input(void)
+{
+    um_context *ctx = NULL;
+    CHECK_OK(um_init("devices=sim:64M,links=model", &ctx));
+    if (!ctx)
+        return;
+    um_buffer *x;
+    CHECK_OK(um_buffer_create(ctx, 4096, NULL, &x));
+    um_task t = {0};
+    t.name = "bad";
+    t.device = -1;
+    t.nbuffers = 1;
+    t.buffers[0] = x;
+    t.modes[0] = UM_ACCESS_READ;
+    um_task_id id;
+    CHECK_STATUS(um_task_submit(ctx, &t, &id), UM_ERR_INVALID);
+    CHECK_ERROR_MENTIONS("no implementation", "'bad'", NULL);
+    t.cpu = noop;
+    t.modes[0] = (um_access)9;
+    CHECK_STATUS(um_task_submit(ctx, &t, &id), UM_ERR_INVALID);
+    CHECK_ERROR_MENTIONS("mode 9", NULL, NULL);
+    t.modes[0] = UM_ACCESS_READ;
+    t.nbuffers = 2;
+    t.buffers[1] = x;
+    t.modes[1] = UM_ACCESS_WRITE;
+    CHECK_STATUS(um_task_submit(ctx, &t, &id), UM_ERR_INVALID);
+    CHECK_ERROR_MENTIONS("twice", NULL, NULL);
+    t.nbuffers = 17;
+    CHECK_STATUS(um_task_submit(ctx, &t, &id), UM_ERR_INVALID);
+    t.nbuffers = 1;
+    t.device = 5;
+    CHECK_STATUS(um_task_submit(ctx, &t, &id), UM_ERR_NO_DEVICE);
+    t.device = -1;
+    t.cpu = NULL;
+    t.cuda = noop;
+    CHECK_STATUS(um_task_submit(ctx, &t, &id), UM_ERR_UNSUPPORTED);
+    CHECK_ERROR_MENTIONS("no implementation for", NULL, NULL);
+    CHECK_STATUS(um_task_submit(NULL, &t, &id), UM_ERR_INVALID);
+    CHECK_STATUS(um_task_wait(ctx, 1), UM_ERR_INVALID);
+    CHECK_STATUS(um_task_cancel(ctx, 99), UM_ERR_INVALID);
+    CHECK_OK(um_wait_all(ctx));
+    um_task_stats ts;
+    CHECK_STATUS(um_task_stats_get(ctx, 3, &ts), UM_ERR_NO_DEVICE);
+    CHECK_STATUS(um_task_stats_get(ctx, 0, NULL), UM_ERR_INVALID);
+    CHECK_OK(um_buffer_destroy(x));
+    um_shutdown(ctx);
+}
+
+/* ------------------------------------------------------------ policies */
+
+static int where_fn(const um_task_exec *e)
+{
+    atomic_store((_Atomic int *)e->user, e->device);
+    return 0;
+}
+
+/* Runs one task reading b (and writing w), returns its device. */
+static int place_one(um_context *ctx, um_buffer *b, um_buffer *w)
+{
+    _Atomic int dev = -1;
+    um_task t = {0};
+    t.name = "where";
+    t.cpu = where_fn;
+    t.buffers[0] = b;
+    t.modes[0] = UM_ACCESS_READ;
+    t.nbuffers = 1;
+    if (w) {
+        t.buffers[1] = w;
+        t.modes[1] = UM_ACCESS_WRITE_DISCARD;
+        t.nbuffers = 2;
+    }
+    t.device = -1;
+    t.user = (void *)&dev;
+    um_task_id id;
+    CHECK_OK(um_task_submit(ctx, &t, &id));
+    CHECK_OK(um_task_wait(ctx, id));
+    return atomic_load(&dev);
+}
+
+static void test_policies(void)
+{
+    const size_t size = 8u << 20;
+    for (int p = 0; p < 4; p++) {
+        char conf[200];
+        /* A slow modelled link: moving 8 MiB costs 80 ms. */
+        snprintf(conf, sizeof conf,
+                 "devices=sim:3x64M,links=model,sim_link_bandwidth=100M,sched=%s", policies[p]);
+        um_context *ctx = NULL;
+        CHECK_OK(um_init(conf, &ctx));
+        if (!ctx)
+            continue;
+        um_buffer *b;
+        void *q;
+        CHECK_OK(um_buffer_create(ctx, size, NULL, &b));
+        CHECK_OK(um_buffer_acquire(b, 2, UM_ACCESS_WRITE_DISCARD, NULL, &q));
+        CHECK_OK(um_buffer_release(b, 2, NULL));
+        int first = place_one(ctx, b, NULL);
+        int second = place_one(ctx, b, NULL);
+        if (!strcmp(policies[p], "locality") || !strcmp(policies[p], "cost")) {
+            CHECK_EQ(first, 2); /* where the data is */
+            CHECK_EQ(second, 2);
+        } else if (!strcmp(policies[p], "round_robin")) {
+            CHECK(second == (first + 1) % 4);
+        } else {
+            CHECK_EQ(first, 1); /* the first idle accelerator */
+        }
+        /* cost: a device whose limit is below the working set is never
+         * chosen, however idle. */
+        if (!strcmp(policies[p], "cost")) {
+            CHECK_OK(um_set_memory_limit(ctx, 2, 8u << 20));
+            um_buffer *w;
+            CHECK_OK(um_buffer_create(ctx, size, NULL, &w));
+            int d = place_one(ctx, b, w);
+            CHECK(d != 2);
+            CHECK_OK(um_buffer_destroy(w));
+        }
+        printf("test_task: %s placed a task reading data on device 2 on %d, then %d\n",
+               policies[p], first, second);
+        CHECK_OK(um_buffer_destroy(b));
+        um_shutdown(ctx);
+    }
+}
+
+int main(void)
+{
+    uint64_t seed = harness_seed("test_task");
+    test_bad_input();
+    test_failure_and_cancel();
+    test_policies();
+    for (int p = 0; p < 4; p++) {
+        /* Plenty of room, then devices of 128 KiB (a quarter of the data). */
+        test_random_graphs(seed, policies[p], 64u << 20, 128, 600);
+        test_random_graphs(seed, policies[p], 128u << 10, 128, 600);
+    }
+    return harness_finish("test_task");
+}
