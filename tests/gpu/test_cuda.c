@@ -12,6 +12,8 @@
 #include "backend/cuda_driver.h"
 #include "harness.h"
 
+#include <stdatomic.h>
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -583,6 +585,92 @@ static void check_buffer_stream_order(gpu *g)
     free(out);
 }
 
+/* Tasks across the host and the GPU: a kernel fills a buffer, the host
+ * adds 1 to every word, a kernel fills it again, the host checks; each
+ * step waits for the one before through the buffer's access modes. */
+typedef struct fill_job {
+    gpu *g;
+    uint32_t v;
+    _Atomic size_t bad;
+    _Atomic int device;
+} fill_job;
+
+static int fill_on_gpu(const um_task_exec *e)
+{
+    fill_job *j = e->user;
+    atomic_store(&j->device, e->device);
+    unsigned long long dp = (unsigned long long)(uintptr_t)e->ptrs[0];
+    unsigned long long n = e->sizes[0] / 4, wait = 20000000ull;
+    uint32_t v = j->v;
+    void *params[] = {&dp, &n, &wait, &v};
+    return j->g->cu->LaunchKernel(j->g->spin_fill, 264, 1, 1, 256, 1, 1, 0,
+                                  (um_cuStream)e->stream, params, NULL) != UM_CU_SUCCESS;
+}
+
+static int add_one_on_host(const um_task_exec *e)
+{
+    fill_job *j = e->user;
+    atomic_store(&j->device, e->device);
+    uint32_t *w = e->ptrs[0];
+    for (size_t i = 0; i < e->sizes[0] / 4; i++)
+        w[i] += 1;
+    return 0;
+}
+
+static int check_on_host(const um_task_exec *e)
+{
+    fill_job *j = e->user;
+    atomic_store(&j->device, e->device);
+    const uint32_t *w = e->ptrs[0];
+    size_t bad = 0;
+    for (size_t i = 0; i < e->sizes[0] / 4; i++)
+        bad += w[i] != j->v + (uint32_t)i;
+    atomic_store(&j->bad, bad);
+    return bad != 0;
+}
+
+static void check_tasks(gpu *g)
+{
+    const size_t words = 4u << 20;
+    um_buffer *b = NULL;
+    CHECK_OK(um_buffer_create(g->ctx, words * 4, NULL, &b));
+    fill_job f1 = {g, 3, 0, -1}, add = {g, 0, 0, -1}, c1 = {g, 4, 0, -1}, f2 = {g, 100, 0, -1},
+             c2 = {g, 100, 0, -1};
+    struct step {
+        um_task_fn cpu, cuda;
+        um_access mode;
+        fill_job *job;
+    } steps[] = {{NULL, fill_on_gpu, UM_ACCESS_WRITE_DISCARD, &f1},
+                 {add_one_on_host, NULL, UM_ACCESS_READ_WRITE, &add},
+                 {check_on_host, NULL, UM_ACCESS_READ, &c1},
+                 {NULL, fill_on_gpu, UM_ACCESS_WRITE, &f2},
+                 {check_on_host, NULL, UM_ACCESS_READ, &c2}};
+    for (size_t k = 0; k < sizeof steps / sizeof steps[0]; k++) {
+        um_task t = {0};
+        t.name = steps[k].cuda ? "fill" : "host";
+        t.cpu = steps[k].cpu;
+        t.cuda = steps[k].cuda;
+        t.nbuffers = 1;
+        t.buffers[0] = b;
+        t.modes[0] = steps[k].mode;
+        t.device = -1;
+        t.user = steps[k].job;
+        um_task_id id;
+        CHECK_OK(um_task_submit(g->ctx, &t, &id));
+    }
+    CHECK_OK(um_wait_all(g->ctx));
+    CHECK_EQ(atomic_load(&f1.device), g->dev);
+    CHECK_EQ(atomic_load(&add.device), 0);
+    CHECK_EQ(atomic_load(&c1.bad), 0);
+    CHECK_EQ(atomic_load(&c2.bad), 0);
+    um_task_stats ts;
+    CHECK_OK(um_task_stats_get(g->ctx, g->dev, &ts));
+    CHECK_EQ(ts.tasks, 2);
+    printf("tasks: GPU fill, host +1, host check, GPU fill, host check: %s\n",
+           atomic_load(&c1.bad) + atomic_load(&c2.bad) ? "WRONG" : "all words right");
+    CHECK_OK(um_buffer_destroy(b));
+}
+
 int main(void)
 {
     char why[256];
@@ -627,8 +715,10 @@ int main(void)
     check_segments(&g);
     check_two_gpus(gpus);
     check_buffer_round_trips(&g, fake);
-    if (g.spin_fill)
+    if (g.spin_fill) {
         check_buffer_stream_order(&g);
+        check_tasks(&g);
+    }
 
     if (g.mod)
         (void)g.cu->ModuleUnload(g.mod);
