@@ -220,6 +220,12 @@ static int cost(um__place *p, const um__place_task *t, const um__place_device *d
         room(p->ctx, dev, &limit, &used);
         if (dev != 0 && t->bytes > limit)
             continue; /* it could never fit there */
+        /* A device that has not run such a task yet gets one at a time
+         * until it has (calibration, as StarPU's): before any history,
+         * every device looks alike, and a slow one would take its share
+         * of all the tasks ready at the start. */
+        if (known_locked(p, t, dev) <= 0 && devs[dev].queued > 0)
+            continue;
         double fetch_ns;
         size_t have = resident(t, dev, &fetch_ns);
         size_t missing = t->bytes - (have < t->bytes ? have : t->bytes);

@@ -14,7 +14,8 @@
  *                inputs' transfer time (the link costs) + the compute time
  *                (history), plus the cost of making room when the device
  *                lacks it; a device whose memory limit is below the task's
- *                working set is never chosen.
+ *                working set is never chosen, and one that has not run
+ *                such a task yet gets one at a time until it has.
  */
 #ifndef UM_PLACE_H
 #define UM_PLACE_H

@@ -259,7 +259,6 @@ static void finish(um__run *r, task *t, um_status st, const char *why, task **do
         if (!r->first_failed)
             r->first_failed = t->id;
     }
-    r->outcome[t->id - 1] = outcome_of(st);
     for (int i = 0; i < t->t.nbuffers; i++) {
         access_rec *a = rec_find(r, t->t.buffers[i]);
         if (a && a->pending)
@@ -285,13 +284,12 @@ static void finish(um__run *r, task *t, um_status st, const char *why, task **do
             make_ready(r, d);
         }
     }
-    r->unfinished--;
     t->next = *done;
     *done = t;
-    pthread_cond_broadcast(&r->finished);
 }
 
-/* Callbacks and freeing, outside the lock (a callback may submit). */
+/* Callbacks, outside the lock (a callback may submit), then the outcome
+ * that waiters see: a wait returns after the task's callback has run. */
 static void retire(um__run *r, task *done)
 {
     while (done) {
@@ -300,6 +298,9 @@ static void retire(um__run *r, task *done)
         if (t->t.done)
             t->t.done(t->id, t->status, t->t.user);
         pthread_mutex_lock(&r->lock);
+        r->outcome[t->id - 1] = outcome_of(t->status);
+        r->unfinished--;
+        pthread_cond_broadcast(&r->finished);
         r->live[t->id - 1] = NULL;
         /* Tasks it depended on that are still running list it. */
         if (t->ndeps)
@@ -634,7 +635,8 @@ static bool depend(um__run *r, task *t, um_task_id id, bool discards)
         return true;
     task *d = r->live[id - 1];
     if (!d || d->state == DONE) {
-        if (r->outcome[id - 1] != ID_OK && !discards && !t->failed_dep)
+        bool failed = d ? d->status != UM_OK : r->outcome[id - 1] != ID_OK;
+        if (failed && !discards && !t->failed_dep)
             t->failed_dep = id;
         return true;
     }
@@ -649,6 +651,12 @@ static bool depend(um__run *r, task *t, um_task_id id, bool discards)
     d->dependents[d->ndependents++] = t;
     t->ndeps++;
     return true;
+}
+
+static bool dep_cancelled(const um__run *r, um_task_id id)
+{
+    const task *d = r->live[id - 1];
+    return d ? d->status == UM_ERR_CANCELLED : r->outcome[id - 1] == ID_CANCELLED;
 }
 
 um_status um_task_submit(um_context *ctx, const um_task *ut, um_task_id *id)
@@ -708,7 +716,7 @@ um_status um_task_submit(um_context *ctx, const um_task *ut, um_task_id *id)
         char because[256];
         snprintf(because, sizeof because, "task %llu (%s) depends on task %llu, which %s%s%.160s",
                  (unsigned long long)t->id, task_name(t), (unsigned long long)t->failed_dep,
-                 r->outcome[t->failed_dep - 1] == ID_CANCELLED ? "was cancelled" : "failed",
+                 dep_cancelled(r, t->failed_dep) ? "was cancelled" : "failed",
                  f ? ": " : "", f ? f->why : "");
         finish(r, t, UM_ERR_TASK, because, &done);
     } else if (t->ndeps == 0) {
