@@ -1,6 +1,6 @@
-# Front door: `make run` builds and replays the bundled real trace; `make test`
-# builds and runs every test. Both check for (and, as root on Debian, install)
-# what they need first.
+# Front door: `make run` builds and runs the tiled matrix multiplication demo
+# (tasks over the host and every device); `make test` builds and runs every
+# test. Both check for (and, as root on Debian, install) what they need first.
 
 BUILD       ?= build
 BUILD_TYPE  ?= RelWithDebInfo
@@ -22,7 +22,7 @@ build: deps $(BUILD)/CMakeCache.txt
 	cmake --build $(BUILD) -j $(JOBS)
 
 run: build
-	$(BUILD)/unimem replay data/gpt2_train.trace.gz
+	$(BUILD)/unimem demo gemm
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)

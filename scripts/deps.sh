@@ -7,6 +7,16 @@ command -v cc >/dev/null 2>&1 || need="$need gcc"
 command -v make >/dev/null 2>&1 || need="$need make"
 command -v pkg-config >/dev/null 2>&1 || need="$need pkg-config"
 [ -f /usr/include/zlib.h ] || need="$need zlib1g-dev"
+# OpenBLAS (with its LAPACK) for `unimem demo`: its pkg-config module, or the
+# library where a distribution installs it without one.
+has_openblas() {
+    pkg-config --exists openblas 2>/dev/null && return 0
+    for d in /usr/lib /usr/lib64 /usr/local/lib /usr/lib/*-linux-gnu /usr/lib/*-linux-gnu/openblas*; do
+        [ -e "$d/libopenblas.so" ] && return 0
+    done
+    return 1
+}
+has_openblas || need="$need libopenblas-dev"
 [ -z "$need" ] && exit 0
 echo "unimem: missing build dependencies:$need"
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then

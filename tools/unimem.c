@@ -20,6 +20,9 @@ static void usage(FILE *f)
             "  bench oversub [--json] [--limit BYTES]\n"
             "                                 data larger than a device: bytes and time against\n"
             "                                 what Belady's MIN needs\n"
+            "  demo gemm|cholesky [--n N] [--tile T] [--device SPEC] [--sched POLICY] [--json]\n"
+            "                                 tiled matrix multiplication or Cholesky as tasks\n"
+            "                                 over every device, checked against OpenBLAS\n"
             "\n"
             "UNIMEM_CONF=\"key=value,...\" sets options (see unimem info --options).\n");
 }
@@ -37,6 +40,8 @@ int main(int argc, char **argv)
         return um_cmd_replay(argc - 1, argv + 1);
     if (!strcmp(argv[1], "bench"))
         return um_cmd_bench(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "demo"))
+        return um_cmd_demo(argc - 1, argv + 1);
     fprintf(stderr, "unimem: unknown command '%s'\n\n", argv[1]);
     usage(stderr);
     return 2;

@@ -141,7 +141,7 @@ static int eager(const um__place_task *t, const um__place_device *devs, int n)
     int best = -1;
     for (int d = 1; d <= n; d++) {
         int dev = d % n; /* accelerators first, the host last */
-        if (!t->eligible[dev])
+        if (!t->eligible[dev] || devs[dev].full)
             continue;
         if (devs[dev].queued == 0)
             return dev;
@@ -151,11 +151,12 @@ static int eager(const um__place_task *t, const um__place_device *devs, int n)
     return best;
 }
 
-static int round_robin(um__place *p, const um__place_task *t, int n)
+static int round_robin(um__place *p, const um__place_task *t, const um__place_device *devs,
+                       int n)
 {
     for (int i = 0; i < n; i++) {
         int dev = (p->next + i) % n;
-        if (t->eligible[dev]) {
+        if (t->eligible[dev] && !devs[dev].full) {
             p->next = (dev + 1) % n;
             return dev;
         }
@@ -196,7 +197,7 @@ static int locality(const um__place_task *t, const um__place_device *devs, int n
             best_bytes = bytes;
         }
     }
-    return best;
+    return best >= 0 && devs[best].full ? -1 : best;
 }
 
 /* The bytes dev may hold and holds now. */
@@ -208,18 +209,19 @@ static void room(um_context *ctx, int dev, size_t *limit, size_t *used)
 
 static int cost(um__place *p, const um__place_task *t, const um__place_device *devs, int n)
 {
-    int best = -1, fallback = -1;
+    int best = -1, spare = -1;
     double best_finish = 0.0;
     for (int d = 1; d <= n; d++) {
         int dev = d % n;
         if (!t->eligible[dev])
             continue;
-        if (fallback < 0)
-            fallback = dev;
         size_t limit, used;
         room(p->ctx, dev, &limit, &used);
         if (dev != 0 && t->bytes > limit)
             continue; /* it could never fit there */
+        /* The fallback while nothing is known: the shortest queue. */
+        if (!devs[dev].full && (spare < 0 || devs[dev].queued < devs[spare].queued))
+            spare = dev;
         /* A device that has not run such a task yet gets one at a time
          * until it has (calibration, as StarPU's): before any history,
          * every device looks alike, and a slow one would take its share
@@ -239,7 +241,11 @@ static int cost(um__place *p, const um__place_task *t, const um__place_device *d
             best_finish = finish;
         }
     }
-    return best >= 0 ? best : fallback;
+    if (best < 0)
+        return spare;
+    /* The best device is busy: the task waits for it rather than run
+     * where it would finish later. */
+    return devs[best].full ? -1 : best;
 }
 
 int um__place_pick(um__place *p, const um__place_task *t, const um__place_device *devs,
@@ -253,7 +259,7 @@ int um__place_pick(um__place *p, const um__place_task *t, const um__place_device
         dev = eager(t, devs, n);
         break;
     case UM_SCHED_ROUND_ROBIN:
-        dev = round_robin(p, t, n);
+        dev = round_robin(p, t, devs, n);
         break;
     case UM_SCHED_LOCALITY:
         dev = locality(t, devs, n);

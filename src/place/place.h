@@ -39,13 +39,16 @@ typedef struct um__place_task {
 typedef struct um__place_device {
     double queued_ns; /* estimated compute time of its queued and running tasks */
     int queued;       /* those tasks */
+    bool full;        /* its queue takes no more now */
 } um__place_device;
 
 um__place *um__place_create(um_context *ctx, int policy);
 void um__place_destroy(um__place *p);
-/* The device for t: one where t->eligible holds (the caller ensures one
- * does); *est_ns is the estimated compute time there (a device that has
- * not run such a task yet is assumed as fast as those that have). */
+/* The device for t: one where t->eligible holds and that is not full;
+ * *est_ns is the estimated compute time there (a device that has not run
+ * such a task yet is assumed as fast as those that have). -1 when t
+ * should wait: every eligible device is full, or (locality, cost) the
+ * one it should run on is. */
 int um__place_pick(um__place *p, const um__place_task *t, const um__place_device *devs,
                    double *est_ns);
 /* The estimated compute time of t on dev (0: nothing known yet). */

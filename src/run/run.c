@@ -8,6 +8,10 @@
 
 /* Tasks prefetched ahead of the one running, per worker. */
 #define PREFETCH_AHEAD 2
+/* Tasks a worker holds (running and queued): ready tasks beyond that wait
+ * unplaced, so each is placed as late as its device can take it, with the
+ * load and history of that moment. */
+#define QUEUE_MAX (PREFETCH_AHEAD + 2)
 
 enum { WAITING, READY, RUNNING, DONE };
 /* A task id's outcome, kept after its record is freed. */
@@ -25,7 +29,7 @@ struct task {
     double est_ns;          /* its estimated compute time there */
     size_t bytes;           /* its working set */
     um_task_id failed_dep;  /* a dependency that failed before it was submitted */
-    task *next;             /* in a worker's queue, or a list of finished tasks */
+    task *next;             /* in a worker's queue, the ready list, or a list of finished tasks */
     bool retired;           /* its callback ran; freed once no task lists it */
     um_status status;
     char why[256];
@@ -69,6 +73,7 @@ struct um__run {
     bool quit;
     um__place *place;
     worker w[UM_MAX_DEVICES];
+    task *ready_head, *ready_tail; /* ready, not placed yet (device queues full) */
     uint8_t *outcome;        /* per id (index id - 1) */
     task **live;             /* per id: the record while it exists */
     uint64_t nids, ids_cap;
@@ -213,18 +218,19 @@ static void fill_place_task(um__run *r, const task *t, um__place_task *pt)
                           runs_on(&t->t, r->ctx->devices[d].backend);
 }
 
-/* Places a ready task and queues it on its device's worker (locked). */
-static void make_ready(um__run *r, task *t)
+/* Tries to place t (ready) now: true when it went to a device's queue,
+ * false when its device should be one whose queue is full (locked). */
+static bool place_now(um__run *r, task *t)
 {
     um__place_task pt;
     fill_place_task(r, t, &pt);
     um__place_device devs[UM_MAX_DEVICES];
     for (int d = 0; d < r->ctx->ndevices; d++)
-        devs[d] = (um__place_device){r->w[d].queued_ns, r->w[d].queued};
+        devs[d] = (um__place_device){r->w[d].queued_ns, r->w[d].queued,
+                                     r->w[d].queued >= QUEUE_MAX};
     t->dev = um__place_pick(r->place, &pt, devs, &t->est_ns);
-    /* Its buffers will be used: reclaim keeps them where it can. */
-    for (int i = 0; i < t->t.nbuffers; i++)
-        (void)um_buffer_hint(t->t.buffers[i], UM_HINT_WILL_USE);
+    if (t->dev < 0)
+        return false;
     worker *w = &r->w[t->dev];
     t->state = READY;
     t->next = NULL;
@@ -236,6 +242,48 @@ static void make_ready(um__run *r, task *t)
     w->queued++;
     w->queued_ns += t->est_ns;
     pthread_cond_signal(&w->wake);
+    return true;
+}
+
+/* Places the waiting ready tasks, oldest first, while devices have room
+ * in their queues (locked). */
+static void dispatch(um__run *r)
+{
+    task **pp = &r->ready_head, *prev = NULL;
+    while (*pp) {
+        bool room = false;
+        for (int d = 0; d < r->ctx->ndevices; d++)
+            room |= r->w[d].started && r->w[d].queued < QUEUE_MAX;
+        if (!room)
+            return;
+        task *t = *pp;
+        task *next = t->next;
+        if (place_now(r, t)) {
+            *pp = next;
+            if (r->ready_tail == t)
+                r->ready_tail = prev;
+        } else {
+            prev = t;
+            pp = &t->next;
+        }
+    }
+}
+
+/* t's dependencies are done (locked): its buffers are announced (reclaim
+ * keeps them where it can), and it waits in the ready list for a place. */
+static void make_ready(um__run *r, task *t)
+{
+    for (int i = 0; i < t->t.nbuffers; i++)
+        (void)um_buffer_hint(t->t.buffers[i], UM_HINT_WILL_USE);
+    t->state = READY;
+    t->dev = -1;
+    t->next = NULL;
+    if (r->ready_tail)
+        r->ready_tail->next = t;
+    else
+        r->ready_head = t;
+    r->ready_tail = t;
+    dispatch(r);
 }
 
 /* ----------------------------------------------------------- finishing */
@@ -448,6 +496,7 @@ static void *worker_main(void *arg)
             w->queued_ns = 0;
         task *done = NULL;
         finish(r, t, st, why, &done);
+        dispatch(r); /* this queue has room again */
         pthread_mutex_unlock(&r->lock);
         retire(r, done);
         pthread_mutex_lock(&r->lock);
@@ -785,17 +834,21 @@ um_status um_task_cancel(um_context *ctx, um_task_id id)
                         t && t->state == RUNNING ? "started" : "finished");
     }
     if (t->state == READY) {
-        worker *w = &r->w[t->dev];
-        task **pp = &w->head, *prev = NULL;
+        /* In a device's queue, or in the ready list waiting for one. */
+        worker *w = t->dev >= 0 ? &r->w[t->dev] : NULL;
+        task **head = w ? &w->head : &r->ready_head, **tail = w ? &w->tail : &r->ready_tail;
+        task **pp = head, *prev = NULL;
         while (*pp != t) {
             prev = *pp;
             pp = &(*pp)->next;
         }
         *pp = t->next;
-        if (w->tail == t)
-            w->tail = prev;
-        w->queued--;
-        w->queued_ns -= t->est_ns;
+        if (*tail == t)
+            *tail = prev;
+        if (w) {
+            w->queued--;
+            w->queued_ns -= t->est_ns;
+        }
     }
     task *done = NULL;
     char why[128];

@@ -1,0 +1,323 @@
+/*
+ * The tile kernels of `unimem demo` (see demo_blas.h): OpenBLAS for the host
+ * and simulated devices, cuBLAS for GPUs. cuBLAS is loaded with dlopen at
+ * run time; each GPU gets one handle, made by the first task that runs
+ * there (on the device's worker, where its context is current) and used
+ * under that device's lock, since setting the stream and queuing the call
+ * must not interleave with another thread's.
+ */
+#include "demo_blas.h"
+
+#include <cblas.h>
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+/* LAPACK's Cholesky factorisation (OpenBLAS carries LAPACK). The last
+ * argument is the hidden length of the character argument that gfortran
+ * passes; implementations without it ignore it. */
+void spotrf_(const char *uplo, const blasint *n, float *a, const blasint *lda, blasint *info,
+             size_t uplo_len);
+
+/* ------------------------------------------------------------- OpenBLAS */
+
+static const demo_op *op_of(const um_task_exec *e)
+{
+    return (const demo_op *)e->user;
+}
+
+int demo_cpu_gemm(const um_task_exec *e)
+{
+    const demo_op *op = op_of(e);
+    const float *a = e->ptrs[0], *b = e->ptrs[1];
+    float *c = e->ptrs[2];
+    int t = op->tile;
+    cblas_sgemm(CblasColMajor, CblasNoTrans, op->trans_b ? CblasTrans : CblasNoTrans, t, t, t,
+                op->alpha, a, t, b, t, op->beta, c, t);
+    return 0;
+}
+
+int demo_cpu_trsm(const um_task_exec *e)
+{
+    const demo_op *op = op_of(e);
+    const float *l = e->ptrs[0];
+    float *a = e->ptrs[1];
+    int t = op->tile;
+    cblas_strsm(CblasColMajor, CblasRight, CblasLower, CblasTrans, CblasNonUnit, t, t, 1.0f, l, t,
+                a, t);
+    return 0;
+}
+
+int demo_cpu_syrk(const um_task_exec *e)
+{
+    const demo_op *op = op_of(e);
+    const float *a = e->ptrs[0];
+    float *c = e->ptrs[1];
+    int t = op->tile;
+    cblas_ssyrk(CblasColMajor, CblasLower, CblasNoTrans, t, t, -1.0f, a, t, 1.0f, c, t);
+    return 0;
+}
+
+int demo_cpu_potrf(const um_task_exec *e)
+{
+    const demo_op *op = op_of(e);
+    float *a = e->ptrs[0];
+    blasint t = op->tile, info = 0;
+    spotrf_("L", &t, a, &t, &info, 1);
+    if (info != 0)
+        fprintf(stderr, "unimem demo: spotrf on device %d failed with info %d (%s)\n", e->device,
+                (int)info, info > 0 ? "the tile is not positive definite" : "a bad argument");
+    return info != 0;
+}
+
+static int default_threads = -1;
+
+void demo_blas_set_threads(int n)
+{
+    if (default_threads < 0)
+        default_threads = openblas_get_num_threads();
+    openblas_set_num_threads(n < 1 ? 1 : n);
+}
+
+int demo_blas_default_threads(void)
+{
+    if (default_threads < 0)
+        default_threads = openblas_get_num_threads();
+    return default_threads;
+}
+
+/* --------------------------------------------------------------- cuBLAS */
+
+/* The few declarations of cublas_api.h used here (cuBLAS's ABI: handles and
+ * streams are pointers, enums are ints, scalars are read from the host). */
+enum {
+    CUBLAS_OP_N = 0,
+    CUBLAS_OP_T = 1,
+    CUBLAS_FILL_MODE_LOWER = 0,
+    CUBLAS_DIAG_NON_UNIT = 0,
+    CUBLAS_SIDE_RIGHT = 1
+};
+
+typedef struct cublas_api {
+    int (*create)(void **handle);
+    int (*destroy)(void *handle);
+    int (*set_stream)(void *handle, void *stream);
+    int (*sgemm)(void *handle, int transa, int transb, int m, int n, int k, const float *alpha,
+                 const float *a, int lda, const float *b, int ldb, const float *beta, float *c,
+                 int ldc);
+    int (*strsm)(void *handle, int side, int uplo, int trans, int diag, int m, int n,
+                 const float *alpha, const float *a, int lda, float *b, int ldb);
+    int (*ssyrk)(void *handle, int uplo, int trans, int n, int k, const float *alpha,
+                 const float *a, int lda, const float *beta, float *c, int ldc);
+} cublas_api;
+
+#define DEMO_MAX_GPUS 64
+
+static struct {
+    pthread_mutex_t lock; /* guards loading and making handles */
+    bool tried, loaded;
+    char why[256];
+    cublas_api api;
+    void *handle[DEMO_MAX_GPUS];      /* by unimem device index */
+    int create_status[DEMO_MAX_GPUS]; /* cublasCreate's failure there (0: none yet) */
+    pthread_mutex_t device_lock[DEMO_MAX_GPUS];
+    bool device_lock_ready;
+} cublas = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+bool demo_cublas_load(char *why, size_t why_len)
+{
+    pthread_mutex_lock(&cublas.lock);
+    if (!cublas.tried) {
+        cublas.tried = true;
+        static const char *const names[] = {"libcublas.so.13", "libcublas.so.12", "libcublas.so"};
+        void *lib = NULL;
+        const char *err = "";
+        for (size_t i = 0; i < sizeof names / sizeof names[0] && !lib; i++) {
+            lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+            if (!lib) {
+                const char *e = dlerror();
+                err = e ? e : "unknown error";
+            }
+        }
+        if (!lib) {
+            snprintf(
+                cublas.why, sizeof cublas.why,
+                "cuBLAS not found (dlopen libcublas.so.13, .12 and libcublas.so: last error: %s)",
+                err);
+        } else {
+            struct {
+                void **slot;
+                const char *symbol;
+            } syms[] = {
+                {(void **)&cublas.api.create, "cublasCreate_v2"},
+                {(void **)&cublas.api.destroy, "cublasDestroy_v2"},
+                {(void **)&cublas.api.set_stream, "cublasSetStream_v2"},
+                {(void **)&cublas.api.sgemm, "cublasSgemm_v2"},
+                {(void **)&cublas.api.strsm, "cublasStrsm_v2"},
+                {(void **)&cublas.api.ssyrk, "cublasSsyrk_v2"},
+            };
+            cublas.loaded = true;
+            for (size_t i = 0; i < sizeof syms / sizeof syms[0] && cublas.loaded; i++) {
+                *syms[i].slot = dlsym(lib, syms[i].symbol);
+                if (!*syms[i].slot) {
+                    snprintf(cublas.why, sizeof cublas.why, "the cuBLAS library found lacks %s",
+                             syms[i].symbol);
+                    cublas.loaded = false;
+                }
+            }
+            if (!cublas.loaded)
+                dlclose(lib);
+        }
+        if (cublas.loaded && !cublas.device_lock_ready) {
+            for (int d = 0; d < DEMO_MAX_GPUS; d++)
+                pthread_mutex_init(&cublas.device_lock[d], NULL);
+            cublas.device_lock_ready = true;
+        }
+    }
+    bool ok = cublas.loaded;
+    if (!ok && why && why_len)
+        snprintf(why, why_len, "%s", cublas.why);
+    pthread_mutex_unlock(&cublas.lock);
+    return ok;
+}
+
+void demo_cublas_release(void)
+{
+    pthread_mutex_lock(&cublas.lock);
+    for (int d = 0; d < DEMO_MAX_GPUS; d++) {
+        if (cublas.handle[d])
+            (void)cublas.api.destroy(cublas.handle[d]);
+        cublas.handle[d] = NULL;
+        cublas.create_status[d] = 0;
+    }
+    pthread_mutex_unlock(&cublas.lock);
+}
+
+/* The device's handle, made on first use (on the device's worker, where
+ * its context is current); NULL when cublasCreate fails, its status kept
+ * for demo_cublas_ready. */
+static void *device_handle(int d)
+{
+    if (!cublas.loaded || d < 0 || d >= DEMO_MAX_GPUS)
+        return NULL;
+    pthread_mutex_lock(&cublas.lock);
+    if (!cublas.handle[d] && !cublas.create_status[d]) {
+        int rc = cublas.api.create(&cublas.handle[d]);
+        if (rc != 0) {
+            cublas.handle[d] = NULL;
+            cublas.create_status[d] = rc;
+        }
+    }
+    void *h = cublas.handle[d];
+    pthread_mutex_unlock(&cublas.lock);
+    return h;
+}
+
+int demo_cuda_init(const um_task_exec *e)
+{
+    (void)device_handle(e->device);
+    return 0;
+}
+
+int demo_cuda_fini(const um_task_exec *e)
+{
+    int d = e->device;
+    if (!cublas.loaded || d < 0 || d >= DEMO_MAX_GPUS)
+        return 0;
+    pthread_mutex_lock(&cublas.lock);
+    if (cublas.handle[d])
+        (void)cublas.api.destroy(cublas.handle[d]);
+    cublas.handle[d] = NULL;
+    cublas.create_status[d] = 0;
+    pthread_mutex_unlock(&cublas.lock);
+    return 0;
+}
+
+bool demo_cublas_ready(int dev, char *why, size_t why_len)
+{
+    if (!cublas.loaded || dev < 0 || dev >= DEMO_MAX_GPUS) {
+        snprintf(why, why_len, "%s",
+                 cublas.loaded ? "too many GPUs for cuBLAS handles" : cublas.why);
+        return false;
+    }
+    pthread_mutex_lock(&cublas.lock);
+    bool ok = cublas.handle[dev] != NULL;
+    if (!ok)
+        snprintf(why, why_len, "cuBLAS cannot start on device %d (cublasCreate: status %d%s)", dev,
+                 cublas.create_status[dev],
+                 cublas.create_status[dev] == 1 ? ", not initialized: the CUDA runtime failed"
+                                                : "");
+    pthread_mutex_unlock(&cublas.lock);
+    return ok;
+}
+
+/* The device's handle set to the task's stream, with the device's lock held
+ * (unlock_device releases it); NULL after a message when cuBLAS cannot
+ * serve the device. */
+static void *lock_device(const um_task_exec *e)
+{
+    int d = e->device;
+    void *h = device_handle(d);
+    if (!h) {
+        char why[256];
+        (void)demo_cublas_ready(d, why, sizeof why);
+        fprintf(stderr, "unimem demo: %s\n", why);
+        return NULL;
+    }
+    pthread_mutex_lock(&cublas.device_lock[d]);
+    int rc = cublas.api.set_stream(h, e->stream);
+    if (rc != 0) {
+        pthread_mutex_unlock(&cublas.device_lock[d]);
+        fprintf(stderr, "unimem demo: cublasSetStream on device %d failed with status %d\n", d, rc);
+        return NULL;
+    }
+    return h;
+}
+
+static int unlock_device(const um_task_exec *e, const char *what, int rc)
+{
+    pthread_mutex_unlock(&cublas.device_lock[e->device]);
+    if (rc != 0)
+        fprintf(stderr, "unimem demo: %s on device %d failed with status %d\n", what, e->device,
+                rc);
+    return rc != 0;
+}
+
+int demo_cuda_gemm(const um_task_exec *e)
+{
+    const demo_op *op = op_of(e);
+    void *h = lock_device(e);
+    if (!h)
+        return 1;
+    int t = op->tile;
+    int rc = cublas.api.sgemm(h, CUBLAS_OP_N, op->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, t, t, t,
+                              &op->alpha, e->ptrs[0], t, e->ptrs[1], t, &op->beta, e->ptrs[2], t);
+    return unlock_device(e, "cublasSgemm", rc);
+}
+
+int demo_cuda_trsm(const um_task_exec *e)
+{
+    const demo_op *op = op_of(e);
+    void *h = lock_device(e);
+    if (!h)
+        return 1;
+    int t = op->tile;
+    const float one = 1.0f;
+    int rc = cublas.api.strsm(h, CUBLAS_SIDE_RIGHT, CUBLAS_FILL_MODE_LOWER, CUBLAS_OP_T,
+                              CUBLAS_DIAG_NON_UNIT, t, t, &one, e->ptrs[0], t, e->ptrs[1], t);
+    return unlock_device(e, "cublasStrsm", rc);
+}
+
+int demo_cuda_syrk(const um_task_exec *e)
+{
+    const demo_op *op = op_of(e);
+    void *h = lock_device(e);
+    if (!h)
+        return 1;
+    int t = op->tile;
+    const float minus_one = -1.0f, one = 1.0f;
+    int rc = cublas.api.ssyrk(h, CUBLAS_FILL_MODE_LOWER, CUBLAS_OP_N, t, t, &minus_one, e->ptrs[0],
+                              t, &one, e->ptrs[1], t);
+    return unlock_device(e, "cublasSsyrk", rc);
+}

@@ -1,0 +1,68 @@
+/*
+ * The task implementations of `unimem demo`: tile kernels of single
+ * precision linear algebra for the host (OpenBLAS; they also run on
+ * simulated devices, whose memory is host memory) and for CUDA GPUs
+ * (cuBLAS, loaded at run time so that nothing of CUDA is needed to build or
+ * to run without a GPU). Every tile is a column-major tile x tile matrix of
+ * floats in one buffer. Uses only include/unimem.h.
+ */
+#ifndef UM_DEMO_BLAS_H
+#define UM_DEMO_BLAS_H
+
+#include "unimem.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+
+/* What a task's implementation needs besides its buffers; um_task.user
+ * points at one, and `owner` is the caller's own (the done callback gets
+ * the same pointer). */
+typedef struct demo_op {
+    int tile;     /* rows and columns of every tile */
+    bool trans_b; /* gemm: C = alpha A B^T + beta C instead of alpha A B + beta C */
+    float alpha, beta;
+    void *owner;
+} demo_op;
+
+/* Buffers, in task order:
+ *   gemm   A (read), B (read), C (read-write): C = alpha A op(B) + beta C
+ *   trsm   L_kk (read), A_ik (read-write): A_ik = A_ik L_kk^-T
+ *   syrk   A_ik (read), A_ii (read-write): lower part of A_ii -= A_ik A_ik^T
+ *   potrf  A_kk (read-write): its lower part becomes L_kk, A_kk = L_kk L_kk^T
+ * The cpu functions compute before they return; the cuda ones queue the
+ * work on e->stream. Each returns 0, or non-zero when the library reports
+ * an error (potrf: a matrix that is not positive definite). */
+int demo_cpu_gemm(const um_task_exec *e);
+int demo_cpu_trsm(const um_task_exec *e);
+int demo_cpu_syrk(const um_task_exec *e);
+int demo_cpu_potrf(const um_task_exec *e);
+int demo_cuda_gemm(const um_task_exec *e);
+int demo_cuda_trsm(const um_task_exec *e);
+int demo_cuda_syrk(const um_task_exec *e);
+
+/* Loads cuBLAS once for the process (libcublas.so.13, then .12, then
+ * libcublas.so). false, with the reason in why, when it cannot be loaded;
+ * later calls give the first answer. */
+bool demo_cublas_load(char *why, size_t why_len);
+/* A GPU implementation that only makes the device's cuBLAS handle (the
+ * first costs a good part of a second), run on each GPU before the work
+ * so that this is not timed and a cuBLAS that cannot start is found
+ * before any task depends on it. It always returns 0; demo_cublas_ready
+ * says whether the handle was made. */
+int demo_cuda_init(const um_task_exec *e);
+bool demo_cublas_ready(int dev, char *why, size_t why_len);
+/* A GPU implementation that destroys the device's handle, on the worker
+ * that made it, once the work is done (it always returns 0). */
+int demo_cuda_fini(const um_task_exec *e);
+/* Destroys the cuBLAS handles left (one per device, made by the first task
+ * there) from the calling thread: what a run that failed leaves. Call it
+ * once the tasks are done, before the context that ran them is shut
+ * down. */
+void demo_cublas_release(void);
+
+/* Threads OpenBLAS uses for one call (at least 1), and the number it would
+ * use by itself. */
+void demo_blas_set_threads(int n);
+int demo_blas_default_threads(void);
+
+#endif
