@@ -3,7 +3,7 @@
 # (the GPU ones included), `unimem info`, replays on cuda:0 with the driver's
 # view, the allocator comparison, and (when torch is there) the PyTorch
 # end-to-end run. Every result goes under $OUT.
-# Usage: bench/gpu/gpu_run.sh [quick] [STEP...]   STEP: build test asan info vmm replay compare copy managed oversub torch e2e e2e_variants
+# Usage: bench/gpu/gpu_run.sh [quick] [STEP...]   STEP: build test asan info vmm replay compare copy managed oversub gemm torch e2e e2e_variants
 set -u
 FINAL=${OUT:-out}
 # Results gather in one folder and leave as one archive (the transfer back
@@ -85,6 +85,24 @@ if has managed; then
     -lz -lpthread -ldl -o build-dev/managed_compare > "$OUT/managed_build.txt" 2>&1 || tail -30 "$OUT/managed_build.txt"
   build-dev/managed_compare $QUICK --json "$OUT/managed_compare.json" > "$OUT/managed_compare.txt" 2>&1
   echo "managed_compare rc=$?"; cat "$OUT/managed_compare.txt"
+fi
+# Out-of-core SGEMM as tasks (issue 6): N = 32768 with the GPU limited to
+# 8 GiB (below A, B and C's 12 GiB), tiles 2048-8192, next to cuBLAS in
+# core and cuBLASXt from pinned host memory in the same run; then one
+# tiled Cholesky.
+if has gemm; then
+  /usr/local/cuda/bin/nvcc -O2 -std=c++17 bench/gpu/sgemm_compare.cu -lcublas \
+    -o build-dev/sgemm_compare > "$OUT/sgemm_build.txt" 2>&1 || tail -30 "$OUT/sgemm_build.txt"
+  build-dev/sgemm_compare --json "$OUT/sgemm_compare.json" > "$OUT/sgemm_compare.txt" 2>&1
+  echo "sgemm_compare rc=$?"; cat "$OUT/sgemm_compare.txt"
+  for t in 2048 4096 8192; do
+    build-dev/unimem demo gemm --device cuda:0 --limit 8G --n 32768 --tile $t \
+      > "$OUT/demo_gemm_t$t.txt" 2>&1
+    echo "demo gemm tile $t rc=$?"; grep -v "tasks:" "$OUT/demo_gemm_t$t.txt" | tail -12
+  done
+  build-dev/unimem demo cholesky --device cuda:0 --limit 8G --n 32768 --tile 4096 \
+    > "$OUT/demo_cholesky.txt" 2>&1
+  echo "demo cholesky rc=$?"; grep -v "tasks:" "$OUT/demo_cholesky.txt" | tail -8
 fi
 # Data larger than the device: the limit at 8 GiB, buffers of 256 MiB.
 if has oversub; then
