@@ -67,9 +67,14 @@ static void test_random_graphs(uint64_t seed, const char *policy, size_t limit, 
                                int ntasks)
 {
     char conf[256];
-    /* Pages of 64 KiB, so a small limit holds a few buffers. */
-    snprintf(conf, sizeof conf, "devices=sim:3x64M,sim_granularity=64K,links=model,sched=%s",
-             policy);
+    /* Pages of 64 KiB, so a small limit holds a few buffers.
+     * UM_TEST_TASK_DEVICES: other devices (CI: stand-in GPUs, whose
+     * memory the host can touch and whose copies are done when issued,
+     * so the tasks' "cuda" implementation is the cpu one). */
+    const char *devs = getenv("UM_TEST_TASK_DEVICES");
+    bool fake_gpus = devs && strstr(devs, "cuda");
+    snprintf(conf, sizeof conf, "devices=%s,sim_granularity=64K,links=model,sched=%s",
+             devs && *devs ? devs : "sim:3x64M", policy);
     um_context *ctx = NULL;
     CHECK_OK(um_init(conf, &ctx));
     if (!ctx)
@@ -108,13 +113,16 @@ static void test_random_graphs(uint64_t seed, const char *policy, size_t limit, 
         um_task t = {0};
         t.name = "mix";
         t.cpu = task_fn;
+        t.cuda = fake_gpus ? task_fn : NULL;
         t.nbuffers = s->nbuf;
         for (int i = 0; i < s->nbuf; i++) {
             t.buffers[i] = b[s->idx[i]];
             t.modes[i] = s->mode[i];
         }
         t.flops = 1e4;
-        t.device = harness_rand(&rng) % 10 == 0 ? (int)(harness_rand(&rng) % 4) : -1;
+        t.device = harness_rand(&rng) % 10 == 0
+                       ? (int)(harness_rand(&rng) % (uint64_t)um_device_count(ctx))
+                       : -1;
         t.user = s;
         um_task_id id;
         CHECK_OK(um_task_submit(ctx, &t, &id));
@@ -421,9 +429,11 @@ int main(void)
     test_failure_and_cancel();
     test_policies();
     for (int p = 0; p < 4; p++) {
-        /* Plenty of room, then devices of 128 KiB (a quarter of the data). */
+        /* Plenty of room, then devices of 128 KiB (a quarter of the data;
+         * GPU pages are 2 MiB, so there 4 MiB). */
+        bool gpus = getenv("UM_TEST_TASK_DEVICES") && strstr(getenv("UM_TEST_TASK_DEVICES"), "cuda");
         test_random_graphs(seed, policies[p], 64u << 20, 128, 600);
-        test_random_graphs(seed, policies[p], 128u << 10, 128, 600);
+        test_random_graphs(seed, policies[p], gpus ? 4u << 20 : 128u << 10, 128, 600);
     }
     return harness_finish("test_task");
 }

@@ -219,8 +219,8 @@ static int cost(um__place *p, const um__place_task *t, const um__place_device *d
         room(p->ctx, dev, &limit, &used);
         if (dev != 0 && t->bytes > limit)
             continue; /* it could never fit there */
-        /* The fallback while nothing is known: the shortest queue. */
-        if (!devs[dev].full && (spare < 0 || devs[dev].queued < devs[spare].queued))
+        /* While nothing is known: an idle device, for its first task. */
+        if (devs[dev].queued == 0 && spare < 0)
             spare = dev;
         /* A device that has not run such a task yet gets one at a time
          * until it has (calibration, as StarPU's): before any history,
@@ -242,7 +242,7 @@ static int cost(um__place *p, const um__place_task *t, const um__place_device *d
         }
     }
     if (best < 0)
-        return spare;
+        return spare; /* -1: wait until a device is calibrated or idle */
     /* The best device is busy: the task waits for it rather than run
      * where it would finish later. */
     return devs[best].full ? -1 : best;

@@ -11,7 +11,7 @@
 /* Tasks a worker holds (running and queued): ready tasks beyond that wait
  * unplaced, so each is placed as late as its device can take it, with the
  * load and history of that moment. */
-#define QUEUE_MAX (PREFETCH_AHEAD + 2)
+#define QUEUE_MAX (PREFETCH_AHEAD + 4)
 
 enum { WAITING, READY, RUNNING, DONE };
 /* A task id's outcome, kept after its record is freed. */
@@ -386,19 +386,26 @@ static void prefetch(worker *w, um_buffer *const *bufs, int n)
     }
 }
 
-/* Acquires t's buffers on the worker's stream, waits for them, runs the
- * implementation and releases them. UM_OK or a failure with *why. */
-static um_status run_task(worker *w, task *t, char *why, size_t why_len)
+/* A GPU task launched and not seen finished yet: its buffers are released
+ * on the worker's stream, and `done` marks the end of its work there. */
+typedef struct in_flight {
+    task *t;
+    um__fence done;
+    uint64_t launched_ns;
+    um_status st;
+    char why[256];
+} in_flight;
+
+/* Acquires t's buffers on the worker's stream (the stream waits for their
+ * copies; the host does not). *held: how many were acquired. Counts the
+ * bytes that must come in. */
+static um_status acquire_all(worker *w, task *t, void **ptrs, size_t *sizes, int *held,
+                             char *why, size_t why_len)
 {
-    um__run *r = w->r;
-    um_context *ctx = r->ctx;
     const um_task *ut = &t->t;
-    um__backend *be = ctx->devices[w->dev].backend;
-    void *ptrs[UM_TASK_MAX_BUFFERS];
-    size_t sizes[UM_TASK_MAX_BUFFERS];
-    int held = 0;
     um_status st = UM_OK;
-    uint64_t t0 = um__now_ns(), in = 0;
+    uint64_t in = 0;
+    *held = 0;
     for (int i = 0; i < ut->nbuffers && st == UM_OK; i++) {
         double ns;
         if (ut->modes[i] != UM_ACCESS_WRITE_DISCARD &&
@@ -412,94 +419,232 @@ static um_status run_task(worker *w, task *t, char *why, size_t why_len)
                 break;
             sleep_until_ns(um__now_ns() + 1000000);
         }
-        held += st == UM_OK;
+        *held += st == UM_OK;
     }
-    if (st == UM_OK)
-        st = um_stream_synchronize(ctx, w->stream);
+    atomic_fetch_add(&w->bytes_in, in);
     if (st != UM_OK)
         snprintf(why, why_len, "task %llu (%s) on device %d: its buffers could not be had: %s",
                  (unsigned long long)t->id, task_name(t), w->dev, um_last_error());
-    uint64_t t1 = um__now_ns();
-    atomic_fetch_add(&w->waited_ns, t1 - t0);
-    atomic_fetch_add(&w->bytes_in, in);
-    if (st == UM_OK) {
-        um_task_exec e = {w->dev, be->kind, um_stream_native(w->stream), ptrs, sizes,
-                          ut->nbuffers, ut->user};
-        int rc = be->kind == UM_DEVICE_CUDA ? ut->cuda(&e) : ut->cpu(&e);
-        um_status s2 = be->kind == UM_DEVICE_CUDA ? um_stream_synchronize(ctx, w->stream) : UM_OK;
-        if (rc != 0) {
-            st = UM_ERR_TASK;
-            snprintf(why, why_len, "task %llu (%s) on device %d returned %d",
-                     (unsigned long long)t->id, task_name(t), w->dev, rc);
-        } else if (s2 != UM_OK) {
-            st = UM_ERR_TASK;
-            snprintf(why, why_len, "task %llu (%s) on device %d: its GPU work failed: %s",
-                     (unsigned long long)t->id, task_name(t), w->dev, um_last_error());
-        }
-        /* A simulated device computes at its modelled speed. */
-        if (be->kind == UM_DEVICE_SIM && ctx->opts.sim_gflops > 0 && ut->flops > 0)
-            sleep_until_ns(t1 + (uint64_t)(ut->flops / (double)ctx->opts.sim_gflops));
-    }
-    uint64_t t2 = um__now_ns();
-    for (int i = 0; i < ut->nbuffers && i < held; i++)
-        if (um_buffer_release(ut->buffers[i], w->dev, w->stream) != UM_OK && st == UM_OK) {
+    return st;
+}
+
+/* Releases the first `held` buffers of t on the worker's stream; st, or a
+ * failure if a release fails. */
+static um_status release_all(worker *w, task *t, int held, um_status st, char *why,
+                             size_t why_len)
+{
+    for (int i = 0; i < held; i++)
+        if (um_buffer_release(t->t.buffers[i], w->dev, w->stream) != UM_OK && st == UM_OK) {
             st = UM_ERR_TASK;
             snprintf(why, why_len, "task %llu (%s) on device %d: a release failed: %s",
                      (unsigned long long)t->id, task_name(t), w->dev, um_last_error());
         }
-    if (held == ut->nbuffers && t2 > t1) {
+    return st;
+}
+
+/* A task's compute from t1 to t2 ended: statistics, history, trace. */
+static void account(worker *w, task *t, uint64_t t1, uint64_t t2, um_status st)
+{
+    um__run *r = w->r;
+    if (t2 > t1) {
         atomic_fetch_add(&w->busy_ns, t2 - t1);
         if (st == UM_OK) {
             um__place_task pt;
             fill_place_task(r, t, &pt);
             um__place_learn(r->place, &pt, w->dev, t2 - t1);
         }
-        if (ctx->events)
-            um__event_add_named(ctx->events, UM_EVENT_TASK, w->dev, t1, t2 - t1, t->id,
+        if (r->ctx->events)
+            um__event_add_named(r->ctx->events, UM_EVENT_TASK, w->dev, t1, t2 - t1, t->id,
                                 st != UM_OK, task_name(t));
     }
     atomic_fetch_add(st == UM_OK ? &w->tasks : &w->failed, 1);
+}
+
+/* On the host and sim devices: acquires t's buffers, waits for them,
+ * computes, releases. UM_OK or a failure with *why. */
+static um_status run_on_cpu(worker *w, task *t, char *why, size_t why_len)
+{
+    um_context *ctx = w->r->ctx;
+    const um_task *ut = &t->t;
+    um__backend *be = ctx->devices[w->dev].backend;
+    void *ptrs[UM_TASK_MAX_BUFFERS];
+    size_t sizes[UM_TASK_MAX_BUFFERS];
+    int held;
+    uint64_t t0 = um__now_ns();
+    um_status st = acquire_all(w, t, ptrs, sizes, &held, why, why_len);
+    if (st == UM_OK && (st = um_stream_synchronize(ctx, w->stream)) != UM_OK)
+        snprintf(why, why_len, "task %llu (%s) on device %d: its inputs did not arrive: %s",
+                 (unsigned long long)t->id, task_name(t), w->dev, um_last_error());
+    uint64_t t1 = um__now_ns();
+    atomic_fetch_add(&w->waited_ns, t1 - t0);
+    if (st == UM_OK) {
+        um_task_exec e = {w->dev, be->kind, NULL, ptrs, sizes, ut->nbuffers, ut->user};
+        int rc = ut->cpu(&e);
+        if (rc != 0) {
+            st = UM_ERR_TASK;
+            snprintf(why, why_len, "task %llu (%s) on device %d returned %d",
+                     (unsigned long long)t->id, task_name(t), w->dev, rc);
+        }
+        /* A simulated device computes at its modelled speed. */
+        if (be->kind == UM_DEVICE_SIM && ctx->opts.sim_gflops > 0 && ut->flops > 0)
+            sleep_until_ns(t1 + (uint64_t)(ut->flops / (double)ctx->opts.sim_gflops));
+    }
+    uint64_t t2 = um__now_ns();
+    st = release_all(w, t, held, st, why, why_len);
+    if (held == ut->nbuffers)
+        account(w, t, t1, t2, st);
+    else
+        atomic_fetch_add(&w->failed, 1);
     return st;
 }
+
+/* On a GPU: acquires t's buffers on the stream, launches the work and
+ * releases them there, and marks the end with a fence; the host moves on
+ * to the next task at once. f->st: a failure found before the launch. */
+static void launch_on_gpu(worker *w, task *t, in_flight *f)
+{
+    um_context *ctx = w->r->ctx;
+    const um_task *ut = &t->t;
+    void *ptrs[UM_TASK_MAX_BUFFERS];
+    size_t sizes[UM_TASK_MAX_BUFFERS];
+    int held;
+    f->t = t;
+    f->done = UM_FENCE_NONE;
+    f->why[0] = '\0';
+    f->launched_ns = um__now_ns();
+    f->st = acquire_all(w, t, ptrs, sizes, &held, f->why, sizeof f->why);
+    if (f->st == UM_OK) {
+        um_task_exec e = {w->dev, UM_DEVICE_CUDA, um_stream_native(w->stream), ptrs, sizes,
+                          ut->nbuffers, ut->user};
+        int rc = ut->cuda(&e);
+        if (rc != 0) {
+            f->st = UM_ERR_TASK;
+            snprintf(f->why, sizeof f->why, "task %llu (%s) on device %d returned %d",
+                     (unsigned long long)t->id, task_name(t), w->dev, rc);
+        }
+    }
+    f->st = release_all(w, t, held, f->st, f->why, sizeof f->why);
+    if (f->st == UM_OK && um__fence_record(ctx, w->dev, w->stream, &f->done) != UM_OK &&
+        um_stream_synchronize(ctx, w->stream) != UM_OK) {
+        f->st = UM_ERR_TASK;
+        snprintf(f->why, sizeof f->why, "task %llu (%s) on device %d: its GPU work failed: %s",
+                 (unsigned long long)t->id, task_name(t), w->dev, um_last_error());
+    }
+}
+
+/* Waits (wait) or looks (!wait) for the oldest launched task's end; true
+ * when it has ended, its compute accounted from the later of its launch
+ * and the previous task's end. */
+static bool land(worker *w, um__xfer *x, in_flight *f, uint64_t *prev_end, bool wait)
+{
+    if (f->done.ev) {
+        if (!wait && !um__fence_done(x, &f->done))
+            return false;
+        if (wait && um__fence_wait(x, &f->done) != UM_OK && f->st == UM_OK) {
+            f->st = UM_ERR_TASK;
+            snprintf(f->why, sizeof f->why, "task %llu (%s) on device %d: its GPU work failed: "
+                     "%s", (unsigned long long)f->t->id, task_name(f->t), w->dev,
+                     um_last_error());
+        }
+        um__fence_drop(&f->done);
+    }
+    uint64_t end = um__now_ns(), start = f->launched_ns > *prev_end ? f->launched_ns : *prev_end;
+    account(w, f->t, start, end, f->st);
+    *prev_end = end;
+    return true;
+}
+
+/* The buffers of the next tasks in w's queue that they read (locked). */
+static int next_inputs(worker *w, um_buffer **out)
+{
+    int n = 0, ahead = 0;
+    for (task *q = w->head; q && ahead < PREFETCH_AHEAD; q = q->next, ahead++)
+        for (int i = 0; i < q->t.nbuffers; i++)
+            if (q->t.modes[i] != UM_ACCESS_WRITE_DISCARD)
+                out[n++] = q->t.buffers[i];
+    return n;
+}
+
+/* A task has ended on w (locked): its queue has room again. */
+static void ended(um__run *r, worker *w, task *t, um_status st, const char *why)
+{
+    w->queued--;
+    w->queued_ns -= t->est_ns;
+    if (w->queued_ns < 0 || !w->queued)
+        w->queued_ns = 0;
+    task *done = NULL;
+    finish(r, t, st, why, &done);
+    dispatch(r);
+    pthread_mutex_unlock(&r->lock);
+    retire(r, done);
+    pthread_mutex_lock(&r->lock);
+}
+
+/* A worker: runs its device's queue in order. On a GPU up to GPU_IN_FLIGHT
+ * tasks are launched ahead (their stream orders them), so the GPU never
+ * waits for the host between tasks; elsewhere one task at a time. */
+#define GPU_IN_FLIGHT 3
 
 static void *worker_main(void *arg)
 {
     worker *w = arg;
     um__run *r = w->r;
+    bool gpu = r->ctx->devices[w->dev].backend->kind == UM_DEVICE_CUDA;
+    um__xfer *x = NULL;
+    char no_engine[200] = "";
+    if (gpu && um__xfer_get(r->ctx, &x) != UM_OK)
+        snprintf(no_engine, sizeof no_engine, "device %d: no transfer engine for its tasks: %s",
+                 w->dev, um_last_error());
+    in_flight fl[GPU_IN_FLIGHT];
+    int nfl = 0;
+    uint64_t prev_end = 0;
     pthread_mutex_lock(&r->lock);
-    while (!r->quit) {
+    while (!r->quit || nfl) {
+        /* Launched tasks that have ended, oldest first. */
+        while (nfl && land(w, x, &fl[0], &prev_end, false)) {
+            in_flight f = fl[0];
+            memmove(fl, fl + 1, (size_t)--nfl * sizeof *fl);
+            ended(r, w, f.t, f.st, f.why);
+        }
         task *t = w->head;
-        if (!t) {
-            pthread_cond_wait(&w->wake, &r->lock);
+        if (!t || (gpu && nfl == GPU_IN_FLIGHT)) {
+            if (nfl) {
+                /* Nothing more to launch: wait for the oldest. */
+                pthread_mutex_unlock(&r->lock);
+                (void)land(w, x, &fl[0], &prev_end, true);
+                pthread_mutex_lock(&r->lock);
+                in_flight f = fl[0];
+                memmove(fl, fl + 1, (size_t)--nfl * sizeof *fl);
+                ended(r, w, f.t, f.st, f.why);
+            } else if (!r->quit) {
+                pthread_cond_wait(&w->wake, &r->lock);
+            }
             continue;
         }
         w->head = t->next;
         if (!w->head)
             w->tail = NULL;
         t->state = RUNNING;
-        /* The next tasks' inputs, copied while this one runs. */
         um_buffer *next[PREFETCH_AHEAD * UM_TASK_MAX_BUFFERS];
-        int nnext = 0;
-        int ahead = 0;
-        for (task *q = w->head; q && ahead < PREFETCH_AHEAD; q = q->next, ahead++)
-            for (int i = 0; i < q->t.nbuffers; i++)
-                if (q->t.modes[i] != UM_ACCESS_WRITE_DISCARD)
-                    next[nnext++] = q->t.buffers[i];
+        int nnext = next_inputs(w, next);
         pthread_mutex_unlock(&r->lock);
+        /* The next tasks' inputs, copied while this one runs. */
         prefetch(w, next, nnext);
+        if (gpu && !x) {
+            pthread_mutex_lock(&r->lock);
+            ended(r, w, t, UM_ERR_TASK, no_engine);
+            continue;
+        }
+        if (gpu) {
+            launch_on_gpu(w, t, &fl[nfl]);
+            pthread_mutex_lock(&r->lock);
+            nfl++;
+            continue;
+        }
         char why[256] = "";
-        um_status st = run_task(w, t, why, sizeof why);
+        um_status st = run_on_cpu(w, t, why, sizeof why);
         pthread_mutex_lock(&r->lock);
-        w->queued--;
-        w->queued_ns -= t->est_ns;
-        if (w->queued_ns < 0 || !w->queued)
-            w->queued_ns = 0;
-        task *done = NULL;
-        finish(r, t, st, why, &done);
-        dispatch(r); /* this queue has room again */
-        pthread_mutex_unlock(&r->lock);
-        retire(r, done);
-        pthread_mutex_lock(&r->lock);
+        ended(r, w, t, st, why);
     }
     pthread_mutex_unlock(&r->lock);
     return NULL;
