@@ -12,6 +12,8 @@
  * unplaced, so each is placed as late as its device can take it, with the
  * load and history of that moment. */
 #define QUEUE_MAX (PREFETCH_AHEAD + 4)
+/* Tasks a GPU worker launches ahead, one stream each. */
+#define GPU_IN_FLIGHT 3
 
 enum { WAITING, READY, RUNNING, DONE };
 /* A task id's outcome, kept after its record is freed. */
@@ -62,7 +64,9 @@ typedef struct worker {
     task *head, *tail;
     int queued;             /* queued and running */
     double queued_ns;
-    um_stream stream;
+    um_stream stream;                    /* the first of streams[] */
+    um_stream streams[GPU_IN_FLIGHT];    /* a GPU's; one elsewhere */
+    int nstreams;
     _Atomic uint64_t tasks, failed, busy_ns, waited_ns, bytes_in;
 } worker;
 
@@ -399,8 +403,8 @@ typedef struct in_flight {
 /* Acquires t's buffers on the worker's stream (the stream waits for their
  * copies; the host does not). *held: how many were acquired. Counts the
  * bytes that must come in. */
-static um_status acquire_all(worker *w, task *t, void **ptrs, size_t *sizes, int *held,
-                             char *why, size_t why_len)
+static um_status acquire_all(worker *w, um_stream s, task *t, void **ptrs, size_t *sizes,
+                             int *held, char *why, size_t why_len)
 {
     const um_task *ut = &t->t;
     um_status st = UM_OK;
@@ -414,7 +418,7 @@ static um_status acquire_all(worker *w, task *t, void **ptrs, size_t *sizes, int
         sizes[i] = um_buffer_size(ut->buffers[i]);
         /* Busy: the program itself holds the buffer; it is its to release. */
         for (int tries = 0; tries < 10000; tries++) {
-            st = um_buffer_acquire(ut->buffers[i], w->dev, ut->modes[i], w->stream, &ptrs[i]);
+            st = um_buffer_acquire(ut->buffers[i], w->dev, ut->modes[i], s, &ptrs[i]);
             if (st != UM_ERR_BUSY)
                 break;
             sleep_until_ns(um__now_ns() + 1000000);
@@ -430,11 +434,11 @@ static um_status acquire_all(worker *w, task *t, void **ptrs, size_t *sizes, int
 
 /* Releases the first `held` buffers of t on the worker's stream; st, or a
  * failure if a release fails. */
-static um_status release_all(worker *w, task *t, int held, um_status st, char *why,
-                             size_t why_len)
+static um_status release_all(worker *w, um_stream s, task *t, int held, um_status st,
+                             char *why, size_t why_len)
 {
     for (int i = 0; i < held; i++)
-        if (um_buffer_release(t->t.buffers[i], w->dev, w->stream) != UM_OK && st == UM_OK) {
+        if (um_buffer_release(t->t.buffers[i], w->dev, s) != UM_OK && st == UM_OK) {
             st = UM_ERR_TASK;
             snprintf(why, why_len, "task %llu (%s) on device %d: a release failed: %s",
                      (unsigned long long)t->id, task_name(t), w->dev, um_last_error());
@@ -471,7 +475,7 @@ static um_status run_on_cpu(worker *w, task *t, char *why, size_t why_len)
     size_t sizes[UM_TASK_MAX_BUFFERS];
     int held;
     uint64_t t0 = um__now_ns();
-    um_status st = acquire_all(w, t, ptrs, sizes, &held, why, why_len);
+    um_status st = acquire_all(w, w->stream, t, ptrs, sizes, &held, why, why_len);
     if (st == UM_OK && (st = um_stream_synchronize(ctx, w->stream)) != UM_OK)
         snprintf(why, why_len, "task %llu (%s) on device %d: its inputs did not arrive: %s",
                  (unsigned long long)t->id, task_name(t), w->dev, um_last_error());
@@ -490,7 +494,7 @@ static um_status run_on_cpu(worker *w, task *t, char *why, size_t why_len)
             sleep_until_ns(t1 + (uint64_t)(ut->flops / (double)ctx->opts.sim_gflops));
     }
     uint64_t t2 = um__now_ns();
-    st = release_all(w, t, held, st, why, why_len);
+    st = release_all(w, w->stream, t, held, st, why, why_len);
     if (held == ut->nbuffers)
         account(w, t, t1, t2, st);
     else
@@ -501,7 +505,7 @@ static um_status run_on_cpu(worker *w, task *t, char *why, size_t why_len)
 /* On a GPU: acquires t's buffers on the stream, launches the work and
  * releases them there, and marks the end with a fence; the host moves on
  * to the next task at once. f->st: a failure found before the launch. */
-static void launch_on_gpu(worker *w, task *t, in_flight *f)
+static void launch_on_gpu(worker *w, um_stream s, task *t, in_flight *f)
 {
     um_context *ctx = w->r->ctx;
     const um_task *ut = &t->t;
@@ -512,9 +516,9 @@ static void launch_on_gpu(worker *w, task *t, in_flight *f)
     f->done = UM_FENCE_NONE;
     f->why[0] = '\0';
     f->launched_ns = um__now_ns();
-    f->st = acquire_all(w, t, ptrs, sizes, &held, f->why, sizeof f->why);
+    f->st = acquire_all(w, s, t, ptrs, sizes, &held, f->why, sizeof f->why);
     if (f->st == UM_OK) {
-        um_task_exec e = {w->dev, UM_DEVICE_CUDA, um_stream_native(w->stream), ptrs, sizes,
+        um_task_exec e = {w->dev, UM_DEVICE_CUDA, um_stream_native(s), ptrs, sizes,
                           ut->nbuffers, ut->user};
         int rc = ut->cuda(&e);
         if (rc != 0) {
@@ -523,9 +527,9 @@ static void launch_on_gpu(worker *w, task *t, in_flight *f)
                      (unsigned long long)t->id, task_name(t), w->dev, rc);
         }
     }
-    f->st = release_all(w, t, held, f->st, f->why, sizeof f->why);
-    if (f->st == UM_OK && um__fence_record(ctx, w->dev, w->stream, &f->done) != UM_OK &&
-        um_stream_synchronize(ctx, w->stream) != UM_OK) {
+    f->st = release_all(w, s, t, held, f->st, f->why, sizeof f->why);
+    if (f->st == UM_OK && um__fence_record(ctx, w->dev, s, &f->done) != UM_OK &&
+        um_stream_synchronize(ctx, s) != UM_OK) {
         f->st = UM_ERR_TASK;
         snprintf(f->why, sizeof f->why, "task %llu (%s) on device %d: its GPU work failed: %s",
                  (unsigned long long)t->id, task_name(t), w->dev, um_last_error());
@@ -581,9 +585,10 @@ static void ended(um__run *r, worker *w, task *t, um_status st, const char *why)
 }
 
 /* A worker: runs its device's queue in order. On a GPU up to GPU_IN_FLIGHT
- * tasks are launched ahead (their stream orders them), so the GPU never
- * waits for the host between tasks; elsewhere one task at a time. */
-#define GPU_IN_FLIGHT 3
+ * tasks are launched ahead, each on the next of the worker's streams (the
+ * buffers' fences order dependent work across them), so the GPU never
+ * waits for the host between tasks and small tasks run side by side;
+ * elsewhere one task at a time. */
 
 static void *worker_main(void *arg)
 {
@@ -597,6 +602,7 @@ static void *worker_main(void *arg)
                  w->dev, um_last_error());
     in_flight fl[GPU_IN_FLIGHT];
     int nfl = 0;
+    unsigned launches = 0;
     uint64_t prev_end = 0;
     pthread_mutex_lock(&r->lock);
     while (!r->quit || nfl) {
@@ -636,7 +642,7 @@ static void *worker_main(void *arg)
             continue;
         }
         if (gpu) {
-            launch_on_gpu(w, t, &fl[nfl]);
+            launch_on_gpu(w, w->streams[launches++ % (unsigned)w->nstreams], t, &fl[nfl]);
             pthread_mutex_lock(&r->lock);
             nfl++;
             continue;
@@ -686,7 +692,10 @@ static um_status run_get(um_context *ctx, um__run **out)
         w->r = r;
         w->dev = d;
         pthread_cond_init(&w->wake, NULL);
-        st = um_stream_create(ctx, d, &w->stream);
+        int want = ctx->devices[d].backend->kind == UM_DEVICE_CUDA ? GPU_IN_FLIGHT : 1;
+        for (w->nstreams = 0; w->nstreams < want && st == UM_OK; w->nstreams++)
+            st = um_stream_create(ctx, d, &w->streams[w->nstreams]);
+        w->stream = w->streams[0];
         if (st == UM_OK && pthread_create(&w->tid, NULL, worker_main, w) != 0)
             st = um__fail(UM_ERR_NOMEM, "um_task_submit: no thread for device %d's worker", d);
         w->started = st == UM_OK;
@@ -715,8 +724,9 @@ static void run_fini(um_context *ctx)
         worker *w = &r->w[d];
         if (w->started)
             pthread_join(w->tid, NULL);
-        if (w->stream)
-            (void)um_stream_destroy(ctx, w->stream);
+        for (int k = 0; k < w->nstreams; k++)
+            if (w->streams[k])
+                (void)um_stream_destroy(ctx, w->streams[k]);
         pthread_cond_destroy(&w->wake);
     }
     atomic_store_explicit(&ctx->forget_buffer, NULL, memory_order_release);
