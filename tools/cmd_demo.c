@@ -928,53 +928,70 @@ static uint64_t link_bytes(um_context *ctx, int from, int to)
     return um_link_stats_get(ctx, from, to, &s) == UM_OK ? s.bytes : 0;
 }
 
-/* Makes each GPU's cuBLAS handle with a task there, before the work; when
- * one cannot be made, the work runs without GPU implementations and why
- * says so. */
+/* Tasks per GPU that start (and stop) cuBLAS: at least one per stream the
+ * device's worker launches on (it takes them in turn). */
+#define DEMO_CUBLAS_TASKS 4
+
+/* Starts cuBLAS on each GPU with tasks there, before the work: each
+ * makes its stream's handle and runs one GEMM of the tile's size on
+ * scratch tiles (written one after another, so the tasks follow each
+ * other across the streams). When a handle cannot be made, the work runs
+ * without GPU implementations and why says so. */
 static um_status start_cublas(demo_run *r, const dev_result *dev, char *why, size_t why_len)
 {
-    um_task_id *ids = calloc((size_t)r->ndev, sizeof *ids);
-    if (!ids)
-        return host_nomem(r, "the cuBLAS start");
+    um_buffer *scratch[3] = {NULL, NULL, NULL};
     um_status st = UM_OK;
+    for (int i = 0; i < 3 && st == UM_OK; i++)
+        st = um_buffer_create(r->ctx, tile_bytes(r->c), NULL, &scratch[i]);
     for (int d = 1; d < r->ndev && st == UM_OK; d++) {
         if (dev[d].info.kind != UM_DEVICE_CUDA)
             continue;
-        um_task t;
-        memset(&t, 0, sizeof t);
-        t.name = "cublas_init";
-        t.cuda = demo_cuda_init;
-        t.device = d;
-        st = um_task_submit(r->ctx, &t, &ids[d]);
-        r->submitted = r->submitted || st == UM_OK;
+        for (int k = 0; k < DEMO_CUBLAS_TASKS && st == UM_OK; k++) {
+            um_task t;
+            memset(&t, 0, sizeof t);
+            t.name = "cublas_init";
+            t.cuda = demo_cuda_init;
+            t.device = d;
+            t.nbuffers = 3;
+            for (int i = 0; i < 3; i++) {
+                t.buffers[i] = scratch[i];
+                t.modes[i] = UM_ACCESS_WRITE_DISCARD;
+            }
+            um_task_id id;
+            st = um_task_submit(r->ctx, &t, &id);
+            r->submitted = r->submitted || st == UM_OK;
+        }
     }
-    for (int d = 1; d < r->ndev && st == UM_OK; d++)
-        if (ids[d])
-            st = um_task_wait(r->ctx, ids[d]);
+    if (st == UM_OK)
+        st = um_wait_all(r->ctx);
+    for (int i = 0; i < 3; i++)
+        if (scratch[i] && um_buffer_destroy(scratch[i]) != UM_OK && st == UM_OK)
+            st = UM_ERR_BUSY;
     for (int d = 1; d < r->ndev && st == UM_OK && r->c->cublas; d++)
         if (dev[d].info.kind == UM_DEVICE_CUDA && !demo_cublas_ready(d, why, why_len)) {
             r->c->cublas = false;
             demo_cublas_release();
         }
-    free(ids);
     return st;
 }
 
-/* Destroys each GPU's cuBLAS handle with a task there, where it was made
- * (best effort: what is left goes from this thread). */
+/* Destroys each GPU's cuBLAS handles with tasks there, where they were
+ * made (best effort: what is left goes from this thread). */
 static void stop_cublas(demo_run *r, const dev_result *dev)
 {
     for (int d = 1; d < r->ndev && r->c->cublas; d++) {
         if (dev[d].info.kind != UM_DEVICE_CUDA)
             continue;
-        um_task t;
-        memset(&t, 0, sizeof t);
-        t.name = "cublas_fini";
-        t.cuda = demo_cuda_fini;
-        t.device = d;
-        um_task_id id;
-        if (um_task_submit(r->ctx, &t, &id) == UM_OK)
-            (void)um_task_wait(r->ctx, id);
+        for (int k = 0; k < DEMO_CUBLAS_TASKS; k++) {
+            um_task t;
+            memset(&t, 0, sizeof t);
+            t.name = "cublas_fini";
+            t.cuda = demo_cuda_fini;
+            t.device = d;
+            um_task_id id;
+            if (um_task_submit(r->ctx, &t, &id) == UM_OK)
+                (void)um_task_wait(r->ctx, id);
+        }
     }
     demo_cublas_release();
 }

@@ -113,14 +113,18 @@ typedef struct cublas_api {
 } cublas_api;
 
 #define DEMO_MAX_GPUS 64
+/* Handles per GPU: one per stream the device's worker launches on (a
+ * handle's workspace must not be shared by kernels of two streams). */
+#define DEMO_STREAMS 8
 
 static struct {
     pthread_mutex_t lock; /* guards loading and making handles */
     bool tried, loaded;
     char why[256];
     cublas_api api;
-    void *handle[DEMO_MAX_GPUS];      /* by unimem device index */
-    int create_status[DEMO_MAX_GPUS]; /* cublasCreate's failure there (0: none yet) */
+    void *handle[DEMO_MAX_GPUS][DEMO_STREAMS]; /* by unimem device index, then stream */
+    void *stream[DEMO_MAX_GPUS][DEMO_STREAMS]; /* the stream each handle is bound to */
+    int create_status[DEMO_MAX_GPUS];          /* cublasCreate's failure there (0: none yet) */
     pthread_mutex_t device_lock[DEMO_MAX_GPUS];
     bool device_lock_ready;
 } cublas = {.lock = PTHREAD_MUTEX_INITIALIZER};
@@ -186,38 +190,61 @@ void demo_cublas_release(void)
 {
     pthread_mutex_lock(&cublas.lock);
     for (int d = 0; d < DEMO_MAX_GPUS; d++) {
-        if (cublas.handle[d])
-            (void)cublas.api.destroy(cublas.handle[d]);
-        cublas.handle[d] = NULL;
+        for (int k = 0; k < DEMO_STREAMS; k++) {
+            if (cublas.handle[d][k])
+                (void)cublas.api.destroy(cublas.handle[d][k]);
+            cublas.handle[d][k] = cublas.stream[d][k] = NULL;
+        }
         cublas.create_status[d] = 0;
     }
     pthread_mutex_unlock(&cublas.lock);
 }
 
-/* The device's handle, made on first use (on the device's worker, where
- * its context is current); NULL when cublasCreate fails, its status kept
- * for demo_cublas_ready. */
-static void *device_handle(int d)
+/* The handle of device d bound to `stream`, made on first use (on the
+ * device's worker, where its context is current); NULL when cublasCreate
+ * fails (its status kept for demo_cublas_ready) or every slot is taken. */
+static void *stream_handle(int d, void *stream)
 {
     if (!cublas.loaded || d < 0 || d >= DEMO_MAX_GPUS)
         return NULL;
     pthread_mutex_lock(&cublas.lock);
-    if (!cublas.handle[d] && !cublas.create_status[d]) {
-        int rc = cublas.api.create(&cublas.handle[d]);
-        if (rc != 0) {
-            cublas.handle[d] = NULL;
-            cublas.create_status[d] = rc;
+    void *h = NULL;
+    for (int k = 0; k < DEMO_STREAMS && !h && !cublas.create_status[d]; k++) {
+        if (cublas.handle[d][k] && cublas.stream[d][k] == stream) {
+            h = cublas.handle[d][k];
+        } else if (!cublas.handle[d][k]) {
+            int rc = cublas.api.create(&cublas.handle[d][k]);
+            if (rc == 0)
+                rc = cublas.api.set_stream(cublas.handle[d][k], stream);
+            if (rc != 0) {
+                if (cublas.handle[d][k])
+                    (void)cublas.api.destroy(cublas.handle[d][k]);
+                cublas.handle[d][k] = NULL;
+                cublas.create_status[d] = rc;
+            } else {
+                cublas.stream[d][k] = stream;
+                h = cublas.handle[d][k];
+            }
         }
     }
-    void *h = cublas.handle[d];
     pthread_mutex_unlock(&cublas.lock);
     return h;
 }
 
+/* Makes the handle of the task's stream and, given three scratch tiles,
+ * runs one GEMM of their size there: cuBLAS loads its kernels on first use,
+ * which must not fall in the timed work. */
 int demo_cuda_init(const um_task_exec *e)
 {
-    (void)device_handle(e->device);
-    return 0;
+    void *h = stream_handle(e->device, e->stream);
+    if (!h || e->nbuffers != 3)
+        return 0;
+    int t = 1;
+    while ((size_t)(t + 1) * (size_t)(t + 1) * sizeof(float) <= e->sizes[0])
+        t++;
+    const float one = 1.0f, zero = 0.0f;
+    return cublas.api.sgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, t, t, t, &one, e->ptrs[0], t,
+                            e->ptrs[1], t, &zero, e->ptrs[2], t) != 0;
 }
 
 int demo_cuda_fini(const um_task_exec *e)
@@ -226,10 +253,12 @@ int demo_cuda_fini(const um_task_exec *e)
     if (!cublas.loaded || d < 0 || d >= DEMO_MAX_GPUS)
         return 0;
     pthread_mutex_lock(&cublas.lock);
-    if (cublas.handle[d])
-        (void)cublas.api.destroy(cublas.handle[d]);
-    cublas.handle[d] = NULL;
-    cublas.create_status[d] = 0;
+    for (int k = 0; k < DEMO_STREAMS; k++) {
+        if (cublas.handle[d][k] && cublas.stream[d][k] == e->stream) {
+            (void)cublas.api.destroy(cublas.handle[d][k]);
+            cublas.handle[d][k] = cublas.stream[d][k] = NULL;
+        }
+    }
     pthread_mutex_unlock(&cublas.lock);
     return 0;
 }
@@ -242,7 +271,7 @@ bool demo_cublas_ready(int dev, char *why, size_t why_len)
         return false;
     }
     pthread_mutex_lock(&cublas.lock);
-    bool ok = cublas.handle[dev] != NULL;
+    bool ok = cublas.handle[dev][0] != NULL;
     if (!ok)
         snprintf(why, why_len, "cuBLAS cannot start on device %d (cublasCreate: status %d%s)", dev,
                  cublas.create_status[dev],
@@ -252,13 +281,13 @@ bool demo_cublas_ready(int dev, char *why, size_t why_len)
     return ok;
 }
 
-/* The device's handle set to the task's stream, with the device's lock held
+/* The handle of the task's stream, with the device's lock held
  * (unlock_device releases it); NULL after a message when cuBLAS cannot
  * serve the device. */
 static void *lock_device(const um_task_exec *e)
 {
     int d = e->device;
-    void *h = device_handle(d);
+    void *h = stream_handle(d, e->stream);
     if (!h) {
         char why[256];
         (void)demo_cublas_ready(d, why, sizeof why);
@@ -266,12 +295,6 @@ static void *lock_device(const um_task_exec *e)
         return NULL;
     }
     pthread_mutex_lock(&cublas.device_lock[d]);
-    int rc = cublas.api.set_stream(h, e->stream);
-    if (rc != 0) {
-        pthread_mutex_unlock(&cublas.device_lock[d]);
-        fprintf(stderr, "unimem demo: cublasSetStream on device %d failed with status %d\n", d, rc);
-        return NULL;
-    }
     return h;
 }
 

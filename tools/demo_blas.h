@@ -44,18 +44,20 @@ int demo_cuda_syrk(const um_task_exec *e);
  * libcublas.so). false, with the reason in why, when it cannot be loaded;
  * later calls give the first answer. */
 bool demo_cublas_load(char *why, size_t why_len);
-/* A GPU implementation that only makes the device's cuBLAS handle (the
- * first costs a good part of a second), run on each GPU before the work
- * so that this is not timed and a cuBLAS that cannot start is found
- * before any task depends on it. It always returns 0; demo_cublas_ready
- * says whether the handle was made. */
+/* A GPU implementation that makes the cuBLAS handle of the stream it runs
+ * on (one per stream: a handle's workspace must not serve two streams at
+ * once; the first handle costs a good part of a second) and, given three
+ * scratch tiles, runs one GEMM of their size (cuBLAS loads kernels on
+ * first use). Run before the work on each of a GPU's streams, so none of
+ * this is timed and a cuBLAS that cannot start is found before any task
+ * depends on it. demo_cublas_ready says whether a handle was made. */
 int demo_cuda_init(const um_task_exec *e);
 bool demo_cublas_ready(int dev, char *why, size_t why_len);
-/* A GPU implementation that destroys the device's handle, on the worker
- * that made it, once the work is done (it always returns 0). */
+/* A GPU implementation that destroys the handle of its stream, on the
+ * worker that made it, once the work is done (it always returns 0). */
 int demo_cuda_fini(const um_task_exec *e);
-/* Destroys the cuBLAS handles left (one per device, made by the first task
- * there) from the calling thread: what a run that failed leaves. Call it
+/* Destroys the cuBLAS handles left (one per stream of each device) from
+ * the calling thread: what a run that failed leaves. Call it
  * once the tasks are done, before the context that ran them is shut
  * down. */
 void demo_cublas_release(void);
