@@ -930,7 +930,7 @@ static uint64_t link_bytes(um_context *ctx, int from, int to)
 
 /* Tasks per GPU that start (and stop) cuBLAS: at least one per stream the
  * device's worker launches on (it takes them in turn). */
-#define DEMO_CUBLAS_TASKS 4
+#define DEMO_CUBLAS_TASKS 8
 
 /* Starts cuBLAS on each GPU with tasks there, before the work: each
  * makes its stream's handle and runs one GEMM of the tile's size on

@@ -11,9 +11,9 @@
 /* Tasks a worker holds (running and queued): ready tasks beyond that wait
  * unplaced, so each is placed as late as its device can take it, with the
  * load and history of that moment. */
-#define QUEUE_MAX (PREFETCH_AHEAD + 4)
+#define QUEUE_MAX (PREFETCH_AHEAD + GPU_IN_FLIGHT + 1)
 /* Tasks a GPU worker launches ahead, one stream each. */
-#define GPU_IN_FLIGHT 3
+#define GPU_IN_FLIGHT 4
 
 enum { WAITING, READY, RUNNING, DONE };
 /* A task id's outcome, kept after its record is freed. */
