@@ -447,9 +447,78 @@ static void run_pass(const char *pass, const char *conf, int ndev, uint64_t seed
     free(ws);
 }
 
+/* One thread allocates, another frees it all and stays alive (its delta
+ * unpublished), the first allocates again into the same memory: the peak
+ * of live bytes must not go above the peak of reserved memory (the freeing
+ * thread's unpublished delta must not make the estimate overshoot). */
+typedef struct handoff {
+    um_context *ctx;
+    void *blocks[64];
+    int n;
+    pthread_mutex_t lock;
+    pthread_cond_t cv;
+    int step; /* 1: the blocks are freed; 2: the freeing thread may end */
+} handoff;
+
+static void *free_all(void *arg)
+{
+    handoff *h = arg;
+    for (int i = 0; i < h->n; i++)
+        (void)um_free(h->ctx, h->blocks[i], NULL);
+    pthread_mutex_lock(&h->lock);
+    h->step = 1;
+    pthread_cond_broadcast(&h->cv);
+    while (h->step != 2)
+        pthread_cond_wait(&h->cv, &h->lock);
+    pthread_mutex_unlock(&h->lock);
+    return NULL;
+}
+
+static void test_peak_with_cross_thread_frees(void)
+{
+    handoff h = {.n = 20};
+    pthread_mutex_init(&h.lock, NULL);
+    pthread_cond_init(&h.cv, NULL);
+    CHECK_OK(um_init("devices=sim:256M,allocator=pool", &h.ctx));
+    if (!h.ctx)
+        return;
+    /* 20 x 48 KiB: under the delta a thread keeps unpublished. */
+    const size_t size = 48 << 10;
+    for (int i = 0; i < h.n; i++)
+        CHECK_OK(um_malloc(h.ctx, 1, size, NULL, &h.blocks[i]));
+    um_stats st;
+    CHECK_OK(um_stats_get(h.ctx, 1, &st)); /* publishes this thread's delta */
+    pthread_t t;
+    CHECK_EQ(pthread_create(&t, NULL, free_all, &h), 0);
+    pthread_mutex_lock(&h.lock);
+    while (h.step != 1)
+        pthread_cond_wait(&h.cv, &h.lock);
+    pthread_mutex_unlock(&h.lock);
+    CHECK_OK(um_reset_peak(h.ctx, 1));
+    void *again[20];
+    for (int i = 0; i < h.n; i++)
+        CHECK_OK(um_malloc(h.ctx, 1, size, NULL, &again[i]));
+    CHECK_OK(um_stats_get(h.ctx, 1, &st));
+    CHECK(st.peak_active_bytes <= st.peak_reserved_bytes);
+    CHECK_EQ(st.peak_active_bytes, (size_t)h.n * size);
+    printf("cross-thread frees: peak live %zu bytes, peak reserved %zu\n", st.peak_active_bytes,
+           st.peak_reserved_bytes);
+    pthread_mutex_lock(&h.lock);
+    h.step = 2;
+    pthread_cond_broadcast(&h.cv);
+    pthread_mutex_unlock(&h.lock);
+    pthread_join(t, NULL);
+    for (int i = 0; i < h.n; i++)
+        CHECK_OK(um_free(h.ctx, again[i], NULL));
+    um_shutdown(h.ctx);
+    pthread_cond_destroy(&h.cv);
+    pthread_mutex_destroy(&h.lock);
+}
+
 int main(void)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
+    test_peak_with_cross_thread_frees();
     uint64_t seed = harness_seed("test_threads");
     uint64_t nops = 40000;
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)

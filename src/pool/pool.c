@@ -75,10 +75,14 @@ static void block_put(um__pool *p, um__block *b)
 }
 
 /* A thread publishes its live-bytes delta to the pool past this size (plus
- * the size of the block its bounce cache cycles, see account_slack). The
+ * the size of the block its bounce cache cycles, see account_slack), and
+ * at once when it goes below zero (a thread freeing what others made). The
  * peak is taken from the pool's published bytes plus the calling thread's
  * own delta, which is exact while one thread uses a device; with several,
- * it can miss at most this much per other thread. */
+ * it can miss at most this much per other thread, and never exceeds the
+ * true peak: other threads' unpublished deltas are never negative (when
+ * they could be, the estimate overshot, and the peak of live bytes came
+ * out above the peak of reserved memory). */
 #define UM_DELTA_PUBLISH ((int64_t)1 << 20)
 
 /* Counts delta live bytes for the calling thread (tc: its cache, or NULL);
@@ -88,7 +92,7 @@ static inline void account_slack(um__pool *p, um__tcache *tc, int64_t delta, int
     int64_t own = 0;
     if (tc) {
         own = atomic_load_explicit(&tc->live_delta, memory_order_relaxed) + delta;
-        if (UM_UNLIKELY(own > UM_DELTA_PUBLISH + slack || own < -UM_DELTA_PUBLISH - slack)) {
+        if (UM_UNLIKELY(own > UM_DELTA_PUBLISH + slack || own < 0)) {
             atomic_fetch_add_explicit(&p->active, own, memory_order_relaxed);
             own = 0;
         }
