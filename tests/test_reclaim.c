@@ -430,6 +430,26 @@ static void test_watermarks(void)
 
 /* --------------------------------------------------- failed write-back */
 
+/* Puts a flaky backend whose copies all fail in front of every device of
+ * ctx (at most 8); returns the device count for restore_copies. */
+static int fail_every_copy(um_context *ctx, um__backend **real, flaky *f)
+{
+    int n = um_device_count(ctx);
+    for (int d = 0; d < n; d++) {
+        real[d] = ctx->devices[d].backend;
+        flaky_init(&f[d], real[d]);
+        f[d].copies_fail = true;
+        ctx->devices[d].backend = &f[d].base;
+    }
+    return n;
+}
+
+static void restore_copies(um_context *ctx, um__backend **real, int n)
+{
+    for (int d = 0; d < n; d++)
+        ctx->devices[d].backend = real[d];
+}
+
 static void test_failed_write_back(void)
 {
     um_context *ctx = open_ctx(4 * MB, ",watermark_high=100");
@@ -443,19 +463,12 @@ static void test_failed_write_back(void)
     CHECK_OK(um_buffer_release(a, 1, NULL));
     /* Every copy fails: a's write-back (to the host or the other device)
      * cannot happen. */
-    int n = um_device_count(ctx);
     um__backend *real[8];
     flaky f[8];
-    for (int d = 0; d < n; d++) {
-        real[d] = ctx->devices[d].backend;
-        flaky_init(&f[d], real[d]);
-        f[d].copies_fail = true;
-        ctx->devices[d].backend = &f[d].base;
-    }
+    int n = fail_every_copy(ctx, real, f);
     CHECK_OK(um_buffer_create(ctx, 2 * MB, NULL, &c));
     CHECK_STATUS(um_buffer_acquire(c, 1, UM_ACCESS_WRITE_DISCARD, NULL, &p), UM_ERR_NOMEM);
-    for (int d = 0; d < n; d++)
-        ctx->devices[d].backend = real[d];
+    restore_copies(ctx, real, n);
     /* The only valid copy is where it was, whole. */
     CHECK_EQ(um_buffer_replica_state(a, 1), UM_REPLICA_OWNER);
     CHECK_OK(um_buffer_acquire(a, 1, UM_ACCESS_READ, NULL, &p));
@@ -544,22 +557,15 @@ static void test_spill(const char *dir)
 
     /* Every copy fails now: the host's only copies cannot be spilled, and
      * a request for host memory fails, naming why, with the data intact. */
-    int n = um_device_count(ctx);
     um__backend *real[8];
     flaky f[8];
-    for (int d = 0; d < n; d++) {
-        real[d] = ctx->devices[d].backend;
-        flaky_init(&f[d], real[d]);
-        f[d].copies_fail = true;
-        ctx->devices[d].backend = &f[d].base;
-    }
+    int n = fail_every_copy(ctx, real, f);
     um_buffer *extra_buf = NULL;
     CHECK_OK(um_buffer_create(ctx, size, NULL, &extra_buf));
     CHECK_STATUS(um_buffer_acquire(extra_buf, 0, UM_ACCESS_WRITE_DISCARD, NULL, &p), UM_ERR_NOMEM);
     CHECK_ERROR_MENTIONS("nowhere to go", "injected", NULL);
     printf("test_reclaim: a spill that fails: %s\n", um_last_error());
-    for (int d = 0; d < n; d++)
-        ctx->devices[d].backend = real[d];
+    restore_copies(ctx, real, n);
     for (int i = 0; i < 3; i++) {
         CHECK_OK(um_buffer_read(b[i], 0, h, size));
         CHECK(same_pattern(h, size, i == spilled ? 200 : 100 + (uint64_t)i));
