@@ -208,6 +208,14 @@ static bool runs_on(const um_task *t, const um__backend *b)
     return b->kind == UM_DEVICE_CUDA ? t->cuda != NULL : t->cpu != NULL;
 }
 
+/* Whether t may run on device d: forced there or not forced, d's worker
+ * runs, and t has an implementation for d's kind. */
+static bool eligible_on(const um__run *r, const task *t, int d)
+{
+    return (t->t.device < 0 || t->t.device == d) && r->w[d].started &&
+           runs_on(&t->t, r->ctx->devices[d].backend);
+}
+
 static void fill_place_task(um__run *r, const task *t, um__place_task *pt)
 {
     memset(pt, 0, sizeof *pt);
@@ -218,8 +226,20 @@ static void fill_place_task(um__run *r, const task *t, um__place_task *pt)
     pt->modes = t->t.modes;
     pt->bytes = t->bytes;
     for (int d = 0; d < r->ctx->ndevices; d++)
-        pt->eligible[d] = (t->t.device < 0 || t->t.device == d) && r->w[d].started &&
-                          runs_on(&t->t, r->ctx->devices[d].backend);
+        pt->eligible[d] = eligible_on(r, t, d);
+}
+
+/* The devices t may run on, and how many of them have room now. */
+static int eligible_devices(const um__run *r, const task *t, int *open)
+{
+    int n = 0;
+    *open = 0;
+    for (int d = 0; d < r->ctx->ndevices; d++) {
+        bool ok = eligible_on(r, t, d);
+        n += ok;
+        *open += ok && r->w[d].queued < QUEUE_MAX;
+    }
+    return n;
 }
 
 /* Tries to place t (ready) now: true when it went to a device's queue,
@@ -249,12 +269,14 @@ static bool place_now(um__run *r, task *t)
     return true;
 }
 
-/* Consecutive ready tasks dispatch may find waiting before it stops: each
- * costs a placement (every input's state on every device), and when the
- * tasks at the head wait for a busy device those behind them mostly do
- * too. Without a cap, dispatch looked at every waiting task after every
- * task's end (hundreds at the SGEMM demo's tile 2048) and the host fell
- * behind a GPU running 0.35 ms tasks. */
+/* Consecutive ready tasks with a choice of devices that dispatch may find
+ * waiting before it stops: each costs a placement (every input's state on
+ * every device), and when the tasks at the head wait for a busy device
+ * those behind them mostly do too. Without a cap, dispatch looked at every
+ * waiting task after every task's end (hundreds at the SGEMM demo's tile
+ * 2048) and the host fell behind a GPU running 0.35 ms tasks. Tasks that
+ * can run on one device only are still looked at past the cap (they are
+ * cheap to decide, and a Cholesky's POTRF is one). */
 #define DISPATCH_MISSES 16
 
 /* Places the waiting ready tasks, oldest first, while devices have room
@@ -263,7 +285,7 @@ static void dispatch(um__run *r)
 {
     task **pp = &r->ready_head, *prev = NULL;
     int misses = 0;
-    while (*pp && misses < DISPATCH_MISSES) {
+    while (*pp) {
         bool room = false;
         for (int d = 0; d < r->ctx->ndevices; d++)
             room |= r->w[d].started && r->w[d].queued < QUEUE_MAX;
@@ -271,7 +293,9 @@ static void dispatch(um__run *r)
             return;
         task *t = *pp;
         task *next = t->next;
-        if (place_now(r, t)) {
+        int open;
+        bool choice = eligible_devices(r, t, &open) > 1;
+        if (open && (!choice || misses < DISPATCH_MISSES) && place_now(r, t)) {
             *pp = next;
             if (r->ready_tail == t)
                 r->ready_tail = prev;
@@ -279,7 +303,7 @@ static void dispatch(um__run *r)
         } else {
             prev = t;
             pp = &t->next;
-            misses++;
+            misses += choice && open;
         }
     }
 }
