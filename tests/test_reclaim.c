@@ -225,16 +225,38 @@ static void test_oversubscribe(uint64_t seed, int factor, const char *spill_dir)
     um_shutdown(o.ctx);
 }
 
+/* ------------------------------------------------------------ traces */
+
+/* Makes the temporary file `path` (a mkstemp template) and the options
+ * `extra` + trace_file=path into conf. */
+static void trace_option(char *path, const char *extra, char *conf, size_t len)
+{
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    if (fd >= 0)
+        close(fd);
+    snprintf(conf, len, "%s,trace_file=%s", extra, path);
+}
+
+/* The trace written at path (its first 64 KiB), or NULL. */
+static const char *read_trace(const char *path)
+{
+    static char text[1 << 16];
+    FILE *f = fopen(path, "r");
+    CHECK(f != NULL);
+    if (!f)
+        return NULL;
+    text[fread(text, 1, sizeof text - 1, f)] = '\0';
+    fclose(f);
+    return text;
+}
+
 /* ------------------------------------------------------- cannot fit */
 
 static void test_cannot_fit(void)
 {
-    char trace[] = "/tmp/unimem_test_reclaim_XXXXXX";
-    int fd = mkstemp(trace);
-    CHECK(fd >= 0);
-    close(fd);
-    char extra[128];
-    snprintf(extra, sizeof extra, ",watermark_high=100,trace_file=%s", trace);
+    char trace[] = "/tmp/unimem_test_reclaim_XXXXXX", extra[128];
+    trace_option(trace, ",watermark_high=100", extra, sizeof extra);
     um_context *ctx = open_ctx(8 * MB, extra);
     if (!ctx)
         return;
@@ -273,12 +295,8 @@ static void test_cannot_fit(void)
     CHECK_ERROR_MENTIONS("watermark_low", NULL, NULL);
     um_shutdown(ctx);
     /* The eviction is in the trace, with its write-back. */
-    FILE *f = fopen(trace, "r");
-    CHECK(f != NULL);
-    if (f) {
-        static char text[1 << 16];
-        text[fread(text, 1, sizeof text - 1, f)] = '\0';
-        fclose(f);
+    const char *text = read_trace(trace);
+    if (text) {
         CHECK(strstr(text, "\"cat\":\"evict\"") != NULL);
         CHECK(strstr(text, "\"bytes\":2097152,\"written_back\":2097152,\"to_spill_file\":0") !=
               NULL);
@@ -369,12 +387,8 @@ static void test_hints(void)
 
 static void test_watermarks(void)
 {
-    char trace[] = "/tmp/unimem_test_reclaim_XXXXXX";
-    int fd = mkstemp(trace);
-    CHECK(fd >= 0);
-    close(fd);
-    char extra[128];
-    snprintf(extra, sizeof extra, ",trace_file=%s", trace);
+    char trace[] = "/tmp/unimem_test_reclaim_XXXXXX", extra[128];
+    trace_option(trace, "", extra, sizeof extra);
     um_context *ctx = open_ctx(32 * MB, extra);
     if (!ctx)
         return;
@@ -416,12 +430,8 @@ static void test_watermarks(void)
     free(h);
     um_shutdown(ctx);
     /* The background pass is in the trace, from 12 MiB of replicas. */
-    FILE *f = fopen(trace, "r");
-    CHECK(f != NULL);
-    if (f) {
-        static char text[1 << 16];
-        text[fread(text, 1, sizeof text - 1, f)] = '\0';
-        fclose(f);
+    const char *text = read_trace(trace);
+    if (text) {
         CHECK(strstr(text, "\"name\":\"reclaimer pass\"") != NULL);
         CHECK(strstr(text, "\"bytes_before\":12582912") != NULL);
     }
