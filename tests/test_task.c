@@ -293,6 +293,37 @@ static void test_failure_and_cancel(void)
     um_shutdown(ctx);
 }
 
+/* A failure at the head of a chain of 50,000 tasks fails them all (the
+ * propagation must not recurse once per task: the worker's stack would
+ * not hold it). */
+static void test_long_chain_failure(void)
+{
+    um_context *ctx = NULL;
+    CHECK_OK(um_init("devices=sim:64M,links=model", &ctx));
+    if (!ctx)
+        return;
+    um_buffer *x;
+    CHECK_OK(um_buffer_create(ctx, 4096, NULL, &x));
+    _Atomic int gate = 0;
+    probe head = {0}, rest = {0};
+    head.result = 1;
+    head.gate = &gate;
+    um_task_id first = submit_probe(ctx, &head, x, UM_ACCESS_READ_WRITE, NULL, 0);
+    const int n = 50000;
+    um_task_id last = 0;
+    for (int i = 0; i < n; i++)
+        last = submit_probe(ctx, &rest, x, UM_ACCESS_READ_WRITE, NULL, 0);
+    atomic_store(&gate, 1);
+    CHECK_STATUS(um_task_wait(ctx, first), UM_ERR_TASK);
+    CHECK_STATUS(um_task_wait(ctx, last), UM_ERR_TASK);
+    CHECK_ERROR_MENTIONS("depends on task", "which failed", NULL);
+    CHECK_STATUS(um_wait_all(ctx), UM_ERR_TASK);
+    CHECK_EQ(atomic_load(&rest.ran), 0);
+    CHECK_EQ(atomic_load(&rest.done_calls), n);
+    CHECK_OK(um_buffer_destroy(x));
+    um_shutdown(ctx);
+}
+
 static int noop(const um_task_exec *e)
 {
     (void)e;
@@ -427,6 +458,7 @@ int main(void)
     uint64_t seed = harness_seed("test_task");
     test_bad_input();
     test_failure_and_cancel();
+    test_long_chain_failure();
     test_policies();
     for (int p = 0; p < 4; p++) {
         /* Plenty of room, then devices of 128 KiB (a quarter of the data;

@@ -33,6 +33,7 @@ struct task {
     um_task_id failed_dep;  /* a dependency that failed before it was submitted */
     task *next;             /* in a worker's queue, the ready list, or a list of finished tasks */
     bool retired;           /* its callback ran; freed once no task lists it */
+    task *fail_next;        /* finish's worklist of tasks failing with it */
     um_status status;
     char why[256];
 };
@@ -333,10 +334,8 @@ static void free_task(task *t)
     free(t);
 }
 
-/* Finishes t with st (locked): its outcome, its buffers' records, and its
- * dependents (made ready, or failed with it). Finished tasks go on *done
- * for their callbacks and freeing outside the lock. */
-static void finish(um__run *r, task *t, um_status st, const char *why, task **done)
+/* t has ended with st (locked): its state, and its failure noted. */
+static void mark_done(um__run *r, task *t, um_status st, const char *why)
 {
     t->state = DONE;
     t->status = st;
@@ -346,33 +345,50 @@ static void finish(um__run *r, task *t, um_status st, const char *why, task **do
         if (!r->first_failed)
             r->first_failed = t->id;
     }
-    for (int i = 0; i < t->t.nbuffers; i++) {
-        access_rec *a = rec_find(r, t->t.buffers[i]);
-        if (a && a->pending)
-            a->pending--;
-    }
-    for (int i = 0; i < t->ndependents; i++) {
-        task *d = t->dependents[i];
-        if (d->state == DONE) {
-            /* Failed or cancelled before this one finished: it waited
-             * only to be freed. */
-            if (--d->ndeps == 0 && d->retired)
-                free_task(d);
-            continue;
+}
+
+/* Finishes t with st (locked): its outcome, its buffers' records, and its
+ * dependents (made ready, or failed with it, and theirs in turn: a
+ * worklist, as a long chain would be too deep for recursion). Finished
+ * tasks go on *done for their callbacks and freeing outside the lock. */
+static void finish(um__run *r, task *t, um_status st, const char *why, task **done)
+{
+    mark_done(r, t, st, why);
+    t->fail_next = NULL;
+    for (task *work = t; work;) {
+        task *x = work;
+        work = x->fail_next;
+        for (int i = 0; i < x->t.nbuffers; i++) {
+            access_rec *a = rec_find(r, x->t.buffers[i]);
+            if (a && a->pending)
+                a->pending--;
         }
-        if (st != UM_OK) {
-            d->ndeps--;
-            char because[256];
-            snprintf(because, sizeof because, "task %llu (%s) depends on task %llu (%s), which %s",
-                     (unsigned long long)d->id, task_name(d), (unsigned long long)t->id,
-                     task_name(t), st == UM_ERR_CANCELLED ? "was cancelled" : "failed");
-            finish(r, d, UM_ERR_TASK, because, done);
-        } else if (--d->ndeps == 0) {
-            make_ready(r, d);
+        for (int i = 0; i < x->ndependents; i++) {
+            task *d = x->dependents[i];
+            if (d->state == DONE) {
+                /* Failed or cancelled before this one finished: it waited
+                 * only to be freed. */
+                if (--d->ndeps == 0 && d->retired)
+                    free_task(d);
+                continue;
+            }
+            if (x->status != UM_OK) {
+                d->ndeps--;
+                char because[256];
+                snprintf(because, sizeof because,
+                         "task %llu (%s) depends on task %llu (%s), which %s",
+                         (unsigned long long)d->id, task_name(d), (unsigned long long)x->id,
+                         task_name(x), x->status == UM_ERR_CANCELLED ? "was cancelled" : "failed");
+                mark_done(r, d, UM_ERR_TASK, because);
+                d->fail_next = work;
+                work = d;
+            } else if (--d->ndeps == 0) {
+                make_ready(r, d);
+            }
         }
+        x->next = *done;
+        *done = x;
     }
-    t->next = *done;
-    *done = t;
 }
 
 /* Callbacks, outside the lock (a callback may submit), then the outcome
