@@ -206,7 +206,12 @@ UM_API um_status um_set_cache_limit(um_context *ctx, int dev, size_t bytes);
  * torch.cuda.empty_cache() or mlx.core.clear_cache(). */
 UM_API um_status um_trim(um_context *ctx, int dev);
 
+/* The layout of um_stats: um_stats_get writes it into `version`, so a
+ * program can tell which fields a library filled. */
+#define UM_STATS_VERSION 1
+
 typedef struct um_stats {
+    uint32_t version;           /* UM_STATS_VERSION of the library that filled it */
     size_t active_bytes;        /* bytes in live blocks (rounded block sizes) */
     size_t requested_bytes;     /* bytes the callers asked for in live blocks */
     size_t reserved_bytes;      /* bytes of backend memory the pool holds */
@@ -224,6 +229,15 @@ typedef struct um_stats {
 } um_stats;
 
 UM_API um_status um_stats_get(um_context *ctx, int dev, um_stats *out);
+/* Device dev's statistics as one JSON object (its name and kind, then
+ * every um_stats field by name) into buf, NUL-terminated; *needed (may be
+ * NULL) gets the length it needs without the NUL. UM_ERR_INVALID when it
+ * does not fit (buf then holds nothing). */
+UM_API um_status um_stats_json(um_context *ctx, int dev, char *buf, size_t len, size_t *needed);
+/* Writes a table of every device's statistics to f (a FILE *): what
+ * UNIMEM_SHOW_STATS=1 prints at um_shutdown, and what `unimem replay` and
+ * `unimem bench` print after their runs. */
+UM_API void um_stats_print(um_context *ctx, void *f);
 /* Peaks restart from the current values. */
 UM_API um_status um_reset_peak(um_context *ctx, int dev);
 

@@ -751,9 +751,59 @@ static void test_sim_stream_work(const char *alloc)
     um_shutdown(ctx);
 }
 
+/* um_stats_json and um_stats_print carry the figures um_stats_get gives. */
+static void test_stats_json_and_table(void)
+{
+    um_context *ctx = NULL;
+    CHECK_OK(um_init("devices=sim:64M", &ctx));
+    if (!ctx)
+        return;
+    void *p = NULL;
+    CHECK_OK(um_malloc(ctx, 1, 3 << 20, NULL, &p));
+    um_stats s;
+    CHECK_OK(um_stats_get(ctx, 1, &s));
+    CHECK_EQ(s.version, UM_STATS_VERSION);
+    char buf[1024], want[96];
+    size_t needed = 0;
+    CHECK_OK(um_stats_json(ctx, 1, buf, sizeof buf, &needed));
+    CHECK_EQ(needed, strlen(buf));
+    CHECK(strstr(buf, "\"name\":\"sim1\",\"kind\":\"sim\",\"version\":1,") != NULL);
+    snprintf(want, sizeof want, "\"active_bytes\":%zu,", s.active_bytes);
+    CHECK(strstr(buf, want) != NULL);
+    snprintf(want, sizeof want, "\"reserved_bytes\":%zu,", s.reserved_bytes);
+    CHECK(strstr(buf, want) != NULL);
+    CHECK(buf[0] == '{' && buf[needed - 1] == '}');
+    /* Too small: an error with the length it needs, and nothing written. */
+    char small[16];
+    size_t need2 = 0;
+    CHECK_STATUS(um_stats_json(ctx, 1, small, sizeof small, &need2), UM_ERR_INVALID);
+    CHECK_EQ(need2, needed);
+    CHECK_EQ(small[0], '\0');
+    CHECK_STATUS(um_stats_json(ctx, 5, buf, sizeof buf, NULL), UM_ERR_NO_DEVICE);
+    /* The table: a header and one line per device with its live bytes. */
+    char *table = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&table, &len);
+    CHECK(f != NULL);
+    if (f) {
+        um_stats_print(ctx, f);
+        fclose(f);
+        CHECK(strstr(table, "peak_live") != NULL);
+        CHECK(strstr(table, "sim1") != NULL && strstr(table, "3.00 MiB") != NULL);
+        int lines = 0;
+        for (const char *c = table; *c; c++)
+            lines += *c == '\n';
+        CHECK_EQ(lines, 1 + um_device_count(ctx));
+    }
+    free(table);
+    CHECK_OK(um_free(ctx, p, NULL));
+    um_shutdown(ctx);
+}
+
 int main(void)
 {
     unsetenv("UNIMEM_CONF");
+    test_stats_json_and_table();
     for (int i = 0; i < NALLOCATORS; i++) {
         const char *alloc = allocators[i];
         int before = harness_failures;

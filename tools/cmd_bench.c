@@ -929,6 +929,10 @@ int um_cmd_bench(int argc, char **argv)
     rc = load_sizes(&b);
     if (!rc)
         rc = bench_run(&b);
+    if (!rc && b.ctx && !b.o.json) {
+        printf("\nunimem at the end (um_stats_print):\n");
+        um_stats_print(b.ctx, stdout);
+    }
     if (b.ctx)
         um_shutdown(b.ctx);
     free(b.all.v);

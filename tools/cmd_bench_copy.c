@@ -385,6 +385,10 @@ int um_cmd_bench_copy(int argc, char **argv)
     if (st == UM_OK)
         st = bench_acquire(&cb, 0);
     rc = st == UM_OK ? 0 : tool_fail(COPY_CMD, st);
+    if (!rc && !cb.o.json) {
+        printf("\nunimem at the end (um_stats_print):\n");
+        um_stats_print(cb.ctx, stdout);
+    }
     um_shutdown(cb.ctx);
     return rc;
 }

@@ -234,6 +234,7 @@ typedef struct rp_run {
     uint64_t peak_reserved, backend_calls, failed_allocs, ns;
     uint64_t driver_peak; /* CUDA: the driver's used memory at unimem's peak */
     size_t granularity;
+    char *stats_table;    /* um_stats_print of the context at the end (malloc'd), or NULL */
 } rp_run;
 
 /* The driver's view of a GPU during a replay, sampled every
@@ -410,6 +411,13 @@ static int replay_once(const rp_opts *o, const rp_trace *t, const char *alloc, u
     out->peak_reserved = stats.peak_reserved_bytes;
     out->backend_calls = stats.num_backend_calls;
     out->driver_peak = dw.peak_used;
+    /* The library's own table, printed after the comparison. */
+    size_t table_len = 0;
+    FILE *mem = open_memstream(&out->stats_table, &table_len);
+    if (mem) {
+        um_stats_print(ctx, mem);
+        fclose(mem);
+    }
 out:
     free(queued);
     for (uint32_t i = 0; streams && i < t->nstreams; i++)
@@ -443,6 +451,7 @@ static int find_min_limit(const rp_opts *o, const rp_trace *t, rp_result *r,
         hi = lo + REPLAY_STEP;
     rp_run run;
     int rc = replay_once(o, t, r->allocator, hi, true, what, &run);
+    free(run.stats_table);
     if (rc)
         return rc;
     if (run.failed_allocs) {
@@ -454,7 +463,9 @@ static int find_min_limit(const rp_opts *o, const rp_trace *t, rp_result *r,
     }
     while (hi - lo > REPLAY_STEP) {
         uint64_t mid = lo + (hi - lo) / REPLAY_STEP / 2 * REPLAY_STEP;
-        if ((rc = replay_once(o, t, r->allocator, mid, true, what, &run)) != 0)
+        rc = replay_once(o, t, r->allocator, mid, true, what, &run);
+        free(run.stats_table);
+        if (rc != 0)
             return rc;
         if (run.failed_allocs)
             lo = mid;
@@ -663,11 +674,16 @@ int um_cmd_replay(int argc, char **argv)
         {.allocator = "direct", .label = "no cache"},
         {.allocator = "bufcache", .label = "MLX-style bufcache"},
     };
+    char *pool_table = NULL;
     for (int i = 0; i < 3 && rc == 0; i++) {
         char what[64];
         snprintf(what, sizeof what, "replay: %s", r[i].allocator);
         rp_run run;
         rc = replay_once(&o, &t, r[i].allocator, o.limit, false, what, &run);
+        if (i == 0)
+            pool_table = run.stats_table; /* the pool's, printed at the end */
+        else
+            free(run.stats_table);
         if (rc)
             break;
         r[i].peak_reserved = run.peak_reserved;
@@ -683,6 +699,7 @@ int um_cmd_replay(int argc, char **argv)
                 rp_opts unlimited = o;
                 unlimited.limit = 0;
                 rc = replay_once(&unlimited, &t, r[i].allocator, 0, false, what, &run);
+                free(run.stats_table);
                 peak = run.peak_reserved;
             }
             if (rc == 0)
@@ -690,11 +707,15 @@ int um_cmd_replay(int argc, char **argv)
         }
     }
     if (rc == 0) {
-        if (o.json)
+        if (o.json) {
             print_json(&o, &t, r);
-        else
+        } else {
             print_table(&o, &t, r);
+            if (pool_table)
+                printf("\nunimem pool at the end of the trace (um_stats_print):\n%s", pool_table);
+        }
     }
+    free(pool_table);
     trace_free(&t);
     return rc;
 }

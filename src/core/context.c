@@ -893,6 +893,14 @@ um_status um_init(const char *conf, um_context **out)
 
 void um_shutdown(um_context *ctx)
 {
-    if (ctx)
-        destroy_context(impl_of(ctx));
+    if (!ctx)
+        return;
+    /* UNIMEM_SHOW_STATS=1: every device's figures before anything is
+     * freed (what is still live at exit shows), as MIMALLOC_SHOW_STATS. */
+    const char *show = getenv("UNIMEM_SHOW_STATS");
+    if (show && *show && strcmp(show, "0") != 0) {
+        fprintf(stderr, "unimem: statistics at um_shutdown\n");
+        um_stats_print(ctx, stderr);
+    }
+    destroy_context(impl_of(ctx));
 }

@@ -188,7 +188,69 @@ um_status um_stats_get(um_context *ctx, int dev, um_stats *out)
         return st;
     memset(out, 0, sizeof *out);
     a->ops->stats(a, out);
+    out->version = UM_STATS_VERSION;
     return UM_OK;
+}
+
+um_status um_stats_json(um_context *ctx, int dev, char *buf, size_t len, size_t *needed)
+{
+    if (needed)
+        *needed = 0;
+    if (!buf && len)
+        return um__fail(UM_ERR_INVALID, "um_stats_json: buf is NULL with len %zu", len);
+    um_stats s;
+    um_status st = um_stats_get(ctx, dev, &s);
+    if (st != UM_OK)
+        return st;
+    const um__backend *b = ctx->devices[dev].backend;
+    int n = snprintf(
+        buf, len,
+        "{\"device\":%d,\"name\":\"%s\",\"kind\":\"%s\",\"version\":%u,\"active_bytes\":%zu,"
+        "\"requested_bytes\":%zu,\"reserved_bytes\":%zu,\"cached_bytes\":%zu,"
+        "\"peak_active_bytes\":%zu,\"peak_reserved_bytes\":%zu,\"largest_free_bytes\":%zu,"
+        "\"fragmentation\":%.6f,\"active_blocks\":%llu,\"num_allocs\":%llu,\"num_frees\":%llu,"
+        "\"num_backend_calls\":%llu,\"num_cache_hits\":%llu,\"num_ooms\":%llu}",
+        dev, b->name, um_device_kind_name(b->kind), s.version, s.active_bytes, s.requested_bytes,
+        s.reserved_bytes, s.cached_bytes, s.peak_active_bytes, s.peak_reserved_bytes,
+        s.largest_free_bytes, s.fragmentation, (unsigned long long)s.active_blocks,
+        (unsigned long long)s.num_allocs, (unsigned long long)s.num_frees,
+        (unsigned long long)s.num_backend_calls, (unsigned long long)s.num_cache_hits,
+        (unsigned long long)s.num_ooms);
+    if (needed)
+        *needed = (size_t)n;
+    if ((size_t)n >= len) {
+        if (len)
+            buf[0] = '\0';
+        return um__fail(UM_ERR_INVALID, "um_stats_json: device %d needs %d bytes and a NUL, "
+                        "the buffer has %zu", dev, n, len);
+    }
+    return UM_OK;
+}
+
+void um_stats_print(um_context *ctx, void *out)
+{
+    FILE *f = out;
+    if (!ctx || !f)
+        return;
+    fprintf(f, "%-4s %-10s %11s %11s %11s %11s %11s %9s %10s %10s %9s %7s %5s\n", "dev", "name",
+            "live", "peak_live", "reserved", "peak_resvd", "cached", "blocks", "allocs", "frees",
+            "be_calls", "hit%", "ooms");
+    for (int d = 0; d < ctx->ndevices; d++) {
+        um_stats s;
+        if (um_stats_get(ctx, d, &s) != UM_OK)
+            continue;
+        char a[32], pa[32], r[32], pr[32], c[32];
+        fprintf(f, "%-4d %-10s %11s %11s %11s %11s %11s %9llu %10llu %10llu %9llu %6.2f%% %5llu\n",
+                d, ctx->devices[d].backend->name, um__format_bytes(a, sizeof a, s.active_bytes),
+                um__format_bytes(pa, sizeof pa, s.peak_active_bytes),
+                um__format_bytes(r, sizeof r, s.reserved_bytes),
+                um__format_bytes(pr, sizeof pr, s.peak_reserved_bytes),
+                um__format_bytes(c, sizeof c, s.cached_bytes),
+                (unsigned long long)s.active_blocks, (unsigned long long)s.num_allocs,
+                (unsigned long long)s.num_frees, (unsigned long long)s.num_backend_calls,
+                s.num_allocs ? 100.0 * (double)s.num_cache_hits / (double)s.num_allocs : 0.0,
+                (unsigned long long)s.num_ooms);
+    }
 }
 
 um_status um_reset_peak(um_context *ctx, int dev)
