@@ -91,6 +91,10 @@ UM_API um_status um_parse_size(const char *text, size_t *out);
 
 typedef struct um_context um_context;
 
+/* The value option `index` has in ctx (after UNIMEM_CONF and um_init's
+ * string), as text: a byte count for sizes, the word for enums. */
+UM_API um_status um_option_current(um_context *ctx, int index, char *buf, size_t len);
+
 /* A stream orders work on one device, like a CUDA stream. NULL means the
  * device's default stream; for um_free it means "the stream the block was
  * allocated on". */

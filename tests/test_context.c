@@ -800,10 +800,55 @@ static void test_stats_json_and_table(void)
     um_shutdown(ctx);
 }
 
+/* um_option_current gives each option's value in the context as text the
+ * parser takes back: applying every one to the defaults gives the same
+ * options. */
+static void test_option_current(void)
+{
+    um_context *ctx = NULL;
+    CHECK_OK(um_init("devices=sim:64M,sched=locality,memory_limit=1G,copy_chunk=4M,"
+                     "log_level=error,thread_cache=0",
+                     &ctx));
+    if (!ctx)
+        return;
+    char value[300], conf[4096] = "";
+    size_t used = 0;
+    for (int i = 0; i < um_option_count(); i++) {
+        um_option_info o;
+        CHECK_OK(um_option_get(i, &o));
+        CHECK_OK(um_option_current(ctx, i, value, sizeof value));
+        if (!strcmp(o.name, "sched"))
+            CHECK(strcmp(value, "locality") == 0);
+        if (!strcmp(o.name, "memory_limit"))
+            CHECK(strcmp(value, "1073741824") == 0);
+        if (!strcmp(o.name, "copy_chunk"))
+            CHECK(strcmp(value, "4194304") == 0);
+        if (!strcmp(o.name, "log_level"))
+            CHECK(strcmp(value, "error") == 0);
+        if (!strcmp(o.name, "thread_cache"))
+            CHECK(strcmp(value, "0") == 0);
+        if (!strcmp(o.name, "devices"))
+            CHECK(strcmp(value, "sim:64M") == 0);
+        if (*value)
+            used += (size_t)snprintf(conf + used, sizeof conf - used, "%s%s=%s", used ? "," : "",
+                                     o.name, value);
+    }
+    um__options back;
+    um__options_defaults(&back);
+    CHECK_OK(um__options_apply(&back, conf, "test"));
+    CHECK(memcmp(&back, &ctx->opts, sizeof back) == 0);
+    char tiny[2];
+    CHECK_STATUS(um_option_current(ctx, 1, tiny, sizeof tiny), UM_ERR_INVALID);
+    CHECK_STATUS(um_option_current(ctx, -1, value, sizeof value), UM_ERR_INVALID);
+    CHECK_STATUS(um_option_current(NULL, 0, value, sizeof value), UM_ERR_INVALID);
+    um_shutdown(ctx);
+}
+
 int main(void)
 {
     unsetenv("UNIMEM_CONF");
     test_stats_json_and_table();
+    test_option_current();
     for (int i = 0; i < NALLOCATORS; i++) {
         const char *alloc = allocators[i];
         int before = harness_failures;

@@ -11,7 +11,7 @@ static void info_usage(FILE *f)
 {
     fprintf(f, "usage: unimem info [--options] [--json] [--conf \"key=value,...\"]\n"
                "  prints the devices of a context made from UNIMEM_CONF, then --conf;\n"
-               "  --options adds the option table (name, type, default, doc)\n");
+               "  --options adds the option table (name, type, default, current value, doc)\n");
 }
 
 static const char *type_name(um_option_type t)
@@ -195,7 +195,7 @@ static int print_link_costs(um_context *ctx, bool json)
     return 0;
 }
 
-static int print_options(bool json)
+static int print_options(um_context *ctx, bool json)
 {
     int n = um_option_count();
     if (json)
@@ -204,7 +204,10 @@ static int print_options(bool json)
         printf("\noptions (UNIMEM_CONF=\"key=value,...\" or the conf string of um_init):\n");
     for (int i = 0; i < n; i++) {
         um_option_info o;
+        char value[300];
         um_status s = um_option_get(i, &o);
+        if (s == UM_OK)
+            s = um_option_current(ctx, i, value, sizeof value);
         if (s != UM_OK)
             return tool_fail("info", s);
         if (json) {
@@ -214,12 +217,14 @@ static int print_options(bool json)
             json_string(stdout, type_name(o.type));
             printf(", \"default\": ");
             json_string(stdout, o.default_value);
+            printf(", \"value\": ");
+            json_string(stdout, value);
             printf(", \"doc\": ");
             json_string(stdout, o.doc);
             printf("}");
         } else {
-            printf("  %-17s %-7s default %-7s %s\n", o.name, type_name(o.type),
-                   *o.default_value ? o.default_value : "\"\"", o.doc);
+            printf("  %-18s %-6s default %-7s now %-10s %s\n", o.name, type_name(o.type),
+                   *o.default_value ? o.default_value : "\"\"", *value ? value : "\"\"", o.doc);
         }
     }
     if (json)
@@ -266,7 +271,7 @@ int um_cmd_info(int argc, char **argv)
     if (rc == 0)
         rc = print_link_costs(ctx, json);
     if (rc == 0 && options)
-        rc = print_options(json);
+        rc = print_options(ctx, json);
     if (json && rc == 0)
         printf("\n}\n");
     um_shutdown(ctx);

@@ -489,6 +489,45 @@ um_status um_option_get(int index, um_option_info *out)
     return UM_OK;
 }
 
+um_status um__options_format(const um__options *o, int index, char *buf, size_t len)
+{
+    if (index < 0 || index >= NOPTIONS)
+        return um__fail(UM_ERR_INVALID, "option index %d is outside 0..%d", index, NOPTIONS - 1);
+    if (!buf || !len)
+        return um__fail(UM_ERR_INVALID, "option %s: no buffer for its value",
+                        table[index].info.name);
+    const opt_entry *e = &table[index];
+    const char *field = (const char *)o + e->offset;
+    int n = 0;
+    switch (e->info.type) {
+    case UM_OPT_SIZE:
+        n = snprintf(buf, len, "%zu", *(const size_t *)(const void *)field);
+        break;
+    case UM_OPT_STRING:
+        n = snprintf(buf, len, "%s", field);
+        break;
+    case UM_OPT_ENUM: {
+        /* The value'th word of the "a|b|c: ..." doc line. */
+        int v = *(const int *)(const void *)field;
+        const char *w = e->info.doc;
+        for (int k = 0; k < v && w; k++) {
+            w = strchr(w, '|');
+            w = w ? w + 1 : NULL;
+        }
+        size_t wl = w ? strcspn(w, "|:") : 0;
+        n = w ? snprintf(buf, len, "%.*s", (int)wl, w) : snprintf(buf, len, "%d", v);
+        break;
+    }
+    default: /* INT and BOOL are ints */
+        n = snprintf(buf, len, "%d", *(const int *)(const void *)field);
+        break;
+    }
+    if (n < 0 || (size_t)n >= len)
+        return um__fail(UM_ERR_INVALID, "option %s: its value needs %d bytes, the buffer has %zu",
+                        e->info.name, n + 1, len);
+    return UM_OK;
+}
+
 /* An ENUM value is the index of its word in the doc line, so the C enums
  * that options.h declares for them must list their values in the same
  * order (test_options checks the words themselves). */

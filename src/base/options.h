@@ -155,6 +155,9 @@ void um__options_defaults(um__options *o);
  * contain commas, the value of `devices` runs up to the next ",key=" whose
  * key is in the table; '+' also separates devices. */
 um_status um__options_apply(um__options *o, const char *conf, const char *source);
+/* The value of option `index` in o as text (what the parser would take
+ * back: a byte count for sizes, the word for enums) into buf. */
+um_status um__options_format(const um__options *o, int index, char *buf, size_t len);
 /* Name of an allocator kind ("pool", ...). */
 const char *um__allocator_name(int kind);
 

@@ -891,6 +891,13 @@ um_status um_init(const char *conf, um_context **out)
     return UM_OK;
 }
 
+um_status um_option_current(um_context *ctx, int index, char *buf, size_t len)
+{
+    if (!ctx)
+        return um__fail(UM_ERR_INVALID, "um_option_current: ctx is NULL");
+    return um__options_format(&ctx->opts, index, buf, len);
+}
+
 void um_shutdown(um_context *ctx)
 {
     if (!ctx)
