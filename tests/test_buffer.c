@@ -452,8 +452,14 @@ static void test_trace_file(void)
         CHECK(strncmp(text, head, strlen(head)) == 0);
         CHECK(n > 4 && strcmp(text + n - 4, "\n]}\n") == 0);
         CHECK_EQ(count_substr(text, "\"cat\":\"copy\""), all.copies);
-        CHECK_EQ(count_substr(text, "\"bytes\":3145729"), 2);
-        CHECK_EQ(count_substr(text, "\"bytes\":100,"), 1);
+        CHECK_EQ(count_substr(text, "\"bytes\":3145729,\"from\""), 2);
+        CHECK_EQ(count_substr(text, "\"bytes\":100,\"from\""), 1);
+        /* The replicas' memory (devices 1, 2 and the host), taken and
+         * given back, and the counters at 3 MiB + 1 live on device 2. */
+        CHECK_EQ(count_substr(text, "\"name\":\"alloc\""), count_substr(text, "\"name\":\"free\""));
+        CHECK(count_substr(text, "\"bytes\":3145729,\"block\"") >= 6);
+        CHECK(strstr(text, "\"pid\":2,\"args\":{\"live\":3145729,") != NULL);
+        CHECK(strstr(text, "\"pid\":2,\"args\":{\"live\":0,") != NULL);
     }
     remove(path);
     /* A file that cannot be written fails um_init, naming the option. */

@@ -9,6 +9,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define MB (1024u * 1024u)
 
@@ -844,9 +845,61 @@ static void test_option_current(void)
     um_shutdown(ctx);
 }
 
+/* With trace_file, allocations and frees are events, and the counters of
+ * live, reserved and cached bytes follow them exactly. */
+static void test_trace_counters(void)
+{
+    char path[] = "/tmp/unimem_test_context_trace_XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    if (fd < 0)
+        return;
+    close(fd);
+    char conf[128];
+    snprintf(conf, sizeof conf, "devices=sim:64M,trace_file=%s", path);
+    um_context *ctx = NULL;
+    CHECK_OK(um_init(conf, &ctx));
+    if (!ctx)
+        return;
+    void *a = NULL, *b = NULL;
+    CHECK_OK(um_malloc(ctx, 1, 3 << 20, NULL, &a));
+    CHECK_OK(um_malloc(ctx, 1, 1 << 20, NULL, &b));
+    um_stats st;
+    CHECK_OK(um_stats_get(ctx, 1, &st));
+    CHECK_OK(um_free(ctx, a, NULL));
+    CHECK_OK(um_free(ctx, b, NULL));
+    CHECK_STATUS(um_free(ctx, b, NULL), UM_ERR_DOUBLE_FREE); /* not an event */
+    um_shutdown(ctx);
+    FILE *f = fopen(path, "r");
+    CHECK(f != NULL);
+    if (f) {
+        static char text[1 << 16];
+        text[fread(text, 1, sizeof text - 1, f)] = '\0';
+        fclose(f);
+        char want[160];
+        /* Both blocks live, in memory the pool reserved for them. */
+        snprintf(want, sizeof want, "\"pid\":1,\"args\":{\"live\":%d,\"reserved\":%zu,", 4 << 20,
+                 st.reserved_bytes);
+        CHECK(strstr(text, want) != NULL);
+        CHECK(strstr(text, "\"name\":\"free\",\"cat\":\"memory\"") != NULL);
+        int frees = 0;
+        for (const char *c = text; (c = strstr(c, "\"name\":\"free\"")); c++)
+            frees++;
+        CHECK_EQ(frees, 2);
+        /* At the end nothing is live or reserved (the pool gave it all back). */
+        const char *last = NULL;
+        for (const char *c = text; (c = strstr(c, "\"pid\":1,\"args\":{\"live\":")); c++)
+            last = c;
+        static const char end[] = "\"pid\":1,\"args\":{\"live\":0,\"reserved\":0,";
+        CHECK(last && strncmp(last, end, strlen(end)) == 0);
+    }
+    remove(path);
+}
+
 int main(void)
 {
     unsetenv("UNIMEM_CONF");
+    test_trace_counters();
     test_stats_json_and_table();
     test_option_current();
     for (int i = 0; i < NALLOCATORS; i++) {

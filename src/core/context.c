@@ -763,6 +763,7 @@ static um_status create_allocators(um_context *ctx)
             .fence_wait_ns = (uint64_t)o->fence_wait_us * 1000,
             .recycle = o->recycle_pages,
             .no_plan = !o->plan,
+            .events = ctx->events,
         };
         um_status st;
         int kind = o->allocator;
@@ -876,11 +877,13 @@ um_status um_init(const char *conf, um_context **out)
     ctx->ndevices = 0;
 
     st = create_backends(ctx, specs, nspecs);
-    if (st == UM_OK)
-        st = create_allocators(ctx);
+    /* The recorder before the allocators: pools record their reserved
+     * memory into it. */
     if (st == UM_OK && opts.trace_file[0] && !(ctx->events = um__events_open(opts.trace_file,
                                                                              ctx->ndevices)))
         st = UM_ERR_IO;
+    if (st == UM_OK)
+        st = create_allocators(ctx);
     if (st != UM_OK) {
         destroy_context(impl);
         return st;

@@ -86,6 +86,9 @@ um_status um_malloc(um_context *ctx, int dev, size_t size, um_stream s, void **p
     um_status st = d->alloc->ops->alloc(d->alloc, size, ref, ptr);
     if (UM_UNLIKELY(st == UM_ERR_NOMEM))
         st = alloc_after_reclaim(ctx, dev, size, ref, ptr);
+    if (UM_UNLIKELY(ctx->events != NULL) && st == UM_OK)
+        um__event_add(ctx->events, UM_EVENT_ALLOC, dev, -1, um__now_ns(), 0, size,
+                      (uint64_t)(uintptr_t)*ptr);
     return st;
 }
 
@@ -134,7 +137,11 @@ um_status um_free(um_context *ctx, void *ptr, um_stream s)
             return UM_ERR_NOMEM;
     }
     um__allocator *a = ctx->devices[dev].alloc;
-    return a->ops->free(a, ptr, ref);
+    um_status st = a->ops->free(a, ptr, ref);
+    if (UM_UNLIKELY(ctx->events != NULL) && st == UM_OK)
+        um__event_add(ctx->events, UM_EVENT_FREE, dev, -1, um__now_ns(), 0, 0,
+                      (uint64_t)(uintptr_t)ptr);
+    return st;
 }
 
 int um_pointer_device(um_context *ctx, const void *ptr)

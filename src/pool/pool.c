@@ -9,6 +9,7 @@
  * cache can serve takes no lock and makes no backend call.
  */
 #include "pool_internal.h"
+#include "../trace/events.h"
 
 #include <inttypes.h>
 #include <stdlib.h>
@@ -303,13 +304,22 @@ static uint32_t hole_outside(um__pool *p, size_t first, size_t last)
     return NO_PAGE;
 }
 
+/* The pool holds delta more (or fewer) bytes of backend memory (locked). */
+static void reserved_add(um__pool *p, int64_t delta)
+{
+    p->reserved = (size_t)((int64_t)p->reserved + delta);
+    if (UM_UNLIKELY(p->events != NULL))
+        um__event_add(p->events, UM_EVENT_RESERVED, p->base.dev, -1, um__now_ns(), 0, p->reserved,
+                      0);
+}
+
 /* Gives an unmapped page back to the backend. If the backend refuses, the
  * page stays reserved and parked, and later trims try again, so nothing is
  * lost. */
 static void give_back(um__pool *p, um__phys ph)
 {
     if (um__be_release(p->base.backend, ph, p->page) == UM_OK) {
-        p->reserved -= p->page;
+        reserved_add(p, -(int64_t)p->page);
         return;
     }
     if (p->nparked == p->parked_cap) {
@@ -318,7 +328,7 @@ static void give_back(um__pool *p, um__phys ph)
         if (!a) {
             um__log(UM_LOG_ERROR, "%s: a page the backend refused to release is lost (%s)",
                     dev_name(p), um_last_error());
-            p->reserved -= p->page;
+            reserved_add(p, -(int64_t)p->page);
             return;
         }
         p->parked = a;
@@ -332,7 +342,7 @@ static void retry_parked(um__pool *p)
     size_t kept = 0;
     for (size_t i = 0; i < p->nparked; i++) {
         if (um__be_release(p->base.backend, p->parked[i], p->page) == UM_OK)
-            p->reserved -= p->page;
+            reserved_add(p, -(int64_t)p->page);
         else
             p->parked[kept++] = p->parked[i];
     }
@@ -351,7 +361,7 @@ static um_status release_hole(um__pool *p, uint32_t h)
     p->pages[h].phys = 0;
     s = um__be_release(b, ph, p->page);
     if (s == UM_OK) {
-        p->reserved -= p->page;
+        reserved_add(p, -(int64_t)p->page);
         return UM_OK;
     }
     /* Keep the page as a hole if it can go back where it was. */
@@ -536,7 +546,7 @@ static um_status map_and_pin(um__pool *p, uintptr_t addr, size_t len, bool may_c
         /* The page is the driver's memory from here on, mapped or not:
          * the peak counts it even if the map fails and the page cannot be
          * given back (found by the stand-in driver's injected failures). */
-        p->reserved += p->page;
+        reserved_add(p, (int64_t)p->page);
         if (p->reserved > p->peak_reserved)
             p->peak_reserved = p->reserved;
         s = um__be_map(b, page_addr(p, pg), p->page, ph);
@@ -2260,6 +2270,9 @@ static void pool_destroy(um__allocator *a)
                 " missed (range still in use)", p->base.dev, dev_name(p), p->plan.plans,
                 p->plan.abandoned, p->plan.rejected, p->plan.served, p->plan.misses);
     um__backend *b = p->base.backend;
+    /* Everything goes back below: the trace's reserved memory ends at 0. */
+    if (p->events)
+        um__event_add(p->events, UM_EVENT_RESERVED, p->base.dev, -1, um__now_ns(), 0, 0, 0);
     pthread_key_delete(p->tkey);
     while (p->tcaches) {
         um__tcache *tc = p->tcaches;
@@ -2367,6 +2380,7 @@ um_status um__pool_create(um__backend *b, const um__pool_config *c, um__allocato
     p->base.ops = &pool_ops;
     p->base.backend = b;
     p->base.dev = c->dev;
+    p->events = c->events;
     p->capacity = b->capacity;
     p->base.memory_limit = c->memory_limit ? c->memory_limit : b->capacity;
     p->base.cache_limit = c->cache_limit ? c->cache_limit : SIZE_MAX;

@@ -196,6 +196,7 @@ typedef struct um__pool {
     int recycle;                  /* um__recycle; see recycling() */
     bool plan_on;                 /* the plan option */
     um__plan plan;                /* step planner (plan.h) */
+    struct um__events *events;    /* trace_file's recorder (reserved bytes), or NULL */
     struct um__block *arena;      /* the plan's arena: a LIVE region block, in no map */
     struct um__block *plan_spare; /* records kept for the arena's gaps when it dissolves */
     size_t nplan_spare;

@@ -25,14 +25,84 @@ static void json_name(char *out, size_t len, const char *name)
     out[k] = '\0';
 }
 
+/* A live block the writer knows of: its address and size (open
+ * addressing; address 0: empty, TOMB: removed). */
+typedef struct live_block {
+    uint64_t addr, size;
+} live_block;
+#define TOMB ((uint64_t)1)
+
 struct um__events {
     pthread_mutex_t lock;
     FILE *f;
+    int ndevices;
+    uint64_t *live, *reserved; /* per device, as of the events written */
+    live_block *blocks;
+    size_t blocks_cap, blocks_used;
     uint64_t t0;          /* um__now_ns at open: time 0 of the trace */
     event_rec pending[EVENTS_BATCH];
     size_t npending;
     uint64_t written;     /* events in the file so far */
 };
+
+static size_t block_slot(const um__events *e, uint64_t addr)
+{
+    return (size_t)((addr * 0x9e3779b97f4a7c15ull) >> 17) & (e->blocks_cap - 1);
+}
+
+/* Remembers a block's size; false when there is no memory for the table
+ * (the counters then miss it). */
+static bool block_add(um__events *e, uint64_t addr, uint64_t size)
+{
+    if ((e->blocks_used + 1) * 2 > e->blocks_cap) {
+        size_t cap = e->blocks_cap ? 2 * e->blocks_cap : 1024;
+        live_block *n = calloc(cap, sizeof *n), *old = e->blocks;
+        if (!n)
+            return false;
+        size_t old_cap = e->blocks_cap;
+        e->blocks = n;
+        e->blocks_cap = cap;
+        e->blocks_used = 0;
+        for (size_t i = 0; i < old_cap; i++)
+            if (old[i].addr > TOMB)
+                (void)block_add(e, old[i].addr, old[i].size);
+        free(old);
+    }
+    size_t i = block_slot(e, addr);
+    while (e->blocks[i].addr > TOMB)
+        i = (i + 1) & (e->blocks_cap - 1);
+    if (e->blocks[i].addr == 0)
+        e->blocks_used++;
+    e->blocks[i] = (live_block){addr, size};
+    return true;
+}
+
+/* Forgets a block; its size, or 0 when unknown. */
+static uint64_t block_take(um__events *e, uint64_t addr)
+{
+    if (!e->blocks_cap)
+        return 0;
+    for (size_t i = block_slot(e, addr), n = 0; n < e->blocks_cap && e->blocks[i].addr;
+         i = (i + 1) & (e->blocks_cap - 1), n++) {
+        if (e->blocks[i].addr == addr) {
+            uint64_t size = e->blocks[i].size;
+            e->blocks[i].addr = TOMB;
+            return size;
+        }
+    }
+    return 0;
+}
+
+/* The memory counters of dev at ts, as they are after its last event. */
+static void write_counters(um__events *e, int dev, double ts)
+{
+    uint64_t live = e->live[dev], res = e->reserved[dev];
+    fprintf(e->f,
+            ",\n{\"name\":\"memory\",\"ph\":\"C\",\"ts\":%.3f,\"pid\":%d,\"args\":{\"live\":%llu,"
+            "\"reserved\":%llu,\"cached\":%llu}}",
+            ts, dev, (unsigned long long)live, (unsigned long long)res,
+            (unsigned long long)(res > live ? res - live : 0));
+}
 
 static void write_batch(um__events *e)
 {
@@ -79,6 +149,32 @@ static void write_batch(um__events *e)
                     name, ts, dur, r->dev, (unsigned long long)r->a0, (unsigned long long)r->a1);
             break;
         }
+        case UM_EVENT_ALLOC:
+        case UM_EVENT_FREE: {
+            if (r->dev < 0 || r->dev >= e->ndevices)
+                break;
+            uint64_t size = r->a0;
+            if (r->kind == UM_EVENT_ALLOC) {
+                if (block_add(e, r->a1, size))
+                    e->live[r->dev] += size;
+            } else {
+                size = block_take(e, r->a1);
+                e->live[r->dev] -= size <= e->live[r->dev] ? size : e->live[r->dev];
+            }
+            fprintf(e->f,
+                    ",\n{\"name\":\"%s\",\"cat\":\"memory\",\"ph\":\"i\",\"s\":\"t\",\"ts\":%.3f,"
+                    "\"pid\":%d,\"tid\":0,\"args\":{\"bytes\":%llu,\"block\":\"0x%llx\"}}",
+                    r->kind == UM_EVENT_ALLOC ? "alloc" : "free", ts, r->dev,
+                    (unsigned long long)size, (unsigned long long)r->a1);
+            write_counters(e, r->dev, ts);
+            break;
+        }
+        case UM_EVENT_RESERVED:
+            if (r->dev < 0 || r->dev >= e->ndevices)
+                break;
+            e->reserved[r->dev] = r->a0;
+            write_counters(e, r->dev, ts);
+            break;
         default:
             break;
         }
@@ -98,6 +194,17 @@ um__events *um__events_open(const char *path, int ndevices)
     if (!e->f) {
         um__fail(UM_ERR_IO, "trace_file: cannot open '%s' for writing", path);
         free(e);
+        return NULL;
+    }
+    e->ndevices = ndevices;
+    e->live = calloc((size_t)ndevices + 1, sizeof *e->live);
+    e->reserved = calloc((size_t)ndevices + 1, sizeof *e->reserved);
+    if (!e->live || !e->reserved) {
+        fclose(e->f);
+        free(e->live);
+        free(e->reserved);
+        free(e);
+        um__fail(UM_ERR_NOMEM, "trace_file: no memory for the event recorder");
         return NULL;
     }
     pthread_mutex_init(&e->lock, NULL);
@@ -143,5 +250,8 @@ void um__events_close(um__events *e)
     if (fclose(e->f) != 0)
         um__log(UM_LOG_WARN, "trace_file: writing the trace failed");
     pthread_mutex_destroy(&e->lock);
+    free(e->live);
+    free(e->reserved);
+    free(e->blocks);
     free(e);
 }

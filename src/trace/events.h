@@ -5,6 +5,11 @@
  * them as Chrome trace JSON (Perfetto, chrome://tracing) in batches and at
  * close. Formatting happens only when a batch is written, never in the
  * calls that record. Owns the file and the pending records.
+ *
+ * Allocations, frees and the pools' reserved memory also become counter
+ * tracks (live, reserved and cached bytes per device): the writer keeps
+ * each live block's size by address, so a free needs no size and the
+ * counters are exact at every event.
  */
 #ifndef UM_EVENTS_H
 #define UM_EVENTS_H
@@ -21,6 +26,9 @@ typedef enum um__event_kind {
                                 * a1 1 if room was made */
     UM_EVENT_RECLAIM_RUN = 3,  /* a background pass on dev: a0 replica bytes before, a1 after */
     UM_EVENT_TASK = 4,         /* a task's compute on dev: a0 its id, a1 1 if it failed; named */
+    UM_EVENT_ALLOC = 5,        /* um_malloc on dev: a0 bytes, a1 the block's address */
+    UM_EVENT_FREE = 6,         /* um_free on dev: a1 the block's address */
+    UM_EVENT_RESERVED = 7,     /* dev's pool holds a0 bytes of backend memory from now on */
     UM_EVENT_KINDS
 } um__event_kind;
 
