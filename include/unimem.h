@@ -437,7 +437,8 @@ typedef struct um_task_stats {
     uint64_t tasks;         /* run on this device */
     uint64_t failed;
     uint64_t busy_ns;       /* time its worker spent running tasks */
-    uint64_t waited_ns;     /* time its tasks waited for their buffers */
+    uint64_t waited_ns;     /* time its tasks waited for their buffers (host and sim devices;
+                             * a GPU's tasks wait on its streams, inside busy_ns) */
     uint64_t bytes_in;      /* bytes fetched for its tasks */
 } um_task_stats;
 

@@ -104,6 +104,18 @@ static void write_counters(um__events *e, int dev, double ts)
             (unsigned long long)(res > live ? res - live : 0));
 }
 
+/* A complete event ("X") of r on its device's track `tid`, with a0 and
+ * a1 as the named arguments. */
+static void write_span(um__events *e, const event_rec *r, const char *name, const char *cat,
+                       int tid, const char *arg0, const char *arg1)
+{
+    fprintf(e->f,
+            ",\n{\"name\":\"%s\",\"cat\":\"%s\",\"ph\":\"X\",\"ts\":%.3f,\"dur\":%.3f,"
+            "\"pid\":%d,\"tid\":%d,\"args\":{\"%s\":%llu,\"%s\":%llu}}",
+            name, cat, (double)(r->start_ns - e->t0) / 1000.0, (double)r->dur_ns / 1000.0, r->dev,
+            tid, arg0, (unsigned long long)r->a0, arg1, (unsigned long long)r->a1);
+}
+
 static void write_batch(um__events *e)
 {
     for (size_t i = 0; i < e->npending; i++) {
@@ -127,26 +139,15 @@ static void write_batch(um__events *e)
                     r->src == 1);
             break;
         case UM_EVENT_RECLAIM_WAIT:
-            fprintf(e->f,
-                    ",\n{\"name\":\"alloc waits for room\",\"cat\":\"reclaim\",\"ph\":\"X\","
-                    "\"ts\":%.3f,\"dur\":%.3f,\"pid\":%d,\"tid\":2,\"args\":{\"bytes\":%llu,"
-                    "\"made_room\":%llu}}",
-                    ts, dur, r->dev, (unsigned long long)r->a0, (unsigned long long)r->a1);
+            write_span(e, r, "alloc waits for room", "reclaim", 2, "bytes", "made_room");
             break;
         case UM_EVENT_RECLAIM_RUN:
-            fprintf(e->f,
-                    ",\n{\"name\":\"reclaimer pass\",\"cat\":\"reclaim\",\"ph\":\"X\","
-                    "\"ts\":%.3f,\"dur\":%.3f,\"pid\":%d,\"tid\":3,\"args\":"
-                    "{\"bytes_before\":%llu,\"bytes_after\":%llu}}",
-                    ts, dur, r->dev, (unsigned long long)r->a0, (unsigned long long)r->a1);
+            write_span(e, r, "reclaimer pass", "reclaim", 3, "bytes_before", "bytes_after");
             break;
         case UM_EVENT_TASK: {
             char name[32];
             json_name(name, sizeof name, r->name);
-            fprintf(e->f,
-                    ",\n{\"name\":\"%s\",\"cat\":\"task\",\"ph\":\"X\",\"ts\":%.3f,"
-                    "\"dur\":%.3f,\"pid\":%d,\"tid\":4,\"args\":{\"task\":%llu,\"failed\":%llu}}",
-                    name, ts, dur, r->dev, (unsigned long long)r->a0, (unsigned long long)r->a1);
+            write_span(e, r, name, "task", 4, "task", "failed");
             break;
         }
         case UM_EVENT_ALLOC:
@@ -219,26 +220,30 @@ um__events *um__events_open(const char *path, int ndevices)
     return e;
 }
 
-void um__event_add(um__events *e, um__event_kind kind, int dev, int src, uint64_t start_ns,
-                   uint64_t dur_ns, uint64_t a0, uint64_t a1)
+/* Appends r (with its name, or none) to the pending batch, writing the
+ * batch out first when it is full. */
+static void push(um__events *e, event_rec r, const char *name)
 {
+    if (name)
+        snprintf(r.name, sizeof r.name, "%s", name);
     pthread_mutex_lock(&e->lock);
     if (e->npending == EVENTS_BATCH)
         write_batch(e);
-    e->pending[e->npending++] = (event_rec){start_ns, dur_ns, a0, a1, (int32_t)kind, dev, src, ""};
+    e->pending[e->npending++] = r;
     pthread_mutex_unlock(&e->lock);
+}
+
+void um__event_add(um__events *e, um__event_kind kind, int dev, int src, uint64_t start_ns,
+                   uint64_t dur_ns, uint64_t a0, uint64_t a1)
+{
+    push(e, (event_rec){start_ns, dur_ns, a0, a1, (int32_t)kind, dev, src, ""}, NULL);
 }
 
 void um__event_add_named(um__events *e, um__event_kind kind, int dev, uint64_t start_ns,
                          uint64_t dur_ns, uint64_t a0, uint64_t a1, const char *name)
 {
-    pthread_mutex_lock(&e->lock);
-    if (e->npending == EVENTS_BATCH)
-        write_batch(e);
-    event_rec *r = &e->pending[e->npending++];
-    *r = (event_rec){start_ns, dur_ns, a0, a1, (int32_t)kind, dev, -1, ""};
-    snprintf(r->name, sizeof r->name, "%s", name ? name : "task");
-    pthread_mutex_unlock(&e->lock);
+    push(e, (event_rec){start_ns, dur_ns, a0, a1, (int32_t)kind, dev, -1, ""},
+         name ? name : "task");
 }
 
 void um__events_close(um__events *e)
