@@ -91,6 +91,10 @@ struct um__backend {
      * to or from it (each direction its own link); 0: copies take only
      * the memcpy's time, as before there was a model. */
     double link_ns_per_byte;
+    /* A rough FP32 rate in GFLOP/s from what the hardware reports (0:
+     * unknown): placement's guess of a device's speed before it has
+     * measured one of its tasks there. */
+    double nominal_gflops;
 };
 
 /* Sets the driver-reported fields of a backend that has none. */
@@ -103,6 +107,7 @@ static inline void um__backend_no_driver_info(um__backend *b)
     b->vmm = 1;
     b->pinned = 0;
     b->link_ns_per_byte = 0.0;
+    b->nominal_gflops = 0.0;
 }
 
 /* Constructors. Both keep physical memory in one memfd per device and map

@@ -548,6 +548,18 @@ static int attr(const cuda_backend *c, int a, int fallback)
     return c->cu->DeviceGetAttribute(&v, a, c->dev) == UM_CU_SUCCESS ? v : fallback;
 }
 
+/* The FP32 peak: multiprocessors x clock x flops per clock of one
+ * (an FMA is two; 64 FP32 lanes on compute capability 6.0, 7.x and 8.0,
+ * 128 on the others since 6.1). A driver that no longer reports the clock
+ * gets a typical 1.5 GHz: this is only a first guess. */
+static double nominal_gflops(const cuda_backend *c, int major, int minor)
+{
+    double sms = attr(c, UM_CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, 0);
+    double khz = attr(c, UM_CU_DEVICE_ATTRIBUTE_CLOCK_RATE, 1500000);
+    bool narrow = (major == 6 && minor == 0) || major == 7 || (major == 8 && minor == 0);
+    return sms * khz * 1e-6 * (narrow ? 128.0 : 256.0);
+}
+
 /* Asks the driver for the allocation granularity of c->prop. */
 static um_status set_granularity(cuda_backend *c, const char *what)
 {
@@ -610,6 +622,7 @@ um_status um__cuda_backend_create(int ordinal, int vmm, um__backend **out)
     b->ordinal = ordinal;
     b->cc_major = attr(c, UM_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, 0);
     b->cc_minor = attr(c, UM_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, 0);
+    b->nominal_gflops = nominal_gflops(c, b->cc_major, b->cc_minor);
     if (cu->DeviceGetPCIBusId(b->pci_bus_id, (int)sizeof b->pci_bus_id, c->dev) != UM_CU_SUCCESS)
         b->pci_bus_id[0] = '\0';
     if (cu->DeviceGetName(b->product, (int)sizeof b->product, c->dev) != UM_CU_SUCCESS)

@@ -737,6 +737,10 @@ static um_status create_backends(um_context *ctx, const device_spec *specs, int 
                              um__format_bytes(bytes, sizeof bytes, specs[i].size));
                     return fail_within(st, where);
                 }
+                /* A sim device computes on the host's cores, or at its
+                 * modelled speed. */
+                b->nominal_gflops = o->sim_gflops > 0 ? (double)o->sim_gflops
+                                                      : ctx->devices[0].backend->nominal_gflops;
                 add_device(ctx, b);
             }
             break;

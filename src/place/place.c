@@ -81,10 +81,14 @@ static double known_locked(um__place *p, const um__place_task *t, int dev)
     return 0.0;
 }
 
-/* Until a device has run such a task, it is assumed as fast as the mean
- * of those that have (or 1 ms when none has): unknown devices then share
- * the work by their queues and get measured, instead of all of it going to
- * the first device. */
+/* Until a device has run such a task, a task with a flops hint is
+ * assumed to run at the device's nominal rate (what its hardware reports:
+ * a host core's vector units, a GPU's multiprocessors, a sim device's
+ * modelled speed), so that a device tens of times slower than another is
+ * not handed a large task just to measure it. Without a hint or a nominal
+ * rate it is assumed as fast as the mean of the devices that have run it
+ * (or 1 ms when none has): unknown devices then share the work by their
+ * queues and get measured, instead of all of it going to the first. */
 #define UNKNOWN_TASK_NS 1e6
 
 static double estimate_locked(um__place *p, const um__place_task *t, int dev)
@@ -92,6 +96,9 @@ static double estimate_locked(um__place *p, const um__place_task *t, int dev)
     double ns = known_locked(p, t, dev);
     if (ns > 0)
         return ns;
+    double nominal = p->ctx->devices[dev].backend->nominal_gflops;
+    if (t->flops > 0 && nominal > 0)
+        return t->flops / nominal; /* GFLOP/s is flops per ns */
     double sum = 0.0;
     int known = 0;
     for (int d = 0; d < p->ctx->ndevices; d++) {
@@ -209,7 +216,8 @@ static void room(um_context *ctx, int dev, size_t *limit, size_t *used)
 
 static int cost(um__place *p, const um__place_task *t, const um__place_device *devs, int n)
 {
-    int best = -1, spare = -1;
+    int best = -1;
+    bool best_full = false;
     double best_finish = 0.0;
     for (int d = 1; d <= n; d++) {
         int dev = d % n;
@@ -219,15 +227,6 @@ static int cost(um__place *p, const um__place_task *t, const um__place_device *d
         room(p->ctx, dev, &limit, &used);
         if (dev != 0 && t->bytes > limit)
             continue; /* it could never fit there */
-        /* While nothing is known: an idle device, for its first task. */
-        if (devs[dev].queued == 0 && spare < 0)
-            spare = dev;
-        /* A device that has not run such a task yet gets one at a time
-         * until it has (calibration, as StarPU's): before any history,
-         * every device looks alike, and a slow one would take its share
-         * of all the tasks ready at the start. */
-        if (known_locked(p, t, dev) <= 0 && devs[dev].queued > 0)
-            continue;
         double fetch_ns;
         size_t have = resident(t, dev, &fetch_ns);
         size_t missing = t->bytes - (have < t->bytes ? have : t->bytes);
@@ -239,13 +238,16 @@ static int cost(um__place *p, const um__place_task *t, const um__place_device *d
         if (best < 0 || finish < best_finish) {
             best = dev;
             best_finish = finish;
+            /* A device that has not run such a task yet takes one at a
+             * time until it has (calibration, as StarPU's): before any
+             * history a slow device would look like the others and take
+             * its share of all the tasks ready at the start. */
+            best_full = devs[dev].full || (devs[dev].queued > 0 && known_locked(p, t, dev) <= 0);
         }
     }
-    if (best < 0)
-        return spare; /* -1: wait until a device is calibrated or idle */
-    /* The best device is busy: the task waits for it rather than run
-     * where it would finish later. */
-    return devs[best].full ? -1 : best;
+    /* The best device is busy (or still calibrating): the task waits for
+     * it rather than run where it would finish later. */
+    return best >= 0 && best_full ? -1 : best;
 }
 
 int um__place_pick(um__place *p, const um__place_task *t, const um__place_device *devs,

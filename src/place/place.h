@@ -15,7 +15,8 @@
  *                (history), plus the cost of making room when the device
  *                lacks it; a device whose memory limit is below the task's
  *                working set is never chosen, and one that has not run
- *                such a task yet gets one at a time until it has.
+ *                such a task yet gets one at a time until it has, its
+ *                time guessed from its nominal rate (backend.h).
  */
 #ifndef UM_PLACE_H
 #define UM_PLACE_H
@@ -45,8 +46,9 @@ typedef struct um__place_device {
 um__place *um__place_create(um_context *ctx, int policy);
 void um__place_destroy(um__place *p);
 /* The device for t: one where t->eligible holds and that is not full;
- * *est_ns is the estimated compute time there (a device that has not run
- * such a task yet is assumed as fast as those that have). -1 when t
+ * *est_ns is the estimated compute time there (for a device that has not
+ * run such a task yet: flops at its nominal rate, else the mean of those
+ * that have). -1 when t
  * should wait: every eligible device is full, or (locality, cost) the
  * one it should run on is. */
 int um__place_pick(um__place *p, const um__place_task *t, const um__place_device *devs,
