@@ -75,6 +75,7 @@ typedef struct demo_cfg {
     /* Filled by the runs. */
     bool described;  /* the opening lines are out */
     bool cublas;     /* the GPU implementations are there */
+    bool potrf_gpu;  /* cuSOLVER too: potrf has one */
     float *gemm_ref; /* the full reference C (n <= DEMO_FULL_CHECK_MAX) */
 } demo_cfg;
 
@@ -845,8 +846,11 @@ static void describe(demo_cfg *c, const dev_result *dev, int ndev, const char *c
         gpus += dev[d].info.kind == UM_DEVICE_CUDA;
     }
     if (gpus && c->cublas)
-        fprintf(stderr, "unimem " DEMO_CMD ": cuBLAS loaded: gemm, trsm and syrk can run on the "
-                        "GPUs (potrf runs on the host)\n");
+        fprintf(stderr, "unimem " DEMO_CMD ": cuBLAS loaded: %s\n",
+                c->workload != DEMO_CHOLESKY ? "gemm can run on the GPUs"
+                : c->potrf_gpu ? "trsm, syrk, gemm and (with cuSOLVER) potrf can run on the GPUs"
+                               : "trsm, syrk and gemm can run on the GPUs (potrf on the host: "
+                                 "cuSOLVER not found)");
     else if (gpus)
         fprintf(stderr,
                 "unimem " DEMO_CMD ": %s; no task has a GPU implementation, so every "
@@ -1069,6 +1073,8 @@ static int run_one(demo_cfg *c, const char *sched, run_result *x)
     if (st != UM_OK)
         return run_fail(&r, st, NULL);
     char why[256] = "";
+    /* Set before start_cublas, which sizes cuSOLVER's workspace for potrf. */
+    r.op_trsm = r.op_syrk = r.op_potrf = (demo_op){c->tile, false, 1.0f, 1.0f, &r.prog};
     if (gpus)
         c->cublas = demo_cublas_load(why, sizeof why);
     if (c->cublas) {
@@ -1098,7 +1104,6 @@ static int run_one(demo_cfg *c, const char *sched, run_result *x)
     r.op_gemm_first = (demo_op){t, false, 1.0f, 0.0f, &r.prog};
     r.op_gemm_acc = (demo_op){t, false, 1.0f, 1.0f, &r.prog};
     r.op_chol_gemm = (demo_op){t, true, -1.0f, 1.0f, &r.prog};
-    r.op_trsm = r.op_syrk = r.op_potrf = (demo_op){t, false, 1.0f, 1.0f, &r.prog};
     st = make_tiles(&r);
     if (st != UM_OK)
         return run_fail(&r, st, NULL);
