@@ -3,7 +3,7 @@
 # (the GPU ones included), `unimem info`, replays on cuda:0 with the driver's
 # view, the allocator comparison, and (when torch is there) the PyTorch
 # end-to-end run. Every result goes under $OUT.
-# Usage: bench/gpu/gpu_run.sh [quick] [STEP...]   STEP: build test asan info vmm replay compare copy managed oversub gemm torch e2e e2e_variants
+# Usage: bench/gpu/gpu_run.sh [quick] [STEP...]   STEP: build test asan info vmm replay compare copy managed oversub gemm tiles torch e2e e2e_variants
 set -u
 FINAL=${OUT:-out}
 # Results gather in one folder and leave as one archive (the transfer back
@@ -103,6 +103,14 @@ if has gemm; then
   build-dev/unimem demo cholesky --device cuda:0 --limit 8G --n 32768 --tile 4096 \
     > "$OUT/demo_cholesky.txt" 2>&1
   echo "demo cholesky rc=$?"; grep -v "tasks:" "$OUT/demo_cholesky.txt" | tail -8
+fi
+# One tile kernel's compute time (cuBLAS GEMM, TRSM, SYRK; cuSOLVER POTRF):
+# the simulator's H200 tables.
+if has tiles; then
+  /usr/local/cuda/bin/nvcc -O2 -std=c++17 bench/gpu/tile_times.cu -lcublas -lcusolver \
+    -o build-dev/tile_times > "$OUT/tile_times_build.txt" 2>&1 || tail -30 "$OUT/tile_times_build.txt"
+  build-dev/tile_times --json "$OUT/tile_times.json" > "$OUT/tile_times.txt" 2>&1
+  echo "tile_times rc=$?"; cat "$OUT/tile_times.txt"
 fi
 # Data larger than the device: the limit at 8 GiB, buffers of 256 MiB.
 if has oversub; then
