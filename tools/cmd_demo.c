@@ -117,6 +117,7 @@ typedef struct demo_run {
     um_buffer **tiles; /* gemm: A, B, C, each nt x nt; cholesky: A (lower tiles only) */
     size_t ntiles;
     demo_op op_gemm_first, op_gemm_acc, op_chol_gemm, op_trsm, op_syrk, op_potrf;
+    um_buffer *potrf_work; /* cuSOLVER's workspace for GPU potrf tasks (NULL: host only) */
     progress prog;
     bool submitted;
     bool reported; /* the failure has been described on stderr already */
@@ -590,9 +591,13 @@ static um_status submit_cholesky(demo_run *r)
     double t3 = (double)r->c->tile * r->c->tile * r->c->tile;
     um_status st = UM_OK;
     for (int k = 0; k < nt && st == UM_OK; k++) {
-        um_buffer *kk = *tile_at(r, 0, k, k);
-        um_access rw = UM_ACCESS_READ_WRITE;
-        st = submit(r, "potrf", demo_cpu_potrf, NULL, &r->op_potrf, t3 / 3.0, 1, &kk, &rw);
+        /* With cuSOLVER, potrf runs on GPUs too, its workspace a buffer
+         * whose contents never matter (write-discard: never copied). */
+        um_buffer *p[2] = {*tile_at(r, 0, k, k), r->potrf_work};
+        um_access pm[2] = {UM_ACCESS_READ_WRITE, UM_ACCESS_WRITE_DISCARD};
+        st = submit(r, "potrf", demo_cpu_potrf, r->potrf_work ? demo_cuda_potrf : NULL,
+                    &r->op_potrf, t3 / 3.0, r->potrf_work ? 2 : 1, p, pm);
+        um_buffer *kk = p[0];
         for (int i = k + 1; i < nt && st == UM_OK; i++) {
             um_buffer *b[2] = {kk, *tile_at(r, 0, i, k)};
             um_access m[2] = {UM_ACCESS_READ, UM_ACCESS_READ_WRITE};
@@ -902,6 +907,9 @@ static void close_run(demo_run *r)
     if (r->submitted)
         (void)um_wait_all(r->ctx);
     demo_cublas_release();
+    if (r->potrf_work)
+        (void)um_buffer_destroy(r->potrf_work);
+    r->potrf_work = NULL;
     for (size_t k = 0; r->tiles && k < r->ntiles; k++)
         if (r->tiles[k])
             (void)um_buffer_destroy(r->tiles[k]);
@@ -955,6 +963,7 @@ static um_status start_cublas(demo_run *r, const dev_result *dev, char *why, siz
             memset(&t, 0, sizeof t);
             t.name = "cublas_init";
             t.cuda = demo_cuda_init;
+            t.user = &r->op_potrf; /* its tile: cuSOLVER's workspace is sized there */
             t.device = d;
             t.nbuffers = 3;
             for (int i = 0; i < 3; i++) {
@@ -976,6 +985,9 @@ static um_status start_cublas(demo_run *r, const dev_result *dev, char *why, siz
             r->c->cublas = false;
             demo_cublas_release();
         }
+    size_t work = r->c->cublas && r->c->workload == DEMO_CHOLESKY ? demo_cusolver_workspace() : 0;
+    if (st == UM_OK && work)
+        st = um_buffer_create(r->ctx, work, NULL, &r->potrf_work);
     return st;
 }
 

@@ -112,6 +112,17 @@ typedef struct cublas_api {
                  const float *a, int lda, const float *beta, float *c, int ldc);
 } cublas_api;
 
+/* cuSOLVER's dense Cholesky (cusolverDn.h): handles and streams are
+ * pointers, the fill mode is cuBLAS's. */
+typedef struct cusolver_api {
+    int (*create)(void **handle);
+    int (*destroy)(void *handle);
+    int (*set_stream)(void *handle, void *stream);
+    int (*spotrf_buffer_size)(void *handle, int uplo, int n, float *a, int lda, int *lwork);
+    int (*spotrf)(void *handle, int uplo, int n, float *a, int lda, float *work, int lwork,
+                  int *info);
+} cusolver_api;
+
 #define DEMO_MAX_GPUS 64
 /* Handles per GPU: one per stream the device's worker launches on (a
  * handle's workspace must not be shared by kernels of two streams). */
@@ -123,11 +134,45 @@ static struct {
     char why[256];
     cublas_api api;
     void *handle[DEMO_MAX_GPUS][DEMO_STREAMS]; /* by unimem device index, then stream */
+    bool solver_loaded;                        /* cuSOLVER too (optional) */
+    cusolver_api solver;
+    void *solver_handle[DEMO_MAX_GPUS][DEMO_STREAMS]; /* beside handle[][] */
+    int potrf_lwork;                           /* floats spotrf needs at the tile's size */
     void *stream[DEMO_MAX_GPUS][DEMO_STREAMS]; /* the stream each handle is bound to */
     int create_status[DEMO_MAX_GPUS];          /* cublasCreate's failure there (0: none yet) */
     pthread_mutex_t device_lock[DEMO_MAX_GPUS];
     bool device_lock_ready;
 } cublas = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+/* Loads cuSOLVER when it is there (under the lock); without it POTRF runs
+ * on the host only. */
+static void load_cusolver(void)
+{
+    static const char *const names[] = {"libcusolver.so.12", "libcusolver.so.11",
+                                        "libcusolver.so"};
+    void *lib = NULL;
+    for (size_t i = 0; i < sizeof names / sizeof names[0] && !lib; i++)
+        lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+    if (!lib)
+        return;
+    struct {
+        void **slot;
+        const char *symbol;
+    } syms[] = {
+        {(void **)&cublas.solver.create, "cusolverDnCreate"},
+        {(void **)&cublas.solver.destroy, "cusolverDnDestroy"},
+        {(void **)&cublas.solver.set_stream, "cusolverDnSetStream"},
+        {(void **)&cublas.solver.spotrf_buffer_size, "cusolverDnSpotrf_bufferSize"},
+        {(void **)&cublas.solver.spotrf, "cusolverDnSpotrf"},
+    };
+    bool ok = true;
+    for (size_t i = 0; i < sizeof syms / sizeof syms[0] && ok; i++)
+        ok = (*syms[i].slot = dlsym(lib, syms[i].symbol)) != NULL;
+    if (ok)
+        cublas.solver_loaded = true;
+    else
+        dlclose(lib);
+}
 
 bool demo_cublas_load(char *why, size_t why_len)
 {
@@ -173,6 +218,8 @@ bool demo_cublas_load(char *why, size_t why_len)
             if (!cublas.loaded)
                 dlclose(lib);
         }
+        if (cublas.loaded)
+            load_cusolver();
         if (cublas.loaded && !cublas.device_lock_ready) {
             for (int d = 0; d < DEMO_MAX_GPUS; d++)
                 pthread_mutex_init(&cublas.device_lock[d], NULL);
@@ -186,15 +233,23 @@ bool demo_cublas_load(char *why, size_t why_len)
     return ok;
 }
 
+/* Destroys slot k of device d: its cuBLAS handle and its cuSOLVER one
+ * (under the lock). */
+static void drop_handles(int d, int k)
+{
+    if (cublas.handle[d][k])
+        (void)cublas.api.destroy(cublas.handle[d][k]);
+    if (cublas.solver_handle[d][k])
+        (void)cublas.solver.destroy(cublas.solver_handle[d][k]);
+    cublas.handle[d][k] = cublas.stream[d][k] = cublas.solver_handle[d][k] = NULL;
+}
+
 void demo_cublas_release(void)
 {
     pthread_mutex_lock(&cublas.lock);
     for (int d = 0; d < DEMO_MAX_GPUS; d++) {
-        for (int k = 0; k < DEMO_STREAMS; k++) {
-            if (cublas.handle[d][k])
-                (void)cublas.api.destroy(cublas.handle[d][k]);
-            cublas.handle[d][k] = cublas.stream[d][k] = NULL;
-        }
+        for (int k = 0; k < DEMO_STREAMS; k++)
+            drop_handles(d, k);
         cublas.create_status[d] = 0;
     }
     pthread_mutex_unlock(&cublas.lock);
@@ -224,9 +279,31 @@ static void *stream_handle(int d, void *stream)
             } else {
                 cublas.stream[d][k] = stream;
                 h = cublas.handle[d][k];
+                /* cuSOLVER beside it; without one POTRF stays on the host. */
+                void *sh = NULL;
+                if (cublas.solver_loaded && cublas.solver.create(&sh) == 0 &&
+                    cublas.solver.set_stream(sh, stream) == 0)
+                    cublas.solver_handle[d][k] = sh;
+                else if (sh)
+                    (void)cublas.solver.destroy(sh);
             }
         }
     }
+    pthread_mutex_unlock(&cublas.lock);
+    return h;
+}
+
+/* The cuSOLVER handle beside the cuBLAS one of device d's stream (made
+ * with it); NULL when there is none. */
+static void *solver_handle(int d, void *stream)
+{
+    if (!cublas.solver_loaded || d < 0 || d >= DEMO_MAX_GPUS)
+        return NULL;
+    pthread_mutex_lock(&cublas.lock);
+    void *h = NULL;
+    for (int k = 0; k < DEMO_STREAMS && !h; k++)
+        if (cublas.handle[d][k] && cublas.stream[d][k] == stream)
+            h = cublas.solver_handle[d][k];
     pthread_mutex_unlock(&cublas.lock);
     return h;
 }
@@ -243,8 +320,33 @@ int demo_cuda_init(const um_task_exec *e)
     while ((size_t)(t + 1) * (size_t)(t + 1) * sizeof(float) <= e->sizes[0])
         t++;
     const float one = 1.0f, zero = 0.0f;
-    return cublas.api.sgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, t, t, t, &one, e->ptrs[0], t,
-                            e->ptrs[1], t, &zero, e->ptrs[2], t) != 0;
+    int rc = cublas.api.sgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, t, t, t, &one, e->ptrs[0], t,
+                              e->ptrs[1], t, &zero, e->ptrs[2], t);
+    const demo_op *op = op_of(e);
+    void *sh = solver_handle(e->device, e->stream);
+    int lwork = 0;
+    if (rc == 0 && sh && op && op->tile <= t &&
+        cublas.solver.spotrf_buffer_size(sh, CUBLAS_FILL_MODE_LOWER, op->tile, e->ptrs[0],
+                                         op->tile, &lwork) == 0) {
+        pthread_mutex_lock(&cublas.lock);
+        if (lwork > cublas.potrf_lwork)
+            cublas.potrf_lwork = lwork;
+        pthread_mutex_unlock(&cublas.lock);
+    }
+    return rc != 0;
+}
+
+size_t demo_cusolver_workspace(void)
+{
+    pthread_mutex_lock(&cublas.lock);
+    size_t floats = (size_t)cublas.potrf_lwork;
+    bool any = false;
+    for (int d = 0; d < DEMO_MAX_GPUS && !any; d++)
+        for (int k = 0; k < DEMO_STREAMS && !any; k++)
+            any = cublas.solver_handle[d][k] != NULL;
+    pthread_mutex_unlock(&cublas.lock);
+    /* The factor's status (devInfo) goes after the workspace. */
+    return any && floats ? (floats + 1) * sizeof(float) : 0;
 }
 
 int demo_cuda_fini(const um_task_exec *e)
@@ -254,10 +356,8 @@ int demo_cuda_fini(const um_task_exec *e)
         return 0;
     pthread_mutex_lock(&cublas.lock);
     for (int k = 0; k < DEMO_STREAMS; k++) {
-        if (cublas.handle[d][k] && cublas.stream[d][k] == e->stream) {
-            (void)cublas.api.destroy(cublas.handle[d][k]);
-            cublas.handle[d][k] = cublas.stream[d][k] = NULL;
-        }
+        if (cublas.handle[d][k] && cublas.stream[d][k] == e->stream)
+            drop_handles(d, k);
     }
     pthread_mutex_unlock(&cublas.lock);
     return 0;
@@ -343,4 +443,23 @@ int demo_cuda_syrk(const um_task_exec *e)
     int rc = cublas.api.ssyrk(h, CUBLAS_FILL_MODE_LOWER, CUBLAS_OP_N, t, t, &minus_one, e->ptrs[0],
                               t, &one, e->ptrs[1], t);
     return unlock_device(e, "cublasSsyrk", rc);
+}
+
+int demo_cuda_potrf(const um_task_exec *e)
+{
+    const demo_op *op = op_of(e);
+    if (!lock_device(e))
+        return 1;
+    void *sh = solver_handle(e->device, e->stream);
+    int lwork = cublas.potrf_lwork;
+    int rc = -1;
+    if (!sh || e->nbuffers != 2 || e->sizes[1] < ((size_t)lwork + 1) * sizeof(float))
+        fprintf(stderr, "unimem demo: spotrf on device %d: no cuSOLVER handle or workspace\n",
+                e->device);
+    else
+        rc = cublas.solver.spotrf(sh, CUBLAS_FILL_MODE_LOWER, op->tile, e->ptrs[0], op->tile,
+                                  e->ptrs[1], lwork, (int *)e->ptrs[1] + lwork);
+    /* A tile that is not positive definite leaves devInfo > 0 on the GPU,
+     * read by nobody here: the result's check finds it. */
+    return unlock_device(e, "cusolverDnSpotrf", rc);
 }

@@ -39,6 +39,10 @@ int demo_cpu_potrf(const um_task_exec *e);
 int demo_cuda_gemm(const um_task_exec *e);
 int demo_cuda_trsm(const um_task_exec *e);
 int demo_cuda_syrk(const um_task_exec *e);
+/* potrf on a GPU through cuSOLVER, with a second buffer (write-discard)
+ * of demo_cusolver_workspace() bytes as its workspace; the cpu version
+ * ignores that buffer. */
+int demo_cuda_potrf(const um_task_exec *e);
 
 /* Loads cuBLAS once for the process (libcublas.so.13, then .12, then
  * libcublas.so). false, with the reason in why, when it cannot be loaded;
@@ -52,6 +56,10 @@ bool demo_cublas_load(char *why, size_t why_len);
  * this is timed and a cuBLAS that cannot start is found before any task
  * depends on it. demo_cublas_ready says whether a handle was made. */
 int demo_cuda_init(const um_task_exec *e);
+/* The bytes cuSOLVER's POTRF needs as workspace at the tile's size (found
+ * by demo_cuda_init, whose user is then the potrf op), 0 when cuSOLVER
+ * could not be started: POTRF then runs on the host. */
+size_t demo_cusolver_workspace(void);
 bool demo_cublas_ready(int dev, char *why, size_t why_len);
 /* A GPU implementation that destroys the handle of its stream, on the
  * worker that made it, once the work is done (it always returns 0). */
