@@ -118,6 +118,97 @@ void harness_run_threads(int n, void *(*fn)(void *), void *shared)
         pthread_join(tid[i], NULL);
 }
 
+bool harness_dev_host_readable(um_context *ctx, int dev)
+{
+    um_device_info info;
+    if (um_device_info_get(ctx, dev, &info) != UM_OK)
+        return false; /* um_memcpy then says what is wrong */
+    if (info.kind != UM_DEVICE_CUDA)
+        return true;
+    const char *fake = getenv("UM_TEST_FAKE_CUDA");
+    return fake && *fake && strcmp(fake, "0") != 0;
+}
+
+/* One copy between host memory and dev's memory, complete on return. */
+static void dev_copy(um_context *ctx, int dev, void *stream, void *dst, const void *src,
+                     size_t n, const char *what)
+{
+    if (n == 0)
+        return;
+    if (harness_dev_host_readable(ctx, dev)) {
+        memcpy(dst, src, n);
+        return;
+    }
+    /* Counted as a check only here, so that runs on host-readable devices
+     * report the same number of checks as before these helpers. */
+    harness_checks++;
+    um_status st;
+    if (!stream) {
+        st = um_memcpy(ctx, dst, src, n);
+    } else {
+        /* The program's stream, wrapped for the copy: the copy is queued
+         * behind the work (and the stream waits) already there. */
+        um_stream w = NULL;
+        st = um_stream_wrap(ctx, dev, stream, &w);
+        if (st == UM_OK)
+            st = um_memcpy_async(ctx, dst, src, n, w);
+        if (st == UM_OK)
+            st = um_stream_synchronize(ctx, w);
+        if (w) {
+            um_status s2 = um_stream_destroy(ctx, w);
+            if (st == UM_OK)
+                st = s2;
+        }
+    }
+    if (st != UM_OK)
+        harness_report(__FILE__, __LINE__, "%s: %zu bytes on device %d (%p -> %p): %s (%s)", what,
+                       n, dev, src, dst, um_status_name(st), um_last_error());
+}
+
+void harness_dev_read(um_context *ctx, int dev, void *dst, const void *src, size_t n)
+{
+    dev_copy(ctx, dev, NULL, dst, src, n, "harness_dev_read");
+}
+
+void harness_dev_write(um_context *ctx, int dev, void *dst, const void *src, size_t n)
+{
+    dev_copy(ctx, dev, NULL, dst, src, n, "harness_dev_write");
+}
+
+void harness_dev_read_on(um_context *ctx, int dev, void *stream, void *dst, const void *src,
+                         size_t n)
+{
+    dev_copy(ctx, dev, stream, dst, src, n, "harness_dev_read_on");
+}
+
+void harness_dev_write_on(um_context *ctx, int dev, void *stream, void *dst, const void *src,
+                          size_t n)
+{
+    dev_copy(ctx, dev, stream, dst, src, n, "harness_dev_write_on");
+}
+
+void *harness_dev_map(um_context *ctx, int dev, void *p, size_t n)
+{
+    if (!p || harness_dev_host_readable(ctx, dev))
+        return p;
+    void *view = malloc(n ? n : 1);
+    if (!view) {
+        harness_report(__FILE__, __LINE__, "harness_dev_map: no host memory for %zu bytes", n);
+        return NULL;
+    }
+    harness_dev_read(ctx, dev, view, p, n);
+    return view;
+}
+
+void harness_dev_unmap(um_context *ctx, int dev, void *p, void *view, size_t n, bool write)
+{
+    if (!view || view == p)
+        return;
+    if (write)
+        harness_dev_write(ctx, dev, p, view, n);
+    free(view);
+}
+
 int harness_finish(const char *test_name)
 {
     printf("%s: %d passed, %d failed\n", test_name, harness_checks - harness_failures,

@@ -7,6 +7,7 @@
 #include "unimem.h"
 
 #include <inttypes.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -77,6 +78,33 @@ typedef struct harness_thread {
     int id;
 } harness_thread;
 void harness_run_threads(int n, void *(*fn)(void *), void *shared);
+
+/* Device memory in checks. The host may dereference the memory of host
+ * and sim devices, and a CUDA device's when UM_TEST_FAKE_CUDA=1 says that
+ * the stand-in driver of CI is loaded (its GPU memory is host memory), but
+ * not a real GPU's. Tests read and write replicas through these helpers: a
+ * memcpy where the host can reach dev's memory (so sim and fake runs do
+ * exactly what they did before), a um_memcpy otherwise. A copy failure is
+ * reported as a failed check. */
+bool harness_dev_host_readable(um_context *ctx, int dev);
+/* n bytes of dev's memory at src into host memory dst, and back. The copy
+ * runs on dev's default stream, where um_buffer_acquire with a NULL stream
+ * makes the replica ready, and is complete on return. */
+void harness_dev_read(um_context *ctx, int dev, void *dst, const void *src, size_t n);
+void harness_dev_write(um_context *ctx, int dev, void *dst, const void *src, size_t n);
+/* The same on `stream`, a native stream of dev (a task's e->stream; NULL:
+ * the default stream), for data made ready for work queued there. */
+void harness_dev_read_on(um_context *ctx, int dev, void *stream, void *dst, const void *src,
+                         size_t n);
+void harness_dev_write_on(um_context *ctx, int dev, void *stream, void *dst, const void *src,
+                          size_t n);
+/* A host view of n bytes of dev's memory at p, for checks that read or
+ * change a replica in place: p itself where the host can reach it, else a
+ * copy of it in malloc'd memory (NULL if p is NULL or no memory).
+ * harness_dev_unmap copies the view back into p when `write`, and frees
+ * the copy. */
+void *harness_dev_map(um_context *ctx, int dev, void *p, size_t n);
+void harness_dev_unmap(um_context *ctx, int dev, void *p, void *view, size_t n, bool write);
 
 /* Prints "<name>: N passed, N failed" and returns the exit status. */
 int harness_finish(const char *test_name);

@@ -7,7 +7,9 @@
  *
  * UM_TEST_BUFFER_DEVICES replaces the devices (default host + 3 small sim
  * devices); CI also runs it on two stand-in CUDA GPUs, whose memory, like
- * the sim devices', is readable from the host. */
+ * the sim devices', is readable from the host. On real GPUs (for example
+ * UM_TEST_BUFFER_DEVICES=cuda or cuda+sim:32M) replicas are read and
+ * written through copies (harness_dev_map and friends), never in place. */
 #include "buffer/buffer.h"
 #include "flaky.h"
 #include "harness.h"
@@ -92,8 +94,10 @@ static um_buffer *patterned(um_context *ctx, int dev, size_t size, uint64_t id)
     void *p = NULL;
     CHECK_OK(um_buffer_create(ctx, size, NULL, &b));
     CHECK_OK(um_buffer_acquire(b, dev, UM_ACCESS_WRITE_DISCARD, NULL, &p));
-    if (p)
-        harness_pattern_fill(p, size, id);
+    void *v = harness_dev_map(ctx, dev, p, size);
+    if (v)
+        harness_pattern_fill(v, size, id);
+    harness_dev_unmap(ctx, dev, p, v, size, true);
     CHECK_OK(um_buffer_release(b, dev, NULL));
     return b;
 }
@@ -107,6 +111,10 @@ static void test_protocol(void)
         return;
     int n = um_device_count(ctx);
     CHECK(n >= 3);
+    /* The third device written; with only two accelerators (two real
+     * GPUs), the second one again. */
+    const int third = n > 3 ? 3 : 2;
+    const char *third_name = third == 3 ? "device 3" : "device 2";
     const size_t size = 300 * KB + 7;
     um_buffer *b = NULL;
     CHECK_OK(um_buffer_create(ctx, size, NULL, &b));
@@ -124,8 +132,11 @@ static void test_protocol(void)
     /* Write on device 1: zeros come first (no copy), then the program's data. */
     void *p = NULL;
     CHECK_OK(um_buffer_acquire(b, 1, UM_ACCESS_WRITE, NULL, &p));
-    CHECK(p != NULL && all_bytes(p, size, 0));
-    harness_pattern_fill(p, size, 1);
+    void *v = harness_dev_map(ctx, 1, p, size);
+    CHECK(v != NULL && all_bytes(v, size, 0));
+    if (v)
+        harness_pattern_fill(v, size, 1);
+    harness_dev_unmap(ctx, 1, p, v, size, true);
     CHECK_OK(um_buffer_release(b, 1, NULL));
     st[1] = UM_REPLICA_OWNER;
     check_states(b, n, st, __LINE__);
@@ -136,7 +147,9 @@ static void test_protocol(void)
     CHECK_OK(um_buffer_acquire(b, 2, UM_ACCESS_READ, NULL, &q));
     CHECK(q != p);
     unsigned char got, want;
-    CHECK_EQ(harness_pattern_find_bad(q, size, 1, &got, &want), SIZE_MAX);
+    v = harness_dev_map(ctx, 2, q, size);
+    CHECK_EQ(v ? harness_pattern_find_bad(v, size, 1, &got, &want) : 0, SIZE_MAX);
+    harness_dev_unmap(ctx, 2, q, v, size, false);
     st[2] = UM_REPLICA_SHARED;
     check_states(b, n, st, __LINE__);
     CHECK_EQ(bytes_copied(ctx), size);
@@ -149,7 +162,7 @@ static void test_protocol(void)
 
     /* A write anywhere conflicts with the readers; the state is unchanged. */
     void *r = NULL;
-    CHECK_STATUS(um_buffer_acquire(b, 3, UM_ACCESS_WRITE, NULL, &r), UM_ERR_BUSY);
+    CHECK_STATUS(um_buffer_acquire(b, third, UM_ACCESS_WRITE, NULL, &r), UM_ERR_BUSY);
     CHECK_ERROR_MENTIONS("reading", "device 2", NULL);
     CHECK(r == NULL);
     CHECK_STATUS(um_buffer_write(b, 0, host, 1), UM_ERR_BUSY);
@@ -160,17 +173,21 @@ static void test_protocol(void)
     CHECK_STATUS(um_buffer_release(b, 2, NULL), UM_ERR_INVALID);
     CHECK_ERROR_MENTIONS("not acquired", "device 2", NULL);
 
-    /* Write-discard on device 3: no copy in; every other replica invalid. */
-    CHECK_OK(um_buffer_acquire(b, 3, UM_ACCESS_WRITE_DISCARD, NULL, &r));
-    harness_pattern_fill(r, size, 3);
+    /* Write-discard on the third device: no copy in; every other replica
+     * invalid. */
+    CHECK_OK(um_buffer_acquire(b, third, UM_ACCESS_WRITE_DISCARD, NULL, &r));
+    v = harness_dev_map(ctx, third, r, size);
+    if (v)
+        harness_pattern_fill(v, size, 3);
+    harness_dev_unmap(ctx, third, r, v, size, true);
     /* While written, nothing else may acquire or read it. */
     CHECK_STATUS(um_buffer_acquire(b, 0, UM_ACCESS_READ, NULL, &p), UM_ERR_BUSY);
-    CHECK_ERROR_MENTIONS("writing", "device 3", NULL);
+    CHECK_ERROR_MENTIONS("writing", third_name, NULL);
     CHECK_STATUS(um_buffer_read(b, 0, host, size), UM_ERR_BUSY);
     CHECK_STATUS(um_buffer_prefetch(b, 1), UM_ERR_BUSY);
-    CHECK_OK(um_buffer_release(b, 3, NULL));
+    CHECK_OK(um_buffer_release(b, third, NULL));
     memset(st, 0, sizeof st);
-    st[3] = UM_REPLICA_OWNER;
+    st[third] = UM_REPLICA_OWNER;
     check_states(b, n, st, __LINE__);
     CHECK_EQ(bytes_copied(ctx), size);
 
@@ -184,11 +201,11 @@ static void test_protocol(void)
     CHECK_OK(um_buffer_release(b, 0, NULL));
     CHECK_EQ(bytes_copied(ctx), 2 * size);
 
-    /* A partial write from the host lands in the owner (device 3). */
+    /* A partial write from the host lands in the owner (the third device). */
     memset(host, 0x5a, 1000);
     CHECK_OK(um_buffer_write(b, 123, host, 1000));
     memset(st, 0, sizeof st);
-    st[3] = UM_REPLICA_OWNER;
+    st[third] = UM_REPLICA_OWNER;
     check_states(b, n, st, __LINE__);
     CHECK_EQ(bytes_copied(ctx), 2 * size + 1000);
     memset(host, 0, size);
@@ -344,8 +361,11 @@ static void test_wrap(void)
     CHECK_EQ(bytes_copied(ctx), 0);
     unsigned char got, want;
     CHECK_OK(um_buffer_acquire(b, 1, UM_ACCESS_READ_WRITE, NULL, &p));
-    CHECK_EQ(harness_pattern_find_bad(p, size, 21, &got, &want), SIZE_MAX);
-    harness_pattern_fill(p, size, 22);
+    void *v = harness_dev_map(ctx, 1, p, size);
+    CHECK_EQ(v ? harness_pattern_find_bad(v, size, 21, &got, &want) : 0, SIZE_MAX);
+    if (v)
+        harness_pattern_fill(v, size, 22);
+    harness_dev_unmap(ctx, 1, p, v, size, true);
     CHECK_OK(um_buffer_release(b, 1, NULL));
     CHECK_EQ(um_buffer_replica_state(b, 0), UM_REPLICA_INVALID);
     CHECK_EQ(harness_pattern_find_bad(mine, size, 21, &got, &want), SIZE_MAX);
@@ -382,17 +402,24 @@ static void test_staging(void)
     memcpy(ref + 333, host, size - 1000);
     CHECK_EQ(um_buffer_replica_state(b, 1), UM_REPLICA_OWNER);
     CHECK_OK(um_buffer_acquire(b, 1, UM_ACCESS_READ, NULL, &p));
-    CHECK(memcmp(p, ref, size) == 0);
+    void *v = harness_dev_map(ctx, 1, p, size);
+    CHECK(v && memcmp(v, ref, size) == 0);
+    harness_dev_unmap(ctx, 1, p, v, size, false);
     CHECK_OK(um_buffer_release(b, 1, NULL));
     /* Device to device (two GPUs: directly, or in two hops through the
      * staging slots with peer_copies=0), in chunks. */
     CHECK_OK(um_buffer_acquire(b, 2, UM_ACCESS_READ_WRITE, NULL, &p));
-    CHECK(memcmp(p, ref, size) == 0);
-    memset((char *)p + 100, 0x77, 200000);
+    v = harness_dev_map(ctx, 2, p, size);
+    CHECK(v && memcmp(v, ref, size) == 0);
+    if (v)
+        memset((char *)v + 100, 0x77, 200000);
     memset(ref + 100, 0x77, 200000);
+    harness_dev_unmap(ctx, 2, p, v, size, true);
     CHECK_OK(um_buffer_release(b, 2, NULL));
     CHECK_OK(um_buffer_acquire(b, 1, UM_ACCESS_READ, NULL, &p));
-    CHECK(memcmp(p, ref, size) == 0);
+    v = harness_dev_map(ctx, 1, p, size);
+    CHECK(v && memcmp(v, ref, size) == 0);
+    harness_dev_unmap(ctx, 1, p, v, size, false);
     CHECK_OK(um_buffer_release(b, 1, NULL));
     CHECK_OK(um_buffer_destroy(b));
     /* A bad chunk size is refused, naming the option. */
@@ -563,14 +590,16 @@ static void step(model *m, model_buffer *mb, uint64_t *rng)
     int op = (int)(harness_rand(rng) % 8);
     size_t off = harness_rand(rng) % mb->size;
     size_t n = 1 + harness_rand(rng) % (mb->size - off);
-    void *p = NULL;
+    void *p = NULL, *v;
     switch (op) {
     case 0:
     case 1: /* read */
         CHECK_OK(um_buffer_acquire(mb->b, dev, UM_ACCESS_READ, NULL, &p));
         model_fill(m, mb, dev);
-        if (p)
-            check_bytes(mb, p, 0, mb->size, "acquire for read", dev);
+        v = harness_dev_map(m->ctx, dev, p, mb->size);
+        if (v)
+            check_bytes(mb, v, 0, mb->size, "acquire for read", dev);
+        harness_dev_unmap(m->ctx, dev, p, v, mb->size, false);
         CHECK_OK(um_buffer_release(mb->b, dev, NULL));
         break;
     case 2: /* read-write, a part changed */
@@ -578,17 +607,21 @@ static void step(model *m, model_buffer *mb, uint64_t *rng)
                                    harness_rand(rng) % 2 ? UM_ACCESS_READ_WRITE : UM_ACCESS_WRITE,
                                    NULL, &p));
         model_fill(m, mb, dev);
-        if (p) {
-            check_bytes(mb, p, 0, mb->size, "acquire for write", dev);
-            scribble(mb, p, off, n, rng);
+        v = harness_dev_map(m->ctx, dev, p, mb->size);
+        if (v) {
+            check_bytes(mb, v, 0, mb->size, "acquire for write", dev);
+            scribble(mb, v, off, n, rng);
         }
+        harness_dev_unmap(m->ctx, dev, p, v, mb->size, true);
         model_own(m, mb, dev);
         CHECK_OK(um_buffer_release(mb->b, dev, NULL));
         break;
     case 3: /* write-discard: all of it */
         CHECK_OK(um_buffer_acquire(mb->b, dev, UM_ACCESS_WRITE_DISCARD, NULL, &p));
-        if (p)
-            scribble(mb, p, 0, mb->size, rng);
+        v = harness_dev_map(m->ctx, dev, p, mb->size);
+        if (v)
+            scribble(mb, v, 0, mb->size, rng);
+        harness_dev_unmap(m->ctx, dev, p, v, mb->size, true);
         model_own(m, mb, dev);
         CHECK_OK(um_buffer_release(mb->b, dev, NULL));
         break;
@@ -712,10 +745,10 @@ static void *contend_main(void *arg)
         if (st != UM_OK)
             continue;
         uint64_t v;
-        memcpy(&v, p, sizeof v);
+        harness_dev_read(c->ctx, dev, &v, p, sizeof v);
         if (write) {
             v++;
-            memcpy(p, &v, sizeof v);
+            harness_dev_write(c->ctx, dev, p, &v, sizeof v);
             atomic_fetch_add(&c->writes[k], 1);
         } else {
             atomic_fetch_add(&c->reads, 1);

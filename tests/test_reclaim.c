@@ -21,8 +21,10 @@
 #define NTHREADS 4
 
 /* Two accelerators (UM_TEST_RECLAIM_DEVICES: default two sim devices; CI
- * also runs two stand-in GPUs) with their memory limit set to `limit`,
- * and the options in `extra`. */
+ * also runs two stand-in GPUs, and UM_TEST_RECLAIM_DEVICES=cuda on a
+ * machine with two GPUs runs real ones, whose replicas are read and
+ * written through copies: harness_dev_map) with their memory limit set to
+ * `limit`, and the options in `extra`. */
 static um_context *open_ctx(size_t limit, const char *extra)
 {
     const char *devs = getenv("UM_TEST_RECLAIM_DEVICES");
@@ -111,13 +113,15 @@ static void *random_main(void *arg)
         void *p = NULL;
         CHECK_OK(um_buffer_acquire(ob->b, dev, mode, NULL, &p));
         if (p) {
-            if (mode != UM_ACCESS_WRITE_DISCARD && !same_pattern(p, o->size, ob->id))
+            void *v = harness_dev_map(o->ctx, dev, p, o->size);
+            if (v && mode != UM_ACCESS_WRITE_DISCARD && !same_pattern(v, o->size, ob->id))
                 harness_report(__FILE__, __LINE__, "buffer with pattern %llu: wrong bytes on "
                                "device %d", (unsigned long long)ob->id, dev);
-            if (mode != UM_ACCESS_READ) {
+            if (v && mode != UM_ACCESS_READ) {
                 ob->id = atomic_fetch_add(&o->next_id, 1);
-                harness_pattern_fill(p, o->size, ob->id);
+                harness_pattern_fill(v, o->size, ob->id);
             }
+            harness_dev_unmap(o->ctx, dev, p, v, o->size, mode != UM_ACCESS_READ);
             CHECK_OK(um_buffer_release(ob->b, dev, NULL));
         }
         pthread_mutex_unlock(&ob->lock);
@@ -175,15 +179,19 @@ static void test_oversubscribe(uint64_t seed, int factor, const char *spill_dir)
         for (int i = 0; i < o.nbuf; i++) {
             void *p = NULL;
             CHECK_OK(um_buffer_acquire(o.buf[i].b, 1, UM_ACCESS_READ, NULL, &p));
-            if (p && !same_pattern(p, o.size, o.buf[i].id))
+            void *v = harness_dev_map(o.ctx, 1, p, o.size);
+            if (v && !same_pattern(v, o.size, o.buf[i].id))
                 harness_report(__FILE__, __LINE__, "streamed buffer %d is wrong", i);
+            harness_dev_unmap(o.ctx, 1, p, v, o.size, false);
             CHECK_OK(um_buffer_release(o.buf[i].b, 1, NULL));
             int r = (i + 1) % o.nbuf;
             pthread_mutex_lock(&o.buf[r].lock);
             CHECK_OK(um_buffer_acquire(o.buf[r].b, 2, UM_ACCESS_WRITE_DISCARD, NULL, &p));
             o.buf[r].id = atomic_fetch_add(&o.next_id, 1);
-            if (p)
-                harness_pattern_fill(p, o.size, o.buf[r].id);
+            v = harness_dev_map(o.ctx, 2, p, o.size);
+            if (v)
+                harness_pattern_fill(v, o.size, o.buf[r].id);
+            harness_dev_unmap(o.ctx, 2, p, v, o.size, true);
             CHECK_OK(um_buffer_release(o.buf[r].b, 2, NULL));
             pthread_mutex_unlock(&o.buf[r].lock);
             atomic_fetch_add(&progress[NTHREADS], 1);
@@ -325,7 +333,10 @@ static int victim_after(const char *policy, void (*hint)(um_buffer **b))
         CHECK_OK(um_buffer_create(ctx, MB, NULL, &b[i]));
     for (int i = 0; i < 4; i++) {
         CHECK_OK(um_buffer_acquire(b[i], 1, UM_ACCESS_WRITE_DISCARD, NULL, &p));
-        harness_pattern_fill(p, MB, 50 + (uint64_t)i);
+        void *v = harness_dev_map(ctx, 1, p, MB);
+        if (v)
+            harness_pattern_fill(v, MB, 50 + (uint64_t)i);
+        harness_dev_unmap(ctx, 1, p, v, MB, true);
         CHECK_OK(um_buffer_release(b[i], 1, NULL));
     }
     hint(b);
@@ -397,7 +408,10 @@ static void test_watermarks(void)
     for (int i = 0; i < 12; i++) {
         CHECK_OK(um_buffer_create(ctx, MB, NULL, &b[i]));
         CHECK_OK(um_buffer_acquire(b[i], 1, UM_ACCESS_WRITE_DISCARD, NULL, &p));
-        harness_pattern_fill(p, MB, 70 + (uint64_t)i);
+        void *v = harness_dev_map(ctx, 1, p, MB);
+        if (v)
+            harness_pattern_fill(v, MB, 70 + (uint64_t)i);
+        harness_dev_unmap(ctx, 1, p, v, MB, true);
         CHECK_OK(um_buffer_release(b[i], 1, NULL));
     }
     /* 12 MiB of replicas, under the default marks (90% of 32 MiB); with
@@ -469,7 +483,10 @@ static void test_failed_write_back(void)
     void *p;
     CHECK_OK(um_buffer_create(ctx, 4 * MB, NULL, &a));
     CHECK_OK(um_buffer_acquire(a, 1, UM_ACCESS_WRITE_DISCARD, NULL, &p));
-    harness_pattern_fill(p, 4 * MB, 90);
+    void *v = harness_dev_map(ctx, 1, p, 4 * MB);
+    if (v)
+        harness_pattern_fill(v, 4 * MB, 90);
+    harness_dev_unmap(ctx, 1, p, v, 4 * MB, true);
     CHECK_OK(um_buffer_release(a, 1, NULL));
     /* Every copy fails: a's write-back (to the host or the other device)
      * cannot happen. */
@@ -482,7 +499,9 @@ static void test_failed_write_back(void)
     /* The only valid copy is where it was, whole. */
     CHECK_EQ(um_buffer_replica_state(a, 1), UM_REPLICA_OWNER);
     CHECK_OK(um_buffer_acquire(a, 1, UM_ACCESS_READ, NULL, &p));
-    CHECK(p && same_pattern(p, 4 * MB, 90));
+    v = harness_dev_map(ctx, 1, p, 4 * MB);
+    CHECK(v && same_pattern(v, 4 * MB, 90));
+    harness_dev_unmap(ctx, 1, p, v, 4 * MB, false);
     CHECK_OK(um_buffer_release(a, 1, NULL));
     /* With copies working again, the same request evicts a. */
     CHECK_OK(um_buffer_acquire(c, 1, UM_ACCESS_WRITE_DISCARD, NULL, &p));
@@ -553,7 +572,9 @@ static void test_spill(const char *dir)
     /* On a device, straight from the file. */
     void *p = NULL;
     CHECK_OK(um_buffer_acquire(b[spilled], 1, UM_ACCESS_READ, NULL, &p));
-    CHECK(p && same_pattern(p, size, 100 + (uint64_t)spilled));
+    void *v = harness_dev_map(ctx, 1, p, size);
+    CHECK(v && same_pattern(v, size, 100 + (uint64_t)spilled));
+    harness_dev_unmap(ctx, 1, p, v, size, false);
     CHECK_OK(um_buffer_release(b[spilled], 1, NULL));
     /* Written on the host: another buffer goes to the file for the room. */
     CHECK_OK(um_buffer_acquire(b[spilled], 0, UM_ACCESS_READ_WRITE, NULL, &p));

@@ -2,7 +2,9 @@
  * devices: random task graphs against a sequential reference under every
  * policy (with the devices' memory limited, so reclaim runs under the
  * tasks), failure and cancellation propagation, bad input, buffers in use,
- * and each policy's choice in a case where it is known. */
+ * and each policy's choice in a case where it is known. The random graphs
+ * also run on GPUs (UM_TEST_TASK_DEVICES=cuda: CI's stand-in ones, or real
+ * ones, where the tasks compute on copies of the GPU's data). */
 #include "harness.h"
 
 #include <pthread.h>
@@ -20,6 +22,7 @@ static const char *const policies[] = {"eager", "round_robin", "locality", "cost
 /* ------------------------------------------------- random task graphs */
 
 typedef struct spec {
+    um_context *ctx;
     int nbuf;
     int idx[3];
     um_access mode[3];
@@ -63,6 +66,33 @@ static int task_fn(const um_task_exec *e)
     return 0;
 }
 
+/* The "cuda" implementation. Where the host can touch the GPU's memory
+ * (the stand-in driver of CI) it is task_fn itself. On a real GPU the
+ * buffers are copied to host memory on the task's stream, computed there
+ * and copied back before it returns: slow, but the same computation, and
+ * the release on that stream orders later users after the copies. */
+static int task_fn_gpu(const um_task_exec *e)
+{
+    spec *s = e->user;
+    if (harness_dev_host_readable(s->ctx, e->device))
+        return task_fn(e);
+    atomic_store(&s->device, e->device);
+    if (s->delay_us)
+        usleep((useconds_t)s->delay_us);
+    uint32_t scratch[3][WORDS];
+    uint32_t *data[3] = {scratch[0], scratch[1], scratch[2]};
+    for (int i = 0; i < s->nbuf; i++)
+        if (s->mode[i] != UM_ACCESS_WRITE_DISCARD)
+            harness_dev_read_on(s->ctx, e->device, e->stream, data[i], e->ptrs[i],
+                                WORDS * sizeof(uint32_t));
+    compute(s, data);
+    for (int i = 0; i < s->nbuf; i++)
+        if (s->mode[i] != UM_ACCESS_READ)
+            harness_dev_write_on(s->ctx, e->device, e->stream, e->ptrs[i], data[i],
+                                 WORDS * sizeof(uint32_t));
+    return 0;
+}
+
 static void test_random_graphs(uint64_t seed, const char *policy, size_t limit, int nbufs,
                                int ntasks)
 {
@@ -70,9 +100,10 @@ static void test_random_graphs(uint64_t seed, const char *policy, size_t limit, 
     /* Pages of 64 KiB, so a small limit holds a few buffers.
      * UM_TEST_TASK_DEVICES: other devices (CI: stand-in GPUs, whose
      * memory the host can touch and whose copies are done when issued,
-     * so the tasks' "cuda" implementation is the cpu one). */
+     * so the tasks' "cuda" implementation is the cpu one; on real GPUs it
+     * computes on copies: task_fn_gpu). */
     const char *devs = getenv("UM_TEST_TASK_DEVICES");
-    bool fake_gpus = devs && strstr(devs, "cuda");
+    bool gpus = devs && strstr(devs, "cuda");
     snprintf(conf, sizeof conf, "devices=%s,sim_granularity=64K,links=model,sched=%s",
              devs && *devs ? devs : "sim:3x64M", policy);
     um_context *ctx = NULL;
@@ -95,6 +126,7 @@ static void test_random_graphs(uint64_t seed, const char *policy, size_t limit, 
     int per_device[8] = {0};
     for (int k = 0; k < ntasks; k++) {
         spec *s = &specs[k];
+        s->ctx = ctx;
         s->nbuf = 1 + (int)(harness_rand(&rng) % 3);
         for (int i = 0; i < s->nbuf; i++) {
             int x;
@@ -113,7 +145,7 @@ static void test_random_graphs(uint64_t seed, const char *policy, size_t limit, 
         um_task t = {0};
         t.name = "mix";
         t.cpu = task_fn;
-        t.cuda = fake_gpus ? task_fn : NULL;
+        t.cuda = gpus ? task_fn_gpu : NULL;
         t.nbuffers = s->nbuf;
         for (int i = 0; i < s->nbuf; i++) {
             t.buffers[i] = b[s->idx[i]];

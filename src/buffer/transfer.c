@@ -319,19 +319,39 @@ static void measure_routes(um__xfer *x)
             (void)um_free(ctx, buf[d], NULL);
 }
 
+static bool peer_access(um_context *ctx, int from, int to);
+
+/* Between two GPUs without peer copies (none reported, or peer_copies=0)
+ * a copy goes in two pipelined hops through the host: the hops' latencies
+ * add up and the slower hop sets the rate. Without this the costs would
+ * price a direct copy that is never made, and eviction and source choice
+ * would send data to the other GPU across the host link twice. */
+static void two_hop_routes(um__xfer *x)
+{
+    um_context *ctx = x->ctx;
+    int n = x->ndev;
+    for (int i = 1; i < n; i++)
+        for (int j = 1; j < n; j++) {
+            if (i == j || !is_gpu(ctx, i) || !is_gpu(ctx, j) || peer_access(ctx, i, j))
+                continue;
+            double out = x->ns_per_byte[i * n], in = x->ns_per_byte[j];
+            x->lat_ns[i * n + j] = x->lat_ns[i * n] + x->lat_ns[j];
+            x->ns_per_byte[i * n + j] = out > in ? out : in;
+        }
+}
+
 static void set_routes(um__xfer *x)
 {
     model_routes(x);
-    if (x->ctx->opts.links == UM_LINKS_MODEL)
-        return;
-    uint64_t key = machine_key(x->ctx);
-    if (cache_read(x, key)) {
+    if (x->ctx->opts.links != UM_LINKS_MODEL) {
+        uint64_t key = machine_key(x->ctx);
+        if (!cache_read(x, key)) {
+            measure_routes(x);
+            cache_write(x, key);
+        }
         x->measured = true;
-        return;
     }
-    measure_routes(x);
-    x->measured = true;
-    cache_write(x, key);
+    two_hop_routes(x);
 }
 
 static void buffers_fini(um_context *ctx);

@@ -17,6 +17,12 @@
  * FAKE_CUDA_FAIL_EVERY=N makes every Nth call of cuMemCreate, cuMemMap,
  * cuMemSetAccess, cuMemUnmap, cuMemRelease and cuEventRecord fail (each
  * counted on its own), for the backend's and the pool's error paths.
+ * FAKE_CUDA_OPAQUE=1 makes GPU memory unreachable from the host, as a real
+ * GPU's is: a GPU's mapping stays PROT_NONE at its device address (a host
+ * access faults) and the driver's copies and memsets reach it through a
+ * second mapping of the same memory, so a test that reads or writes GPU
+ * memory in place crashes instead of passing only here. (cuMemAlloc
+ * segments and pinned host memory stay readable.)
  */
 #include <fcntl.h>
 #include <pthread.h>
@@ -38,6 +44,7 @@
 typedef struct mapping {
     uintptr_t va;
     size_t size;
+    char *shadow; /* FAKE_CUDA_OPAQUE: the host's way to a GPU's mapping */
 } mapping;
 
 typedef struct chunk {
@@ -58,6 +65,7 @@ static size_t gpu_mem = (size_t)4 << 30;
 static size_t used[64]; /* bytes created or cuMemAlloc'ed per GPU */
 static __thread um_cuContext current;
 static unsigned fail_every;
+static int opaque;
 
 enum { F_CREATE, F_MAP, F_ACCESS, F_UNMAP, F_RELEASE, F_RECORD, F_COUNT };
 static _Atomic unsigned fail_calls[F_COUNT];
@@ -83,6 +91,7 @@ static int setup(void)
         gpu_mem = strtoull(getenv("FAKE_CUDA_MEM"), NULL, 0);
     if (getenv("FAKE_CUDA_FAIL_EVERY"))
         fail_every = (unsigned)atoi(getenv("FAKE_CUDA_FAIL_EVERY"));
+    opaque = getenv("FAKE_CUDA_OPAQUE") && atoi(getenv("FAKE_CUDA_OPAQUE"));
     fd = memfd_create("fake_cuda", 0);
     return fd < 0 ? -1 : 0;
 }
@@ -255,7 +264,7 @@ EXPORT um_cuResult cuMemAddressReserve(um_cuDeviceptr *p, size_t size, size_t al
         munmap(m, size);
         return UM_CU_ERROR_OUT_OF_MEMORY;
     }
-    res[nres++] = (mapping){(uintptr_t)m, size};
+    res[nres++] = (mapping){(uintptr_t)m, size, NULL};
     pthread_mutex_unlock(&lock);
     *p = (um_cuDeviceptr)(uintptr_t)m;
     return UM_CU_SUCCESS;
@@ -351,13 +360,22 @@ EXPORT um_cuResult cuMemMap(um_cuDeviceptr p, size_t size, size_t offset, um_cuM
         pthread_mutex_unlock(&lock);
         return UM_CU_ERROR_INVALID_VALUE;
     }
-    void *m = mmap((void *)va, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd,
-                   (off_t)(c->off + offset));
+    /* Opaque: the device address stays PROT_NONE (the reservation's) and
+     * the memory is mapped elsewhere, for the driver's copies only. */
+    char *shadow = NULL;
+    void *m;
+    if (opaque && c->gpu >= 0) {
+        m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)(c->off + offset));
+        shadow = m;
+    } else {
+        m = mmap((void *)va, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd,
+                 (off_t)(c->off + offset));
+    }
     if (m == MAP_FAILED) {
         pthread_mutex_unlock(&lock);
         return UM_CU_ERROR_OUT_OF_MEMORY;
     }
-    maps[nmaps++] = (mapping){va, size};
+    maps[nmaps++] = (mapping){va, size, shadow};
     pthread_mutex_unlock(&lock);
     return UM_CU_SUCCESS;
 }
@@ -384,10 +402,13 @@ EXPORT um_cuResult cuMemUnmap(um_cuDeviceptr p, size_t size)
         return UM_CU_ERROR_INVALID_VALUE;
     }
     for (size_t i = 0; i < nmaps;) {
-        if (maps[i].va >= va && maps[i].va < va + size)
+        if (maps[i].va >= va && maps[i].va < va + size) {
+            if (maps[i].shadow)
+                munmap(maps[i].shadow, maps[i].size);
             maps[i] = maps[--nmaps];
-        else
+        } else {
             i++;
+        }
     }
     mmap((void *)va, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED,
          -1, 0);
@@ -444,9 +465,59 @@ EXPORT um_cuResult cuMemFree_v2(um_cuDeviceptr p)
     return UM_CU_SUCCESS;
 }
 
+/* Where the host reaches the byte at address p: p itself, or in opaque
+ * mode the second mapping of the GPU mapping p is in. *run gets the bytes
+ * from p on that stay in the same mapping (SIZE_MAX outside any). */
+static char *host_addr(uintptr_t p, size_t *run)
+{
+    *run = SIZE_MAX;
+    if (!opaque)
+        return (char *)p;
+    pthread_mutex_lock(&lock);
+    for (size_t i = 0; i < nmaps; i++) {
+        if (maps[i].shadow && p >= maps[i].va && p < maps[i].va + maps[i].size) {
+            char *h = maps[i].shadow + (p - maps[i].va);
+            *run = maps[i].va + maps[i].size - p;
+            pthread_mutex_unlock(&lock);
+            return h;
+        }
+    }
+    pthread_mutex_unlock(&lock);
+    return (char *)p;
+}
+
+/* memmove and memset through host_addr, a mapping at a time (a block of
+ * several pages has one mapping per page, and their second mappings are
+ * not contiguous). */
+static void copy_bytes(uintptr_t dst, uintptr_t src, size_t n)
+{
+    while (n) {
+        size_t rd, rs;
+        char *d = host_addr(dst, &rd), *s = host_addr(src, &rs);
+        size_t k = n < rd ? n : rd;
+        k = k < rs ? k : rs;
+        memmove(d, s, k);
+        dst += k;
+        src += k;
+        n -= k;
+    }
+}
+
+static void set_bytes(uintptr_t dst, unsigned char v, size_t n)
+{
+    while (n) {
+        size_t rd;
+        char *d = host_addr(dst, &rd);
+        size_t k = n < rd ? n : rd;
+        memset(d, v, k);
+        dst += k;
+        n -= k;
+    }
+}
+
 EXPORT um_cuResult cuMemcpy(um_cuDeviceptr dst, um_cuDeviceptr src, size_t n)
 {
-    memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
+    copy_bytes((uintptr_t)dst, (uintptr_t)src, n);
     return UM_CU_SUCCESS;
 }
 
@@ -459,7 +530,7 @@ EXPORT um_cuResult cuMemcpyAsync(um_cuDeviceptr dst, um_cuDeviceptr src, size_t 
 EXPORT um_cuResult cuMemsetD8Async(um_cuDeviceptr dst, unsigned char v, size_t n, um_cuStream s)
 {
     (void)s;
-    memset((void *)(uintptr_t)dst, v, n);
+    set_bytes((uintptr_t)dst, v, n);
     return UM_CU_SUCCESS;
 }
 

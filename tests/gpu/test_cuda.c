@@ -4,10 +4,14 @@
  * reserved bytes against the driver's own count, stream-ordered reuse
  * across two streams with a long-running kernel in between, a memory
  * limit, pinned host memory with asynchronous copies, and wrapped streams.
+ * With two GPUs or more, the first two together: unified buffers kept
+ * coherent across them, eviction from a full GPU to the other one, and
+ * tasks placed by load and by free memory.
  *
  * Device memory is written and read only through the driver (copies and a
- * kernel), never by the host. Exits 77 (skipped) when there is no driver
- * or no GPU, saying why.
+ * kernel), never by the host (CI checks that with the stand-in driver's
+ * FAKE_CUDA_OPAQUE=1). Exits 77 (skipped) when there is no driver or no
+ * GPU, saying why.
  */
 #include "backend/cuda_driver.h"
 #include "harness.h"
@@ -16,6 +20,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define MIB ((size_t)1 << 20)
 #define SKIP 77
@@ -444,12 +449,478 @@ static void check_segments(gpu *g)
     UM_UNUSED(g);
 }
 
+/* ------------------------------------------------ two GPUs: buffers, tasks */
+
+/* The cost in ns the transfer engine reckons for n bytes from `from` to
+ * `to`: the link figures it picks sources and write-back targets by
+ * (measured, read from the link cache, or the model), as
+ * um_link_stats_get reports them. */
+static double link_cost(um_context *ctx, int from, int to, size_t n)
+{
+    um_link_stats ls;
+    CHECK_OK(um_link_stats_get(ctx, from, to, &ls));
+    return ls.bandwidth_gbps > 0 ? ls.latency_us * 1000.0 + (double)n / ls.bandwidth_gbps : 1e300;
+}
+
+/* Device a or b, whichever costs less; -1 when the two are within 1% of
+ * each other (the engine, which does the same sums from unrounded
+ * figures, may then take either). */
+static int cheaper(double cost_a, int a, double cost_b, int b)
+{
+    if (cost_a < cost_b * 0.99)
+        return a;
+    if (cost_b < cost_a * 0.99)
+        return b;
+    return -1;
+}
+
+/* Bytes copied so far on every link of a context of the host and two GPUs. */
+typedef struct links3 {
+    uint64_t bytes[3][3];
+} links3;
+
+static links3 links_now(um_context *ctx)
+{
+    links3 l;
+    for (int i = 0; i < 3; i++) {
+        for (int j = 0; j < 3; j++) {
+            um_link_stats ls = {0};
+            CHECK_OK(um_link_stats_get(ctx, i, j, &ls));
+            l.bytes[i][j] = ls.bytes;
+        }
+    }
+    return l;
+}
+
+/* Bytes copied from `from` to `to` since `base`. */
+static uint64_t copied_since(um_context *ctx, const links3 *base, int from, int to)
+{
+    return links_now(ctx).bytes[from][to] - base->bytes[from][to];
+}
+
+static void check_replicas(um_buffer *b, um_replica_state host, um_replica_state gpu1,
+                           um_replica_state gpu2, int line)
+{
+    um_replica_state want[3] = {host, gpu1, gpu2};
+    for (int d = 0; d < 3; d++) {
+        um_replica_state got = um_buffer_replica_state(b, d);
+        harness_checks++;
+        if (got != want[d])
+            harness_report(__FILE__, line, "replica on device %d is %s, the protocol says %s", d,
+                           um_replica_state_name(got), um_replica_state_name(want[d]));
+    }
+}
+#define CHECK_REPLICAS(b, host, gpu1, gpu2)                                                   \
+    check_replicas((b), UM_REPLICA_##host, UM_REPLICA_##gpu1, UM_REPLICA_##gpu2, __LINE__)
+
+/* Whether n bytes at got are those at want; prints the first that is not. */
+static bool same_bytes(const void *got, const void *want, size_t n, const char *what)
+{
+    const unsigned char *g = got, *w = want;
+    if (memcmp(g, w, n) == 0)
+        return true;
+    size_t i = 0;
+    while (g[i] == w[i])
+        i++;
+    fprintf(stderr, "%s: byte %zu of %zu is 0x%02x, not 0x%02x\n", what, i, n, g[i], w[i]);
+    return false;
+}
+
+/* Whether device memory at dptr holds the n bytes at want: copied out
+ * with um_memcpy (on the default stream of its device, where an
+ * acquisition with a NULL stream makes the data ready) into scratch. */
+static bool device_holds(um_context *ctx, const void *dptr, const void *want, size_t n,
+                         void *scratch, const char *what)
+{
+    if (um_memcpy(ctx, scratch, dptr, n) != UM_OK) {
+        fprintf(stderr, "%s: um_memcpy out of %p failed: %s\n", what, dptr, um_last_error());
+        return false;
+    }
+    return same_bytes(scratch, want, n, what);
+}
+
+/* Coherence across GPUs, step by step: written on the host; acquired for
+ * writing on GPU 1 (copied in) and changed there, by a kernel where there
+ * is one; read on GPU 2 (one copy over the 1 -> 2 link); written on GPU 2
+ * (no copy: its replica is valid); read on the host; read again on GPU 1,
+ * whose stale replica is refreshed from the cheaper valid one. After every
+ * step: every byte (copied out, never read in place), every replica's
+ * state, and the bytes on every link. */
+static void check_coherence_across_gpus(gpu *g)
+{
+    um_context *ctx = NULL;
+    CHECK_OK(um_init("devices=cuda:0+cuda:1", &ctx));
+    if (!ctx)
+        return;
+    um_link_info link;
+    CHECK_OK(um_device_link_get(ctx, 1, 2, &link));
+    const size_t words = (3u << 20) + 5, n = words * 4;
+    uint32_t *want = malloc(n), *gpu1_data = malloc(n);
+    unsigned char *out = malloc(n);
+    um_buffer *b = NULL;
+    um_stream s1 = NULL;
+    CHECK_OK(um_buffer_create(ctx, n, NULL, &b));
+    CHECK_OK(um_stream_create(ctx, 1, &s1));
+    if (!want || !gpu1_data || !out || !b || !s1) {
+        harness_report(__FILE__, __LINE__, "coherence: no memory for %zu bytes", n);
+        um_shutdown(ctx);
+        free(want);
+        free(gpu1_data);
+        free(out);
+        return;
+    }
+
+    /* On the host: its replica is the owner. */
+    harness_pattern_fill(want, n, 501);
+    CHECK_OK(um_buffer_write(b, 0, want, n));
+    CHECK_REPLICAS(b, OWNER, INVALID, INVALID);
+    links3 base = links_now(ctx);
+
+    /* For writing on GPU 1, on stream s1: copied in from the host, which
+     * goes invalid. What arrived is copied out on s1, then every word i
+     * becomes 0x1000 + i (the kernel; a copy where the driver runs none). */
+    void *p1 = NULL;
+    CHECK_OK(um_buffer_acquire(b, 1, UM_ACCESS_READ_WRITE, s1, &p1));
+    CHECK_REPLICAS(b, INVALID, OWNER, INVALID);
+    CHECK_EQ(copied_since(ctx, &base, 0, 1), n);
+    for (size_t i = 0; i < words; i++)
+        gpu1_data[i] = 0x1000u + (uint32_t)i;
+    if (p1) {
+        CHECK_OK(um_memcpy_async(ctx, out, p1, n, s1));
+        CHECK_OK(um_stream_synchronize(ctx, s1));
+        CHECK(same_bytes(out, want, n, "GPU 1 after the copy in"));
+        if (g->spin_fill)
+            CHECK(launch_spin_fill(g, p1, words, 0, 0x1000u, s1));
+        else
+            CHECK_OK(um_memcpy_async(ctx, p1, gpu1_data, n, s1));
+    }
+    /* No synchronisation: the release on s1 alone orders what follows. */
+    CHECK_OK(um_buffer_release(b, 1, s1));
+    memcpy(want, gpu1_data, n);
+
+    /* Read on GPU 2: one copy over the 1 -> 2 link (peer to peer where the
+     * driver reports peer access, else in two hops through the host,
+     * which count on that link too); GPU 1 stays the owner. */
+    void *p2 = NULL;
+    CHECK_OK(um_buffer_acquire(b, 2, UM_ACCESS_READ, NULL, &p2));
+    CHECK_REPLICAS(b, INVALID, OWNER, SHARED);
+    CHECK_EQ(copied_since(ctx, &base, 1, 2), n);
+    CHECK_EQ(copied_since(ctx, &base, 0, 2), 0);
+    CHECK(p2 && device_holds(ctx, p2, want, n, out, "GPU 2 reading GPU 1's data"));
+    CHECK_OK(um_buffer_release(b, 2, NULL));
+
+    /* Written on GPU 2: nothing is copied (its replica is valid), it
+     * becomes the owner and GPU 1's copy goes stale. A middle range
+     * changes; the rest keeps GPU 1's data. */
+    CHECK_OK(um_buffer_acquire(b, 2, UM_ACCESS_WRITE, NULL, &p2));
+    CHECK_REPLICAS(b, INVALID, INVALID, OWNER);
+    const size_t off = words / 3, len = words / 4;
+    for (size_t i = off; i < off + len; i++)
+        want[i] = 0xc0de0000u ^ (uint32_t)i;
+    if (p2)
+        CHECK_OK(um_memcpy(ctx, (uint32_t *)p2 + off, want + off, len * 4));
+    CHECK_OK(um_buffer_release(b, 2, NULL));
+    CHECK_EQ(copied_since(ctx, &base, 1, 2), n);
+    CHECK_EQ(copied_since(ctx, &base, 2, 1), 0);
+
+    /* Read on the host, from GPU 2 (the only valid replica): first into
+     * program memory, then into the host's own replica, read in place. */
+    memset(out, 0, n);
+    CHECK_OK(um_buffer_read(b, 0, out, n));
+    CHECK(same_bytes(out, want, n, "um_buffer_read after GPU 2's write"));
+    CHECK_EQ(copied_since(ctx, &base, 2, 0), n);
+    void *h = NULL;
+    CHECK_OK(um_buffer_acquire(b, 0, UM_ACCESS_READ, NULL, &h));
+    CHECK(h && same_bytes(h, want, n, "the host's replica after GPU 2's write"));
+    CHECK_OK(um_buffer_release(b, 0, NULL));
+    CHECK_REPLICAS(b, SHARED, INVALID, OWNER);
+    CHECK_EQ(copied_since(ctx, &base, 2, 0), 2 * n);
+    CHECK_EQ(copied_since(ctx, &base, 1, 0), 0);
+
+    /* Read again on GPU 1: from the valid replica with the cheaper link
+     * to it (GPU 2 over the peer link, or the host), by the engine's
+     * figures. */
+    int src = cheaper(link_cost(ctx, 0, 1, n), 0, link_cost(ctx, 2, 1, n), 2);
+    links3 before = links_now(ctx);
+    CHECK_OK(um_buffer_acquire(b, 1, UM_ACCESS_READ, s1, &p1));
+    uint64_t from_host = copied_since(ctx, &before, 0, 1),
+             from_gpu2 = copied_since(ctx, &before, 2, 1);
+    CHECK_EQ(from_host + from_gpu2, n);
+    if (src >= 0)
+        CHECK_EQ(src == 0 ? from_host : from_gpu2, n);
+    CHECK_REPLICAS(b, SHARED, SHARED, OWNER);
+    if (p1) {
+        CHECK_OK(um_memcpy_async(ctx, out, p1, n, s1));
+        CHECK_OK(um_stream_synchronize(ctx, s1));
+        CHECK(same_bytes(out, want, n, "GPU 1 after the refresh"));
+    }
+    CHECK_OK(um_buffer_release(b, 1, s1));
+    printf("two GPUs: coherence: host -> GPU 1 (%s) -> GPU 2 -> host -> GPU 1, %zu bytes, peer "
+           "access %d: every byte right; GPU 1 refreshed from %s\n",
+           g->spin_fill ? "kernel" : "copy", n, link.peer_access,
+           from_gpu2 ? "GPU 2" : "the host");
+    CHECK_OK(um_buffer_destroy(b));
+    CHECK_OK(um_stream_destroy(ctx, s1));
+    free(want);
+    free(gpu1_data);
+    free(out);
+    um_shutdown(ctx);
+}
+
+/* Whether option peer_copies is on in ctx. */
+static bool peer_copies_on(um_context *ctx)
+{
+    for (int i = 0; i < um_option_count(); i++) {
+        um_option_info o;
+        char v[32] = "";
+        if (um_option_get(i, &o) == UM_OK && !strcmp(o.name, "peer_copies"))
+            return um_option_current(ctx, i, v, sizeof v) == UM_OK && strcmp(v, "0") != 0;
+    }
+    return true;
+}
+
+/* Eviction from one GPU to another with room: GPU 1, limited to four
+ * 2 MiB buffers, holds the only valid copy of each; two more buffers
+ * written there make reclaim evict two. Each evicted buffer's data must
+ * go to the cheapest target by the engine's link figures, which is GPU 2
+ * (plenty of room) where the peer link beats the host's (always with
+ * links=model: 400 GB/s against 50), and every byte must survive.
+ * `links`: the links option. */
+static void check_eviction_to_peer(const char *links)
+{
+    enum { OLD = 4, NEW = 2 };
+    const size_t size = (size_t)2 << 20;
+    char conf[160];
+    /* No background reclaimer (high mark at 100%): every eviction is one
+     * an allocation at the limit asked for, so the counts are exact. */
+    snprintf(conf, sizeof conf,
+             "devices=cuda:0+cuda:1,watermark_high=100,watermark_low=100,links=%s", links);
+    um_context *ctx = NULL;
+    CHECK_OK(um_init(conf, &ctx));
+    if (!ctx)
+        return;
+    /* The link figures (measured now, before GPU 1 is limited) and the
+     * write-back target they make cheapest. */
+    int target = cheaper(link_cost(ctx, 1, 0, size), 0, link_cost(ctx, 1, 2, size), 2);
+    um_link_info li;
+    CHECK_OK(um_device_link_get(ctx, 1, 2, &li));
+    /* Without peer copies (UNIMEM_CONF=peer_copies=0) the copy to GPU 2
+     * crosses the host link twice, so the host is cheaper. */
+    if (!strcmp(links, "model") && li.peer_access)
+        CHECK_EQ(target, peer_copies_on(ctx) ? 2 : 0);
+    CHECK_OK(um_set_memory_limit(ctx, 1, OLD * size));
+    unsigned char *h = malloc(size);
+    um_buffer *b[OLD + NEW] = {0};
+    links3 base = {{{0}}};
+    for (int i = 0; i < OLD + NEW && h; i++) {
+        if (i == OLD) {
+            /* GPU 1 is full of the only copies, and nothing was evicted. */
+            um_reclaim_stats rs;
+            CHECK_OK(um_reclaim_stats_get(ctx, 1, &rs));
+            CHECK_EQ(rs.evictions, 0);
+            base = links_now(ctx);
+        }
+        void *p = NULL;
+        CHECK_OK(um_buffer_create(ctx, size, NULL, &b[i]));
+        CHECK_OK(um_buffer_acquire(b[i], 1, UM_ACCESS_WRITE_DISCARD, NULL, &p));
+        harness_pattern_fill(h, size, 600 + (uint64_t)i);
+        if (p)
+            CHECK_OK(um_memcpy(ctx, p, h, size));
+        CHECK_OK(um_buffer_release(b[i], 1, NULL));
+        CHECK_REPLICAS(b[i], INVALID, OWNER, INVALID);
+    }
+    um_reclaim_stats rs, rs2;
+    CHECK_OK(um_reclaim_stats_get(ctx, 1, &rs));
+    CHECK_OK(um_reclaim_stats_get(ctx, 2, &rs2));
+    int evicted = 0;
+    for (int i = 0; i < OLD + NEW && h; i++) {
+        if (um_buffer_replica_state(b[i], 1) != UM_REPLICA_INVALID) {
+            CHECK_EQ(um_buffer_replica_state(b[i], 1), UM_REPLICA_OWNER);
+            continue;
+        }
+        /* Written back, then dropped: the copy it went to is the owner. */
+        evicted++;
+        um_replica_state on_host = um_buffer_replica_state(b[i], 0),
+                         on_gpu2 = um_buffer_replica_state(b[i], 2);
+        if (target == 2)
+            CHECK_REPLICAS(b[i], INVALID, INVALID, OWNER);
+        else if (target == 0)
+            CHECK_REPLICAS(b[i], OWNER, INVALID, INVALID);
+        else
+            CHECK((on_host == UM_REPLICA_OWNER) != (on_gpu2 == UM_REPLICA_OWNER));
+    }
+    /* Exactly two were needed; a pool that could not yet reuse an
+     * evicted replica's memory (its copy out still running) evicts one
+     * more rather than wait, which a real GPU may do. */
+    CHECK(evicted >= NEW);
+    if (getenv("UM_TEST_FAKE_CUDA"))
+        CHECK_EQ(evicted, NEW);
+    CHECK_EQ(rs.evictions, (uint64_t)evicted);
+    CHECK_EQ(rs.written_back, rs.evictions);
+    CHECK_EQ(rs.written_back_bytes, rs.evictions * size);
+    CHECK_EQ(rs.spilled, 0);
+    CHECK_EQ(rs.failed, 0);
+    CHECK(rs.sync_reclaims >= NEW);
+    CHECK_EQ(rs2.evictions, 0);
+    uint64_t to_gpu2 = copied_since(ctx, &base, 1, 2), to_host = copied_since(ctx, &base, 1, 0);
+    CHECK_EQ(to_gpu2 + to_host, (uint64_t)evicted * size);
+    if (target >= 0)
+        CHECK_EQ(target == 2 ? to_gpu2 : to_host, (uint64_t)evicted * size);
+    /* Every byte, wherever it lives now. */
+    unsigned char *back = malloc(size);
+    int wrong = 0;
+    for (int i = 0; i < OLD + NEW && h && back; i++) {
+        CHECK_OK(um_buffer_read(b[i], 0, back, size));
+        unsigned char got, want;
+        wrong += harness_pattern_find_bad(back, size, 600 + (uint64_t)i, &got, &want) != SIZE_MAX;
+    }
+    CHECK_EQ(wrong, 0);
+    printf("two GPUs: eviction (links=%s): GPU 1 at %d x 2 MiB evicted %d buffers, %.1f MiB "
+           "written back to GPU 2 and %.1f MiB to the host (cheapest: %s); %d wrong\n",
+           links, OLD, evicted, (double)to_gpu2 / (1 << 20), (double)to_host / (1 << 20),
+           target == 2 ? "GPU 2" : target == 0 ? "the host" : "a tie", wrong);
+    for (int i = 0; i < OLD + NEW; i++)
+        CHECK_OK(um_buffer_destroy(b[i]));
+    free(back);
+    free(h);
+    um_shutdown(ctx);
+}
+
+/* Tasks placed across two GPUs (sched=cost). Each task has only a GPU
+ * implementation, so the host never takes one. It records where it ran
+ * and queues a copy of its own pattern into its buffer on the task's
+ * stream (GPU work, ordered by the stream; the host never touches the
+ * GPU's memory), then keeps its device's worker busy for 1 ms, so that
+ * both GPUs' measured times stand for the same load whatever the copies
+ * cost. */
+typedef struct place_job {
+    um_context *ctx;
+    const unsigned char *src;
+    _Atomic int device;
+} place_job;
+
+static int copy_on_gpu(const um_task_exec *e)
+{
+    place_job *j = e->user;
+    atomic_store(&j->device, e->device);
+    um_stream s = NULL;
+    um_status st = um_stream_wrap(j->ctx, e->device, e->stream, &s);
+    if (st == UM_OK)
+        st = um_memcpy_async(j->ctx, e->ptrs[0], j->src, e->sizes[0], s);
+    if (s)
+        (void)um_stream_destroy(j->ctx, s); /* the wrapper only: the copy stays queued */
+    if (st != UM_OK)
+        fprintf(stderr, "copy_on_gpu: %s\n", um_last_error());
+    usleep(1000);
+    return st != UM_OK;
+}
+
+/* Submits ntasks tasks, task k writing its pattern into its own buffer
+ * on a GPU, waits, and checks every buffer and where it ran: per_device
+ * gets the tasks each device ran by what they reported, which must be
+ * what um_task_stats_get counts. */
+static void run_placed_tasks(um_context *ctx, int ntasks, size_t size, int per_device[3])
+{
+    um_buffer **b = calloc((size_t)ntasks, sizeof *b);
+    place_job *jobs = calloc((size_t)ntasks, sizeof *jobs);
+    unsigned char *src = malloc((size_t)ntasks * size), *back = malloc(size);
+    CHECK(b && jobs && src && back);
+    if (!b || !jobs || !src || !back) {
+        free(b);
+        free(jobs);
+        free(src);
+        free(back);
+        return;
+    }
+    for (int k = 0; k < ntasks; k++) {
+        jobs[k].ctx = ctx;
+        jobs[k].src = src + (size_t)k * size;
+        atomic_init(&jobs[k].device, -1);
+        harness_pattern_fill(src + (size_t)k * size, size, 700 + (uint64_t)k);
+        CHECK_OK(um_buffer_create(ctx, size, NULL, &b[k]));
+        um_task t = {0};
+        t.name = "copy_pattern";
+        t.cuda = copy_on_gpu;
+        t.nbuffers = 1;
+        t.buffers[0] = b[k];
+        t.modes[0] = UM_ACCESS_WRITE_DISCARD;
+        t.flops = 1e6;
+        t.device = -1;
+        t.user = &jobs[k];
+        um_task_id id;
+        CHECK_OK(um_task_submit(ctx, &t, &id));
+    }
+    CHECK_OK(um_wait_all(ctx));
+    per_device[0] = per_device[1] = per_device[2] = 0;
+    int wrong = 0;
+    for (int k = 0; k < ntasks; k++) {
+        int d = atomic_load(&jobs[k].device);
+        CHECK(d == 1 || d == 2);
+        if (d < 0 || d > 2)
+            continue;
+        per_device[d]++;
+        /* The task's write made its GPU's replica the owner. */
+        CHECK_EQ(um_buffer_replica_state(b[k], d), UM_REPLICA_OWNER);
+        CHECK_OK(um_buffer_read(b[k], 0, back, size));
+        unsigned char got, want;
+        wrong += harness_pattern_find_bad(back, size, 700 + (uint64_t)k, &got, &want) != SIZE_MAX;
+    }
+    CHECK_EQ(wrong, 0);
+    for (int d = 0; d < 3; d++) {
+        um_task_stats ts;
+        CHECK_OK(um_task_stats_get(ctx, d, &ts));
+        CHECK_EQ(ts.tasks, (uint64_t)per_device[d]);
+        CHECK_EQ(ts.failed, 0);
+    }
+    for (int k = 0; k < ntasks; k++)
+        CHECK_OK(um_buffer_destroy(b[k]));
+    free(b);
+    free(jobs);
+    free(src);
+    free(back);
+}
+
+/* Placement by load: 64 independent tasks of the same kind and size on
+ * two idle GPUs of the same kind; each GPU takes at least a quarter.
+ * Placement by free memory: with GPU 1 limited below a task's working
+ * set and GPU 2 with room, every task runs on GPU 2. */
+static void check_placement_across_gpus(void)
+{
+    um_context *ctx = NULL;
+    CHECK_OK(um_init("devices=cuda:0+cuda:1,sched=cost,links=model", &ctx));
+    if (!ctx)
+        return;
+    enum { TASKS = 64 };
+    int ran[3];
+    run_placed_tasks(ctx, TASKS, (size_t)256 << 10, ran);
+    CHECK_EQ(ran[0], 0);
+    CHECK_EQ(ran[1] + ran[2], TASKS);
+    CHECK(ran[1] >= TASKS / 4);
+    CHECK(ran[2] >= TASKS / 4);
+    printf("two GPUs: placement by load: %d tasks ran %d on GPU 1, %d on GPU 2\n", TASKS, ran[1],
+           ran[2]);
+    um_shutdown(ctx);
+
+    ctx = NULL;
+    CHECK_OK(um_init("devices=cuda:0+cuda:1,sched=cost,links=model", &ctx));
+    if (!ctx)
+        return;
+    /* A task's working set is one 4 MiB buffer; GPU 1 may hold 2 MiB. */
+    CHECK_OK(um_set_memory_limit(ctx, 1, (size_t)2 << 20));
+    run_placed_tasks(ctx, 16, (size_t)4 << 20, ran);
+    CHECK_EQ(ran[1], 0);
+    CHECK_EQ(ran[2], 16);
+    printf("two GPUs: placement by free memory: GPU 1 limited to 2 MiB, 16 tasks of 4 MiB ran %d "
+           "on GPU 1, %d on GPU 2\n", ran[1], ran[2]);
+    um_shutdown(ctx);
+}
+
 /* Every GPU in one context (run where the driver reports two or more, as
  * the stand-in driver does with FAKE_CUDA_GPUS=2): each is a device with
  * its own pool, the link between them is what the driver reports, and a
  * copy from one GPU's block to another's (peer where the driver allows)
- * keeps every byte. */
-static void check_two_gpus(int gpus)
+ * keeps every byte. Then buffers and tasks on the first two GPUs. */
+static void check_two_gpus(gpu *g, int gpus)
 {
     if (gpus < 2) {
         printf("two GPUs: skipped, the driver reports %d\n", gpus);
@@ -489,6 +960,12 @@ static void check_two_gpus(int gpus)
     CHECK_OK(um_free(ctx, b, NULL));
     free(h);
     um_shutdown(ctx);
+
+    /* Unified buffers and tasks on the first two GPUs. */
+    check_coherence_across_gpus(g);
+    check_eviction_to_peer("model");
+    check_eviction_to_peer("measure");
+    check_placement_across_gpus();
 }
 
 /* Unified buffers on the GPU: round trips host -> GPU -> host from 1 byte
@@ -713,7 +1190,7 @@ int main(void)
     check_memory_limit(&g);
     check_pinned_copies(&g);
     check_segments(&g);
-    check_two_gpus(gpus);
+    check_two_gpus(&g, gpus);
     check_buffer_round_trips(&g, fake);
     if (g.spin_fill) {
         check_buffer_stream_order(&g);
