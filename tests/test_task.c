@@ -485,9 +485,60 @@ static void test_policies(void)
     }
 }
 
+/* cost, before any measurement: devices whose nominal rate is far below
+ * the host's (sim devices modelled at 1 GFLOP/s: 0.5 s for each task
+ * below) are not handed a task just to measure them, although they are
+ * idle when the tasks arrive. Asserted from where each task says it ran
+ * and from the task statistics. */
+static void test_nominal_rates(void)
+{
+    um_context *ctx = NULL;
+    CHECK_OK(um_init("devices=sim:2x64M,sched=cost,sim_gflops=1", &ctx));
+    if (!ctx)
+        return;
+    enum { TASKS = 24 };
+    um_buffer *b[TASKS];
+    _Atomic int dev[TASKS];
+    um_task_id id[TASKS];
+    for (int i = 0; i < TASKS; i++) {
+        CHECK_OK(um_buffer_create(ctx, 4096, NULL, &b[i]));
+        atomic_init(&dev[i], -1);
+        um_task t = {0};
+        t.name = "nominal";
+        t.cpu = where_fn;
+        t.buffers[0] = b[i];
+        t.modes[0] = UM_ACCESS_WRITE_DISCARD;
+        t.nbuffers = 1;
+        t.flops = 5e8; /* 0.5 s on a sim at 1 GFLOP/s; well under 1 ms on the host */
+        t.device = -1;
+        t.user = (void *)&dev[i];
+        CHECK_OK(um_task_submit(ctx, &t, &id[i]));
+    }
+    CHECK_OK(um_wait_all(ctx));
+    int on_host = 0;
+    for (int i = 0; i < TASKS; i++)
+        on_host += atomic_load(&dev[i]) == 0;
+    um_task_stats st;
+    CHECK_OK(um_task_stats_get(ctx, 1, &st));
+    uint64_t sim1 = st.tasks;
+    CHECK_OK(um_task_stats_get(ctx, 2, &st));
+    uint64_t sim2 = st.tasks;
+    /* Every task on the host: the sims' nominal 1 GFLOP/s makes each
+     * 0.5 s there against the host's estimate of well under 1 ms. */
+    CHECK_EQ(on_host, TASKS);
+    CHECK_EQ(sim1 + sim2, 0);
+    printf("test_task: nominal rates: %d of %d tasks on the host, %llu and %llu on the slow "
+           "sims\n",
+           on_host, TASKS, (unsigned long long)sim1, (unsigned long long)sim2);
+    for (int i = 0; i < TASKS; i++)
+        CHECK_OK(um_buffer_destroy(b[i]));
+    um_shutdown(ctx);
+}
+
 int main(void)
 {
     uint64_t seed = harness_seed("test_task");
+    test_nominal_rates();
     test_bad_input();
     test_failure_and_cancel();
     test_long_chain_failure();
