@@ -14,11 +14,22 @@
  *
  * Both announce each access 32 ahead with UM_HINT_WILL_USE, as queued work
  * would, and run with the cost-aware policy and with LRU, the background
- * reclaimer off (eviction on demand, at the full limit). Uses only
- * include/unimem.h.
+ * reclaimer off (eviction on demand, at the full limit).
+ *
+ * With --all-devices every accelerator gets the limit and the stream
+ * workload runs on all of them at once (data 1.5x and 2x the sum of the
+ * limits, spilling to the host): one thread per device streams its own
+ * share of the buffers, as the single-device workload does. Devices run in
+ * parallel, so the bound is the slowest device's: its MIN bytes at its own
+ * host link, measured alone in the same run. The links are measured again
+ * with every device copying at once, so that a run short of the bound
+ * tells a shared host link from the engine. Uses only include/unimem.h.
  */
 #include "tool.h"
 
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -28,6 +39,7 @@
 
 typedef struct oversub_opts {
     bool json, quick;
+    bool all;             /* --all-devices */
     const char *device;
     size_t limit;
     size_t sim_bandwidth; /* a sim device's modelled link, bytes/s */
@@ -37,16 +49,22 @@ static void oversub_usage(FILE *f)
 {
     fprintf(f,
             "usage: unimem bench oversub [--json] [--quick] [--device SPEC] [--limit BYTES]\n"
-            "                            [--sim-bandwidth BYTES]\n"
+            "                            [--sim-bandwidth BYTES] [--all-devices]\n"
             "\n"
             "Streams and randomly reads buffers totalling 1.5x-4x a device's memory limit and\n"
             "compares the bytes moved and the time with what Belady's MIN would need.\n"
             "\n"
-            "  --device SPEC  the devices option (default cuda:0, or sim:4G with no GPU)\n"
+            "  --device SPEC  the devices option (default cuda:0, or sim:4G with no GPU;\n"
+            "                 with --all-devices cuda, or sim:2x4G)\n"
             "  --limit BYTES  the device's memory limit (default 8G on a GPU, 512M on sim)\n"
             "  --sim-bandwidth BYTES  a sim device's modelled link per second, each way\n"
             "                 (option sim_link_bandwidth; default 4G)\n"
-            "  --quick        fewer passes, stream at 1.5x and 2x only\n"
+            "  --all-devices  every accelerator of SPEC gets the limit; the stream workload\n"
+            "                 at 1.5x and 2x the sum of the limits, each device streaming its\n"
+            "                 own share on its own thread; the bound is the slowest device's\n"
+            "                 MIN bytes at its own host link (no random workload)\n"
+            "  --quick        fewer passes, stream at 1.5x and 2x only (with --all-devices,\n"
+            "                 the cost policy only)\n"
             "  --json         one JSON object per workload and policy\n");
 }
 
@@ -96,10 +114,11 @@ static uint64_t min_misses(const int *seq, size_t n, int nitems, int slots)
 typedef struct run {
     um_context *ctx;
     size_t size;        /* bytes per buffer */
-    int n;              /* input buffers */
-    um_buffer **in;
-    um_buffer *result;
-    void *host;         /* the result's landing place on the host */
+    int n;              /* input buffers per device */
+    int ndev;           /* the devices streamed: 1..ndev */
+    um_buffer **in;     /* device d's n inputs from in[(d - 1) * n] */
+    um_buffer **result; /* device d's result: result[d - 1] */
+    void *host;         /* the results' landing place on the host */
 } run;
 
 static um_status open_run(const oversub_opts *o, const char *policy, size_t size, int n, run *r)
@@ -114,13 +133,19 @@ static um_status open_run(const oversub_opts *o, const char *policy, size_t size
              "sim_link_bandwidth=%zu",
              o->device, policy, o->sim_bandwidth);
     um_status st = um_init(conf, &r->ctx);
-    if (st == UM_OK)
-        st = um_set_memory_limit(r->ctx, 1, o->limit);
+    /* Without accelerators device 1's limit fails below, with its message. */
+    r->ndev = 1;
+    if (st == UM_OK && o->all && um_device_count(r->ctx) > 2)
+        r->ndev = um_device_count(r->ctx) - 1;
+    for (int d = 1; d <= r->ndev && st == UM_OK; d++)
+        st = um_set_memory_limit(r->ctx, d, o->limit);
     r->size = size;
     r->n = n;
-    r->in = calloc((size_t)n, sizeof *r->in);
+    size_t nd = r->ndev > 1 ? (size_t)r->ndev : 1, ni = n > 0 ? (size_t)n : 1;
+    r->in = calloc(ni * nd, sizeof *r->in);
+    r->result = calloc(nd, sizeof *r->result);
     r->host = malloc(size);
-    if (st == UM_OK && (!r->in || !r->host))
+    if (st == UM_OK && (!r->in || !r->result || !r->host))
         st = UM_ERR_NOMEM;
     if (st == UM_OK)
         memset(r->host, 0x3c, size);
@@ -128,95 +153,116 @@ static um_status open_run(const oversub_opts *o, const char *policy, size_t size
      * page faults (slowly on some machines), which a GPU's memory never
      * does: it is touched once before the clock runs, so only the link
      * model's time and the engine's show. */
-    if (st == UM_OK && !strncmp(o->device, "sim", 3)) {
+    for (int d = 1; d <= r->ndev && st == UM_OK; d++) {
+        um_device_info info;
+        st = um_device_info_get(r->ctx, d, &info);
+        if (st != UM_OK || info.kind != UM_DEVICE_SIM)
+            continue;
         void *warm = NULL;
-        st = um_malloc(r->ctx, 1, o->limit, NULL, &warm);
+        st = um_malloc(r->ctx, d, o->limit, NULL, &warm);
         if (st == UM_OK) {
             memset(warm, 0, o->limit);
             st = um_free(r->ctx, warm, NULL);
         }
     }
     /* The inputs start on the host (written there, as loaded data is). */
-    for (int i = 0; i < n && st == UM_OK; i++) {
+    for (int i = 0; i < n * r->ndev && st == UM_OK; i++) {
         st = um_buffer_create(r->ctx, size, NULL, &r->in[i]);
         if (st == UM_OK)
             st = um_buffer_write(r->in[i], 0, r->host, size);
     }
-    if (st == UM_OK)
-        st = um_buffer_create(r->ctx, size, NULL, &r->result);
+    for (int d = 0; d < r->ndev && st == UM_OK; d++)
+        st = um_buffer_create(r->ctx, size, NULL, &r->result[d]);
     return st;
 }
 
 static void close_run(run *r)
 {
-    for (int i = 0; r->in && i < r->n; i++)
+    for (int i = 0; r->in && i < r->n * r->ndev; i++)
         if (r->in[i])
             (void)um_buffer_destroy(r->in[i]);
-    if (r->result)
-        (void)um_buffer_destroy(r->result);
+    for (int d = 0; r->result && d < r->ndev; d++)
+        if (r->result[d])
+            (void)um_buffer_destroy(r->result[d]);
     free(r->in);
+    free(r->result);
     free(r->host);
     if (r->ctx)
         um_shutdown(r->ctx);
 }
 
-/* Reads seq's buffers on device 1 in order, announcing each LOOKAHEAD
- * ahead; after every `pass_len` accesses (0: never) writes the result on
- * the device and reads it back. */
-static um_status play(run *r, const int *seq, size_t len, size_t pass_len)
+/* Reads seq's buffers (indices into in) on device dev in order, announcing
+ * each LOOKAHEAD ahead; after every `pass_len` accesses (0: never) writes
+ * the result on the device and reads it back. The work is ordered on
+ * stream s (NULL: the default streams, every device's synchronized at the
+ * end; a thread of --all-devices waits for its own stream only). */
+static um_status play(run *r, int dev, um_buffer **in, um_buffer *result, um_stream s,
+                      const int *seq, size_t len, size_t pass_len)
 {
     um_status st = UM_OK;
     for (size_t t = 0; t < len && t < LOOKAHEAD && st == UM_OK; t++)
-        st = um_buffer_hint(r->in[seq[t]], UM_HINT_WILL_USE);
+        st = um_buffer_hint(in[seq[t]], UM_HINT_WILL_USE);
     for (size_t t = 0; t < len && st == UM_OK; t++) {
         if (t + LOOKAHEAD < len)
-            st = um_buffer_hint(r->in[seq[t + LOOKAHEAD]], UM_HINT_WILL_USE);
+            st = um_buffer_hint(in[seq[t + LOOKAHEAD]], UM_HINT_WILL_USE);
         void *p;
         if (st == UM_OK)
-            st = um_buffer_acquire(r->in[seq[t]], 1, UM_ACCESS_READ, NULL, &p);
+            st = um_buffer_acquire(in[seq[t]], dev, UM_ACCESS_READ, s, &p);
         if (st == UM_OK)
-            st = um_buffer_release(r->in[seq[t]], 1, NULL);
+            st = um_buffer_release(in[seq[t]], dev, s);
         if (st == UM_OK && pass_len && (t + 1) % pass_len == 0) {
-            st = um_buffer_acquire(r->result, 1, UM_ACCESS_WRITE_DISCARD, NULL, &p);
+            st = um_buffer_acquire(result, dev, UM_ACCESS_WRITE_DISCARD, s, &p);
             if (st == UM_OK)
-                st = um_buffer_release(r->result, 1, NULL);
+                st = um_buffer_release(result, dev, s);
             /* Back to the host while the next pass's copies run. */
             if (st == UM_OK)
-                st = um_buffer_prefetch(r->result, 0);
+                st = um_buffer_prefetch(result, 0);
         }
     }
     if (st == UM_OK)
-        st = um_stream_synchronize(r->ctx, NULL);
+        st = um_stream_synchronize(r->ctx, s);
     return st;
 }
 
-/* Host<->device GB/s for one buffer, in the same context (best of 3). */
-static um_status link_gbps(run *r, double *h2d, double *d2h)
+/* Host<->device GB/s for buffer b on device dev, in the same context (best
+ * of 3), ordered on stream s (NULL: the default streams). With `together`,
+ * every thread of the barrier starts each direction at once, so the
+ * figures are each link's share while all are busy; the waits happen
+ * whatever the status, so a failed thread cannot leave the others
+ * waiting. */
+static um_status link_gbps(run *r, int dev, um_buffer *b, um_stream s,
+                           pthread_barrier_t *together, double *h2d, double *d2h)
 {
     *h2d = *d2h = 0.0;
     um_status st = UM_OK;
-    for (int i = 0; i < 3 && st == UM_OK; i++) {
+    for (int i = 0; i < 3; i++) {
         void *p;
-        um_buffer *b = r->result;
-        st = um_buffer_acquire(b, 0, UM_ACCESS_WRITE_DISCARD, NULL, &p);
+        if (st == UM_OK)
+            st = um_buffer_acquire(b, 0, UM_ACCESS_WRITE_DISCARD, NULL, &p);
         if (st == UM_OK)
             st = um_buffer_release(b, 0, NULL);
+        if (together)
+            pthread_barrier_wait(together);
         uint64_t t0 = tool_now_ns();
         if (st == UM_OK)
-            st = um_buffer_acquire(b, 1, UM_ACCESS_READ_WRITE, NULL, &p);
+            st = um_buffer_acquire(b, dev, UM_ACCESS_READ_WRITE, s, &p);
         if (st == UM_OK)
-            st = um_stream_synchronize(r->ctx, NULL);
+            st = um_stream_synchronize(r->ctx, s);
         uint64_t t1 = tool_now_ns();
         if (st == UM_OK)
-            st = um_buffer_release(b, 1, NULL);
+            st = um_buffer_release(b, dev, s);
         if (st == UM_OK)
-            st = um_stream_synchronize(r->ctx, NULL);
+            st = um_stream_synchronize(r->ctx, s);
+        if (together)
+            pthread_barrier_wait(together);
         uint64_t t2 = tool_now_ns();
         if (st == UM_OK)
             st = um_buffer_acquire(b, 0, UM_ACCESS_READ, NULL, &p);
         uint64_t t3 = tool_now_ns();
         if (st == UM_OK)
             st = um_buffer_release(b, 0, NULL);
+        if (st != UM_OK)
+            continue;
         double up = (double)r->size / (double)(t1 - t0), down = (double)r->size / (double)(t3 - t2);
         *h2d = up > *h2d ? up : *h2d;
         *d2h = down > *d2h ? down : *d2h;
@@ -277,11 +323,11 @@ static int bench_one(const oversub_opts *o, const char *workload, double factor,
     um_status st = open_run(o, policy, size, n, &r);
     double h2d = 0, d2h = 0;
     if (st == UM_OK)
-        st = link_gbps(&r, &h2d, &d2h);
+        st = link_gbps(&r, 1, r.result[0], NULL, NULL, &h2d, &d2h);
     uint64_t up0 = link_bytes(r.ctx, 0, 1), down0 = link_bytes(r.ctx, 1, 0);
     uint64_t t0 = tool_now_ns();
     if (st == UM_OK)
-        st = play(&r, seq, len, stream ? (size_t)n : 0);
+        st = play(&r, 1, r.in, r.result[0], NULL, seq, len, stream ? (size_t)n : 0);
     uint64_t t1 = tool_now_ns();
     if (st != UM_OK) {
         int rc = tool_fail(OVERSUB_CMD, st);
@@ -303,6 +349,301 @@ static int bench_one(const oversub_opts *o, const char *workload, double factor,
     return 0;
 }
 
+/* ------------------------------------------------- every device at once */
+
+/* One device's share of the --all-devices stream workload: its own inputs
+ * and result, its own stream and thread. */
+typedef struct share {
+    pthread_t tid;
+    run *r;
+    int dev;
+    um_stream stream;
+    _Atomic int *gate;           /* 1: start; -1: abort (a thread could not be created) */
+    pthread_barrier_t *together; /* the threads: each link measured while all are busy */
+    pthread_barrier_t *go;       /* the threads and the clock: the workload's start */
+    const int *seq;
+    size_t len, pass_len;
+    double h2d, d2h;             /* its host link measured alone, GB/s */
+    double h2d_all, d2h_all;     /* measured with every device copying at once */
+    uint64_t up0, down0;         /* its link's bytes before the workload */
+    uint64_t end_ns;             /* when its last result was home */
+    um_status st;
+    char why[512];               /* um_last_error() of a failure (it is per thread) */
+} share;
+
+static void *share_main(void *arg)
+{
+    share *s = arg;
+    while (!atomic_load(s->gate))
+        sched_yield();
+    if (atomic_load(s->gate) < 0)
+        return NULL;
+    run *r = s->r;
+    um_buffer *res = r->result[s->dev - 1];
+    s->st = link_gbps(r, s->dev, res, s->stream, s->together, &s->h2d_all, &s->d2h_all);
+    /* Only this thread copies over its device's host link, so the
+     * workload's bytes are counted from here. */
+    s->up0 = link_bytes(r->ctx, 0, s->dev);
+    s->down0 = link_bytes(r->ctx, s->dev, 0);
+    pthread_barrier_wait(s->go);
+    if (s->st == UM_OK)
+        s->st = play(r, s->dev, r->in + (size_t)(s->dev - 1) * (size_t)r->n, res, s->stream,
+                     s->seq, s->len, s->pass_len);
+    /* The last pass's result must be home too: its bytes are in the bound. */
+    void *p;
+    if (s->st == UM_OK)
+        s->st = um_buffer_acquire(res, 0, UM_ACCESS_READ, NULL, &p);
+    if (s->st == UM_OK)
+        s->st = um_buffer_release(res, 0, NULL);
+    s->end_ns = tool_now_ns();
+    if (s->st != UM_OK)
+        snprintf(s->why, sizeof s->why, "%s", um_last_error());
+    return NULL;
+}
+
+/* Bytes copied into the devices 1..nd from other accelerators (none, when
+ * eviction drops clean replicas and writes dirty ones to the host). */
+static uint64_t bytes_between(um_context *ctx, int nd)
+{
+    uint64_t sum = 0;
+    for (int d = 1; d <= nd; d++)
+        sum += link_bytes(ctx, -1, d) - link_bytes(ctx, 0, d);
+    return sum;
+}
+
+/* What one device did, or (dev 0) all of them together. */
+typedef struct share_result {
+    int dev;
+    uint64_t moved, min_bytes;
+    double seconds, bound, bound_all; /* bound_all: at the links measured all at once */
+    double h2d, d2h, h2d_all, d2h_all;
+} share_result;
+
+/* The time MIN's bytes need: each direction on its own link. */
+static double bound_of(uint64_t up, uint64_t down, double h2d, double d2h)
+{
+    if (h2d <= 0 || d2h <= 0)
+        return 0.0;
+    double t_up = (double)up / (h2d * 1e9), t_down = (double)down / (d2h * 1e9);
+    return t_up > t_down ? t_up : t_down;
+}
+
+static void print_share_text(double factor, const char *policy, const share_result *x)
+{
+    char a[32], b[32], dev[16], h[4][16];
+    if (x->dev)
+        snprintf(dev, sizeof dev, "%d", x->dev);
+    else
+        snprintf(dev, sizeof dev, "all");
+    /* The whole run's links: the alone figures were not taken at once, so
+     * only the concurrent ones add up. */
+    const double v[4] = {x->h2d, x->d2h, x->h2d_all, x->d2h_all};
+    for (int i = 0; i < 4; i++) {
+        if (v[i] > 0)
+            snprintf(h[i], sizeof h[i], "%.1f", v[i]);
+        else
+            snprintf(h[i], sizeof h[i], "-");
+    }
+    printf("%-7s %5.1fx %-5s %-4s %12s %12s %8.3f %9.3f %9.3f %8.3f %8.3f %8s %8s %8s %8s\n",
+           "stream", factor, policy, dev, tool_bytes(a, x->moved), tool_bytes(b, x->min_bytes),
+           x->min_bytes ? (double)x->moved / (double)x->min_bytes : 0.0, x->seconds, x->bound,
+           x->seconds > 0 ? x->bound / x->seconds : 0.0,
+           x->seconds > 0 ? x->bound_all / x->seconds : 0.0, h[0], h[1], h[2], h[3]);
+}
+
+static void print_share_json(const oversub_opts *o, double factor, const char *policy,
+                             size_t size, const share_result *x, int nd, uint64_t between,
+                             um_context *ctx)
+{
+    const share_result *all = &x[0];
+    printf("{\"workload\":\"stream\",\"mode\":\"all_devices\",\"devices\":%d,"
+           "\"oversubscription\":%.2f,\"policy\":\"%s\",\"limit_bytes\":%llu,"
+           "\"buffer_bytes\":%llu,\"bytes_moved\":%llu,\"min_bytes\":%llu,"
+           "\"moved_over_min\":%.4f,\"bytes_between_devices\":%llu,\"seconds\":%.4f,"
+           "\"bound_s\":%.4f,\"throughput_over_bound\":%.4f,\"bound_concurrent_s\":%.4f,"
+           "\"throughput_over_concurrent_bound\":%.4f,\"moved_gbps\":%.2f,\"per_device\":[",
+           nd, factor, policy, (unsigned long long)o->limit, (unsigned long long)size,
+           (unsigned long long)all->moved, (unsigned long long)all->min_bytes,
+           all->min_bytes ? (double)all->moved / (double)all->min_bytes : 0.0,
+           (unsigned long long)between, all->seconds, all->bound,
+           all->seconds > 0 ? all->bound / all->seconds : 0.0, all->bound_all,
+           all->seconds > 0 ? all->bound_all / all->seconds : 0.0,
+           all->seconds > 0 ? (double)all->moved / all->seconds / 1e9 : 0.0);
+    for (int d = 1; d <= nd; d++) {
+        const share_result *y = &x[d];
+        um_device_info info;
+        if (um_device_info_get(ctx, d, &info) != UM_OK)
+            snprintf(info.name, sizeof info.name, "?");
+        printf("%s{\"device\":%d,\"name\":\"%s\",\"bytes_moved\":%llu,\"min_bytes\":%llu,"
+               "\"seconds\":%.4f,\"bound_s\":%.4f,\"throughput_over_bound\":%.4f,"
+               "\"bound_concurrent_s\":%.4f,\"throughput_over_concurrent_bound\":%.4f,"
+               "\"h2d_gbps\":%.2f,\"d2h_gbps\":%.2f,\"h2d_gbps_concurrent\":%.2f,"
+               "\"d2h_gbps_concurrent\":%.2f}",
+               d > 1 ? "," : "", d, info.name, (unsigned long long)y->moved,
+               (unsigned long long)y->min_bytes, y->seconds, y->bound,
+               y->seconds > 0 ? y->bound / y->seconds : 0.0, y->bound_all,
+               y->seconds > 0 ? y->bound_all / y->seconds : 0.0, y->h2d, y->d2h, y->h2d_all,
+               y->d2h_all);
+    }
+    printf("]}\n");
+    fflush(stdout);
+}
+
+static void describe_all(const oversub_opts *o, int nd)
+{
+    char lim[32], buf[32], bw[32];
+    bool sim = !strncmp(o->device, "sim", 3);
+    printf("unimem bench oversub --all-devices: devices=%s, %d device%s each limited to %s, "
+           "buffers of %s; each device streams its own share on its own thread, accesses "
+           "announced %d ahead%s%s%s\n",
+           o->device, nd, nd == 1 ? "" : "s", tool_bytes(lim, o->limit),
+           tool_bytes(buf, o->limit / BUFFERS_PER_LIMIT), LOOKAHEAD,
+           sim ? "; sim link modelled at " : "", sim ? tool_bytes(bw, o->sim_bandwidth) : "",
+           sim ? "/s each way" : "");
+    printf("over: data over the sum of the limits; bound_s: the slowest device's MIN bytes at "
+           "its own link; *: links measured with every device copying at once\n");
+    printf("%-7s %6s %-5s %-4s %12s %12s %8s %9s %9s %8s %8s %8s %8s %8s %8s\n", "work", "over",
+           "pol", "dev", "moved", "MIN", "mv/MIN", "seconds", "bound_s", "tp/bnd", "tp/bnd*",
+           "h2d_GB/s", "d2h_GB/s", "h2d*", "d2h*");
+}
+
+/* The stream workload on every accelerator at once: data `factor` times
+ * the sum of the limits, each device streaming factor x its limit. */
+static int bench_all(const oversub_opts *o, double factor, const char *policy, bool *described)
+{
+    size_t size = o->limit / BUFFERS_PER_LIMIT;
+    int slots = (int)(o->limit / size);
+    int n = (int)(factor * slots + 0.5);
+    int passes = o->quick ? 2 : 3;
+    size_t len = (size_t)n * (size_t)passes;
+    int *seq = malloc(len * sizeof *seq);
+    run r;
+    um_status st = open_run(o, policy, size, n, &r);
+    int nd = r.ndev;
+    share *sh = calloc((size_t)nd, sizeof *sh);
+    share_result *x = calloc((size_t)nd + 1, sizeof *x);
+    if (st == UM_OK && (!seq || !sh || !x)) {
+        fprintf(stderr, "unimem " OVERSUB_CMD ": no memory for the run's figures\n");
+        st = UM_ERR_NOMEM;
+    } else if (st != UM_OK) {
+        tool_fail(OVERSUB_CMD, st);
+    }
+    for (size_t t = 0; st == UM_OK && t < len; t++)
+        seq[t] = (int)(t % (size_t)n);
+    /* Each link alone first, one device after another. */
+    for (int d = 1; d <= nd && st == UM_OK; d++) {
+        share *s = &sh[d - 1];
+        s->r = &r;
+        s->dev = d;
+        s->seq = seq;
+        s->len = len;
+        s->pass_len = (size_t)n;
+        st = um_stream_create(r.ctx, d, &s->stream);
+        if (st == UM_OK)
+            st = link_gbps(&r, d, r.result[d - 1], s->stream, NULL, &s->h2d, &s->d2h);
+        if (st != UM_OK)
+            tool_fail(OVERSUB_CMD, st);
+    }
+    int rc = st == UM_OK ? 0 : 1;
+    uint64_t between0 = 0, t0 = 0;
+    if (!rc) {
+        between0 = bytes_between(r.ctx, nd);
+        /* The threads wait at a gate until all exist, so the barriers
+         * count only threads that run. */
+        _Atomic int gate;
+        atomic_init(&gate, 0);
+        pthread_barrier_t together, go;
+        int created = 0;
+        for (int d = 1; d <= nd; d++) {
+            sh[d - 1].gate = &gate;
+            sh[d - 1].together = &together;
+            sh[d - 1].go = &go;
+            int e = pthread_create(&sh[d - 1].tid, NULL, share_main, &sh[d - 1]);
+            if (e != 0) {
+                fprintf(stderr, "unimem " OVERSUB_CMD ": cannot create the thread of device %d: "
+                        "%s\n", d, strerror(e));
+                rc = 1;
+                break;
+            }
+            created++;
+        }
+        if (!rc) {
+            pthread_barrier_init(&together, NULL, (unsigned)nd);
+            pthread_barrier_init(&go, NULL, (unsigned)nd + 1);
+        }
+        atomic_store(&gate, rc ? -1 : 1);
+        if (!rc) {
+            pthread_barrier_wait(&go);
+            t0 = tool_now_ns();
+        }
+        for (int d = 0; d < created; d++)
+            pthread_join(sh[d].tid, NULL);
+        if (!rc) {
+            pthread_barrier_destroy(&together);
+            pthread_barrier_destroy(&go);
+        }
+        for (int d = 1; d <= nd && !rc; d++)
+            if (sh[d - 1].st != UM_OK) {
+                fprintf(stderr, "unimem " OVERSUB_CMD ": device %d: %s\n", d,
+                        *sh[d - 1].why ? sh[d - 1].why : um_strerror(sh[d - 1].st));
+                rc = 1;
+            }
+    }
+    if (!rc) {
+        /* The result keeps one slot; its read-back is the bytes down. */
+        uint64_t misses = min_misses(seq, len, n, slots - 1);
+        uint64_t min_up = misses * size, min_down = (uint64_t)passes * size;
+        share_result *all = &x[0];
+        for (int d = 1; d <= nd; d++) {
+            const share *s = &sh[d - 1];
+            share_result *y = &x[d];
+            y->dev = d;
+            y->moved = link_bytes(r.ctx, 0, d) - s->up0 + link_bytes(r.ctx, d, 0) - s->down0;
+            y->min_bytes = min_up + min_down;
+            y->seconds = (double)(s->end_ns - t0) / 1e9;
+            y->h2d = s->h2d;
+            y->d2h = s->d2h;
+            y->h2d_all = s->h2d_all;
+            y->d2h_all = s->d2h_all;
+            y->bound = bound_of(min_up, min_down, s->h2d, s->d2h);
+            y->bound_all = bound_of(min_up, min_down, s->h2d_all, s->d2h_all);
+            /* The devices run in parallel: the whole run is bound by its
+             * slowest device and lasts until its last device is done. */
+            all->moved += y->moved;
+            all->min_bytes += y->min_bytes;
+            all->seconds = y->seconds > all->seconds ? y->seconds : all->seconds;
+            all->bound = y->bound > all->bound ? y->bound : all->bound;
+            all->bound_all = y->bound_all > all->bound_all ? y->bound_all : all->bound_all;
+            all->h2d_all += y->h2d_all;
+            all->d2h_all += y->d2h_all;
+        }
+        uint64_t between = bytes_between(r.ctx, nd) - between0;
+        if (o->json) {
+            print_share_json(o, factor, policy, size, x, nd, between, r.ctx);
+        } else {
+            if (!*described)
+                describe_all(o, nd);
+            *described = true;
+            for (int d = 1; d <= nd; d++)
+                print_share_text(factor, policy, &x[d]);
+            print_share_text(factor, policy, all);
+            if (between) {
+                char b[32];
+                printf("        (%s copied between devices)\n", tool_bytes(b, between));
+            }
+            fflush(stdout);
+        }
+    }
+    for (int d = 0; sh && d < nd; d++)
+        if (sh[d].stream)
+            (void)um_stream_destroy(r.ctx, sh[d].stream);
+    close_run(&r);
+    free(seq);
+    free(sh);
+    free(x);
+    return rc;
+}
+
 int um_cmd_bench_oversub(int argc, char **argv)
 {
     oversub_opts o = {0};
@@ -312,6 +653,8 @@ int um_cmd_bench_oversub(int argc, char **argv)
             o.json = true;
         } else if (!strcmp(a, "--quick")) {
             o.quick = true;
+        } else if (!strcmp(a, "--all-devices")) {
+            o.all = true;
         } else if (!strcmp(a, "--device") && i + 1 < argc) {
             o.device = argv[++i];
         } else if (!strcmp(a, "--sim-bandwidth") && i + 1 < argc) {
@@ -333,12 +676,26 @@ int um_cmd_bench_oversub(int argc, char **argv)
     int version = 0, gpus = 0;
     char why[160];
     bool gpu = um_cuda_driver_info(&version, &gpus, why, sizeof why) == UM_OK && gpus > 0;
+    if (!o.device && o.all)
+        o.device = gpu ? "cuda" : "sim:2x4G";
     if (!o.device)
         o.device = gpu ? "cuda:0" : "sim:4G";
     if (!o.sim_bandwidth)
         o.sim_bandwidth = (size_t)4 << 30;
     if (!o.limit)
         o.limit = strncmp(o.device, "cuda", 4) == 0 ? (size_t)8 << 30 : (size_t)512 << 20;
+    static const char *const policies[] = {"cost", "lru"};
+    int rc = 0;
+    if (o.all) {
+        static const double all_factors[] = {1.5, 2.0};
+        bool described = false;
+        /* Filling every device's share of the inputs dominates a quick run
+         * on sim devices, so --quick leaves LRU out. */
+        for (int f = 0; f < 2 && !rc; f++)
+            for (int p = 0; p < (o.quick ? 1 : 2) && !rc; p++)
+                rc = bench_all(&o, all_factors[f], policies[p], &described);
+        return rc;
+    }
     char lim[32];
     if (!o.json) {
         char bw[32];
@@ -352,8 +709,6 @@ int um_cmd_bench_oversub(int argc, char **argv)
                "moved", "MIN", "mv/MIN", "seconds", "bound_s", "tp/bnd", "h2d_GB/s", "d2h_GB/s");
     }
     static const double factors[] = {1.5, 2.0, 4.0};
-    static const char *const policies[] = {"cost", "lru"};
-    int rc = 0;
     for (int f = 0; f < (o.quick ? 2 : 3) && !rc; f++)
         for (int p = 0; p < 2 && !rc; p++)
             rc = bench_one(&o, "stream", factors[f], policies[p]);

@@ -5,11 +5,17 @@
 //             90% of),
 //   cublasXt  cublasXtSgemm from pinned host memory with block sizes 2048,
 //             4096 and 8192 (NVIDIA's out-of-core GEMM, which re-sends
-//             tiles instead of keeping them).
+//             tiles instead of keeping them), on GPUs 0..K-1 (--gpus K,
+//             default 1: the baseline of a run of `unimem demo gemm` over
+//             K GPUs).
 //
-// Usage: sgemm_compare [--n N] [--json FILE]   (default N = 32768)
-// Every call's status is checked; the rates are 2 N^3 / seconds, the best
-// of three runs after a warm-up.
+// Usage: sgemm_compare [--n N] [--gpus K] [--skip-in-core] [--json FILE]
+//        (default N = 32768). The in-core references always run on GPU 0
+// alone; --skip-in-core leaves them out (a second run with more GPUs
+// already has them from the first, and they take ~20 s at N = 32768).
+// Every line and JSON record carries its GPU count. Every call's status
+// is checked; the rates are 2 N^3 / seconds, the best of three runs after
+// a warm-up.
 #include <cublasXt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -18,6 +24,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #define CUDA_CHECK(call)                                                                   \
     do {                                                                                   \
@@ -51,37 +58,12 @@ static void fill(float *p, size_t n, unsigned seed)
         p[i] = (float)((i * 2654435761u + seed) % 17) / 16.0f - 0.5f;
 }
 
-int main(int argc, char **argv)
+// cuBLAS with A, B and C in the memory of GPU 0 (the runtime's current
+// device): the whole product, then tile by tile.
+static void in_core_runs(long n, const float *ha, const float *hb, double flops, FILE *jf)
 {
-    long n = 32768;
-    const char *json = nullptr;
-    for (int i = 1; i < argc; i++) {
-        if (!std::strcmp(argv[i], "--n") && i + 1 < argc)
-            n = std::atol(argv[++i]);
-        else if (!std::strcmp(argv[i], "--json") && i + 1 < argc)
-            json = argv[++i];
-        else {
-            std::fprintf(stderr, "usage: sgemm_compare [--n N] [--json FILE]\n");
-            return 2;
-        }
-    }
-    int gpus = 0;
-    if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus < 1) {
-        std::fprintf(stderr, "sgemm_compare: no GPU\n");
-        return 2;
-    }
-    const size_t elems = (size_t)n * (size_t)n, bytes = elems * sizeof(float);
-    const double flops = 2.0 * (double)n * (double)n * (double)n;
-    FILE *jf = json ? std::fopen(json, "w") : nullptr;
-    float *ha, *hb, *hc;
-    CUDA_CHECK(cudaMallocHost(&ha, bytes));
-    CUDA_CHECK(cudaMallocHost(&hb, bytes));
-    CUDA_CHECK(cudaMallocHost(&hc, bytes));
-    fill(ha, elems, 1);
-    fill(hb, elems, 2);
+    const size_t bytes = (size_t)n * (size_t)n * sizeof(float);
     const float one = 1.0f, zero = 0.0f;
-
-    // In core.
     float *da, *db, *dc;
     CUDA_CHECK(cudaMalloc(&da, bytes));
     CUDA_CHECK(cudaMalloc(&db, bytes));
@@ -101,9 +83,11 @@ int main(int argc, char **argv)
         if (r > 0 && t < best)
             best = t;
     }
-    std::printf("in-core cublasSgemm   N=%ld: %.3f s, %.1f TFLOP/s\n", n, best, flops / best / 1e12);
+    std::printf("in-core cublasSgemm   N=%ld GPUs 1: %.3f s, %.1f TFLOP/s\n", n, best,
+                flops / best / 1e12);
     if (jf)
-        std::fprintf(jf, "{\"system\":\"cublas_in_core\",\"n\":%ld,\"seconds\":%.4f,\"tflops\":%.2f}\n",
+        std::fprintf(jf, "{\"system\":\"cublas_in_core\",\"gpus\":1,\"n\":%ld,\"seconds\":%.4f,"
+                         "\"tflops\":%.2f}\n",
                      n, best, flops / best / 1e12);
     // In core, tile by tile: the same cublasSgemm calls the out-of-core
     // tasks make (C_ij += A_ik B_kj on tiles stored one after another),
@@ -135,11 +119,13 @@ int main(int argc, char **argv)
             if (tt < bt)
                 bt = tt;
         }
-        std::printf("in-core tiled         tile %d: %.3f s, %.1f TFLOP/s (3 streams, no copies)\n",
+        std::printf("in-core tiled         tile %d GPUs 1: %.3f s, %.1f TFLOP/s (3 streams, no "
+                    "copies)\n",
                     t, bt, flops / bt / 1e12);
         if (jf)
-            std::fprintf(jf, "{\"system\":\"cublas_in_core_tiled\",\"tile\":%d,\"n\":%ld,"
-                             "\"seconds\":%.4f,\"tflops\":%.2f}\n", t, n, bt, flops / bt / 1e12);
+            std::fprintf(jf, "{\"system\":\"cublas_in_core_tiled\",\"gpus\":1,\"tile\":%d,"
+                             "\"n\":%ld,\"seconds\":%.4f,\"tflops\":%.2f}\n",
+                         t, n, bt, flops / bt / 1e12);
         for (auto &x : st)
             CUDA_CHECK(cudaStreamDestroy(x));
         BLAS_CHECK(cublasSetStream(h, 0));
@@ -148,12 +134,67 @@ int main(int argc, char **argv)
     CUDA_CHECK(cudaFree(da));
     CUDA_CHECK(cudaFree(db));
     CUDA_CHECK(cudaFree(dc));
+}
 
-    // cublasXt from pinned host memory.
+int main(int argc, char **argv)
+{
+    long n = 32768;
+    int k_gpus = 1;
+    bool in_core = true;
+    const char *json = nullptr;
+    for (int i = 1; i < argc; i++) {
+        if (!std::strcmp(argv[i], "--n") && i + 1 < argc)
+            n = std::atol(argv[++i]);
+        else if (!std::strcmp(argv[i], "--gpus") && i + 1 < argc)
+            k_gpus = std::atoi(argv[++i]);
+        else if (!std::strcmp(argv[i], "--skip-in-core"))
+            in_core = false;
+        else if (!std::strcmp(argv[i], "--json") && i + 1 < argc)
+            json = argv[++i];
+        else {
+            std::fprintf(stderr,
+                         "usage: sgemm_compare [--n N] [--gpus K] [--skip-in-core] [--json FILE]\n");
+            return 2;
+        }
+    }
+    if (n < 1) {
+        std::fprintf(stderr, "sgemm_compare: --n takes a matrix order above 0\n");
+        return 2;
+    }
+    int gpus = 0;
+    if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus < 1) {
+        std::fprintf(stderr, "sgemm_compare: no GPU\n");
+        return 2;
+    }
+    // Asking for more GPUs than there are fails here, not as a cuBLASXt
+    // status in the middle of the run.
+    if (k_gpus < 1 || k_gpus > gpus) {
+        std::fprintf(stderr, "sgemm_compare: --gpus takes 1 to %d (the GPUs the runtime sees)\n",
+                     gpus);
+        return 2;
+    }
+    const size_t elems = (size_t)n * (size_t)n, bytes = elems * sizeof(float);
+    const double flops = 2.0 * (double)n * (double)n * (double)n;
+    FILE *jf = json ? std::fopen(json, "w") : nullptr;
+    float *ha, *hb, *hc;
+    CUDA_CHECK(cudaMallocHost(&ha, bytes));
+    CUDA_CHECK(cudaMallocHost(&hb, bytes));
+    CUDA_CHECK(cudaMallocHost(&hc, bytes));
+    fill(ha, elems, 1);
+    fill(hb, elems, 2);
+    const float one = 1.0f, zero = 0.0f;
+
+    if (in_core)
+        in_core_runs(n, ha, hb, flops, jf);
+
+    // cublasXt from pinned host memory (portable to every GPU: the
+    // runtime's host allocations are, under unified addressing).
     cublasXtHandle_t xt;
     BLAS_CHECK(cublasXtCreate(&xt));
-    int dev0 = 0;
-    BLAS_CHECK(cublasXtDeviceSelect(xt, 1, &dev0));
+    std::vector<int> ids((size_t)k_gpus);
+    for (int g = 0; g < k_gpus; g++)
+        ids[(size_t)g] = g;
+    BLAS_CHECK(cublasXtDeviceSelect(xt, k_gpus, ids.data()));
     const int blocks[] = {2048, 4096, 8192};
     for (int b : blocks) {
         BLAS_CHECK(cublasXtSetBlockDim(xt, b));
@@ -162,18 +203,24 @@ int main(int argc, char **argv)
             double t0 = now_s();
             BLAS_CHECK(cublasXtSgemm(xt, CUBLAS_OP_N, CUBLAS_OP_N, (size_t)n, (size_t)n, (size_t)n,
                                      &one, ha, (size_t)n, hb, (size_t)n, &zero, hc, (size_t)n));
-            CUDA_CHECK(cudaDeviceSynchronize());
+            // cublasXtSgemm returns with C home; this only makes sure of it
+            // on every GPU it used.
+            for (int g = k_gpus - 1; g >= 0; g--) {
+                CUDA_CHECK(cudaSetDevice(g));
+                CUDA_CHECK(cudaDeviceSynchronize());
+            }
             double t = now_s() - t0;
             if (t < bx)
                 bx = t;
         }
-        std::printf("cublasXtSgemm block %d N=%ld: %.3f s, %.1f TFLOP/s (pinned host memory)\n", b,
-                    n, bx, flops / bx / 1e12);
+        std::printf("cublasXtSgemm block %d N=%ld GPUs %d: %.3f s, %.1f TFLOP/s (pinned host "
+                    "memory)\n",
+                    b, n, k_gpus, bx, flops / bx / 1e12);
         if (jf)
             std::fprintf(jf,
-                         "{\"system\":\"cublasxt\",\"block\":%d,\"n\":%ld,\"seconds\":%.4f,"
-                         "\"tflops\":%.2f}\n",
-                         b, n, bx, flops / bx / 1e12);
+                         "{\"system\":\"cublasxt\",\"gpus\":%d,\"block\":%d,\"n\":%ld,"
+                         "\"seconds\":%.4f,\"tflops\":%.2f}\n",
+                         k_gpus, b, n, bx, flops / bx / 1e12);
     }
     BLAS_CHECK(cublasXtDestroy(xt));
     // A check that the last product is C = A B: a few entries by dot products.
@@ -187,7 +234,7 @@ int main(int argc, char **argv)
         if (err > worst)
             worst = err;
     }
-    std::printf("check: max abs error %.3g on 16 entries\n", worst);
+    std::printf("check: max abs error %.3g on 16 entries (cublasXt, GPUs %d)\n", worst, k_gpus);
     if (jf)
         std::fclose(jf);
     CUDA_CHECK(cudaFreeHost(ha));
