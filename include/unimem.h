@@ -406,7 +406,8 @@ typedef int (*um_task_fn)(const um_task_exec *e);
 typedef struct um_task {
     const char *name;       /* the kind of task: performance history is kept per name and size */
     um_task_fn cpu;         /* runs on the host, and on sim devices (their memory is host memory) */
-    um_task_fn cuda;        /* launches on e->stream of a GPU */
+    um_task_fn cuda;        /* launches on e->stream of a GPU (its context current: cuBLAS
+                             * and the CUDA runtime called here target that GPU) */
     int nbuffers;
     um_buffer *buffers[UM_TASK_MAX_BUFFERS];
     um_access modes[UM_TASK_MAX_BUFFERS];

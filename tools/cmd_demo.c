@@ -851,11 +851,12 @@ static void describe(demo_cfg *c, const dev_result *dev, int ndev, const char *c
         gpus += dev[d].info.kind == UM_DEVICE_CUDA;
     }
     if (gpus && c->cublas)
-        fprintf(stderr, "unimem " DEMO_CMD ": cuBLAS loaded: %s\n",
+        fprintf(stderr, "unimem " DEMO_CMD ": cuBLAS loaded: %s%s%s\n",
                 c->workload != DEMO_CHOLESKY ? "gemm can run on the GPUs"
                 : c->potrf_gpu ? "trsm, syrk, gemm and (with cuSOLVER) potrf can run on the GPUs"
-                               : "trsm, syrk and gemm can run on the GPUs (potrf on the host: "
-                                 "cuSOLVER not found)");
+                               : "trsm, syrk and gemm can run on the GPUs (potrf on the host: ",
+                c->workload == DEMO_CHOLESKY && !c->potrf_gpu ? demo_cusolver_why() : "",
+                c->workload == DEMO_CHOLESKY && !c->potrf_gpu ? ")" : "");
     else if (gpus)
         fprintf(stderr,
                 "unimem " DEMO_CMD ": %s; no task has a GPU implementation, so every "

@@ -6,6 +6,9 @@
  * under that device's lock, since setting the stream and queuing the call
  * must not interleave with another thread's.
  */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* dladdr */
+#endif
 #include "demo_blas.h"
 
 #include <cblas.h>
@@ -145,16 +148,40 @@ static struct {
 } cublas = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 /* Loads cuSOLVER when it is there (under the lock); without it POTRF runs
- * on the host only. */
+ * on the host only (solver_why says why). The toolkit's directory is often
+ * not on the loader's path when a Python package's cuBLAS is, so cuSOLVER
+ * is first looked for beside the cuBLAS that loaded. */
+static char solver_why[256];
+
 static void load_cusolver(void)
 {
     static const char *const names[] = {"libcusolver.so.12", "libcusolver.so.11",
                                         "libcusolver.so"};
+    char dir[200] = "", path[512];
+    Dl_info info;
+    if (dladdr((void *)cublas.api.create, &info) && info.dli_fname) {
+        const char *slash = strrchr(info.dli_fname, '/');
+        if (slash && (size_t)(slash - info.dli_fname) < sizeof dir)
+            snprintf(dir, sizeof dir, "%.*s", (int)(slash - info.dli_fname), info.dli_fname);
+    }
     void *lib = NULL;
-    for (size_t i = 0; i < sizeof names / sizeof names[0] && !lib; i++)
-        lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
-    if (!lib)
+    const char *err = "not looked for";
+    for (int pass = dir[0] ? 0 : 1; pass < 2 && !lib; pass++)
+        for (size_t i = 0; i < sizeof names / sizeof names[0] && !lib; i++) {
+            if (pass == 0)
+                snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+            else
+                snprintf(path, sizeof path, "%s", names[i]);
+            lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+            if (!lib) {
+                const char *e = dlerror();
+                err = e ? e : "unknown error";
+            }
+        }
+    if (!lib) {
+        snprintf(solver_why, sizeof solver_why, "cuSOLVER not found (last error: %s)", err);
         return;
+    }
     struct {
         void **slot;
         const char *symbol;
@@ -167,11 +194,18 @@ static void load_cusolver(void)
     };
     bool ok = true;
     for (size_t i = 0; i < sizeof syms / sizeof syms[0] && ok; i++)
-        ok = (*syms[i].slot = dlsym(lib, syms[i].symbol)) != NULL;
+        if (!(*syms[i].slot = dlsym(lib, syms[i].symbol)))
+            ok = false, snprintf(solver_why, sizeof solver_why, "the cuSOLVER found lacks %s",
+                                 syms[i].symbol);
     if (ok)
         cublas.solver_loaded = true;
     else
         dlclose(lib);
+}
+
+const char *demo_cusolver_why(void)
+{
+    return solver_why[0] ? solver_why : "no cuSOLVER handle could be made";
 }
 
 bool demo_cublas_load(char *why, size_t why_len)

@@ -60,6 +60,8 @@ int demo_cuda_init(const um_task_exec *e);
  * by demo_cuda_init, whose user is then the potrf op), 0 when cuSOLVER
  * could not be started: POTRF then runs on the host. */
 size_t demo_cusolver_workspace(void);
+/* Why POTRF has no GPU implementation (when demo_cusolver_workspace is 0). */
+const char *demo_cusolver_why(void);
 bool demo_cublas_ready(int dev, char *why, size_t why_len);
 /* A GPU implementation that destroys the handle of its stream, on the
  * worker that made it, once the work is done (it always returns 0). */

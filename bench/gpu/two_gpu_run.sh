@@ -39,6 +39,8 @@
 # their time, and no command runs past BUDGET_S (default 575 s) from the
 # start.
 #
+# SKIP_BASELINES=1 skips sgemm_compare (cuBLAS and cuBLASXt) when an
+# earlier run has its figures; OVERSUB_QUICK=1 gives bench oversub --quick.
 # GEMM_N, GEMM_TILES, CHOL_TILE and LIMIT (defaults 32768, "2048 4096 8192",
 # 4096, 8G: issue 10's sizes) are there for a dry run at small sizes, for
 # example with the stand-in driver of tests/gpu (LD_LIBRARY_PATH=
@@ -224,7 +226,9 @@ step_gemm() {
     > "$R/sgemm_build.txt" 2>&1
   local rc=$?
   say "nvcc sgemm_compare: $(rcs $rc)"
-  if [ $rc -eq 0 ]; then
+  if [ -n "${SKIP_BASELINES:-}" ]; then
+    say "sgemm_compare: skipped (SKIP_BASELINES set: the baselines of an earlier run count)"
+  elif [ $rc -eq 0 ]; then
     t 120 build-dev/sgemm_compare --n "$GEMM_N" --gpus 1 --json "$R/sgemm_compare_g1.json" \
       > "$R/sgemm_compare_g1.txt" 2>&1
     say "sgemm_compare --gpus 1: $(rcs $?)"
@@ -268,12 +272,12 @@ step_gemm() {
 # mode (1.5x and 2x its limit) is the single-GPU reference.
 step_oversub() {
   begin oversub 150
-  t 110 "$UM" bench oversub --device cuda --all-devices --limit "$LIMIT" --json \
+  t 110 "$UM" bench oversub --device cuda --all-devices --limit "$LIMIT" ${OVERSUB_QUICK:+--quick} --json \
     > "$R/oversub_all.json" 2> "$R/oversub_all.err"
   say "bench oversub --device cuda --all-devices: $(rcs $?)"
   summarize oversub "$R/oversub_all.json"
   tail -3 "$R/oversub_all.err" | show
-  t 70 "$UM" bench oversub --device cuda:0 --all-devices --limit "$LIMIT" --json \
+  t 70 "$UM" bench oversub --device cuda:0 --all-devices --limit "$LIMIT" ${OVERSUB_QUICK:+--quick} --json \
     > "$R/oversub_gpu0.json" 2> "$R/oversub_gpu0.err"
   say "bench oversub --device cuda:0 --all-devices: $(rcs $?)"
   summarize oversub "$R/oversub_gpu0.json"

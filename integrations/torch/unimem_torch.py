@@ -34,6 +34,7 @@ class UmStats(ctypes.Structure):
     """Mirror of um_stats in include/unimem.h, field for field."""
 
     _fields_ = [
+        ("version", ctypes.c_uint32),
         ("active_bytes", ctypes.c_size_t),
         ("requested_bytes", ctypes.c_size_t),
         ("reserved_bytes", ctypes.c_size_t),

@@ -68,6 +68,11 @@ typedef struct um__backend_ops {
     um_status (*memset_async)(um__backend *b, void *dst, int value, size_t n, um__bstream *s);
     /* Free and total physical memory as the device's driver sees it. */
     um_status (*mem_info)(um__backend *b, size_t *free_bytes, size_t *total);
+    /* Makes the calling thread launch work on this device by default
+     * (CUDA: its context current), so that code running there through a
+     * runtime of its own (cuBLAS, the CUDA runtime) targets this device.
+     * NULL where there is nothing to do. */
+    um_status (*bind_thread)(um__backend *b);
 
     void (*destroy)(um__backend *b);
 } um__backend_ops;
@@ -191,6 +196,13 @@ static inline um_status um__be_stream_wrap(um__backend *b, void *native, um__bst
 { return UM_BE_CALL_(b, stream_wrap, native, out); }
 static inline um_status um__be_mem_info(um__backend *b, size_t *free_bytes, size_t *total)
 { return UM_BE_CALL_(b, mem_info, free_bytes, total); }
+static inline um_status um__be_bind_thread(um__backend *b)
+{
+    if (!b->ops->bind_thread)
+        return UM_OK;
+    atomic_fetch_add_explicit(&b->calls, 1, memory_order_relaxed);
+    return b->ops->bind_thread(b);
+}
 static inline um_status um__be_event_record(um__backend *b, um__bstream *s, um__bevent **out)
 { return UM_BE_CALL_(b, event_record, s, out); }
 static inline um_status um__be_event_query(um__backend *b, um__bevent *e, int *done)

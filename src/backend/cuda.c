@@ -367,6 +367,16 @@ static um_status cuda_memset_async(um__backend *b, void *dst, int value, size_t 
     return UM_OK;
 }
 
+static um_status cuda_bind_thread(um__backend *b)
+{
+    cuda_backend *c = cb(b);
+    um_cuResult r = c->cu->CtxSetCurrent(c->ctx);
+    if (r != UM_CU_SUCCESS)
+        return um__cuda_fail(UM_ERR_BACKEND, r, "%s: cuCtxSetCurrent for a worker thread",
+                             b->name);
+    return UM_OK;
+}
+
 static um_status cuda_mem_info(um__backend *b, size_t *free_bytes, size_t *total)
 {
     cuda_backend *c = cb(b);
@@ -482,7 +492,7 @@ static um_status segment_unmap(um__backend *b, uintptr_t va, size_t size)
     .event_destroy = cuda_event_destroy, .stream_wrap = cuda_stream_wrap,                         \
     .stream_native = cuda_stream_native, .copy = cuda_copy, .copy_async = cuda_copy_async,        \
     .stream_wait = cuda_stream_wait, .memset_async = cuda_memset_async,                           \
-    .mem_info = cuda_mem_info, .destroy = cuda_destroy
+    .mem_info = cuda_mem_info, .bind_thread = cuda_bind_thread, .destroy = cuda_destroy
 
 static const um__backend_ops cuda_segment_ops = {
     .reserve = segment_reserve,
@@ -555,7 +565,9 @@ static int attr(const cuda_backend *c, int a, int fallback)
 static double nominal_gflops(const cuda_backend *c, int major, int minor)
 {
     double sms = attr(c, UM_CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, 0);
-    double khz = attr(c, UM_CU_DEVICE_ATTRIBUTE_CLOCK_RATE, 1500000);
+    double khz = attr(c, UM_CU_DEVICE_ATTRIBUTE_CLOCK_RATE, 0);
+    if (khz <= 0)
+        khz = 1500000; /* newer drivers may report 0: deprecated in CUDA 13 */
     bool narrow = (major == 6 && minor == 0) || major == 7 || (major == 8 && minor == 0);
     return sms * khz * 1e-6 * (narrow ? 128.0 : 256.0);
 }

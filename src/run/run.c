@@ -651,6 +651,11 @@ static void *worker_main(void *arg)
     if (gpu && um__xfer_get(r->ctx, &x) != UM_OK)
         snprintf(no_engine, sizeof no_engine, "device %d: no transfer engine for its tasks: %s",
                  w->dev, um_last_error());
+    /* Task code that uses a runtime of its own (cuBLAS) must find this
+     * device's context current, or it would launch on the first GPU. */
+    if (!no_engine[0] && um__be_bind_thread(r->ctx->devices[w->dev].backend) != UM_OK)
+        snprintf(no_engine, sizeof no_engine, "device %d: its worker cannot use it: %s", w->dev,
+                 um_last_error());
     in_flight fl[GPU_IN_FLIGHT];
     int nfl = 0;
     unsigned launches = 0;
