@@ -493,7 +493,12 @@ static void test_policies(void)
 static void test_nominal_rates(void)
 {
     um_context *ctx = NULL;
-    CHECK_OK(um_init("devices=sim:2x64M,sched=cost,sim_gflops=1", &ctx));
+    /* With the stand-in driver the host's memory is pinned through the
+     * CUDA backend, which must carry the host's nominal rate too. */
+    CHECK_OK(um_init(getenv("UM_TEST_FAKE_CUDA")
+                         ? "devices=sim:2x64M,sched=cost,sim_gflops=1,host_memory=pinned"
+                         : "devices=sim:2x64M,sched=cost,sim_gflops=1",
+                     &ctx));
     if (!ctx)
         return;
     enum { TASKS = 24 };

@@ -315,11 +315,17 @@ static void *stream_handle(int d, void *stream)
                 h = cublas.handle[d][k];
                 /* cuSOLVER beside it; without one POTRF stays on the host. */
                 void *sh = NULL;
-                if (cublas.solver_loaded && cublas.solver.create(&sh) == 0 &&
-                    cublas.solver.set_stream(sh, stream) == 0)
+                int src = cublas.solver_loaded ? cublas.solver.create(&sh) : -1;
+                if (src == 0)
+                    src = cublas.solver.set_stream(sh, stream);
+                if (src == 0) {
                     cublas.solver_handle[d][k] = sh;
-                else if (sh)
-                    (void)cublas.solver.destroy(sh);
+                } else if (cublas.solver_loaded) {
+                    snprintf(solver_why, sizeof solver_why,
+                             "cusolverDnCreate or SetStream on device %d: status %d", d, src);
+                    if (sh)
+                        (void)cublas.solver.destroy(sh);
+                }
             }
         }
     }
@@ -359,13 +365,19 @@ int demo_cuda_init(const um_task_exec *e)
     const demo_op *op = op_of(e);
     void *sh = solver_handle(e->device, e->stream);
     int lwork = 0;
-    if (rc == 0 && sh && op && op->tile <= t &&
-        cublas.solver.spotrf_buffer_size(sh, CUBLAS_FILL_MODE_LOWER, op->tile, e->ptrs[0],
-                                         op->tile, &lwork) == 0) {
+    if (rc == 0 && sh && op && op->tile <= t) {
+        int bs = cublas.solver.spotrf_buffer_size(sh, CUBLAS_FILL_MODE_LOWER, op->tile,
+                                                  e->ptrs[0], op->tile, &lwork);
         pthread_mutex_lock(&cublas.lock);
-        if (lwork > cublas.potrf_lwork)
+        if (bs == 0 && lwork > cublas.potrf_lwork)
             cublas.potrf_lwork = lwork;
+        else if (bs != 0)
+            snprintf(solver_why, sizeof solver_why,
+                     "cusolverDnSpotrf_bufferSize at tile %d: status %d", op->tile, bs);
         pthread_mutex_unlock(&cublas.lock);
+    } else if (rc == 0 && sh && op) {
+        snprintf(solver_why, sizeof solver_why,
+                 "the scratch tiles (%d) are smaller than the potrf tile (%d)", t, op->tile);
     }
     return rc != 0;
 }

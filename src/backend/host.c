@@ -24,12 +24,5 @@ um_status um__host_backend_create(size_t capacity, size_t granularity, um__backe
                             pages, page_size);
         capacity = (size_t)pages * (size_t)page_size;
     }
-    um_status st = um__memfd_backend_create(UM_DEVICE_HOST, "host", capacity, granularity, out);
-    if (st == UM_OK) {
-        /* Each core at about 2.5 GHz with two 8-wide FMA units (AVX2):
-         * a first guess for placement, which measures from then on. */
-        long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-        (*out)->nominal_gflops = (cpus > 0 ? (double)cpus : 1.0) * 2.5 * 32.0;
-    }
-    return st;
+    return um__memfd_backend_create(UM_DEVICE_HOST, "host", capacity, granularity, out);
 }

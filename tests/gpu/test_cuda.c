@@ -815,11 +815,22 @@ static int copy_on_gpu(const um_task_exec *e)
     return st != UM_OK;
 }
 
+/* The same on the host. */
+static int copy_on_host(const um_task_exec *e)
+{
+    place_job *j = e->user;
+    atomic_store(&j->device, e->device);
+    memcpy(e->ptrs[0], j->src, e->sizes[0]);
+    return 0;
+}
+
 /* Submits ntasks tasks, task k writing its pattern into its own buffer
- * on a GPU, waits, and checks every buffer and where it ran: per_device
- * gets the tasks each device ran by what they reported, which must be
- * what um_task_stats_get counts. */
-static void run_placed_tasks(um_context *ctx, int ntasks, size_t size, int per_device[3])
+ * on a GPU (and, given flops, on the host too: the task then has a cpu
+ * implementation), waits, and checks every buffer and where it ran:
+ * per_device gets the tasks each device ran by what they reported, which
+ * must be what um_task_stats_get counts. */
+static void run_tasks(um_context *ctx, int ntasks, size_t size, double cpu_flops,
+                      int per_device[3])
 {
     um_buffer **b = calloc((size_t)ntasks, sizeof *b);
     place_job *jobs = calloc((size_t)ntasks, sizeof *jobs);
@@ -841,10 +852,11 @@ static void run_placed_tasks(um_context *ctx, int ntasks, size_t size, int per_d
         um_task t = {0};
         t.name = "copy_pattern";
         t.cuda = copy_on_gpu;
+        t.cpu = cpu_flops > 0 ? copy_on_host : NULL;
         t.nbuffers = 1;
         t.buffers[0] = b[k];
         t.modes[0] = UM_ACCESS_WRITE_DISCARD;
-        t.flops = 1e6;
+        t.flops = cpu_flops > 0 ? cpu_flops : 1e6;
         t.device = -1;
         t.user = &jobs[k];
         um_task_id id;
@@ -855,7 +867,7 @@ static void run_placed_tasks(um_context *ctx, int ntasks, size_t size, int per_d
     int wrong = 0;
     for (int k = 0; k < ntasks; k++) {
         int d = atomic_load(&jobs[k].device);
-        CHECK(d == 1 || d == 2);
+        CHECK(d == 1 || d == 2 || (cpu_flops > 0 && d == 0));
         if (d < 0 || d > 2)
             continue;
         per_device[d]++;
@@ -878,6 +890,11 @@ static void run_placed_tasks(um_context *ctx, int ntasks, size_t size, int per_d
     free(jobs);
     free(src);
     free(back);
+}
+
+static void run_placed_tasks(um_context *ctx, int ntasks, size_t size, int per_device[3])
+{
+    run_tasks(ctx, ntasks, size, 0.0, per_device);
 }
 
 /* Placement by load: 64 independent tasks of the same kind and size on
@@ -912,6 +929,21 @@ static void check_placement_across_gpus(void)
     CHECK_EQ(ran[2], 16);
     printf("two GPUs: placement by free memory: GPU 1 limited to 2 MiB, 16 tasks of 4 MiB ran %d "
            "on GPU 1, %d on GPU 2\n", ran[1], ran[2]);
+    um_shutdown(ctx);
+
+    /* Placement by speed before any measurement: tasks of 1 TFLOP that
+     * could run on the host (tens of times slower than a GPU by the
+     * devices' nominal rates, the pinned host memory's backend included)
+     * go to the GPUs; none is handed to the host to measure it. */
+    ctx = NULL;
+    CHECK_OK(um_init("devices=cuda:0+cuda:1,sched=cost,links=model", &ctx));
+    if (!ctx)
+        return;
+    run_tasks(ctx, 16, (size_t)256 << 10, 1e12, ran);
+    CHECK_EQ(ran[0], 0);
+    CHECK_EQ(ran[1] + ran[2], 16);
+    printf("two GPUs: placement by speed: 16 tasks of 1 TFLOP with a host implementation ran %d on "
+           "the host, %d and %d on the GPUs\n", ran[0], ran[1], ran[2]);
     um_shutdown(ctx);
 }
 
