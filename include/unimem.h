@@ -207,7 +207,8 @@ UM_API um_status um_memcpy(um_context *ctx, void *dst, const void *src, size_t n
 UM_API um_status um_set_memory_limit(um_context *ctx, int dev, size_t bytes);
 UM_API um_status um_set_cache_limit(um_context *ctx, int dev, size_t bytes);
 /* Returns cached memory (fully free pages) to the backend, like
- * torch.cuda.empty_cache() or mlx.core.clear_cache(). */
+ * torch.cuda.empty_cache() or mlx.core.clear_cache(); the memory of
+ * destroyed buffers whose queued work has finished is freed first. */
 UM_API um_status um_trim(um_context *ctx, int dev);
 
 /* The layout of um_stats: um_stats_get writes it into `version`, so a

@@ -355,6 +355,7 @@ static void set_routes(um__xfer *x)
 }
 
 static void buffers_fini(um_context *ctx);
+static void collect_held(um_context *ctx);
 
 um_status um__xfer_get(um_context *ctx, um__xfer **out)
 {
@@ -396,6 +397,7 @@ um_status um__xfer_get(um_context *ctx, um__xfer **out)
         set_routes(x);
         ctx->buffers_fini = buffers_fini;
         atomic_store_explicit(&ctx->xfer, x, memory_order_release);
+        atomic_store_explicit(&ctx->collect, collect_held, memory_order_release);
         x->reclaim = um__reclaim_create(x); /* NULL: no reclaim, allocations just fail */
         if (x->reclaim)
             um__reclaim_start(x->reclaim, ctx);
@@ -1080,6 +1082,14 @@ void um__xfer_poll(um__xfer *x)
     pthread_mutex_unlock(&x->lock);
 }
 
+/* um_trim's hook: the memory of destroyed buffers whose users are done. */
+static void collect_held(um_context *ctx)
+{
+    um__xfer *x = atomic_load_explicit(&ctx->xfer, memory_order_acquire);
+    if (x)
+        um__xfer_poll(x);
+}
+
 /* ---------------------------------------------------------- statistics */
 
 um_status um_link_stats_get(um_context *ctx, int from, int to, um_link_stats *out)
@@ -1125,6 +1135,7 @@ static void buffers_fini(um_context *ctx)
     if (!x)
         return;
     atomic_store_explicit(&ctx->reclaim, NULL, memory_order_release);
+    atomic_store_explicit(&ctx->collect, NULL, memory_order_release);
     um__reclaim_destroy(x->reclaim);
     x->reclaim = NULL;
     while (x->buffers)

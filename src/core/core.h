@@ -51,6 +51,10 @@ struct um_context {
      * of memory (evicting buffer replicas); true when it freed something,
      * so the allocation is worth retrying. Set with the buffer layer. */
     bool (*_Atomic reclaim)(um_context *ctx, int dev, size_t bytes);
+    /* Frees the memory of destroyed buffers whose last users have finished
+     * (the buffer layer holds it until then); um_trim calls it first, so
+     * that what it gives back includes them. Set with the buffer layer. */
+    void (*_Atomic collect)(um_context *ctx);
     /* The run layer (src/run), made at the first task: its state, the call
      * that stops its workers at um_shutdown (before the buffer layer goes),
      * and the call a buffer's destroy makes first: false while tasks not

@@ -182,7 +182,12 @@ um_status um_trim(um_context *ctx, int dev)
 {
     um__allocator *a;
     um_status st = allocator_for(ctx, dev, "um_trim", &a);
-    return st == UM_OK ? a->ops->trim(a) : st;
+    if (st != UM_OK)
+        return st;
+    void (*collect)(um_context *) = atomic_load_explicit(&ctx->collect, memory_order_acquire);
+    if (collect)
+        collect(ctx);
+    return a->ops->trim(a);
 }
 
 um_status um_stats_get(um_context *ctx, int dev, um_stats *out)
