@@ -141,6 +141,7 @@ static struct {
     cusolver_api solver;
     void *solver_handle[DEMO_MAX_GPUS][DEMO_STREAMS]; /* beside handle[][] */
     int potrf_lwork;                           /* floats spotrf needs at the tile's size */
+    bool potrf_sized;                          /* potrf_lwork was asked (it may be 0) */
     void *stream[DEMO_MAX_GPUS][DEMO_STREAMS]; /* the stream each handle is bound to */
     int create_status[DEMO_MAX_GPUS];          /* cublasCreate's failure there (0: none yet) */
     pthread_mutex_t device_lock[DEMO_MAX_GPUS];
@@ -369,8 +370,11 @@ int demo_cuda_init(const um_task_exec *e)
         int bs = cublas.solver.spotrf_buffer_size(sh, CUBLAS_FILL_MODE_LOWER, op->tile,
                                                   e->ptrs[0], op->tile, &lwork);
         pthread_mutex_lock(&cublas.lock);
-        if (bs == 0 && lwork > cublas.potrf_lwork)
-            cublas.potrf_lwork = lwork;
+        if (bs == 0) {
+            cublas.potrf_sized = true;
+            if (lwork > cublas.potrf_lwork)
+                cublas.potrf_lwork = lwork;
+        }
         else if (bs != 0)
             snprintf(solver_why, sizeof solver_why,
                      "cusolverDnSpotrf_bufferSize at tile %d: status %d", op->tile, bs);
@@ -391,8 +395,12 @@ size_t demo_cusolver_workspace(void)
         for (int k = 0; k < DEMO_STREAMS && !any; k++)
             any = cublas.solver_handle[d][k] != NULL;
     pthread_mutex_unlock(&cublas.lock);
-    /* The factor's status (devInfo) goes after the workspace. */
-    return any && floats ? (floats + 1) * sizeof(float) : 0;
+    if (any && !cublas.potrf_sized)
+        snprintf(solver_why, sizeof solver_why,
+                 "cusolverDnSpotrf_bufferSize was not asked (no GPU ran cuBLAS's start-up)");
+    /* The factor's status (devInfo) goes after the workspace, which may
+     * be empty. */
+    return any && cublas.potrf_sized ? (floats + 1) * sizeof(float) : 0;
 }
 
 int demo_cuda_fini(const um_task_exec *e)
