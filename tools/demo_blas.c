@@ -148,6 +148,22 @@ static struct {
     bool device_lock_ready;
 } cublas = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
+/* A function pointer to fill from a loaded library. */
+typedef struct symbol {
+    void **slot;
+    const char *name;
+} symbol;
+
+/* Fills every slot from lib; the name of the first symbol it lacks, or
+ * NULL when it has them all. */
+static const char *find_symbols(void *lib, const symbol *syms, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!(*syms[i].slot = dlsym(lib, syms[i].name)))
+            return syms[i].name;
+    return NULL;
+}
+
 /* Loads cuSOLVER when it is there (under the lock); without it POTRF runs
  * on the host only (solver_why says why). The toolkit's directory is often
  * not on the loader's path when a Python package's cuBLAS is, so cuSOLVER
@@ -183,21 +199,17 @@ static void load_cusolver(void)
         snprintf(solver_why, sizeof solver_why, "cuSOLVER not found (last error: %s)", err);
         return;
     }
-    struct {
-        void **slot;
-        const char *symbol;
-    } syms[] = {
+    symbol syms[] = {
         {(void **)&cublas.solver.create, "cusolverDnCreate"},
         {(void **)&cublas.solver.destroy, "cusolverDnDestroy"},
         {(void **)&cublas.solver.set_stream, "cusolverDnSetStream"},
         {(void **)&cublas.solver.spotrf_buffer_size, "cusolverDnSpotrf_bufferSize"},
         {(void **)&cublas.solver.spotrf, "cusolverDnSpotrf"},
     };
-    bool ok = true;
-    for (size_t i = 0; i < sizeof syms / sizeof syms[0] && ok; i++)
-        if (!(*syms[i].slot = dlsym(lib, syms[i].symbol)))
-            ok = false, snprintf(solver_why, sizeof solver_why, "the cuSOLVER found lacks %s",
-                                 syms[i].symbol);
+    const char *missing = find_symbols(lib, syms, sizeof syms / sizeof syms[0]);
+    bool ok = !missing;
+    if (missing)
+        snprintf(solver_why, sizeof solver_why, "the cuSOLVER found lacks %s", missing);
     if (ok)
         cublas.solver_loaded = true;
     else
@@ -230,10 +242,7 @@ bool demo_cublas_load(char *why, size_t why_len)
                 "cuBLAS not found (dlopen libcublas.so.13, .12 and libcublas.so: last error: %s)",
                 err);
         } else {
-            struct {
-                void **slot;
-                const char *symbol;
-            } syms[] = {
+            symbol syms[] = {
                 {(void **)&cublas.api.create, "cublasCreate_v2"},
                 {(void **)&cublas.api.destroy, "cublasDestroy_v2"},
                 {(void **)&cublas.api.set_stream, "cublasSetStream_v2"},
@@ -241,15 +250,11 @@ bool demo_cublas_load(char *why, size_t why_len)
                 {(void **)&cublas.api.strsm, "cublasStrsm_v2"},
                 {(void **)&cublas.api.ssyrk, "cublasSsyrk_v2"},
             };
-            cublas.loaded = true;
-            for (size_t i = 0; i < sizeof syms / sizeof syms[0] && cublas.loaded; i++) {
-                *syms[i].slot = dlsym(lib, syms[i].symbol);
-                if (!*syms[i].slot) {
-                    snprintf(cublas.why, sizeof cublas.why, "the cuBLAS library found lacks %s",
-                             syms[i].symbol);
-                    cublas.loaded = false;
-                }
-            }
+            const char *missing = find_symbols(lib, syms, sizeof syms / sizeof syms[0]);
+            cublas.loaded = !missing;
+            if (missing)
+                snprintf(cublas.why, sizeof cublas.why, "the cuBLAS library found lacks %s",
+                         missing);
             if (!cublas.loaded)
                 dlclose(lib);
         }
