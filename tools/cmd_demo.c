@@ -989,6 +989,7 @@ static um_status start_cublas(demo_run *r, const dev_result *dev, char *why, siz
     size_t work = r->c->cublas && r->c->workload == DEMO_CHOLESKY ? demo_cusolver_workspace() : 0;
     if (st == UM_OK && work)
         st = um_buffer_create(r->ctx, work, NULL, &r->potrf_work);
+    r->c->potrf_gpu = r->potrf_work != NULL;
     return st;
 }
 

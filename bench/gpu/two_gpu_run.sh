@@ -215,6 +215,26 @@ step_tests() {
   [ $rc -eq 124 ] || [ $rc -eq 137 ] && tail -2 "$R/ctest.txt" | show
 }
 
+# run_demo SECONDS NAME WORKLOAD ARGS...: `unimem demo WORKLOAD ARGS` on
+# GPU 0 (`--device cuda:0`: the host and GPU 0), then on every GPU
+# (`--device cuda`), each GPU limited to $LIMIT, each run SECONDS at most.
+# NAME is a printf pattern for the result files, %s the number of GPUs.
+run_demo() {
+  local limit=$1 name=$2 workload=$3 g dev f
+  shift 3
+  for g in 1 2; do
+    dev=cuda
+    [ "$g" -eq 1 ] && dev=cuda:0
+    # shellcheck disable=SC2059 # name is the caller's pattern
+    f=$R/$(printf "$name" "$g")
+    t "$limit" "$UM" demo "$workload" --device $dev --limit "$LIMIT" "$@" --json \
+      > "$f.json" 2> "$f.err"
+    say "demo $workload --device $dev $*: $(rcs $?)"
+    summarize demo "$f.json"
+    grep -v "tasks:" "$f.err" | tail -3 | show
+  done
+}
+
 # Out-of-core SGEMM at N = 32768 (A, B, C 4 GiB each) with every GPU
 # limited to 8 GiB, tiles 2048-8192, on GPU 0 and on both; cuBLAS in core
 # (GPU 0) and cuBLASXt on one and on both GPUs as baselines; then a tiled
@@ -241,29 +261,11 @@ step_gemm() {
   else
     tail -20 "$R/sgemm_build.txt" 2> /dev/null | show
   fi
-  local tile g dev f
+  local tile
   for tile in $GEMM_TILES; do
-    for g in 1 2; do
-      dev=cuda
-      [ $g -eq 1 ] && dev=cuda:0
-      f=$R/demo_gemm_g${g}_t$tile
-      t 60 "$UM" demo gemm --device $dev --limit "$LIMIT" --n "$GEMM_N" --tile "$tile" --json \
-        > "$f.json" 2> "$f.err"
-      say "demo gemm --device $dev --tile $tile: $(rcs $?)"
-      summarize demo "$f.json"
-      grep -v "tasks:" "$f.err" | tail -3 | show
-    done
+    run_demo 60 "demo_gemm_g%s_t$tile" gemm --n "$GEMM_N" --tile "$tile"
   done
-  for g in 1 2; do
-    dev=cuda
-    [ $g -eq 1 ] && dev=cuda:0
-    f=$R/demo_cholesky_g$g
-    t 90 "$UM" demo cholesky --device $dev --limit "$LIMIT" --n "$GEMM_N" --tile "$CHOL_TILE" --json \
-      > "$f.json" 2> "$f.err"
-    say "demo cholesky --device $dev: $(rcs $?)"
-    summarize demo "$f.json"
-    grep -v "tasks:" "$f.err" | tail -3 | show
-  done
+  run_demo 90 "demo_cholesky_g%s" cholesky --n "$GEMM_N" --tile "$CHOL_TILE"
 }
 
 # Data 1.5x and 2x the sum of the GPUs' 8 GiB limits, spilling to the host:
@@ -300,17 +302,7 @@ step_tiles() {
 # tiles of 256 MiB, 9 GiB; 94 TFLOP), every GPU limited as above.
 step_cholbig() {
   begin cholbig 110
-  local g dev f
-  for g in 1 2; do
-    dev=cuda
-    [ $g -eq 1 ] && dev=cuda:0
-    f=$R/demo_cholesky_big_g$g
-    t 55 "$UM" demo cholesky --device $dev --limit "$LIMIT" --n 65536 --tile 8192 --json \
-      > "$f.json" 2> "$f.err"
-    say "demo cholesky --device $dev --n 65536 --tile 8192: $(rcs $?)"
-    summarize demo "$f.json"
-    grep -v "tasks:" "$f.err" | tail -3 | show
-  done
+  run_demo 55 "demo_cholesky_big_g%s" cholesky --n 65536 --tile 8192
 }
 
 for s in $ALL_STEPS; do

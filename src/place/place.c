@@ -111,14 +111,6 @@ static double estimate_locked(um__place *p, const um__place_task *t, int dev)
     return known ? sum / known : UNKNOWN_TASK_NS;
 }
 
-double um__place_estimate(um__place *p, const um__place_task *t, int dev)
-{
-    pthread_mutex_lock(&p->lock);
-    double ns = known_locked(p, t, dev);
-    pthread_mutex_unlock(&p->lock);
-    return ns;
-}
-
 void um__place_learn(um__place *p, const um__place_task *t, int dev, uint64_t ns)
 {
     pthread_mutex_lock(&p->lock);

@@ -53,8 +53,6 @@ void um__place_destroy(um__place *p);
  * one it should run on is. */
 int um__place_pick(um__place *p, const um__place_task *t, const um__place_device *devs,
                    double *est_ns);
-/* The estimated compute time of t on dev (0: nothing known yet). */
-double um__place_estimate(um__place *p, const um__place_task *t, int dev);
 /* t's compute on dev took ns: learnt for later estimates. */
 void um__place_learn(um__place *p, const um__place_task *t, int dev, uint64_t ns);
 
