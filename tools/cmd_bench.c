@@ -44,6 +44,8 @@ typedef struct bench_opts {
     uint64_t pairs;        /* timed pairs per measurement (a cap; see budget_ns) */
     uint64_t thread_pairs; /* timed pairs per thread in the threads scenario */
     uint64_t budget_ns;    /* a measurement also stops after this much time */
+    const char *scenario;  /* NULL: every scenario */
+    size_t live;           /* 0: every ring size */
 } bench_opts;
 
 typedef struct size_seq {
@@ -97,6 +99,7 @@ static void bench_usage(FILE *f)
     fprintf(f,
             "usage: unimem bench alloc [--json] [--quick] [--device SPEC] [--allocator NAME]\n"
             "                          [--trace FILE] [--pairs N] [--max-seconds S]\n"
+            "                          [--scenario NAME] [--live N]\n"
             "\n"
             "Times alloc+free pairs of unimem (device 1) and glibc malloc in the same run, with\n"
             "the allocation sizes of a real trace, for rings of 10..10,000 live blocks and for\n"
@@ -109,7 +112,9 @@ static void bench_usage(FILE *f)
             "  --trace FILE      allocation trace whose sizes are used (default: data/%s)\n"
             "  --pairs N         timed pairs per measurement (default 2000000, quick 200000)\n"
             "  --max-seconds S   a measurement stops after S seconds even if its pairs are not\n"
-            "                    done (default 2, quick 0.25)\n",
+            "                    done (default 2, quick 0.25)\n"
+            "  --scenario NAME   only this scenario: trace-sizes, small or threads\n"
+            "  --live N          only the rings of N live blocks (10, 100, 1000 or 10000)\n",
             BENCH_DEFAULT_DEVICE, BENCH_TRACE_NAME);
 }
 
@@ -160,6 +165,24 @@ static int bench_parse_args(int argc, char **argv, bench_opts *o)
                 return 2;
             }
             o->pairs = n;
+        } else if (!strcmp(a, "--scenario") && has_value) {
+            o->scenario = argv[++i];
+            if (strcmp(o->scenario, "trace-sizes") && strcmp(o->scenario, "small") &&
+                strcmp(o->scenario, "threads")) {
+                fprintf(stderr,
+                        "unimem " BENCH_CMD ": --scenario is trace-sizes, small or threads, "
+                        "not '%s'\n",
+                        o->scenario);
+                return 2;
+            }
+        } else if (!strcmp(a, "--live") && has_value) {
+            const char *v = argv[++i];
+            if (strcmp(v, "10") && strcmp(v, "100") && strcmp(v, "1000") && strcmp(v, "10000")) {
+                fprintf(stderr,
+                        "unimem " BENCH_CMD ": --live is 10, 100, 1000 or 10000, not '%s'\n", v);
+                return 2;
+            }
+            o->live = strtoull(v, NULL, 10);
         } else if (!strcmp(a, "--max-seconds") && has_value) {
             char *end;
             const char *v = argv[++i];
@@ -900,12 +923,23 @@ static int bench_run(bench *b)
         return bench_fail(s);
     if (!b->o.json)
         print_header(b);
-    for (size_t i = 0; i < sizeof lives / sizeof lives[0]; i++)
-        if ((rc = run_ring_scenario(b, "trace-sizes", &b->all, lives[i])) != 0)
-            return rc;
-    for (size_t i = 0; i < sizeof lives / sizeof lives[0]; i++)
-        if ((rc = run_ring_scenario(b, "small", &b->small, lives[i])) != 0)
-            return rc;
+    static const struct {
+        const char *name;
+        bool small;
+    } rings[] = {{"trace-sizes", false}, {"small", true}};
+    for (size_t k = 0; k < sizeof rings / sizeof rings[0]; k++) {
+        if (b->o.scenario && strcmp(b->o.scenario, rings[k].name))
+            continue;
+        for (size_t i = 0; i < sizeof lives / sizeof lives[0]; i++) {
+            if (b->o.live && b->o.live != lives[i])
+                continue;
+            if ((rc = run_ring_scenario(b, rings[k].name, rings[k].small ? &b->small : &b->all,
+                                        lives[i])) != 0)
+                return rc;
+        }
+    }
+    if (b->o.scenario && strcmp(b->o.scenario, "threads"))
+        return 0;
     return run_thread_scenarios(b);
 }
 

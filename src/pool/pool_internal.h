@@ -190,6 +190,7 @@ typedef struct um__pool {
     /* One record per page, all fields together: an operation on a block
      * touches one cache line per two pages, not one per array. */
     um__page *pages;
+    uint64_t *mapped;             /* bit per page: pages[pg].phys != 0 */
     um__phys *parked;             /* pages the backend failed to take back */
     size_t nparked, parked_cap;
     uint64_t fence_wait_ns;       /* wait for fences this old before growing; 0: never */
@@ -206,6 +207,9 @@ typedef struct um__pool {
 
     _Atomic(um__slab *) **slab_map; /* (addr - va) / UM_SLAB_UNIT -> slab, two levels */
     size_t slab_map_top;
+    /* Per page: how many of its 64 KiB units hold a slab (a granularity
+     * of up to 4 GiB fits 16 bits). */
+    _Atomic uint16_t *slab_units;
     um__slab *partial[UM_NCLASSES]; /* slabs with free slots */
     um__slab *spare[UM_NCLASSES];   /* one empty slab kept per class */
 
