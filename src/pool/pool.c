@@ -329,7 +329,17 @@ static size_t unmapped_pages(um__pool *p, uintptr_t addr, size_t len)
     return unmapped_count(p, page_of(p, addr), page_of(p, addr + len - 1));
 }
 
-static bool page_usable(um__pool *p, size_t pg, uint32_t sid);
+static bool page_fence_done(um__pool *p, size_t pg);
+
+/* True when stream sid (UM_NO_FENCE: the host, for unmapping) may use the
+ * freed bytes of page pg; clears fences found completed. Inline for the
+ * common answer (no fence, or the stream's own), which the placement asks
+ * of every page it considers. */
+static inline bool page_usable(um__pool *p, size_t pg, uint32_t sid)
+{
+    uint32_t u = p->pages[pg].fence_stream;
+    return u == UM_NO_FENCE || u == sid || page_fence_done(p, pg);
+}
 
 /* True when every page under [addr, addr+len) is mapped. */
 static bool fully_mapped(um__pool *p, uintptr_t addr, size_t len)
@@ -811,13 +821,11 @@ static void poll_all(um__pool *p, bool wait)
         p->full_syncs++;
 }
 
-/* True when stream sid (UM_NO_FENCE: the host, for unmapping) may use the
- * freed bytes of page pg; clears fences found completed. */
-static bool page_usable(um__pool *p, size_t pg, uint32_t sid)
+/* Whether the fence of page pg, set by another stream, has completed (it
+ * is cleared then). */
+static bool page_fence_done(um__pool *p, size_t pg)
 {
     uint32_t u = p->pages[pg].fence_stream;
-    if (u == UM_NO_FENCE || u == sid)
-        return true;
     bool done = u == UM_MIXED_FENCE ? p->full_syncs > p->pages[pg].fence_epoch
                                     : p->streams[u]->completed >= p->pages[pg].fence_epoch;
     if (done)
