@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The allocator's hot path from an older tree and from this one, on the same
+# machine in one job, alternating old and new so that the machine's drift
+# hits both: `unimem bench alloc` (sim device, glibc in the same run) and
+# bench/gpu/alloc_compare (cudaMalloc, cudaMallocAsync, PyTorch, unimem).
+# Usage: bench/gpu/hot_path_compare.sh OLD_TREE [STEP...]
+#   STEP: build test bench compare (default: all)
+# OLD_TREE is an unpacked `git archive` of the older commit. Results go to
+# $OUT/results.tgz (stdout gets the summary lines).
+set -u
+OLD=$1
+shift
+STEPS=${*:-build test bench compare}
+has() { case " $STEPS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+FINAL=${OUT:-out}
+OUT=$FINAL/r
+mkdir -p "$OUT"
+trap 'tar czf "$FINAL/results.tgz" -C "$FINAL" r && rm -rf "$OUT"' EXIT
+{ date -u; nproc; git rev-parse HEAD 2>/dev/null; lscpu | grep -E "Model name|L2|L3"
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null; } > "$OUT/machine.txt" 2>&1
+if has build; then
+  for t in . "$OLD"; do
+    { cmake -S "$t" -B "$t/build-dev" -DCMAKE_BUILD_TYPE=RelWithDebInfo &&
+      cmake --build "$t/build-dev" -j "$(nproc)"; } > "$OUT/build_$(basename "$t").txt" 2>&1 ||
+      { tail -30 "$OUT/build_$(basename "$t").txt"; exit 1; }
+  done
+  echo "builds ok"
+fi
+if has test; then
+  build-dev/tests/test_cuda > "$OUT/test_cuda.txt" 2>&1; echo "test_cuda rc=$?"; tail -3 "$OUT/test_cuda.txt"
+  (cd build-dev && ctest -j 8 --output-on-failure) > "$OUT/ctest.txt" 2>&1; echo "ctest rc=$?"; tail -4 "$OUT/ctest.txt"
+fi
+if has bench; then
+  for round in 1 2; do
+    for which in old new; do
+      um=build-dev/unimem
+      [ $which = old ] && um=$OLD/build-dev/unimem
+      f=$OUT/bench_${which}_$round.txt
+      timeout 200 $um bench alloc --device sim:320G > "$f" 2>&1
+      echo "$which round $round rc=$?"
+      grep -E "^(trace-sizes|small|threads) " "$f"
+    done
+  done
+fi
+if has compare; then
+  for which in old new; do
+    tree=.
+    [ $which = old ] && tree=$OLD
+    bench/gpu/build_compare.sh "$tree/build-dev" "$tree/build-dev/alloc_compare" \
+      > "$OUT/compare_build_$which.txt" 2>&1 || tail -20 "$OUT/compare_build_$which.txt"
+  done
+  for which in old new; do
+    tree=.
+    [ $which = old ] && tree=$OLD
+    timeout 240 "$tree/build-dev/alloc_compare" --json "$OUT/alloc_compare_$which.json" \
+      > "$OUT/alloc_compare_$which.txt" 2>&1
+    echo "alloc_compare $which rc=$?"; cat "$OUT/alloc_compare_$which.txt"
+  done
+fi
