@@ -880,20 +880,20 @@ static inline um__slab *slab_lookup(um__pool *p, uintptr_t addr)
     size_t top = unit / SLAB_MAP_LEAF;
     if (top >= p->slab_map_top)
         return NULL;
-    /* Most large blocks lie on pages that hold no slab: one byte of a
-     * compact array answers for them, where the map's entry is a cache
-     * miss once many blocks are live. */
-    if (!atomic_load_explicit(&p->slab_units[(addr - p->va) >> p->page_shift],
-                              memory_order_acquire))
+    /* Most large blocks lie on pages that hold no slab: a bit per page
+     * answers for them (the bitmap stays in cache), where the map's entry
+     * is a cache miss once many blocks are live. */
+    size_t pg = (addr - p->va) >> p->page_shift;
+    if (!(atomic_load_explicit(&p->slab_pages[pg / 64], memory_order_acquire) >> (pg % 64) & 1))
         return NULL;
     _Atomic(um__slab *) *leaf = p->slab_map[top];
     return leaf ? atomic_load_explicit(&leaf[unit % SLAB_MAP_LEAF], memory_order_acquire) : NULL;
 }
 
 /* Points the slab map's units of [base, base+bytes) at s (NULL: at no
- * slab), keeping each page's count of slab units. A page's count goes up
- * before a unit names its slab, so a lookup that finds the unit finds the
- * count too. */
+ * slab), keeping each page's count of slab units and the bit that says it
+ * has some. The bit is set before a unit names its slab, so a lookup that
+ * finds the unit finds the bit too. Under the pool lock. */
 static bool slab_map_set(um__pool *p, um__slab *s, uintptr_t base, size_t bytes)
 {
     for (uintptr_t a = base; a < base + bytes; a += UM_SLAB_UNIT) {
@@ -907,14 +907,13 @@ static bool slab_map_set(um__pool *p, um__slab *s, uintptr_t base, size_t bytes)
         }
         _Atomic(um__slab *) *e = &p->slab_map[top][unit % SLAB_MAP_LEAF];
         bool had = atomic_load_explicit(e, memory_order_relaxed) != NULL;
-        _Atomic uint16_t *count = &p->slab_units[(a - p->va) >> p->page_shift];
-        if (s && !had)
-            atomic_store_explicit(count, (uint16_t)(atomic_load_explicit(count, memory_order_relaxed) + 1),
-                                  memory_order_release);
+        size_t pg = (a - p->va) >> p->page_shift;
+        uint64_t bit = 1ull << (pg % 64);
+        if (s && !had && p->slab_units[pg]++ == 0)
+            atomic_fetch_or_explicit(&p->slab_pages[pg / 64], bit, memory_order_release);
         atomic_store_explicit(e, s, memory_order_release);
-        if (!s && had)
-            atomic_store_explicit(count, (uint16_t)(atomic_load_explicit(count, memory_order_relaxed) - 1),
-                                  memory_order_release);
+        if (!s && had && --p->slab_units[pg] == 0)
+            atomic_fetch_and_explicit(&p->slab_pages[pg / 64], ~bit, memory_order_release);
     }
     return true;
 }
@@ -2197,7 +2196,8 @@ static um_status pool_check(um__allocator *a)
     um_status st = UM_OK;
     pthread_mutex_lock(&p->lock);
     uint32_t *pin = calloc(p->npages, sizeof *pin);
-    CHECK_THAT(pin, "out of host memory for the check");
+    uint16_t *units = calloc(p->npages, sizeof *units);
+    CHECK_THAT(pin && units, "out of host memory for the check");
     size_t active = 0, live_large = 0, held_large = 0, cached_slots = 0;
     {
         um__region *rg = &p->region;
@@ -2253,8 +2253,10 @@ static um_status pool_check(um__allocator *a)
                 for (uint32_t i = 0; i < s->nfree; i++)
                     CHECK_THAT(UM_SLOT_STATE(atomic_load(&s->slot[s->free_stack[i]].w)) == UM_SLOT_FREE,
                                "slab %#" PRIxPTR ": free stack holds a used slot", s->base);
-                for (uintptr_t u = s->base; u < s->base + b->fi.size; u += UM_SLAB_UNIT)
+                for (uintptr_t u = s->base; u < s->base + b->fi.size; u += UM_SLAB_UNIT) {
                     CHECK_THAT(slab_lookup(p, u) == s, "slab map wrong at %#" PRIxPTR, u);
+                    units[page_of(p, u)]++;
+                }
                 CHECK_THAT((s->nfree > 0 && s->nfree < s->nslots) ? s->on_list : true,
                            "partly free slab %#" PRIxPTR " is not on its class list", s->base);
             } else {
@@ -2296,6 +2298,9 @@ static um_status pool_check(um__allocator *a)
         CHECK_THAT(!pin[pg] || p->pages[pg].phys, "page %zu holds data but is not mapped", pg);
         CHECK_THAT(((p->mapped[pg / 64] >> (pg % 64)) & 1) == (p->pages[pg].phys != 0),
                    "page %zu: the bitmap of mapped pages disagrees with its record", pg);
+        CHECK_THAT(units[pg] == p->slab_units[pg] &&
+                       ((atomic_load(&p->slab_pages[pg / 64]) >> (pg % 64)) & 1) == (units[pg] != 0),
+                   "page %zu: %u slab units, its count says %u", pg, units[pg], p->slab_units[pg]);
         mapped += p->pages[pg].phys != 0;
         holes += p->pages[pg].phys && !pin[pg];
     }
@@ -2356,6 +2361,7 @@ static um_status pool_check(um__allocator *a)
     CHECK_THAT(atomic_load(&p->peak_active) >= (int64_t)active, "active above its peak");
 done:
     free(pin);
+    free(units);
     pthread_mutex_unlock(&p->lock);
     return st;
 }
@@ -2422,7 +2428,8 @@ static void pool_destroy(um__allocator *a)
     for (size_t t = 0; p->slab_map && t < p->slab_map_top; t++)
         free(p->slab_map[t]);
     free(p->slab_map);
-    free((void *)p->slab_units);
+    free(p->slab_units);
+    free((void *)p->slab_pages);
     free(p->mapped);
     free(p->live_map);
     um__plan_fini(&p->plan);
@@ -2524,8 +2531,9 @@ um_status um__pool_create(um__backend *b, const um__pool_config *c, um__allocato
     p->slab_map_top = (va_size / UM_SLAB_UNIT + SLAB_MAP_LEAF - 1) / SLAB_MAP_LEAF;
     p->slab_map = calloc(p->slab_map_top, sizeof *p->slab_map);
     p->slab_units = calloc(p->npages, sizeof *p->slab_units);
+    p->slab_pages = calloc((p->npages + 63) / 64, sizeof *p->slab_pages);
     p->mapped = calloc((p->npages + 63) / 64, sizeof *p->mapped);
-    bool ok = p->pages && p->slab_map && p->slab_units && p->mapped && (!p->plan_on || um__plan_init(&p->plan));
+    bool ok = p->pages && p->slab_map && p->slab_units && p->slab_pages && p->mapped && (!p->plan_on || um__plan_init(&p->plan));
     um__fi_init(&p->region.ready);
     um__block *blk = ok ? calloc(1, sizeof *blk) : NULL;
     ok = blk != NULL;

@@ -208,8 +208,10 @@ typedef struct um__pool {
     _Atomic(um__slab *) **slab_map; /* (addr - va) / UM_SLAB_UNIT -> slab, two levels */
     size_t slab_map_top;
     /* Per page: how many of its 64 KiB units hold a slab (a granularity
-     * of up to 4 GiB fits 16 bits). */
-    _Atomic uint16_t *slab_units;
+     * of up to 4 GiB fits 16 bits; under the lock), and a bit per page
+     * saying the count is not 0 (read without the lock). */
+    uint16_t *slab_units;
+    _Atomic uint64_t *slab_pages;
     um__slab *partial[UM_NCLASSES]; /* slabs with free slots */
     um__slab *spare[UM_NCLASSES];   /* one empty slab kept per class */
 
