@@ -57,6 +57,12 @@ static inline um__pool *P(um__allocator *a) { return (um__pool *)a; }
 
 static const char *dev_name(um__pool *p) { return p->base.backend->name; }
 
+/* block_new sets each field of a record; a new field must be set there too
+ * (this size is on 64-bit targets). */
+#if UINTPTR_MAX == UINT64_MAX
+_Static_assert(sizeof(um__block) == 96, "um__block changed: update block_new");
+#endif
+
 static um__block *block_new(um__pool *p)
 {
     um__block *b = p->block_freelist;
@@ -1290,6 +1296,12 @@ static void tcache_thread_exit(void *arg)
 {
     um__tcache *tc = arg;
     um__pool *p = tc->pool;
+    /* The thread's shortcut must not name the cache once it goes, for the
+     * flush below (own_cache) and any later destructor that frees. */
+    if (tls_cache.tc == tc) {
+        tls_cache.tc = NULL;
+        tls_cache.generation = 0;
+    }
     pthread_mutex_lock(&p->lock);
     tcache_flush_locked(p, tc);
     atomic_fetch_add_explicit(&p->active, atomic_load_explicit(&tc->live_delta, memory_order_relaxed),
