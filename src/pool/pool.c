@@ -18,6 +18,9 @@
 #define NO_PAGE UINT32_MAX
 #define KNOWN_STREAM_BITS 1024 /* 16 words of known_streams */
 #define SLAB_MAP_LEAF 4096
+/* The slab map's units per bit of the slab summary (2 MiB; a divisor of
+ * SLAB_MAP_LEAF, so a granule's units share one leaf). */
+#define SLAB_GRANULE_UNITS 32
 
 /* ------------------------------------------------------------ size classes */
 
@@ -882,28 +885,40 @@ static void unpin_fenced(um__pool *p, um__stream_state *ss, uint32_t sid, uintpt
 
 static inline um__slab *slab_lookup(um__pool *p, uintptr_t addr)
 {
-    size_t unit = (addr - p->va) / UM_SLAB_UNIT;
+    size_t unit = (addr - p->slab_base) / UM_SLAB_UNIT;
     size_t top = unit / SLAB_MAP_LEAF;
     if (top >= p->slab_map_top)
         return NULL;
-    /* Most large blocks lie on pages that hold no slab: a bit per page
-     * answers for them (the bitmap stays in cache), where the map's entry
-     * is a cache miss once many blocks are live. */
-    size_t pg = (addr - p->va) >> p->page_shift;
-    if (!(atomic_load_explicit(&p->slab_pages[pg / 64], memory_order_acquire) >> (pg % 64) & 1))
+    /* Most large blocks lie in granules that hold no slab: a bit per
+     * granule answers for them (the bitmap stays in cache), where the
+     * map's entry is a cache miss once many blocks are live. */
+    size_t g = unit / SLAB_GRANULE_UNITS;
+    if (!(atomic_load_explicit(&p->slab_granules[g / 64], memory_order_acquire) >> (g % 64) & 1))
         return NULL;
     _Atomic(um__slab *) *leaf = p->slab_map[top];
     return leaf ? atomic_load_explicit(&leaf[unit % SLAB_MAP_LEAF], memory_order_acquire) : NULL;
 }
 
+/* Whether any unit of granule g names a slab (its units share one leaf). */
+static bool granule_has_slab(um__pool *p, size_t g)
+{
+    size_t unit = g * SLAB_GRANULE_UNITS;
+    _Atomic(um__slab *) *leaf = p->slab_map[unit / SLAB_MAP_LEAF];
+    for (size_t i = 0; leaf && i < SLAB_GRANULE_UNITS; i++)
+        if (atomic_load_explicit(&leaf[(unit + i) % SLAB_MAP_LEAF], memory_order_relaxed))
+            return true;
+    return false;
+}
+
 /* Points the slab map's units of [base, base+bytes) at s (NULL: at no
- * slab), keeping each page's count of slab units and the bit that says it
- * has some. The bit is set before a unit names its slab, so a lookup that
- * finds the unit finds the bit too. Under the pool lock. */
+ * slab), keeping the bit of each granule that holds a slab unit. The bit is
+ * set before a unit names its slab, so a lookup that finds the unit finds
+ * the bit too; it is cleared once no unit of its granule names one. Under
+ * the pool lock. */
 static bool slab_map_set(um__pool *p, um__slab *s, uintptr_t base, size_t bytes)
 {
     for (uintptr_t a = base; a < base + bytes; a += UM_SLAB_UNIT) {
-        size_t unit = (a - p->va) / UM_SLAB_UNIT, top = unit / SLAB_MAP_LEAF;
+        size_t unit = (a - p->slab_base) / UM_SLAB_UNIT, top = unit / SLAB_MAP_LEAF;
         if (!p->slab_map[top]) {
             if (!s)
                 continue;
@@ -911,15 +926,19 @@ static bool slab_map_set(um__pool *p, um__slab *s, uintptr_t base, size_t bytes)
             if (!p->slab_map[top])
                 return false;
         }
-        _Atomic(um__slab *) *e = &p->slab_map[top][unit % SLAB_MAP_LEAF];
-        bool had = atomic_load_explicit(e, memory_order_relaxed) != NULL;
-        size_t pg = (a - p->va) >> p->page_shift;
-        uint64_t bit = 1ull << (pg % 64);
-        if (s && !had && p->slab_units[pg]++ == 0)
-            atomic_fetch_or_explicit(&p->slab_pages[pg / 64], bit, memory_order_release);
-        atomic_store_explicit(e, s, memory_order_release);
-        if (!s && had && --p->slab_units[pg] == 0)
-            atomic_fetch_and_explicit(&p->slab_pages[pg / 64], ~bit, memory_order_release);
+        size_t g = unit / SLAB_GRANULE_UNITS;
+        if (s)
+            atomic_fetch_or_explicit(&p->slab_granules[g / 64], 1ull << (g % 64),
+                                     memory_order_release);
+        atomic_store_explicit(&p->slab_map[top][unit % SLAB_MAP_LEAF], s, memory_order_release);
+    }
+    if (!s) {
+        size_t g0 = (base - p->slab_base) / UM_SLAB_UNIT / SLAB_GRANULE_UNITS;
+        size_t g1 = (base + bytes - 1 - p->slab_base) / UM_SLAB_UNIT / SLAB_GRANULE_UNITS;
+        for (size_t g = g0; g <= g1; g++)
+            if (!granule_has_slab(p, g))
+                atomic_fetch_and_explicit(&p->slab_granules[g / 64], ~(1ull << (g % 64)),
+                                          memory_order_release);
     }
     return true;
 }
@@ -2208,8 +2227,7 @@ static um_status pool_check(um__allocator *a)
     um_status st = UM_OK;
     pthread_mutex_lock(&p->lock);
     uint32_t *pin = calloc(p->npages, sizeof *pin);
-    uint16_t *units = calloc(p->npages, sizeof *units);
-    CHECK_THAT(pin && units, "out of host memory for the check");
+    CHECK_THAT(pin, "out of host memory for the check");
     size_t active = 0, live_large = 0, held_large = 0, cached_slots = 0;
     {
         um__region *rg = &p->region;
@@ -2265,10 +2283,8 @@ static um_status pool_check(um__allocator *a)
                 for (uint32_t i = 0; i < s->nfree; i++)
                     CHECK_THAT(UM_SLOT_STATE(atomic_load(&s->slot[s->free_stack[i]].w)) == UM_SLOT_FREE,
                                "slab %#" PRIxPTR ": free stack holds a used slot", s->base);
-                for (uintptr_t u = s->base; u < s->base + b->fi.size; u += UM_SLAB_UNIT) {
+                for (uintptr_t u = s->base; u < s->base + b->fi.size; u += UM_SLAB_UNIT)
                     CHECK_THAT(slab_lookup(p, u) == s, "slab map wrong at %#" PRIxPTR, u);
-                    units[page_of(p, u)]++;
-                }
                 CHECK_THAT((s->nfree > 0 && s->nfree < s->nslots) ? s->on_list : true,
                            "partly free slab %#" PRIxPTR " is not on its class list", s->base);
             } else {
@@ -2310,9 +2326,6 @@ static um_status pool_check(um__allocator *a)
         CHECK_THAT(!pin[pg] || p->pages[pg].phys, "page %zu holds data but is not mapped", pg);
         CHECK_THAT(((p->mapped[pg / 64] >> (pg % 64)) & 1) == (p->pages[pg].phys != 0),
                    "page %zu: the bitmap of mapped pages disagrees with its record", pg);
-        CHECK_THAT(units[pg] == p->slab_units[pg] &&
-                       ((atomic_load(&p->slab_pages[pg / 64]) >> (pg % 64)) & 1) == (units[pg] != 0),
-                   "page %zu: %u slab units, its count says %u", pg, units[pg], p->slab_units[pg]);
         mapped += p->pages[pg].phys != 0;
         holes += p->pages[pg].phys && !pin[pg];
     }
@@ -2372,8 +2385,13 @@ static um_status pool_check(um__allocator *a)
     CHECK_THAT(req_large == req_recorded, "requested bytes of large blocks wrong");
     CHECK_THAT(atomic_load(&p->peak_active) >= (int64_t)active, "active above its peak");
 done:
+    if (st == UM_OK)
+        for (size_t g = 0; g < p->slab_granules_n; g++)
+            if (((atomic_load(&p->slab_granules[g / 64]) >> (g % 64)) & 1) != granule_has_slab(p, g)) {
+                st = um__fail(UM_ERR_INTERNAL, "slab granule %zu: its bit disagrees with the map", g);
+                break;
+            }
     free(pin);
-    free(units);
     pthread_mutex_unlock(&p->lock);
     return st;
 }
@@ -2440,8 +2458,7 @@ static void pool_destroy(um__allocator *a)
     for (size_t t = 0; p->slab_map && t < p->slab_map_top; t++)
         free(p->slab_map[t]);
     free(p->slab_map);
-    free(p->slab_units);
-    free((void *)p->slab_pages);
+    free((void *)p->slab_granules);
     free(p->mapped);
     free(p->live_map);
     um__plan_fini(&p->plan);
@@ -2482,9 +2499,6 @@ um_status um__pool_create(um__backend *b, const um__pool_config *c, um__allocato
     if (!um__is_pow2(page) || page < UM_ALIGN)
         return um__fail(UM_ERR_INVALID, "device %d (%s): granularity %zu is not a power of two",
                         c->dev, b->name, page);
-    if (page / UM_SLAB_UNIT > UINT16_MAX)
-        return um__fail(UM_ERR_INVALID, "device %d (%s): granularity %zu is over the 4 GiB a pool "
-                        "supports", c->dev, b->name, page);
     int factor = c->va_factor > 0 ? c->va_factor : 4;
     size_t cap = um__align_up(b->capacity, page);
     if (cap > SIZE_MAX / 2 / (size_t)factor)
@@ -2540,12 +2554,18 @@ um_status um__pool_create(um__backend *b, const um__pool_config *c, um__allocato
      * alignment of addresses. */
     p->region.lo = um__align_up(p->va, UM_SLAB_UNIT);
     p->region.hi = p->va + va_size;
-    p->slab_map_top = (va_size / UM_SLAB_UNIT + SLAB_MAP_LEAF - 1) / SLAB_MAP_LEAF;
+    /* Units are counted from a 64 KiB-aligned address: a reservation is
+     * aligned to its granularity only, and with pages under 64 KiB a slab
+     * would otherwise straddle two units and its last bytes find no slab. */
+    p->slab_base = um__align_down(p->va, UM_SLAB_UNIT);
+    p->slab_map_top = ((p->va + va_size - p->slab_base) / UM_SLAB_UNIT + SLAB_MAP_LEAF - 1) /
+                      SLAB_MAP_LEAF;
     p->slab_map = calloc(p->slab_map_top, sizeof *p->slab_map);
-    p->slab_units = calloc(p->npages, sizeof *p->slab_units);
-    p->slab_pages = calloc((p->npages + 63) / 64, sizeof *p->slab_pages);
+    p->slab_granules_n = p->slab_map_top * SLAB_MAP_LEAF / SLAB_GRANULE_UNITS;
+    p->slab_granules = calloc((p->slab_granules_n + 63) / 64, sizeof *p->slab_granules);
     p->mapped = calloc((p->npages + 63) / 64, sizeof *p->mapped);
-    bool ok = p->pages && p->slab_map && p->slab_units && p->slab_pages && p->mapped && (!p->plan_on || um__plan_init(&p->plan));
+    bool ok = p->pages && p->slab_map && p->slab_granules && p->mapped &&
+              (!p->plan_on || um__plan_init(&p->plan));
     um__fi_init(&p->region.ready);
     um__block *blk = ok ? calloc(1, sizeof *blk) : NULL;
     ok = blk != NULL;

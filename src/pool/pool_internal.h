@@ -205,13 +205,13 @@ typedef struct um__pool {
     uint32_t hole_head, hole_tail;
     size_t holes;
 
-    _Atomic(um__slab *) **slab_map; /* (addr - va) / UM_SLAB_UNIT -> slab, two levels */
+    uintptr_t slab_base;          /* va rounded down to UM_SLAB_UNIT */
+    _Atomic(um__slab *) **slab_map; /* (addr - slab_base) / UM_SLAB_UNIT -> slab, two levels */
     size_t slab_map_top;
-    /* Per page: how many of its 64 KiB units hold a slab (a granularity
-     * of up to 4 GiB fits 16 bits; under the lock), and a bit per page
-     * saying the count is not 0 (read without the lock). */
-    uint16_t *slab_units;
-    _Atomic uint64_t *slab_pages;
+    /* A bit per 2 MiB granule of the range: some unit of it names a slab
+     * (read without the lock, so that most large frees skip the map). */
+    _Atomic uint64_t *slab_granules;
+    size_t slab_granules_n;
     um__slab *partial[UM_NCLASSES]; /* slabs with free slots */
     um__slab *spare[UM_NCLASSES];   /* one empty slab kept per class */
 
