@@ -274,6 +274,71 @@ static void test_plan_mismatch(uint64_t seed)
     free(s);
 }
 
+/* Plans that keep breaking shrink the learning that follows each stop
+ * (the pool moves pages while it learns): half the window after each
+ * plan that stopped before it served a whole window, down to none, and
+ * the whole window again after one that served it. */
+static void test_plan_short_plans(uint64_t seed)
+{
+    uint64_t rng = seed ^ 0x5a5a;
+    step_shape *s = malloc(sizeof *s);
+    make_training_shape(s, &rng, 4 * MiB);
+    size_t n = s->n, cap = 64 * 1024;
+    uint64_t *ord = malloc(cap * sizeof *ord), *off = malloc(cap * sizeof *off);
+    um__plan pl;
+    CHECK(um__plan_init(&pl));
+    pl.span_slack = 16; /* see test_plan_random */
+    uint64_t full = pl.learn_until, work = 0;
+    size_t t = 0; /* position in the periodic program; ordinals differ by the injected ones */
+    int stops = 0;
+    bool long_run_done = false;
+    while (t + 1 < cap && !long_run_done) {
+        /* Frees due before position t. */
+        for (size_t k = t > n ? t - n : 0; k < t; k++) {
+            if (k + s->life[k % n] != t)
+                continue;
+            um__plan_note_free(&pl, ord[k], s->bytes[k % n]);
+            if (off[k] != UM_PLAN_NO_OFFSET && pl.state == UM_PLAN_ACTIVE)
+                um__plan_release(&pl, off[k]);
+        }
+        ord[t] = um__plan_note_alloc(&pl, s->bytes[t % n], 0, ++work);
+        if (um__plan_starts_at(&pl, ord[t]))
+            um__plan_activate(&pl);
+        off[t] = um__plan_take(&pl, ord[t], s->bytes[t % n], 0);
+        CHECK(off[t] != UM_PLAN_MISMATCH);
+        t++;
+        bool active = pl.state == UM_PLAN_ACTIVE;
+        uint64_t ran = pl.served - pl.served_at_start;
+        /* Sixteen plans stop after three periods, the last after a window. */
+        if (!active || ran < (stops < 16 ? 3 * pl.period : full))
+            continue;
+        /* The program leaves the plan's sequence for one allocation. */
+        uint64_t odd = s->bytes[t % n] + 256;
+        uint64_t o = um__plan_note_alloc(&pl, odd, 0, ++work);
+        CHECK_EQ(um__plan_take(&pl, o, odd, 0), UM_PLAN_MISMATCH);
+        um__plan_abandon(&pl);
+        um__plan_note_free(&pl, o, odd);
+        for (size_t k = 0; k < t; k++)
+            off[k] = UM_PLAN_NO_OFFSET; /* the arena is ordinary memory again */
+        stops++;
+        uint64_t window = pl.learn_until - pl.learn_from;
+        if (stops <= 16)
+            CHECK_EQ(window, stops < 16 ? full >> stops : 0);
+        else {
+            CHECK_EQ(window, full);
+            long_run_done = true;
+        }
+        CHECK_EQ(um__plan_learning(&pl), window > 0);
+    }
+    CHECK(long_run_done);
+    if (!long_run_done)
+        printf("test_plan_short_plans: n %zu, %d stops after %zu allocations\n", n, stops, t);
+    um__plan_fini(&pl);
+    free(ord);
+    free(off);
+    free(s);
+}
+
 /* ------------------------------------------------------------ in the pool */
 
 static um__backend *backend;
@@ -488,6 +553,42 @@ static void test_pool_plan(uint64_t seed)
     free(s);
 }
 
+/* A program whose plans keep breaking (one odd allocation every few
+ * steps) stops moving pages between its plans: after a few stops the pool
+ * learns no more and caches, so later rounds make almost no backend call,
+ * and every byte stays intact (checked at each free). */
+static void test_pool_plan_breaking(uint64_t seed)
+{
+    uint64_t rng = seed ^ 0xb4ea;
+    step_shape *s = malloc(sizeof *s);
+    make_training_shape(s, &rng, 3 * MiB); /* small enough to check every byte quickly */
+    program pg;
+    prog_start(&pg, s, 25, 400);
+    um__pool *p = (um__pool *)pg.a;
+    uint64_t calls = 0, allocs = 0;
+    for (int round = 0; round < 24; round++) {
+        if (round == 16) {
+            calls = pool_stats(pg.a).num_backend_calls;
+            allocs = pg.next;
+        }
+        prog_until_planned(&pg, 12);
+        prog_steps(&pg, 2);
+        prog_alloc(&pg, s->bytes[pg.next % s->n] + 256); /* the plan stops */
+        CHECK_EQ(p->plan.state, UM_PLAN_RECORDING);
+    }
+    CHECK_OK(pg.a->ops->check(pg.a));
+    calls = pool_stats(pg.a).num_backend_calls - calls;
+    allocs = pg.next - allocs;
+    printf("test_pool_plan_breaking: %" PRIu64 " plans, %" PRIu64 " backend calls in the last "
+           "%" PRIu64 " allocations\n",
+           p->plan.plans, calls, allocs);
+    CHECK(calls * 16 <= allocs); /* before this was learned: 1 in 4 to 1 in 10 */
+    prog_free_all(&pg);
+    CHECK_OK(pg.a->ops->check(pg.a));
+    prog_end(&pg);
+    free(s);
+}
+
 /* Under a memory limit the arena's free space gives way: small blocks on
  * another stream that find no room elsewhere dissolve the plan and get
  * its idle pages; lowering the limit ends the plan too. */
@@ -635,7 +736,9 @@ int main(void)
     test_plan_random(seed);
     test_plan_layers();
     test_plan_mismatch(seed);
+    test_plan_short_plans(seed);
     test_pool_plan(seed);
+    test_pool_plan_breaking(seed);
     test_pool_plan_limit(seed);
     test_pool_plan_threads(seed);
     return harness_finish("test_plan");

@@ -6,8 +6,9 @@
  * Owns nothing outside the command: it makes its own context, uses only
  * include/unimem.h, and frees everything before it returns.
  *
- * Scenarios: "trace-sizes" (every allocation size of the trace, in order)
- * and "small" (only the sizes up to 32 KiB) keep a ring of L live blocks:
+ * Scenarios: "trace-sizes" (every allocation size of the trace, in order),
+ * "small" (only the sizes up to 32 KiB) and "large" (only those above)
+ * keep a ring of L live blocks:
  * each step frees the oldest block and allocates the next size of the
  * sequence. "threads" runs 1, 2 and 4 threads, each with its own ring of 100
  * small blocks on the same device. Neither allocator's memory is ever
@@ -61,6 +62,7 @@ typedef struct bench {
     um_device_info info;
     size_seq all;
     size_seq small;
+    size_seq large;
     long cpus;
     char trace_path[PATH_MAX];
 } bench;
@@ -113,7 +115,7 @@ static void bench_usage(FILE *f)
             "  --pairs N         timed pairs per measurement (default 2000000, quick 200000)\n"
             "  --max-seconds S   a measurement stops after S seconds even if its pairs are not\n"
             "                    done (default 2, quick 0.25)\n"
-            "  --scenario NAME   only this scenario: trace-sizes, small or threads\n"
+            "  --scenario NAME   only this scenario: trace-sizes, small, large or threads\n"
             "  --live N          only the rings of N live blocks (10, 100, 1000 or 10000)\n",
             BENCH_DEFAULT_DEVICE, BENCH_TRACE_NAME);
 }
@@ -168,9 +170,10 @@ static int bench_parse_args(int argc, char **argv, bench_opts *o)
         } else if (!strcmp(a, "--scenario") && has_value) {
             o->scenario = argv[++i];
             if (strcmp(o->scenario, "trace-sizes") && strcmp(o->scenario, "small") &&
-                strcmp(o->scenario, "threads")) {
+                strcmp(o->scenario, "large") && strcmp(o->scenario, "threads")) {
                 fprintf(stderr,
-                        "unimem " BENCH_CMD ": --scenario is trace-sizes, small or threads, "
+                        "unimem " BENCH_CMD ": --scenario is trace-sizes, small, large or "
+                        "threads, "
                         "not '%s'\n",
                         o->scenario);
                 return 2;
@@ -301,13 +304,14 @@ static int seq_push(size_seq *s, size_t *cap, size_t v)
     return 0;
 }
 
-/* Reads the sequence of allocation sizes of the trace: all of them, and the
- * ones up to BENCH_SMALL_MAX. Returns an exit code (0 on success). */
+/* Reads the sequence of allocation sizes of the trace: all of them, the
+ * ones up to BENCH_SMALL_MAX and those above. Returns an exit code (0 on
+ * success). */
 static int load_sizes(bench *b)
 {
     um_trace *t = NULL;
     um_trace_event ev;
-    size_t cap_all = 0, cap_small = 0;
+    size_t cap_all = 0, cap_small = 0, cap_large = 0;
     uint64_t zero = 0;
     int done = 0;
     um_status s = um_trace_open(b->trace_path, &t);
@@ -322,8 +326,10 @@ static int load_sizes(bench *b)
             zero++;
             continue;
         }
+        bool small = ev.size <= BENCH_SMALL_MAX;
         if (seq_push(&b->all, &cap_all, (size_t)ev.size) ||
-            (ev.size <= BENCH_SMALL_MAX && seq_push(&b->small, &cap_small, (size_t)ev.size))) {
+            seq_push(small ? &b->small : &b->large, small ? &cap_small : &cap_large,
+                     (size_t)ev.size)) {
             um_trace_close(t);
             return 1;
         }
@@ -331,10 +337,11 @@ static int load_sizes(bench *b)
     um_trace_close(t);
     if (s != UM_OK)
         return bench_fail(s);
-    if (!b->all.n || !b->small.n) {
+    if (!b->small.n || !b->large.n) {
         fprintf(stderr,
                 "unimem " BENCH_CMD ": trace %s has %zu usable allocation sizes, %zu of them "
-                "<= 32 KiB (%llu of size 0 left out); the benchmark needs at least one of each\n",
+                "<= 32 KiB (%llu of size 0 left out); the benchmark needs sizes on both sides "
+                "of 32 KiB\n",
                 b->trace_path, b->all.n, b->small.n, (unsigned long long)zero);
         return 1;
     }
@@ -784,8 +791,9 @@ static void print_header(const bench *b)
                                            : "cuda",
            tool_bytes(cap, b->info.capacity), tool_bytes(lim, b->info.memory_limit),
            b->info.allocator ? b->info.allocator : "?", b->cpus);
-    printf("sizes: %s, %zu allocations (%zu of them <= 32 KiB: the 'small' sequence)\n",
-           b->trace_path, b->all.n, b->small.n);
+    printf("sizes: %s, %zu allocations (%zu of them <= 32 KiB: the 'small' sequence, the "
+           "other %zu 'large')\n",
+           b->trace_path, b->all.n, b->small.n, b->large.n);
     printf("memory is never touched: device memory is not host-readable in general, so neither\n"
            "allocator's blocks are read or written; the times are allocator bookkeeping only.\n");
     printf("each figure is the median of %d runs of up to %llu pairs (%.2f s at most); a pair is\n"
@@ -923,18 +931,17 @@ static int bench_run(bench *b)
         return bench_fail(s);
     if (!b->o.json)
         print_header(b);
-    static const struct {
+    const struct {
         const char *name;
-        bool small;
-    } rings[] = {{"trace-sizes", false}, {"small", true}};
+        const size_seq *sizes;
+    } rings[] = {{"trace-sizes", &b->all}, {"small", &b->small}, {"large", &b->large}};
     for (size_t k = 0; k < sizeof rings / sizeof rings[0]; k++) {
         if (b->o.scenario && strcmp(b->o.scenario, rings[k].name))
             continue;
         for (size_t i = 0; i < sizeof lives / sizeof lives[0]; i++) {
             if (b->o.live && b->o.live != lives[i])
                 continue;
-            if ((rc = run_ring_scenario(b, rings[k].name, rings[k].small ? &b->small : &b->all,
-                                        lives[i])) != 0)
+            if ((rc = run_ring_scenario(b, rings[k].name, rings[k].sizes, lives[i])) != 0)
                 return rc;
         }
     }
@@ -971,5 +978,6 @@ int um_cmd_bench(int argc, char **argv)
         um_shutdown(b.ctx);
     free(b.all.v);
     free(b.small.v);
+    free(b.large.v);
     return rc;
 }

@@ -18,6 +18,11 @@
 /* The planner learns (the pool keeps memory tight) for up to this many
  * allocations after it starts or abandons a plan; ... */
 #define LEARN_ALLOCS (4u * UM_PLAN_MAX_PERIOD)
+/* A plan that stops before it served LEARN_ALLOCS allocations halves the
+ * next learning window, down to none: a program whose plans keep breaking
+ * (a loop with a period that the next phase leaves) would otherwise spend
+ * most of its time learning, and move a page for almost every block. */
+#define LEARN_SHRINK_MAX 15u
 /* ... but stops after LEARN_QUICK of them, and at every LEARN_QUICK more,
  * when fewer than 1 in 4 of the last LEARN_QUICK saw their last SIG_WINDOW
  * sizes before: a program with no repeats (random churn) has no period to
@@ -81,7 +86,7 @@ static void forget_plan(um__plan *pl)
     pl->nlive = 0;
     pl->period = pl->arena_bytes = pl->cycle_peak = 0;
     pl->ncand = 0;
-    pl->learn_until = pl->next + LEARN_ALLOCS;
+    pl->learn_until = pl->next + (LEARN_ALLOCS >> pl->short_plans);
     pl->learn_from = pl->next;
     pl->repeats = 0;
 }
@@ -480,10 +485,15 @@ void um__plan_abandon(um__plan *pl)
         return;
     /* A plan that broke within two periods was a false start: the next
      * one waits longer. One that ran longer was worth it. */
-    if (pl->state == UM_PLAN_ACTIVE && pl->served - pl->served_at_start >= 2 * pl->period)
+    uint64_t ran = pl->state == UM_PLAN_ACTIVE ? pl->served - pl->served_at_start : 0;
+    if (ran >= 2 * pl->period)
         pl->refusals = 0;
     else
         back_off(pl, pl->period);
+    if (ran >= LEARN_ALLOCS)
+        pl->short_plans = 0;
+    else if (pl->short_plans < LEARN_SHRINK_MAX)
+        pl->short_plans++;
     pl->abandoned += pl->state == UM_PLAN_ACTIVE;
     pl->state = UM_PLAN_RECORDING;
     forget_plan(pl);

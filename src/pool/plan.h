@@ -77,6 +77,7 @@ typedef struct um__plan {
     int ncand;
     uint64_t quiet_until;         /* no plan is made before this ordinal (after a refusal) */
     unsigned refusals;            /* plans refused or broken early since one ran well */
+    unsigned short_plans;         /* plans stopped early since one ran a learning window */
     uint64_t served_at_start;     /* `served` when the running plan started */
     uint64_t learn_until;         /* the pool keeps memory tight until this ordinal */
     uint64_t learn_from;          /* where learning (re)started */
