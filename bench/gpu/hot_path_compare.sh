@@ -5,7 +5,9 @@
 # bench/gpu/alloc_compare (cudaMalloc, cudaMallocAsync, PyTorch, unimem).
 # Usage: bench/gpu/hot_path_compare.sh OLD_TREE [STEP...]
 #   STEP: build test bench compare (default: all)
-# OLD_TREE is an unpacked `git archive` of the older commit. Results go to
+# OLD_TREE is an unpacked `git archive` of the older commit (with this
+# tree's tools/cmd_bench.c copied in when the old one lacks a scenario
+# timed here: the command uses the public API only). Results go to
 # $OUT/results.tgz (stdout gets the summary lines).
 set -u
 OLD=$1
@@ -38,7 +40,10 @@ if has bench; then
       f=$OUT/bench_${which}_$round.txt
       timeout 200 $um bench alloc --device sim:320G > "$f" 2>&1
       echo "$which round $round rc=$?"
-      grep -E "^(trace-sizes|small|threads) " "$f"
+      grep -E "^(trace-sizes|small|large|threads) " "$f"
+      # The large sizes' ring of 10,000 holds up to 432 GiB.
+      timeout 100 $um bench alloc --device sim:480G --scenario large --live 10000 \
+        > "${f%.txt}_large480.txt" 2>&1 && grep -E "^large " "${f%.txt}_large480.txt"
     done
   done
 fi
