@@ -88,7 +88,7 @@ static bool is_digit(char c)
  * phrase saying what is wrong. The fraction is multiplied by the unit
  * exactly (a decimal fraction doubled stays a decimal fraction of the same
  * length), so "1.1K" is exactly floor(1.1 * 1024) = 1126 bytes. */
-static bool parse_size(const char *text, size_t len, size_t *out, const char **why)
+bool um__parse_size(const char *text, size_t len, size_t *out, const char **why)
 {
     const char *p = text, *end = text + len;
     while (p < end && is_space(*p))
@@ -201,7 +201,7 @@ um_status um_parse_size(const char *text, size_t *out)
     const char *why = NULL;
     if (!text || !out)
         return um__fail(UM_ERR_INVALID, "um_parse_size: %s is NULL", text ? "out" : "text");
-    if (!parse_size(text, strlen(text), out, &why))
+    if (!um__parse_size(text, strlen(text), out, &why))
         return um__fail(UM_ERR_INVALID, "size '%.80s' is not valid: %s", text, why);
     return UM_OK;
 }
@@ -304,7 +304,7 @@ static um_status set_value(um__options *o, const opt_entry *e, const char *v, si
     case UM_OPT_SIZE: {
         size_t bytes;
         const char *why = NULL;
-        if (!parse_size(v, len, &bytes, &why))
+        if (!um__parse_size(v, len, &bytes, &why))
             return um__fail(UM_ERR_BAD_OPTION,
                             "option '%s' in %s: bad value '%.*s%s': expected a size in bytes, "
                             "optionally with a K/M/G/T suffix such as 64M or 1.5GiB (%s)",

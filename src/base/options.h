@@ -158,6 +158,9 @@ um_status um__options_apply(um__options *o, const char *conf, const char *source
 /* The value of option `index` in o as text (what the parser would take
  * back: a byte count for sizes, the word for enums) into buf. */
 um_status um__options_format(const um__options *o, int index, char *buf, size_t len);
+/* Parses text[0..len) as a size with an optional K, M, G or T suffix
+ * (powers of 1024), as options are; false with *why saying what is wrong. */
+bool um__parse_size(const char *text, size_t len, size_t *out, const char **why);
 /* Name of an allocator kind ("pool", ...). */
 const char *um__allocator_name(int kind);
 

@@ -16,7 +16,7 @@ typedef struct history_slot {
 } history_slot;
 
 struct um__place {
-    um_context *ctx;
+    um__place_env env;
     int policy;
     pthread_mutex_t lock;
     int next;                            /* round_robin's next device */
@@ -24,12 +24,12 @@ struct um__place {
     double ns_per_flop[UM_MAX_DEVICES];  /* 0: not measured yet */
 };
 
-um__place *um__place_create(um_context *ctx, int policy)
+um__place *um__place_create(const um__place_env *env, int policy)
 {
     um__place *p = calloc(1, sizeof *p);
     if (!p)
         return NULL;
-    p->ctx = ctx;
+    p->env = *env;
     p->policy = policy;
     pthread_mutex_init(&p->lock, NULL);
     return p;
@@ -96,12 +96,12 @@ static double estimate_locked(um__place *p, const um__place_task *t, int dev)
     double ns = known_locked(p, t, dev);
     if (ns > 0)
         return ns;
-    double nominal = p->ctx->devices[dev].backend->nominal_gflops;
+    double nominal = p->env.nominal_gflops(p->env.arg, dev);
     if (t->flops > 0 && nominal > 0)
         return t->flops / nominal; /* GFLOP/s is flops per ns */
     double sum = 0.0;
     int known = 0;
-    for (int d = 0; d < p->ctx->ndevices; d++) {
+    for (int d = 0; d < p->env.ndevices; d++) {
         double k = t->eligible[d] ? known_locked(p, t, d) : 0.0;
         if (k > 0) {
             sum += k;
@@ -164,7 +164,7 @@ static int round_robin(um__place *p, const um__place_task *t, const um__place_de
 }
 
 /* Input bytes of t already valid on dev, and what the missing ones cost. */
-static size_t resident(const um__place_task *t, int dev, double *fetch_ns)
+static size_t resident(const um__place *p, const um__place_task *t, int dev, double *fetch_ns)
 {
     size_t bytes = 0;
     *fetch_ns = 0.0;
@@ -172,15 +172,16 @@ static size_t resident(const um__place_task *t, int dev, double *fetch_ns)
         if (t->modes[i] == UM_ACCESS_WRITE_DISCARD)
             continue;
         double ns;
-        if (um__buffer_fetch_cost(t->buffers[i], dev, &ns))
-            bytes += um_buffer_size(t->buffers[i]);
+        if (p->env.fetch_cost(p->env.arg, t, i, dev, &ns))
+            bytes += p->env.input_bytes(p->env.arg, t, i);
         else
             *fetch_ns += ns;
     }
     return bytes;
 }
 
-static int locality(const um__place_task *t, const um__place_device *devs, int n)
+static int locality(const um__place *p, const um__place_task *t, const um__place_device *devs,
+                    int n)
 {
     int best = -1;
     size_t best_bytes = 0;
@@ -189,7 +190,7 @@ static int locality(const um__place_task *t, const um__place_device *devs, int n
         if (!t->eligible[dev])
             continue;
         double ns;
-        size_t bytes = resident(t, dev, &ns);
+        size_t bytes = resident(p, t, dev, &ns);
         if (best < 0 || bytes > best_bytes ||
             (bytes == best_bytes && devs[dev].queued_ns < devs[best].queued_ns)) {
             best = dev;
@@ -197,13 +198,6 @@ static int locality(const um__place_task *t, const um__place_device *devs, int n
         }
     }
     return best >= 0 && devs[best].full ? -1 : best;
-}
-
-/* The bytes dev may hold and holds now. */
-static void room(um_context *ctx, int dev, size_t *limit, size_t *used)
-{
-    *limit = ctx->devices[dev].alloc->memory_limit;
-    *used = atomic_load_explicit(&ctx->devices[dev].backend->physical_bytes, memory_order_relaxed);
 }
 
 static int cost(um__place *p, const um__place_task *t, const um__place_device *devs, int n)
@@ -216,11 +210,11 @@ static int cost(um__place *p, const um__place_task *t, const um__place_device *d
         if (!t->eligible[dev])
             continue;
         size_t limit, used;
-        room(p->ctx, dev, &limit, &used);
+        p->env.room(p->env.arg, dev, &limit, &used);
         if (dev != 0 && t->bytes > limit)
             continue; /* it could never fit there */
         double fetch_ns;
-        size_t have = resident(t, dev, &fetch_ns);
+        size_t have = resident(p, t, dev, &fetch_ns);
         size_t missing = t->bytes - (have < t->bytes ? have : t->bytes);
         double finish = devs[dev].queued_ns + fetch_ns + estimate_locked(p, t, dev);
         /* Short of room, the excess evicts data: written back, perhaps
@@ -245,7 +239,7 @@ static int cost(um__place *p, const um__place_task *t, const um__place_device *d
 int um__place_pick(um__place *p, const um__place_task *t, const um__place_device *devs,
                    double *est_ns)
 {
-    int n = p->ctx->ndevices;
+    int n = p->env.ndevices;
     pthread_mutex_lock(&p->lock);
     int dev;
     switch (p->policy) {
@@ -256,7 +250,7 @@ int um__place_pick(um__place *p, const um__place_task *t, const um__place_device
         dev = round_robin(p, t, devs, n);
         break;
     case UM_SCHED_LOCALITY:
-        dev = locality(t, devs, n);
+        dev = locality(p, t, devs, n);
         break;
     default:
         dev = cost(p, t, devs, n);

@@ -3,8 +3,10 @@
  * runs on. Owns the four policies and the performance history the cost
  * policy learns from (compute time per task name, size class and device,
  * and each device's time per flop). Sees tasks and devices only through
- * the views below, which the run layer fills; asks the buffer layer what
- * each input would cost to bring to a device.
+ * the views below, and the world through an environment (um__place_env):
+ * the run layer answers from the context and the buffer layer, the
+ * virtual-time simulator (src/vsim) from its models, so the same policies
+ * run in both.
  *
  *   eager        the first idle device (none idle: the shortest queue)
  *   round_robin  each eligible device in turn
@@ -30,7 +32,8 @@ typedef struct um__place_task {
     const char *name;
     double flops;
     int nbuffers;
-    um_buffer *const *buffers;
+    um_buffer *const *buffers;        /* the run layer's; NULL in the simulator */
+    const void *owner;                /* the caller's record of the task, for its env */
     const um_access *modes;
     size_t bytes;                     /* the working set: every buffer's size */
     bool eligible[UM_MAX_DEVICES];    /* may run there (an implementation, a forced device) */
@@ -43,7 +46,22 @@ typedef struct um__place_device {
     bool full;        /* its queue takes no more now */
 } um__place_device;
 
-um__place *um__place_create(um_context *ctx, int policy);
+/* What placement asks of the world. */
+typedef struct um__place_env {
+    int ndevices;
+    void *arg;
+    /* The device's nominal rate in GFLOP/s (0: unknown). */
+    double (*nominal_gflops)(void *arg, int dev);
+    /* The bytes dev may hold and holds now. */
+    void (*room)(void *arg, int dev, size_t *limit, size_t *used);
+    /* Whether input i of t is valid on dev; when not, *ns is what bringing
+     * it there would take. */
+    bool (*fetch_cost)(void *arg, const um__place_task *t, int i, int dev, double *ns);
+    size_t (*input_bytes)(void *arg, const um__place_task *t, int i);
+} um__place_env;
+
+/* env is copied. */
+um__place *um__place_create(const um__place_env *env, int policy);
 void um__place_destroy(um__place *p);
 /* The device for t: one where t->eligible holds and that is not full;
  * *est_ns is the estimated compute time there (for a device that has not

@@ -224,6 +224,7 @@ static void fill_place_task(um__run *r, const task *t, um__place_task *pt)
     pt->flops = t->t.flops;
     pt->nbuffers = t->t.nbuffers;
     pt->buffers = t->t.buffers;
+    pt->owner = t;
     pt->modes = t->t.modes;
     pt->bytes = t->bytes;
     for (int d = 0; d < r->ctx->ndevices; d++)
@@ -717,6 +718,32 @@ static void *worker_main(void *arg)
 static void run_fini(um_context *ctx);
 static bool forget_buffer(um_context *ctx, const um_buffer *b);
 
+/* Placement's view of the world (place.h): the context's devices and the
+ * buffer layer's replicas. */
+static double env_nominal_gflops(void *arg, int dev)
+{
+    return ((um_context *)arg)->devices[dev].backend->nominal_gflops;
+}
+
+static void env_room(void *arg, int dev, size_t *limit, size_t *used)
+{
+    um_context *ctx = arg;
+    *limit = ctx->devices[dev].alloc->memory_limit;
+    *used = atomic_load_explicit(&ctx->devices[dev].backend->physical_bytes, memory_order_relaxed);
+}
+
+static bool env_fetch_cost(void *arg, const um__place_task *t, int i, int dev, double *ns)
+{
+    (void)arg;
+    return um__buffer_fetch_cost(t->buffers[i], dev, ns);
+}
+
+static size_t env_input_bytes(void *arg, const um__place_task *t, int i)
+{
+    (void)arg;
+    return um_buffer_size(t->buffers[i]);
+}
+
 static um_status run_get(um_context *ctx, um__run **out)
 {
     um__run *r = atomic_load_explicit(&ctx->run, memory_order_acquire);
@@ -732,7 +759,9 @@ static um_status run_get(um_context *ctx, um__run **out)
         return UM_OK;
     }
     r = calloc(1, sizeof *r);
-    um__place *p = r ? um__place_create(ctx, ctx->opts.sched) : NULL;
+    um__place_env env = {ctx->ndevices, ctx, env_nominal_gflops, env_room, env_fetch_cost,
+                         env_input_bytes};
+    um__place *p = r ? um__place_create(&env, ctx->opts.sched) : NULL;
     if (!p) {
         free(r);
         pthread_mutex_unlock(&ctx->buffers_lock);
