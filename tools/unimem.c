@@ -24,6 +24,9 @@ static void usage(FILE *f)
             "  demo gemm|cholesky [--n N] [--tile T] [--device SPEC] [--sched POLICY] [--json]\n"
             "                                 tiled matrix multiplication or Cholesky as tasks\n"
             "                                 over every device, checked against OpenBLAS\n"
+            "  sim --machine M --workload gemm|cholesky [--n N] [--tile T] [--policy P] [--json]\n"
+            "                                 the same graphs on a modelled machine (h200x8,\n"
+            "                                 ...) in virtual time, against the lower bound\n"
             "\n"
             "UNIMEM_CONF=\"key=value,...\" sets options (see unimem info --options).\n");
 }
@@ -43,6 +46,8 @@ int main(int argc, char **argv)
         return um_cmd_bench(argc - 1, argv + 1);
     if (!strcmp(argv[1], "demo"))
         return um_cmd_demo(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "sim"))
+        return um_cmd_sim(argc - 1, argv + 1);
     fprintf(stderr, "unimem: unknown command '%s'\n\n", argv[1]);
     usage(stderr);
     return 2;

@@ -1,0 +1,583 @@
+/* The virtual-time event loop; sim.h says the model. */
+#include "sim.h"
+
+#include "../base/options.h"
+#include "../place/place.h"
+#include "flow.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* As the task runtime's workers (src/run/run.c): tasks prefetched ahead of
+ * the one running, and tasks a device holds at once. */
+#define PREFETCH_AHEAD 2
+#define QUEUE_MAX 7
+
+enum { T_WAITING, T_READY, T_QUEUED, T_RUNNING, T_DONE };
+enum { FLOW_FETCH = 0, FLOW_WRITEBACK = 1, FLOW_FLUSH = 2 };
+
+typedef struct vtask {
+    uint8_t state;
+    bool staged;          /* its tiles are allocated (and fetches started) on dev */
+    int dev;
+    uint32_t waiting;     /* dependencies not done */
+    double est_ns;
+    um_access modes[3];
+} vtask;
+
+typedef struct vdev {
+    uint64_t used;
+    uint32_t queue[QUEUE_MAX]; /* placed tasks in order; [0] runs first */
+    int nqueue;
+    bool computing;
+    double compute_end, compute_start;
+    double queued_ns;
+} vdev;
+
+typedef struct sim {
+    const um__vs_machine *m;
+    const um__vs_dag *d;
+    int ndev;
+    um__vs_net *net;
+    um__place *place;
+    vtask *t;
+    vdev dev[UM_VS_MAX_DEVICES];
+    /* Per tile: devices with a valid copy, with memory for it, with a
+     * fetch in flight, written back or being so; per tile and device: pins
+     * by staged tasks and the last use. */
+    uint64_t *valid, *alloc, *arriving, *leaving;
+    bool *written;
+    uint16_t *pins;
+    double *last_use;
+    /* Dependents: rdeps[rfirst[i] .. rfirst[i+1]) wait for task i. */
+    uint32_t *rfirst, *rdeps;
+    /* Tasks made ready and not placed yet, in the order they became ready. */
+    uint32_t *ready;
+    size_t nready, done;
+    double now;
+    um__vs_result *out;
+} sim;
+
+static inline size_t at(const sim *s, uint32_t tile, int dev)
+{
+    return (size_t)tile * (size_t)s->ndev + (size_t)dev;
+}
+
+static uint64_t flow_tag(int kind, uint32_t tile, int dev)
+{
+    return (uint64_t)tile << 8 | (uint64_t)dev << 2 | (uint64_t)kind;
+}
+
+static double kernel_time(const sim *s, const um__vs_task *t, int dev)
+{
+    return um__vs_compute_time(s->m, dev, t->kernel, s->d->tile, t->flops);
+}
+
+/* The fastest valid copy of tile for dev, and what the copy would take
+ * alone on its route (latency + bytes at the route's slowest link). */
+static int best_source(const sim *s, uint32_t tile, int dev, double *secs)
+{
+    int best = -1;
+    double best_s = INFINITY;
+    for (int src = 0; src < s->ndev; src++) {
+        if (!(s->valid[tile] >> src & 1) || src == dev)
+            continue;
+        int route[4];
+        double lat;
+        int n = um__vs_route(s->m, src, dev, route, &lat);
+        if (n < 0)
+            continue;
+        double bw = INFINITY;
+        for (int i = 0; i < n; i++)
+            bw = fmin(bw, s->m->res_bandwidth[route[i]]);
+        double t = lat + (double)s->d->tile_bytes / bw;
+        if (t < best_s) {
+            best_s = t;
+            best = src;
+        }
+    }
+    *secs = best_s;
+    return best;
+}
+
+static int start_copy(sim *s, int kind, uint32_t tile, int src, int dst)
+{
+    int route[4];
+    double lat;
+    int n = um__vs_route(s->m, src, dst, route, &lat);
+    if (n < 0 || um__vs_net_start(s->net, s->now, route, n, (double)s->d->tile_bytes, lat,
+                                  flow_tag(kind, tile, dst)) != 0)
+        return -1;
+    s->out->copies++;
+    s->out->bytes_moved += (double)s->d->tile_bytes;
+    s->out->link_bytes[src][dst] += (double)s->d->tile_bytes;
+    return 0;
+}
+
+/* ------------------------------------------------------ placement's view */
+
+static double env_nominal_gflops(void *arg, int dev)
+{
+    const sim *s = arg;
+    /* The rate of the biggest gemm tile the model knows, as a GPU reports
+     * its multiprocessors' rate: a first guess until history exists. */
+    double t = um__vs_compute_time(s->m, dev, UM_VS_GEMM, s->d->tile,
+                                   2.0 * pow((double)s->d->tile, 3.0));
+    return isfinite(t) && t > 0 ? 2.0 * pow((double)s->d->tile, 3.0) / t / 1e9 : 0.0;
+}
+
+static void env_room(void *arg, int dev, size_t *limit, size_t *used)
+{
+    const sim *s = arg;
+    *limit = (size_t)s->m->dev[dev].memory;
+    *used = (size_t)s->dev[dev].used;
+}
+
+static uint32_t task_index(const sim *s, const um__place_task *pt)
+{
+    return (uint32_t)((const um__vs_task *)pt->owner - s->d->tasks);
+}
+
+static bool env_fetch_cost(void *arg, const um__place_task *pt, int i, int dev, double *ns)
+{
+    const sim *s = arg;
+    uint32_t tile = s->d->tasks[task_index(s, pt)].access[i].tile;
+    if (s->valid[tile] >> dev & 1 || s->arriving[tile] >> dev & 1)
+        return true;
+    double secs;
+    best_source(s, tile, dev, &secs);
+    *ns = secs * 1e9;
+    return false;
+}
+
+static size_t env_input_bytes(void *arg, const um__place_task *pt, int i)
+{
+    (void)pt;
+    (void)i;
+    return (size_t)((const sim *)arg)->d->tile_bytes;
+}
+
+static void place_view(const sim *s, uint32_t ti, um__place_task *pt)
+{
+    const um__vs_task *t = &s->d->tasks[ti];
+    memset(pt, 0, sizeof *pt);
+    pt->name = um__vs_kernel_name((um__vs_kernel)t->kernel);
+    pt->flops = t->flops;
+    pt->nbuffers = t->naccess;
+    pt->owner = t;
+    pt->modes = s->t[ti].modes;
+    pt->bytes = (size_t)t->naccess * (size_t)s->d->tile_bytes;
+    for (int d = 0; d < s->ndev; d++)
+        pt->eligible[d] = isfinite(kernel_time(s, t, d));
+}
+
+/* Places ready tasks, oldest first, where the policy says; one it wants
+ * on a full device waits for the next event. */
+static void dispatch(sim *s)
+{
+    um__place_device devs[UM_MAX_DEVICES];
+    size_t kept = 0;
+    for (size_t i = 0; i < s->nready; i++) {
+        uint32_t ti = s->ready[i];
+        for (int d = 0; d < s->ndev; d++)
+            devs[d] = (um__place_device){s->dev[d].queued_ns, s->dev[d].nqueue,
+                                         s->dev[d].nqueue >= QUEUE_MAX};
+        um__place_task pt;
+        place_view(s, ti, &pt);
+        double est;
+        int dev = um__place_pick(s->place, &pt, devs, &est);
+        if (dev < 0) {
+            s->ready[kept++] = ti;
+            continue;
+        }
+        vdev *v = &s->dev[dev];
+        v->queue[v->nqueue++] = ti;
+        v->queued_ns += est;
+        s->t[ti].state = T_QUEUED;
+        s->t[ti].dev = dev;
+        s->t[ti].est_ns = est;
+    }
+    s->nready = kept;
+}
+
+/* ------------------------------------------------------------- memory */
+
+static void free_copy(sim *s, uint32_t tile, int dev)
+{
+    if (!(s->alloc[tile] >> dev & 1) || dev == 0)
+        return;
+    s->alloc[tile] &= ~(1ull << dev);
+    s->valid[tile] &= ~(1ull << dev);
+    s->dev[dev].used -= s->d->tile_bytes;
+}
+
+/* Makes room for one more tile on dev: true when there is room now. An
+ * eviction that must write back first leaves no room yet (the copy ends
+ * later and frees it then). */
+static bool make_room(sim *s, int dev)
+{
+    uint64_t bytes = s->d->tile_bytes;
+    if (dev == 0 || s->dev[dev].used + bytes <= s->m->dev[dev].memory)
+        return true;
+    uint64_t bit = 1ull << dev;
+    for (;;) {
+        int64_t victim = -1;
+        bool victim_clean = false;
+        for (uint32_t tile = 0; tile < s->d->ntiles; tile++) {
+            if (!(s->alloc[tile] & bit) || (s->arriving[tile] & bit) ||
+                (s->leaving[tile] & bit) || s->pins[at(s, tile, dev)])
+                continue;
+            bool clean = (s->valid[tile] & ~bit) != 0;
+            if (victim < 0 || (clean && !victim_clean) ||
+                (clean == victim_clean &&
+                 s->last_use[at(s, tile, dev)] < s->last_use[at(s, (uint32_t)victim, dev)])) {
+                victim = tile;
+                victim_clean = clean;
+            }
+        }
+        if (victim < 0)
+            return false;
+        s->out->evictions++;
+        if (victim_clean) {
+            free_copy(s, (uint32_t)victim, dev);
+            if (s->dev[dev].used + bytes <= s->m->dev[dev].memory)
+                return true;
+            continue;
+        }
+        /* The only valid copy goes home before its memory is reused. */
+        if (start_copy(s, FLOW_WRITEBACK, (uint32_t)victim, dev, 0) != 0)
+            return false;
+        s->leaving[victim] |= bit;
+        s->out->writebacks++;
+        return false;
+    }
+}
+
+/* Allocates t's tiles on its device and starts the fetches of its inputs;
+ * false when the device has no room yet (tried again at the next event). */
+static bool stage(sim *s, uint32_t ti)
+{
+    const um__vs_task *t = &s->d->tasks[ti];
+    int dev = s->t[ti].dev;
+    uint64_t bit = 1ull << dev;
+    int pinned = 0;
+    bool ok = true;
+    /* Each tile is pinned as soon as it has memory here, so that making
+     * room for the next one cannot evict it. */
+    for (int i = 0; i < t->naccess && ok; i++, pinned++) {
+        uint32_t tile = t->access[i].tile;
+        if (!(s->alloc[tile] & bit)) {
+            if (!make_room(s, dev)) {
+                ok = false;
+                break;
+            }
+            s->alloc[tile] |= bit;
+            s->dev[dev].used += s->d->tile_bytes;
+        }
+        s->pins[at(s, tile, dev)]++;
+        if ((t->access[i].mode & UM_VS_READ) && !(s->valid[tile] & bit) &&
+            !(s->arriving[tile] & bit)) {
+            double secs;
+            int src = best_source(s, tile, dev, &secs);
+            ok = src >= 0 && start_copy(s, FLOW_FETCH, tile, src, dev) == 0;
+            if (ok)
+                s->arriving[tile] |= bit;
+        }
+    }
+    if (!ok) {
+        for (int i = 0; i < pinned; i++)
+            s->pins[at(s, t->access[i].tile, dev)]--;
+        return false;
+    }
+    s->t[ti].staged = true;
+    return true;
+}
+
+static bool inputs_here(const sim *s, uint32_t ti)
+{
+    const um__vs_task *t = &s->d->tasks[ti];
+    uint64_t bit = 1ull << s->t[ti].dev;
+    for (int i = 0; i < t->naccess; i++)
+        if ((t->access[i].mode & UM_VS_READ) && !(s->valid[t->access[i].tile] & bit))
+            return false;
+    return true;
+}
+
+/* Stages the running task and the next PREFETCH_AHEAD, in order, and
+ * starts the head's kernel when its inputs are there. */
+static void pump(sim *s, int dev)
+{
+    vdev *v = &s->dev[dev];
+    for (int q = 0; q < v->nqueue && q <= PREFETCH_AHEAD; q++) {
+        uint32_t ti = v->queue[q];
+        if (!s->t[ti].staged && !stage(s, ti))
+            break;
+    }
+    if (v->computing || !v->nqueue)
+        return;
+    uint32_t ti = v->queue[0];
+    if (!s->t[ti].staged || !inputs_here(s, ti))
+        return;
+    v->computing = true;
+    v->compute_start = s->now;
+    v->compute_end = s->now + kernel_time(s, &s->d->tasks[ti], dev);
+    s->t[ti].state = T_RUNNING;
+}
+
+static void task_done(sim *s, int dev)
+{
+    vdev *v = &s->dev[dev];
+    uint32_t ti = v->queue[0];
+    const um__vs_task *t = &s->d->tasks[ti];
+    uint64_t bit = 1ull << dev;
+    for (int i = 0; i < t->naccess; i++) {
+        uint32_t tile = t->access[i].tile;
+        s->pins[at(s, tile, dev)]--;
+        s->last_use[at(s, tile, dev)] = s->now;
+        if (t->access[i].mode & UM_VS_WRITE) {
+            /* The new contents exist here only; every older copy goes. */
+            for (int o = 1; o < s->ndev; o++)
+                if (o != dev && (s->alloc[tile] >> o & 1) && !s->pins[at(s, tile, o)] &&
+                    !(s->arriving[tile] >> o & 1) && !(s->leaving[tile] >> o & 1))
+                    free_copy(s, tile, o);
+            s->valid[tile] = bit;
+            s->written[tile] = true;
+        }
+    }
+    double ran = s->now - v->compute_start;
+    s->out->busy_s[dev] += ran;
+    s->out->tasks_on[dev]++;
+    um__place_task pt;
+    place_view(s, ti, &pt);
+    um__place_learn(s->place, &pt, dev, (uint64_t)llround(ran * 1e9));
+    v->queued_ns -= s->t[ti].est_ns;
+    if (v->queued_ns < 0 || v->nqueue == 1)
+        v->queued_ns = 0;
+    memmove(v->queue, v->queue + 1, (size_t)(v->nqueue - 1) * sizeof v->queue[0]);
+    v->nqueue--;
+    v->computing = false;
+    s->t[ti].state = T_DONE;
+    s->done++;
+    s->out->compute_end_s = s->now;
+    for (uint32_t k = s->rfirst[ti]; k < s->rfirst[ti + 1]; k++) {
+        uint32_t dep = s->rdeps[k];
+        if (--s->t[dep].waiting == 0) {
+            s->t[dep].state = T_READY;
+            s->ready[s->nready++] = dep;
+        }
+    }
+}
+
+static void flow_done(sim *s, uint64_t tag)
+{
+    int kind = (int)(tag & 3), dev = (int)(tag >> 2 & 63);
+    uint32_t tile = (uint32_t)(tag >> 8);
+    if (kind == FLOW_FETCH) {
+        s->arriving[tile] &= ~(1ull << dev);
+        s->valid[tile] |= 1ull << dev;
+        return;
+    }
+    /* Write-back or flush: the host holds the tile now; a written-back
+     * copy that no staged task took again frees its memory. */
+    s->valid[tile] |= 1ull;
+    if (kind == FLOW_WRITEBACK) {
+        for (int o = 1; o < s->ndev; o++)
+            if (s->leaving[tile] >> o & 1) {
+                s->leaving[tile] &= ~(1ull << o);
+                if (!s->pins[at(s, tile, o)])
+                    free_copy(s, tile, o);
+            }
+    }
+}
+
+/* ------------------------------------------------------------ the loop */
+
+static void sim_free(sim *s)
+{
+    um__vs_net_destroy(s->net);
+    um__place_destroy(s->place);
+    free(s->t);
+    free(s->valid);
+    free(s->alloc);
+    free(s->arriving);
+    free(s->leaving);
+    free(s->written);
+    free(s->pins);
+    free(s->last_use);
+    free(s->rfirst);
+    free(s->rdeps);
+    free(s->ready);
+}
+
+static um_status sim_init(sim *s, const um__vs_machine *m, const um__vs_dag *d, int policy,
+                          um__vs_result *out)
+{
+    memset(s, 0, sizeof *s);
+    s->m = m;
+    s->d = d;
+    s->ndev = m->ndev;
+    s->out = out;
+    size_t nt = d->ntasks, cells = (size_t)d->ntiles * (size_t)m->ndev;
+    s->net = um__vs_net_create(m->nres, m->res_bandwidth);
+    um__place_env env = {m->ndev, s, env_nominal_gflops, env_room, env_fetch_cost,
+                         env_input_bytes};
+    s->place = um__place_create(&env, policy);
+    s->t = calloc(nt ? nt : 1, sizeof *s->t);
+    s->valid = calloc(d->ntiles, sizeof *s->valid);
+    s->alloc = calloc(d->ntiles, sizeof *s->alloc);
+    s->arriving = calloc(d->ntiles, sizeof *s->arriving);
+    s->leaving = calloc(d->ntiles, sizeof *s->leaving);
+    s->written = calloc(d->ntiles, sizeof *s->written);
+    s->pins = calloc(cells, sizeof *s->pins);
+    s->last_use = calloc(cells, sizeof *s->last_use);
+    s->rfirst = calloc(nt + 1, sizeof *s->rfirst);
+    s->rdeps = calloc(d->ndeps_total ? d->ndeps_total : 1, sizeof *s->rdeps);
+    s->ready = calloc(nt ? nt : 1, sizeof *s->ready);
+    if (!s->net || !s->place || !s->t || !s->valid || !s->alloc || !s->arriving || !s->leaving ||
+        !s->written || !s->pins || !s->last_use || !s->rfirst || !s->rdeps || !s->ready)
+        return um__fail(UM_ERR_NOMEM, "sim: no memory for a graph of %zu tasks and %u tiles",
+                        nt, d->ntiles);
+    /* Every tile starts on the host, where the program made it. */
+    for (uint32_t tile = 0; tile < d->ntiles; tile++)
+        s->valid[tile] = s->alloc[tile] = 1;
+    for (size_t i = 0; i < nt; i++) {
+        const um__vs_task *t = &d->tasks[i];
+        s->t[i].waiting = t->ndeps;
+        for (int a = 0; a < t->naccess; a++)
+            s->t[i].modes[a] = t->access[a].mode == UM_VS_READ    ? UM_ACCESS_READ
+                               : t->access[a].mode == UM_VS_WRITE ? UM_ACCESS_WRITE_DISCARD
+                                                                  : UM_ACCESS_READ_WRITE;
+        bool can_run = false;
+        for (int dev = 0; dev < m->ndev; dev++)
+            can_run |= isfinite(kernel_time(s, t, dev));
+        if (!can_run)
+            return um__fail(UM_ERR_INVALID, "sim: no device of machine %s runs %s tiles of %u",
+                            m->name, um__vs_kernel_name((um__vs_kernel)t->kernel), d->tile);
+        for (uint32_t k = 0; k < t->ndeps; k++)
+            s->rfirst[d->deps[t->first_dep + k] + 1]++;
+    }
+    for (size_t i = 0; i < nt; i++)
+        s->rfirst[i + 1] += s->rfirst[i];
+    uint32_t *fill = calloc(nt ? nt : 1, sizeof *fill);
+    if (!fill)
+        return um__fail(UM_ERR_NOMEM, "sim: no memory for the dependents");
+    for (size_t i = 0; i < nt; i++) {
+        const um__vs_task *t = &d->tasks[i];
+        for (uint32_t k = 0; k < t->ndeps; k++) {
+            uint32_t dep = d->deps[t->first_dep + k];
+            s->rdeps[s->rfirst[dep] + fill[dep]++] = (uint32_t)i;
+        }
+        if (!t->ndeps) {
+            s->t[i].state = T_READY;
+            s->ready[s->nready++] = (uint32_t)i;
+        }
+    }
+    free(fill);
+    /* A task whose tiles fit on no device that runs it would stall the run:
+     * say so instead. */
+    for (size_t i = 0; i < nt; i++) {
+        const um__vs_task *t = &d->tasks[i];
+        uint64_t need = (uint64_t)t->naccess * d->tile_bytes;
+        bool fits = false;
+        for (int dev = 0; dev < m->ndev; dev++)
+            fits |= isfinite(kernel_time(s, t, dev)) &&
+                    (dev == 0 || need <= m->dev[dev].memory);
+        if (!fits)
+            return um__fail(UM_ERR_INVALID,
+                            "sim: a %s task needs %u tiles of %llu bytes at once, more than "
+                            "any device of machine %s that runs it holds",
+                            um__vs_kernel_name((um__vs_kernel)t->kernel), t->naccess,
+                            (unsigned long long)d->tile_bytes, m->name);
+    }
+    return UM_OK;
+}
+
+/* The bound counts only the devices that run kernels (the host of the
+ * built-ins runs none): `capable` maps the bound's devices to them. */
+typedef struct lb_view {
+    const sim *s;
+    int capable[UM_VS_MAX_DEVICES];
+} lb_view;
+
+static double lb_time(const um__vs_task *t, int dev, void *arg)
+{
+    const lb_view *v = arg;
+    return kernel_time(v->s, t, v->capable[dev]);
+}
+
+/* Copies every tile written back to the host once the last task ends. */
+static void flush(sim *s)
+{
+    for (uint32_t tile = 0; tile < s->d->ntiles; tile++) {
+        if (!s->written[tile] || (s->valid[tile] & 1) || (s->leaving[tile] & ~1ull))
+            continue;
+        double secs;
+        int src = best_source(s, tile, 0, &secs);
+        if (src >= 0)
+            start_copy(s, FLOW_FLUSH, tile, src, 0);
+    }
+}
+
+um_status um__vs_simulate(const um__vs_machine *m, const um__vs_dag *d, int policy,
+                          um__vs_result *out)
+{
+    memset(out, 0, sizeof *out);
+    sim *s = calloc(1, sizeof *s);
+    if (!s)
+        return um__fail(UM_ERR_NOMEM, "sim: no memory");
+    um_status st = sim_init(s, m, d, policy, out);
+    bool flushed = false;
+    uint64_t tags[64];
+    while (st == UM_OK) {
+        dispatch(s);
+        for (int dev = 0; dev < s->ndev; dev++)
+            pump(s, dev);
+        if (s->done == d->ntasks && !flushed) {
+            flush(s);
+            flushed = true;
+        }
+        double next = um__vs_net_next(s->net);
+        int running = -1;
+        for (int dev = 0; dev < s->ndev; dev++)
+            if (s->dev[dev].computing && s->dev[dev].compute_end < next) {
+                next = s->dev[dev].compute_end;
+                running = dev;
+            }
+        if (isinf(next)) {
+            if (s->done < d->ntasks)
+                st = um__fail(UM_ERR_INTERNAL, "sim: stalled with %zu of %zu tasks done (%zu "
+                              "ready, none placeable or staged)", s->done, d->ntasks, s->nready);
+            break;
+        }
+        s->now = next;
+        out->events++;
+        int n;
+        while ((n = um__vs_net_advance(s->net, s->now, tags, 64)) > 0)
+            for (int i = 0; i < n; i++)
+                flow_done(s, tags[i]);
+        if (n < 0) {
+            st = um__fail(UM_ERR_INTERNAL, "sim: the network model refused time %.9f", s->now);
+            break;
+        }
+        if (running >= 0)
+            task_done(s, running);
+    }
+    if (st == UM_OK) {
+        out->makespan_s = s->now;
+        lb_view v = {s, {0}};
+        int ncap = 0;
+        for (int dev = 0; dev < m->ndev; dev++) {
+            bool runs = false;
+            for (int k = 0; k < UM_VS_NKERNELS; k++)
+                runs |= isfinite(um__vs_compute_time(m, dev, k, d->tile, 1.0));
+            if (runs)
+                v.capable[ncap++] = dev;
+        }
+        out->lower_bound_s =
+            um__vs_lower_bound(d, ncap, lb_time, &v, &out->work_bound_s, &out->path_bound_s);
+    }
+    sim_free(s);
+    free(s);
+    return st;
+}

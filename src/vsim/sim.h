@@ -1,0 +1,43 @@
+/*
+ * sim: the virtual-time simulation of a task graph (dag.h) on a modelled
+ * machine (machine.h). Owns the event loop and the simulated state: which
+ * device holds a valid copy of each tile, each device's memory and queue,
+ * and the copies in flight on the network model (flow.h). Time advances
+ * from event to event (a copy or a kernel ending), so no real time passes
+ * and no data exists.
+ *
+ * It follows the task runtime's rules (src/run): a task is placed when its
+ * dependencies are done, by the library's own placement policies
+ * (src/place, through a um__place_env answered from the simulated state,
+ * learning each kernel's time as it would); each device runs its queue in
+ * order, holds at most QUEUE_MAX tasks, and fetches the inputs of the next
+ * PREFETCH_AHEAD tasks while one computes. An input comes from the valid
+ * copy whose route is fastest; a written tile is valid only where it was
+ * written. A device short of memory evicts the least recently used tile no
+ * queued task needs, a clean one (valid elsewhere) first, writing a dirty
+ * one back to the host. At the end every tile written is copied back to
+ * the host, as a program reading its result would.
+ */
+#ifndef UM_VSIM_SIM_H
+#define UM_VSIM_SIM_H
+
+#include "dag.h"
+#include "machine.h"
+
+typedef struct um__vs_result {
+    double makespan_s;     /* until the last result tile is back on the host */
+    double compute_end_s;  /* until the last task ended */
+    double lower_bound_s, work_bound_s, path_bound_s;
+    double busy_s[UM_VS_MAX_DEVICES];
+    uint64_t tasks_on[UM_VS_MAX_DEVICES];
+    double bytes_moved;    /* every copy's bytes */
+    double link_bytes[UM_VS_MAX_DEVICES][UM_VS_MAX_DEVICES]; /* copies [from][to] */
+    uint64_t copies, evictions, writebacks;
+    uint64_t events;
+} um__vs_result;
+
+/* Simulates d on m with placement policy `policy` (UM_SCHED_*). */
+um_status um__vs_simulate(const um__vs_machine *m, const um__vs_dag *d, int policy,
+                          um__vs_result *out);
+
+#endif /* UM_VSIM_SIM_H */

@@ -1,0 +1,200 @@
+/* Tests of the virtual-time simulation (src/vsim/sim.c): a one-task run
+ * worked out by hand, eviction and write-back on a device a few tiles
+ * large, bad graphs named clearly, and random machines and graphs under
+ * every policy checked against what must hold of any schedule. */
+#include "harness.h"
+#include "base/options.h"
+#include "vsim/sim.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CHECK_NEAR(a, b, rel)                                                                   \
+    do {                                                                                        \
+        double near_a_ = (a), near_b_ = (b);                                                    \
+        harness_checks++;                                                                       \
+        if (!(fabs(near_a_ - near_b_) <= (rel) * fabs(near_b_)))                                \
+            harness_report(__FILE__, __LINE__, "%s == %s failed: %.12g != %.12g", #a, #b,       \
+                           near_a_, near_b_);                                                   \
+    } while (0)
+
+static const int policies[] = {UM_SCHED_EAGER, UM_SCHED_ROUND_ROBIN, UM_SCHED_LOCALITY,
+                               UM_SCHED_COST};
+
+static um__vs_machine *load(const char *text)
+{
+    um__vs_machine *m = malloc(sizeof *m);
+    if (!m || um__vs_machine_parse(text, "test", m) != UM_OK) {
+        fprintf(stderr, "test_vsim_sim: machine: %s\n", um_last_error());
+        exit(1);
+    }
+    return m;
+}
+
+/* One gemm of one 4 MiB tile: three fetches share the 1 GB/s link after
+ * its 1 ms latency, the kernel takes 0.5 s, and C goes home. */
+static void test_one_task(void)
+{
+    um__vs_machine *m = load("device name=host kind=host memory=1T\n"
+                             "device name=gpu kind=gpu memory=1G model=g\n"
+                             "link from=host to=gpu bandwidth=1G latency=1ms\n"
+                             "link from=gpu to=host bandwidth=1G latency=1ms\n"
+                             "compute model=g kernel=gemm tile=1024 seconds=0.5\n");
+    um__vs_dag d;
+    CHECK_EQ(um__vs_dag_gemm(1024, 1024, &d), 0);
+    um__vs_result *r = malloc(sizeof *r);
+    for (int p = 0; p < 4; p++) {
+        CHECK_OK(um__vs_simulate(m, &d, policies[p], r));
+        double tile = 4194304.0, in = 0.001 + 3 * tile / 1e9;
+        CHECK_NEAR(r->compute_end_s, in + 0.5, 1e-9);
+        CHECK_NEAR(r->makespan_s, in + 0.5 + 0.001 + tile / 1e9, 1e-9);
+        CHECK_NEAR(r->lower_bound_s, 0.5, 1e-12);
+        CHECK_NEAR(r->busy_s[1], 0.5, 1e-9);
+        CHECK_EQ(r->tasks_on[1], 1);
+        CHECK_EQ(r->copies, 4);
+        CHECK_NEAR(r->link_bytes[0][1], 3 * tile, 1e-12);
+        CHECK_NEAR(r->link_bytes[1][0], tile, 1e-12);
+        CHECK_EQ(r->evictions, 0);
+    }
+    free(r);
+    um__vs_dag_free(&d);
+    free(m);
+}
+
+/* A GPU of four tiles runs a gemm of 2 x 2 tiles (12 tiles, 3 per task):
+ * it must evict, write dirty C tiles home, and still bring every C tile
+ * back exactly as often as it left dirty. */
+static void test_eviction(void)
+{
+    um__vs_machine *m = load("device name=host kind=host memory=1T\n"
+                             "device name=gpu kind=gpu memory=16M model=g\n"
+                             "link from=host to=gpu bandwidth=1G\n"
+                             "link from=gpu to=host bandwidth=1G\n"
+                             "compute model=g kernel=gemm tile=1024 seconds=0.01\n");
+    um__vs_dag d;
+    CHECK_EQ(um__vs_dag_gemm(2048, 1024, &d), 0);
+    um__vs_result *r = malloc(sizeof *r);
+    for (int p = 0; p < 4; p++) {
+        CHECK_OK(um__vs_simulate(m, &d, policies[p], r));
+        CHECK_EQ(r->tasks_on[1], 8);
+        CHECK(r->evictions > 0);
+        CHECK(r->writebacks > 0);
+        /* Every C tile reaches the host (by write-back or at the end). */
+        CHECK(r->link_bytes[1][0] >= 4 * 4194304.0);
+        CHECK(r->makespan_s >= r->lower_bound_s);
+    }
+    /* Two tiles of memory: a gemm's three never fit. */
+    um__vs_machine *tiny = load("device name=host kind=host memory=1T\n"
+                                "device name=gpu kind=gpu memory=8M model=g\n"
+                                "link from=host to=gpu bandwidth=1G\n"
+                                "link from=gpu to=host bandwidth=1G\n"
+                                "compute model=g kernel=gemm tile=1024 seconds=0.01\n");
+    CHECK_STATUS(um__vs_simulate(tiny, &d, UM_SCHED_COST, r), UM_ERR_INVALID);
+    CHECK_ERROR_MENTIONS("gemm", "3 tiles", NULL);
+    /* A machine that cannot run the kernel at all. */
+    um__vs_dag c;
+    CHECK_EQ(um__vs_dag_cholesky(2048, 1024, &c), 0);
+    CHECK_STATUS(um__vs_simulate(m, &c, UM_SCHED_COST, r), UM_ERR_INVALID);
+    CHECK_ERROR_MENTIONS("potrf", "no device", NULL);
+    um__vs_dag_free(&c);
+    free(tiny);
+    free(r);
+    um__vs_dag_free(&d);
+    free(m);
+}
+
+/* A random machine: 1-4 GPUs with 4-12 tiles of memory or plenty, host
+ * links shared or not, peers switched or absent, kernels at random rates. */
+static um__vs_machine *random_machine(uint64_t *rng, uint32_t tile)
+{
+    char text[2048];
+    int gpus = 1 + (int)(harness_rand(rng) % 4);
+    uint64_t tile_bytes = (uint64_t)tile * tile * 4;
+    uint64_t mem = harness_rand(rng) % 3 ? (4 + harness_rand(rng) % 9) * tile_bytes : 1ull << 40;
+    bool shared = harness_rand(rng) % 2, peers = harness_rand(rng) % 2;
+    double bw = 1e8 * (double)(1 + harness_rand(rng) % 50);
+    int n = snprintf(text, sizeof text,
+                     "device name=host kind=host memory=1T\n"
+                     "device name=gpu count=%d kind=gpu memory=%llu model=g\n"
+                     "link from=host to=gpu bandwidth=%.0f latency=%lluus%s\n"
+                     "link from=gpu to=host bandwidth=%.0f latency=10us%s\n",
+                     gpus, (unsigned long long)mem, bw,
+                     (unsigned long long)(harness_rand(rng) % 50), shared ? " shared=down" : "",
+                     bw, shared ? " shared=up" : "");
+    if (peers && gpus > 1)
+        n += snprintf(text + n, sizeof text - (size_t)n,
+                      "link from=gpu to=gpu bandwidth=%.0f latency=5us switched=1\n", 4 * bw);
+    static const char *const kernels[] = {"gemm", "trsm", "syrk", "potrf"};
+    for (int k = 0; k < 4; k++)
+        n += snprintf(text + n, sizeof text - (size_t)n, "compute model=g kernel=%s gflops=%llu\n",
+                      kernels[k], (unsigned long long)(1 + harness_rand(rng) % 200));
+    return load(text);
+}
+
+static void test_random(uint64_t seed)
+{
+    uint64_t rng = seed ^ 0x51d;
+    um__vs_result *r = malloc(sizeof *r), *again = malloc(sizeof *again);
+    for (int round = 0; round < 60; round++) {
+        uint32_t tile = 256, nt = 1 + (uint32_t)(harness_rand(&rng) % 5);
+        um__vs_machine *m = random_machine(&rng, tile);
+        um__vs_dag d;
+        bool chol = harness_rand(&rng) % 2;
+        CHECK_EQ(chol ? um__vs_dag_cholesky(nt * tile, tile, &d) : um__vs_dag_gemm(nt * tile, tile, &d),
+                 0);
+        double sum_min = 0;
+        for (size_t i = 0; i < d.ntasks; i++) {
+            double best = INFINITY;
+            for (int dev = 1; dev < m->ndev; dev++)
+                best = fmin(best, um__vs_compute_time(m, dev, d.tasks[i].kernel, tile,
+                                                      d.tasks[i].flops));
+            sum_min += best;
+        }
+        uint32_t written = chol ? d.ntiles : nt * nt;
+        for (int p = 0; p < 4; p++) {
+            um_status st = um__vs_simulate(m, &d, policies[p], r);
+            CHECK_OK(st);
+            if (st != UM_OK) {
+                printf("test_vsim_sim: round %d (seed %llu), policy %d failed\n", round,
+                       (unsigned long long)seed, policies[p]);
+                continue;
+            }
+            uint64_t tasks = 0;
+            double busy = 0, links = 0, home = 0;
+            for (int dev = 0; dev < m->ndev; dev++) {
+                tasks += r->tasks_on[dev];
+                busy += r->busy_s[dev];
+                CHECK(r->busy_s[dev] <= r->makespan_s * (1 + 1e-9));
+                for (int o = 0; o < m->ndev; o++)
+                    links += r->link_bytes[dev][o];
+                home += dev ? r->link_bytes[dev][0] : 0;
+            }
+            CHECK_EQ(tasks, d.ntasks);
+            CHECK_EQ(r->tasks_on[0], 0); /* the host runs no kernel here */
+            CHECK_NEAR(busy, sum_min, 1e-6); /* one model for all GPUs: each time is the minimum */
+            CHECK(r->makespan_s >= r->lower_bound_s * (1 - 1e-9));
+            CHECK(r->compute_end_s <= r->makespan_s);
+            CHECK_NEAR(links, r->bytes_moved, 1e-12);
+            CHECK_NEAR(r->bytes_moved, (double)r->copies * (double)d.tile_bytes, 1e-12);
+            CHECK(home >= (double)written * (double)d.tile_bytes * (1 - 1e-12));
+            /* The same input gives the same schedule. */
+            CHECK_OK(um__vs_simulate(m, &d, policies[p], again));
+            CHECK(again->makespan_s == r->makespan_s && again->copies == r->copies);
+        }
+        um__vs_dag_free(&d);
+        free(m);
+    }
+    free(r);
+    free(again);
+}
+
+int main(void)
+{
+    uint64_t seed = harness_seed("test_vsim_sim");
+    test_one_task();
+    test_eviction();
+    test_random(seed);
+    return harness_finish("test_vsim_sim");
+}

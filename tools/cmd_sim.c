@@ -1,0 +1,202 @@
+/*
+ * `unimem sim`: a tiled workload on a modelled machine in virtual time
+ * (src/vsim): makespan, each device's busy time, the bytes each link
+ * carried, evictions, and the lower bound, for one placement policy or all
+ * four. The only tool that includes the library's internal headers: it is
+ * the simulator's front end, and the simulator has no public API yet.
+ */
+#include "tool.h"
+
+#include "base/options.h"
+#include "vsim/sim.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define SIM_CMD "sim"
+
+static void sim_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: unimem sim --machine FILE|NAME --workload gemm|cholesky [--n N] [--tile T]\n"
+            "                  [--policy eager|round_robin|locality|cost|all] [--json]\n"
+            "Runs the workload's task graph on a modelled machine in virtual time, with the\n"
+            "library's placement policies, and prints the makespan beside the lower bound\n"
+            "(the larger of the work spread over every device and the critical path, each\n"
+            "task on its fastest device).\n"
+            "  --machine      a built-in (%s) or a description file (docs/DESIGN.md)\n"
+            "  --n, --tile    matrix order and tile (defaults 131072 and 8192; n a multiple)\n"
+            "  --policy       one policy, or all four (default: all)\n"
+            "  --json         one JSON object per policy\n",
+            um__vs_builtin_names());
+}
+
+static const char *const policy_names[] = {"eager", "round_robin", "locality", "cost"};
+
+static bool parse_u32(const char *v, uint32_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long x = strtoul(v, &end, 10);
+    if (end == v || *end || errno || x == 0 || x > 0xffffffffu || *v == '-')
+        return false;
+    *out = (uint32_t)x;
+    return true;
+}
+
+static void print_text(const um__vs_machine *m, const um__vs_dag *d, const char *policy,
+                       const um__vs_result *r, double wall_s)
+{
+    char a[32];
+    printf("%-12s makespan %9.4f s  bound %9.4f s (work %.4f, path %.4f)  ratio %.3f  "
+           "moved %s  evictions %llu  (%.2f s to simulate)\n",
+           policy, r->makespan_s, r->lower_bound_s, r->work_bound_s, r->path_bound_s,
+           r->makespan_s / r->lower_bound_s, tool_bytes(a, (uint64_t)r->bytes_moved),
+           (unsigned long long)r->evictions, wall_s);
+    for (int dev = 0; dev < m->ndev; dev++)
+        if (r->tasks_on[dev])
+            printf("    %-8s %6llu tasks, busy %8.4f s (%5.1f%%)\n", m->dev[dev].name,
+                   (unsigned long long)r->tasks_on[dev], r->busy_s[dev],
+                   100.0 * r->busy_s[dev] / r->makespan_s);
+    for (int s = 0; s < m->ndev; s++)
+        for (int t = 0; t < m->ndev; t++)
+            if (r->link_bytes[s][t] > 0)
+                printf("    %s -> %s: %s\n", m->dev[s].name, m->dev[t].name,
+                       tool_bytes(a, (uint64_t)r->link_bytes[s][t]));
+    (void)d;
+}
+
+static void print_json(const um__vs_machine *m, const um__vs_dag *d, const char *policy,
+                       const um__vs_result *r, double wall_s)
+{
+    printf("{\"machine\":\"%s\",\"workload\":\"%s\",\"n\":%llu,\"tile\":%u,\"tasks\":%zu,"
+           "\"policy\":\"%s\",\"makespan_s\":%.6f,\"lower_bound_s\":%.6f,\"work_bound_s\":%.6f,"
+           "\"path_bound_s\":%.6f,\"makespan_over_bound\":%.4f,\"bytes_moved\":%.0f,"
+           "\"copies\":%llu,\"evictions\":%llu,\"writebacks\":%llu,\"events\":%llu,"
+           "\"simulate_s\":%.3f,\"devices\":[",
+           m->name, d->name, (unsigned long long)d->nt * d->tile, d->tile, d->ntasks, policy,
+           r->makespan_s, r->lower_bound_s, r->work_bound_s, r->path_bound_s,
+           r->makespan_s / r->lower_bound_s, r->bytes_moved, (unsigned long long)r->copies,
+           (unsigned long long)r->evictions, (unsigned long long)r->writebacks,
+           (unsigned long long)r->events, wall_s);
+    for (int dev = 0; dev < m->ndev; dev++)
+        printf("%s{\"name\":\"%s\",\"tasks\":%llu,\"busy_s\":%.6f}", dev ? "," : "",
+               m->dev[dev].name, (unsigned long long)r->tasks_on[dev], r->busy_s[dev]);
+    printf("],\"links\":[");
+    bool first = true;
+    for (int s = 0; s < m->ndev; s++)
+        for (int t = 0; t < m->ndev; t++)
+            if (r->link_bytes[s][t] > 0) {
+                printf("%s{\"from\":\"%s\",\"to\":\"%s\",\"bytes\":%.0f}", first ? "" : ",",
+                       m->dev[s].name, m->dev[t].name, r->link_bytes[s][t]);
+                first = false;
+            }
+    printf("]}\n");
+}
+
+int um_cmd_sim(int argc, char **argv)
+{
+    const char *machine = NULL, *workload = NULL, *policy = "all";
+    uint32_t n = 131072, tile = 8192;
+    bool json = false;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        bool has_value = i + 1 < argc;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            sim_usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "--json")) {
+            json = true;
+        } else if (!strcmp(a, "--machine") && has_value) {
+            machine = argv[++i];
+        } else if (!strcmp(a, "--workload") && has_value) {
+            workload = argv[++i];
+        } else if (!strcmp(a, "--policy") && has_value) {
+            policy = argv[++i];
+        } else if ((!strcmp(a, "--n") || !strcmp(a, "--tile")) && has_value) {
+            const char *v = argv[++i];
+            if (!parse_u32(v, !strcmp(a, "--n") ? &n : &tile)) {
+                fprintf(stderr, "unimem " SIM_CMD ": %s needs a positive integer, not '%s'\n", a,
+                        v);
+                return 2;
+            }
+        } else {
+            fprintf(stderr, "unimem " SIM_CMD ": unknown argument '%s'%s\n", a,
+                    has_value ? "" : " (or it needs a value)");
+            sim_usage(stderr);
+            return 2;
+        }
+    }
+    if (!machine || !workload) {
+        fprintf(stderr, "unimem " SIM_CMD ": --machine and --workload are required\n");
+        sim_usage(stderr);
+        return 2;
+    }
+    int only = -1;
+    for (int p = 0; p < 4; p++)
+        if (!strcmp(policy, policy_names[p]))
+            only = p;
+    if (only < 0 && strcmp(policy, "all")) {
+        fprintf(stderr,
+                "unimem " SIM_CMD ": --policy is eager, round_robin, locality, cost or all, "
+                "not '%s'\n",
+                policy);
+        return 2;
+    }
+    if (strcmp(workload, "gemm") && strcmp(workload, "cholesky")) {
+        fprintf(stderr,
+                "unimem " SIM_CMD ": --workload is gemm or cholesky, not '%s' (recorded task "
+                "traces, trace:FILE, are not supported yet)\n",
+                workload);
+        return 2;
+    }
+    if (n % tile) {
+        fprintf(stderr, "unimem " SIM_CMD ": --n %u is not a multiple of --tile %u\n", n, tile);
+        return 2;
+    }
+    um__vs_machine *m = malloc(sizeof *m);
+    if (!m) {
+        fprintf(stderr, "unimem " SIM_CMD ": out of memory\n");
+        return 1;
+    }
+    um_status st = um__vs_machine_load(machine, m);
+    if (st != UM_OK) {
+        free(m);
+        return tool_fail(SIM_CMD, st);
+    }
+    um__vs_dag d;
+    int built = !strcmp(workload, "gemm") ? um__vs_dag_gemm(n, tile, &d)
+                                          : um__vs_dag_cholesky(n, tile, &d);
+    if (built != 0) {
+        fprintf(stderr, "unimem " SIM_CMD ": cannot build the %s graph of n %u, tile %u (too "
+                "large, or no memory)\n", workload, n, tile);
+        free(m);
+        return 1;
+    }
+    if (!json)
+        printf("unimem sim: %s, n %u, tile %u (%zu tasks, %u tiles of %.0f MiB) on %s\n",
+               workload, n, tile, d.ntasks, d.ntiles, (double)d.tile_bytes / 1048576.0, m->name);
+    int rc = 0;
+    um__vs_result *r = malloc(sizeof *r);
+    for (int p = 0; p < 4 && r && !rc; p++) {
+        if (only >= 0 && p != only)
+            continue;
+        static const int sched[] = {UM_SCHED_EAGER, UM_SCHED_ROUND_ROBIN, UM_SCHED_LOCALITY,
+                                    UM_SCHED_COST};
+        uint64_t t0 = tool_now_ns();
+        st = um__vs_simulate(m, &d, sched[p], r);
+        double wall = (double)(tool_now_ns() - t0) / 1e9;
+        if (st != UM_OK) {
+            rc = tool_fail(SIM_CMD, st);
+            break;
+        }
+        (json ? print_json : print_text)(m, &d, policy_names[p], r, wall);
+    }
+    if (!r)
+        rc = tool_fail(SIM_CMD, UM_ERR_NOMEM);
+    free(r);
+    um__vs_dag_free(&d);
+    free(m);
+    return rc;
+}
