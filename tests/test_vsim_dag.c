@@ -154,7 +154,7 @@ static void test_small_cases(void)
         CHECK_EQ(d.tasks[t].access[1].tile, 4 + k * 2 + j);
         CHECK_EQ(d.tasks[t].access[1].mode, UM_VS_READ);
         CHECK_EQ(d.tasks[t].access[2].tile, 8 + i * 2 + j);
-        CHECK_EQ(d.tasks[t].access[2].mode, UM_VS_READ_WRITE);
+        CHECK_EQ(d.tasks[t].access[2].mode, k ? UM_VS_READ_WRITE : UM_VS_WRITE);
         uint32_t prev = t - 1;
         check_deps(&d, t, k, &prev);
     }

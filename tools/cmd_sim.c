@@ -20,7 +20,8 @@ static void sim_usage(FILE *f)
 {
     fprintf(f,
             "usage: unimem sim --machine FILE|NAME --workload gemm|cholesky [--n N] [--tile T]\n"
-            "                  [--policy eager|round_robin|locality|cost|all] [--json]\n"
+            "                  [--policy eager|round_robin|locality|cost|all] [--limit BYTES]\n"
+            "                  [--json]\n"
             "Runs the workload's task graph on a modelled machine in virtual time, with the\n"
             "library's placement policies, and prints the makespan beside the lower bound\n"
             "(the larger of the work spread over every device and the critical path, each\n"
@@ -28,6 +29,8 @@ static void sim_usage(FILE *f)
             "  --machine      a built-in (%s) or a description file (docs/DESIGN.md)\n"
             "  --n, --tile    matrix order and tile (defaults 131072 and 8192; n a multiple)\n"
             "  --policy       one policy, or all four (default: all)\n"
+            "  --limit        every GPU holds at most BYTES (as demo's --limit sets a memory\n"
+            "                 limit on the device)\n"
             "  --json         one JSON object per policy\n",
             um__vs_builtin_names());
 }
@@ -49,11 +52,11 @@ static void print_text(const um__vs_machine *m, const um__vs_dag *d, const char 
                        const um__vs_result *r, double wall_s)
 {
     char a[32];
-    printf("%-12s makespan %9.4f s  bound %9.4f s (work %.4f, path %.4f)  ratio %.3f  "
-           "moved %s  evictions %llu  (%.2f s to simulate)\n",
-           policy, r->makespan_s, r->lower_bound_s, r->work_bound_s, r->path_bound_s,
-           r->makespan_s / r->lower_bound_s, tool_bytes(a, (uint64_t)r->bytes_moved),
-           (unsigned long long)r->evictions, wall_s);
+    printf("%-12s makespan %9.4f s (last task %.4f)  bound %9.4f s (work %.4f, path %.4f)  "
+           "ratio %.3f  moved %s  evictions %llu  (%.2f s to simulate)\n",
+           policy, r->makespan_s, r->compute_end_s, r->lower_bound_s, r->work_bound_s,
+           r->path_bound_s, r->makespan_s / r->lower_bound_s,
+           tool_bytes(a, (uint64_t)r->bytes_moved), (unsigned long long)r->evictions, wall_s);
     for (int dev = 0; dev < m->ndev; dev++)
         if (r->tasks_on[dev])
             printf("    %-8s %6llu tasks, busy %8.4f s (%5.1f%%)\n", m->dev[dev].name,
@@ -71,12 +74,13 @@ static void print_json(const um__vs_machine *m, const um__vs_dag *d, const char 
                        const um__vs_result *r, double wall_s)
 {
     printf("{\"machine\":\"%s\",\"workload\":\"%s\",\"n\":%llu,\"tile\":%u,\"tasks\":%zu,"
-           "\"policy\":\"%s\",\"makespan_s\":%.6f,\"lower_bound_s\":%.6f,\"work_bound_s\":%.6f,"
+           "\"policy\":\"%s\",\"makespan_s\":%.6f,\"last_task_end_s\":%.6f,"
+           "\"lower_bound_s\":%.6f,\"work_bound_s\":%.6f,"
            "\"path_bound_s\":%.6f,\"makespan_over_bound\":%.4f,\"bytes_moved\":%.0f,"
            "\"copies\":%llu,\"evictions\":%llu,\"writebacks\":%llu,\"events\":%llu,"
            "\"simulate_s\":%.3f,\"devices\":[",
            m->name, d->name, (unsigned long long)d->nt * d->tile, d->tile, d->ntasks, policy,
-           r->makespan_s, r->lower_bound_s, r->work_bound_s, r->path_bound_s,
+           r->makespan_s, r->compute_end_s, r->lower_bound_s, r->work_bound_s, r->path_bound_s,
            r->makespan_s / r->lower_bound_s, r->bytes_moved, (unsigned long long)r->copies,
            (unsigned long long)r->evictions, (unsigned long long)r->writebacks,
            (unsigned long long)r->events, wall_s);
@@ -99,6 +103,7 @@ int um_cmd_sim(int argc, char **argv)
 {
     const char *machine = NULL, *workload = NULL, *policy = "all";
     uint32_t n = 131072, tile = 8192;
+    size_t limit = 0;
     bool json = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -114,6 +119,13 @@ int um_cmd_sim(int argc, char **argv)
             workload = argv[++i];
         } else if (!strcmp(a, "--policy") && has_value) {
             policy = argv[++i];
+        } else if (!strcmp(a, "--limit") && has_value) {
+            const char *v = argv[++i], *why = NULL;
+            if (!um__parse_size(v, strlen(v), &limit, &why) || !limit) {
+                fprintf(stderr, "unimem " SIM_CMD ": --limit needs a size such as 8G, not '%s'%s%s\n",
+                        v, why ? ": " : "", why ? why : "");
+                return 2;
+            }
         } else if ((!strcmp(a, "--n") || !strcmp(a, "--tile")) && has_value) {
             const char *v = argv[++i];
             if (!parse_u32(v, !strcmp(a, "--n") ? &n : &tile)) {
@@ -165,6 +177,9 @@ int um_cmd_sim(int argc, char **argv)
         free(m);
         return tool_fail(SIM_CMD, st);
     }
+    for (int dev = 1; dev < m->ndev && limit; dev++)
+        if (m->dev[dev].memory > limit)
+            m->dev[dev].memory = limit;
     um__vs_dag d;
     int built = !strcmp(workload, "gemm") ? um__vs_dag_gemm(n, tile, &d)
                                           : um__vs_dag_cholesky(n, tile, &d);

@@ -259,8 +259,11 @@ int um__vs_dag_gemm(uint32_t n, uint32_t tile, um__vs_dag *out)
     for (uint32_t i = 0; i < nt; i++)
         for (uint32_t j = 0; j < nt; j++)
             for (uint32_t k = 0; k < nt; k++)
+                /* C = A B, not C += A B: the first product writes C
+                 * without reading it, as the demo's WRITE_DISCARD does. */
                 set_task(&out->tasks[t++], UM_VS_GEMM, flops, 3, a0 + i * nt + k, UM_VS_READ,
-                         b0 + k * nt + j, UM_VS_READ, c0 + i * nt + j, UM_VS_READ_WRITE);
+                         b0 + k * nt + j, UM_VS_READ, c0 + i * nt + j,
+                         k ? UM_VS_READ_WRITE : UM_VS_WRITE);
     return dag_finish(out);
 }
 

@@ -54,8 +54,8 @@ typedef struct um__vs_dag {
 
 /* C = A B with A, B, C all nt x nt tiles (tile ids: A's tiles, then B's,
  * then C's, row-major each). For each (i, j), for k = 0..nt-1 in order, a
- * gemm reads A[i][k] and B[k][j] and read-writes C[i][j]; tasks are in i,
- * j, k order (k innermost). Returns 0, or -1 when n or tile is 0, n is not
+ * gemm reads A[i][k] and B[k][j] and read-writes C[i][j] (writes it
+ * only, for k = 0); tasks are in i, j, k order (k innermost). Returns 0, or -1 when n or tile is 0, n is not
  * a multiple of tile, the graph is too large for 32-bit ids, or there is
  * no memory; then *out is zeroed and nothing is allocated. */
 int um__vs_dag_gemm(uint32_t n, uint32_t tile, um__vs_dag *out);
