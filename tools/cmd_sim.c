@@ -52,9 +52,9 @@ static void print_text(const um__vs_machine *m, const um__vs_dag *d, const char 
                        const um__vs_result *r, double wall_s)
 {
     char a[32];
-    printf("%-12s makespan %9.4f s (last task %.4f)  bound %9.4f s (work %.4f, path %.4f)  "
+    printf("%-12s makespan %9.4f s (results home %.4f)  bound %9.4f s (work %.4f, path %.4f)  "
            "ratio %.3f  moved %s  evictions %llu  (%.2f s to simulate)\n",
-           policy, r->makespan_s, r->compute_end_s, r->lower_bound_s, r->work_bound_s,
+           policy, r->makespan_s, r->home_s, r->lower_bound_s, r->work_bound_s,
            r->path_bound_s, r->makespan_s / r->lower_bound_s,
            tool_bytes(a, (uint64_t)r->bytes_moved), (unsigned long long)r->evictions, wall_s);
     for (int dev = 0; dev < m->ndev; dev++)
@@ -74,13 +74,13 @@ static void print_json(const um__vs_machine *m, const um__vs_dag *d, const char 
                        const um__vs_result *r, double wall_s)
 {
     printf("{\"machine\":\"%s\",\"workload\":\"%s\",\"n\":%llu,\"tile\":%u,\"tasks\":%zu,"
-           "\"policy\":\"%s\",\"makespan_s\":%.6f,\"last_task_end_s\":%.6f,"
+           "\"policy\":\"%s\",\"makespan_s\":%.6f,\"results_home_s\":%.6f,"
            "\"lower_bound_s\":%.6f,\"work_bound_s\":%.6f,"
            "\"path_bound_s\":%.6f,\"makespan_over_bound\":%.4f,\"bytes_moved\":%.0f,"
            "\"copies\":%llu,\"evictions\":%llu,\"writebacks\":%llu,\"events\":%llu,"
            "\"simulate_s\":%.3f,\"devices\":[",
            m->name, d->name, (unsigned long long)d->nt * d->tile, d->tile, d->ntasks, policy,
-           r->makespan_s, r->compute_end_s, r->lower_bound_s, r->work_bound_s, r->path_bound_s,
+           r->makespan_s, r->home_s, r->lower_bound_s, r->work_bound_s, r->path_bound_s,
            r->makespan_s / r->lower_bound_s, r->bytes_moved, (unsigned long long)r->copies,
            (unsigned long long)r->evictions, (unsigned long long)r->writebacks,
            (unsigned long long)r->events, wall_s);

@@ -359,7 +359,7 @@ static void task_done(sim *s, int dev)
     v->computing = false;
     s->t[ti].state = T_DONE;
     s->done++;
-    s->out->compute_end_s = s->now;
+    s->out->makespan_s = s->now;
     for (uint32_t k = s->rfirst[ti]; k < s->rfirst[ti + 1]; k++) {
         uint32_t dep = s->rdeps[k];
         if (--s->t[dep].waiting == 0) {
@@ -564,7 +564,7 @@ um_status um__vs_simulate(const um__vs_machine *m, const um__vs_dag *d, int poli
             task_done(s, running);
     }
     if (st == UM_OK) {
-        out->makespan_s = s->now;
+        out->home_s = s->now;
         lb_view v = {s, {0}};
         int ncap = 0;
         for (int dev = 0; dev < m->ndev; dev++) {

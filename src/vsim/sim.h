@@ -25,8 +25,8 @@
 #include "machine.h"
 
 typedef struct um__vs_result {
-    double makespan_s;     /* until the last result tile is back on the host */
-    double compute_end_s;  /* until the last task ended */
+    double makespan_s;     /* until the last task ended (what `unimem demo` reports) */
+    double home_s;         /* until the last result tile is back on the host */
     double lower_bound_s, work_bound_s, path_bound_s;
     double busy_s[UM_VS_MAX_DEVICES];
     uint64_t tasks_on[UM_VS_MAX_DEVICES];
