@@ -7,6 +7,7 @@
 #include "unimem.h"
 
 #include <inttypes.h>
+#include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -33,6 +34,18 @@ void harness_report(const char *file, int line, const char *fmt, ...)
         if (check_a_ != check_b_)                                                    \
             harness_report(__FILE__, __LINE__, "%s == %s failed: %llu != %llu", #a,  \
                            #b, check_a_, check_b_);                                  \
+    } while (0)
+
+/* Checks that doubles a and b agree within tol, relative to the larger of
+ * them, or absolute below 1 (tol 0: exactly). */
+#define CHECK_NEAR(a, b, tol)                                                        \
+    do {                                                                             \
+        double near_a_ = (a), near_b_ = (b);                                         \
+        double near_s_ = fabs(near_a_) > fabs(near_b_) ? fabs(near_a_) : fabs(near_b_); \
+        harness_checks++;                                                            \
+        if (!(fabs(near_a_ - near_b_) <= (tol) * (near_s_ > 1 ? near_s_ : 1)))       \
+            harness_report(__FILE__, __LINE__, "%s ~= %s failed: %.17g != %.17g", #a, \
+                           #b, near_a_, near_b_);                                    \
     } while (0)
 
 /* Checks that expr returns status st, printing um_last_error() otherwise. */

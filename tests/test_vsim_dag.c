@@ -13,16 +13,6 @@
 #include <time.h>
 
 /* Relative comparison of doubles (absolute near zero). */
-#define CHECK_NEAR(a, b, rel)                                                          \
-    do {                                                                               \
-        double near_a_ = (a), near_b_ = (b);                                           \
-        double near_s_ = fabs(near_a_) > fabs(near_b_) ? fabs(near_a_) : fabs(near_b_); \
-        harness_checks++;                                                              \
-        if (!(fabs(near_a_ - near_b_) <= (rel) * (near_s_ > 1 ? near_s_ : 1)))         \
-            harness_report(__FILE__, __LINE__, "%s ~= %s failed: %.17g != %.17g", #a,  \
-                           #b, near_a_, near_b_);                                      \
-    } while (0)
-
 /* Every task's list is strictly ascending and names only earlier tasks,
  * inside the deps array. */
 static void check_lists(const um__vs_dag *d)

@@ -9,15 +9,6 @@
 #include <math.h>
 #include <stdlib.h>
 
-#define CHECK_NEAR(a, b, tol)                                                                  \
-    do {                                                                                       \
-        double near_a_ = (a), near_b_ = (b), near_t_ = (tol);                                  \
-        harness_checks++;                                                                      \
-        if (!(fabs(near_a_ - near_b_) <= near_t_))                                             \
-            harness_report(__FILE__, __LINE__, "%s ~= %s failed: %.17g vs %.17g (tol %g)", #a, \
-                           #b, near_a_, near_b_, near_t_);                                     \
-    } while (0)
-
 /* Advances n to its next event and returns how many flows it reported;
  * *t receives the event's time. */
 static int step(um__vs_net *n, double *t, uint64_t *done, int max)
@@ -27,11 +18,17 @@ static int step(um__vs_net *n, double *t, uint64_t *done, int max)
 }
 
 /* 1 GB over 10 GB/s after 1 ms: the transfer takes 0.1 s, done at 0.101. */
-static void test_one_flow(void)
+/* A net of one resource of cap bytes per second (a failed check if none). */
+static um__vs_net *one_resource(double cap)
 {
-    double cap = 1e10;
     um__vs_net *n = um__vs_net_create(1, &cap);
     CHECK(n != NULL);
+    return n;
+}
+
+static void test_one_flow(void)
+{
+    um__vs_net *n = one_resource(1e10);
     if (!n)
         return;
     int r = 0;
@@ -62,9 +59,7 @@ static void test_one_flow(void)
  * either is reported by an advance to the current time. */
 static void test_trivial_flows(void)
 {
-    double cap = 5;
-    um__vs_net *n = um__vs_net_create(1, &cap);
-    CHECK(n != NULL);
+    um__vs_net *n = one_resource(5);
     if (!n)
         return;
     int r = 0;
@@ -96,9 +91,7 @@ static void test_trivial_flows(void)
  * the other then has 30 - 10 = 20 left at 10, done at 4 s. */
 static void test_two_flows(void)
 {
-    double cap = 10;
-    um__vs_net *n = um__vs_net_create(1, &cap);
-    CHECK(n != NULL);
+    um__vs_net *n = one_resource(10);
     if (!n)
         return;
     int r = 0;
@@ -180,9 +173,7 @@ static void test_progressive_filling(void)
  * time (the resource is busy for 1 s, not 3). */
 static void test_late_start(void)
 {
-    double cap = 10;
-    um__vs_net *n = um__vs_net_create(1, &cap);
-    CHECK(n != NULL);
+    um__vs_net *n = one_resource(10);
     if (!n)
         return;
     int r = 0;
@@ -202,8 +193,7 @@ static void test_late_start(void)
     CHECK_NEAR(t, 11, 1e-9);
     um__vs_net_destroy(n);
 
-    n = um__vs_net_create(1, &cap);
-    CHECK(n != NULL);
+    n = one_resource(10);
     if (!n)
         return;
     CHECK_EQ(um__vs_net_start(n, 0, &r, 1, 10, 0, 1), 0);

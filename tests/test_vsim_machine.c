@@ -13,15 +13,6 @@
 
 #define GiB (1024.0 * 1024.0 * 1024.0)
 
-#define CHECK_NEAR(a, b, rel)                                                                   \
-    do {                                                                                        \
-        double near_a_ = (a), near_b_ = (b);                                                    \
-        harness_checks++;                                                                       \
-        if (!(fabs(near_a_ - near_b_) <= (rel) * fabs(near_b_)))                                \
-            harness_report(__FILE__, __LINE__, "%s == %s failed: %.12g != %.12g", #a, #b,       \
-                           near_a_, near_b_);                                                   \
-    } while (0)
-
 static um__vs_machine *machine(void)
 {
     um__vs_machine *m = malloc(sizeof *m);

@@ -11,15 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CHECK_NEAR(a, b, rel)                                                                   \
-    do {                                                                                        \
-        double near_a_ = (a), near_b_ = (b);                                                    \
-        harness_checks++;                                                                       \
-        if (!(fabs(near_a_ - near_b_) <= (rel) * fabs(near_b_)))                                \
-            harness_report(__FILE__, __LINE__, "%s == %s failed: %.12g != %.12g", #a, #b,       \
-                           near_a_, near_b_);                                                   \
-    } while (0)
-
 static const int policies[] = {UM_SCHED_EAGER, UM_SCHED_ROUND_ROBIN, UM_SCHED_LOCALITY,
                                UM_SCHED_COST};
 
@@ -33,16 +24,27 @@ static um__vs_machine *load(const char *text)
     return m;
 }
 
+/* The host and one GPU of `memory` on 1 GB/s links of `latency`, whose
+ * gemm on tiles of 1024 takes `gemm` (a time). */
+static um__vs_machine *one_gpu(const char *memory, const char *latency, const char *gemm)
+{
+    char text[512];
+    snprintf(text, sizeof text,
+             "device name=host kind=host memory=1T\n"
+             "device name=gpu kind=gpu memory=%s model=g\n"
+             "link from=host to=gpu bandwidth=1G latency=%s\n"
+             "link from=gpu to=host bandwidth=1G latency=%s\n"
+             "compute model=g kernel=gemm tile=1024 seconds=%s\n",
+             memory, latency, latency, gemm);
+    return load(text);
+}
+
 /* One gemm of one 4 MiB tile: A's and B's fetches share the 1 GB/s link
  * after its 1 ms latency (C = A B is written, not read), the kernel takes
  * 0.5 s, and C goes home. */
 static void test_one_task(void)
 {
-    um__vs_machine *m = load("device name=host kind=host memory=1T\n"
-                             "device name=gpu kind=gpu memory=1G model=g\n"
-                             "link from=host to=gpu bandwidth=1G latency=1ms\n"
-                             "link from=gpu to=host bandwidth=1G latency=1ms\n"
-                             "compute model=g kernel=gemm tile=1024 seconds=0.5\n");
+    um__vs_machine *m = one_gpu("1G", "1ms", "0.5");
     um__vs_dag d;
     CHECK_EQ(um__vs_dag_gemm(1024, 1024, &d), 0);
     um__vs_result *r = malloc(sizeof *r);
@@ -69,11 +71,7 @@ static void test_one_task(void)
  * back exactly as often as it left dirty. */
 static void test_eviction(void)
 {
-    um__vs_machine *m = load("device name=host kind=host memory=1T\n"
-                             "device name=gpu kind=gpu memory=16M model=g\n"
-                             "link from=host to=gpu bandwidth=1G\n"
-                             "link from=gpu to=host bandwidth=1G\n"
-                             "compute model=g kernel=gemm tile=1024 seconds=0.01\n");
+    um__vs_machine *m = one_gpu("16M", "0", "0.01");
     um__vs_dag d;
     CHECK_EQ(um__vs_dag_gemm(2048, 1024, &d), 0);
     um__vs_result *r = malloc(sizeof *r);
@@ -87,11 +85,7 @@ static void test_eviction(void)
         CHECK(r->makespan_s >= r->lower_bound_s);
     }
     /* Two tiles of memory: a gemm's three never fit. */
-    um__vs_machine *tiny = load("device name=host kind=host memory=1T\n"
-                                "device name=gpu kind=gpu memory=8M model=g\n"
-                                "link from=host to=gpu bandwidth=1G\n"
-                                "link from=gpu to=host bandwidth=1G\n"
-                                "compute model=g kernel=gemm tile=1024 seconds=0.01\n");
+    um__vs_machine *tiny = one_gpu("8M", "0", "0.01");
     CHECK_STATUS(um__vs_simulate(tiny, &d, UM_SCHED_COST, r), UM_ERR_INVALID);
     CHECK_ERROR_MENTIONS("gemm", "3 tiles", NULL);
     /* A machine that cannot run the kernel at all. */
