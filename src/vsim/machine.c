@@ -288,7 +288,7 @@ static um_status link_line(parser *ps, kv *kvs, int n)
             if (l->present)
                 return bad(ps, "a link from %s to %s is given twice", m->dev[a].name,
                            m->dev[b].name);
-            char name[48];
+            char name[96];
             bool clash = false, clash2 = false;
             if (switched) {
                 snprintf(name, sizeof name, "%s out", m->dev[a].name);

@@ -88,7 +88,7 @@ typedef struct um__vs_machine {
     um__vs_model model[UM_VS_MAX_MODELS];
     int nres;
     double res_bandwidth[UM_VS_MAX_RESOURCES]; /* bytes per second */
-    char res_name[UM_VS_MAX_RESOURCES][48];
+    char res_name[UM_VS_MAX_RESOURCES][96]; /* two device names and "->" fit */
     um__vs_link link[UM_VS_MAX_DEVICES][UM_VS_MAX_DEVICES]; /* [from][to] */
 } um__vs_machine;
 
