@@ -18,16 +18,16 @@
 /* The planner learns (the pool keeps memory tight) for up to this many
  * allocations after it starts or abandons a plan; ... */
 #define LEARN_ALLOCS (4u * UM_PLAN_MAX_PERIOD)
-/* A plan that stops before it served LEARN_ALLOCS allocations halves the
- * next learning window, down to none: a program whose plans keep breaking
- * (a loop with a period that the next phase leaves) would otherwise spend
- * most of its time learning, and move a page for almost every block. */
-#define LEARN_SHRINK_MAX 15u
 /* ... but stops after LEARN_QUICK of them, and at every LEARN_QUICK more,
  * when fewer than 1 in 4 of the last LEARN_QUICK saw their last SIG_WINDOW
  * sizes before: a program with no repeats (random churn) has no period to
  * find, and keeping it tight costs a page move per churned block. */
 #define LEARN_QUICK 2048u
+/* A plan that stops before it served LEARN_ALLOCS allocations halves the
+ * next learning window, down to none after LEARN_SHRINK_MAX of them: a program whose plans keep breaking
+ * (a loop with a period that the next phase leaves) would otherwise spend
+ * most of its time learning, and move a page for almost every block. */
+#define LEARN_SHRINK_MAX 15u
 
 static um__plan_entry *entry(const um__plan *pl, uint64_t ordinal)
 {
