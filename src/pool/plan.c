@@ -24,9 +24,10 @@
  * find, and keeping it tight costs a page move per churned block. */
 #define LEARN_QUICK 2048u
 /* A plan that stops before it served LEARN_ALLOCS allocations halves the
- * next learning window, down to none after LEARN_SHRINK_MAX of them: a program whose plans keep breaking
- * (a loop with a period that the next phase leaves) would otherwise spend
- * most of its time learning, and move a page for almost every block. */
+ * next learning window, down to none after LEARN_SHRINK_MAX of them: a
+ * program whose plans keep breaking (a loop with a period that the next
+ * phase leaves) would otherwise spend most of its time learning, and move
+ * a page for almost every block. */
 #define LEARN_SHRINK_MAX 15u
 
 static um__plan_entry *entry(const um__plan *pl, uint64_t ordinal)
