@@ -172,25 +172,44 @@ static void place_view(const sim *s, uint32_t ti, um__place_task *pt)
         pt->eligible[d] = isfinite(kernel_time(s, t, d));
 }
 
-/* Places ready tasks, oldest first, where the policy says; one it wants
- * on a full device waits for the next event. */
+/* Places ready tasks, oldest first, where the policy says, as the
+ * runtime's dispatch does (src/run/run.c): it stops when no device has
+ * room, and after DISPATCH_MISSES tasks in a row that had a choice of
+ * devices and waited for a full one. */
+#define DISPATCH_MISSES 16
+
 static void dispatch(sim *s)
 {
     um__place_device devs[UM_MAX_DEVICES];
-    size_t kept = 0;
-    for (size_t i = 0; i < s->nready; i++) {
-        uint32_t ti = s->ready[i];
+    size_t kept = 0, i = 0;
+    int misses = 0;
+    for (; i < s->nready; i++) {
+        bool room = false;
         for (int d = 0; d < s->ndev; d++)
-            devs[d] = (um__place_device){s->dev[d].queued_ns, s->dev[d].nqueue,
-                                         s->dev[d].nqueue >= QUEUE_MAX};
+            room |= s->dev[d].nqueue < QUEUE_MAX;
+        if (!room)
+            break;
+        uint32_t ti = s->ready[i];
+        int eligible = 0, open = 0;
         um__place_task pt;
         place_view(s, ti, &pt);
+        for (int d = 0; d < s->ndev; d++) {
+            devs[d] = (um__place_device){s->dev[d].queued_ns, s->dev[d].nqueue,
+                                         s->dev[d].nqueue >= QUEUE_MAX};
+            eligible += pt.eligible[d];
+            open += pt.eligible[d] && !devs[d].full;
+        }
+        bool choice = eligible > 1;
         double est;
-        int dev = um__place_pick(s->place, &pt, devs, &est);
+        int dev = open && (!choice || misses < DISPATCH_MISSES)
+                      ? um__place_pick(s->place, &pt, devs, &est)
+                      : -1;
         if (dev < 0) {
             s->ready[kept++] = ti;
+            misses += choice && open;
             continue;
         }
+        misses = 0;
         vdev *v = &s->dev[dev];
         v->queue[v->nqueue++] = ti;
         v->queued_ns += est;
@@ -198,6 +217,8 @@ static void dispatch(sim *s)
         s->t[ti].dev = dev;
         s->t[ti].est_ns = est;
     }
+    for (; i < s->nready; i++)
+        s->ready[kept++] = s->ready[i];
     s->nready = kept;
 }
 
