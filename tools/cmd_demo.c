@@ -70,6 +70,7 @@ typedef struct demo_cfg {
     size_t sim_bandwidth; /* a sim device's modelled link, bytes/s; 0: not given */
     const char *timeline;
     bool json, quick, verify;
+    bool gpu_only;  /* tasks with a GPU implementation run on GPUs only */
     bool gpu;       /* the driver reports GPUs */
     bool gpu_sizes; /* n or tile defaulted to the GPU sizes */
     /* Filled by the runs. */
@@ -138,7 +139,7 @@ static void demo_usage(FILE *f)
     fprintf(f,
             "usage: unimem demo gemm|cholesky [--n N] [--tile T] [--device SPEC]\n"
             "                   [--limit BYTES] [--sched POLICY] [--sim-gflops G]\n"
-            "                   [--timeline FILE] [--json] [--quick] [--no-verify]\n"
+            "                   [--timeline FILE] [--json] [--quick] [--no-verify] [--gpu-only]\n"
             "\n"
             "Tiled single-precision C = A B (gemm) or A = L L^T (cholesky) as tasks over the\n"
             "host and every accelerator, each tile one unified buffer; OpenBLAS on the host\n"
@@ -163,7 +164,9 @@ static void demo_usage(FILE *f)
             "                   --sched all, FILE with .POLICY before its extension)\n"
             "  --json           one JSON object per run on stdout instead of the report\n"
             "  --quick          n 1536 and tile 256 (for CI)\n"
-            "  --no-verify      do not check the result\n",
+            "  --no-verify      do not check the result\n"
+            "  --gpu-only       tasks that can run on a GPU run on GPUs only, not on the\n"
+            "                   host (which still holds the data)\n",
             32768, 3072, 4096, 512, DEMO_SIM_DEVICES, DEMO_SIM_GFLOPS, DEMO_SIM_BANDWIDTH);
 }
 
@@ -218,6 +221,8 @@ static int demo_parse(int argc, char **argv, demo_cfg *c)
             c->quick = true;
         } else if (!strcmp(a, "--no-verify")) {
             c->verify = false;
+        } else if (!strcmp(a, "--gpu-only")) {
+            c->gpu_only = true;
         } else if (!strcmp(a, "--n") && has_value) {
             if (!parse_long(argv[++i], 1, 1L << 20, &n))
                 return arg_error("--n", "a matrix order from 1 to 1048576", argv[i]);
@@ -549,8 +554,8 @@ static um_status submit(demo_run *r, const char *name, um_task_fn cpu, um_task_f
     um_task t;
     memset(&t, 0, sizeof t);
     t.name = name;
-    t.cpu = cpu;
     t.cuda = r->c->cublas ? cuda : NULL;
+    t.cpu = r->c->gpu_only && t.cuda ? NULL : cpu;
     t.nbuffers = nbuf;
     for (int i = 0; i < nbuf; i++) {
         t.buffers[i] = bufs[i];
@@ -1096,6 +1101,12 @@ static int run_one(demo_cfg *c, const char *sched, run_result *x)
         if (st != UM_OK)
             return run_fail(&r, st, NULL);
     }
+    if (c->gpu_only && !c->cublas) {
+        fprintf(stderr, "unimem " DEMO_CMD ": --gpu-only needs GPUs with cuBLAS%s%s\n",
+                *why ? ": " : "", why);
+        close_run(&r);
+        return 1;
+    }
     if (gpus && !c->cublas && c->gpu_sizes) {
         fprintf(stderr,
                 "unimem " DEMO_CMD ": %s; the default sizes are for GPUs: give --n and --tile "
@@ -1249,9 +1260,9 @@ static void print_json(const demo_cfg *c, const run_result *x)
     printf("{\"workload\":\"%s\",\"n\":%d,\"tile\":%d,\"sched\":\"%s\",\"devices\":",
            c->workload_name, c->n, c->tile, x->sched);
     json_string(c->device);
-    printf(",\"simulated\":%s,\"limit_bytes\":%llu,\"tasks\":%llu,\"gflop\":%.3f,"
-           "\"makespan_s\":%.6f,\"gflops\":%.3f,\"check\":\"%s\",\"verified\":%s,",
-           simulated ? "true" : "false", (unsigned long long)(x->ndev > 1 ? x->dev[1].limit : 0),
+    printf(",\"simulated\":%s,\"gpu_only\":%s,\"limit_bytes\":%llu,\"tasks\":%llu,"
+           "\"gflop\":%.3f,\"makespan_s\":%.6f,\"gflops\":%.3f,\"check\":\"%s\",\"verified\":%s,",
+           simulated ? "true" : "false", c->gpu_only ? "true" : "false", (unsigned long long)(x->ndev > 1 ? x->dev[1].limit : 0),
            (unsigned long long)x->tasks, x->flops / 1e9, x->makespan_s, x->gflops, check_name(c, x),
            x->checked && x->verified ? "true" : "false");
     if (x->checked && isfinite(x->max_error))

@@ -10,10 +10,12 @@ FINAL=${OUT:-out}
 mkdir -p "$FINAL"
 U=build-dev/unimem
 printf "%-9s %6s %5s %10s %10s %8s\n" workload n tile real_s sim_s error | tee "$FINAL/sim_validate.txt"
+# GPU_ONLY=--gpu-only keeps the tasks off the host, which the built-in
+# machines give no compute.
 for run in "gemm 32768 2048" "gemm 32768 4096" "gemm 32768 8192" "cholesky 32768 4096" \
            "cholesky 32768 8192" "cholesky 65536 8192"; do
   set -- $run
-  real=$($U demo "$1" --device cuda:0 --limit 8G --n "$2" --tile "$3" --json 2> "$FINAL/demo_$1_$2_$3.err" |
+  real=$($U demo "$1" --device cuda:0 --limit 8G --n "$2" --tile "$3" ${GPU_ONLY:-} --json 2> "$FINAL/demo_$1_$2_$3.err" |
          tee "$FINAL/demo_$1_$2_$3.json" | grep -o '"makespan_s":[0-9.]*' | head -1 | cut -d: -f2)
   sim=$($U sim --machine h200x1 --limit 8G --workload "$1" --n "$2" --tile "$3" --policy cost --json |
         tee "$FINAL/sim_$1_$2_$3.json" | grep -o '"makespan_s":[0-9.]*' | cut -d: -f2)
