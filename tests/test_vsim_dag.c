@@ -10,6 +10,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <time.h>
 
 /* Relative comparison of doubles (absolute near zero). */
@@ -247,7 +248,7 @@ static void test_bad_input(void)
     d.tasks[0].access[1].mode = 0;
     CHECK_EQ(um__vs_dag_derive_deps(&d), -1);
     d.tasks[0].access[1].mode = UM_VS_READ;
-    d.tasks[0].naccess = 4;
+    d.tasks[0].naccess = UM_VS_MAX_ACCESS + 1; /* more tiles than a task may name */
     CHECK_EQ(um__vs_dag_derive_deps(&d), -1);
     d.tasks[0].naccess = 3;
     CHECK(d.deps == deps);
@@ -569,6 +570,76 @@ static void test_large(void)
     um__vs_dag_free(&d);
 }
 
+/* A recorded task trace: buffers numbered as first seen, their sizes
+ * kept, names mapped to kernels, dependencies by the same rule; each bad
+ * line named by its number. */
+static void test_trace_file(void)
+{
+    char path[] = "/tmp/test_vsim_dag_XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    if (fd < 0)
+        return;
+    close(fd);
+    FILE *f = fopen(path, "w");
+    fprintf(f, "# a comment\n"
+               "task 1 potrf 100 7:4194304:rw\n"
+               "\n"
+               "task 2 scale 5e3 7:4194304:r 9:1024:wd\n"
+               "task 3 trsm 200 7:4194304:r 9:1024:w\n");
+    fclose(f);
+    um__vs_dag d;
+    CHECK_OK(um__vs_dag_trace(path, &d));
+    CHECK_EQ(d.ntasks, 3);
+    CHECK_EQ(d.ntiles, 2);
+    CHECK_EQ(um__vs_tile_size(&d, 0), 4194304);
+    CHECK_EQ(um__vs_tile_size(&d, 1), 1024);
+    CHECK_EQ(d.tile_bytes, 4194304);
+    CHECK_EQ(d.tasks[0].kernel, UM_VS_POTRF);
+    CHECK_EQ(d.tasks[1].kernel, UM_VS_OTHER);
+    CHECK_EQ(d.tasks[2].kernel, UM_VS_TRSM);
+    CHECK_EQ(d.tasks[0].tile, 1024); /* 4 MiB of floats is 1024 x 1024 */
+    CHECK_NEAR(d.tasks[1].flops, 5e3, 0);
+    CHECK_EQ(d.tasks[1].access[1].mode, UM_VS_WRITE);
+    CHECK_EQ(d.tasks[2].access[1].mode, UM_VS_READ_WRITE); /* w copies in, as rw */
+    /* 2 reads 7 after 1 wrote it; 3 writes 9 after 2 wrote it (and reads 7). */
+    CHECK_EQ(d.tasks[1].ndeps, 1);
+    CHECK_EQ(d.deps[d.tasks[1].first_dep], 0);
+    CHECK_EQ(d.tasks[2].ndeps, 2);
+    um__vs_dag_free(&d);
+
+    static const struct {
+        const char *text, *want1, *want2;
+    } bad[] = {
+        {"task 1 gemm\n", "line 1", "flops"},
+        {"# ok\ntask 1 gemm x 1:4:r\n", "line 2", "flops"},
+        {"task 1 gemm 1 1:4:x\n", "line 1", "mode"},
+        {"task 1 gemm 1 1:0:r\n", "line 1", "size"},
+        {"task 1 gemm 1 1:4:r\ntask 2 gemm 1 1:8:r\n", "line 2", "had 4 bytes"},
+        {"job 1 gemm 1\n", "line 1", "job"},
+        {"task 1 gemm 1 7\n", "line 1", "ID:BYTES:MODE"},
+        {"# nothing\n", "no task", NULL},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        f = fopen(path, "w");
+        fputs(bad[i].text, f);
+        fclose(f);
+        CHECK_STATUS(um__vs_dag_trace(path, &d), UM_ERR_PARSE);
+        CHECK_ERROR_MENTIONS(path, bad[i].want1, bad[i].want2);
+        CHECK(d.tasks == NULL && d.ntasks == 0);
+    }
+    f = fopen(path, "w");
+    fputs("task 1 gemm 1", f);
+    for (int i = 0; i < 17; i++)
+        fprintf(f, " %d:4:r", i);
+    fputs("\n", f);
+    fclose(f);
+    CHECK_STATUS(um__vs_dag_trace(path, &d), UM_ERR_PARSE);
+    CHECK_ERROR_MENTIONS("at most 16 buffers", NULL, NULL);
+    unlink(path);
+    CHECK_STATUS(um__vs_dag_trace(path, &d), UM_ERR_IO);
+}
+
 int main(void)
 {
     uint64_t seed = harness_seed("test_vsim_dag");
@@ -578,5 +649,6 @@ int main(void)
     test_reference(seed);
     test_lower_bound(seed);
     test_large();
+    test_trace_file();
     return harness_finish("test_vsim_dag");
 }

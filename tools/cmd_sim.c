@@ -19,7 +19,8 @@
 static void sim_usage(FILE *f)
 {
     fprintf(f,
-            "usage: unimem sim --machine FILE|NAME --workload gemm|cholesky [--n N] [--tile T]\n"
+            "usage: unimem sim --machine FILE|NAME --workload gemm|cholesky|trace:FILE [--n N]\n"
+            "                  [--tile T]\n"
             "                  [--policy eager|round_robin|locality|cost|all] [--limit BYTES]\n"
             "                  [--json]\n"
             "Runs the workload's task graph on a modelled machine in virtual time, with the\n"
@@ -27,6 +28,8 @@ static void sim_usage(FILE *f)
             "(the larger of the work spread over every device and the critical path, each\n"
             "task on its fastest device).\n"
             "  --machine      a built-in (%s) or a description file (docs/DESIGN.md)\n"
+            "  --workload     a demo's graph, or trace:FILE, the tasks a program submitted\n"
+            "                 with the option task_trace=FILE (--n and --tile do not apply)\n"
             "  --n, --tile    matrix order and tile (defaults 131072 and 8192; n a multiple)\n"
             "  --policy       one policy, or all four (default: all)\n"
             "  --limit        every GPU holds at most BYTES (as demo's --limit sets a memory\n"
@@ -156,14 +159,14 @@ int um_cmd_sim(int argc, char **argv)
                 policy);
         return 2;
     }
-    if (strcmp(workload, "gemm") && strcmp(workload, "cholesky")) {
+    bool traced = !strncmp(workload, "trace:", 6);
+    if (strcmp(workload, "gemm") && strcmp(workload, "cholesky") && (!traced || !workload[6])) {
         fprintf(stderr,
-                "unimem " SIM_CMD ": --workload is gemm or cholesky, not '%s' (recorded task "
-                "traces, trace:FILE, are not supported yet)\n",
+                "unimem " SIM_CMD ": --workload is gemm, cholesky or trace:FILE, not '%s'\n",
                 workload);
         return 2;
     }
-    if (n % tile) {
+    if (!traced && n % tile) {
         fprintf(stderr, "unimem " SIM_CMD ": --n %u is not a multiple of --tile %u\n", n, tile);
         return 2;
     }
@@ -181,15 +184,23 @@ int um_cmd_sim(int argc, char **argv)
         if (m->dev[dev].memory > limit)
             m->dev[dev].memory = limit;
     um__vs_dag d;
-    int built = !strcmp(workload, "gemm") ? um__vs_dag_gemm(n, tile, &d)
-                                          : um__vs_dag_cholesky(n, tile, &d);
+    if (traced && (st = um__vs_dag_trace(workload + 6, &d)) != UM_OK) {
+        free(m);
+        return tool_fail(SIM_CMD, st);
+    }
+    int built = traced                     ? 0
+                : !strcmp(workload, "gemm") ? um__vs_dag_gemm(n, tile, &d)
+                                            : um__vs_dag_cholesky(n, tile, &d);
     if (built != 0) {
         fprintf(stderr, "unimem " SIM_CMD ": cannot build the %s graph of n %u, tile %u (too "
                 "large, or no memory)\n", workload, n, tile);
         free(m);
         return 1;
     }
-    if (!json)
+    if (!json && traced)
+        printf("unimem sim: %s (%zu tasks, %u buffers of up to %.1f MiB) on %s\n", workload,
+               d.ntasks, d.ntiles, (double)d.tile_bytes / 1048576.0, m->name);
+    else if (!json)
         printf("unimem sim: %s, n %u, tile %u (%zu tasks, %u tiles of %.0f MiB) on %s\n",
                workload, n, tile, d.ntasks, d.ntiles, (double)d.tile_bytes / 1048576.0, m->name);
     int rc = 0;

@@ -24,7 +24,7 @@ static void usage(FILE *f)
             "  demo gemm|cholesky [--n N] [--tile T] [--device SPEC] [--sched POLICY] [--json]\n"
             "                                 tiled matrix multiplication or Cholesky as tasks\n"
             "                                 over every device, checked against OpenBLAS\n"
-            "  sim --machine M --workload gemm|cholesky [--n N] [--tile T] [--policy P] [--json]\n"
+            "  sim --machine M --workload gemm|cholesky|trace:F [--n N] [--tile T] [--policy P]\n"
             "                                 the same graphs on a modelled machine (h200x8,\n"
             "                                 ...) in virtual time, against the lower bound\n"
             "\n"

@@ -90,6 +90,9 @@
       "write events (copies between devices and evictions, so far) to this file as Chrome "  \
       "trace JSON, for "                                                                      \
       "Perfetto or chrome://tracing; empty: no recording")                                    \
+    X(task_trace, UM_OPT_STRING, "",                                                          \
+      "write every submitted task (name, flops, buffers with sizes and modes) to this file, "  \
+      "for unimem sim --workload trace:FILE; empty: no recording")                            \
     X(link_cache, UM_OPT_STRING, "",                                                          \
       "file of link measurements by machine; empty: $XDG_CACHE_HOME/unimem/links (or "      \
       "~/.cache/unimem/links); none: measure at every start")
@@ -122,6 +125,7 @@ typedef struct um__options {
     int sched;              /* um__sched */
     int sim_gflops;
     char trace_file[256];
+    char task_trace[256];
     char link_cache[256];
 } um__options;
 

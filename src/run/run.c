@@ -1,6 +1,7 @@
 /* Tasks, dependencies and per-device workers; see run.h. */
 #include "run.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,6 +48,7 @@ typedef struct access_rec {
     um_task_id *readers;
     uint32_t nreaders, readers_cap;
     uint32_t pending;
+    uint64_t trace_id;  /* the buffer's number in the task trace */
 } access_rec;
 #define TOMBSTONE ((const um_buffer *)1)
 
@@ -88,6 +90,8 @@ struct um__run {
     um_task_id first_failed; /* not yet reported by um_wait_all */
     access_rec *recs;
     size_t recs_cap, recs_used;
+    FILE *task_trace;        /* option task_trace, or NULL */
+    uint64_t trace_buffers;  /* buffers numbered in it so far */
 };
 
 /* ------------------------------------------------------ access records */
@@ -148,7 +152,7 @@ static access_rec *rec_get(um__run *r, const um_buffer *b)
         i = (i + 1) & (r->recs_cap - 1);
     if (!r->recs[i].b)
         r->recs_used++;
-    r->recs[i] = (access_rec){b, 0, NULL, 0, 0, 0};
+    r->recs[i] = (access_rec){b, 0, NULL, 0, 0, 0, ++r->trace_buffers};
     return &r->recs[i];
 }
 
@@ -758,15 +762,29 @@ static um_status run_get(um_context *ctx, um__run **out)
         *out = r;
         return UM_OK;
     }
+    /* The trace file opens first: a runtime made without it would take
+     * every later task unrecorded. */
+    FILE *trace = NULL;
+    if (ctx->opts.task_trace[0] && !(trace = fopen(ctx->opts.task_trace, "w"))) {
+        pthread_mutex_unlock(&ctx->buffers_lock);
+        return um__fail(UM_ERR_IO, "um_task_submit: task_trace=%s cannot be written: %s",
+                        ctx->opts.task_trace, strerror(errno));
+    }
+    if (trace)
+        fprintf(trace, "# unimem task trace 1: task ID NAME FLOPS, then BUFFER:BYTES:MODE for "
+                       "each buffer (r, w, rw, wd)\n");
     r = calloc(1, sizeof *r);
     um__place_env env = {ctx->ndevices, ctx, env_nominal_gflops, env_room, env_fetch_cost,
                          env_input_bytes};
     um__place *p = r ? um__place_create(&env, ctx->opts.sched) : NULL;
     if (!p) {
         free(r);
+        if (trace)
+            fclose(trace);
         pthread_mutex_unlock(&ctx->buffers_lock);
         return um__fail(UM_ERR_NOMEM, "um_task_submit: no memory for the task runtime");
     }
+    r->task_trace = trace;
     r->ctx = ctx;
     r->place = p;
     pthread_mutex_init(&r->lock, NULL);
@@ -821,6 +839,9 @@ static void run_fini(um_context *ctx)
     free(r->outcome);
     free(r->live);
     free(r->failures);
+    if (r->task_trace && (ferror(r->task_trace) | fclose(r->task_trace)))
+        um__log(UM_LOG_WARN, "task_trace=%s: writing it failed; the trace is incomplete",
+                ctx->opts.task_trace);
     um__place_destroy(r->place);
     pthread_cond_destroy(&r->finished);
     pthread_mutex_destroy(&r->lock);
@@ -839,7 +860,7 @@ static bool forget_buffer(um_context *ctx, const um_buffer *b)
     bool ok = !a || !a->pending;
     if (a && ok) {
         free(a->readers);
-        *a = (access_rec){TOMBSTONE, 0, NULL, 0, 0, 0};
+        *a = (access_rec){TOMBSTONE, 0, NULL, 0, 0, 0, 0};
     }
     pthread_mutex_unlock(&r->lock);
     return ok;
@@ -942,6 +963,25 @@ static bool depend(um__run *r, task *t, um_task_id id, bool discards)
     return true;
 }
 
+/* One line of the task trace for t (locked; its buffers have records). */
+static void trace_task(um__run *r, const task *t)
+{
+    static const char *const modes[] = {[UM_ACCESS_READ] = "r", [UM_ACCESS_WRITE] = "w",
+                                        [UM_ACCESS_READ_WRITE] = "rw",
+                                        [UM_ACCESS_WRITE_DISCARD] = "wd"};
+    char name[64];
+    snprintf(name, sizeof name, "%s", task_name(t));
+    for (char *c = name; *c; c++)
+        if (*c <= ' ' || *c == '#')
+            *c = '_';
+    fprintf(r->task_trace, "task %llu %s %.17g", (unsigned long long)t->id, name, t->t.flops);
+    for (int i = 0; i < t->t.nbuffers; i++)
+        fprintf(r->task_trace, " %llu:%zu:%s",
+                (unsigned long long)rec_find(r, t->t.buffers[i])->trace_id,
+                um_buffer_size(t->t.buffers[i]), modes[t->t.modes[i]]);
+    fputc('\n', r->task_trace);
+}
+
 static bool dep_cancelled(const um__run *r, um_task_id id)
 {
     const task *d = r->live[id - 1];
@@ -996,6 +1036,8 @@ um_status um_task_submit(um_context *ctx, const um_task *ut, um_task_id *id)
         }
         a->pending++;
     }
+    if (ok && r->task_trace)
+        trace_task(r, t);
     r->unfinished++;
     task *done = NULL;
     if (!ok) {

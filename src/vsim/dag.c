@@ -16,6 +16,7 @@ const char *um__vs_kernel_name(um__vs_kernel k)
     case UM_VS_TRSM: return "trsm";
     case UM_VS_SYRK: return "syrk";
     case UM_VS_POTRF: return "potrf";
+    case UM_VS_OTHER: return "other";
     default: return "?";
     }
 }
@@ -26,6 +27,7 @@ void um__vs_dag_free(um__vs_dag *d)
         return;
     free(d->tasks);
     free(d->deps);
+    free(d->tile_size);
     memset(d, 0, sizeof *d);
 }
 
@@ -93,7 +95,7 @@ int um__vs_dag_derive_deps(um__vs_dag *d)
     size_t naccess = 0;
     for (size_t t = 0; t < d->ntasks; t++) {
         const um__vs_task *task = &d->tasks[t];
-        if (task->naccess > 3)
+        if (task->naccess > UM_VS_MAX_ACCESS)
             return -1;
         for (int a = 0; a < task->naccess; a++)
             if (task->access[a].tile >= d->ntiles || task->access[a].mode < UM_VS_READ ||
@@ -124,8 +126,8 @@ int um__vs_dag_derive_deps(um__vs_dag *d)
         const um__vs_task *task = &d->tasks[t];
         /* One entry per tile, with the union of its modes: a task that
          * reads and writes a tile is its writer, not also its reader. */
-        uint32_t tile[3];
-        uint8_t mode[3];
+        uint32_t tile[UM_VS_MAX_ACCESS];
+        uint8_t mode[UM_VS_MAX_ACCESS];
         int n = 0;
         for (int a = 0; a < task->naccess; a++) {
             int k = 0;
@@ -225,8 +227,9 @@ static int dag_finish(um__vs_dag *out)
     return -1;
 }
 
-static void set_task(um__vs_task *t, um__vs_kernel kernel, double flops, int naccess,
-                     uint32_t t0, uint8_t m0, uint32_t t1, uint8_t m1, uint32_t t2, uint8_t m2)
+static void set_task(um__vs_task *t, um__vs_kernel kernel, uint32_t tile, double flops,
+                     int naccess, uint32_t t0, uint8_t m0, uint32_t t1, uint8_t m1, uint32_t t2,
+                     uint8_t m2)
 {
     t->kernel = (uint8_t)kernel;
     t->naccess = (uint8_t)naccess;
@@ -234,6 +237,7 @@ static void set_task(um__vs_task *t, um__vs_kernel kernel, double flops, int nac
     t->access[1] = (um__vs_access){t1, m1};
     t->access[2] = (um__vs_access){t2, m2};
     t->flops = flops;
+    t->tile = tile;
 }
 
 /* nt is at most 2e6 here (checked before the task count matters), so
@@ -261,8 +265,8 @@ int um__vs_dag_gemm(uint32_t n, uint32_t tile, um__vs_dag *out)
             for (uint32_t k = 0; k < nt; k++)
                 /* C = A B, not C += A B: the first product writes C
                  * without reading it, as the demo's WRITE_DISCARD does. */
-                set_task(&out->tasks[t++], UM_VS_GEMM, flops, 3, a0 + i * nt + k, UM_VS_READ,
-                         b0 + k * nt + j, UM_VS_READ, c0 + i * nt + j,
+                set_task(&out->tasks[t++], UM_VS_GEMM, tile, flops, 3, a0 + i * nt + k,
+                         UM_VS_READ, b0 + k * nt + j, UM_VS_READ, c0 + i * nt + j,
                          k ? UM_VS_READ_WRITE : UM_VS_WRITE);
     return dag_finish(out);
 }
@@ -294,17 +298,17 @@ int um__vs_dag_cholesky(uint32_t n, uint32_t tile, um__vs_dag *out)
     double T = tile, T3 = T * T * T;
     size_t t = 0;
     for (uint32_t k = 0; k < nt; k++) {
-        set_task(&out->tasks[t++], UM_VS_POTRF, T3 / 3, 1, low(k, k), UM_VS_READ_WRITE, 0, 0, 0,
-                 0);
+        set_task(&out->tasks[t++], UM_VS_POTRF, tile, T3 / 3, 1, low(k, k), UM_VS_READ_WRITE, 0,
+                 0, 0, 0);
         for (uint32_t i = k + 1; i < nt; i++)
-            set_task(&out->tasks[t++], UM_VS_TRSM, T3, 2, low(k, k), UM_VS_READ, low(i, k),
+            set_task(&out->tasks[t++], UM_VS_TRSM, tile, T3, 2, low(k, k), UM_VS_READ, low(i, k),
                      UM_VS_READ_WRITE, 0, 0);
         for (uint32_t i = k + 1; i < nt; i++)
-            set_task(&out->tasks[t++], UM_VS_SYRK, T3, 2, low(i, k), UM_VS_READ, low(i, i),
+            set_task(&out->tasks[t++], UM_VS_SYRK, tile, T3, 2, low(i, k), UM_VS_READ, low(i, i),
                      UM_VS_READ_WRITE, 0, 0);
         for (uint32_t i = k + 1; i < nt; i++)
             for (uint32_t j = k + 1; j < i; j++)
-                set_task(&out->tasks[t++], UM_VS_GEMM, 2 * T3, 3, low(i, k), UM_VS_READ,
+                set_task(&out->tasks[t++], UM_VS_GEMM, tile, 2 * T3, 3, low(i, k), UM_VS_READ,
                          low(j, k), UM_VS_READ, low(i, j), UM_VS_READ_WRITE);
     }
     return dag_finish(out);

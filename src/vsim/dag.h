@@ -14,12 +14,25 @@
 #ifndef UM_VSIM_DAG_H
 #define UM_VSIM_DAG_H
 
+#include "../base/base.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
-typedef enum um__vs_kernel { UM_VS_GEMM, UM_VS_TRSM, UM_VS_SYRK, UM_VS_POTRF, UM_VS_NKERNELS } um__vs_kernel;
-/* "gemm", "trsm", "syrk", "potrf"; "?" for anything else. */
+/* OTHER: a recorded task of any other name (its time: machine.h). */
+typedef enum um__vs_kernel {
+    UM_VS_GEMM,
+    UM_VS_TRSM,
+    UM_VS_SYRK,
+    UM_VS_POTRF,
+    UM_VS_OTHER,
+    UM_VS_NKERNELS
+} um__vs_kernel;
+/* "gemm", "trsm", "syrk", "potrf", "other"; "?" for anything else. */
 const char *um__vs_kernel_name(um__vs_kernel k);
+
+/* The most tiles (buffers) one task names, as um_task allows. */
+#define UM_VS_MAX_ACCESS 16
 
 typedef enum um__vs_mode { UM_VS_READ = 1, UM_VS_WRITE = 2, UM_VS_READ_WRITE = 3 } um__vs_mode;
 
@@ -30,8 +43,9 @@ typedef struct um__vs_access {
 
 typedef struct um__vs_task {
     uint8_t kernel;  /* um__vs_kernel */
-    uint8_t naccess; /* <= 3 */
-    um__vs_access access[3];
+    uint8_t naccess; /* <= UM_VS_MAX_ACCESS */
+    um__vs_access access[UM_VS_MAX_ACCESS];
+    uint32_t tile;   /* the tile order its kernel's time is looked up for */
     /* gemm 2T^3, trsm T^3, syrk T^3 (the full product, not the symmetric
      * half, so a Cholesky sums to exactly N^3/3), potrf T^3/3. */
     double flops;
@@ -46,10 +60,11 @@ typedef struct um__vs_dag {
     uint32_t *deps;
     size_t ndeps_total;
     uint32_t ntiles;     /* tiles are numbered 0..ntiles-1 */
-    uint64_t tile_bytes; /* T*T*4 */
+    uint64_t tile_bytes; /* T*T*4; a recorded trace: its largest buffer */
+    uint64_t *tile_size; /* bytes of each tile when they differ (a trace), else NULL */
     uint32_t tile;       /* T */
     uint32_t nt;         /* N / T */
-    char name[16];       /* "gemm" or "cholesky" */
+    char name[16];       /* "gemm", "cholesky" or "trace" */
 } um__vs_dag;
 
 /* C = A B with A, B, C all nt x nt tiles (tile ids: A's tiles, then B's,
@@ -70,11 +85,24 @@ int um__vs_dag_cholesky(uint32_t n, uint32_t tile, um__vs_dag *out);
 
 /* Replaces d's dependencies with those derived from its tasks' accesses
  * by the rule above (d->tasks, ntasks and ntiles must be set; an access
- * to a tile >= ntiles, or naccess > 3, is an error). The builders use it;
+ * to a tile >= ntiles, or naccess > UM_VS_MAX_ACCESS, is an error). The builders use it;
  * it is public so that other workloads, and tests, can use it too. A task
  * that names one tile twice is treated as one access with the union of
  * the modes. Returns 0, or -1 (d's old dependencies are kept). */
 int um__vs_dag_derive_deps(um__vs_dag *d);
+
+/* The tasks a program submitted, recorded by the option task_trace
+ * (src/run; the format is in docs/DESIGN.md): one tile per buffer, of
+ * the buffer's size; a task named gemm, trsm, syrk or potrf is that
+ * kernel on tiles of the order its largest buffer has in floats, any
+ * other is UM_VS_OTHER. Returns UM_OK, or an error naming the line. */
+um_status um__vs_dag_trace(const char *path, um__vs_dag *out);
+
+/* Bytes of tile i. */
+static inline uint64_t um__vs_tile_size(const um__vs_dag *d, uint32_t i)
+{
+    return d->tile_size ? d->tile_size[i] : d->tile_bytes;
+}
 
 /* Frees what d holds and zeroes it; NULL and a zeroed dag are fine. */
 void um__vs_dag_free(um__vs_dag *d);

@@ -331,7 +331,7 @@ static um_status compute_line(parser *ps, kv *kvs, int n)
         if (!strcmp(um__vs_kernel_name((um__vs_kernel)i), kernel))
             k = i;
     if (k < 0)
-        return bad(ps, "kernel is gemm, trsm, syrk or potrf, not '%s'", kernel);
+        return bad(ps, "kernel is gemm, trsm, syrk, potrf or other, not '%s'", kernel);
     um__vs_cost *c = &m->model[mi].kernel[k];
     const char *tile = get(kvs, n, "tile"), *secs = get(kvs, n, "seconds");
     const char *rate = get(kvs, n, "gflops"), *fit = get(kvs, n, "fit");
@@ -535,6 +535,13 @@ double um__vs_compute_time(const um__vs_machine *m, int dev, int k, uint32_t til
     if (dev < 0 || dev >= m->ndev || k < 0 || k >= UM_VS_NKERNELS || m->dev[dev].model < 0)
         return INFINITY;
     const um__vs_cost *c = &m->model[m->dev[dev].model].kernel[k];
+    /* A recorded task the description gives no time for runs at the
+     * device's gemm rate on tiles of its order. */
+    if (k == UM_VS_OTHER && c->kind == UM_VS_COST_NONE) {
+        double t = um__vs_compute_time(m, dev, UM_VS_GEMM, tile ? tile : 1, 0);
+        double gemm_flops = 2.0 * pow(tile ? (double)tile : 1.0, 3.0);
+        return isfinite(t) ? flops * t / gemm_flops : INFINITY;
+    }
     switch (c->kind) {
     case UM_VS_COST_POINTS:
         return points_time(c, tile);

@@ -26,7 +26,9 @@
  * host (two links). compute gives a kernel's time on a model's devices:
  * measured points (time between two points and beyond them follows the
  * power law through the nearest two), a rate, or a fit a*T^b + c seconds.
- * A device whose model has no entry for a kernel cannot run it.
+ * A device whose model has no entry for a kernel cannot run it, except
+ * `other` (a recorded task of another name), which then runs at the
+ * model's gemm rate for its flops.
  */
 #ifndef UM_VSIM_MACHINE_H
 #define UM_VSIM_MACHINE_H

@@ -23,7 +23,7 @@ typedef struct vtask {
     int dev;
     uint32_t waiting;     /* dependencies not done */
     double est_ns;
-    um_access modes[3];
+    um_access modes[UM_VS_MAX_ACCESS];
 } vtask;
 
 typedef struct vdev {
@@ -71,7 +71,7 @@ static uint64_t flow_tag(int kind, uint32_t tile, int dev)
 
 static double kernel_time(const sim *s, const um__vs_task *t, int dev)
 {
-    return um__vs_compute_time(s->m, dev, t->kernel, s->d->tile, t->flops);
+    return um__vs_compute_time(s->m, dev, t->kernel, t->tile, t->flops);
 }
 
 /* The fastest valid copy of tile for dev, and what the copy would take
@@ -91,7 +91,7 @@ static int best_source(const sim *s, uint32_t tile, int dev, double *secs)
         double bw = INFINITY;
         for (int i = 0; i < n; i++)
             bw = fmin(bw, s->m->res_bandwidth[route[i]]);
-        double t = lat + (double)s->d->tile_bytes / bw;
+        double t = lat + (double)um__vs_tile_size(s->d, tile) / bw;
         if (t < best_s) {
             best_s = t;
             best = src;
@@ -106,12 +106,13 @@ static int start_copy(sim *s, int kind, uint32_t tile, int src, int dst)
     int route[4];
     double lat;
     int n = um__vs_route(s->m, src, dst, route, &lat);
-    if (n < 0 || um__vs_net_start(s->net, s->now, route, n, (double)s->d->tile_bytes, lat,
+    double bytes = (double)um__vs_tile_size(s->d, tile);
+    if (n < 0 || um__vs_net_start(s->net, s->now, route, n, bytes, lat,
                                   flow_tag(kind, tile, dst)) != 0)
         return -1;
     s->out->copies++;
-    s->out->bytes_moved += (double)s->d->tile_bytes;
-    s->out->link_bytes[src][dst] += (double)s->d->tile_bytes;
+    s->out->bytes_moved += bytes;
+    s->out->link_bytes[src][dst] += bytes;
     return 0;
 }
 
@@ -153,9 +154,17 @@ static bool env_fetch_cost(void *arg, const um__place_task *pt, int i, int dev, 
 
 static size_t env_input_bytes(void *arg, const um__place_task *pt, int i)
 {
-    (void)pt;
-    (void)i;
-    return (size_t)((const sim *)arg)->d->tile_bytes;
+    const sim *s = arg;
+    return (size_t)um__vs_tile_size(s->d, s->d->tasks[task_index(s, pt)].access[i].tile);
+}
+
+/* The bytes of all of t's tiles. */
+static uint64_t task_bytes(const um__vs_dag *d, const um__vs_task *t)
+{
+    uint64_t bytes = 0;
+    for (int i = 0; i < t->naccess; i++)
+        bytes += um__vs_tile_size(d, t->access[i].tile);
+    return bytes;
 }
 
 static void place_view(const sim *s, uint32_t ti, um__place_task *pt)
@@ -167,7 +176,7 @@ static void place_view(const sim *s, uint32_t ti, um__place_task *pt)
     pt->nbuffers = t->naccess;
     pt->owner = t;
     pt->modes = s->t[ti].modes;
-    pt->bytes = (size_t)t->naccess * (size_t)s->d->tile_bytes;
+    pt->bytes = (size_t)task_bytes(s->d, t);
     for (int d = 0; d < s->ndev; d++)
         pt->eligible[d] = isfinite(kernel_time(s, t, d));
 }
@@ -230,15 +239,14 @@ static void free_copy(sim *s, uint32_t tile, int dev)
         return;
     s->alloc[tile] &= ~(1ull << dev);
     s->valid[tile] &= ~(1ull << dev);
-    s->dev[dev].used -= s->d->tile_bytes;
+    s->dev[dev].used -= um__vs_tile_size(s->d, tile);
 }
 
-/* Makes room for one more tile on dev: true when there is room now. An
+/* Makes room for `bytes` more on dev: true when there is room now. An
  * eviction that must write back first leaves no room yet (the copy ends
  * later and frees it then). */
-static bool make_room(sim *s, int dev)
+static bool make_room(sim *s, int dev, uint64_t bytes)
 {
-    uint64_t bytes = s->d->tile_bytes;
     if (dev == 0 || s->dev[dev].used + bytes <= s->m->dev[dev].memory)
         return true;
     uint64_t bit = 1ull << dev;
@@ -289,12 +297,12 @@ static bool stage(sim *s, uint32_t ti)
     for (int i = 0; i < t->naccess && ok; i++, pinned++) {
         uint32_t tile = t->access[i].tile;
         if (!(s->alloc[tile] & bit)) {
-            if (!make_room(s, dev)) {
+            if (!make_room(s, dev, um__vs_tile_size(s->d, tile))) {
                 ok = false;
                 break;
             }
             s->alloc[tile] |= bit;
-            s->dev[dev].used += s->d->tile_bytes;
+            s->dev[dev].used += um__vs_tile_size(s->d, tile);
         }
         s->pins[at(s, tile, dev)]++;
         if ((t->access[i].mode & UM_VS_READ) && !(s->valid[tile] & bit) &&
@@ -474,7 +482,7 @@ static um_status sim_init(sim *s, const um__vs_machine *m, const um__vs_dag *d, 
             can_run |= isfinite(kernel_time(s, t, dev));
         if (!can_run)
             return um__fail(UM_ERR_INVALID, "sim: no device of machine %s runs %s tiles of %u",
-                            m->name, um__vs_kernel_name((um__vs_kernel)t->kernel), d->tile);
+                            m->name, um__vs_kernel_name((um__vs_kernel)t->kernel), t->tile);
         for (uint32_t k = 0; k < t->ndeps; k++)
             s->rfirst[d->deps[t->first_dep + k] + 1]++;
     }
@@ -499,17 +507,17 @@ static um_status sim_init(sim *s, const um__vs_machine *m, const um__vs_dag *d, 
      * say so instead. */
     for (size_t i = 0; i < nt; i++) {
         const um__vs_task *t = &d->tasks[i];
-        uint64_t need = (uint64_t)t->naccess * d->tile_bytes;
+        uint64_t need = task_bytes(d, t);
         bool fits = false;
         for (int dev = 0; dev < m->ndev; dev++)
             fits |= isfinite(kernel_time(s, t, dev)) &&
                     (dev == 0 || need <= m->dev[dev].memory);
         if (!fits)
             return um__fail(UM_ERR_INVALID,
-                            "sim: a %s task needs %u tiles of %llu bytes at once, more than "
+                            "sim: a %s task needs %u tiles (%llu bytes) at once, more than "
                             "any device of machine %s that runs it holds",
                             um__vs_kernel_name((um__vs_kernel)t->kernel), t->naccess,
-                            (unsigned long long)d->tile_bytes, m->name);
+                            (unsigned long long)need, m->name);
     }
     return UM_OK;
 }
