@@ -19,10 +19,9 @@
 static void sim_usage(FILE *f)
 {
     fprintf(f,
-            "usage: unimem sim --machine FILE|NAME --workload gemm|cholesky|trace:FILE [--n N]\n"
-            "                  [--tile T]\n"
-            "                  [--policy eager|round_robin|locality|cost|all] [--limit BYTES]\n"
-            "                  [--json]\n"
+            "usage: unimem sim --machine FILE|NAME --workload gemm|cholesky|trace:FILE\n"
+            "                  [--n N] [--tile T] [--policy eager|round_robin|locality|cost|all]\n"
+            "                  [--limit BYTES] [--json]\n"
             "Runs the workload's task graph on a modelled machine in virtual time, with the\n"
             "library's placement policies, and prints the makespan beside the lower bound\n"
             "(the larger of the work spread over every device and the critical path, each\n"
