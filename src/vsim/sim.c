@@ -14,11 +14,9 @@
 #define PREFETCH_AHEAD 2
 #define QUEUE_MAX 7
 
-enum { T_WAITING, T_READY, T_QUEUED, T_RUNNING, T_DONE };
 enum { FLOW_FETCH = 0, FLOW_WRITEBACK = 1, FLOW_FLUSH = 2 };
 
 typedef struct vtask {
-    uint8_t state;
     bool staged;          /* its tiles are allocated (and fetches started) on dev */
     int dev;
     uint32_t waiting;     /* dependencies not done */
@@ -222,7 +220,6 @@ static void dispatch(sim *s)
         vdev *v = &s->dev[dev];
         v->queue[v->nqueue++] = ti;
         v->queued_ns += est;
-        s->t[ti].state = T_QUEUED;
         s->t[ti].dev = dev;
         s->t[ti].est_ns = est;
     }
@@ -351,7 +348,6 @@ static void pump(sim *s, int dev)
     v->computing = true;
     v->compute_start = s->now;
     v->compute_end = s->now + kernel_time(s, &s->d->tasks[ti], dev);
-    s->t[ti].state = T_RUNNING;
 }
 
 static void task_done(sim *s, int dev)
@@ -386,15 +382,12 @@ static void task_done(sim *s, int dev)
     memmove(v->queue, v->queue + 1, (size_t)(v->nqueue - 1) * sizeof v->queue[0]);
     v->nqueue--;
     v->computing = false;
-    s->t[ti].state = T_DONE;
     s->done++;
     s->out->makespan_s = s->now;
     for (uint32_t k = s->rfirst[ti]; k < s->rfirst[ti + 1]; k++) {
         uint32_t dep = s->rdeps[k];
-        if (--s->t[dep].waiting == 0) {
-            s->t[dep].state = T_READY;
+        if (--s->t[dep].waiting == 0)
             s->ready[s->nready++] = dep;
-        }
     }
 }
 
@@ -497,10 +490,8 @@ static um_status sim_init(sim *s, const um__vs_machine *m, const um__vs_dag *d, 
             uint32_t dep = d->deps[t->first_dep + k];
             s->rdeps[s->rfirst[dep] + fill[dep]++] = (uint32_t)i;
         }
-        if (!t->ndeps) {
-            s->t[i].state = T_READY;
+        if (!t->ndeps)
             s->ready[s->nready++] = (uint32_t)i;
-        }
     }
     free(fill);
     /* A task whose tiles fit on no device that runs it would stall the run:
