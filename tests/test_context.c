@@ -896,10 +896,146 @@ static void test_trace_counters(void)
     remove(path);
 }
 
+/* Several threads recording at once, more events each than one buffer
+ * holds, and short-lived threads that exit with events buffered: every
+ * event reaches the file once, in time order, each block's free after its
+ * allocation, and every counter sample equals the live bytes recounted
+ * from the events before it. */
+#define TRACE_THREADS 4
+#define TRACE_PAIRS 20000
+#define TRACE_SHORT_THREADS 8
+#define TRACE_SHORT_PAIRS 100
+
+typedef struct trace_worker {
+    um_context *ctx;
+    int pairs;
+    unsigned seed;
+    int failures;
+} trace_worker;
+
+static void *trace_worker_main(void *arg)
+{
+    trace_worker *w = arg;
+    void *ring[8] = {0};
+    for (int i = 0; i < w->pairs; i++) {
+        int j = i % 8;
+        if (ring[j] && um_free(w->ctx, ring[j], NULL) != UM_OK)
+            w->failures++;
+        size_t size = 256 + (size_t)(rand_r(&w->seed) % (64 * 1024));
+        if (um_malloc(w->ctx, 1, size, NULL, &ring[j]) != UM_OK)
+            w->failures++;
+    }
+    for (int j = 0; j < 8; j++)
+        if (ring[j] && um_free(w->ctx, ring[j], NULL) != UM_OK)
+            w->failures++;
+    return NULL;
+}
+
+typedef struct traced_block {
+    unsigned long long addr, size;
+} traced_block;
+
+static void test_trace_threads(void)
+{
+    char path[] = "/tmp/unimem_test_context_trace_threads_XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    if (fd < 0)
+        return;
+    close(fd);
+    char conf[160];
+    snprintf(conf, sizeof conf, "devices=sim:256M,trace_file=%s", path);
+    um_context *ctx = NULL;
+    CHECK_OK(um_init(conf, &ctx));
+    if (!ctx)
+        return;
+    pthread_t th[TRACE_THREADS + TRACE_SHORT_THREADS];
+    trace_worker w[TRACE_THREADS + TRACE_SHORT_THREADS];
+    int nth = TRACE_THREADS + TRACE_SHORT_THREADS;
+    for (int i = 0; i < nth; i++) {
+        w[i] = (trace_worker){ctx, i < TRACE_THREADS ? TRACE_PAIRS : TRACE_SHORT_PAIRS,
+                              (unsigned)(1234 + i), 0};
+        CHECK(pthread_create(&th[i], NULL, trace_worker_main, &w[i]) == 0);
+    }
+    for (int i = 0; i < nth; i++) {
+        pthread_join(th[i], NULL);
+        CHECK_EQ(w[i].failures, 0);
+    }
+    um_shutdown(ctx);
+
+    long want = 2L * (TRACE_THREADS * (long)TRACE_PAIRS + TRACE_SHORT_THREADS * TRACE_SHORT_PAIRS);
+    FILE *f = fopen(path, "r");
+    CHECK(f != NULL);
+    if (!f)
+        return;
+    size_t cap = 1 << 16;
+    traced_block *live = calloc(cap, sizeof *live); /* open addressing by address */
+    long events = 0, samples = 0, bad_order = 0, bad_free = 0, bad_counter = 0;
+    unsigned long long live_bytes = 0;
+    double last_ts = -1e30;
+    char line[512];
+    while (live && fgets(line, sizeof line, f)) {
+        const char *ts = strstr(line, "\"ts\":");
+        bool alloc = strstr(line, "\"name\":\"alloc\"") != NULL;
+        bool is_free = strstr(line, "\"name\":\"free\"") != NULL;
+        if (ts && (alloc || is_free)) {
+            double t = strtod(ts + 5, NULL);
+            if (t < last_ts)
+                bad_order++;
+            last_ts = t;
+            events++;
+            const char *b = strstr(line, "\"block\":\"0x"), *by = strstr(line, "\"bytes\":");
+            unsigned long long addr = b ? strtoull(b + 11, NULL, 16) : 0;
+            unsigned long long size = by ? strtoull(by + 8, NULL, 10) : 0;
+            size_t k = (size_t)((addr >> 8) * 0x9e3779b97f4a7c15ull >> 40) & (cap - 1);
+            while (live[k].addr && live[k].addr != addr)
+                k = (k + 1) & (cap - 1);
+            if (alloc) {
+                if (live[k].addr)
+                    bad_free++; /* allocated twice without a free between */
+                live[k] = (traced_block){addr, size};
+                live_bytes += size;
+            } else if (!live[k].addr || live[k].size != size) {
+                bad_free++;
+            } else {
+                live_bytes -= size;
+                /* Backward-shift deletion keeps later probes unbroken. */
+                size_t j = k;
+                live[j] = (traced_block){0, 0};
+                for (size_t m = (j + 1) & (cap - 1); live[m].addr; m = (m + 1) & (cap - 1)) {
+                    size_t home = (size_t)((live[m].addr >> 8) * 0x9e3779b97f4a7c15ull >> 40) &
+                                  (cap - 1);
+                    if (((m - home) & (cap - 1)) >= ((m - j) & (cap - 1))) {
+                        live[j] = live[m];
+                        live[m] = (traced_block){0, 0};
+                        j = m;
+                    }
+                }
+            }
+        } else if (strstr(line, "\"name\":\"memory\"") && strstr(line, "\"pid\":1,")) {
+            const char *l = strstr(line, "\"live\":");
+            samples++;
+            if (!l || strtoull(l + 7, NULL, 10) != live_bytes)
+                bad_counter++;
+        }
+    }
+    fclose(f);
+    free(live);
+    printf("test_trace_threads: %ld events (%ld expected), %ld samples\n", events, want, samples);
+    CHECK_EQ(events, want);
+    CHECK_EQ(bad_order, 0);
+    CHECK_EQ(bad_free, 0);
+    CHECK_EQ(bad_counter, 0);
+    CHECK_EQ(live_bytes, 0ull);
+    CHECK(samples >= events);
+    remove(path);
+}
+
 int main(void)
 {
     unsetenv("UNIMEM_CONF");
     test_trace_counters();
+    test_trace_threads();
     test_stats_json_and_table();
     test_option_current();
     for (int i = 0; i < NALLOCATORS; i++) {

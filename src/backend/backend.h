@@ -22,6 +22,7 @@
 #define UM_BACKEND_H
 
 #include "../base/base.h"
+#include "../trace/events.h"
 
 typedef struct um__backend um__backend;
 typedef uint64_t um__phys;        /* a physical chunk; 0 is never a valid handle */
@@ -100,6 +101,10 @@ struct um__backend {
      * unknown): placement's guess of a device's speed before it has
      * measured one of its tasks there. */
     double nominal_gflops;
+    /* trace_file's recorder (memory calls become events), or NULL; the
+     * device index the events name. */
+    um__events *events;
+    int events_dev;
 };
 
 /* Sets the driver-reported fields of a backend that has none. */
@@ -163,18 +168,36 @@ static inline um_status um__backend_copy_check(const um__backend *b, const void 
 #define UM_BE_CALL_(b, op, ...) \
     (atomic_fetch_add_explicit(&(b)->calls, 1, memory_order_relaxed), (b)->ops->op((b), __VA_ARGS__))
 
+/* The memory calls are also events when a recorder is on: a call of op
+ * on `bytes`, started at t0, that returned s. */
+static inline uint64_t um__be_t0(const um__backend *b)
+{
+    return UM_UNLIKELY(b->events != NULL) ? um__now_ns() : 0;
+}
+static inline um_status um__be_traced(um__backend *b, um__backend_op op, size_t bytes,
+                                      uint64_t t0, um_status s)
+{
+    if (UM_UNLIKELY(b->events != NULL))
+        um__event_add(b->events, UM_EVENT_BACKEND, b->events_dev, -1, t0, um__now_ns() - t0,
+                      bytes, (uint64_t)op | (s != UM_OK ? 256u : 0u));
+    return s;
+}
+#define UM_BE_MEM_CALL_(b, opcode, bytes, op, ...)                                            \
+    uint64_t t0_ = um__be_t0(b);                                                           \
+    return um__be_traced((b), (opcode), (bytes), t0_, UM_BE_CALL_(b, op, __VA_ARGS__))
+
 static inline um_status um__be_reserve(um__backend *b, size_t size, uintptr_t *va)
-{ return UM_BE_CALL_(b, reserve, size, va); }
+{ UM_BE_MEM_CALL_(b, UM_BE_OP_RESERVE, size, reserve, size, va); }
 static inline um_status um__be_unreserve(um__backend *b, uintptr_t va, size_t size)
-{ return UM_BE_CALL_(b, unreserve, va, size); }
+{ UM_BE_MEM_CALL_(b, UM_BE_OP_UNRESERVE, size, unreserve, va, size); }
 static inline um_status um__be_create(um__backend *b, size_t size, um__phys *out)
-{ return UM_BE_CALL_(b, create, size, out); }
+{ UM_BE_MEM_CALL_(b, UM_BE_OP_CREATE, size, create, size, out); }
 static inline um_status um__be_release(um__backend *b, um__phys h, size_t size)
-{ return UM_BE_CALL_(b, release, h, size); }
+{ UM_BE_MEM_CALL_(b, UM_BE_OP_RELEASE, size, release, h, size); }
 static inline um_status um__be_map(um__backend *b, uintptr_t va, size_t size, um__phys h)
-{ return UM_BE_CALL_(b, map, va, size, h); }
+{ UM_BE_MEM_CALL_(b, UM_BE_OP_MAP, size, map, va, size, h); }
 static inline um_status um__be_unmap(um__backend *b, uintptr_t va, size_t size)
-{ return UM_BE_CALL_(b, unmap, va, size); }
+{ UM_BE_MEM_CALL_(b, UM_BE_OP_UNMAP, size, unmap, va, size); }
 static inline um_status um__be_stream_create(um__backend *b, um__bstream **out)
 { return UM_BE_CALL_(b, stream_create, out); }
 static inline um_status um__be_stream_destroy(um__backend *b, um__bstream *s)

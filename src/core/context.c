@@ -896,6 +896,10 @@ um_status um_init(const char *conf, um_context **out)
     if (st == UM_OK && opts.trace_file[0] && !(ctx->events = um__events_open(opts.trace_file,
                                                                              ctx->ndevices)))
         st = UM_ERR_IO;
+    for (int i = 0; st == UM_OK && ctx->events && i < ctx->ndevices; i++) {
+        ctx->devices[i].backend->events = ctx->events;
+        ctx->devices[i].backend->events_dev = i;
+    }
     if (st == UM_OK)
         st = create_allocators(ctx);
     if (st != UM_OK) {

@@ -87,8 +87,7 @@ um_status um_malloc(um_context *ctx, int dev, size_t size, um_stream s, void **p
     if (UM_UNLIKELY(st == UM_ERR_NOMEM))
         st = alloc_after_reclaim(ctx, dev, size, ref, ptr);
     if (UM_UNLIKELY(ctx->events != NULL) && st == UM_OK)
-        um__event_add(ctx->events, UM_EVENT_ALLOC, dev, -1, um__now_ns(), 0, size,
-                      (uint64_t)(uintptr_t)*ptr);
+        um__event_instant(ctx->events, UM_EVENT_ALLOC, dev, size, (uint64_t)(uintptr_t)*ptr);
     return st;
 }
 
@@ -137,10 +136,13 @@ um_status um_free(um_context *ctx, void *ptr, um_stream s)
             return UM_ERR_NOMEM;
     }
     um__allocator *a = ctx->devices[dev].alloc;
+    /* A free's time is taken before the block can be reused, so that it
+     * precedes the next allocation at its address whichever thread makes
+     * it. */
+    uint64_t t = UM_UNLIKELY(ctx->events != NULL) ? um__events_clock(ctx->events) : 0;
     um_status st = a->ops->free(a, ptr, ref);
     if (UM_UNLIKELY(ctx->events != NULL) && st == UM_OK)
-        um__event_add(ctx->events, UM_EVENT_FREE, dev, -1, um__now_ns(), 0, 0,
-                      (uint64_t)(uintptr_t)ptr);
+        um__event_instant_at(ctx->events, UM_EVENT_FREE, dev, t, 0, (uint64_t)(uintptr_t)ptr);
     return st;
 }
 

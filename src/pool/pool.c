@@ -373,8 +373,7 @@ static void reserved_add(um__pool *p, int64_t delta)
 {
     p->reserved = (size_t)((int64_t)p->reserved + delta);
     if (UM_UNLIKELY(p->events != NULL))
-        um__event_add(p->events, UM_EVENT_RESERVED, p->base.dev, -1, um__now_ns(), 0, p->reserved,
-                      0);
+        um__event_instant(p->events, UM_EVENT_RESERVED, p->base.dev, p->reserved, 0);
 }
 
 /* Gives an unmapped page back to the backend. If the backend refuses, the
@@ -2027,7 +2026,9 @@ static void flush_own_cache_locked(um__pool *p)
 static um_status pool_trim(um__allocator *a)
 {
     um__pool *p = P(a);
+    uint64_t t0 = p->events ? um__now_ns() : 0;
     pthread_mutex_lock(&p->lock);
+    size_t before = p->reserved;
     flush_own_cache_locked(p);
     bounce_flush_all_locked(p);
     /* The arena holds memory for the plan alone: a trim ends the plan, and
@@ -2036,7 +2037,11 @@ static um_status pool_trim(um__allocator *a)
     poll_all(p, true);
     release_spare_slabs(p);
     um_status s = release_holes(p, 0);
+    size_t after = p->reserved;
     pthread_mutex_unlock(&p->lock);
+    if (p->events)
+        um__event_add(p->events, UM_EVENT_TRIM, p->base.dev, -1, t0, um__now_ns() - t0,
+                      before > after ? before - after : 0, 0);
     return s;
 }
 
@@ -2426,7 +2431,7 @@ static void pool_destroy(um__allocator *a)
     um__backend *b = p->base.backend;
     /* Everything goes back below: the trace's reserved memory ends at 0. */
     if (p->events)
-        um__event_add(p->events, UM_EVENT_RESERVED, p->base.dev, -1, um__now_ns(), 0, 0, 0);
+        um__event_instant(p->events, UM_EVENT_RESERVED, p->base.dev, 0, 0);
     pthread_key_delete(p->tkey);
     while (p->tcaches) {
         um__tcache *tc = p->tcaches;

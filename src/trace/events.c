@@ -1,19 +1,450 @@
 /* Event recorder; see events.h. */
 #include "events.h"
 
+#include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
-/* Records are written out once this many are pending. */
-#define EVENTS_BATCH 4096
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#include <x86intrin.h>
+#define HAVE_TSC 1
+#else
+#define HAVE_TSC 0
+#endif
 
+/* Records per buffer: 512 KiB, written out in one call. */
+#define CHUNK_RECS 16384
+/* Full buffers waiting for the writer before recording threads wait too
+ * (64 MiB): memory stays bounded when the disk is slower than the events. */
+#define MAX_QUEUED 128
+
+/* A duration in flags' DUR_US unit is in microseconds (above 4.29 s). */
+enum { REC_DUR_US = 1 };
+
+/* One event as recorded: time in the recorder's ticks, two arguments, a
+ * duration, what and where. */
 typedef struct event_rec {
-    uint64_t start_ns, dur_ns, a0, a1;
-    int32_t kind, dev, src;
-    char name[32];
+    uint64_t t, a0, a1;
+    uint32_t dur;
+    uint8_t kind;
+    int8_t dev, src;
+    uint8_t flags;
 } event_rec;
+_Static_assert(sizeof(event_rec) == 32, "an event record is 32 bytes");
+
+typedef struct chunk {
+    struct chunk *next; /* in the writer's queue or the spare list */
+    uint32_t n;
+    event_rec recs[CHUNK_RECS];
+} chunk;
+
+/* A recording thread's buffer in one recorder. */
+typedef struct tbuf {
+    struct tbuf *next;
+    uint64_t thread; /* the thread's id (thread_id()) */
+    chunk *c;
+} tbuf;
+
+/* A sorted run of records in the spill file. */
+typedef struct run {
+    uint64_t first; /* index of its first record */
+    uint32_t n;
+} run;
+
+/* A live block the JSON writer knows of: its address and size (open
+ * addressing; address 0: empty, TOMB: removed). */
+typedef struct live_block {
+    uint64_t addr, size;
+} live_block;
+#define TOMB ((uint64_t)1)
+
+struct um__events {
+    uint64_t gen;         /* tells this recorder apart from one at the same address */
+    bool tsc;             /* times are TSC ticks; else um__now_ns */
+    pthread_mutex_t lock; /* the lists below, the queue, the runs, the names */
+    pthread_cond_t work, space;
+    pthread_t writer;
+    bool writer_started, stop, spill_failed;
+    tbuf *threads;
+    chunk *queue, *queue_tail, *spare;
+    size_t queued;
+    FILE *spill;          /* the sorted runs, raw */
+    char *spill_path;
+    run *runs;
+    size_t nruns, runs_cap;
+    uint64_t spilled;     /* records in the spill file */
+    uint64_t dropped;     /* events lost to a failed allocation or write */
+    char (*names)[32];    /* task names, by index */
+    size_t nnames, names_cap;
+    um__events *next_open;
+
+    /* The clock: ns = t0_ns + (ticks - t0_ticks) * ns_per_tick. */
+    uint64_t t0_ticks, t0_ns;
+    double ns_per_tick, ticks_per_ns;
+
+    /* The JSON writer, at close. */
+    FILE *f;
+    int ndevices;
+    uint64_t *live, *reserved; /* per device, as of the events written */
+    live_block *blocks;
+    size_t blocks_cap, blocks_used;
+};
+
+/* Open recorders, so that a thread's exit finds its buffers (g_lock). */
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static um__events *g_open;
+static _Atomic uint64_t g_gen, g_thread;
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+static pthread_key_t g_key;
+static bool g_key_ok;
+
+/* The recorder this thread last recorded into, and its buffer there. */
+static _Thread_local struct {
+    um__events *e;
+    uint64_t gen;
+    tbuf *tb;
+} tl;
+static _Thread_local uint64_t tl_thread;
+
+/* ------------------------------------------------------------- the clock */
+
+static bool tsc_invariant(void)
+{
+#if HAVE_TSC
+    unsigned a, b, c, d;
+    if (!__get_cpuid(0x80000000u, &a, &b, &c, &d) || a < 0x80000007u)
+        return false;
+    __get_cpuid(0x80000007u, &a, &b, &c, &d);
+    return (d >> 8) & 1;
+#else
+    return false;
+#endif
+}
+
+static inline uint64_t rec_clock(const um__events *e)
+{
+#if HAVE_TSC
+    if (UM_LIKELY(e->tsc))
+        return __rdtsc();
+#endif
+    (void)e;
+    return um__now_ns();
+}
+
+uint64_t um__events_clock(const um__events *e) { return rec_clock(e); }
+
+/* Ticks against um__now_ns over at least min_ns (both read close together),
+ * so that the mapping holds to a few parts in a million. */
+static void clock_pair(const um__events *e, uint64_t *ticks, uint64_t *ns)
+{
+    uint64_t best = UINT64_MAX;
+    for (int i = 0; i < 5; i++) {
+        uint64_t a = um__now_ns(), t = rec_clock(e), b = um__now_ns();
+        if (b - a < best) {
+            best = b - a;
+            *ticks = t;
+            *ns = a + (b - a) / 2;
+        }
+    }
+}
+
+static void clock_fit(um__events *e, uint64_t min_ns)
+{
+    if (!e->tsc) {
+        e->ns_per_tick = e->ticks_per_ns = 1.0;
+        return;
+    }
+    uint64_t t1, n1;
+    do
+        clock_pair(e, &t1, &n1);
+    while (n1 - e->t0_ns < min_ns || t1 == e->t0_ticks);
+    e->ns_per_tick = (double)(n1 - e->t0_ns) / (double)(t1 - e->t0_ticks);
+    e->ticks_per_ns = 1.0 / e->ns_per_tick;
+}
+
+/* --------------------------------------------------- recording threads */
+
+static uint64_t thread_id(void)
+{
+    if (!tl_thread)
+        tl_thread = atomic_fetch_add(&g_thread, 1) + 1;
+    return tl_thread;
+}
+
+static void thread_exit(void *value);
+
+static void key_init(void) { g_key_ok = pthread_key_create(&g_key, thread_exit) == 0; }
+
+static chunk *chunk_get_locked(um__events *e)
+{
+    chunk *c = e->spare;
+    if (c)
+        e->spare = c->next;
+    else
+        c = malloc(sizeof *c);
+    if (c) {
+        c->n = 0;
+        c->next = NULL;
+    }
+    return c;
+}
+
+/* Queues c for the writer (locked); waits while the queue is full. */
+static void chunk_queue_locked(um__events *e, chunk *c)
+{
+    while (e->queued >= MAX_QUEUED && !e->spill_failed)
+        pthread_cond_wait(&e->space, &e->lock);
+    c->next = NULL;
+    if (e->queue_tail)
+        e->queue_tail->next = c;
+    else
+        e->queue = c;
+    e->queue_tail = c;
+    e->queued++;
+    pthread_cond_signal(&e->work);
+}
+
+/* This thread's buffer in e, made on its first event there (locked). */
+static tbuf *tbuf_find_locked(um__events *e, uint64_t thread)
+{
+    for (tbuf *tb = e->threads; tb; tb = tb->next)
+        if (tb->thread == thread)
+            return tb;
+    tbuf *tb = calloc(1, sizeof *tb);
+    if (!tb)
+        return NULL;
+    tb->thread = thread;
+    tb->next = e->threads;
+    e->threads = tb;
+    return tb;
+}
+
+/* The next free record of this thread's buffer, after the slow cases: the
+ * first event of this thread in e, a full buffer, no memory (NULL). */
+static event_rec *slot_slow(um__events *e)
+{
+    uint64_t thread = thread_id();
+    pthread_once(&g_once, key_init);
+    if (g_key_ok && !pthread_getspecific(g_key))
+        pthread_setspecific(g_key, (void *)(uintptr_t)thread);
+    pthread_mutex_lock(&e->lock);
+    tbuf *tb = tl.e == e && tl.gen == e->gen ? tl.tb : tbuf_find_locked(e, thread);
+    event_rec *r = NULL;
+    if (tb) {
+        tl.e = e;
+        tl.gen = e->gen;
+        tl.tb = tb;
+        if (tb->c && tb->c->n == CHUNK_RECS) {
+            chunk_queue_locked(e, tb->c);
+            tb->c = NULL;
+        }
+        if (!tb->c)
+            tb->c = chunk_get_locked(e);
+        if (tb->c)
+            r = &tb->c->recs[tb->c->n++];
+    }
+    if (!r)
+        e->dropped++;
+    pthread_mutex_unlock(&e->lock);
+    return r;
+}
+
+static inline event_rec *slot(um__events *e)
+{
+    if (UM_LIKELY(tl.e == e && tl.gen == e->gen)) {
+        chunk *c = tl.tb->c;
+        if (UM_LIKELY(c && c->n < CHUNK_RECS))
+            return &c->recs[c->n++];
+    }
+    return slot_slow(e);
+}
+
+/* A thread that recorded is exiting: its buffers go to their recorders'
+ * writers, so that short-lived threads do not pile up memory. */
+static void thread_exit(void *value)
+{
+    uint64_t thread = (uint64_t)(uintptr_t)value;
+    pthread_mutex_lock(&g_lock);
+    for (um__events *e = g_open; e; e = e->next_open) {
+        pthread_mutex_lock(&e->lock);
+        for (tbuf **pp = &e->threads; *pp; pp = &(*pp)->next) {
+            tbuf *tb = *pp;
+            if (tb->thread != thread)
+                continue;
+            if (tb->c && tb->c->n)
+                chunk_queue_locked(e, tb->c);
+            else
+                free(tb->c);
+            *pp = tb->next;
+            free(tb);
+            break;
+        }
+        pthread_mutex_unlock(&e->lock);
+    }
+    pthread_mutex_unlock(&g_lock);
+    tl.e = NULL;
+}
+
+void um__event_instant_at(um__events *e, um__event_kind kind, int dev, uint64_t t, uint64_t a0,
+                          uint64_t a1)
+{
+    event_rec *r = slot(e);
+    if (UM_LIKELY(r != NULL))
+        *r = (event_rec){t, a0, a1, 0, (uint8_t)kind, (int8_t)dev, -1, 0};
+}
+
+void um__event_instant(um__events *e, um__event_kind kind, int dev, uint64_t a0, uint64_t a1)
+{
+    um__event_instant_at(e, kind, dev, rec_clock(e), a0, a1);
+}
+
+void um__event_add(um__events *e, um__event_kind kind, int dev, int src, uint64_t start_ns,
+                   uint64_t dur_ns, uint64_t a0, uint64_t a1)
+{
+    /* The start in ticks: now, less the time since start_ns (spans are
+     * recorded when they end, rarely long after they began). */
+    uint64_t now_t = rec_clock(e), now_ns = um__now_ns();
+    uint64_t ago = now_ns > start_ns ? now_ns - start_ns : 0;
+    uint64_t t = now_t - (uint64_t)((double)ago * e->ticks_per_ns);
+    uint8_t flags = 0;
+    uint64_t dur = dur_ns;
+    if (dur > UINT32_MAX) {
+        dur = dur / 1000 > UINT32_MAX ? UINT32_MAX : dur / 1000;
+        flags = REC_DUR_US;
+    }
+    event_rec *r = slot(e);
+    if (UM_LIKELY(r != NULL))
+        *r = (event_rec){t, a0, a1, (uint32_t)dur, (uint8_t)kind, (int8_t)dev, (int8_t)src, flags};
+}
+
+void um__event_add_named(um__events *e, um__event_kind kind, int dev, uint64_t start_ns,
+                         uint64_t dur_ns, uint64_t a0, uint64_t a1, const char *name)
+{
+    /* Names are rare (one a task): a table under the lock, the index in
+     * a1's upper bits. */
+    pthread_mutex_lock(&e->lock);
+    size_t idx = SIZE_MAX;
+    if (e->nnames < e->names_cap || e->nnames < (1u << 24)) {
+        if (e->nnames == e->names_cap) {
+            size_t cap = e->names_cap ? 2 * e->names_cap : 64;
+            char(*n)[32] = realloc(e->names, cap * sizeof *n);
+            if (n) {
+                e->names = n;
+                e->names_cap = cap;
+            }
+        }
+        if (e->nnames < e->names_cap) {
+            idx = e->nnames++;
+            snprintf(e->names[idx], sizeof e->names[idx], "%s", name ? name : "task");
+        }
+    }
+    pthread_mutex_unlock(&e->lock);
+    um__event_add(e, kind, dev, -1, start_ns, dur_ns, a0,
+                  (a1 & 1) | (idx == SIZE_MAX ? 0 : (uint64_t)(idx + 1) << 1));
+}
+
+/* ------------------------------------------------------------ the writer */
+
+static bool rec_before(const event_rec *a, const event_rec *b) { return a->t < b->t; }
+
+/* Sorts recs by time, stably (a span recorded at its end lands after the
+ * instants of its duration; most buffers are sorted already). */
+static void sort_records(event_rec *recs, uint32_t n, event_rec *tmp)
+{
+    bool sorted = true;
+    for (uint32_t i = 1; i < n && sorted; i++)
+        sorted = !rec_before(&recs[i], &recs[i - 1]);
+    if (sorted)
+        return;
+    for (uint32_t w = 1; w < n; w *= 2) {
+        for (uint32_t lo = 0; lo < n; lo += 2 * w) {
+            uint32_t mid = lo + w < n ? lo + w : n, hi = lo + 2 * w < n ? lo + 2 * w : n;
+            uint32_t i = lo, j = mid, k = lo;
+            while (i < mid && j < hi)
+                tmp[k++] = rec_before(&recs[j], &recs[i]) ? recs[j++] : recs[i++];
+            while (i < mid)
+                tmp[k++] = recs[i++];
+            while (j < hi)
+                tmp[k++] = recs[j++];
+        }
+        memcpy(recs, tmp, (size_t)n * sizeof *recs);
+    }
+}
+
+/* Sorts c and appends it to the spill file as one run (the writer thread,
+ * or the closing one once the writer has stopped). */
+static void spill_chunk(um__events *e, chunk *c, event_rec *tmp)
+{
+    sort_records(c->recs, c->n, tmp);
+    bool ok = !e->spill_failed && fwrite(c->recs, sizeof c->recs[0], c->n, e->spill) == c->n;
+    pthread_mutex_lock(&e->lock);
+    if (ok && e->nruns == e->runs_cap) {
+        size_t cap = e->runs_cap ? 2 * e->runs_cap : 256;
+        run *r = realloc(e->runs, cap * sizeof *r);
+        if (r) {
+            e->runs = r;
+            e->runs_cap = cap;
+        } else {
+            ok = false;
+        }
+    }
+    if (ok) {
+        e->runs[e->nruns++] = (run){e->spilled, c->n};
+        e->spilled += c->n;
+    } else {
+        /* A failed write leaves the file's end unknown: stop spilling. */
+        if (!e->spill_failed)
+            um__log(UM_LOG_WARN, "trace_file: writing events to '%s' failed (%s); later events "
+                                 "are dropped", e->spill_path, strerror(errno));
+        e->spill_failed = true;
+        e->dropped += c->n;
+        pthread_cond_broadcast(&e->space);
+    }
+    c->next = e->spare;
+    e->spare = c;
+    pthread_mutex_unlock(&e->lock);
+}
+
+static void *writer_main(void *arg)
+{
+    um__events *e = arg;
+    event_rec *tmp = malloc(sizeof(event_rec) * CHUNK_RECS);
+    pthread_mutex_lock(&e->lock);
+    for (;;) {
+        while (!e->queue && !e->stop)
+            pthread_cond_wait(&e->work, &e->lock);
+        chunk *c = e->queue;
+        if (!c)
+            break;
+        e->queue = c->next;
+        if (!e->queue)
+            e->queue_tail = NULL;
+        e->queued--;
+        pthread_cond_broadcast(&e->space);
+        pthread_mutex_unlock(&e->lock);
+        if (tmp) {
+            spill_chunk(e, c, tmp);
+        } else {
+            pthread_mutex_lock(&e->lock);
+            e->dropped += c->n;
+            c->next = e->spare;
+            e->spare = c;
+            pthread_mutex_unlock(&e->lock);
+        }
+        pthread_mutex_lock(&e->lock);
+    }
+    pthread_mutex_unlock(&e->lock);
+    free(tmp);
+    return NULL;
+}
+
+/* ------------------------------------------------------- the JSON output */
 
 /* name as a JSON string body: quotes, backslashes and controls dropped. */
 static void json_name(char *out, size_t len, const char *name)
@@ -24,26 +455,6 @@ static void json_name(char *out, size_t len, const char *name)
             out[k++] = *c;
     out[k] = '\0';
 }
-
-/* A live block the writer knows of: its address and size (open
- * addressing; address 0: empty, TOMB: removed). */
-typedef struct live_block {
-    uint64_t addr, size;
-} live_block;
-#define TOMB ((uint64_t)1)
-
-struct um__events {
-    pthread_mutex_t lock;
-    FILE *f;
-    int ndevices;
-    uint64_t *live, *reserved; /* per device, as of the events written */
-    live_block *blocks;
-    size_t blocks_cap, blocks_used;
-    uint64_t t0;          /* um__now_ns at open: time 0 of the trace */
-    event_rec pending[EVENTS_BATCH];
-    size_t npending;
-    uint64_t written;     /* events in the file so far */
-};
 
 static size_t block_slot(const um__events *e, uint64_t addr)
 {
@@ -93,95 +504,265 @@ static uint64_t block_take(um__events *e, uint64_t addr)
     return 0;
 }
 
-/* The memory counters of dev at ts, as they are after its last event. */
-static void write_counters(um__events *e, int dev, double ts)
+/* Allocations, frees and counter samples are nearly every event, so they
+ * are formatted by hand into a line buffer: fprintf's %.3f made writing a
+ * trace of a million events take seconds. */
+typedef struct line {
+    char buf[256];
+    size_t n;
+} line;
+
+static void put_str(line *l, const char *s)
+{
+    size_t k = strlen(s);
+    memcpy(l->buf + l->n, s, k);
+    l->n += k;
+}
+
+static void put_u64(line *l, uint64_t v)
+{
+    char tmp[24];
+    int k = 0;
+    do
+        tmp[k++] = (char)('0' + v % 10);
+    while ((v /= 10) != 0);
+    while (k)
+        l->buf[l->n++] = tmp[--k];
+}
+
+static void put_hex(line *l, uint64_t v)
+{
+    char tmp[16];
+    int k = 0;
+    do
+        tmp[k++] = "0123456789abcdef"[v & 15];
+    while ((v >>= 4) != 0);
+    while (k)
+        l->buf[l->n++] = tmp[--k];
+}
+
+/* A time in microseconds with three decimals, from nanoseconds. */
+static void put_us(line *l, int64_t ns)
+{
+    if (ns < 0) {
+        l->buf[l->n++] = '-';
+        ns = -ns;
+    }
+    put_u64(l, (uint64_t)ns / 1000);
+    unsigned frac = (unsigned)((uint64_t)ns % 1000);
+    l->buf[l->n++] = '.';
+    l->buf[l->n++] = (char)('0' + frac / 100);
+    l->buf[l->n++] = (char)('0' + frac / 10 % 10);
+    l->buf[l->n++] = (char)('0' + frac % 10);
+}
+
+static inline int64_t ticks_to_ns(const um__events *e, uint64_t t)
+{
+    return (int64_t)llround((double)(int64_t)(t - e->t0_ticks) * e->ns_per_tick);
+}
+
+/* The memory counters of dev at ts_ns, as they are after its last event. */
+static void write_counters(um__events *e, int dev, int64_t ts_ns)
 {
     uint64_t live = e->live[dev], res = e->reserved[dev];
-    fprintf(e->f,
-            ",\n{\"name\":\"memory\",\"ph\":\"C\",\"ts\":%.3f,\"pid\":%d,\"args\":{\"live\":%llu,"
-            "\"reserved\":%llu,\"cached\":%llu}}",
-            ts, dev, (unsigned long long)live, (unsigned long long)res,
-            (unsigned long long)(res > live ? res - live : 0));
+    line l = {.n = 0};
+    put_str(&l, ",\n{\"name\":\"memory\",\"ph\":\"C\",\"ts\":");
+    put_us(&l, ts_ns);
+    put_str(&l, ",\"pid\":");
+    put_u64(&l, (uint64_t)dev);
+    put_str(&l, ",\"args\":{\"live\":");
+    put_u64(&l, live);
+    put_str(&l, ",\"reserved\":");
+    put_u64(&l, res);
+    put_str(&l, ",\"cached\":");
+    put_u64(&l, res > live ? res - live : 0);
+    put_str(&l, "}}");
+    fwrite(l.buf, 1, l.n, e->f);
 }
 
 /* A complete event ("X") of r on its device's track `tid`, with a0 and
  * a1 as the named arguments. */
-static void write_span(um__events *e, const event_rec *r, const char *name, const char *cat,
-                       int tid, const char *arg0, const char *arg1)
+static void write_span(um__events *e, const event_rec *r, double ts, double dur, const char *name,
+                       const char *cat, int tid, const char *arg0, uint64_t a0, const char *arg1,
+                       uint64_t a1)
 {
     fprintf(e->f,
             ",\n{\"name\":\"%s\",\"cat\":\"%s\",\"ph\":\"X\",\"ts\":%.3f,\"dur\":%.3f,"
             "\"pid\":%d,\"tid\":%d,\"args\":{\"%s\":%llu,\"%s\":%llu}}",
-            name, cat, (double)(r->start_ns - e->t0) / 1000.0, (double)r->dur_ns / 1000.0, r->dev,
-            tid, arg0, (unsigned long long)r->a0, arg1, (unsigned long long)r->a1);
+            name, cat, ts, dur, r->dev, tid, arg0, (unsigned long long)a0, arg1,
+            (unsigned long long)a1);
 }
 
-static void write_batch(um__events *e)
+static const char *const backend_op_names[UM_BE_OP_COUNT] = {
+    "backend reserve", "backend unreserve", "backend create",
+    "backend release", "backend map",       "backend unmap"};
+
+static void write_event(um__events *e, const event_rec *r)
 {
-    for (size_t i = 0; i < e->npending; i++) {
-        const event_rec *r = &e->pending[i];
-        double ts = (double)(r->start_ns - e->t0) / 1000.0, dur = (double)r->dur_ns / 1000.0;
-        switch (r->kind) {
-        case UM_EVENT_COPY:
-            fprintf(e->f,
-                    ",\n{\"name\":\"copy %d->%d\",\"cat\":\"copy\",\"ph\":\"X\",\"ts\":%.3f,"
-                    "\"dur\":%.3f,\"pid\":%d,\"tid\":%d,\"args\":{\"bytes\":%llu,\"from\":%d,"
-                    "\"to\":%d,\"staged\":%llu}}",
-                    r->src, r->dev, ts, dur, r->dev, 1000 + r->src, (unsigned long long)r->a0,
-                    r->src, r->dev, (unsigned long long)r->a1);
-            break;
-        case UM_EVENT_EVICT:
-            fprintf(e->f,
-                    ",\n{\"name\":\"evict\",\"cat\":\"evict\",\"ph\":\"X\",\"ts\":%.3f,"
-                    "\"dur\":%.3f,\"pid\":%d,\"tid\":1,\"args\":{\"bytes\":%llu,"
-                    "\"written_back\":%llu,\"to_spill_file\":%d}}",
-                    ts, dur, r->dev, (unsigned long long)r->a0, (unsigned long long)r->a1,
-                    r->src == 1);
-            break;
-        case UM_EVENT_RECLAIM_WAIT:
-            write_span(e, r, "alloc waits for room", "reclaim", 2, "bytes", "made_room");
-            break;
-        case UM_EVENT_RECLAIM_RUN:
-            write_span(e, r, "reclaimer pass", "reclaim", 3, "bytes_before", "bytes_after");
-            break;
-        case UM_EVENT_TASK: {
-            char name[32];
-            json_name(name, sizeof name, r->name);
-            write_span(e, r, name, "task", 4, "task", "failed");
-            break;
-        }
-        case UM_EVENT_ALLOC:
-        case UM_EVENT_FREE: {
-            if (r->dev < 0 || r->dev >= e->ndevices)
-                break;
-            uint64_t size = r->a0;
-            if (r->kind == UM_EVENT_ALLOC) {
-                if (block_add(e, r->a1, size))
-                    e->live[r->dev] += size;
-            } else {
-                size = block_take(e, r->a1);
-                e->live[r->dev] -= size <= e->live[r->dev] ? size : e->live[r->dev];
-            }
-            fprintf(e->f,
-                    ",\n{\"name\":\"%s\",\"cat\":\"memory\",\"ph\":\"i\",\"s\":\"t\",\"ts\":%.3f,"
-                    "\"pid\":%d,\"tid\":0,\"args\":{\"bytes\":%llu,\"block\":\"0x%llx\"}}",
-                    r->kind == UM_EVENT_ALLOC ? "alloc" : "free", ts, r->dev,
-                    (unsigned long long)size, (unsigned long long)r->a1);
-            write_counters(e, r->dev, ts);
-            break;
-        }
-        case UM_EVENT_RESERVED:
-            if (r->dev < 0 || r->dev >= e->ndevices)
-                break;
-            e->reserved[r->dev] = r->a0;
-            write_counters(e, r->dev, ts);
-            break;
-        default:
-            break;
-        }
-        e->written++;
+    int64_t ts_ns = ticks_to_ns(e, r->t);
+    double ts = (double)ts_ns / 1000.0;
+    double dur = (double)r->dur * (r->flags & REC_DUR_US ? 1.0 : 0.001);
+    bool on_device = r->dev >= 0 && r->dev < e->ndevices;
+    switch (r->kind) {
+    case UM_EVENT_COPY:
+        fprintf(e->f,
+                ",\n{\"name\":\"copy %d->%d\",\"cat\":\"copy\",\"ph\":\"X\",\"ts\":%.3f,"
+                "\"dur\":%.3f,\"pid\":%d,\"tid\":%d,\"args\":{\"bytes\":%llu,\"from\":%d,"
+                "\"to\":%d,\"staged\":%llu}}",
+                r->src, r->dev, ts, dur, r->dev, 1000 + r->src, (unsigned long long)r->a0, r->src,
+                r->dev, (unsigned long long)r->a1);
+        break;
+    case UM_EVENT_EVICT:
+        fprintf(e->f,
+                ",\n{\"name\":\"evict\",\"cat\":\"evict\",\"ph\":\"X\",\"ts\":%.3f,"
+                "\"dur\":%.3f,\"pid\":%d,\"tid\":1,\"args\":{\"bytes\":%llu,"
+                "\"written_back\":%llu,\"to_spill_file\":%d}}",
+                ts, dur, r->dev, (unsigned long long)r->a0, (unsigned long long)r->a1,
+                r->src == 1);
+        break;
+    case UM_EVENT_RECLAIM_WAIT:
+        write_span(e, r, ts, dur, "alloc waits for room", "reclaim", 2, "bytes", r->a0,
+                   "made_room", r->a1);
+        break;
+    case UM_EVENT_RECLAIM_RUN:
+        write_span(e, r, ts, dur, "reclaimer pass", "reclaim", 3, "bytes_before", r->a0,
+                   "bytes_after", r->a1);
+        break;
+    case UM_EVENT_TASK: {
+        char name[32] = "task";
+        uint64_t idx = r->a1 >> 1;
+        if (idx && idx <= e->nnames)
+            json_name(name, sizeof name, e->names[idx - 1]);
+        write_span(e, r, ts, dur, name, "task", 4, "task", r->a0, "failed", r->a1 & 1);
+        break;
     }
-    e->npending = 0;
+    case UM_EVENT_BACKEND: {
+        unsigned op = (unsigned)(r->a1 & 0xff);
+        write_span(e, r, ts, dur, op < UM_BE_OP_COUNT ? backend_op_names[op] : "backend",
+                   "backend", 5, "bytes", r->a0, "failed", (r->a1 >> 8) & 1);
+        break;
+    }
+    case UM_EVENT_TRIM:
+        write_span(e, r, ts, dur, "trim", "trim", 5, "bytes", r->a0, "device", (uint64_t)r->dev);
+        break;
+    case UM_EVENT_ALLOC:
+    case UM_EVENT_FREE: {
+        if (!on_device)
+            break;
+        uint64_t size = r->a0;
+        if (r->kind == UM_EVENT_ALLOC) {
+            if (block_add(e, r->a1, size))
+                e->live[r->dev] += size;
+        } else {
+            size = block_take(e, r->a1);
+            e->live[r->dev] -= size <= e->live[r->dev] ? size : e->live[r->dev];
+        }
+        line l = {.n = 0};
+        put_str(&l, r->kind == UM_EVENT_ALLOC ? ",\n{\"name\":\"alloc\"" : ",\n{\"name\":\"free\"");
+        put_str(&l, ",\"cat\":\"memory\",\"ph\":\"i\",\"s\":\"t\",\"ts\":");
+        put_us(&l, ts_ns);
+        put_str(&l, ",\"pid\":");
+        put_u64(&l, (uint64_t)r->dev);
+        put_str(&l, ",\"tid\":0,\"args\":{\"bytes\":");
+        put_u64(&l, size);
+        put_str(&l, ",\"block\":\"0x");
+        put_hex(&l, r->a1);
+        put_str(&l, "\"}}");
+        fwrite(l.buf, 1, l.n, e->f);
+        write_counters(e, r->dev, ts_ns);
+        break;
+    }
+    case UM_EVENT_RESERVED:
+        if (!on_device)
+            break;
+        e->reserved[r->dev] = r->a0;
+        write_counters(e, r->dev, ts_ns);
+        break;
+    default:
+        break;
+    }
+}
+
+/* Writes the spill file's runs merged by time: a binary heap of runs,
+ * keyed by each run's next record. */
+static void write_merged(um__events *e, const event_rec *recs)
+{
+    size_t n = e->nruns;
+    size_t *heap = malloc((n ? n : 1) * sizeof *heap), *pos = calloc(n ? n : 1, sizeof *pos);
+    if (!heap || !pos) {
+        um__log(UM_LOG_WARN, "trace_file: no memory to merge the events; none written");
+        free(heap);
+        free(pos);
+        return;
+    }
+#define HEAD(i) (&recs[e->runs[heap[i]].first + pos[heap[i]]])
+#define LESS(i, j) (HEAD(i)->t < HEAD(j)->t || (HEAD(i)->t == HEAD(j)->t && heap[i] < heap[j]))
+    size_t len = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!e->runs[i].n)
+            continue;
+        size_t k = len++;
+        heap[k] = i;
+        while (k && LESS(k, (k - 1) / 2)) {
+            size_t p = (k - 1) / 2, t = heap[p];
+            heap[p] = heap[k];
+            heap[k] = t;
+            k = p;
+        }
+    }
+    while (len) {
+        write_event(e, HEAD(0));
+        if (++pos[heap[0]] == e->runs[heap[0]].n)
+            heap[0] = heap[--len];
+        for (size_t k = 0;;) {
+            size_t l = 2 * k + 1, r = l + 1, m = k;
+            if (l < len && LESS(l, m))
+                m = l;
+            if (r < len && LESS(r, m))
+                m = r;
+            if (m == k)
+                break;
+            size_t t = heap[m];
+            heap[m] = heap[k];
+            heap[k] = t;
+            k = m;
+        }
+    }
+#undef LESS
+#undef HEAD
+    free(heap);
+    free(pos);
+}
+
+/* ----------------------------------------------------------- open, close */
+
+static void events_free(um__events *e)
+{
+    while (e->spare) {
+        chunk *c = e->spare;
+        e->spare = c->next;
+        free(c);
+    }
+    while (e->threads) {
+        tbuf *tb = e->threads;
+        e->threads = tb->next;
+        free(tb->c);
+        free(tb);
+    }
+    if (e->spill)
+        fclose(e->spill);
+    if (e->f)
+        fclose(e->f);
+    free(e->spill_path);
+    free(e->runs);
+    free(e->names);
+    free(e->live);
+    free(e->reserved);
+    free(e->blocks);
+    pthread_cond_destroy(&e->work);
+    pthread_cond_destroy(&e->space);
+    pthread_mutex_destroy(&e->lock);
+    free(e);
 }
 
 um__events *um__events_open(const char *path, int ndevices)
@@ -191,25 +772,57 @@ um__events *um__events_open(const char *path, int ndevices)
         um__fail(UM_ERR_NOMEM, "trace_file: no memory for the event recorder");
         return NULL;
     }
-    e->f = fopen(path, "w");
-    if (!e->f) {
-        um__fail(UM_ERR_IO, "trace_file: cannot open '%s' for writing", path);
-        free(e);
-        return NULL;
-    }
+    pthread_mutex_init(&e->lock, NULL);
+    pthread_cond_init(&e->work, NULL);
+    pthread_cond_init(&e->space, NULL);
+    e->gen = atomic_fetch_add(&g_gen, 1) + 1;
     e->ndevices = ndevices;
     e->live = calloc((size_t)ndevices + 1, sizeof *e->live);
     e->reserved = calloc((size_t)ndevices + 1, sizeof *e->reserved);
-    if (!e->live || !e->reserved) {
-        fclose(e->f);
-        free(e->live);
-        free(e->reserved);
-        free(e);
+    size_t plen = strlen(path);
+    e->spill_path = malloc(plen + 16);
+    if (!e->live || !e->reserved || !e->spill_path) {
+        events_free(e);
         um__fail(UM_ERR_NOMEM, "trace_file: no memory for the event recorder");
         return NULL;
     }
-    pthread_mutex_init(&e->lock, NULL);
-    e->t0 = um__now_ns();
+    e->f = fopen(path, "w");
+    if (!e->f) {
+        um__fail(UM_ERR_IO, "trace_file: cannot open '%s' for writing", path);
+        events_free(e);
+        return NULL;
+    }
+    /* The spill file sits next to the trace (its size is of the same
+     * order), unlinked at once so that nothing is left behind. */
+    snprintf(e->spill_path, plen + 16, "%s.rawXXXXXX", path);
+    int fd = mkstemp(e->spill_path);
+    if (fd >= 0) {
+        unlink(e->spill_path);
+        e->spill = fdopen(fd, "w+");
+        if (!e->spill)
+            close(fd);
+    }
+    if (!e->spill) {
+        um__fail(UM_ERR_IO, "trace_file: cannot create the spill file '%s' (%s)", e->spill_path,
+                 strerror(errno));
+        events_free(e);
+        return NULL;
+    }
+    if (pthread_create(&e->writer, NULL, writer_main, e) != 0) {
+        um__fail(UM_ERR_NOMEM, "trace_file: cannot start the event writer thread");
+        events_free(e);
+        return NULL;
+    }
+    e->writer_started = true;
+    e->tsc = tsc_invariant();
+    clock_pair(e, &e->t0_ticks, &e->t0_ns);
+    /* A first estimate of the tick rate, for spans' start times; close
+     * fits it again over the whole run. */
+    clock_fit(e, 1000000);
+    pthread_mutex_lock(&g_lock);
+    e->next_open = g_open;
+    g_open = e;
+    pthread_mutex_unlock(&g_lock);
     /* Track names: one process per device. */
     fprintf(e->f, "{\"displayTimeUnit\":\"ns\",\"traceEvents\":[\n"
                   "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":0,\"args\":{\"name\":"
@@ -220,43 +833,50 @@ um__events *um__events_open(const char *path, int ndevices)
     return e;
 }
 
-/* Appends r (with its name, or none) to the pending batch, writing the
- * batch out first when it is full. */
-static void push(um__events *e, event_rec r, const char *name)
-{
-    if (name)
-        snprintf(r.name, sizeof r.name, "%s", name);
-    pthread_mutex_lock(&e->lock);
-    if (e->npending == EVENTS_BATCH)
-        write_batch(e);
-    e->pending[e->npending++] = r;
-    pthread_mutex_unlock(&e->lock);
-}
-
-void um__event_add(um__events *e, um__event_kind kind, int dev, int src, uint64_t start_ns,
-                   uint64_t dur_ns, uint64_t a0, uint64_t a1)
-{
-    push(e, (event_rec){start_ns, dur_ns, a0, a1, (int32_t)kind, dev, src, ""}, NULL);
-}
-
-void um__event_add_named(um__events *e, um__event_kind kind, int dev, uint64_t start_ns,
-                         uint64_t dur_ns, uint64_t a0, uint64_t a1, const char *name)
-{
-    push(e, (event_rec){start_ns, dur_ns, a0, a1, (int32_t)kind, dev, -1, ""},
-         name ? name : "task");
-}
-
 void um__events_close(um__events *e)
 {
     if (!e)
         return;
-    write_batch(e);
+    pthread_mutex_lock(&g_lock);
+    for (um__events **pp = &g_open; *pp; pp = &(*pp)->next_open)
+        if (*pp == e) {
+            *pp = e->next_open;
+            break;
+        }
+    pthread_mutex_unlock(&g_lock);
+    /* Every thread's partial buffer, then the writer drains the queue. */
+    pthread_mutex_lock(&e->lock);
+    for (tbuf *tb = e->threads; tb; tb = tb->next)
+        if (tb->c && tb->c->n) {
+            chunk_queue_locked(e, tb->c);
+            tb->c = NULL;
+        }
+    e->stop = true;
+    pthread_cond_signal(&e->work);
+    pthread_mutex_unlock(&e->lock);
+    pthread_join(e->writer, NULL);
+    clock_fit(e, 20000000);
+
+    const event_rec *recs = NULL;
+    size_t bytes = (size_t)e->spilled * sizeof(event_rec);
+    if (bytes && fflush(e->spill) == 0) {
+        void *m = mmap(NULL, bytes, PROT_READ, MAP_SHARED, fileno(e->spill), 0);
+        if (m != MAP_FAILED)
+            recs = m;
+        else
+            um__log(UM_LOG_WARN, "trace_file: cannot map the spill file (%s); no events written",
+                    strerror(errno));
+    }
+    if (recs) {
+        write_merged(e, recs);
+        munmap((void *)recs, bytes);
+    }
+    if (e->dropped)
+        um__log(UM_LOG_WARN, "trace_file: %llu events were dropped (no memory, or the spill "
+                             "file could not be written)", (unsigned long long)e->dropped);
     fprintf(e->f, "\n]}\n");
     if (fclose(e->f) != 0)
         um__log(UM_LOG_WARN, "trace_file: writing the trace failed");
-    pthread_mutex_destroy(&e->lock);
-    free(e->live);
-    free(e->reserved);
-    free(e->blocks);
-    free(e);
+    e->f = NULL;
+    events_free(e);
 }

@@ -1,15 +1,19 @@
 /*
  * events: the event recorder behind the `trace_file` option. Off unless
- * the option names a file; then every layer adds compact records (a time,
- * a duration, devices, two numbers) under one lock, and the recorder writes
- * them as Chrome trace JSON (Perfetto, chrome://tracing) in batches and at
- * close. Formatting happens only when a batch is written, never in the
- * calls that record. Owns the file and the pending records.
+ * the option names a file. Then each recording thread appends 32-byte
+ * binary records to a buffer of its own, without a lock and without
+ * formatting; a full buffer goes to a writer thread, which sorts it by time
+ * and writes it raw to an unlinked spill file next to the trace. At close
+ * the recorder merges the sorted runs and writes Chrome trace JSON
+ * (Perfetto, chrome://tracing). Owns the files, the buffers and the writer.
+ *
+ * Times come from the TSC where it is invariant (a few ns to read, where
+ * clock_gettime takes 20-40), mapped to um__now_ns's clock at close.
  *
  * Allocations, frees and the pools' reserved memory also become counter
- * tracks (live, reserved and cached bytes per device): the writer keeps
- * each live block's size by address, so a free needs no size and the
- * counters are exact at every event.
+ * tracks (live, reserved and cached bytes per device): the JSON writer
+ * keeps each live block's size by address, so a free needs no size and
+ * the counters are exact at every event.
  */
 #ifndef UM_EVENTS_H
 #define UM_EVENTS_H
@@ -29,12 +33,36 @@ typedef enum um__event_kind {
     UM_EVENT_ALLOC = 5,        /* um_malloc on dev: a0 bytes, a1 the block's address */
     UM_EVENT_FREE = 6,         /* um_free on dev: a1 the block's address */
     UM_EVENT_RESERVED = 7,     /* dev's pool holds a0 bytes of backend memory from now on */
+    UM_EVENT_BACKEND = 8,      /* a memory call to dev's backend: a0 bytes, a1 the
+                                * um__backend_op, plus 256 if it failed */
+    UM_EVENT_TRIM = 9,         /* um_trim or a cache limit on dev: a0 bytes given back */
     UM_EVENT_KINDS
 } um__event_kind;
+
+/* The backend calls that UM_EVENT_BACKEND names. */
+typedef enum um__backend_op {
+    UM_BE_OP_RESERVE,
+    UM_BE_OP_UNRESERVE,
+    UM_BE_OP_CREATE,
+    UM_BE_OP_RELEASE,
+    UM_BE_OP_MAP,
+    UM_BE_OP_UNMAP,
+    UM_BE_OP_COUNT
+} um__backend_op;
 
 /* Opens path for writing (truncated); NULL after um__fail. ndevices names
  * the tracks. */
 um__events *um__events_open(const char *path, int ndevices);
+/* The recorder's clock, for an instant's time (um__event_instant_at). */
+uint64_t um__events_clock(const um__events *e);
+/* Adds an event that happens now on device dev: the hot path (a clock read
+ * and a 32-byte store). */
+void um__event_instant(um__events *e, um__event_kind kind, int dev, uint64_t a0, uint64_t a1);
+/* The same at time t of um__events_clock, read earlier (a free's time is
+ * taken before the free, so that it precedes the next allocation of the
+ * same address in every thread's order). */
+void um__event_instant_at(um__events *e, um__event_kind kind, int dev, uint64_t t, uint64_t a0,
+                          uint64_t a1);
 /* Adds one event that started at start_ns (um__now_ns) and lasted dur_ns,
  * on device dev, from device src (-1: none). */
 void um__event_add(um__events *e, um__event_kind kind, int dev, int src, uint64_t start_ns,
@@ -42,7 +70,8 @@ void um__event_add(um__events *e, um__event_kind kind, int dev, int src, uint64_
 /* The same with a name (a task's; the first 31 characters are kept). */
 void um__event_add_named(um__events *e, um__event_kind kind, int dev, uint64_t start_ns,
                          uint64_t dur_ns, uint64_t a0, uint64_t a1, const char *name);
-/* Writes what is pending and the end of the JSON, closes, frees. */
+/* Writes the JSON, closes, frees. The threads that recorded must have
+ * stopped recording into e. */
 void um__events_close(um__events *e);
 
 #endif /* UM_EVENTS_H */
