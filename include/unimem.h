@@ -195,7 +195,9 @@ UM_API int um_pointer_device(um_context *ctx, const void *ptr);
  * memory from device 0 is pinned when a GPU is present, so those copies
  * are truly asynchronous; other host memory may be copied synchronously. */
 UM_API um_status um_memcpy_async(um_context *ctx, void *dst, const void *src, size_t n, um_stream s);
-/* The same, returning once the copy is complete. */
+/* The same, returning once the copy is complete. When either fails, the
+ * bytes at dst are undefined (the copy may have run before the error, as
+ * with cudaMemcpy); src is never changed. */
 UM_API um_status um_memcpy(um_context *ctx, void *dst, const void *src, size_t n);
 
 /* ------------------------------------------------------- memory control */

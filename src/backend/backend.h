@@ -105,6 +105,9 @@ struct um__backend {
      * device index the events name. */
     um__events *events;
     int events_dev;
+    /* A fault-injection wrapper's inner backend (the one whose streams and
+     * events these are); NULL for a backend of its own. */
+    um__backend *wrapped;
 };
 
 /* Sets the driver-reported fields of a backend that has none. */
@@ -140,6 +143,21 @@ um_status um__cuda_backend_create(int ordinal, int vmm, um__backend **out);
 um_status um__cuda_host_backend_create(size_t capacity, um__backend **out);
 /* The link from GPU `from` to GPU `to` (ordinals) as the driver reports it. */
 um_status um__cuda_link(int from, int to, um_link_info *out);
+
+/* Fault injection (fault.c, the `fault` option). A plan is parsed from the
+ * option's text (NULL plan for an empty one; UM_ERR_BAD_OPTION naming the
+ * bad rule otherwise) and shared by the wrappers of every device of a
+ * context, so that "the Nth call" counts across devices in call order. */
+typedef struct um__fault_plan um__fault_plan;
+um_status um__fault_plan_parse(const char *spec, int seed, um__fault_plan **out);
+void um__fault_plan_free(um__fault_plan *p);
+/* Wraps inner (now owned by the wrapper) as device dev. */
+um_status um__fault_wrap(um__backend *inner, um__fault_plan *plan, int dev, um__backend **out);
+/* Failures the plan has injected so far. */
+uint64_t um__fault_fired(const um__fault_plan *p);
+/* Wrappers destroyed, in this process, while the layers above still held
+ * reservations, chunks, mappings, streams or events of theirs: leaks. */
+uint64_t um__fault_leaks_total(void);
 
 /* Simulated work, for tests and (later) the run layer: queue `n` units of
  * work on a sim stream; they stay incomplete until um__sim_stream_complete

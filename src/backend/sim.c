@@ -23,6 +23,8 @@ static um_status sim_stream(um__backend *b, um__bstream *s, const char *what, um
 {
     if (!b)
         return um__fail(UM_ERR_INVALID, "%s: the backend is NULL", what);
+    while (b->wrapped)
+        b = b->wrapped;
     if (b->ops != &um__memfd_ops || b->kind != UM_DEVICE_SIM)
         return um__fail(UM_ERR_UNSUPPORTED,
                         "%s: %s: simulated work runs only on sim devices, this is a %s device",

@@ -87,15 +87,20 @@
       "compute speed of simulated devices for tasks that give flops: a task takes at least " \
       "flops / (this x 1e9) seconds there; 0: as fast as the host runs it")                  \
     X(trace_file, UM_OPT_STRING, "",                                                          \
-      "write events (copies between devices and evictions, so far) to this file as Chrome "  \
-      "trace JSON, for "                                                                      \
-      "Perfetto or chrome://tracing; empty: no recording")                                    \
+      "write events (allocations, frees, backend memory calls, trims, copies, evictions, "    \
+      "reclaim passes, tasks) to this file as Chrome trace JSON, for Perfetto, "              \
+      "chrome://tracing or unimem timeline; empty: no recording")                             \
     X(task_trace, UM_OPT_STRING, "",                                                          \
       "write every submitted task (name, flops, buffers with sizes and modes) to this file, "  \
       "for unimem sim --workload trace:FILE; empty: no recording")                            \
     X(link_cache, UM_OPT_STRING, "",                                                          \
       "file of link measurements by machine; empty: $XDG_CACHE_HOME/unimem/links (or "      \
-      "~/.cache/unimem/links); none: measure at every start")
+      "~/.cache/unimem/links); none: measure at every start")                                \
+    X(fault, UM_OPT_STRING, "",                                                               \
+      "fault injection, for tests: '+'-separated [DEV:]KIND@N (the Nth call of KIND fails) "  \
+      "or [DEV:]KIND~P (each fails with probability P); KIND: reserve, unreserve, create, "   \
+      "release, map, unmap, copy, event, stream, any; empty: none")                           \
+    X(fault_seed, UM_OPT_INT, "1", "seed of fault's random failures")
 
 typedef struct um__options {
     int log_level;          /* um_log_level */
@@ -127,6 +132,8 @@ typedef struct um__options {
     char trace_file[256];
     char task_trace[256];
     char link_cache[256];
+    char fault[256];
+    int fault_seed;
 } um__options;
 
 typedef enum um__links { UM_LINKS_MEASURE = 0, UM_LINKS_MODEL = 1 } um__links;

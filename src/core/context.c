@@ -617,13 +617,25 @@ static void destroy_context(context_impl *impl)
     for (int i = 0; i < UM_MAX_DEVICES; i++)
         free(impl->free_ids[i].ids);
     um__events_close(ctx->events);
+    um__fault_plan_free(ctx->fault);
     pthread_mutex_destroy(&ctx->buffers_lock);
     pthread_mutex_destroy(&impl->lock);
     free(impl);
 }
 
-static void add_device(um_context *ctx, um__backend *b)
+/* Adds backend b (owned from here on, also on failure) as the next
+ * device; wrapped for fault injection when the fault option asks. */
+static um_status add_device(um_context *ctx, um__backend *b)
 {
+    if (ctx->fault) {
+        um__backend *w = NULL;
+        um_status st = um__fault_wrap(b, ctx->fault, ctx->ndevices, &w);
+        if (st != UM_OK) {
+            um__backend_destroy(b);
+            return st;
+        }
+        b = w;
+    }
     um_device *d = &ctx->devices[ctx->ndevices];
     d->index = ctx->ndevices;
     d->backend = b;
@@ -631,6 +643,7 @@ static void add_device(um_context *ctx, um__backend *b)
     d->default_stream = NULL;
     atomic_store(&d->next_stream_id, 1);
     ctx->ndevices++;
+    return UM_OK;
 }
 
 /* Device 0: pinned host memory through the CUDA driver when asked for, or
@@ -639,11 +652,11 @@ static void add_device(um_context *ctx, um__backend *b)
 /* Each core at about 2.5 GHz with two 8-wide FMA units (AVX2): the host's
  * nominal rate, placement's first guess (it measures from then on),
  * whichever backend holds the host's memory (pageable or pinned). */
-static void add_host(um_context *ctx, um__backend *b)
+static um_status add_host(um_context *ctx, um__backend *b)
 {
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     b->nominal_gflops = (cpus > 0 ? (double)cpus : 1.0) * 2.5 * 32.0;
-    add_device(ctx, b);
+    return add_device(ctx, b);
 }
 
 static um_status create_host(um_context *ctx, const device_spec *specs, int nspecs)
@@ -657,10 +670,8 @@ static um_status create_host(um_context *ctx, const device_spec *specs, int nspe
     if (o->host_memory == UM_HOST_MEMORY_PINNED ||
         (o->host_memory == UM_HOST_MEMORY_AUTO && gpu_listed)) {
         st = um__cuda_host_backend_create(o->host_capacity, &b);
-        if (st == UM_OK) {
-            add_host(ctx, b);
-            return UM_OK;
-        }
+        if (st == UM_OK)
+            return add_host(ctx, b);
         if (o->host_memory == UM_HOST_MEMORY_PINNED)
             return fail_within(st, "um_init: device 0 (host, host_memory=pinned)");
         char why[300];
@@ -670,8 +681,7 @@ static um_status create_host(um_context *ctx, const device_spec *specs, int nspe
     st = um__host_backend_create(o->host_capacity, o->host_granularity, &b);
     if (st != UM_OK)
         return fail_within(st, "um_init: device 0 (host)");
-    add_host(ctx, b);
-    return UM_OK;
+    return add_host(ctx, b);
 }
 
 /* One device per GPU of the entry: every GPU the driver reports for
@@ -714,7 +724,8 @@ static um_status create_cuda(um_context *ctx, const device_spec *spec)
             snprintf(where, sizeof where, "um_init: device %d (cuda%d)", ctx->ndevices, g);
             return fail_within(st, where);
         }
-        add_device(ctx, b);
+        if ((st = add_device(ctx, b)) != UM_OK)
+            return st;
     }
     return UM_OK;
 }
@@ -751,7 +762,8 @@ static um_status create_backends(um_context *ctx, const device_spec *specs, int 
                  * modelled speed. */
                 b->nominal_gflops = o->sim_gflops > 0 ? (double)o->sim_gflops
                                                       : ctx->devices[0].backend->nominal_gflops;
-                add_device(ctx, b);
+                if ((st = add_device(ctx, b)) != UM_OK)
+                    return st;
             }
             break;
         case SPEC_CUDA:
@@ -890,7 +902,9 @@ um_status um_init(const char *conf, um_context **out)
     ctx->opts = opts;
     ctx->ndevices = 0;
 
-    st = create_backends(ctx, specs, nspecs);
+    st = um__fault_plan_parse(opts.fault, opts.fault_seed, &ctx->fault);
+    if (st == UM_OK)
+        st = create_backends(ctx, specs, nspecs);
     /* The recorder before the allocators: pools record their reserved
      * memory into it. */
     if (st == UM_OK && opts.trace_file[0] && !(ctx->events = um__events_open(opts.trace_file,

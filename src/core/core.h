@@ -45,6 +45,7 @@ struct um_context {
      * the stream lock: making the layer creates streams. */
     pthread_mutex_t buffers_lock;
     um__events *events;     /* the trace_file recorder, or NULL */
+    um__fault_plan *fault;  /* the fault option's plan (every backend wrapped), or NULL */
     struct um__xfer *_Atomic xfer;
     void (*buffers_fini)(um_context *ctx);
     /* Makes room on dev for an allocation of `bytes` that failed for lack

@@ -2420,6 +2420,8 @@ done:
 
 /* ------------------------------------------------------- create / destroy */
 
+#define TEARDOWN_TRIES 8
+
 static void pool_destroy(um__allocator *a)
 {
     um__pool *p = P(a);
@@ -2450,17 +2452,37 @@ static void pool_destroy(um__allocator *a)
         free(ss);
     }
     free(p->streams);
+    /* A driver may refuse a call now and take it a moment later: each is
+     * tried a few times before the memory is reported lost. */
+    size_t refused = 0;
     for (size_t pg = 0; p->pages && pg < p->npages; pg++) {
         if (!p->pages[pg].phys)
             continue;
-        (void)um__be_unmap(b, page_addr(p, pg), p->page);
-        (void)um__be_release(b, p->pages[pg].phys, p->page);
+        int tries = TEARDOWN_TRIES;
+        while (um__be_unmap(b, page_addr(p, pg), p->page) != UM_OK && --tries)
+            ;
+        tries = TEARDOWN_TRIES;
+        while (um__be_release(b, p->pages[pg].phys, p->page) != UM_OK && --tries)
+            ;
+        refused += tries == 0;
     }
-    for (size_t i = 0; i < p->nparked; i++)
-        (void)um__be_release(b, p->parked[i], p->page);
+    for (size_t i = 0; i < p->nparked; i++) {
+        int tries = TEARDOWN_TRIES;
+        while (um__be_release(b, p->parked[i], p->page) != UM_OK && --tries)
+            ;
+        refused += tries == 0;
+    }
     free(p->parked);
-    if (p->va)
-        (void)um__be_unreserve(b, p->va, p->va_size);
+    if (p->va) {
+        int tries = TEARDOWN_TRIES;
+        while (um__be_unreserve(b, p->va, p->va_size) != UM_OK && --tries)
+            ;
+        refused += tries == 0;
+    }
+    if (refused)
+        um__log(UM_LOG_ERROR, "%s: at shutdown the backend refused to take back %zu pages or "
+                              "reservations %d times each (%s)",
+                dev_name(p), refused, TEARDOWN_TRIES, um_last_error());
     /* Planned blocks are only in the pointer map (read before the region's
      * records, which the map also points to, are freed). */
     for (size_t i = 0; i < p->live_cap; i++)

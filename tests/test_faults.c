@@ -1,0 +1,386 @@
+/* Fault injection through the `fault` option: for each sequence of public
+ * operations below, every backend call in turn is made to fail (fault=
+ * any@N for N = 1, 2, ... until the sequence makes fewer calls than N),
+ * then random fractions with seeds. After each run: every failed call
+ * returned a status and a message, every block and buffer holds the data
+ * last written to it, the statistics equal a recount of the blocks the
+ * test holds, the pools pass their consistency check, and at shutdown the
+ * backends got back every reservation, chunk, mapping, stream and event
+ * (um__fault_leaks_total does not move). */
+#include "core/core.h"
+#include "harness.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define MB (1024u * 1024u)
+
+typedef struct run_result {
+    int failed_calls;  /* public calls that returned an error */
+    int silent_errors; /* of those, without a message */
+    int wrong_bytes;   /* blocks or buffers whose data is not the last written */
+    int bad_stats;     /* devices whose stats disagree with the recount */
+    int bad_checks;    /* pools failing their consistency check */
+    uint64_t fired;    /* failures injected */
+    uint64_t written_back; /* replicas written back to make room (buffers) */
+} run_result;
+
+/* A call's status: a failure must come with a message. */
+static bool ok(run_result *r, um_status st)
+{
+    if (st == UM_OK)
+        return true;
+    r->failed_calls++;
+    if (getenv("FAULT_LOG"))
+        fprintf(stderr, "  %s: %s\n", um_status_name(st), um_last_error());
+    if (!um_last_error()[0])
+        r->silent_errors++;
+    return false;
+}
+
+/* Block contents: word w of a block with pattern (id, gen) is a mix of
+ * the three, so that any misplaced or stale word shows. Words, not bytes,
+ * so that the sanitizer builds check megabytes quickly. */
+static uint64_t pattern_word(unsigned id, unsigned gen, size_t w)
+{
+    uint64_t z = ((uint64_t)id << 40 ^ (uint64_t)gen << 32) + w * 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 31)) * 0xbf58476d1ce4e5b9ull;
+    return z ^ (z >> 29);
+}
+
+static void fill(void *p, size_t n, unsigned id, unsigned gen)
+{
+    uint8_t *b = p;
+    size_t w = 0;
+    for (; (w + 1) * 8 <= n; w++) {
+        uint64_t v = pattern_word(id, gen, w);
+        memcpy(b + w * 8, &v, 8);
+    }
+    uint64_t v = pattern_word(id, gen, w);
+    memcpy(b + w * 8, &v, n - w * 8);
+}
+
+static bool matches(const void *p, size_t n, unsigned id, unsigned gen)
+{
+    const uint8_t *b = p;
+    size_t w = 0;
+    for (; (w + 1) * 8 <= n; w++) {
+        uint64_t v = pattern_word(id, gen, w);
+        if (memcmp(b + w * 8, &v, 8) != 0)
+            return false;
+    }
+    uint64_t v = pattern_word(id, gen, w);
+    return memcmp(b + w * 8, &v, n - w * 8) == 0;
+}
+
+static void check_pools(um_context *ctx, run_result *r)
+{
+    for (int d = 0; d < ctx->ndevices; d++) {
+        um__allocator *a = ctx->devices[d].alloc;
+        if (a && a->ops->check && a->ops->check(a) != UM_OK) {
+            fprintf(stderr, "  device %d: %s\n", d, um_last_error());
+            r->bad_checks++;
+        }
+    }
+}
+
+/* ------------------------------------------------- pooled memory sequence */
+
+#define NBLOCKS 24
+
+typedef struct held_block {
+    void *p;
+    size_t size;
+    int dev;
+    unsigned id, gen; /* its bytes: pattern(id, gen, offset) */
+    /* After a failed copy into it, the source's pattern is as right: the
+     * copy may have run before the call failed (as with cudaMemcpy). */
+    unsigned alt_id, alt_gen;
+} held_block;
+
+static void seq_pool(um_context *ctx, run_result *r)
+{
+    held_block b[NBLOCKS] = {{0}};
+    um_stream s = NULL;
+    ok(r, um_stream_create(ctx, 1, &s));
+    static const size_t sizes[] = {512, 40000, 3 * MB, 5 * MB / 2, 100, 2 * MB, 700000, 8 * MB};
+    for (int round = 0; round < 3; round++) {
+        for (int i = 0; i < NBLOCKS; i++) {
+            held_block *h = &b[i];
+            if (h->p && (i + round) % 3 == 0) {
+                /* Freed on the stream, or not at all if the free fails. */
+                if (ok(r, um_free(ctx, h->p, h->dev == 1 ? s : NULL)))
+                    h->p = NULL;
+            }
+            if (!h->p) {
+                size_t size = sizes[(unsigned)(i * 7 + round) % 8];
+                int dev = 1 + (i + round) % 2;
+                if (ok(r, um_malloc(ctx, dev, size, NULL, &h->p))) {
+                    h->size = size;
+                    h->dev = dev;
+                    h->id = (unsigned)i;
+                    h->gen = (unsigned)round + 1;
+                    h->alt_gen = 0;
+                    fill(h->p, size, h->id, h->gen); /* sim memory is host memory */
+                } else {
+                    h->p = NULL;
+                }
+            }
+        }
+        /* A copy between two live blocks, the destination the smaller:
+         * it then holds the first bytes of the source's pattern. */
+        int from = round % NBLOCKS, to = (round + 5) % NBLOCKS;
+        if (b[from].p && b[to].p && b[to].size <= b[from].size) {
+            bool copied = ok(r, um_memcpy(ctx, b[to].p, b[from].p, b[to].size));
+            b[to].alt_id = copied ? 0 : b[from].id;
+            b[to].alt_gen = copied ? 0 : b[from].gen;
+            if (copied) {
+                b[to].id = b[from].id;
+                b[to].gen = b[from].gen;
+            }
+        }
+        ok(r, um_trim(ctx, round % 2 + 1));
+        ok(r, um_set_cache_limit(ctx, 2, round == 1 ? 4 * MB : 0));
+    }
+    /* Every block holds its bytes; the stats count exactly these. */
+    size_t requested[3] = {0};
+    uint64_t count[3] = {0};
+    for (int i = 0; i < NBLOCKS; i++) {
+        if (!b[i].p)
+            continue;
+        if (!matches(b[i].p, b[i].size, b[i].id, b[i].gen) &&
+            !(b[i].alt_gen && matches(b[i].p, b[i].size, b[i].alt_id, b[i].alt_gen))) {
+            fprintf(stderr, "  block %d (%zu bytes on device %d at %p): not the data last "
+                            "written\n", i, b[i].size, b[i].dev, b[i].p);
+            r->wrong_bytes++;
+        }
+        requested[b[i].dev] += b[i].size;
+        count[b[i].dev]++;
+    }
+    for (int d = 1; d < 3; d++) {
+        um_stats st;
+        if (um_stats_get(ctx, d, &st) != UM_OK || st.requested_bytes != requested[d] ||
+            st.active_blocks != count[d]) {
+            fprintf(stderr, "  device %d: stats say %zu bytes in %llu blocks, the test holds %zu "
+                            "in %llu\n", d, st.requested_bytes,
+                    (unsigned long long)st.active_blocks, requested[d],
+                    (unsigned long long)count[d]);
+            r->bad_stats++;
+        }
+    }
+    check_pools(ctx, r);
+    for (int i = 0; i < NBLOCKS; i++)
+        if (b[i].p && um_free(ctx, b[i].p, NULL) != UM_OK)
+            ok(r, um_free(ctx, b[i].p, NULL)); /* once more: the fault fires once */
+    if (s)
+        ok(r, um_stream_destroy(ctx, s));
+}
+
+/* ------------------------------------------------------ buffer sequence */
+
+#define NBUFS 6
+#define BUF_BYTES (3 * MB)
+
+static int task_xor(const um_task_exec *e)
+{
+    uint8_t *p = e->ptrs[0];
+    for (size_t i = 0; i < e->sizes[0]; i++)
+        p[i] ^= 0x5a;
+    return 0;
+}
+
+/* Buffers moving between the host and two sim devices, device 1 limited
+ * to less than they need, so that acquiring evicts and writes back. */
+static void seq_buffers(um_context *ctx, run_result *r)
+{
+    um_buffer *buf[NBUFS] = {0};
+    unsigned gen[NBUFS] = {0};
+    bool xored[NBUFS] = {0};
+    uint8_t *tmp = malloc(BUF_BYTES);
+    if (!tmp)
+        return;
+    ok(r, um_set_memory_limit(ctx, 1, 8 * MB));
+    for (int i = 0; i < NBUFS; i++) {
+        if (!ok(r, um_buffer_create(ctx, BUF_BYTES, NULL, &buf[i]))) {
+            buf[i] = NULL;
+            continue;
+        }
+        fill(tmp, BUF_BYTES, (unsigned)i, 1);
+        if (ok(r, um_buffer_write(buf[i], 0, tmp, BUF_BYTES)))
+            gen[i] = 1;
+    }
+    for (int round = 0; round < 2; round++) {
+        for (int i = 0; i < NBUFS; i++) {
+            if (!buf[i])
+                continue;
+            /* All on device 1 first (twice its limit: written back to
+             * make room), then spread over both. */
+            int dev = round == 0 ? 1 : 1 + i % 2;
+            void *p = NULL;
+            if (!ok(r, um_buffer_acquire(buf[i], dev, UM_ACCESS_WRITE, NULL, &p)))
+                continue;
+            /* Written in place: the replica on dev is the newest data. */
+            unsigned g = 10 + (unsigned)round;
+            fill(p, BUF_BYTES, (unsigned)i, g);
+            gen[i] = g;
+            xored[i] = false;
+            ok(r, um_buffer_release(buf[i], dev, NULL));
+        }
+        ok(r, um_trim(ctx, 1));
+    }
+    /* A task on a device of the policy's choice flips buffer 0's bits. */
+    if (buf[0]) {
+        um_task t = {.name = "xor", .cpu = task_xor, .nbuffers = 1, .device = -1};
+        t.buffers[0] = buf[0];
+        t.modes[0] = UM_ACCESS_READ_WRITE;
+        um_task_id id;
+        if (ok(r, um_task_submit(ctx, &t, &id)) && ok(r, um_task_wait(ctx, id)))
+            xored[0] = true;
+    }
+    for (int i = 0; i < NBUFS; i++) {
+        if (!buf[i] || !gen[i])
+            continue;
+        /* A read may meet the one injected failure: then once more. */
+        if (um_buffer_read(buf[i], 0, tmp, BUF_BYTES) != UM_OK &&
+            !ok(r, um_buffer_read(buf[i], 0, tmp, BUF_BYTES)))
+            continue;
+        if (xored[i])
+            for (size_t k = 0; k < BUF_BYTES; k += 8) {
+                uint64_t v;
+                memcpy(&v, tmp + k, 8);
+                v ^= 0x5a5a5a5a5a5a5a5aull;
+                memcpy(tmp + k, &v, 8);
+            }
+        if (!matches(tmp, BUF_BYTES, (unsigned)i, gen[i])) {
+            fprintf(stderr, "  buffer %d: not the data last written (generation %u)\n", i,
+                    gen[i]);
+            r->wrong_bytes++;
+        }
+    }
+    um_reclaim_stats rs = {0};
+    if (um_reclaim_stats_get(ctx, 1, &rs) == UM_OK)
+        r->written_back += rs.written_back;
+    check_pools(ctx, r);
+    for (int i = 0; i < NBUFS; i++)
+        if (buf[i] && um_buffer_destroy(buf[i]) != UM_OK)
+            ok(r, um_buffer_destroy(buf[i]));
+    free(tmp);
+}
+
+/* ----------------------------------------------------------------- runs */
+
+typedef void (*sequence)(um_context *ctx, run_result *r);
+
+static bool run_once(const char *name, sequence seq, const char *fault, run_result *r)
+{
+    memset(r, 0, sizeof *r);
+    char conf[256];
+    snprintf(conf, sizeof conf, "devices=sim:64M+sim:64M,fault=%s,log_level=%s", fault, getenv("FAULT_LOG") ? getenv("FAULT_LOG") : "error");
+    uint64_t leaks = um__fault_leaks_total();
+    um_context *ctx = NULL;
+    um_status st = um_init(conf, &ctx);
+    if (st != UM_OK) {
+        /* A failure while starting: reported, and nothing left behind. */
+        CHECK(um_last_error()[0] != '\0');
+        CHECK_EQ(um__fault_leaks_total(), leaks);
+        r->fired = 1;
+        return true;
+    }
+    seq(ctx, r);
+    r->fired = um__fault_fired(ctx->fault);
+    um_shutdown(ctx);
+    bool clean = r->silent_errors == 0 && r->wrong_bytes == 0 && r->bad_stats == 0 &&
+                 r->bad_checks == 0 && um__fault_leaks_total() == leaks;
+    if (!clean)
+        fprintf(stderr, "test_faults: %s with fault=%s: %d silent errors, %d wrong, %d bad stats, "
+                        "%d bad checks, %llu leaks\n",
+                name, fault, r->silent_errors, r->wrong_bytes, r->bad_stats, r->bad_checks,
+                (unsigned long long)(um__fault_leaks_total() - leaks));
+    CHECK(clean);
+    return clean;
+}
+
+/* Fails call N of every kind for N = 1, 2, ... until the sequence makes
+ * fewer calls. */
+static void every_position(const char *name, sequence seq)
+{
+    run_result r;
+    int positions = 0, clean = 0, with_errors = 0;
+    /* Without a fault, what the sequence is meant to do happens: the
+     * buffers' sequence writes replicas back to make room. */
+    CHECK(run_once(name, seq, "any@1000000", &r));
+    CHECK_EQ(r.failed_calls, 0);
+    CHECK(seq != seq_buffers || r.written_back > 0);
+    printf("test_faults: %s without a fault: %llu write-backs\n", name,
+           (unsigned long long)r.written_back);
+    for (unsigned long n = 1; n < 100000; n++) {
+        char fault[32];
+        snprintf(fault, sizeof fault, "any@%lu", n);
+        clean += run_once(name, seq, fault, &r);
+        if (!r.fired)
+            break; /* past the last call */
+        positions++;
+        with_errors += r.failed_calls > 0;
+    }
+    printf("test_faults: %s: %d fault positions, %d clean; %d made a public call fail\n", name,
+           positions, clean, with_errors);
+    CHECK(positions > 10);
+    CHECK_EQ(clean, positions + 1);
+}
+
+/* Random failures of one kind, or of all, with several seeds. */
+static void random_faults(const char *name, sequence seq)
+{
+    static const char *const specs[] = {"any~0.02", "create~0.2", "map~0.1", "copy~0.2",
+                                        "event~0.2", "unmap~0.2+release~0.2"};
+    int runs = 0, fired = 0;
+    for (size_t k = 0; k < sizeof specs / sizeof specs[0]; k++) {
+        for (int seed = 1; seed <= 4; seed++) {
+            char fault[96];
+            snprintf(fault, sizeof fault, "%s,fault_seed=%d", specs[k], seed);
+            run_result r;
+            run_once(name, seq, fault, &r);
+            runs++;
+            fired += r.fired > 0;
+        }
+    }
+    printf("test_faults: %s: %d random runs, %d with injected failures\n", name, runs, fired);
+    CHECK(fired > runs / 2);
+}
+
+static void test_bad_specs(void)
+{
+    static const char *const bad[] = {"bogus@1", "map@0", "map", "map~1.5", "99:map@1", "map@x"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char conf[96];
+        snprintf(conf, sizeof conf, "devices=sim:8M,fault=%s", bad[i]);
+        um_context *ctx = NULL;
+        CHECK_STATUS(um_init(conf, &ctx), UM_ERR_BAD_OPTION);
+        CHECK_ERROR_MENTIONS("fault", bad[i], NULL);
+    }
+    /* A rule for one device leaves the others alone. */
+    um_context *ctx = NULL;
+    CHECK_OK(um_init("devices=sim:8M+sim:8M,fault=2:create@1", &ctx));
+    if (ctx) {
+        void *a = NULL, *b = NULL;
+        CHECK_OK(um_malloc(ctx, 1, 3 * MB, NULL, &a));
+        /* The failed create is a full device to the pool: it makes room
+         * and asks again, and the rule fires only once. */
+        CHECK_OK(um_malloc(ctx, 2, 3 * MB, NULL, &b));
+        CHECK_OK(um_free(ctx, a, NULL));
+        CHECK_OK(um_free(ctx, b, NULL));
+        CHECK_EQ(um__fault_fired(ctx->fault), 1ull);
+        um_shutdown(ctx);
+    }
+}
+
+int main(void)
+{
+    unsetenv("UNIMEM_CONF");
+    test_bad_specs();
+    every_position("pool", seq_pool);
+    every_position("buffers", seq_buffers);
+    random_faults("pool", seq_pool);
+    random_faults("buffers", seq_buffers);
+    return harness_finish("test_faults");
+}
