@@ -821,6 +821,12 @@ static um_status create_allocators(um_context *ctx)
                      um__allocator_name(kind), i, d->backend->name);
             return fail_within(st, where);
         }
+#ifdef UM_DEBUG
+        /* Debug builds check the blocks the host can read (not a GPU's). */
+        if (d->backend->kind != UM_DEVICE_CUDA &&
+            (st = um__debug_allocator_wrap(d->alloc, &d->alloc)) != UM_OK)
+            return st;
+#endif
         d->default_stream = calloc(1, sizeof *d->default_stream);
         if (!d->default_stream)
             return um__fail(UM_ERR_NOMEM,

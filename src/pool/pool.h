@@ -98,4 +98,11 @@ um_status um__pool_create(um__backend *b, const um__pool_config *c, um__allocato
 um_status um__direct_create(um__backend *b, const um__pool_config *c, um__allocator **out);
 um_status um__bufcache_create(um__backend *b, const um__pool_config *c, um__allocator **out);
 
+/* Bytes after every block that the debug allocator checks at its free. */
+#define UM_DEBUG_GUARD 16
+/* The debug allocator (debug.c; used in -DUNIMEM_DEBUG=ON builds for host
+ * and sim devices): guard bytes, poisoning of freed blocks, and ASan's
+ * shadow kept in step with the pool. Owns inner from here on. */
+um_status um__debug_allocator_wrap(um__allocator *inner, um__allocator **out);
+
 #endif /* UM_POOL_H */
