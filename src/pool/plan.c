@@ -144,28 +144,23 @@ static int by_area_desc(const void *x, const void *y)
     return by_bytes_desc(x, y);
 }
 
-static int by_lo(const void *x, const void *y)
-{
-    const um__plan_span *a = x, *b = y;
-    return a->lo < b->lo ? -1 : a->lo > b->lo;
-}
-
 /* Greedy placement in the order of `it`: each block goes to the lowest
  * offset (or, best_fit, the tightest gap) where it meets no placed block
- * that is live at the same time. Returns the span. */
+ * that is live at the same time. Returns the span. The placed blocks are
+ * kept in offset order (`placed`, indices into it), so that each block
+ * walks them once: sorting the ones it meets for every block made a plan
+ * of 4,096 allocations take 0.7 s inside one um_malloc. */
 static uint64_t place_in_order(item *it, size_t n, uint64_t period, bool best_fit,
-                               um__plan_span *busy)
+                               uint32_t *placed)
 {
     uint64_t span = 0;
     for (size_t i = 0; i < n; i++) {
-        size_t nb = 0;
-        for (size_t j = 0; j < i; j++)
-            if (meet(&it[i], &it[j], period))
-                busy[nb++] = (um__plan_span){it[j].offset, it[j].offset + it[j].bytes};
-        qsort(busy, nb, sizeof *busy, by_lo);
         uint64_t end = 0, best = UINT64_MAX, best_gap = UINT64_MAX;
-        for (size_t j = 0; j <= nb; j++) {
-            uint64_t lo = j < nb ? busy[j].lo : UINT64_MAX;
+        for (size_t j = 0; j <= i; j++) {
+            const item *b = j < i ? &it[placed[j]] : NULL;
+            if (b && !meet(&it[i], b, period))
+                continue;
+            uint64_t lo = b ? b->offset : UINT64_MAX;
             if (lo > end && lo - end >= it[i].bytes) {
                 if (!best_fit) {
                     best = end;
@@ -177,36 +172,50 @@ static uint64_t place_in_order(item *it, size_t n, uint64_t period, bool best_fi
                     best = end;
                 }
             }
-            if (j < nb && busy[j].hi > end)
-                end = busy[j].hi;
+            if (b && b->offset + b->bytes > end)
+                end = b->offset + b->bytes;
         }
         it[i].offset = best;
         if (best + it[i].bytes > span)
             span = best + it[i].bytes;
+        /* Into the offset order, after the blocks at the same offset. */
+        size_t lo = 0, hi = i;
+        while (lo < hi) {
+            size_t mid = (lo + hi) / 2;
+            if (it[placed[mid]].offset <= best)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        memmove(&placed[lo + 1], &placed[lo], (i - lo) * sizeof *placed);
+        placed[lo] = (uint32_t)i;
     }
     return span;
 }
 
 /* The best of the greedy orders and gap rules; `it` keeps that placement.
- * Returns the span, or 0 when out of memory. */
-static uint64_t place(item *it, size_t n, uint64_t period)
+ * Returns the span, or 0 when out of memory. No placement spans less than
+ * the peak of live bytes, so one that reaches it ends the search. */
+static uint64_t place(item *it, size_t n, uint64_t period, uint64_t peak)
 {
     int (*const orders[])(const void *, const void *) = {by_bytes_desc, by_start, by_life_desc,
                                                          by_area_desc};
-    um__plan_span *busy = malloc(n * sizeof *busy);
+    uint32_t *placed = malloc(n * sizeof *placed);
     item *best = malloc(n * sizeof *best);
     uint64_t best_span = 0;
-    for (size_t k = 0; busy && best && k < 2 * sizeof orders / sizeof orders[0]; k++) {
+    for (size_t k = 0; placed && best && k < 2 * sizeof orders / sizeof orders[0]; k++) {
         qsort(it, n, sizeof *it, orders[k / 2]);
-        uint64_t span = place_in_order(it, n, period, k % 2, busy);
+        uint64_t span = place_in_order(it, n, period, k % 2, placed);
         if (!best_span || span < best_span) {
             best_span = span;
             memcpy(best, it, n * sizeof *it);
         }
+        if (best_span <= peak)
+            break;
     }
     if (best_span)
         memcpy(it, best, n * sizeof *it);
-    free(busy);
+    free(placed);
     free(best);
     return best_span;
 }
@@ -268,7 +277,7 @@ static bool build(um__plan *pl, uint64_t period, uint64_t last)
             origin = t;
         }
     }
-    uint64_t span = place(it, n, period);
+    uint64_t span = place(it, n, period, peak);
     if (!span || span > peak + peak / 16 * pl->span_slack)
         goto out;
     for (size_t i = 0; i < n; i++)
