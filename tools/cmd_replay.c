@@ -43,6 +43,7 @@ typedef struct rp_result {
     uint64_t peak_reserved, backend_calls, failed_allocs;
     uint64_t driver_peak; /* peak of the driver's used memory; 0: not measured */
     double ns_per_event;
+    uint64_t max_event_ns;
     bool have_min; /* min_limit measured */
     uint64_t min_limit;
 } rp_result;
@@ -232,6 +233,7 @@ static int trace_load(const rp_opts *o, rp_trace *t)
 /* What one replay found. */
 typedef struct rp_run {
     uint64_t peak_reserved, backend_calls, failed_allocs, ns;
+    uint64_t max_event_ns; /* the slowest single event (a stall the average hides) */
     uint64_t driver_peak; /* CUDA: the driver's used memory at unimem's peak */
     size_t granularity;
     char *stats_table;    /* um_stats_print of the context at the end (malloc'd), or NULL */
@@ -357,7 +359,7 @@ static int replay_once(const rp_opts *o, const rp_trace *t, const char *alloc, u
     }
     rp_bar bar;
     bar_start(&bar, o->progress, what);
-    uint64_t t0 = tool_now_ns();
+    uint64_t t0 = tool_now_ns(), last = t0;
     for (size_t i = 0; i < t->n; i++) {
         const rp_event *e = &t->ev[i];
         um_stream st = streams[e->op_stream >> 1];
@@ -394,6 +396,12 @@ static int replay_once(const rp_opts *o, const rp_trace *t, const char *alloc, u
                 goto out;
             }
         }
+        /* One clock read an event: each event's time is the gap since
+         * the previous one's end. */
+        uint64_t now = tool_now_ns();
+        if (now - last > out->max_event_ns)
+            out->max_event_ns = now - last;
+        last = now;
         if ((i & 1023) == 0)
             bar_update(&bar, (double)i / (double)t->n);
     }
@@ -501,10 +509,11 @@ static void json_string(const char *s)
 static void json_fields(const rp_trace *t, const rp_result *r)
 {
     printf("\"peak_reserved_bytes\": %llu, \"reserved_over_live\": %.4f, "
-           "\"backend_calls\": %llu, \"failed_allocs\": %llu, \"ns_per_event\": %.1f, ",
+           "\"backend_calls\": %llu, \"failed_allocs\": %llu, \"ns_per_event\": %.1f, "
+           "\"max_event_ns\": %llu, ",
            (unsigned long long)r->peak_reserved, ratio(r->peak_reserved, t->peak_live),
            (unsigned long long)r->backend_calls, (unsigned long long)r->failed_allocs,
-           r->ns_per_event);
+           r->ns_per_event, (unsigned long long)r->max_event_ns);
     if (r->driver_peak)
         printf("\"driver_peak_used_bytes\": %llu, \"driver_over_reserved\": %.4f, ",
                (unsigned long long)r->driver_peak, ratio(r->driver_peak, r->peak_reserved));
@@ -553,9 +562,9 @@ static void print_table(const rp_opts *o, const rp_trace *t, const rp_result *r)
         printf("device     %s, memory limit %s\n", o->device, tool_bytes(b2, o->limit));
     else
         printf("device     %s\n", o->device);
-    printf("\n%-20s %14s %14s %12s %15s %14s %14s %10s\n", "allocator", "peak reserved",
+    printf("\n%-20s %14s %14s %12s %15s %14s %14s %10s %12s\n", "allocator", "peak reserved",
            "reserved/live", "min limit", "min limit/live", "backend calls", "failed allocs",
-           "ns/event");
+           "ns/event", "slowest ms");
     for (int i = 0; i < 3; i++) {
         char minb[32] = "-", minr[32] = "-";
         if (r[i].have_min) {
@@ -565,10 +574,10 @@ static void print_table(const rp_opts *o, const rp_trace *t, const rp_result *r)
             snprintf(minb, sizeof minb, "n/a");
             snprintf(minr, sizeof minr, "n/a");
         }
-        printf("%-20s %14s %14.3f %12s %15s %14llu %14llu %10.1f\n", r[i].label,
+        printf("%-20s %14s %14.3f %12s %15s %14llu %14llu %10.1f %12.3f\n", r[i].label,
                tool_bytes(b1, r[i].peak_reserved), ratio(r[i].peak_reserved, t->peak_live), minb,
                minr, (unsigned long long)r[i].backend_calls, (unsigned long long)r[i].failed_allocs,
-               r[i].ns_per_event);
+               r[i].ns_per_event, (double)r[i].max_event_ns / 1e6);
     }
     for (int i = 0; i < 3; i++)
         if (r[i].driver_peak)
@@ -691,6 +700,7 @@ int um_cmd_replay(int argc, char **argv)
         r[i].failed_allocs = run.failed_allocs;
         r[i].driver_peak = run.driver_peak;
         r[i].ns_per_event = t.n ? (double)run.ns / (double)t.n : 0.0;
+        r[i].max_event_ns = run.max_event_ns;
         if (o.min_limit) {
             /* The upper bound is the unlimited peak: rerun without the
              * limit if one was given. */
