@@ -16,6 +16,7 @@ int um_cmd_bench_copy(int argc, char **argv);
 int um_cmd_bench_oversub(int argc, char **argv);
 int um_cmd_demo(int argc, char **argv);
 int um_cmd_sim(int argc, char **argv);
+int um_cmd_timeline(int argc, char **argv);
 
 /* Prints "unimem <cmd>: <status name>: <um_last_error()>" to stderr and
  * returns the exit code for a failed call (1). */

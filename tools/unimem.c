@@ -27,6 +27,10 @@ static void usage(FILE *f)
             "  sim --machine M --workload gemm|cholesky|trace:F [--n N] [--tile T] [--policy P]\n"
             "                                 the same graphs on a modelled machine (h200x8,\n"
             "                                 ...) in virtual time, against the lower bound\n"
+            "  timeline TRACE -o PAGE.html [--top N] [--device SPEC]\n"
+            "                                 an HTML page of live/reserved/cached bytes over\n"
+            "                                 time, the largest blocks, copies and evictions,\n"
+            "                                 from a trace_file trace or an allocation trace\n"
             "\n"
             "UNIMEM_CONF=\"key=value,...\" sets options (see unimem info --options).\n");
 }
@@ -48,6 +52,8 @@ int main(int argc, char **argv)
         return um_cmd_demo(argc - 1, argv + 1);
     if (!strcmp(argv[1], "sim"))
         return um_cmd_sim(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "timeline"))
+        return um_cmd_timeline(argc - 1, argv + 1);
     fprintf(stderr, "unimem: unknown command '%s'\n\n", argv[1]);
     usage(stderr);
     return 2;
