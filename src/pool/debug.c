@@ -6,8 +6,10 @@
  *   - guard bytes: every block is asked for UM_DEBUG_GUARD bytes larger,
  *     the extra bytes are set to a pattern, and a free checks them, so a
  *     write past a block's end is reported at its free;
- *   - poisoning: a freed block is filled with 0xdd before the allocator
- *     may reuse it, so a read after free sees garbage, not plausible data;
+ *   - poisoning: a freed block's first POISON_MAX bytes are filled with
+ *     0xdd before the allocator may reuse it, so a read after free sees
+ *     garbage, not plausible data (only the start: filling whole blocks of
+ *     a training step made every page of a sim device resident);
  *   - AddressSanitizer: in ASan builds a free block is poisoned in ASan's
  *     shadow and a live one unpoisoned (its guard bytes stay poisoned), so
  *     ASan reports a use after free or an overflow inside the pool at the
@@ -40,6 +42,7 @@
 
 #define GUARD_BYTE 0xab
 #define FREED_BYTE 0xdd
+#define POISON_MAX (64u * 1024u)
 
 typedef struct dbg_block {
     uintptr_t addr; /* 0: empty */
@@ -49,6 +52,7 @@ typedef struct dbg_block {
 typedef struct dbg_alloc {
     um__allocator base;
     um__allocator *inner;
+    um__allocator_ops ops; /* debug_ops, named as the inner allocator */
     pthread_mutex_t lock; /* the table */
     dbg_block *blocks;    /* open addressing by address */
     size_t cap, count;
@@ -170,7 +174,7 @@ static um_status d_free(um__allocator *a, void *ptr, const um__stream_ref *s)
         bad += p[size + i] != GUARD_BYTE;
     /* Poisoned before the inner free: once freed, another thread may have
      * the block. */
-    memset(p, FREED_BYTE, size + UM_DEBUG_GUARD);
+    memset(p, FREED_BYTE, size < POISON_MAX ? size : POISON_MAX);
     if (d->shadow)
         SHADOW_POISON(p, size + UM_DEBUG_GUARD);
     um_status st = d->inner->ops->free(d->inner, ptr, s);
@@ -257,7 +261,10 @@ um_status um__debug_allocator_wrap(um__allocator *inner, um__allocator **out)
     if (!d)
         return um__fail(UM_ERR_NOMEM, "device %d: no memory for the debug allocator", inner->dev);
     d->base = *inner;
-    d->base.ops = &debug_ops;
+    /* Device info names the allocator the device really has. */
+    d->ops = debug_ops;
+    d->ops.name = inner->ops->name;
+    d->base.ops = &d->ops;
     d->inner = inner;
     d->shadow = inner->range_size != 0;
     pthread_mutex_init(&d->lock, NULL);
