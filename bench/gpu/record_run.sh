@@ -58,6 +58,18 @@ if [ "$PART" = 1 ]; then
   done
 fi
 if [ "$PART" = 2 ]; then
+  cmake --build build-dev -j "$(nproc)" > "$OUT/build_2.txt" 2>&1 || { tail -20 "$OUT/build_2.txt"; exit 1; }
+  grep -o -w -m1 "constant_tsc\|nonstop_tsc" /proc/cpuinfo | sort -u | tr '\n' ' '; echo
+  UNIMEM_CONF=trace_file=/dev/shm/rec.json,log_level=info build-dev/unimem info 2>&1 | grep trace_file
+  for round in 1 2; do
+    for where in none /dev/shm/rec.json /tmp/rec.json; do
+      conf=""
+      [ $where != none ] && conf="trace_file=$where"
+      UNIMEM_CONF=$conf timeout 100 build-dev/unimem bench alloc --quick --scenario threads \
+        2>&1 | grep -E "^threads " | sed "s|^|$where r$round |"
+      rm -f $where
+    done
+  done
   CS=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
   echo "compute-sanitizer: ${CS:-none}"
   if [ -n "$CS" ]; then

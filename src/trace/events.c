@@ -819,6 +819,8 @@ um__events *um__events_open(const char *path, int ndevices)
     /* A first estimate of the tick rate, for spans' start times; close
      * fits it again over the whole run. */
     clock_fit(e, 1000000);
+    um__log(UM_LOG_INFO, "trace_file: recording to '%s', event times from %s", path,
+            e->tsc ? "the TSC (invariant)" : "clock_gettime (no invariant TSC)");
     pthread_mutex_lock(&g_lock);
     e->next_open = g_open;
     g_open = e;
