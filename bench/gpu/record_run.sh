@@ -58,7 +58,7 @@ if [ "$PART" = 1 ]; then
   done
 fi
 if [ "$PART" = 2 ]; then
-  cmake --build build-dev -j "$(nproc)" > "$OUT/build_2.txt" 2>&1 || { tail -20 "$OUT/build_2.txt"; exit 1; }
+  { cmake -S . -B build-dev -DCMAKE_BUILD_TYPE=RelWithDebInfo && cmake --build build-dev -j "$(nproc)"; } > "$OUT/build_2.txt" 2>&1 || { tail -20 "$OUT/build_2.txt"; exit 1; }
   grep -o -w -m1 "constant_tsc\|nonstop_tsc" /proc/cpuinfo | sort -u | tr '\n' ' '; echo
   UNIMEM_CONF=trace_file=/dev/shm/rec.json,log_level=info build-dev/unimem info 2>&1 | grep trace_file
   for round in 1 2; do
