@@ -54,6 +54,11 @@ typedef enum um_status {
 #undef UM_STATUS_ENUM_
 } um_status;
 
+/* What this build of the library has, one feature after another, e.g.
+ * "cuda (driver loaded at run time), zlib 1.2.13, sanitizer none, debug
+ * checks off". */
+UM_API const char *um_build_features(void);
+
 /* "UM_ERR_NOMEM"; "UM_STATUS_UNKNOWN" for a value outside the list. */
 UM_API const char *um_status_name(um_status s);
 /* "out of memory"; "unknown status" for a value outside the list. */
@@ -203,7 +208,8 @@ UM_API um_status um_memcpy(um_context *ctx, void *dst, const void *src, size_t n
 /* ------------------------------------------------------- memory control */
 
 /* 0 restores the default (the device capacity for the memory limit, no cap
- * for the cache limit). Lowering the memory limit below the reserved bytes
+ * for the cache limit); a memory limit above the capacity is the capacity.
+ * Lowering the memory limit below the reserved bytes
  * trims the cache first and fails with UM_ERR_BUSY if live data still
  * exceeds it (the limit is then left unchanged). */
 UM_API um_status um_set_memory_limit(um_context *ctx, int dev, size_t bytes);

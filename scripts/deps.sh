@@ -17,6 +17,17 @@ has_openblas() {
     return 1
 }
 has_openblas || need="$need libopenblas-dev"
+# Optional: Chromium for the timeline page's browser test (which skips,
+# saying so, without it). Installed when possible, never a failure.
+if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "unimem: installing chromium (optional: the timeline page's browser test)"
+        { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; } \
+            >/dev/null 2>&1 || echo "unimem: chromium could not be installed; the timeline test will skip"
+    else
+        echo "unimem: chromium is not installed; the timeline page's browser test will skip"
+    fi
+fi
 [ -z "$need" ] && exit 0
 echo "unimem: missing build dependencies:$need"
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then

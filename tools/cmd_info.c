@@ -260,11 +260,13 @@ int um_cmd_info(int argc, char **argv)
     if (s != UM_OK)
         return tool_fail("info", s);
     if (json)
-        printf("{\n  \"version\": \"%d.%d.%d\",\n", UNIMEM_VERSION_MAJOR, UNIMEM_VERSION_MINOR,
-               UNIMEM_VERSION_PATCH);
+        printf("{\n  \"version\": \"%d.%d.%d\",\n  \"build_features\": \"%s\",\n",
+               UNIMEM_VERSION_MAJOR, UNIMEM_VERSION_MINOR, UNIMEM_VERSION_PATCH,
+               um_build_features());
     else
-        printf("unimem %d.%d.%d: %d device%s\n", UNIMEM_VERSION_MAJOR, UNIMEM_VERSION_MINOR,
-               UNIMEM_VERSION_PATCH, um_device_count(ctx), um_device_count(ctx) == 1 ? "" : "s");
+        printf("unimem %d.%d.%d: %d device%s\nbuilt with: %s\n", UNIMEM_VERSION_MAJOR,
+               UNIMEM_VERSION_MINOR, UNIMEM_VERSION_PATCH, um_device_count(ctx),
+               um_device_count(ctx) == 1 ? "" : "s", um_build_features());
     int rc = print_devices(ctx, json);
     if (rc == 0)
         rc = print_cuda(ctx, json);

@@ -8,6 +8,7 @@
 #include "../backend/cuda_driver.h"
 
 #include <errno.h>
+#include <zlib.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -621,6 +622,20 @@ static void destroy_context(context_impl *impl)
     pthread_mutex_destroy(&ctx->buffers_lock);
     pthread_mutex_destroy(&impl->lock);
     free(impl);
+}
+
+#ifdef UM_DEBUG
+#define UM_DEBUG_WORD_ "on"
+#else
+#define UM_DEBUG_WORD_ "off"
+#endif
+#define UM_FEATURES_(sanitizer)                                                                    \
+    "cuda (driver loaded at run time), zlib " ZLIB_VERSION ", sanitizer " sanitizer                \
+    ", debug checks " UM_DEBUG_WORD_
+
+const char *um_build_features(void)
+{
+    return UM_BUILD_SANITIZER[0] ? UM_FEATURES_(UM_BUILD_SANITIZER) : UM_FEATURES_("none");
 }
 
 /* Adds backend b (owned from here on, also on failure) as the next

@@ -29,7 +29,10 @@ static um_status alloc_after_reclaim(um_context *ctx, int dev, size_t size,
     um__allocator *a = ctx->devices[dev].alloc;
     bool (*reclaim)(um_context *, int, size_t) =
         atomic_load_explicit(&ctx->reclaim, memory_order_acquire);
-    if (!reclaim)
+    /* A request larger than the limit itself cannot fit however much is
+     * evicted: nothing is dropped for it (found by fuzzing: four buffers
+     * written back for a request of SIZE_MAX - 255 bytes). */
+    if (!reclaim || size > a->memory_limit)
         return UM_ERR_NOMEM;
     char pool_says[512];
     um_status st = UM_ERR_NOMEM;
@@ -170,6 +173,9 @@ um_status um_set_memory_limit(um_context *ctx, int dev, size_t bytes)
 {
     um__allocator *a;
     um_status st = allocator_for(ctx, dev, "um_set_memory_limit", &a);
+    /* A limit above the device's memory is the device's memory. */
+    if (st == UM_OK && bytes > a->backend->capacity)
+        bytes = a->backend->capacity;
     return st == UM_OK ? a->ops->set_memory_limit(a, bytes) : st;
 }
 

@@ -1833,6 +1833,8 @@ static um_status large_alloc(um__pool *p, size_t size, const um__stream_ref *s, 
 static um_status pool_alloc(um__allocator *a, size_t size, const um__stream_ref *s, void **ptr)
 {
     um__pool *p = P(a);
+    /* The limit is at most the capacity, far below SIZE_MAX, so a size
+     * that passes cannot wrap when rounded up. */
     if (UM_UNLIKELY(size > p->base.memory_limit)) {
         pthread_mutex_lock(&p->lock);
         um_status st = nomem(p, size);
@@ -2048,7 +2050,9 @@ static um_status pool_trim(um__allocator *a)
 static um_status pool_set_memory_limit(um__allocator *a, size_t bytes)
 {
     um__pool *p = P(a);
-    size_t limit = bytes ? bytes : p->capacity;
+    /* Never above the capacity: the placement's arithmetic (sizes rounded
+     * up, ranges of the reservation) relies on requests below it. */
+    size_t limit = bytes && bytes < p->capacity ? bytes : p->capacity;
     pthread_mutex_lock(&p->lock);
     um_status s = UM_OK;
     if (p->reserved > limit) {
@@ -2565,7 +2569,7 @@ um_status um__pool_create(um__backend *b, const um__pool_config *c, um__allocato
     p->base.dev = c->dev;
     p->events = c->events;
     p->capacity = b->capacity;
-    p->base.memory_limit = c->memory_limit ? c->memory_limit : b->capacity;
+    p->base.memory_limit = c->memory_limit && c->memory_limit < b->capacity ? c->memory_limit : b->capacity;
     p->base.cache_limit = c->cache_limit ? c->cache_limit : SIZE_MAX;
     p->thread_cache = c->thread_cache;
     p->fence_wait_ns = c->fence_wait_ns;

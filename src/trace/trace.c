@@ -377,9 +377,15 @@ um_status um_trace_rewind(um_trace *t)
 {
     if (!t)
         return um__fail(UM_ERR_INVALID, "um_trace_rewind: trace is NULL");
+    /* zlib refuses to rewind a stream that met corrupt data until its
+     * error is cleared (found by fuzzing): the file is read again from its
+     * start, so the old error does not matter. */
+    gzclearerr(t->gz);
     if (gzrewind(t->gz) != 0) {
         int err = Z_OK;
         const char *msg = gzerror(t->gz, &err);
+        if (msg && strncmp(msg, "<fd:", 4) == 0 && strstr(msg, ": "))
+            msg = strstr(msg, ": ") + 2;
         return um__fail(UM_ERR_IO, "cannot rewind trace %s: %s", t->path,
                         err == Z_ERRNO ? strerror(errno) : msg);
     }
