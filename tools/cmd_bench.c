@@ -807,6 +807,7 @@ static void print_header(const bench *b)
 
 static void print_row(const bench *b, const row *r)
 {
+    tool_status(NULL);
     if (b->o.json) {
         printf("{\"scenario\":\"%s\",\"live_blocks\":%zu,\"threads\":%d,\"device\":\"%s\","
                "\"allocator\":\"%s\",\"online_cpus\":%ld,\"touches_memory\":false,",
@@ -941,13 +942,18 @@ static int bench_run(bench *b)
         for (size_t i = 0; i < sizeof lives / sizeof lives[0]; i++) {
             if (b->o.live && b->o.live != lives[i])
                 continue;
+            tool_status("measuring %s with %zu live blocks (unimem, then glibc)...",
+                        rings[k].name, lives[i]);
             if ((rc = run_ring_scenario(b, rings[k].name, rings[k].sizes, lives[i])) != 0)
                 return rc;
         }
     }
     if (b->o.scenario && strcmp(b->o.scenario, "threads"))
         return 0;
-    return run_thread_scenarios(b);
+    tool_status("measuring 1, 2 and 4 threads...");
+    rc = run_thread_scenarios(b);
+    tool_status(NULL);
+    return rc;
 }
 
 int um_cmd_bench(int argc, char **argv)

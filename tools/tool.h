@@ -24,6 +24,9 @@ int tool_fail(const char *cmd, um_status s);
 /* "1.50 GiB" into buf (at least 32 bytes). */
 const char *tool_bytes(char *buf, uint64_t bytes);
 uint64_t tool_now_ns(void);
+/* On a terminal, replaces the status line on stderr with the text (what a
+ * long command is doing now); NULL clears it. Nothing when piped. */
+void tool_status(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* An argument a command does not take: -h/--help prints the usage and
  * gives 0; anything else is reported with the usage on stderr and gives 2. */
 int tool_other_arg(const char *cmd, const char *arg, void (*usage)(FILE *));

@@ -1,8 +1,10 @@
 /* `unimem`: entry point; dispatches to the subcommands. */
 #include "tool.h"
 
+#include <stdarg.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 static void usage(FILE *f)
 {
@@ -98,4 +100,21 @@ int tool_other_arg(const char *cmd, const char *arg, void (*print_usage)(FILE *)
     fprintf(stderr, "unimem %s: unknown or incomplete argument '%s'\n\n", cmd, arg);
     print_usage(stderr);
     return 2;
+}
+
+void tool_status(const char *fmt, ...)
+{
+    static int tty = -1;
+    if (tty < 0)
+        tty = isatty(STDERR_FILENO) == 1;
+    if (!tty)
+        return;
+    fputs("\r\033[K", stderr);
+    if (fmt) {
+        va_list ap;
+        va_start(ap, fmt);
+        vfprintf(stderr, fmt, ap);
+        va_end(ap);
+    }
+    fflush(stderr);
 }
