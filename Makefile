@@ -8,7 +8,7 @@ JOBS        ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_FLAGS ?=
 PREFIX      ?= /usr/local
 
-.PHONY: all deps build run test asan tsan sanitize install clean
+.PHONY: all deps build run test asan tsan sanitize debug-check fuzz ci-extra install clean
 
 all: build
 
@@ -41,8 +41,29 @@ tsan: deps
 
 sanitize: asan tsan
 
+# The debug allocator (-DUNIMEM_DEBUG=ON) under ASan: its own test and the
+# suites whose figures do not depend on exact block sizes (its guard bytes
+# make every block 16 bytes larger).
+debug-check: deps
+	cmake -S . -B build-debug-asan -DCMAKE_BUILD_TYPE=Debug -DUM_SANITIZE=address -DUNIMEM_DEBUG=ON
+	cmake --build build-debug-asan -j $(JOBS) --target test_debug test_pool test_buffer test_fuzz_findings
+	cd build-debug-asan && ctest --output-on-failure -j $(JOBS) -R '^(test_debug|test_pool|test_buffer|test_fuzz_findings)$$'
+
+# 30 seconds of each libFuzzer harness from its committed seeds (clang);
+# a machine without clang's fuzzer runtime skips, saying so.
+fuzz:
+	sh scripts/fuzz.sh 30; rc=$$?; [ $$rc -eq 77 ] && echo "fuzz: skipped" && exit 0; exit $$rc
+
+# What .ci/run adds to `make test`: the suite under ASan+UBSan and under
+# TSan (but test_sim_link, whose bounds are wall-clock times that TSan's
+# slowdown breaks), the debug allocator's checks, and the fuzzers.
+ci-extra: asan debug-check fuzz
+	cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DUM_SANITIZE=thread
+	cmake --build build-tsan -j $(JOBS)
+	cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -j $(JOBS) -E '^test_sim_link$$'
+
 install: build
 	cmake --install $(BUILD)
 
 clean:
-	rm -rf $(BUILD) build-asan build-tsan
+	rm -rf $(BUILD) build-asan build-tsan build-debug-asan build-fuzz

@@ -2569,7 +2569,9 @@ um_status um__pool_create(um__backend *b, const um__pool_config *c, um__allocato
     p->base.dev = c->dev;
     p->events = c->events;
     p->capacity = b->capacity;
-    p->base.memory_limit = c->memory_limit && c->memory_limit < b->capacity ? c->memory_limit : b->capacity;
+    /* A limit above the capacity is the capacity (see pool_set_memory_limit). */
+    p->base.memory_limit =
+        c->memory_limit && c->memory_limit < b->capacity ? c->memory_limit : b->capacity;
     p->base.cache_limit = c->cache_limit ? c->cache_limit : SIZE_MAX;
     p->thread_cache = c->thread_cache;
     p->fence_wait_ns = c->fence_wait_ns;
