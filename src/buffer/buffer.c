@@ -338,8 +338,15 @@ um_status um_buffer_create(um_context *ctx, size_t size, const um_buffer_opts *o
     if (st != UM_OK || !o || o->device == -1)
         return st;
     st = check_device(b, o->device, "um_buffer_create");
-    if (st == UM_OK)
+    /* The buffer is on the engine's list already, where reclaim may pick
+     * its replica while fill allocates and zeroes it: under the buffer's
+     * lock, as every other change of a replica (found by the stress test:
+     * an eviction mid-fill left an owner without memory). */
+    if (st == UM_OK) {
+        pthread_mutex_lock(&b->lock);
         st = fill(b, o->device);
+        pthread_mutex_unlock(&b->lock);
+    }
     if (st != UM_OK) {
         um__buffer_discard(b);
         return st;
@@ -592,7 +599,11 @@ void um__buffer_discard(um_buffer *b)
     if (write_back_home(b) != UM_OK)
         um__log(UM_LOG_ERROR, "%s", um_last_error());
     um__xfer *x = engine(b);
+    /* Under the lock: reclaim reads it under the lock until the buffer is
+     * off the engine's list. */
+    pthread_mutex_lock(&b->lock);
     b->magic = 0;
+    pthread_mutex_unlock(&b->lock);
     um__xfer_track(x, b, false);
     for (int d = 0; d < b->ctx->ndevices; d++)
         free_replica(b, d);
@@ -613,22 +624,26 @@ um_status um_buffer_destroy(um_buffer *b)
         return UM_OK;
     if (!live(b))
         return bad_buffer(what, b);
+    /* Every check that can refuse comes before the task layer forgets the
+     * buffer's record: a refused destroy must leave its last writer (and
+     * a failure to inherit) in place (found by the stress test). The
+     * record is forgotten outside the buffer's lock, which the task
+     * layer's lock never nests in. */
+    pthread_mutex_lock(&b->lock);
+    um_status st = b->holders ? UM_ERR_BUSY : write_back_home(b);
+    unsigned holders = b->holders;
+    pthread_mutex_unlock(&b->lock);
+    if (holders)
+        return um__fail(UM_ERR_BUSY, "%s: buffer %p is still acquired (%u acquisition%s held)",
+                        what, (void *)b, holders, holders == 1 ? "" : "s");
+    if (st != UM_OK)
+        return st; /* the buffer stays, with its data */
     bool (*forget)(um_context *, const um_buffer *) =
         atomic_load_explicit(&b->ctx->forget_buffer, memory_order_acquire);
     if (forget && !forget(b->ctx, b))
         return um__fail(UM_ERR_BUSY, "%s: buffer %p is used by tasks that have not finished "
                         "(um_task_wait or um_wait_all first)", what, (void *)b);
     pthread_mutex_lock(&b->lock);
-    if (b->holders) {
-        pthread_mutex_unlock(&b->lock);
-        return um__fail(UM_ERR_BUSY, "%s: buffer %p is still acquired (%u acquisition%s held)",
-                        what, (void *)b, b->holders, b->holders == 1 ? "" : "s");
-    }
-    um_status st = write_back_home(b);
-    if (st != UM_OK) {
-        pthread_mutex_unlock(&b->lock);
-        return st; /* the buffer stays, with its data */
-    }
     b->magic = 0;
     pthread_mutex_unlock(&b->lock);
     um__xfer *x = engine(b);

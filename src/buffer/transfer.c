@@ -396,11 +396,14 @@ um_status um__xfer_get(um_context *ctx, um__xfer **out)
         pthread_mutexattr_destroy(&attr);
         set_routes(x);
         ctx->buffers_fini = buffers_fini;
-        atomic_store_explicit(&ctx->xfer, x, memory_order_release);
-        atomic_store_explicit(&ctx->collect, collect_held, memory_order_release);
+        /* Complete (its reclaimer made and started) before it is
+         * published: a thread that finds ctx->xfer without the lock must
+         * see its reclaimer too (found by TSan under the stress test). */
         x->reclaim = um__reclaim_create(x); /* NULL: no reclaim, allocations just fail */
         if (x->reclaim)
             um__reclaim_start(x->reclaim, ctx);
+        atomic_store_explicit(&ctx->xfer, x, memory_order_release);
+        atomic_store_explicit(&ctx->collect, collect_held, memory_order_release);
     }
     pthread_mutex_unlock(&ctx->buffers_lock);
     *out = x;

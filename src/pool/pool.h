@@ -85,8 +85,11 @@ struct um__allocator {
     const um__allocator_ops *ops;
     um__backend *backend;
     int dev;
-    size_t memory_limit;   /* effective cap on reserved bytes */
-    size_t cache_limit;    /* effective cap on cached pages (SIZE_MAX: none) */
+    /* Effective caps on reserved bytes and on cached pages (SIZE_MAX:
+     * none). Atomic: set under the allocator's lock, read without it by
+     * placement, reclaim and device info. */
+    _Atomic size_t memory_limit;
+    _Atomic size_t cache_limit;
     /* Allocators whose memory is one address range say so here, so the
      * context finds a pointer's device with a compare instead of a call
      * to owns(); range_size 0: ask owns(). */
