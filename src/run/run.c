@@ -1111,9 +1111,12 @@ um_status um_task_cancel(um_context *ctx, um_task_id id)
         return st;
     task *t = r->live[id - 1];
     if (!t || t->state == RUNNING || t->state == DONE) {
+        /* Read before unlocking: the worker may finish and free it then
+         * (a race TSan found under the stress test). */
+        const char *what = t && t->state == RUNNING ? "started" : "finished";
         pthread_mutex_unlock(&r->lock);
         return um__fail(UM_ERR_BUSY, "um_task_cancel: task %llu has %s", (unsigned long long)id,
-                        t && t->state == RUNNING ? "started" : "finished");
+                        what);
     }
     if (t->state == READY) {
         /* In a device's queue, or in the ready list waiting for one. */
