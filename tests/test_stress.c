@@ -63,10 +63,9 @@
  * after a task of their batch that ended without running, cancelled or
  * failed at submission (F3). Accommodated: a task that fails while
  * acquiring leaves its WRITE_DISCARD buffers undefined (F10), so the model
- * stops checking them until they are written again. TSan builds suppress
- * one known race, in um_task_cancel (F13, tests/test_stress.tsan.supp).
- * (F1, F2, F8 and F9, which it found too, were fixed in cdb0042; the test
- * covers them again.)
+ * stops checking them until they are written again. (F1, F2, F8, F9 and
+ * F13, which it found too, were fixed in cdb0042 and 2a3b200; the test
+ * covers them again, under TSan with no suppression.)
  *
  * Knobs: UM_STRESS_SECONDS (default 60), UM_TEST_SEED, UM_STRESS_THREADS
  * (default 32), UM_STRESS_WATCHDOG (seconds without progress, default 60),
