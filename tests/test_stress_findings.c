@@ -4,7 +4,9 @@
  *       owner without memory (reads of a new buffer failed or saw garbage);
  *   F2: a refused um_buffer_destroy (the buffer still acquired) had already
  *       dropped the task layer's record, so a failed writer was forgotten
- *       and later readers ran. */
+ *       and later readers ran;
+ *   F11: a task forced onto a device whose limit is below its buffers was
+ *       never placed, so waiting for it (and um_shutdown) hung. */
 #include "harness.h"
 
 #include <pthread.h>
@@ -102,10 +104,33 @@ static void test_refused_destroy_keeps_the_record(void)
     um_shutdown(c);
 }
 
+static void test_forced_task_that_cannot_fit(void)
+{
+    um_context *c = NULL;
+    CHECK_OK(um_init("devices=sim:64M,links=model,link_cache=none", &c));
+    if (!c)
+        return;
+    CHECK_OK(um_set_memory_limit(c, 1, 8 << 20));
+    um_buffer *b = NULL;
+    CHECK_OK(um_buffer_create(c, 16 << 20, NULL, &b)); /* twice device 1's limit */
+    um_task t = {.name = "too big", .cpu = task_ok, .nbuffers = 1, .device = 1, .buffers = {b},
+                 .modes = {UM_ACCESS_READ}};
+    um_task_id id = 0;
+    CHECK_STATUS(um_task_submit(c, &t, &id), UM_ERR_NOMEM);
+    CHECK_ERROR_MENTIONS("forced onto device 1", "memory limit", NULL);
+    /* Unforced, placement finds the host for it. */
+    t.device = -1;
+    CHECK_OK(um_task_submit(c, &t, &id));
+    CHECK_OK(um_task_wait(c, id));
+    CHECK_OK(um_buffer_destroy(b));
+    um_shutdown(c);
+}
+
 int main(void)
 {
     unsetenv("UNIMEM_CONF");
     test_create_on_a_device_under_eviction();
     test_refused_destroy_keeps_the_record();
+    test_forced_task_that_cannot_fit();
     return harness_finish("test_stress_findings");
 }

@@ -916,6 +916,17 @@ static um_status check_task(um_context *ctx, const um_task *t)
                         name, t->device >= 0 ? "the device it is forced onto"
                                              : "any device of the context (a cuda one only, "
                                                "and no GPU?)");
+    /* Placement never puts a task where its buffers cannot all fit: forced
+     * there, it would wait forever (found by the stress test's review). */
+    if (t->device > 0) {
+        size_t bytes = 0, limit = ctx->devices[t->device].alloc->memory_limit;
+        for (int i = 0; i < t->nbuffers; i++)
+            bytes += um_buffer_size(t->buffers[i]);
+        if (bytes > limit)
+            return um__fail(UM_ERR_NOMEM, "%s: task '%s' is forced onto device %d, whose memory "
+                            "limit (%zu bytes) is below its buffers' %zu bytes", what, name,
+                            t->device, limit, bytes);
+    }
     return UM_OK;
 }
 
