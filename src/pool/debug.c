@@ -19,6 +19,7 @@
  * blocks taken out of requested_bytes, so they count what callers asked.
  */
 #include "pool.h"
+#include "../base/addrmap.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -44,18 +45,12 @@
 #define FREED_BYTE 0xdd
 #define POISON_MAX (64u * 1024u)
 
-typedef struct dbg_block {
-    uintptr_t addr; /* 0: empty */
-    size_t size;    /* as the caller asked */
-} dbg_block;
-
 typedef struct dbg_alloc {
     um__allocator base;
     um__allocator *inner;
     um__allocator_ops ops; /* debug_ops, named as the inner allocator */
-    pthread_mutex_t lock; /* the table */
-    dbg_block *blocks;    /* open addressing by address */
-    size_t cap, count;
+    pthread_mutex_t lock; /* the map */
+    um__addrmap blocks;   /* live block -> the size its caller asked for */
     /* ASan's shadow is poisoned only where the allocator keeps its own
      * address range (the pool), over the span of blocks handed out, and
      * unpoisoned at the end: the range is unmapped then, and whatever the
@@ -65,64 +60,6 @@ typedef struct dbg_alloc {
 } dbg_alloc;
 
 static dbg_alloc *D(um__allocator *a) { return (dbg_alloc *)a; }
-
-static size_t slot_of(const dbg_alloc *d, uintptr_t addr)
-{
-    return (size_t)((addr >> 4) * 0x9e3779b97f4a7c15ull >> 20) & (d->cap - 1);
-}
-
-static bool table_put(dbg_alloc *d, uintptr_t addr, size_t size)
-{
-    if ((d->count + 1) * 2 > d->cap) {
-        size_t cap = d->cap ? 2 * d->cap : 1024;
-        dbg_block *n = calloc(cap, sizeof *n), *old = d->blocks;
-        if (!n)
-            return false;
-        size_t old_cap = d->cap;
-        d->blocks = n;
-        d->cap = cap;
-        for (size_t i = 0; i < old_cap; i++)
-            if (old[i].addr) {
-                size_t j = slot_of(d, old[i].addr);
-                while (n[j].addr)
-                    j = (j + 1) & (cap - 1);
-                n[j] = old[i];
-            }
-        free(old);
-    }
-    size_t j = slot_of(d, addr);
-    while (d->blocks[j].addr)
-        j = (j + 1) & (d->cap - 1);
-    d->blocks[j] = (dbg_block){addr, size};
-    d->count++;
-    return true;
-}
-
-/* The slot of addr, or SIZE_MAX. */
-static size_t table_find(const dbg_alloc *d, uintptr_t addr)
-{
-    if (!d->cap)
-        return SIZE_MAX;
-    for (size_t j = slot_of(d, addr); d->blocks[j].addr; j = (j + 1) & (d->cap - 1))
-        if (d->blocks[j].addr == addr)
-            return j;
-    return SIZE_MAX;
-}
-
-static void table_del(dbg_alloc *d, size_t j)
-{
-    size_t mask = d->cap - 1;
-    d->blocks[j] = (dbg_block){0, 0};
-    d->count--;
-    for (size_t k = (j + 1) & mask; d->blocks[k].addr; k = (k + 1) & mask) {
-        size_t home = slot_of(d, d->blocks[k].addr);
-        if (((k - home) & mask) >= ((k - j) & mask)) {
-            d->blocks[j] = d->blocks[k];
-            d->blocks[k] = (dbg_block){0, 0};
-            j = k;
-        }
-    }
-}
 
 static um_status d_alloc(um__allocator *a, size_t size, const um__stream_ref *s, void **ptr)
 {
@@ -138,7 +75,7 @@ static um_status d_alloc(um__allocator *a, size_t size, const um__stream_ref *s,
     if (d->shadow)
         SHADOW_POISON(p + size, UM_DEBUG_GUARD);
     pthread_mutex_lock(&d->lock);
-    bool ok = table_put(d, (uintptr_t)p, size);
+    bool ok = um__addrmap_put(&d->blocks, (uintptr_t)p, size);
     if (!d->lo || (uintptr_t)p < d->lo)
         d->lo = (uintptr_t)p;
     if ((uintptr_t)p + size + UM_DEBUG_GUARD > d->hi)
@@ -157,16 +94,14 @@ static um_status d_free(um__allocator *a, void *ptr, const um__stream_ref *s)
 {
     dbg_alloc *d = D(a);
     pthread_mutex_lock(&d->lock);
-    size_t j = table_find(d, (uintptr_t)ptr);
-    if (j == SIZE_MAX) {
-        pthread_mutex_unlock(&d->lock);
-        /* Not a live block of ours: the inner allocator names the misuse
-         * (double free, a pointer inside a block). */
-        return d->inner->ops->free(d->inner, ptr, s);
-    }
-    size_t size = d->blocks[j].size;
-    table_del(d, j);
+    uint64_t size64 = 0;
+    bool ours = um__addrmap_take(&d->blocks, (uintptr_t)ptr, &size64);
     pthread_mutex_unlock(&d->lock);
+    /* Not a live block of ours: the inner allocator names the misuse
+     * (double free, a pointer inside a block). */
+    if (!ours)
+        return d->inner->ops->free(d->inner, ptr, s);
+    size_t size = (size_t)size64;
     uint8_t *p = ptr;
     SHADOW_UNPOISON(p, size + UM_DEBUG_GUARD);
     size_t bad = 0;
@@ -215,7 +150,7 @@ static void d_stats(um__allocator *a, um_stats *out)
     dbg_alloc *d = D(a);
     d->inner->ops->stats(d->inner, out);
     pthread_mutex_lock(&d->lock);
-    size_t guards = d->count * UM_DEBUG_GUARD;
+    size_t guards = d->blocks.count * UM_DEBUG_GUARD;
     pthread_mutex_unlock(&d->lock);
     out->requested_bytes -= guards <= out->requested_bytes ? guards : out->requested_bytes;
 }
@@ -235,7 +170,7 @@ static void d_destroy(um__allocator *a)
     if (d->shadow && d->hi)
         SHADOW_UNPOISON((void *)d->lo, d->hi - d->lo);
     d->inner->ops->destroy(d->inner);
-    free(d->blocks);
+    um__addrmap_free(&d->blocks);
     pthread_mutex_destroy(&d->lock);
     free(d);
 }

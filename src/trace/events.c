@@ -1,5 +1,6 @@
 /* Event recorder; see events.h. */
 #include "events.h"
+#include "../base/addrmap.h"
 
 #include <errno.h>
 #include <math.h>
@@ -57,13 +58,6 @@ typedef struct run {
     uint32_t n;
 } run;
 
-/* A live block the JSON writer knows of: its address and size (open
- * addressing; address 0: empty, TOMB: removed). */
-typedef struct live_block {
-    uint64_t addr, size;
-} live_block;
-#define TOMB ((uint64_t)1)
-
 struct um__events {
     uint64_t gen;         /* tells this recorder apart from one at the same address */
     bool tsc;             /* times are TSC ticks; else um__now_ns */
@@ -92,8 +86,7 @@ struct um__events {
     FILE *f;
     int ndevices;
     uint64_t *live, *reserved; /* per device, as of the events written */
-    live_block *blocks;
-    size_t blocks_cap, blocks_used;
+    um__addrmap blocks;        /* live block -> its size */
 };
 
 /* Open recorders, so that a thread's exit finds its buffers (g_lock). */
@@ -456,54 +449,6 @@ static void json_name(char *out, size_t len, const char *name)
     out[k] = '\0';
 }
 
-static size_t block_slot(const um__events *e, uint64_t addr)
-{
-    return (size_t)((addr * 0x9e3779b97f4a7c15ull) >> 17) & (e->blocks_cap - 1);
-}
-
-/* Remembers a block's size; false when there is no memory for the table
- * (the counters then miss it). */
-static bool block_add(um__events *e, uint64_t addr, uint64_t size)
-{
-    if ((e->blocks_used + 1) * 2 > e->blocks_cap) {
-        size_t cap = e->blocks_cap ? 2 * e->blocks_cap : 1024;
-        live_block *n = calloc(cap, sizeof *n), *old = e->blocks;
-        if (!n)
-            return false;
-        size_t old_cap = e->blocks_cap;
-        e->blocks = n;
-        e->blocks_cap = cap;
-        e->blocks_used = 0;
-        for (size_t i = 0; i < old_cap; i++)
-            if (old[i].addr > TOMB)
-                (void)block_add(e, old[i].addr, old[i].size);
-        free(old);
-    }
-    size_t i = block_slot(e, addr);
-    while (e->blocks[i].addr > TOMB)
-        i = (i + 1) & (e->blocks_cap - 1);
-    if (e->blocks[i].addr == 0)
-        e->blocks_used++;
-    e->blocks[i] = (live_block){addr, size};
-    return true;
-}
-
-/* Forgets a block; its size, or 0 when unknown. */
-static uint64_t block_take(um__events *e, uint64_t addr)
-{
-    if (!e->blocks_cap)
-        return 0;
-    for (size_t i = block_slot(e, addr), n = 0; n < e->blocks_cap && e->blocks[i].addr;
-         i = (i + 1) & (e->blocks_cap - 1), n++) {
-        if (e->blocks[i].addr == addr) {
-            uint64_t size = e->blocks[i].size;
-            e->blocks[i].addr = TOMB;
-            return size;
-        }
-    }
-    return 0;
-}
-
 /* Allocations, frees and counter samples are nearly every event, so they
  * are formatted by hand into a line buffer: fprintf's %.3f made writing a
  * trace of a million events take seconds. */
@@ -650,11 +595,14 @@ static void write_event(um__events *e, const event_rec *r)
         if (!on_device)
             break;
         uint64_t size = r->a0;
+        /* A block the map has no room for is missing from the counters;
+         * a free of an unknown block counts 0 bytes. */
         if (r->kind == UM_EVENT_ALLOC) {
-            if (block_add(e, r->a1, size))
+            if (um__addrmap_put(&e->blocks, r->a1, size))
                 e->live[r->dev] += size;
         } else {
-            size = block_take(e, r->a1);
+            if (!um__addrmap_take(&e->blocks, r->a1, &size))
+                size = 0;
             e->live[r->dev] -= size <= e->live[r->dev] ? size : e->live[r->dev];
         }
         line l = {.n = 0};
@@ -758,7 +706,7 @@ static void events_free(um__events *e)
     free(e->names);
     free(e->live);
     free(e->reserved);
-    free(e->blocks);
+    um__addrmap_free(&e->blocks);
     pthread_cond_destroy(&e->work);
     pthread_cond_destroy(&e->space);
     pthread_mutex_destroy(&e->lock);
