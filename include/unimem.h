@@ -209,9 +209,10 @@ UM_API um_status um_memcpy(um_context *ctx, void *dst, const void *src, size_t n
 
 /* 0 restores the default (the device capacity for the memory limit, no cap
  * for the cache limit); a memory limit above the capacity is the capacity.
- * Lowering the memory limit below the reserved bytes
- * trims the cache first and fails with UM_ERR_BUSY if live data still
- * exceeds it (the limit is then left unchanged). */
+ * Lowering the memory limit below the reserved bytes trims the cache
+ * first and fails with UM_ERR_BUSY if what stays reserved (the pages under
+ * live blocks, which can be more than the live bytes) still exceeds it; the
+ * limit is then left unchanged. */
 UM_API um_status um_set_memory_limit(um_context *ctx, int dev, size_t bytes);
 UM_API um_status um_set_cache_limit(um_context *ctx, int dev, size_t bytes);
 /* Returns cached memory (fully free pages) to the backend, like
