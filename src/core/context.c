@@ -797,7 +797,10 @@ static um_status create_allocators(um_context *ctx)
         um_device *d = &ctx->devices[i];
         um__pool_config c = {
             .dev = i,
-            .memory_limit = o->memory_limit,
+            /* A limit above the capacity is the capacity, for every
+             * allocator (um_set_memory_limit caps it the same way). */
+            .memory_limit = o->memory_limit < d->backend->capacity ? o->memory_limit
+                                                                   : d->backend->capacity,
             .cache_limit = o->cache_limit,
             .thread_cache = o->thread_cache,
             .va_factor = o->va_factor,

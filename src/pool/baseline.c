@@ -1033,8 +1033,7 @@ static um_status bl_create(const um__allocator_ops *ops, bool caching, um__backe
     bl->base.ops = ops;
     bl->base.backend = b;
     bl->base.dev = c->dev;
-    bl->base.memory_limit =
-        c->memory_limit && c->memory_limit < b->capacity ? c->memory_limit : b->capacity;
+    bl->base.memory_limit = c->memory_limit ? c->memory_limit : b->capacity;
     bl->base.cache_limit = c->cache_limit ? c->cache_limit : SIZE_MAX;
     bl->caching = caching;
     bl->gran = b->granularity;

@@ -2050,9 +2050,10 @@ static um_status pool_trim(um__allocator *a)
 static um_status pool_set_memory_limit(um__allocator *a, size_t bytes)
 {
     um__pool *p = P(a);
-    /* Never above the capacity: the placement's arithmetic (sizes rounded
-     * up, ranges of the reservation) relies on requests below it. */
-    size_t limit = bytes && bytes < p->capacity ? bytes : p->capacity;
+    /* Never above the capacity (um_set_memory_limit caps it): the
+     * placement's arithmetic (sizes rounded up, ranges of the reservation)
+     * relies on requests below it. */
+    size_t limit = bytes ? bytes : p->capacity;
     pthread_mutex_lock(&p->lock);
     um_status s = UM_OK;
     if (p->reserved > limit) {
@@ -2425,6 +2426,15 @@ done:
 /* ------------------------------------------------------- create / destroy */
 
 #define TEARDOWN_TRIES 8
+/* Makes backend call `call` up to TEARDOWN_TRIES times until it succeeds;
+ * counts it in `refused` if it never does. */
+#define TEARDOWN_CALL(refused, call)                                                               \
+    do {                                                                                           \
+        int tries_ = TEARDOWN_TRIES;                                                               \
+        while ((call) != UM_OK && --tries_)                                                        \
+            ;                                                                                      \
+        (refused) += tries_ == 0;                                                                  \
+    } while (0)
 
 static void pool_destroy(um__allocator *a)
 {
@@ -2462,30 +2472,17 @@ static void pool_destroy(um__allocator *a)
     for (size_t pg = 0; p->pages && pg < p->npages; pg++) {
         if (!p->pages[pg].phys)
             continue;
-        int tries = TEARDOWN_TRIES;
-        while (um__be_unmap(b, page_addr(p, pg), p->page) != UM_OK && --tries)
-            ;
-        tries = TEARDOWN_TRIES;
-        while (um__be_release(b, p->pages[pg].phys, p->page) != UM_OK && --tries)
-            ;
-        refused += tries == 0;
+        TEARDOWN_CALL(refused, um__be_unmap(b, page_addr(p, pg), p->page));
+        TEARDOWN_CALL(refused, um__be_release(b, p->pages[pg].phys, p->page));
     }
-    for (size_t i = 0; i < p->nparked; i++) {
-        int tries = TEARDOWN_TRIES;
-        while (um__be_release(b, p->parked[i], p->page) != UM_OK && --tries)
-            ;
-        refused += tries == 0;
-    }
+    for (size_t i = 0; i < p->nparked; i++)
+        TEARDOWN_CALL(refused, um__be_release(b, p->parked[i], p->page));
     free(p->parked);
-    if (p->va) {
-        int tries = TEARDOWN_TRIES;
-        while (um__be_unreserve(b, p->va, p->va_size) != UM_OK && --tries)
-            ;
-        refused += tries == 0;
-    }
+    if (p->va)
+        TEARDOWN_CALL(refused, um__be_unreserve(b, p->va, p->va_size));
     if (refused)
-        um__log(UM_LOG_ERROR, "%s: at shutdown the backend refused to take back %zu pages or "
-                              "reservations %d times each (%s)",
+        um__log(UM_LOG_ERROR, "%s: at shutdown the backend refused %zu calls giving back pages "
+                              "or reservations, %d times each (%s)",
                 dev_name(p), refused, TEARDOWN_TRIES, um_last_error());
     /* Planned blocks are only in the pointer map (read before the region's
      * records, which the map also points to, are freed). */
@@ -2569,9 +2566,7 @@ um_status um__pool_create(um__backend *b, const um__pool_config *c, um__allocato
     p->base.dev = c->dev;
     p->events = c->events;
     p->capacity = b->capacity;
-    /* A limit above the capacity is the capacity (see pool_set_memory_limit). */
-    p->base.memory_limit =
-        c->memory_limit && c->memory_limit < b->capacity ? c->memory_limit : b->capacity;
+    p->base.memory_limit = c->memory_limit ? c->memory_limit : b->capacity;
     p->base.cache_limit = c->cache_limit ? c->cache_limit : SIZE_MAX;
     p->thread_cache = c->thread_cache;
     p->fence_wait_ns = c->fence_wait_ns;

@@ -323,7 +323,7 @@ void um__event_add_named(um__events *e, um__event_kind kind, int dev, uint64_t s
      * a1's upper bits. */
     pthread_mutex_lock(&e->lock);
     size_t idx = SIZE_MAX;
-    if (e->nnames < e->names_cap || e->nnames < (1u << 24)) {
+    if (e->nnames < (1u << 24)) {
         if (e->nnames == e->names_cap) {
             size_t cap = e->names_cap ? 2 * e->names_cap : 64;
             char(*n)[32] = realloc(e->names, cap * sizeof *n);
