@@ -198,7 +198,9 @@ static um_status ensure_memory(um_buffer *b, int dev, um_stream first_writer)
     um__replica *r = &b->rep[dev];
     if (r->ptr)
         return UM_OK;
+    atomic_store_explicit(&b->allocating, true, memory_order_relaxed);
     um_status st = um_malloc(b->ctx, dev, b->size, first_writer, &r->ptr);
+    atomic_store_explicit(&b->allocating, false, memory_order_relaxed);
     if (st == UM_OK)
         um__reclaim_account(um__xfer_reclaim(engine(b)), dev, (int64_t)b->size);
     return st;
@@ -433,7 +435,9 @@ um_status um_buffer_acquire(um_buffer *b, int dev, um_access mode, um_stream s, 
         if (st == UM_OK) {
             drop_uses(r);
             um__fence_drop(&r->ready);
-            take_ownership(b, dev);
+            b->discarding = r->state == UM_REPLICA_INVALID && mode == UM_ACCESS_WRITE_DISCARD;
+            if (!b->discarding)
+                take_ownership(b, dev);
             r->writer = true;
         }
     } else if (st == UM_OK) {
@@ -458,6 +462,11 @@ um_status um_buffer_acquire(um_buffer *b, int dev, um_access mode, um_stream s, 
 }
 
 um_status um_buffer_release(um_buffer *b, int dev, um_stream s)
+{
+    return um__buffer_release(b, dev, s, true);
+}
+
+um_status um__buffer_release(um_buffer *b, int dev, um_stream s, bool used)
 {
     static const char what[] = "um_buffer_release";
     if (!live(b))
@@ -488,6 +497,9 @@ um_status um_buffer_release(um_buffer *b, int dev, um_stream s)
     if (r->writer) {
         r->writer = false;
         r->ready = f;
+        if (b->discarding && used)
+            take_ownership(b, dev);
+        b->discarding = false;
     } else {
         r->readers--;
         add_use(x, r, f);
@@ -663,6 +675,10 @@ um_replica_state um_buffer_replica_state(um_buffer *b, int dev)
         return UM_REPLICA_INVALID;
     pthread_mutex_lock(&b->lock);
     um_replica_state s = (um_replica_state)b->rep[dev].state;
+    /* During a WRITE_DISCARD acquisition the program sees what its release
+     * makes: the acquired replica the owner, the copies it replaces gone. */
+    if (b->discarding)
+        s = b->rep[dev].writer ? UM_REPLICA_OWNER : UM_REPLICA_INVALID;
     pthread_mutex_unlock(&b->lock);
     return s;
 }
@@ -708,8 +724,8 @@ bool um__buffer_evictable(const um_buffer *b, int dev)
 {
     const um__replica *r = &b->rep[dev];
     return r->ptr && !r->readers && !r->writer && !b->pinned && !(dev == 0 && b->wrapped) &&
-           (dev != 0 || r->state == UM_REPLICA_INVALID || um__buffer_valid_elsewhere(b, dev) ||
-            b->ctx->opts.spill_dir[0]);
+           (dev != 0 || r->state == UM_REPLICA_INVALID || b->discarding ||
+            um__buffer_valid_elsewhere(b, dev) || b->ctx->opts.spill_dir[0]);
 }
 
 /* Writes the only valid copy, dev's replica, to b's spill extent (made on
@@ -741,7 +757,12 @@ um_status um__buffer_evict(um_buffer *b, int dev, size_t *bytes_written, bool *s
     if (!um__buffer_evictable(b, dev))
         return UM_ERR_BUSY;
     um__xfer *x = engine(b);
-    if (r->state != UM_REPLICA_INVALID) {
+    if (r->state != UM_REPLICA_INVALID && b->discarding) {
+        /* Data a WRITE_DISCARD is replacing: dropped, not written back. */
+        int other = best_source(b, dev, dev);
+        if (r->state == UM_REPLICA_OWNER && other >= 0)
+            b->rep[other].state = UM_REPLICA_OWNER;
+    } else if (r->state != UM_REPLICA_INVALID) {
         int other = best_source(b, dev, dev);
         bool skip[UM_MAX_DEVICES] = {false};
         while (other < 0 && !b->spill_valid) {

@@ -62,6 +62,15 @@ struct um_buffer {
     pthread_mutex_t lock;
     struct um_buffer *prev, *next; /* the engine's list of live buffers */
     uint32_t holders;       /* acquisitions held, on every device */
+    /* The thread holding `lock` waits for memory (in um_malloc): reclaim,
+     * finding the lock taken, need not wait for it to be let go. */
+    _Atomic bool allocating;
+    /* The write acquisition held is a WRITE_DISCARD of an invalid replica:
+     * the other copies stay valid until its release makes that one the
+     * owner, so one given back unused (its task did not run) loses nothing.
+     * Meanwhile reclaim drops them without writing them back, as data
+     * about to be replaced. */
+    bool discarding;
     /* Hints (reclaim.c): pinned, WONT_USE until the next acquire, and the
      * announcement tickets of WILL_USE, oldest first. */
     bool pinned, wont_use;
@@ -96,6 +105,11 @@ size_t um__spill_used(um__spill *sp);
 /* Frees b whatever its state (acquisitions included), after the work that
  * uses its replicas: for um_shutdown. */
 void um__buffer_discard(um_buffer *b);
+
+/* um_buffer_release, and for used == false an acquisition whose holder
+ * wrote nothing (a task that failed before it ran): a WRITE_DISCARD one
+ * then leaves the buffer's data as it was. */
+um_status um__buffer_release(um_buffer *b, int dev, um_stream s, bool used);
 
 /* The context's engine, made on first use. */
 um_status um__xfer_get(um_context *ctx, um__xfer **out);

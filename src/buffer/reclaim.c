@@ -27,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define KEY_LEN 5
 
@@ -53,6 +54,10 @@ struct um__reclaim {
  * write-back's target) must not start another. */
 static _Thread_local bool in_reclaim;
 
+/* How long an allocation at the limit waits for candidates that calls in
+ * progress hold locked, before it fails. */
+#define RECLAIM_BUSY_WAIT_NS 1000000000ull
+
 /* -------------------------------------------------------------- policy */
 
 typedef struct victim_scan {
@@ -62,14 +67,16 @@ typedef struct victim_scan {
     bool announcing;    /* the program announces uses (WILL_USE seen) */
     um_buffer *best;
     uint64_t key[KEY_LEN];
-    /* Why nothing may be evicted, for the error message. */
-    uint32_t acquired, pinned;
+    /* Why nothing may be evicted, for the error message; `busy`: buffers
+     * whose lock another call held (not one waiting for memory itself). */
+    uint32_t acquired, pinned, busy;
     uint64_t acquired_bytes;
     char failed[320]; /* why the last eviction tried failed ("" none) */
 } victim_scan;
 
 /* The eviction order of b's replica on scan->dev, smallest first (b locked
- * and evictable). cost: free memory of invalid replicas first; then
+ * and evictable). cost: free memory of invalid replicas (and of data a
+ * WRITE_DISCARD acquisition is replacing) first; then
  * buffers no announced use needs (WONT_USE first, clean before dirty,
  * larger first, then by recency); then announced buffers, the farthest
  * next use first (what Belady's MIN does). Recency is least recently used
@@ -83,7 +90,7 @@ static void key_of(const um_buffer *b, const um__replica *r, int policy, bool an
                    uint64_t *k)
 {
     memset(k, 0, KEY_LEN * sizeof *k);
-    bool invalid = r->state == UM_REPLICA_INVALID;
+    bool invalid = r->state == UM_REPLICA_INVALID || b->discarding;
     if (policy == UM_EVICT_LRU) {
         k[0] = !invalid;
         k[1] = r->last_use;
@@ -119,8 +126,12 @@ static bool key_less(const uint64_t *a, const uint64_t *b)
 static bool consider(um_buffer *b, void *arg)
 {
     victim_scan *s = arg;
-    if (pthread_mutex_trylock(&b->lock) != 0)
-        return true; /* in use right now: not a victim */
+    if (pthread_mutex_trylock(&b->lock) != 0) {
+        /* In use right now: not a victim, but perhaps once the call ends. */
+        if (!atomic_load_explicit(&b->allocating, memory_order_relaxed))
+            s->busy++;
+        return true;
+    }
     if (b->magic == UM_BUFFER_MAGIC) {
         const um__replica *r = &b->rep[s->dev];
         if (um__buffer_evictable(b, s->dev)) {
@@ -174,7 +185,7 @@ static bool evict_one(um__reclaim *rc, int dev, victim_scan *scan)
         char failed[sizeof scan->failed];
         snprintf(failed, sizeof failed, "%s", attempt ? scan->failed : "");
         *scan = (victim_scan){rc,   dev, rc->ctx->opts.evict_policy,
-                              atomic_load(&rc->announcing), NULL, {0}, 0, 0, 0, ""};
+                              atomic_load(&rc->announcing), NULL, {0}, 0, 0, 0, 0, ""};
         memcpy(scan->failed, failed, sizeof failed);
         um__xfer_each_buffer(rc->x, consider, scan);
         if (!scan->best)
@@ -217,9 +228,22 @@ static bool reclaim_hook(um_context *ctx, int dev, size_t bytes)
     uint64_t t0 = um__now_ns();
     in_reclaim = true;
     victim_scan scan;
-    pthread_mutex_lock(&rc->one);
-    bool freed = evict_one(rc, dev, &scan);
-    pthread_mutex_unlock(&rc->one);
+    bool freed = false;
+    /* Candidates locked by calls in progress (a copy, a read) may be
+     * evictable once those end: wait for them a while rather than fail
+     * with evictable data there (found by the stress test). Not for those
+     * whose holder waits for memory itself, which could be waiting for
+     * this one. */
+    for (uint64_t pause_ns = 20000;; pause_ns = pause_ns < 1000000 ? 2 * pause_ns : pause_ns) {
+        pthread_mutex_lock(&rc->one);
+        freed = evict_one(rc, dev, &scan);
+        pthread_mutex_unlock(&rc->one);
+        if (freed || !scan.busy || scan.failed[0] ||
+            um__now_ns() - t0 > RECLAIM_BUSY_WAIT_NS)
+            break;
+        struct timespec ts = {0, (long)pause_ns};
+        nanosleep(&ts, NULL);
+    }
     in_reclaim = false;
     device_counters *c = &rc->dev[dev];
     uint64_t waited = um__now_ns() - t0;
@@ -234,11 +258,15 @@ static bool reclaim_hook(um_context *ctx, int dev, size_t bytes)
     } else if (!freed) {
         atomic_fetch_add(&c->failed, 1);
         char held[32];
+        char busy[96] = "";
+        if (scan.busy)
+            snprintf(busy, sizeof busy, ", %u in use by other calls for %.0f ms", scan.busy,
+                     (double)waited / 1e6);
         um__fail(UM_ERR_NOMEM,
                  "device %d: no room for %zu bytes and nothing left to evict: %u acquired "
-                 "replica%s hold %s there, %u pinned",
+                 "replica%s hold %s there, %u pinned%s",
                  dev, bytes, scan.acquired, scan.acquired == 1 ? "" : "s",
-                 um__format_bytes(held, sizeof held, scan.acquired_bytes), scan.pinned);
+                 um__format_bytes(held, sizeof held, scan.acquired_bytes), scan.pinned, busy);
     }
     return freed;
 }

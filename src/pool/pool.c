@@ -12,8 +12,12 @@
 #include "../trace/events.h"
 
 #include <inttypes.h>
+#include <linux/membarrier.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #define NO_PAGE UINT32_MAX
 #define KNOWN_STREAM_BITS 1024 /* 16 words of known_streams */
@@ -468,7 +472,8 @@ static void bounce_flush_locked(um__pool *p, struct um__tcache *tc);
 static void bounce_flush_all_locked(um__pool *p);
 static um__tcache *own_cache(um__pool *p);
 static void release_spare_slabs(um__pool *p);
-static void flush_own_cache_locked(um__pool *p);
+static void flush_caches_locked(um__pool *p);
+static void tcache_drain_others(um__pool *p);
 static void plan_stop(um__pool *p);
 
 /* Over the cache limit, free pages go back to the backend. Fresh holes are
@@ -483,8 +488,7 @@ static void enforce_cache_limit(um__pool *p)
         return;
     (void)release_holes(p, limit);
     if (p->reserved - active_total(p) > limit) {
-        flush_own_cache_locked(p);
-        bounce_flush_all_locked(p);
+        flush_caches_locked(p);
         poll_all(p, false);
         release_spare_slabs(p);
         (void)release_holes(p, limit);
@@ -1235,6 +1239,9 @@ static um_status take_range(um__pool *p, size_t size, size_t align, uint32_t sid
         if (attempt == 2)
             poll_all(p, false);
         if (attempt == 3) {
+            /* Not this thread's own bins: a refill of one may be what
+             * called. */
+            tcache_drain_others(p);
             bounce_flush_all_locked(p);
             poll_all(p, true);
             release_spare_slabs(p);
@@ -1308,6 +1315,78 @@ static void tcache_flush_locked(um__pool *p, um__tcache *tc)
         if (tc->bins[c].n)
             flush_bin_locked(p, &tc->bins[c], c, tc->bins[c].n);
     bounce_flush_locked(p, tc);
+}
+
+/* The owner's side of the bins' handover (see um__tcache): false while
+ * another thread takes them; the owner then goes the locked way. The
+ * signal fence only keeps the compiler in order: the drainer's membarrier
+ * stands in for the hardware fence this fast path does not pay for. */
+static inline bool tc_enter(um__tcache *tc)
+{
+    atomic_store_explicit(&tc->in_bins, 1, memory_order_relaxed);
+    atomic_signal_fence(memory_order_seq_cst);
+    if (UM_LIKELY(!atomic_load_explicit(&tc->drain, memory_order_acquire)))
+        return true;
+    atomic_store_explicit(&tc->in_bins, 0, memory_order_release);
+    return false;
+}
+
+static inline void tc_leave(um__tcache *tc)
+{
+    atomic_store_explicit(&tc->in_bins, 0, memory_order_release);
+}
+
+static void note_slots(um__tcache *tc)
+{
+    if (!atomic_load_explicit(&tc->has_slots, memory_order_relaxed))
+        atomic_store_explicit(&tc->has_slots, true, memory_order_relaxed);
+}
+
+/* Whether this process may use membarrier's expedited barrier (asked and
+ * registered once). Without it other threads' bins stay theirs. */
+static bool membarrier_ready(void)
+{
+    static _Atomic int ready; /* 0 unknown, 1 yes, -1 no */
+    int r = atomic_load_explicit(&ready, memory_order_acquire);
+    if (r)
+        return r > 0;
+    long cmds = syscall(__NR_membarrier, MEMBARRIER_CMD_QUERY, 0, 0);
+    bool ok = cmds > 0 && (cmds & MEMBARRIER_CMD_PRIVATE_EXPEDITED) &&
+              syscall(__NR_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0;
+    atomic_store_explicit(&ready, ok ? 1 : -1, memory_order_release);
+    return ok;
+}
+
+/* Takes back the slots other live threads keep in their bins (locked), so
+ * that memory short at the limit or a trim is not held by a thread that
+ * freed it and went idle (found by the stress test: an allocation failed
+ * at the limit with nothing live). One barrier serves every cache. */
+static void tcache_drain_others(um__pool *p)
+{
+    um__tcache *own = own_cache(p);
+    bool any = false;
+    for (um__tcache *tc = p->tcaches; tc; tc = tc->next)
+        if (tc != own && atomic_load_explicit(&tc->has_slots, memory_order_relaxed)) {
+            atomic_store_explicit(&tc->drain, 1, memory_order_relaxed);
+            any = true;
+        }
+    if (!any || !membarrier_ready() ||
+        syscall(__NR_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) != 0) {
+        for (um__tcache *tc = p->tcaches; tc; tc = tc->next)
+            atomic_store_explicit(&tc->drain, 0, memory_order_relaxed);
+        return;
+    }
+    for (um__tcache *tc = p->tcaches; tc; tc = tc->next) {
+        if (!atomic_load_explicit(&tc->drain, memory_order_relaxed))
+            continue;
+        while (atomic_load_explicit(&tc->in_bins, memory_order_acquire))
+            sched_yield();
+        atomic_store_explicit(&tc->has_slots, false, memory_order_relaxed);
+        for (unsigned c = 0; c < UM_NCLASSES; c++)
+            if (tc->bins[c].n)
+                flush_bin_locked(p, &tc->bins[c], c, tc->bins[c].n);
+        atomic_store_explicit(&tc->drain, 0, memory_order_release);
+    }
 }
 
 static void tcache_thread_exit(void *arg)
@@ -1421,10 +1500,11 @@ static um_status small_alloc(um__pool *p, size_t size, const um__stream_ref *s, 
 {
     unsigned cls = um__class_of(size);
     um__tcache *tc = p->thread_cache ? tcache_get(p) : NULL;
-    if (UM_LIKELY(tc != NULL)) {
+    if (UM_LIKELY(tc != NULL) && UM_LIKELY(tc_enter(tc))) {
         um__tc_bin *bin = &tc->bins[cls];
-        if (UM_LIKELY(bin->n && bin->stream == s->id)) {
-            void *x = bin->items[--bin->n];
+        void *x = UM_LIKELY(bin->n && bin->stream == s->id) ? bin->items[--bin->n] : NULL;
+        tc_leave(tc);
+        if (UM_LIKELY(x != NULL)) {
             mark_live_slot(p, tc, x, size, s->id);
             counter_inc(&tc->allocs);
             *ptr = x;
@@ -1448,6 +1528,7 @@ static um_status small_alloc(um__pool *p, size_t size, const um__stream_ref *s, 
              * there are none. */
             um__pending_vec *v = &ss->small[cls];
             uint32_t k = v->n < want ? (uint32_t)v->n : want;
+            note_slots(tc);
             if (k) {
                 for (uint32_t i = 0; i < k; i++)
                     bin->items[i] = v->items[v->n - k + i].ptr;
@@ -1868,11 +1949,16 @@ static um_status small_free(um__pool *p, um__slab *sl, uintptr_t addr, const um_
     bool known_stream = sid < KNOWN_STREAM_BITS &&
                         (atomic_load_explicit(&p->known_streams[sid / 64],
                                               memory_order_acquire) >> (sid % 64)) & 1;
-    if (UM_LIKELY(tc && known_stream)) {
+    if (UM_LIKELY(tc && known_stream) && UM_LIKELY(tc_enter(tc))) {
         um__tc_bin *bin = &tc->bins[cls];
-        if (UM_LIKELY((!bin->n || bin->stream == sid) && bin->n < UM_TC_MAX)) {
+        bool cached = UM_LIKELY((!bin->n || bin->stream == sid) && bin->n < UM_TC_MAX);
+        if (cached) {
             bin->stream = sid;
             bin->items[bin->n++] = (void *)addr;
+        }
+        tc_leave(tc);
+        if (UM_LIKELY(cached)) {
+            note_slots(tc);
             counter_inc(&tc->frees);
             return UM_OK;
         }
@@ -1896,6 +1982,7 @@ static um_status small_free(um__pool *p, um__slab *sl, uintptr_t addr, const um_
         if (bin->n < UM_TC_MAX && (!bin->n || bin->stream == sid)) {
             bin->stream = sid;
             bin->items[bin->n++] = (void *)addr;
+            note_slots(tc);
             counter_inc(&tc->frees);
             parked = true;
         }
@@ -2018,11 +2105,15 @@ static bool pool_owns(um__allocator *a, const void *ptr)
 
 /* ---------------------------------------------------------- memory control */
 
-static void flush_own_cache_locked(um__pool *p)
+/* Every cache of the pool goes back to it (locked): this thread's bins,
+ * the other threads' bins, and all bounce caches. */
+static void flush_caches_locked(um__pool *p)
 {
     um__tcache *tc = own_cache(p);
     if (tc)
         tcache_flush_locked(p, tc);
+    tcache_drain_others(p);
+    bounce_flush_all_locked(p);
 }
 
 static um_status pool_trim(um__allocator *a)
@@ -2031,8 +2122,7 @@ static um_status pool_trim(um__allocator *a)
     uint64_t t0 = p->events ? um__now_ns() : 0;
     pthread_mutex_lock(&p->lock);
     size_t before = p->reserved;
-    flush_own_cache_locked(p);
-    bounce_flush_all_locked(p);
+    flush_caches_locked(p);
     /* The arena holds memory for the plan alone: a trim ends the plan, and
      * the arena dissolves into ordinary memory whose idle pages go back. */
     plan_stop(p);
@@ -2057,8 +2147,7 @@ static um_status pool_set_memory_limit(um__allocator *a, size_t bytes)
     pthread_mutex_lock(&p->lock);
     um_status s = UM_OK;
     if (p->reserved > limit) {
-        flush_own_cache_locked(p);
-        bounce_flush_all_locked(p);
+        flush_caches_locked(p);
         plan_stop(p);
         poll_all(p, true);
         release_spare_slabs(p);

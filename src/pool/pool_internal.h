@@ -151,6 +151,14 @@ typedef struct um__tcache {
      * to the pool's `active` (written by the owner thread only). */
     _Atomic int64_t live_delta;
     um__tc_bin bins[UM_NCLASSES];
+    /* Taking back the bins of a live thread (pool.c, tcache_drain_others):
+     * the owner touches its bins without the lock only between setting
+     * in_bins and clearing it, and not at all while `drain` is set; another
+     * thread, holding the lock, sets `drain`, makes every thread pass a
+     * full memory barrier (membarrier), waits for in_bins to clear, then
+     * empties the bins. has_slots: the bins may hold slots. */
+    _Atomic uint32_t in_bins, drain;
+    _Atomic bool has_slots;
     /* The bounce cache: the large block this thread allocated last (out),
      * and that block once the thread freed it (held), for the next
      * allocation of its size on its stream. The deltas count the live

@@ -21,20 +21,38 @@ enum { WAITING, READY, RUNNING, DONE };
 enum { ID_PENDING = 0, ID_OK = 1, ID_FAILED = 2, ID_CANCELLED = 3 };
 
 typedef struct task task;
+
+/* A task that waits for another; `fails_with`: it uses what that one
+ * makes (it reads the data the other writes), so it fails if that one
+ * fails. A write after a read, and a WRITE_DISCARD after a write, only
+ * wait: a repair runs whether the task it follows failed before or after
+ * it was submitted. */
+typedef struct edge {
+    task *to;
+    bool fails_with;
+} edge;
+
+/* Settled: a task is DONE and so is every task it waits for, so what it
+ * did (or did not do) to its buffers is final. A task that ran settles
+ * when it ends; one that ends without running (cancelled, or failed with a
+ * dependency) settles only once the tasks it waited for have, and until
+ * then orders the tasks after it as if it were still to run (found by the
+ * stress test: a later writer overtook the tasks a cancelled one waited
+ * for). */
 struct task {
     um_task t;
     um_task_id id;
     int state;
-    int ndeps;              /* unfinished tasks it waits for */
-    task **dependents;
+    int ndeps;              /* unsettled tasks it waits for */
+    struct edge *dependents; /* tasks that wait for it */
     int ndependents, dependents_cap;
     int dev;                /* where it runs, once ready */
     double est_ns;          /* its estimated compute time there */
     size_t bytes;           /* its working set */
     um_task_id failed_dep;  /* a dependency that failed before it was submitted */
     task *next;             /* in a worker's queue, the ready list, or a list of finished tasks */
-    bool retired;           /* its callback ran; freed once no task lists it */
-    task *fail_next;        /* finish's worklist of tasks failing with it */
+    bool retired;           /* its callback ran; freed once settled */
+    task *work_next;        /* in finish's worklists */
     um_status status;
     char why[256];
 };
@@ -333,14 +351,16 @@ static void make_ready(um__run *r, task *t)
 
 /* ----------------------------------------------------------- finishing */
 
-static void free_task(task *t)
+static void free_task(um__run *r, task *t)
 {
+    r->live[t->id - 1] = NULL;
     free(t->dependents);
     free(t);
 }
 
-/* t has ended with st (locked): its state, and its failure noted. */
-static void mark_done(um__run *r, task *t, um_status st, const char *why)
+/* t has ended with st (locked): its state, its failure noted, its buffers'
+ * records, and onto *done for its callback. */
+static void mark_done(um__run *r, task *t, um_status st, const char *why, task **done)
 {
     t->state = DONE;
     t->status = st;
@@ -350,50 +370,77 @@ static void mark_done(um__run *r, task *t, um_status st, const char *why)
         if (!r->first_failed)
             r->first_failed = t->id;
     }
+    for (int i = 0; i < t->t.nbuffers; i++) {
+        access_rec *a = rec_find(r, t->t.buffers[i]);
+        if (a && a->pending)
+            a->pending--;
+    }
+    t->next = *done;
+    *done = t;
 }
 
-/* Finishes t with st (locked): its outcome, its buffers' records, and its
- * dependents (made ready, or failed with it, and theirs in turn: a
- * worklist, as a long chain would be too deep for recursion). Finished
- * tasks go on *done for their callbacks and freeing outside the lock. */
-static void finish(um__run *r, task *t, um_status st, const char *why, task **done)
+/* Fails, with failed t, the tasks that use what it makes, and theirs in
+ * turn (locked; a worklist, as a long chain would be too deep for
+ * recursion). They stay unsettled: each still waits for t. */
+static void fail_users(um__run *r, task *t, task **done)
 {
-    mark_done(r, t, st, why);
-    t->fail_next = NULL;
+    t->work_next = NULL;
     for (task *work = t; work;) {
         task *x = work;
-        work = x->fail_next;
-        for (int i = 0; i < x->t.nbuffers; i++) {
-            access_rec *a = rec_find(r, x->t.buffers[i]);
-            if (a && a->pending)
-                a->pending--;
-        }
+        work = x->work_next;
         for (int i = 0; i < x->ndependents; i++) {
-            task *d = x->dependents[i];
-            if (d->state == DONE) {
-                /* Failed or cancelled before this one finished: it waited
-                 * only to be freed. */
-                if (--d->ndeps == 0 && d->retired)
-                    free_task(d);
+            task *d = x->dependents[i].to;
+            if (!x->dependents[i].fails_with || d->state == DONE)
                 continue;
-            }
-            if (x->status != UM_OK) {
-                d->ndeps--;
-                char because[256];
-                snprintf(because, sizeof because,
-                         "task %llu (%s) depends on task %llu (%s), which %s",
-                         (unsigned long long)d->id, task_name(d), (unsigned long long)x->id,
-                         task_name(x), x->status == UM_ERR_CANCELLED ? "was cancelled" : "failed");
-                mark_done(r, d, UM_ERR_TASK, because);
-                d->fail_next = work;
+            char because[256];
+            snprintf(because, sizeof because,
+                     "task %llu (%s) depends on task %llu (%s), which %s",
+                     (unsigned long long)d->id, task_name(d), (unsigned long long)x->id,
+                     task_name(x), x->status == UM_ERR_CANCELLED ? "was cancelled" : "failed");
+            mark_done(r, d, UM_ERR_TASK, because, done);
+            d->work_next = work;
+            work = d;
+        }
+    }
+}
+
+/* Settles t, DONE with nothing left to wait for (locked): the tasks
+ * waiting for it wait for one less, and run when none is left, or settle
+ * in turn if they ended already. A settled task whose callback has run is
+ * freed. */
+static void settle(um__run *r, task *t)
+{
+    t->work_next = NULL;
+    for (task *work = t; work;) {
+        task *x = work;
+        work = x->work_next;
+        for (int i = 0; i < x->ndependents; i++) {
+            task *d = x->dependents[i].to;
+            if (--d->ndeps)
+                continue;
+            if (d->state == DONE) {
+                d->work_next = work;
                 work = d;
-            } else if (--d->ndeps == 0) {
+            } else {
                 make_ready(r, d);
             }
         }
-        x->next = *done;
-        *done = x;
+        x->ndependents = 0;
+        if (x->retired)
+            free_task(r, x);
     }
+}
+
+/* Finishes t with st (locked): its outcome, the tasks that fail with it,
+ * and, when it waits for nothing more, its settling. Finished tasks go on
+ * *done for their callbacks outside the lock. */
+static void finish(um__run *r, task *t, um_status st, const char *why, task **done)
+{
+    mark_done(r, t, st, why, done);
+    if (st != UM_OK)
+        fail_users(r, t, done);
+    if (t->ndeps == 0)
+        settle(r, t);
 }
 
 /* Callbacks, outside the lock (a callback may submit), then the outcome
@@ -409,12 +456,11 @@ static void retire(um__run *r, task *done)
         r->outcome[t->id - 1] = outcome_of(t->status);
         r->unfinished--;
         pthread_cond_broadcast(&r->finished);
-        r->live[t->id - 1] = NULL;
-        /* Tasks it depended on that are still running list it. */
+        /* Unsettled, it still orders the tasks submitted after it. */
         if (t->ndeps)
             t->retired = true;
         else
-            free_task(t);
+            free_task(r, t);
         pthread_mutex_unlock(&r->lock);
     }
 }
@@ -457,30 +503,35 @@ typedef struct in_flight {
 } in_flight;
 
 /* Acquires t's buffers on the worker's stream (the stream waits for their
- * copies; the host does not). *held: how many were acquired. Counts the
- * bytes that must come in. */
+ * copies; the host does not): held[i] says which were. WRITE_DISCARD ones
+ * come last, so that a buffer that cannot be had fails the task before
+ * any data is about to be replaced. Counts the bytes that must come in. */
 static um_status acquire_all(worker *w, um_stream s, task *t, void **ptrs, size_t *sizes,
-                             int *held, char *why, size_t why_len)
+                             bool *held, char *why, size_t why_len)
 {
     const um_task *ut = &t->t;
     um_status st = UM_OK;
     uint64_t in = 0;
-    *held = 0;
-    for (int i = 0; i < ut->nbuffers && st == UM_OK; i++) {
-        double ns;
-        if (ut->modes[i] != UM_ACCESS_WRITE_DISCARD &&
-            !um__buffer_fetch_cost(ut->buffers[i], w->dev, &ns))
-            in += um_buffer_size(ut->buffers[i]);
-        sizes[i] = um_buffer_size(ut->buffers[i]);
-        /* Busy: the program itself holds the buffer; it is its to release. */
-        for (int tries = 0; tries < 10000; tries++) {
-            st = um_buffer_acquire(ut->buffers[i], w->dev, ut->modes[i], s, &ptrs[i]);
-            if (st != UM_ERR_BUSY)
-                break;
-            sleep_until_ns(um__now_ns() + 1000000);
+    for (int i = 0; i < ut->nbuffers; i++)
+        held[i] = false;
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < ut->nbuffers && st == UM_OK; i++) {
+            bool discards = ut->modes[i] == UM_ACCESS_WRITE_DISCARD;
+            if (discards != (pass == 1))
+                continue;
+            double ns;
+            if (!discards && !um__buffer_fetch_cost(ut->buffers[i], w->dev, &ns))
+                in += um_buffer_size(ut->buffers[i]);
+            sizes[i] = um_buffer_size(ut->buffers[i]);
+            /* Busy: the program itself holds the buffer; it is its to release. */
+            for (int tries = 0; tries < 10000; tries++) {
+                st = um_buffer_acquire(ut->buffers[i], w->dev, ut->modes[i], s, &ptrs[i]);
+                if (st != UM_ERR_BUSY)
+                    break;
+                sleep_until_ns(um__now_ns() + 1000000);
+            }
+            held[i] = st == UM_OK;
         }
-        *held += st == UM_OK;
-    }
     atomic_fetch_add(&w->bytes_in, in);
     if (st != UM_OK)
         snprintf(why, why_len, "task %llu (%s) on device %d: its buffers could not be had: %s",
@@ -488,13 +539,16 @@ static um_status acquire_all(worker *w, um_stream s, task *t, void **ptrs, size_
     return st;
 }
 
-/* Releases the first `held` buffers of t on the worker's stream; st, or a
- * failure if a release fails. */
-static um_status release_all(worker *w, um_stream s, task *t, int held, um_status st,
-                             char *why, size_t why_len)
+/* Releases t's buffers that are held on the worker's stream; st, or a
+ * failure if a release fails. Those of a task that did not run (not all
+ * could be had, or its inputs did not arrive) keep their data: what a
+ * WRITE_DISCARD would have replaced stays (found by the stress test). */
+static um_status release_all(worker *w, um_stream s, task *t, const bool *held, bool ran,
+                             um_status st, char *why, size_t why_len)
 {
-    for (int i = 0; i < held; i++)
-        if (um_buffer_release(t->t.buffers[i], w->dev, s) != UM_OK && st == UM_OK) {
+    for (int i = 0; i < t->t.nbuffers; i++)
+        if (held[i] && um__buffer_release(t->t.buffers[i], w->dev, s, ran) != UM_OK &&
+            st == UM_OK) {
             st = UM_ERR_TASK;
             snprintf(why, why_len, "task %llu (%s) on device %d: a release failed: %s",
                      (unsigned long long)t->id, task_name(t), w->dev, um_last_error());
@@ -529,15 +583,17 @@ static um_status run_on_cpu(worker *w, task *t, char *why, size_t why_len)
     um__backend *be = ctx->devices[w->dev].backend;
     void *ptrs[UM_TASK_MAX_BUFFERS];
     size_t sizes[UM_TASK_MAX_BUFFERS];
-    int held;
+    bool held[UM_TASK_MAX_BUFFERS];
     uint64_t t0 = um__now_ns();
-    um_status st = acquire_all(w, w->stream, t, ptrs, sizes, &held, why, why_len);
+    um_status st = acquire_all(w, w->stream, t, ptrs, sizes, held, why, why_len);
+    bool all_held = st == UM_OK;
     if (st == UM_OK && (st = um_stream_synchronize(ctx, w->stream)) != UM_OK)
         snprintf(why, why_len, "task %llu (%s) on device %d: its inputs did not arrive: %s",
                  (unsigned long long)t->id, task_name(t), w->dev, um_last_error());
     uint64_t t1 = um__now_ns();
     atomic_fetch_add(&w->waited_ns, t1 - t0);
-    if (st == UM_OK) {
+    bool ran = st == UM_OK;
+    if (ran) {
         um_task_exec e = {w->dev, be->kind, NULL, ptrs, sizes, ut->nbuffers, ut->user};
         int rc = ut->cpu(&e);
         if (rc != 0) {
@@ -550,8 +606,8 @@ static um_status run_on_cpu(worker *w, task *t, char *why, size_t why_len)
             sleep_until_ns(t1 + (uint64_t)(ut->flops / (double)ctx->opts.sim_gflops));
     }
     uint64_t t2 = um__now_ns();
-    st = release_all(w, w->stream, t, held, st, why, why_len);
-    if (held == ut->nbuffers)
+    st = release_all(w, w->stream, t, held, ran, st, why, why_len);
+    if (all_held)
         account(w, t, t1, t2, st);
     else
         atomic_fetch_add(&w->failed, 1);
@@ -567,13 +623,14 @@ static void launch_on_gpu(worker *w, um_stream s, task *t, in_flight *f)
     const um_task *ut = &t->t;
     void *ptrs[UM_TASK_MAX_BUFFERS];
     size_t sizes[UM_TASK_MAX_BUFFERS];
-    int held;
+    bool held[UM_TASK_MAX_BUFFERS];
     f->t = t;
     f->done = UM_FENCE_NONE;
     f->why[0] = '\0';
     f->launched_ns = um__now_ns();
-    f->st = acquire_all(w, s, t, ptrs, sizes, &held, f->why, sizeof f->why);
-    if (f->st == UM_OK) {
+    f->st = acquire_all(w, s, t, ptrs, sizes, held, f->why, sizeof f->why);
+    bool ran = f->st == UM_OK;
+    if (ran) {
         um_task_exec e = {w->dev, UM_DEVICE_CUDA, um_stream_native(s), ptrs, sizes,
                           ut->nbuffers, ut->user};
         int rc = ut->cuda(&e);
@@ -583,7 +640,7 @@ static void launch_on_gpu(worker *w, um_stream s, task *t, in_flight *f)
                      (unsigned long long)t->id, task_name(t), w->dev, rc);
         }
     }
-    f->st = release_all(w, s, t, held, f->st, f->why, sizeof f->why);
+    f->st = release_all(w, s, t, held, ran, f->st, f->why, sizeof f->why);
     if (f->st == UM_OK && um__fence_record(ctx, w->dev, s, &f->done) != UM_OK &&
         um_stream_synchronize(ctx, s) != UM_OK) {
         f->st = UM_ERR_TASK;
@@ -947,29 +1004,27 @@ static bool ids_grow(um__run *r)
     return true;
 }
 
-/* t waits for task `id` (locked). One that finished already is nothing
- * to wait for; if it failed, t inherits the failure unless t replaces
- * the data whole (`discards`: a WRITE_DISCARD access repairs a buffer). */
-static bool depend(um__run *r, task *t, um_task_id id, bool discards)
+/* t waits for task `id` (locked), unless that one has settled; if it
+ * failed, t fails too when it uses what that one makes (`fails_with`). */
+static bool depend(um__run *r, task *t, um_task_id id, bool fails_with)
 {
     if (!id || id == t->id)
         return true;
     task *d = r->live[id - 1];
-    if (!d || d->state == DONE) {
-        bool failed = d ? d->status != UM_OK : r->outcome[id - 1] != ID_OK;
-        if (failed && !discards && !t->failed_dep)
-            t->failed_dep = id;
+    bool failed = d ? d->state == DONE && d->status != UM_OK : r->outcome[id - 1] != ID_OK;
+    if (failed && fails_with && !t->failed_dep)
+        t->failed_dep = id;
+    if (!d || (d->state == DONE && d->ndeps == 0))
         return true;
-    }
     if (d->ndependents == d->dependents_cap) {
         int cap = d->dependents_cap ? 2 * d->dependents_cap : 4;
-        task **n = realloc(d->dependents, (size_t)cap * sizeof *n);
+        edge *n = realloc(d->dependents, (size_t)cap * sizeof *n);
         if (!n)
             return false;
         d->dependents = n;
         d->dependents_cap = cap;
     }
-    d->dependents[d->ndependents++] = t;
+    d->dependents[d->ndependents++] = (edge){t, fails_with};
     t->ndeps++;
     return true;
 }
@@ -1033,10 +1088,10 @@ um_status um_task_submit(um_context *ctx, const um_task *ut, um_task_id *id)
         um_access m = ut->modes[i];
         /* After the last writer always (read after write, write after
          * write); a writer also after the readers since (write after read). */
-        ok = depend(r, t, a->writer, !reads(m));
+        ok = depend(r, t, a->writer, reads(m));
         if (writes(m))
             for (uint32_t k = 0; k < a->nreaders && ok; k++)
-                ok = depend(r, t, a->readers[k], true);
+                ok = depend(r, t, a->readers[k], false);
         if (!ok)
             break;
         if (writes(m)) {
