@@ -8,8 +8,15 @@
  *   F3: a task that ended without running (cancelled, or failed with a
  *       dependency) let a later task on its buffer overtake the tasks it
  *       had been waiting for;
+ *   F4: an allocation at the limit failed while the only evictable buffer
+ *       was locked by a call in progress (a read);
  *   F6: a WRITE_DISCARD repair after a failed task ran or failed depending
  *       on whether that task had failed before the repair was submitted;
+ *   F7: small blocks freed by other live threads stayed in their caches,
+ *       so an allocation at the limit failed with nothing live;
+ *   F10: a task that failed while acquiring its buffers had already made
+ *       its WRITE_DISCARD buffers' new replicas the owners: their data was
+ *       gone although the task never ran;
  *   F11: a task forced onto a device whose limit is below its buffers was
  *       never placed, so waiting for it (and um_shutdown) hung. */
 #include "harness.h"
@@ -278,6 +285,163 @@ static void test_tasks_that_did_not_run_keep_the_order(void)
             check_repair(reader, after);
 }
 
+/* F4: device 1 holds the only copy of x; a slow read of x (a modelled
+ * 100 MB/s link) holds its lock while another thread allocates at the
+ * limit: the allocation waits for x and evicts it. */
+static um_buffer *slow_read_buffer;
+
+static void *slow_read(void *arg)
+{
+    CHECK_OK(um_buffer_read(slow_read_buffer, 0, arg, 6 << 20)); /* about 60 ms */
+    return NULL;
+}
+
+static void test_allocation_waits_for_a_locked_victim(void)
+{
+    um_context *c = NULL;
+    CHECK_OK(um_init("devices=sim:64M,links=model,sim_link_bandwidth=100M,watermark_high=100",
+                     &c));
+    if (!c)
+        return;
+    CHECK_OK(um_set_memory_limit(c, 1, 8 << 20));
+    unsigned char *host = malloc(6 << 20);
+    CHECK(host != NULL);
+    um_buffer *x = NULL;
+    CHECK_OK(um_buffer_create(c, 6 << 20, NULL, &x));
+    void *p = NULL;
+    CHECK_OK(um_buffer_acquire(x, 1, UM_ACCESS_WRITE_DISCARD, NULL, &p));
+    CHECK_OK(um_buffer_release(x, 1, NULL));
+    CHECK_OK(um_stream_synchronize(c, NULL));
+    slow_read_buffer = x;
+    pthread_t t;
+    CHECK(pthread_create(&t, NULL, slow_read, host) == 0);
+    usleep(10000); /* the read is copying, x locked */
+    void *q = NULL;
+    CHECK_OK(um_malloc(c, 1, 4 << 20, NULL, &q));
+    CHECK(pthread_join(t, NULL) == 0);
+    um_reclaim_stats rs;
+    CHECK_OK(um_reclaim_stats_get(c, 1, &rs));
+    CHECK_EQ(rs.evictions, 1);
+    if (q)
+        CHECK_OK(um_free(c, q, NULL));
+    CHECK_OK(um_buffer_destroy(x));
+    free(host);
+    um_shutdown(c);
+}
+
+/* F7: threads allocate small blocks on device 1, free them all and stay
+ * alive; an allocation as large as the room left must succeed, and so
+ * must one after um_trim, which returns the pages. */
+#define CACHING_THREADS 12
+static pthread_barrier_t threads_freed, main_done;
+
+static void *alloc_free_and_wait(void *arg)
+{
+    long id = (long)arg;
+    void *p[128];
+    int n = 0;
+    for (size_t bytes = 0; bytes < (2u << 20) && n < 128; n++) {
+        size_t size = 16384 + (size_t)((id * 7919 + n * 104729) % 16384);
+        if (um_malloc(ctx, 1, size, NULL, &p[n]) != UM_OK)
+            break;
+        bytes += size;
+    }
+    for (int i = 0; i < n; i++)
+        CHECK_OK(um_free(ctx, p[i], NULL));
+    pthread_barrier_wait(&threads_freed);
+    pthread_barrier_wait(&main_done); /* alive, with its cache, until the main thread is done */
+    return NULL;
+}
+
+static void test_other_threads_caches_are_taken_back(void)
+{
+    CHECK_OK(um_init("devices=sim:64M,links=model", &ctx));
+    if (!ctx)
+        return;
+    CHECK_OK(um_set_memory_limit(ctx, 1, 32 << 20));
+    pthread_barrier_init(&threads_freed, NULL, CACHING_THREADS + 1);
+    pthread_barrier_init(&main_done, NULL, CACHING_THREADS + 1);
+    pthread_t t[CACHING_THREADS];
+    for (long i = 0; i < CACHING_THREADS; i++)
+        CHECK(pthread_create(&t[i], NULL, alloc_free_and_wait, (void *)i) == 0);
+    pthread_barrier_wait(&threads_freed);
+    um_stats s;
+    CHECK_OK(um_stats_get(ctx, 1, &s));
+    CHECK_EQ(s.active_bytes, 0);
+    printf("test_stress_findings: %d threads freed their small blocks: reserved %.1f MiB of "
+           "32 MiB\n", CACHING_THREADS, s.reserved_bytes / 1048576.0);
+    CHECK(s.reserved_bytes > (16u << 20)); /* the cached slots keep their pages */
+    void *q = NULL;
+    CHECK_OK(um_malloc(ctx, 1, 24 << 20, NULL, &q));
+    if (q)
+        CHECK_OK(um_free(ctx, q, NULL));
+    CHECK_OK(um_trim(ctx, 1));
+    CHECK_OK(um_stats_get(ctx, 1, &s));
+    CHECK_EQ(s.reserved_bytes, 0);
+    pthread_barrier_wait(&main_done);
+    for (int i = 0; i < CACHING_THREADS; i++)
+        CHECK(pthread_join(t[i], NULL) == 0);
+    pthread_barrier_destroy(&threads_freed);
+    pthread_barrier_destroy(&main_done);
+    um_shutdown(ctx);
+    ctx = NULL;
+}
+
+/* F10: a task forced onto device 1, where a pinned buffer leaves 2 MiB:
+ * a (1 MiB, WRITE_DISCARD) fits, its second buffer (1.5 MiB, READ or
+ * WRITE_DISCARD) does not. The task fails without running, and a keeps
+ * the data the program wrote. */
+static void check_failed_acquisition_keeps_data(um_access second_mode)
+{
+    um_context *c = NULL;
+    CHECK_OK(um_init("devices=sim:64M,links=model,watermark_high=100", &c));
+    if (!c)
+        return;
+    CHECK_OK(um_set_memory_limit(c, 1, 8 << 20));
+    size_t na = 1 << 20, nb = 3 << 19, np = 6 << 20;
+    unsigned char *h = malloc(np);
+    CHECK(h != NULL);
+    um_buffer *a = NULL, *b = NULL, *pin = NULL;
+    void *p = NULL;
+    CHECK_OK(um_buffer_create(c, na, NULL, &a));
+    CHECK_OK(um_buffer_create(c, nb, NULL, &b));
+    CHECK_OK(um_buffer_create(c, np, NULL, &pin));
+    CHECK_OK(um_buffer_acquire(pin, 1, UM_ACCESS_WRITE_DISCARD, NULL, &p));
+    CHECK_OK(um_buffer_release(pin, 1, NULL));
+    CHECK_OK(um_buffer_hint(pin, UM_HINT_PIN));
+    memset(h, 0x11, na);
+    CHECK_OK(um_buffer_write(a, 0, h, na));
+    memset(h, 0x22, nb);
+    CHECK_OK(um_buffer_write(b, 0, h, nb));
+    um_task t = {.name = "never runs", .cpu = task_fails, .nbuffers = 2, .device = 1,
+                 .buffers = {a, b}, .modes = {UM_ACCESS_WRITE_DISCARD, second_mode}};
+    um_task_id id;
+    CHECK_OK(um_task_submit(c, &t, &id));
+    CHECK_STATUS(um_task_wait(c, id), UM_ERR_TASK);
+    CHECK_ERROR_MENTIONS("could not be had", NULL, NULL);
+    memset(h, 0, na);
+    CHECK_OK(um_buffer_read(a, 0, h, na));
+    size_t kept = 0;
+    for (size_t i = 0; i < na; i++)
+        kept += h[i] == 0x11;
+    CHECK_EQ(kept, na);
+    CHECK_EQ(um_buffer_replica_state(a, 0), UM_REPLICA_OWNER);
+    CHECK_OK(um_buffer_read(b, 0, h, 1));
+    CHECK_EQ(h[0], 0x22);
+    CHECK_OK(um_buffer_hint(pin, UM_HINT_UNPIN));
+    CHECK_OK(um_buffer_destroy(a));
+    CHECK_OK(um_buffer_destroy(b));
+    CHECK_OK(um_buffer_destroy(pin));
+    free(h);
+    um_shutdown(c);
+}
+
+static void test_failed_acquisition_keeps_data(void)
+{
+    check_failed_acquisition_keeps_data(UM_ACCESS_READ);
+    check_failed_acquisition_keeps_data(UM_ACCESS_WRITE_DISCARD);
+}
+
 int main(void)
 {
     unsetenv("UNIMEM_CONF");
@@ -285,5 +449,8 @@ int main(void)
     test_refused_destroy_keeps_the_record();
     test_forced_task_that_cannot_fit();
     test_tasks_that_did_not_run_keep_the_order();
+    test_allocation_waits_for_a_locked_victim();
+    test_other_threads_caches_are_taken_back();
+    test_failed_acquisition_keeps_data();
     return harness_finish("test_stress_findings");
 }
