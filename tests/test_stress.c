@@ -37,35 +37,27 @@
  * and the test asserts: an allocation at the memory limit evicts buffer
  * replicas (writing the only valid copy back to the host) and retries, so
  * it fails with UM_ERR_NOMEM only when what cannot be evicted (acquired or
- * pinned replicas, um_malloc blocks, replicas of buffers locked by a call
- * in progress, the eviction in progress) leaves no room. The test keeps a
+ * pinned replicas, um_malloc blocks, replicas of buffers whose lock a call
+ * waiting for memory holds, the eviction in progress) leaves no room. The test keeps a
  * budget per device of what it makes unevictable, at most the smallest
  * limit minus a slack (STRESS_SLACK: the eviction in progress, page and
  * slab rounding): an operation runs only when its bytes fit the budget,
  * counting a buffer on every sim device while a call may hold its lock. So
- * an operation within the budget must not fail with UM_ERR_NOMEM. One that
- * does is retried for up to about 2 s: a success then is counted and
- * printed, not failed (reclaim skips buffers locked at that moment, so an
- * allocation can fail while evictable data is there: FINDINGS.md F4; and
- * small blocks freed by other threads stay in their caches, which an
- * allocation at the limit does not take back: F7); one that still fails is
- * a failure. The only UM_ERR_NOMEM accepted at once are
+ * an operation within the budget must not fail with UM_ERR_NOMEM (reclaim
+ * waits for candidates that calls in progress hold, and takes back what
+ * other threads' caches keep). The only UM_ERR_NOMEM accepted are
  * the documented ones of the probes: an allocation larger than the device
  * ("the request alone exceeds the limit") and an acquisition that cannot
  * fit at all. Other accepted statuses: UM_ERR_BUSY from a lowered memory
  * limit under live data (documented), from conflicting calls (checked to
  * be BUSY) and from um_task_cancel of a started task; UM_ERR_CANCELLED and
- * UM_ERR_TASK of tasks as the model of the task layer predicts (cancelled
- * tasks fail their dependents and the later readers of what they would
- * have written, until a WRITE_DISCARD task repairs it).
+ * UM_ERR_TASK of tasks exactly as the model of the task layer predicts:
+ * a task fails when it reads data whose last writer failed or was
+ * cancelled, until a WRITE_DISCARD task repairs it; tasks after one that
+ * ended without running still run in submission order.
  *
- * Left out for a library bug (build-stress/FINDINGS.md): tasks submitted
- * after a task of their batch that ended without running, cancelled or
- * failed at submission (F3). Accommodated: a task that fails while
- * acquiring leaves its WRITE_DISCARD buffers undefined (F10), so the model
- * stops checking them until they are written again. (F1, F2, F8, F9 and
- * F13, which it found too, were fixed in cdb0042 and 2a3b200; the test
- * covers them again, under TSan with no suppression.)
+ * What it found in the library is in build-stress/FINDINGS.md (F1-F13);
+ * tests/test_stress_findings.c keeps each fixed finding as a regression.
  *
  * Knobs: UM_STRESS_SECONDS (default 60), UM_TEST_SEED, UM_STRESS_THREADS
  * (default 32), UM_STRESS_WATCHDOG (seconds without progress, default 60),
@@ -190,13 +182,6 @@ static _Atomic int detailed_reports;
 static _Atomic uint64_t unexpected_nomem;
 static _Atomic uint64_t expected_nomem_reclaimed; /* probes that failed as they must */
 static _Atomic uint64_t bytes_checked;
-/* UM_ERR_NOMEM within the budget that a retry a little later got past: the
- * candidate victims were locked by calls in progress at that moment
- * (build-stress/FINDINGS.md, F4), or the free memory sat in other
- * threads' caches (F7). Counted per operation, not failures. */
-static _Atomic uint64_t transient_nomem[64];
-static _Atomic uint64_t transient_nomem_retries;
-#define RETRY_MAX 200 /* about 1.9 s of retries */
 
 /* ----------------------------------------------------------------- state */
 
@@ -308,8 +293,7 @@ typedef struct world {
     _Atomic uint32_t next_gen;
     _Atomic bool stop;
     _Atomic uint64_t last_probe_ns;
-    _Atomic uint64_t tasks_submitted, task_callbacks, tasks_cancelled, task_ambiguous;
-    _Atomic uint64_t unknown_marks; /* buffers left undefined by a failed task (F10) */
+    _Atomic uint64_t tasks_submitted, task_callbacks, tasks_cancelled;
     _Atomic uint64_t task_ran[NDEV];
     _Atomic int live_buffers;
     tstate ts[MAX_THREADS];
@@ -362,11 +346,6 @@ static uint64_t mix64(uint64_t x)
     x *= 0xc4ceb9fe1a85ec53ull;
     return x ^ (x >> 33);
 }
-
-/* A chunk whose contents the model does not know: a task that failed
- * while its buffers were acquired may have left its WRITE_DISCARD buffers
- * with undefined contents (FINDINGS.md F10). Not checked until rewritten. */
-#define GEN_UNKNOWN UINT32_MAX
 
 /* Chunk c of buffer id at generation gen (0: zeros), 4 KiB. */
 static void chunk_pattern(uint64_t id, size_t c, uint32_t gen, uint64_t *w)
@@ -434,10 +413,6 @@ static size_t model_find_bad(uint64_t id, size_t size, const uint32_t *gen,
         size_t c = pos / CHUNK, cs = c * CHUNK;
         size_t ce = cs + CHUNK < size ? cs + CHUNK : size;
         size_t e = ce < end ? ce : end;
-        if (gen[c] == GEN_UNKNOWN) {
-            pos = e;
-            continue;
-        }
         chunk_pattern(id, c, gen[c], w);
         const unsigned char *exp = (const unsigned char *)w + (pos - cs);
         const unsigned char *d = data + (pos - off);
@@ -688,33 +663,6 @@ static void dump_replicas(FILE *f)
     }
 }
 
-/* After st == UM_ERR_NOMEM of an operation within the budget: whether to
- * try again (after a pause that grows to 10 ms). The first message is kept
- * for the report. */
-static bool retry_nomem(um_status st, int *tries, char *first, size_t len)
-{
-    if (st != UM_ERR_NOMEM || *tries >= RETRY_MAX)
-        return false;
-    if (*tries == 0)
-        snprintf(first, len, "%s", um_last_error());
-    atomic_fetch_add(&transient_nomem_retries, 1);
-    usleep((useconds_t)(*tries < 10 ? 1000 * (*tries + 1) : 10000));
-    (*tries)++;
-    return true;
-}
-
-/* The outcome of a retried operation: a success after retries is counted
- * as a transient UM_ERR_NOMEM (F4, F7). */
-static void retried(int op, um_status st, int tries, const char *first)
-{
-    if (!tries || st != UM_OK)
-        return;
-    if (atomic_fetch_add(&transient_nomem[op], 1) == 0)
-        printf("test_stress: %s: UM_ERR_NOMEM within the budget, then UM_OK on retry %d (F4/F7; "
-               "counted, not a failure): %s\n",
-               op_names[op], tries, first);
-}
-
 static void dump_devices(FILE *f)
 {
     for (int d = 0; d < NDEV; d++) {
@@ -857,11 +805,6 @@ static bool block_alloc(thr *t, int dev, size_t size, uint64_t id, um_stream s, 
     begin(t, OP_MALLOC, dev, size);
     void *p = NULL;
     um_status st = um_malloc(W.ctx, dev, size, s, &p);
-    int tries = 0;
-    char first[512];
-    while (retry_nomem(st, &tries, first, sizeof first))
-        st = um_malloc(W.ctx, dev, size, s, &p);
-    retried(OP_MALLOC, st, tries, first);
     note(OP_MALLOC, st, st == UM_OK, "device %d, %zu bytes, stream %p", dev, size, (void *)s);
     end(t, OP_MALLOC, st);
     if (st != UM_OK) {
@@ -1014,7 +957,7 @@ static void slot_unlock(int i)
 static uint32_t new_gen(void)
 {
     uint32_t g = atomic_fetch_add(&W.next_gen, 1);
-    while (g == 0 || g == GEN_UNKNOWN)
+    while (g == 0)
         g = atomic_fetch_add(&W.next_gen, 1);
     return g;
 }
@@ -1203,11 +1146,6 @@ static void op_acquire(thr *t)
     void *p = NULL;
     begin(t, op, dev, s->size);
     um_status st = um_buffer_acquire(s->b, dev, mode, us, &p);
-    int tries = 0;
-    char first[512];
-    while (retry_nomem(st, &tries, first, sizeof first))
-        st = um_buffer_acquire(s->b, dev, mode, us, &p);
-    retried(op, st, tries, first);
     note(op, st, st == UM_OK, "buffer id %llu (%zu bytes) on device %d, stream %p",
          (unsigned long long)s->id, s->size, dev, (void *)us);
     if (st == UM_OK && us) {
@@ -1278,11 +1216,6 @@ static void op_memcpy_replica(thr *t)
         void *p = NULL;
         begin(t, OP_ACQ_READ, dev, s->size);
         um_status st = um_buffer_acquire(s->b, dev, UM_ACCESS_READ, NULL, &p);
-        int tries = 0;
-        char first[512];
-        while (retry_nomem(st, &tries, first, sizeof first))
-            st = um_buffer_acquire(s->b, dev, UM_ACCESS_READ, NULL, &p);
-        retried(OP_ACQ_READ, st, tries, first);
         note(OP_ACQ_READ, st, st == UM_OK, "buffer id %llu on device %d (for a copy)",
              (unsigned long long)s->id, dev);
         end(t, OP_ACQ_READ, st);
@@ -1392,11 +1325,6 @@ static void op_shared_call(thr *t, int op)
     begin(t, op, dev, s->size);
     if (op == OP_PREFETCH) {
         st = um_buffer_prefetch(s->b, dev);
-        int tries = 0;
-        char first[512];
-        while (retry_nomem(st, &tries, first, sizeof first))
-            st = um_buffer_prefetch(s->b, dev);
-        retried(op, st, tries, first);
         note(op, st, st == UM_OK, "buffer id %llu to device %d", (unsigned long long)s->id, dev);
     } else {
         st = um_buffer_hint(s->b, op == OP_HINT_WONT ? UM_HINT_WONT_USE : UM_HINT_WILL_USE);
@@ -1570,11 +1498,6 @@ static void op_wrap(thr *t)
         int d1 = 1 + (int)below(t, NSIM), d2 = (int)below(t, NDEV);
         void *p = NULL;
         st = um_buffer_acquire(b, d1, UM_ACCESS_READ_WRITE, NULL, &p);
-        int tries = 0;
-        char first[512];
-        while (retry_nomem(st, &tries, first, sizeof first))
-            st = um_buffer_acquire(b, d1, UM_ACCESS_READ_WRITE, NULL, &p);
-        retried(OP_ACQ_RW, st, tries, first);
         note(OP_ACQ_RW, st, st == UM_OK, "wrapped buffer on device %d", d1);
         if (st == UM_OK) {
             model_check("wrapped buffer", d1, id, size, gen, p, 0, size);
@@ -1588,10 +1511,6 @@ static void op_wrap(thr *t)
             note(OP_RELEASE, st, st == UM_OK, "wrapped buffer on device %d", d1);
         }
         st = um_buffer_acquire(b, d2, UM_ACCESS_READ, NULL, &p);
-        tries = 0;
-        while (retry_nomem(st, &tries, first, sizeof first))
-            st = um_buffer_acquire(b, d2, UM_ACCESS_READ, NULL, &p);
-        retried(OP_ACQ_READ, st, tries, first);
         note(OP_ACQ_READ, st, st == UM_OK, "wrapped buffer on device %d", d2);
         if (st == UM_OK) {
             model_check("wrapped buffer", d2, id, size, gen, p, 0, size);
@@ -1680,64 +1599,33 @@ static void op_task_wait(thr *t)
     batch *bt = &t->bt;
     /* The poison of the batch's slots as tasks finish, in order. */
     bool poisoned[BATCH_SLOTS];
-    bool failed_writer[BATCH_SLOTS], failed_reader[BATCH_SLOTS];
     um_task_id poisoner[BATCH_SLOTS];
     um_status poison_status[BATCH_SLOTS];
     for (int j = 0; j < bt->nslots; j++) {
         poisoned[j] = W.slots[bt->slots[j]].poisoned;
         poisoner[j] = W.slots[bt->slots[j]].poisoner;
         poison_status[j] = W.slots[bt->slots[j]].poison_status;
-        failed_writer[j] = failed_reader[j] = false;
     }
     for (int k = 0; k < bt->ntasks; k++) {
         task_rec *tr = &bt->t[k];
         begin(t, OP_TASK_WAIT, -1, 0);
         um_status st = um_task_wait(W.ctx, tr->id);
         end(t, OP_TASK_WAIT, st);
-        /* What the task layer must say. */
-        bool must_fail = false, may_fail = false;
+        /* What the task layer must say: a task fails when it reads data
+         * whose last writer failed or was cancelled (it is poisoned);
+         * writing after a failed reader, or replacing the data whole
+         * (WRITE_DISCARD), runs, whenever the failure happened. */
+        bool must_fail = false;
         for (int i = 0; i < tr->nb; i++) {
             int j = 0;
             while (bt->slots[j] != tr->tb[i].slot)
                 j++;
-            bool reads = tr->tb[i].mode != UM_ACCESS_WRITE_DISCARD;
-            bool writes = tr->tb[i].mode != UM_ACCESS_READ;
-            if (reads && poisoned[j])
+            if (tr->tb[i].mode != UM_ACCESS_WRITE_DISCARD && poisoned[j])
                 must_fail = true;
-            /* A task of this batch that failed and that this one followed:
-             * with the earlier one still pending at submission, its
-             * failure spreads to every dependent (WRITE_DISCARD and
-             * write-after-read too); finished, only to readers of what it
-             * wrote (FINDINGS.md F6): either outcome is accepted there. */
-            if (!reads && failed_writer[j])
-                may_fail = true;
-            if (writes && failed_reader[j])
-                may_fail = true;
         }
-        bool ok;
-        if (tr->cancelled)
-            ok = st == UM_ERR_CANCELLED;
-        else if (must_fail)
-            ok = st == UM_ERR_TASK;
-        else if (may_fail)
-            ok = st == UM_OK || st == UM_ERR_TASK;
-        else
-            ok = st == UM_OK;
-        /* A task whose buffers could not be had for lack of room that was
-         * there (F4, F7): counted, as for the program's own calls (which
-         * retry). */
-        bool acquire_failed = st == UM_ERR_TASK && !tr->cancelled &&
-                              harness_error_mentions("could not be had", NULL, NULL);
-        if (!ok && acquire_failed &&
-            harness_error_mentions("could not be had", "nothing left to evict", NULL)) {
-            ok = true;
-            if (atomic_fetch_add(&transient_nomem[OP_TASK_WAIT], 1) == 0)
-                printf("test_stress: a task failed for want of room (F4/F7; counted, not a "
-                       "failure): %s\n",
-                       um_last_error());
-        }
-        if (may_fail && !must_fail && !tr->cancelled)
-            atomic_fetch_add(&W.task_ambiguous, 1);
+        bool ok = tr->cancelled ? st == UM_ERR_CANCELLED
+                  : must_fail   ? st == UM_ERR_TASK
+                                : st == UM_OK;
         /* It ran exactly once if it succeeded, and not at all if it was
          * cancelled or failed for a dependency. */
         int ran = atomic_load(&tr->ran);
@@ -1759,10 +1647,9 @@ static void op_task_wait(thr *t)
                      poisoned[j] ? um_status_name(poison_status[j]) : "-");
             strncat(modes, one, sizeof modes - strlen(modes) - 1);
         }
-        note(OP_TASK_WAIT, st, ok, "task %llu (%d buffers %s, batch task %d of %d%s%s%s)",
+        note(OP_TASK_WAIT, st, ok, "task %llu (%d buffers %s, batch task %d of %d%s%s)",
              (unsigned long long)tr->id, tr->nb, modes, k + 1, bt->ntasks,
-             tr->cancelled ? ", cancelled" : "", must_fail ? ", reads a poisoned buffer" : "",
-             may_fail ? ", follows a failed task" : "");
+             tr->cancelled ? ", cancelled" : "", must_fail ? ", reads a poisoned buffer" : "");
         for (int i = 0; i < tr->nb; i++) {
             task_buf *tb = &tr->tb[i];
             int j = 0;
@@ -1770,35 +1657,21 @@ static void op_task_wait(thr *t)
                 j++;
             slot *s = &W.slots[tb->slot];
             slot_note_task(s, tr->id, tb->mode, st, tb->newgen);
-            if (tb->mode == UM_ACCESS_READ) {
-                if (st != UM_OK)
-                    failed_reader[j] = true;
+            if (tb->mode == UM_ACCESS_READ)
                 continue;
-            }
             if (st == UM_OK) {
                 if (tb->mode == UM_ACCESS_WRITE_DISCARD) {
                     slot_fill_model_op(s, 0, s->nchunks, tb->newgen, OP_TASK_WAIT, -1);
                 } else {
                     slot_fill_model_op(s, tb->wlo, tb->whi, tb->newgen, OP_TASK_WAIT, -1);
-                    for (size_t c = tb->wlo; c < tb->whi; c++)
-                        if (tb->old[c] == GEN_UNKNOWN)
-                            s->gen[c] = GEN_UNKNOWN;
                 }
                 poisoned[j] = false;
-                failed_writer[j] = false;
             } else {
+                /* It did not run (or failed running): the data is as
+                 * before, but poisoned for readers. */
                 poisoned[j] = true;
-                failed_writer[j] = true;
                 poisoner[j] = tr->id;
                 poison_status[j] = st;
-                /* Failed while its buffers were acquired: those it had in
-                 * WRITE_DISCARD mode already became the owners, nothing
-                 * written (F10). */
-                if (acquire_failed && tb->mode == UM_ACCESS_WRITE_DISCARD) {
-                    for (size_t c = 0; c < s->nchunks; c++)
-                        s->gen[c] = GEN_UNKNOWN;
-                    atomic_fetch_add(&W.unknown_marks, 1);
-                }
             }
         }
     }
@@ -1853,14 +1726,8 @@ static void op_task_submit(thr *t)
         pred[j] = malloc(s->nchunks * sizeof *pred[j]);
         memcpy(pred[j], s->gen, s->nchunks * sizeof *pred[j]);
     }
-    /* Which of them hold data whose last task writer failed, as the batch
-     * goes on. */
-    bool ppois[BATCH_SLOTS];
-    for (int j = 0; j < bt->nslots; j++)
-        ppois[j] = W.slots[bt->slots[j]].poisoned;
     int ntasks = 1 + (int)below(t, BATCH_TASKS);
     for (int k = 0; k < ntasks; k++) {
-        bool fails_at_submit = false;
         task_rec *tr = &bt->t[bt->ntasks];
         memset(tr, 0, sizeof *tr);
         um_task ut;
@@ -1899,19 +1766,12 @@ static void op_task_submit(thr *t)
                 tb->newgen = new_gen();
                 size_t lo = m == UM_ACCESS_WRITE_DISCARD ? 0 : tb->wlo;
                 size_t hi = m == UM_ACCESS_WRITE_DISCARD ? s->nchunks : tb->whi;
-                /* An xor of unknown contents stays unknown. */
                 for (size_t c = lo; c < hi; c++)
-                    pred[j][c] = m != UM_ACCESS_WRITE_DISCARD && pred[j][c] == GEN_UNKNOWN
-                                     ? GEN_UNKNOWN
-                                     : tb->newgen;
+                    pred[j][c] = tb->newgen;
             }
             ut.buffers[i] = s->b;
             ut.modes[i] = m;
-            fails_at_submit |= m != UM_ACCESS_WRITE_DISCARD && ppois[j];
         }
-        for (int i = 0; i < nb; i++)
-            if (ut.modes[i] != UM_ACCESS_READ)
-                ppois[(first + i) % bt->nslots] = fails_at_submit;
         ut.nbuffers = nb;
         tr->nb = nb;
         begin(t, OP_TASK_SUBMIT, ut.device, 0);
@@ -1935,13 +1795,6 @@ static void op_task_submit(thr *t)
             if (c == UM_OK)
                 atomic_fetch_add(&W.tasks_cancelled, 1);
         }
-        /* A task that ended without running (cancelled, or failed at
-         * submission because it reads a buffer whose last writer failed)
-         * cuts its buffers' dependency chain: a task submitted after it
-         * would not wait for the earlier tasks of the batch
-         * (build-stress/FINDINGS.md, F3). So the batch ends there. */
-        if (tr->cancelled || fails_at_submit)
-            break;
     }
     for (int j = 0; j < bt->nslots; j++)
         free(pred[j]);
@@ -2407,11 +2260,6 @@ static void print_totals(void)
             if (n)
                 printf("  %s %llu", um_status_name((um_status)s), (unsigned long long)n);
         }
-        uint64_t tn = atomic_load(&transient_nomem[op]);
-        if (tn && op == OP_TASK_WAIT)
-            printf("  (failed for want of room, F4/F7: %llu)", (unsigned long long)tn);
-        else if (tn)
-            printf("  (UM_ERR_NOMEM then UM_OK on retry: %llu)", (unsigned long long)tn);
         uint64_t u = atomic_load(&c->unexpected);
         if (u)
             printf("  UNEXPECTED %llu", (unsigned long long)u);
@@ -2420,13 +2268,8 @@ static void print_totals(void)
             printf("  (skipped %llu / %llu)", (unsigned long long)nb, (unsigned long long)ct);
         printf("\n");
     }
-    uint64_t tn = 0;
-    for (int op = 0; op < NOPS; op++)
-        tn += atomic_load(&transient_nomem[op]);
-    printf("test_stress: %llu calls, %.1f GiB of data checked against the model; %llu "
-           "UM_ERR_NOMEM within the budget that a retry got past (F4/F7), %llu retries\n",
-           (unsigned long long)all, (double)atomic_load(&bytes_checked) / (double)GIB,
-           (unsigned long long)tn, (unsigned long long)atomic_load(&transient_nomem_retries));
+    printf("test_stress: %llu calls, %.1f GiB of data checked against the model\n",
+           (unsigned long long)all, (double)atomic_load(&bytes_checked) / (double)GIB);
 }
 
 static double env_seconds(void)
@@ -2644,19 +2487,14 @@ int main(void)
                (unsigned long long)r.sync_reclaims, (unsigned long long)r.failed,
                (unsigned long long)ts.tasks, (unsigned long long)ts.failed);
     }
-    /* Reclaim's failures: the transient ones (F4, F7), the task workers'
-     * prefetches that found no room, and (before the library stopped
-     * running reclaim for a request above the limit: F5) the probes. */
+    /* Reclaim's failures: the task workers' prefetches that found no room,
+     * and the probes that cannot fit at all. */
     printf("test_stress: reclaim failed %llu times (%llu probes that cannot fit at all were "
            "made)\n",
            (unsigned long long)failed, (unsigned long long)atomic_load(&expected_nomem_reclaimed));
-    printf("test_stress: tasks: %llu submitted, %llu cancelled, %llu with either outcome "
-           "accepted (after a failed task of their batch), %llu buffers left undefined by a "
-           "task that failed while acquiring (F10); run per device:",
+    printf("test_stress: tasks: %llu submitted, %llu cancelled; run per device:",
            (unsigned long long)atomic_load(&W.tasks_submitted),
-           (unsigned long long)atomic_load(&W.tasks_cancelled),
-           (unsigned long long)atomic_load(&W.task_ambiguous),
-           (unsigned long long)atomic_load(&W.unknown_marks));
+           (unsigned long long)atomic_load(&W.tasks_cancelled));
     for (int d = 0; d < NDEV; d++)
         printf(" %llu", (unsigned long long)atomic_load(&W.task_ran[d]));
     printf("\n");
