@@ -408,7 +408,9 @@ typedef struct um_task_exec {
 } um_task_exec;
 
 /* 0 on success; anything else fails the task and, without running them,
- * every task that depends on it (UM_ERR_TASK). */
+ * the tasks that read what it writes, and theirs in turn (UM_ERR_TASK).
+ * A task that only writes after it (or replaces a buffer it wrote whole,
+ * with WRITE_DISCARD: the repair) still runs, after it. */
 typedef int (*um_task_fn)(const um_task_exec *e);
 
 #define UM_TASK_MAX_BUFFERS 16
@@ -437,8 +439,11 @@ UM_API um_status um_task_submit(um_context *ctx, const um_task *t, um_task_id *i
 /* Waits for one task: UM_OK, UM_ERR_TASK (with the reason), or
  * UM_ERR_CANCELLED. */
 UM_API um_status um_task_wait(um_context *ctx, um_task_id id);
-/* Cancels a task that has not started (and, failing them, its
- * dependents); UM_ERR_BUSY once it runs or has finished. */
+/* Cancels a task that has not started (failing, as a failure would, the
+ * tasks that read what it would have written); UM_ERR_BUSY once it runs or
+ * has finished. Later tasks keep their order: they still wait for what the
+ * cancelled task was waiting for. A task that fails without running (its
+ * buffers could not all be had) leaves their data as it was. */
 UM_API um_status um_task_cancel(um_context *ctx, um_task_id id);
 /* Waits for every task submitted so far: UM_OK, or the status of the first
  * that failed (its message in um_last_error). */

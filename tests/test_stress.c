@@ -56,7 +56,8 @@
  * cancelled, until a WRITE_DISCARD task repairs it; tasks after one that
  * ended without running still run in submission order.
  *
- * What it found in the library is in build-stress/FINDINGS.md (F1-F13);
+ * What it found in the library is listed in docs/BENCHMARKS.md ("Stress and
+ * soak", F1-F13);
  * tests/test_stress_findings.c keeps each fixed finding as a regression.
  *
  * Knobs: UM_STRESS_SECONDS (default 60), UM_TEST_SEED, UM_STRESS_THREADS
@@ -1108,7 +1109,7 @@ static void conflict_checks(thr *t, hold *h)
     }
     default:
         /* Refused, it must also keep the buffer's task record (a failed
-         * last writer included: FINDINGS.md F2, fixed in cdb0042), which
+         * last writer included: stress finding F2, fixed in cdb0042), which
          * the model of the task layer then checks. */
         st = um_buffer_destroy(s->b);
         note(OP_ACQ_CONFLICT, st, st == UM_ERR_BUSY, "um_buffer_destroy of an acquired buffer");
@@ -1420,7 +1421,7 @@ static void op_create(thr *t)
         return;
     }
     /* With a first device (made at once, zeros) or not (-1, or no
-     * options). The first used to race with reclaim (FINDINGS.md F1, fixed
+     * options). The first used to race with reclaim (stress finding F1, fixed
      * in cdb0042). */
     um_buffer_opts o = {chance(t, 30) ? (int)below(t, NDEV) : -1};
     begin(t, OP_BUF_CREATE, o.device, s->size);
