@@ -3,7 +3,8 @@
 # parts (each under the device's 10-minute limit per command):
 #   part 1: build this tree and OLD_TREE (before the fixes); the small-block
 #           fast path (`unimem bench alloc`, small and threads scenarios)
-#           and `unimem bench oversub --quick`, old and new alternating;
+#           and `unimem bench oversub --quick` (unless OVERSUB=0), old and
+#           new alternating;
 #   part 2: the whole ctest suite with the GPU present (the stress test
 #           included), then compute-sanitizer memcheck on test_cuda and on
 #           test_stress_findings.
@@ -35,6 +36,7 @@ if [ "$PART" = 1 ]; then
     done
   done
   for which in old new; do
+    [ "${OVERSUB:-1}" = 1 ] || break
     u=build-dev/unimem
     [ $which = old ] && u=$OLD/build-dev/unimem
     timeout 150 $u bench oversub --quick > "$OUT/oversub_$which.txt" 2>&1

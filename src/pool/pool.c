@@ -1426,9 +1426,10 @@ static um__tcache *tcache_get(um__pool *p)
         return tls_cache.tc;
     um__tcache *tc = pthread_getspecific(p->tkey);
     if (!tc) {
-        tc = calloc(1, sizeof *tc);
+        tc = aligned_alloc(_Alignof(um__tcache), sizeof *tc);
         if (!tc)
             return NULL;
+        memset(tc, 0, sizeof *tc);
         tc->pool = p;
         if (pthread_setspecific(p->tkey, tc) != 0) {
             free(tc);
