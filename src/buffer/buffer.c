@@ -191,6 +191,15 @@ static int owner_of(const um_buffer *b)
     return -1;
 }
 
+static void note_memory(um_buffer *b, int dev, bool has)
+{
+    uint64_t bit = (uint64_t)1 << dev;
+    if (has)
+        atomic_fetch_or_explicit(&b->has_memory, bit, memory_order_relaxed);
+    else
+        atomic_fetch_and_explicit(&b->has_memory, ~bit, memory_order_relaxed);
+}
+
 /* Memory for the replica on dev, allocated on the stream that will first
  * write it (stream-ordered reuse then needs no other wait). */
 static um_status ensure_memory(um_buffer *b, int dev, um_stream first_writer)
@@ -201,8 +210,10 @@ static um_status ensure_memory(um_buffer *b, int dev, um_stream first_writer)
     atomic_store_explicit(&b->allocating, true, memory_order_relaxed);
     um_status st = um_malloc(b->ctx, dev, b->size, first_writer, &r->ptr);
     atomic_store_explicit(&b->allocating, false, memory_order_relaxed);
-    if (st == UM_OK)
+    if (st == UM_OK) {
+        note_memory(b, dev, true);
         um__reclaim_account(um__xfer_reclaim(engine(b)), dev, (int64_t)b->size);
+    }
     return st;
 }
 
@@ -295,6 +306,7 @@ static void free_replica(um_buffer *b, int dev)
         um__reclaim_account(um__xfer_reclaim(x), dev, -(int64_t)b->size);
     }
     r->ptr = NULL;
+    note_memory(b, dev, false);
     r->nused = 0;
     r->ready = UM_FENCE_NONE;
     r->state = UM_REPLICA_INVALID;
@@ -370,6 +382,7 @@ um_status um_buffer_wrap(um_context *ctx, void *host_ptr, size_t size, um_buffer
         return st;
     b->wrapped = true;
     b->rep[0].ptr = host_ptr;
+    note_memory(b, 0, true);
     b->rep[0].state = UM_REPLICA_OWNER;
     *out = b;
     return UM_OK;
@@ -816,6 +829,7 @@ um_status um__buffer_evict(um_buffer *b, int dev, size_t *bytes_written, bool *s
     (void)um_free(b->ctx, r->ptr, in && st == UM_OK ? in : NULL);
     um__reclaim_account(um__xfer_reclaim(x), dev, -(int64_t)b->size);
     r->ptr = NULL;
+    note_memory(b, dev, false);
     r->nused = 0;
     r->ready = UM_FENCE_NONE;
     r->state = UM_REPLICA_INVALID;

@@ -127,8 +127,10 @@ static bool consider(um_buffer *b, void *arg)
 {
     victim_scan *s = arg;
     if (pthread_mutex_trylock(&b->lock) != 0) {
-        /* In use right now: not a victim, but perhaps once the call ends. */
-        if (!atomic_load_explicit(&b->allocating, memory_order_relaxed))
+        /* In use right now: not a victim, but perhaps once the call ends,
+         * if it has memory here. */
+        if (!atomic_load_explicit(&b->allocating, memory_order_relaxed) &&
+            (atomic_load_explicit(&b->has_memory, memory_order_relaxed) >> s->dev & 1))
             s->busy++;
         return true;
     }

@@ -474,6 +474,7 @@ static um__tcache *own_cache(um__pool *p);
 static void release_spare_slabs(um__pool *p);
 static void flush_caches_locked(um__pool *p);
 static void tcache_drain_others(um__pool *p);
+static void tcache_flush_locked(um__pool *p, um__tcache *tc);
 static void plan_stop(um__pool *p);
 
 /* Over the cache limit, free pages go back to the backend. Fresh holes are
@@ -488,7 +489,12 @@ static void enforce_cache_limit(um__pool *p)
         return;
     (void)release_holes(p, limit);
     if (p->reserved - active_total(p) > limit) {
-        flush_caches_locked(p);
+        /* This thread's cache only: taking other threads' bins on a free
+         * would push them onto the locked path in a steady state. */
+        um__tcache *tc = own_cache(p);
+        if (tc)
+            tcache_flush_locked(p, tc);
+        bounce_flush_all_locked(p);
         poll_all(p, false);
         release_spare_slabs(p);
         (void)release_holes(p, limit);
