@@ -18,7 +18,8 @@
  *       its WRITE_DISCARD buffers' new replicas the owners: their data was
  *       gone although the task never ran;
  *   F11: a task forced onto a device whose limit is below its buffers was
- *       never placed, so waiting for it (and um_shutdown) hung. */
+ *       never placed, so waiting for it (and um_shutdown) hung; at
+ *       submission, and when the limit is lowered after it. */
 #include "harness.h"
 
 #include <pthread.h>
@@ -139,6 +140,7 @@ static void test_forced_task_that_cannot_fit(void)
     CHECK_OK(um_buffer_destroy(b));
     um_shutdown(c);
 }
+
 
 /* Tasks that hold until the test opens the gate, and record when they ran. */
 static atomic_bool gate;
@@ -273,6 +275,35 @@ static void check_repair(bool failed_reader, bool submitted_after_the_failure)
     CHECK_EQ(first_byte(x), 7);
     (void)um_wait_all(c);
     CHECK_OK(um_buffer_destroy(x));
+    um_shutdown(c);
+}
+
+/* The same with the limit lowered after submission, while the task waits
+ * for another: it fails when it becomes ready instead of waiting for ever. */
+static void test_forced_task_whose_device_shrank(void)
+{
+    um_context *c = NULL;
+    CHECK_OK(um_init("devices=sim:64M,links=model,link_cache=none", &c));
+    if (!c)
+        return;
+    atomic_store(&gate, false);
+    um_buffer *b = NULL;
+    CHECK_OK(um_buffer_create(c, 6 << 20, NULL, &b));
+    step s0 = {0, true, false, 0}, s1 = {0, false, false, 0};
+    um_access rw = UM_ACCESS_READ_WRITE, r = UM_ACCESS_READ;
+    um_task first = step_task(&s0, 1, &b, &rw), forced = step_task(&s1, 1, &b, &r);
+    first.device = 0;
+    forced.device = 1;
+    um_task_id id0, id1;
+    CHECK_OK(um_task_submit(c, &first, &id0));
+    CHECK_OK(um_task_submit(c, &forced, &id1));
+    CHECK_OK(um_set_memory_limit(c, 1, 4 << 20));
+    atomic_store(&gate, true);
+    CHECK_OK(um_task_wait(c, id0));
+    CHECK_STATUS(um_task_wait(c, id1), UM_ERR_TASK);
+    CHECK_ERROR_MENTIONS("could not be had", "exceeds the limit", NULL);
+    CHECK_EQ(s1.ran_at, 0);
+    CHECK_OK(um_buffer_destroy(b));
     um_shutdown(c);
 }
 
@@ -449,6 +480,7 @@ int main(void)
     test_refused_destroy_keeps_the_record();
     test_forced_task_that_cannot_fit();
     test_tasks_that_did_not_run_keep_the_order();
+    test_forced_task_whose_device_shrank();
     test_allocation_waits_for_a_locked_victim();
     test_other_threads_caches_are_taken_back();
     test_failed_acquisition_keeps_data();

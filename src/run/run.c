@@ -266,6 +266,25 @@ static int eligible_devices(const um__run *r, const task *t, int *open)
     return n;
 }
 
+/* For a task whose buffers fit under no eligible device's memory limit
+ * (the policy never places it there; limits lowered since its submission
+ * can leave it so): an eligible device with room in its queue, where its
+ * acquisition fails with the reason and ends it; -1 if it fits somewhere
+ * or no such queue has room. Without it the task waited for ever, and so
+ * did um_task_wait and um_shutdown. */
+static int device_to_fail_on(const um__run *r, const task *t)
+{
+    for (int d = 0; d < r->ctx->ndevices; d++)
+        if (eligible_on(r, t, d) &&
+            (d == 0 || t->bytes <= atomic_load_explicit(&r->ctx->devices[d].alloc->memory_limit,
+                                                        memory_order_relaxed)))
+            return -1;
+    for (int d = 0; d < r->ctx->ndevices; d++)
+        if (eligible_on(r, t, d) && r->w[d].queued < QUEUE_MAX)
+            return d;
+    return -1;
+}
+
 /* Tries to place t (ready) now: true when it went to a device's queue,
  * false when its device should be one whose queue is full (locked). */
 static bool place_now(um__run *r, task *t)
@@ -277,6 +296,10 @@ static bool place_now(um__run *r, task *t)
         devs[d] = (um__place_device){r->w[d].queued_ns, r->w[d].queued,
                                      r->w[d].queued >= QUEUE_MAX};
     t->dev = um__place_pick(r->place, &pt, devs, &t->est_ns);
+    if (t->dev < 0) {
+        t->dev = device_to_fail_on(r, t);
+        t->est_ns = 0;
+    }
     if (t->dev < 0)
         return false;
     worker *w = &r->w[t->dev];
