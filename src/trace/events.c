@@ -74,6 +74,10 @@ struct um__events {
     size_t nruns, runs_cap;
     uint64_t spilled;     /* records in the spill file */
     uint64_t dropped;     /* events lost to a failed allocation or write */
+    /* Recording threads that found the writer's queue full, and how long
+     * they waited: the spill file's bandwidth bounds the events per second
+     * of all threads together. */
+    uint64_t stalls, stall_ns, writer_ns;
     char (*names)[32];    /* task names, by index */
     size_t nnames, names_cap;
     um__events *next_open;
@@ -191,8 +195,13 @@ static chunk *chunk_get_locked(um__events *e)
 /* Queues c for the writer (locked); waits while the queue is full. */
 static void chunk_queue_locked(um__events *e, chunk *c)
 {
-    while (e->queued >= MAX_QUEUED && !e->spill_failed)
-        pthread_cond_wait(&e->space, &e->lock);
+    if (e->queued >= MAX_QUEUED && !e->spill_failed) {
+        uint64_t t0 = um__now_ns();
+        while (e->queued >= MAX_QUEUED && !e->spill_failed)
+            pthread_cond_wait(&e->space, &e->lock);
+        e->stalls++;
+        e->stall_ns += um__now_ns() - t0;
+    }
     c->next = NULL;
     if (e->queue_tail)
         e->queue_tail->next = c;
@@ -422,7 +431,12 @@ static void *writer_main(void *arg)
         pthread_cond_broadcast(&e->space);
         pthread_mutex_unlock(&e->lock);
         if (tmp) {
+            uint64_t t0 = um__now_ns();
             spill_chunk(e, c, tmp);
+            uint64_t spent = um__now_ns() - t0;
+            pthread_mutex_lock(&e->lock);
+            e->writer_ns += spent;
+            pthread_mutex_unlock(&e->lock);
         } else {
             pthread_mutex_lock(&e->lock);
             e->dropped += c->n;
@@ -824,6 +838,11 @@ void um__events_close(um__events *e)
     if (e->dropped)
         um__log(UM_LOG_WARN, "trace_file: %llu events were dropped (no memory, or the spill "
                              "file could not be written)", (unsigned long long)e->dropped);
+    um__log(UM_LOG_INFO, "trace_file: %llu events spilled in %.1f ms of the writer's time "
+                         "(%.0f MB/s); recording threads waited %.1f ms for it, %llu times",
+            (unsigned long long)e->spilled, (double)e->writer_ns / 1e6,
+            e->writer_ns ? (double)bytes / ((double)e->writer_ns / 1e9) / 1e6 : 0.0,
+            (double)e->stall_ns / 1e6, (unsigned long long)e->stalls);
     fprintf(e->f, "\n]}\n");
     if (fclose(e->f) != 0)
         um__log(UM_LOG_WARN, "trace_file: writing the trace failed");
