@@ -10,10 +10,13 @@
 #include "flaky.h"
 #include "harness.h"
 
+#include <dirent.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define KB 1024u
@@ -610,6 +613,122 @@ static void test_spill(const char *dir)
     um_shutdown(ctx);
 }
 
+/* The entries of dir whose names start with prefix: how many, and the
+ * last one's name. */
+static int entries_named(const char *dir, const char *prefix, char *last, size_t len)
+{
+    DIR *d = opendir(dir);
+    int n = 0;
+    for (struct dirent *e; d && (e = readdir(d));)
+        if (strncmp(e->d_name, prefix, strlen(prefix)) == 0) {
+            n++;
+            snprintf(last, len, "%s", e->d_name);
+        }
+    if (d)
+        closedir(d);
+    return n;
+}
+
+/* This process's descriptor of the (deleted) spill file, opened again
+ * through /proc for writing, as another program of the user could. */
+static int reopen_spill_file(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    int fd = -1;
+    for (struct dirent *e; d && fd < 0 && (e = readdir(d));) {
+        char link[300], target[512];
+        snprintf(link, sizeof link, "/proc/self/fd/%s", e->d_name);
+        ssize_t n = readlink(link, target, sizeof target - 1);
+        if (n <= 0)
+            continue;
+        target[n] = '\0';
+        if (strstr(target, "/spill-") && strstr(target, "(deleted)"))
+            fd = open(link, O_RDWR);
+    }
+    if (d)
+        closedir(d);
+    return fd;
+}
+
+/* The file tier's files: a private directory (0700) holding no name,
+ * removed at shutdown; one left by a dead process removed at the next
+ * spill; a spill file changed or truncated behind unimem's back is found
+ * and reported, and its bytes are never returned. */
+static void test_spill_integrity(const char *dir)
+{
+    char stale[400], junk[480];
+    snprintf(stale, sizeof stale, "%s/unimem-999999999-abcdef", dir); /* above any pid_max */
+    CHECK_EQ(mkdir(stale, 0700), 0);
+    snprintf(junk, sizeof junk, "%s/spill-left", stale);
+    FILE *f = fopen(junk, "w");
+    CHECK(f != NULL);
+    if (f)
+        fclose(f);
+    char extra[300];
+    snprintf(extra, sizeof extra, ",watermark_high=100,spill_dir=%s", dir);
+    um_context *ctx = open_ctx(4 * MB, extra);
+    if (!ctx)
+        return;
+    CHECK_OK(um_set_memory_limit(ctx, 0, 4 * MB));
+    const size_t size = 2 * MB;
+    um_buffer *b[3];
+    unsigned char *h = malloc(size);
+    for (int i = 0; i < 3; i++) {
+        CHECK_OK(um_buffer_create(ctx, size, NULL, &b[i]));
+        harness_pattern_fill(h, size, 300 + (uint64_t)i);
+        CHECK_OK(um_buffer_write(b[i], 0, h, size));
+    }
+    CHECK_EQ(host_invalid(b, 3), 1);
+    int sp = 0;
+    while (sp < 2 && um_buffer_replica_state(b[sp], 0) != UM_REPLICA_INVALID)
+        sp++;
+    char name[256] = "", priv[600];
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "unimem-%ld-", (long)getpid());
+    CHECK_EQ(entries_named(dir, "unimem-", name, sizeof name), 1); /* the stale one is gone */
+    CHECK_EQ(entries_named(dir, prefix, name, sizeof name), 1);
+    snprintf(priv, sizeof priv, "%s/%s", dir, name);
+    struct stat st;
+    CHECK_EQ(stat(priv, &st), 0);
+    CHECK_EQ(st.st_mode & 0777, 0700);
+    CHECK_EQ(entries_named(priv, "", name, sizeof name), 2); /* "." and "..": no name */
+
+    int fd = reopen_spill_file();
+    CHECK(fd >= 0);
+    unsigned char byte = 0, flipped;
+    CHECK_EQ(pread(fd, &byte, 1, 4096), 1);
+    flipped = (unsigned char)~byte;
+    CHECK_EQ(pwrite(fd, &flipped, 1, 4096), 1);
+    memset(h, 0, size);
+    CHECK_STATUS(um_buffer_read(b[sp], 0, h, size), UM_ERR_BACKEND);
+    CHECK_ERROR_MENTIONS("changed behind", "checksum", NULL);
+    printf("test_reclaim: %s\n", um_last_error());
+    void *p = NULL;
+    CHECK_STATUS(um_buffer_acquire(b[sp], 1, UM_ACCESS_READ, NULL, &p), UM_ERR_BACKEND);
+    CHECK(p == NULL);
+    /* A read of another 64 KiB of it is not affected. */
+    CHECK_OK(um_buffer_read(b[sp], 1 * MB, h, 4096));
+    /* Put back, it reads whole again. */
+    CHECK_EQ(pwrite(fd, &byte, 1, 4096), 1);
+    CHECK_OK(um_buffer_read(b[sp], 0, h, size));
+    CHECK(same_pattern(h, size, 300 + (uint64_t)sp));
+    CHECK_EQ(ftruncate(fd, 0), 0);
+    CHECK_STATUS(um_buffer_read(b[sp], 0, h, size), UM_ERR_BACKEND);
+    CHECK_ERROR_MENTIONS("truncated", NULL, NULL);
+    CHECK_STATUS(um_buffer_acquire(b[sp], 1, UM_ACCESS_READ, NULL, &p), UM_ERR_BACKEND);
+    close(fd);
+    for (int i = 0; i < 3; i++) {
+        if (i != sp) {
+            CHECK_OK(um_buffer_read(b[i], 0, h, size));
+            CHECK(same_pattern(h, size, 300 + (uint64_t)i));
+        }
+        CHECK_OK(um_buffer_destroy(b[i]));
+    }
+    free(h);
+    um_shutdown(ctx);
+    CHECK_EQ(entries_named(dir, "unimem-", name, sizeof name), 0);
+}
+
 int main(void)
 {
     uint64_t seed = harness_seed("test_reclaim");
@@ -624,6 +743,7 @@ int main(void)
     char dir[] = "/tmp/unimem-spill-test-XXXXXX";
     if (mkdtemp(dir)) {
         test_spill(dir);
+        test_spill_integrity(dir);
         test_oversubscribe(seed, 8, dir);
         CHECK_EQ(rmdir(dir), 0); /* the spill file was never left there */
     } else {

@@ -45,7 +45,10 @@
  * counting a buffer on every sim device while a call may hold its lock. So
  * an operation within the budget must not fail with UM_ERR_NOMEM (reclaim
  * waits for candidates that calls in progress hold, and takes back what
- * other threads' caches keep). The only UM_ERR_NOMEM accepted are
+ * other threads' caches keep), unless the pool says its free memory is
+ * fragmented (no free range as large as the request while live bytes and
+ * the request fit under the limit): those are counted and reported. The
+ * only other UM_ERR_NOMEM accepted are
  * the documented ones of the probes: an allocation larger than the device
  * ("the request alone exceeds the limit") and an acquisition that cannot
  * fit at all. Other accepted statuses: UM_ERR_BUSY from a lowered memory
@@ -181,6 +184,11 @@ typedef struct op_counts {
 static op_counts counts[NOPS];
 static _Atomic int detailed_reports;
 static _Atomic uint64_t unexpected_nomem;
+/* UM_ERR_NOMEM within the budget that the pool explains by fragmentation
+ * (live bytes and the request fit under the limit, but no free range is
+ * that large): the one documented way it may happen (docs/DESIGN.md,
+ * "Limits"); counted and reported, not a failure. */
+static _Atomic uint64_t fragmented_nomem;
 static _Atomic uint64_t expected_nomem_reclaimed; /* probes that failed as they must */
 static _Atomic uint64_t bytes_checked;
 
@@ -585,6 +593,13 @@ static void note(int op, um_status st, bool expected, const char *fmt, ...)
     harness_checks++;
     if (expected)
         return;
+    if ((st == UM_ERR_NOMEM || st == UM_ERR_TASK) &&
+        harness_error_mentions("cannot allocate", "the free memory is fragmented", NULL)) {
+        if (atomic_fetch_add(&fragmented_nomem, 1) == 0)
+            printf("test_stress: %s: UM_ERR_NOMEM within the budget from fragmentation (counted, "
+                   "not a failure): %s\n", op_names[op], um_last_error());
+        return;
+    }
     atomic_fetch_add(&c->unexpected, 1);
     if (st == UM_ERR_NOMEM)
         atomic_fetch_add(&unexpected_nomem, 1);
@@ -2269,8 +2284,10 @@ static void print_totals(void)
             printf("  (skipped %llu / %llu)", (unsigned long long)nb, (unsigned long long)ct);
         printf("\n");
     }
-    printf("test_stress: %llu calls, %.1f GiB of data checked against the model\n",
-           (unsigned long long)all, (double)atomic_load(&bytes_checked) / (double)GIB);
+    printf("test_stress: %llu calls, %.1f GiB of data checked against the model; %llu "
+           "UM_ERR_NOMEM within the budget from fragmentation\n",
+           (unsigned long long)all, (double)atomic_load(&bytes_checked) / (double)GIB,
+           (unsigned long long)atomic_load(&fragmented_nomem));
 }
 
 static double env_seconds(void)

@@ -227,6 +227,17 @@ static um_stream copy_stream(um__xfer *x, int dev, int src)
     return s;
 }
 
+/* Checks bytes [from, from + n) of b's spill extent before they are read
+ * (see spill.c). */
+static um_status spill_verify(um_buffer *b, size_t from, size_t n)
+{
+    um__spill *sp;
+    um_status st = um__xfer_spill(engine(b), &sp);
+    return st == UM_OK ? um__spill_check(sp, b->spill, b->spill_off, b->size, b->spill_sums,
+                                         from, n)
+                       : st;
+}
+
 /* Makes the replica on dev valid: a copy from the cheapest valid replica,
  * or zeros for a buffer that holds no data yet (that replica becomes the
  * owner). On failure the replica stays invalid and the others untouched. */
@@ -238,7 +249,9 @@ static um_status fill(um_buffer *b, int dev)
     /* With no valid replica the data may be in the spill file (the host's
      * side of every link: program memory to the engine). */
     bool from_spill = src < 0 && b->spill_valid;
-    um_status st = ensure_memory(b, dev, copy_stream(x, dev, from_spill ? 0 : src));
+    um_status st = from_spill ? spill_verify(b, 0, b->size) : UM_OK;
+    if (st == UM_OK)
+        st = ensure_memory(b, dev, copy_stream(x, dev, from_spill ? 0 : src));
     if (st != UM_OK)
         return st;
     um__fence after[UM_REPLICA_USES + 2];
@@ -556,7 +569,9 @@ um_status um_buffer_read(um_buffer *b, size_t offset, void *dst, size_t n)
     st = conflict(b, UM_ACCESS_READ, what);
     int src = st == UM_OK ? best_source(b, 0, -1) : -1;
     if (st == UM_OK && src < 0 && b->spill_valid) {
-        memcpy(dst, (const char *)b->spill + offset, n);
+        st = spill_verify(b, offset, n);
+        if (st == UM_OK)
+            memcpy(dst, (const char *)b->spill + offset, n);
     } else if (st == UM_OK && src < 0) {
         memset(dst, 0, n); /* a new buffer reads as zeros */
     } else if (st == UM_OK) {
@@ -637,6 +652,8 @@ void um__buffer_discard(um_buffer *b)
         um__spill_free(sp, b->spill, b->spill_off, b->size);
     b->spill = NULL;
     b->spill_valid = false;
+    free(b->spill_sums);
+    b->spill_sums = NULL;
     free(b->announced);
     pthread_mutex_destroy(&b->lock);
     um__xfer_recycle(x, b);
@@ -751,14 +768,19 @@ static um_status spill_out(um_buffer *b, int dev)
     um_status st = um__xfer_spill(x, &sp);
     if (st == UM_OK && !b->spill)
         st = um__spill_alloc(sp, b->size, &b->spill, &b->spill_off);
+    if (st == UM_OK && !b->spill_sums &&
+        !(b->spill_sums = malloc(um__spill_sums(b->size) * sizeof *b->spill_sums)))
+        st = um__fail(UM_ERR_NOMEM, "spill: no memory for the checksums of %zu bytes", b->size);
     um__replica *r = &b->rep[dev];
     um__fence done;
     if (st == UM_OK)
         st = um__xfer_copy(x, 0, b->spill, dev, r->ptr, b->size, &r->ready, 1, &done);
     if (st == UM_OK)
         st = um__fence_wait(x, &done);
-    if (st == UM_OK)
+    if (st == UM_OK) {
+        um__spill_seal(b->spill, b->size, b->spill_sums);
         b->spill_valid = true;
+    }
     return st;
 }
 

@@ -86,6 +86,7 @@ struct um_buffer {
     void *spill;
     size_t spill_off;
     bool spill_valid;
+    uint32_t *spill_sums;   /* the extent's checksums, while spill_valid */
     um__replica rep[];      /* one per device */
 };
 
@@ -100,6 +101,15 @@ void um__spill_destroy(um__spill *sp);
  * at *map; *offset identifies it for um__spill_free. UM_ERR_NOMEM naming
  * the file when the disk has no room. */
 um_status um__spill_alloc(um__spill *sp, size_t size, void **map, size_t *offset);
+/* The integrity of extents: a CRC-32 per UM_SPILL_SUM_BYTES, taken by
+ * seal when an extent of `size` bytes has been written (sums: room for
+ * um__spill_sums(size)); check, before bytes [from, from + n) are read,
+ * finds the file truncated or those bytes changed and fails naming it. */
+#define UM_SPILL_SUM_BYTES ((size_t)64 << 10)
+size_t um__spill_sums(size_t size);
+void um__spill_seal(const void *map, size_t size, uint32_t *sums);
+um_status um__spill_check(um__spill *sp, const void *map, size_t offset, size_t size,
+                          const uint32_t *sums, size_t from, size_t n);
 void um__spill_free(um__spill *sp, void *map, size_t offset, size_t size);
 /* Bytes of live extents (0 for NULL). */
 size_t um__spill_used(um__spill *sp);

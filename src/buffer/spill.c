@@ -8,21 +8,36 @@
  * than RAM stay: the mapped pages are file-backed and reclaimable, unlike
  * the host pool's.
  *
- * The file is made in spill_dir at the first spill and unlinked at once,
- * so nothing is left behind however the process ends. Each extent's disk
- * blocks are allocated when it is made (fallocate): a full disk is an
- * error then, never a SIGBUS on a write to the mapping. Freed extents
- * give their blocks back (a punched hole) and are reused first-fit.
+ * The file is made at the first spill in a private directory of its own
+ * under spill_dir (unimem-PID-XXXXXX, mode 0700; the file 0600) and
+ * unlinked at once, so nobody else can open it and nothing of it is left
+ * however the process ends; the directory goes at shutdown, and one left
+ * by a process that died is removed by the next context that spills
+ * there. Each extent's disk blocks are allocated when it is made
+ * (fallocate): a full disk is an error then, never a SIGBUS on a write to
+ * the mapping. Freed extents give their blocks back (a punched hole) and
+ * are reused first-fit.
+ *
+ * The file is still reachable through /proc/PID/fd, and a disk can fail:
+ * what is read back is checked. A CRC-32 per 64 KiB of an extent is taken
+ * when it is written; before data is read from the file the file's size
+ * is checked (a truncated mapping would raise SIGBUS) and the sums of the
+ * part read are compared. A mismatch fails the read, naming the file,
+ * and the data is never returned.
  */
 #include "buffer.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
 typedef struct extent {
     size_t off, len;
@@ -31,7 +46,8 @@ typedef struct extent {
 struct um__spill {
     pthread_mutex_t lock;
     int fd;
-    char path[300];     /* for messages; the file itself is unlinked */
+    char dir[300];      /* the private directory, removed at destroy */
+    char path[340];     /* for messages; the file itself is unlinked */
     size_t page;
     size_t end;         /* the file's size: extents lie below it */
     extent *free;       /* free extents below `end`, by offset, coalesced */
@@ -39,16 +55,62 @@ struct um__spill {
     _Atomic size_t used;/* bytes of live extents */
 };
 
+#define DIR_PREFIX "unimem-"
+
+/* Removes the private directories under dir that processes of this user
+ * left when they died (a crash between making one and removing it). */
+static void remove_stale_dirs(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    int dfd = dirfd(d);
+    for (struct dirent *e; (e = readdir(d));) {
+        char *end = NULL;
+        if (strncmp(e->d_name, DIR_PREFIX, strlen(DIR_PREFIX)) != 0)
+            continue;
+        long pid = strtol(e->d_name + strlen(DIR_PREFIX), &end, 10);
+        struct stat st;
+        if (pid <= 0 || !end || *end != '-' || fstatat(dfd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) ||
+            !S_ISDIR(st.st_mode) || st.st_uid != getuid() || pid == (long)getpid() ||
+            kill((pid_t)pid, 0) == 0 || errno != ESRCH)
+            continue;
+        int sub = openat(dfd, e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW);
+        DIR *sd = sub >= 0 ? fdopendir(sub) : NULL;
+        if (sd) {
+            for (struct dirent *f; (f = readdir(sd));)
+                if (strcmp(f->d_name, ".") && strcmp(f->d_name, ".."))
+                    (void)unlinkat(sub, f->d_name, 0);
+            closedir(sd);
+        } else if (sub >= 0) {
+            close(sub);
+        }
+        if (unlinkat(dfd, e->d_name, AT_REMOVEDIR) == 0)
+            um__log(UM_LOG_INFO, "spill: removed %s/%s, left by process %ld", dir, e->d_name,
+                    pid);
+    }
+    closedir(d);
+}
+
 um_status um__spill_create(const char *dir, um__spill **out)
 {
     *out = NULL;
     um__spill *sp = calloc(1, sizeof *sp);
     if (!sp)
         return um__fail(UM_ERR_NOMEM, "spill: no memory for the file tier's state");
-    snprintf(sp->path, sizeof sp->path, "%s/unimem-spill-XXXXXX", dir);
+    remove_stale_dirs(dir);
+    snprintf(sp->dir, sizeof sp->dir, "%s/" DIR_PREFIX "%ld-XXXXXX", dir, (long)getpid());
+    if (!mkdtemp(sp->dir)) {
+        int e = errno;
+        free(sp);
+        return um__fail(UM_ERR_BACKEND, "spill: cannot make a directory in spill_dir '%s': %s",
+                        dir, strerror(e));
+    }
+    snprintf(sp->path, sizeof sp->path, "%s/spill-XXXXXX", sp->dir);
     sp->fd = mkstemp(sp->path);
     if (sp->fd < 0) {
         int e = errno;
+        (void)rmdir(sp->dir);
         free(sp);
         return um__fail(UM_ERR_BACKEND, "spill: cannot make a file in spill_dir '%s': %s", dir,
                         strerror(e));
@@ -66,9 +128,48 @@ void um__spill_destroy(um__spill *sp)
     if (!sp)
         return;
     close(sp->fd);
+    (void)rmdir(sp->dir);
     free(sp->free);
     pthread_mutex_destroy(&sp->lock);
     free(sp);
+}
+
+size_t um__spill_sums(size_t size)
+{
+    return (size + UM_SPILL_SUM_BYTES - 1) / UM_SPILL_SUM_BYTES;
+}
+
+void um__spill_seal(const void *map, size_t size, uint32_t *sums)
+{
+    for (size_t i = 0, n = um__spill_sums(size); i < n; i++) {
+        size_t off = i * UM_SPILL_SUM_BYTES;
+        size_t len = size - off < UM_SPILL_SUM_BYTES ? size - off : UM_SPILL_SUM_BYTES;
+        sums[i] = (uint32_t)crc32_z(0, (const unsigned char *)map + off, len);
+    }
+}
+
+um_status um__spill_check(um__spill *sp, const void *map, size_t offset, size_t size,
+                          const uint32_t *sums, size_t from, size_t n)
+{
+    struct stat st;
+    size_t need = offset + (size + sp->page - 1) / sp->page * sp->page;
+    if (fstat(sp->fd, &st) != 0 || (size_t)st.st_size < need)
+        return um__fail(UM_ERR_BACKEND,
+                        "spill: the spill file %s (deleted) was truncated behind unimem's back "
+                        "(%lld bytes; an extent ends at %zu): the data spilled there is lost",
+                        sp->path, (long long)st.st_size, need);
+    size_t first = from / UM_SPILL_SUM_BYTES, last = n ? (from + n - 1) / UM_SPILL_SUM_BYTES : first;
+    for (size_t i = first; n && i <= last; i++) {
+        size_t off = i * UM_SPILL_SUM_BYTES;
+        size_t len = size - off < UM_SPILL_SUM_BYTES ? size - off : UM_SPILL_SUM_BYTES;
+        if ((uint32_t)crc32_z(0, (const unsigned char *)map + off, len) != sums[i])
+            return um__fail(UM_ERR_BACKEND,
+                            "spill: the spill file %s (deleted) was changed behind unimem's back "
+                            "(bytes %zu-%zu of an extent at %zu fail their checksum): the data "
+                            "spilled there is lost",
+                            sp->path, off, off + len - 1, offset);
+    }
+    return UM_OK;
 }
 
 /* Takes len bytes first-fit from the free extents, else from the end. */

@@ -14,6 +14,7 @@
 #include <inttypes.h>
 #include <linux/membarrier.h>
 #include <sched.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
@@ -1473,18 +1474,31 @@ static uint32_t refill_count(unsigned cls)
 
 /* ------------------------------------------------------------ alloc / free */
 
+static size_t largest_free_locked(um__pool *p);
+
+/* UM_ERR_NOMEM with the pool's figures (locked). When live bytes and the
+ * request would fit under the limit, the free memory is in pieces too
+ * small for it: said so, with the largest piece. */
 static um_status nomem(um__pool *p, size_t size)
 {
-    char req[32], live[32], res[32], lim[32];
+    char req[32], live[32], res[32], lim[32], big[32], why[96] = "";
     p->ooms++;
+    size_t active = active_total(p);
+    if (size > p->base.memory_limit) {
+        snprintf(why, sizeof why, " (the request alone exceeds the limit)");
+    } else if (active + size <= p->base.memory_limit) {
+        size_t largest = largest_free_locked(p);
+        if (largest < size)
+            snprintf(why, sizeof why, " (the free memory is fragmented: its largest range is %s)",
+                     um__format_bytes(big, sizeof big, largest));
+    }
     return um__fail(UM_ERR_NOMEM,
                     "device %d (%s): cannot allocate: requested %s, live %s, reserved %s, "
                     "limit %s%s",
                     p->base.dev, dev_name(p), um__format_bytes(req, sizeof req, size),
-                    um__format_bytes(live, sizeof live, active_total(p)),
+                    um__format_bytes(live, sizeof live, active),
                     um__format_bytes(res, sizeof res, p->reserved),
-                    um__format_bytes(lim, sizeof lim, p->base.memory_limit),
-                    size > p->base.memory_limit ? " (the request alone exceeds the limit)" : "");
+                    um__format_bytes(lim, sizeof lim, p->base.memory_limit), why);
 }
 
 static um_status fail_locked(um__pool *p, um_status s, size_t size)

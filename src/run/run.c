@@ -54,7 +54,7 @@ struct task {
     bool retired;           /* its callback ran; freed once settled */
     task *work_next;        /* in finish's worklists */
     um_status status;
-    char why[256];
+    char why[512];
 };
 
 /* What tasks do with one buffer: its last writer and the readers since
@@ -73,7 +73,7 @@ typedef struct access_rec {
 typedef struct failure {
     um_task_id id;
     um_status st;
-    char why[256];
+    char why[512];
 } failure;
 
 typedef struct worker {
@@ -522,7 +522,7 @@ typedef struct in_flight {
     um__fence done;
     uint64_t launched_ns;
     um_status st;
-    char why[256];
+    char why[512];
 } in_flight;
 
 /* Acquires t's buffers on the worker's stream (the stream waits for their
@@ -788,7 +788,7 @@ static void *worker_main(void *arg)
             nfl++;
             continue;
         }
-        char why[256] = "";
+        char why[512] = "";
         um_status st = run_on_cpu(w, t, why, sizeof why);
         pthread_mutex_lock(&r->lock);
         ended(r, w, t, st, why);
