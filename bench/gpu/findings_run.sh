@@ -6,8 +6,8 @@
 #           and `unimem bench oversub --quick` (unless OVERSUB=0), old and
 #           new alternating;
 #   part 2: the whole ctest suite with the GPU present (the stress test
-#           included), then compute-sanitizer memcheck on test_cuda (tasks
-#           on the GPU release their buffers the new way).
+#           included), then compute-sanitizer memcheck and racecheck on
+#           test_cuda (tasks on the GPU release their buffers the new way).
 # Usage: bench/gpu/findings_run.sh OLD_TREE 1|2   (results under $OUT)
 set -u
 OLD=$1
@@ -51,8 +51,10 @@ if [ "$PART" = 2 ]; then
   CS=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
   echo "compute-sanitizer: ${CS:-none}"
   if [ -n "$CS" ]; then
-    timeout 120 "$CS" --tool memcheck --error-exitcode 9 build-dev/tests/test_cuda \
-      > "$OUT/cs_test_cuda.txt" 2>&1
-    echo "compute-sanitizer memcheck test_cuda rc=$?"; tail -3 "$OUT/cs_test_cuda.txt"
+    for tool in memcheck racecheck; do
+      timeout 200 "$CS" --tool $tool --error-exitcode 9 build-dev/tests/test_cuda \
+        > "$OUT/cs_${tool}_test_cuda.txt" 2>&1
+      echo "compute-sanitizer $tool test_cuda rc=$?"; tail -3 "$OUT/cs_${tool}_test_cuda.txt"
+    done
   fi
 fi
