@@ -207,9 +207,7 @@ static um_status ensure_memory(um_buffer *b, int dev, um_stream first_writer)
     um__replica *r = &b->rep[dev];
     if (r->ptr)
         return UM_OK;
-    atomic_store_explicit(&b->allocating, true, memory_order_relaxed);
     um_status st = um_malloc(b->ctx, dev, b->size, first_writer, &r->ptr);
-    atomic_store_explicit(&b->allocating, false, memory_order_relaxed);
     if (st == UM_OK) {
         note_memory(b, dev, true);
         um__reclaim_account(um__xfer_reclaim(engine(b)), dev, (int64_t)b->size);

@@ -62,10 +62,9 @@ struct um_buffer {
     pthread_mutex_t lock;
     struct um_buffer *prev, *next; /* the engine's list of live buffers */
     uint32_t holders;       /* acquisitions held, on every device */
-    /* For reclaim, which finds `lock` taken, to judge whether to wait for
-     * it: the holder waits for memory itself (in um_malloc), and the
-     * devices where a replica has memory (bit d), kept beside rep[d].ptr. */
-    _Atomic bool allocating;
+    /* The devices where a replica has memory (bit d), kept beside
+     * rep[d].ptr: for reclaim, which finds `lock` taken, to judge whether
+     * waiting for it could make room. */
     _Atomic uint64_t has_memory;
     /* The write acquisition held is a WRITE_DISCARD of an invalid replica:
      * the other copies stay valid until its release makes that one the

@@ -68,7 +68,7 @@ typedef struct victim_scan {
     um_buffer *best;
     uint64_t key[KEY_LEN];
     /* Why nothing may be evicted, for the error message; `busy`: buffers
-     * whose lock another call held (not one waiting for memory itself). */
+     * with memory there whose lock another call held. */
     uint32_t acquired, pinned, busy;
     uint64_t acquired_bytes;
     char failed[320]; /* why the last eviction tried failed ("" none) */
@@ -129,8 +129,7 @@ static bool consider(um_buffer *b, void *arg)
     if (pthread_mutex_trylock(&b->lock) != 0) {
         /* In use right now: not a victim, but perhaps once the call ends,
          * if it has memory here. */
-        if (!atomic_load_explicit(&b->allocating, memory_order_relaxed) &&
-            (atomic_load_explicit(&b->has_memory, memory_order_relaxed) >> s->dev & 1))
+        if (atomic_load_explicit(&b->has_memory, memory_order_relaxed) >> s->dev & 1)
             s->busy++;
         return true;
     }
@@ -231,11 +230,12 @@ static bool reclaim_hook(um_context *ctx, int dev, size_t bytes)
     in_reclaim = true;
     victim_scan scan;
     bool freed = false;
-    /* Candidates locked by calls in progress (a copy, a read) may be
-     * evictable once those end: wait for them a while rather than fail
-     * with evictable data there (found by the stress test). Not for those
-     * whose holder waits for memory itself, which could be waiting for
-     * this one. */
+    /* Candidates locked by calls in progress (a copy, a read, another
+     * allocation) may be evictable once those end: wait for them a while,
+     * letting go of rc->one, rather than fail with evictable data there
+     * (found by the stress test). Two allocations that each hold the
+     * other's only candidate both fail when the wait runs out; reclaim
+     * itself only ever try-locks, so nothing deadlocks. */
     for (uint64_t pause_ns = 20000;; pause_ns = pause_ns < 1000000 ? 2 * pause_ns : pause_ns) {
         pthread_mutex_lock(&rc->one);
         freed = evict_one(rc, dev, &scan);
