@@ -329,11 +329,14 @@ UM_API um_replica_state um_buffer_replica_state(um_buffer *b, int dev);
  * the option spill_dir, host memory is a device like the others: when no
  * memory has room (the host's limit is host_capacity or
  * um_set_memory_limit(ctx, 0, ...)), the only copy of a buffer's data goes
- * to a file there (unlinked at once, so nothing is left behind) and comes
- * back from it on the next acquire. An
- * allocation at the memory limit does this itself and retries; above a
- * device's high watermark a background thread does it ahead of need until
- * usage is below the low watermark. Acquired replicas are never evicted. */
+ * to a file there (in a private directory, unlinked at once, so nothing
+ * is left behind) and comes back from it on the next acquire, checked: a
+ * file changed or truncated behind unimem's back fails that acquire or
+ * read with UM_ERR_BACKEND. An allocation at the memory limit does this
+ * itself and retries (waiting up to a second for buffers that other calls
+ * hold); above a device's high watermark a background thread does it
+ * ahead of need until usage is below the low watermark. Acquired replicas
+ * are never evicted. */
 typedef enum um_hint {
     UM_HINT_WONT_USE = 1, /* evict this buffer first (until its next acquire) */
     UM_HINT_WILL_USE = 2, /* it will be acquired: one announcement per coming use, in order */
