@@ -52,7 +52,7 @@ uint64_t harness_rand(uint64_t *state)
 
 #define PATTERN_CHUNK 4096
 
-static uint64_t mix64(uint64_t x)
+uint64_t harness_mix64(uint64_t x)
 {
     x ^= x >> 33;
     x *= 0xff51afd7ed558ccdull;
@@ -65,8 +65,8 @@ static uint64_t mix64(uint64_t x)
 static void pattern_chunk(uint64_t id, uint64_t c, uint64_t *t)
 {
     for (size_t k = 0; k < PATTERN_CHUNK / 8; k++)
-        t[k] = mix64(id * 0x9e3779b97f4a7c15ull + k);
-    t[0] = mix64(id ^ (c << 40) ^ 0x5bd1e995u);
+        t[k] = harness_mix64(id * 0x9e3779b97f4a7c15ull + k);
+    t[0] = harness_mix64(id ^ (c << 40) ^ 0x5bd1e995u);
 }
 
 void harness_pattern_fill(void *p, size_t size, uint64_t id)

@@ -76,6 +76,8 @@ int harness_error_mentions(const char *a, const char *b, const char *c);
 uint64_t harness_seed(const char *test_name);
 /* splitmix64 step. */
 uint64_t harness_rand(uint64_t *state);
+/* A 64-bit finalizer (MurmurHash3's): well-mixed words from ids. */
+uint64_t harness_mix64(uint64_t x);
 /* Block patterns for byte-exact checks: every 4 KiB chunk of a block holds
  * a pattern of its id, with word 0 of each chunk replaced by a value of
  * (id, chunk), so a byte out of place is caught as well as a wrong byte. */

@@ -540,24 +540,46 @@ static int host_invalid(um_buffer **b, int n)
     return k;
 }
 
-/* The host holds two of three buffers: the third write spills one, whose
- * data then comes back from the file to be read, used on a device and
- * written on the host; a spill that fails keeps the only copy. */
-static void test_spill(const char *dir)
+/* A context whose host and devices are limited to 4 MiB, spilling to dir,
+ * with three buffers of 2 MiB written on the host (patterns pattern + i):
+ * the third write sends one of the others to the spill file. */
+static um_context *spill_ctx(const char *dir, uint64_t pattern, um_buffer **b, unsigned char *h)
 {
     char extra[300];
     snprintf(extra, sizeof extra, ",watermark_high=100,spill_dir=%s", dir);
     um_context *ctx = open_ctx(4 * MB, extra);
     if (!ctx)
-        return;
+        return NULL;
     CHECK_OK(um_set_memory_limit(ctx, 0, 4 * MB));
+    for (int i = 0; i < 3; i++) {
+        CHECK_OK(um_buffer_create(ctx, 2 * MB, NULL, &b[i]));
+        harness_pattern_fill(h, 2 * MB, pattern + (uint64_t)i);
+        CHECK_OK(um_buffer_write(b[i], 0, h, 2 * MB));
+    }
+    return ctx;
+}
+
+/* The first of b[0..1] whose host replica is invalid (spilled), else 2. */
+static int spilled_one(um_buffer **b)
+{
+    int i = 0;
+    while (i < 2 && um_buffer_replica_state(b[i], 0) != UM_REPLICA_INVALID)
+        i++;
+    return i;
+}
+
+/* The host holds two of three buffers: the third write spills one, whose
+ * data then comes back from the file to be read, used on a device and
+ * written on the host; a spill that fails keeps the only copy. */
+static void test_spill(const char *dir)
+{
     const size_t size = 2 * MB;
     um_buffer *b[3];
     unsigned char *h = malloc(size);
-    for (int i = 0; i < 3; i++) {
-        CHECK_OK(um_buffer_create(ctx, size, NULL, &b[i]));
-        harness_pattern_fill(h, size, 100 + (uint64_t)i);
-        CHECK_OK(um_buffer_write(b[i], 0, h, size));
+    um_context *ctx = spill_ctx(dir, 100, b, h);
+    if (!ctx) {
+        free(h);
+        return;
     }
     um_reclaim_stats s0;
     CHECK_OK(um_reclaim_stats_get(ctx, 0, &s0));
@@ -569,9 +591,7 @@ static void test_spill(const char *dir)
         CHECK_OK(um_buffer_read(b[i], 0, h, size));
         CHECK(same_pattern(h, size, 100 + (uint64_t)i));
     }
-    int spilled = 0;
-    while (spilled < 2 && um_buffer_replica_state(b[spilled], 0) != UM_REPLICA_INVALID)
-        spilled++;
+    int spilled = spilled_one(b);
     /* On a device, straight from the file. */
     void *p = NULL;
     CHECK_OK(um_buffer_acquire(b[spilled], 1, UM_ACCESS_READ, NULL, &p));
@@ -664,24 +684,16 @@ static void test_spill_integrity(const char *dir)
     CHECK(f != NULL);
     if (f)
         fclose(f);
-    char extra[300];
-    snprintf(extra, sizeof extra, ",watermark_high=100,spill_dir=%s", dir);
-    um_context *ctx = open_ctx(4 * MB, extra);
-    if (!ctx)
-        return;
-    CHECK_OK(um_set_memory_limit(ctx, 0, 4 * MB));
     const size_t size = 2 * MB;
     um_buffer *b[3];
     unsigned char *h = malloc(size);
-    for (int i = 0; i < 3; i++) {
-        CHECK_OK(um_buffer_create(ctx, size, NULL, &b[i]));
-        harness_pattern_fill(h, size, 300 + (uint64_t)i);
-        CHECK_OK(um_buffer_write(b[i], 0, h, size));
+    um_context *ctx = spill_ctx(dir, 300, b, h);
+    if (!ctx) {
+        free(h);
+        return;
     }
     CHECK_EQ(host_invalid(b, 3), 1);
-    int sp = 0;
-    while (sp < 2 && um_buffer_replica_state(b[sp], 0) != UM_REPLICA_INVALID)
-        sp++;
+    int sp = spilled_one(b);
     char name[256] = "", priv[600];
     char prefix[64];
     snprintf(prefix, sizeof prefix, "unimem-%ld-", (long)getpid());

@@ -347,15 +347,6 @@ static bool chance(thr *t, unsigned percent)
 
 /* -------------------------------------------------------------- patterns */
 
-static uint64_t mix64(uint64_t x)
-{
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdull;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ull;
-    return x ^ (x >> 33);
-}
-
 /* Chunk c of buffer id at generation gen (0: zeros), 4 KiB. */
 static void chunk_pattern(uint64_t id, size_t c, uint32_t gen, uint64_t *w)
 {
@@ -363,8 +354,9 @@ static void chunk_pattern(uint64_t id, size_t c, uint32_t gen, uint64_t *w)
         memset(w, 0, CHUNK);
         return;
     }
-    uint64_t base = mix64(id * 0x9e3779b97f4a7c15ull ^ (uint64_t)gen * 0xc2b2ae3d27d4eb4full ^
-                          ((uint64_t)c + 1) * 0x165667b19e3779f9ull);
+    uint64_t base = harness_mix64(id * 0x9e3779b97f4a7c15ull ^
+                                  (uint64_t)gen * 0xc2b2ae3d27d4eb4full ^
+                                  ((uint64_t)c + 1) * 0x165667b19e3779f9ull);
     for (size_t k = 0; k < CWORDS; k++)
         w[k] = base + k * 0xd6e8feb86659fd93ull;
 }
@@ -2105,7 +2097,7 @@ static void *thread_main(void *arg)
     harness_thread *ht = arg;
     thr *t = calloc(1, sizeof *t);
     t->id = ht->id;
-    t->rng = W.seed ^ mix64(0x51ab5eed + (uint64_t)t->id);
+    t->rng = W.seed ^ harness_mix64(0x51ab5eed + (uint64_t)t->id);
     tstate *ts = &W.ts[t->id];
     tl_thread = t->id;
     atomic_store(&ts->op, -1);

@@ -1377,7 +1377,9 @@ static void tcache_drain_others(um__pool *p)
             atomic_store_explicit(&tc->drain, 1, memory_order_relaxed);
             any = true;
         }
-    if (!any || !membarrier_ready() ||
+    if (!any)
+        return;
+    if (!membarrier_ready() ||
         syscall(__NR_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) != 0) {
         for (um__tcache *tc = p->tcaches; tc; tc = tc->next)
             atomic_store_explicit(&tc->drain, 0, memory_order_relaxed);
