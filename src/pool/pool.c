@@ -2255,7 +2255,8 @@ static size_t mapped_bytes_in(um__pool *p, uintptr_t addr, size_t len, size_t *h
     return n;
 }
 
-/* The largest request the pool can serve without new backend memory. */
+/* The largest request the pool can serve without new backend memory or
+ * the slots in other threads' bins. */
 static size_t largest_free_locked(um__pool *p)
 {
     size_t best = 0;
@@ -2276,8 +2277,11 @@ static size_t largest_free_locked(um__pool *p)
         bool any = p->partial[c] != NULL;
         for (uint32_t i = 0; !any && i < p->nstreams; i++)
             any = p->streams[i] && p->streams[i]->small[c].n;
-        for (um__tcache *tc = p->tcaches; !any && tc; tc = tc->next)
-            any = tc->bins[c].n != 0;
+        /* Only this thread's bins are read: another live thread's are its
+         * own until a drain hands them over (see um__tcache). */
+        um__tcache *own = own_cache(p);
+        if (!any && own)
+            any = own->bins[c].n != 0;
         if (any)
             best = um__class_size[c];
     }
