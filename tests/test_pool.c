@@ -423,6 +423,40 @@ static void test_stream_id_reuse(void)
     a->ops->destroy(a);
 }
 
+/* While one stream alone has freed large blocks, the placement skips its
+ * per-page fence checks; a second stream's frees end that, and its
+ * in-flight pages are again kept from the first stream. Without the step
+ * planner, whose learning would wait for stream 2's work. */
+static void test_second_fencer(void)
+{
+    um__pool_config c = {.dev = 1, .thread_cache = 1, .va_factor = 4, .no_plan = 1};
+    um__allocator *a = make_pool_with(256 * MiB, &c);
+    um__pool *p = (um__pool *)a;
+    CHECK_EQ(p->fencer, UM_NO_FENCE);
+    void *x = xalloc(a, 3 * MiB, 1);
+    void *w = xalloc(a, 5 * MiB, 2);
+    void *v = xalloc(a, 5 * MiB, 1); /* so that w is not the bounce cache's */
+    xfree(a, x, 1);
+    CHECK_EQ(p->fencer, 1u);
+    CHECK_OK(um__sim_stream_launch(backend, s2, 1));
+    xfree(a, w, 2);
+    CHECK_EQ(p->fencer, UM_MIXED_FENCE);
+    /* Stream 1 may not use w's bytes while stream 2's work runs. */
+    void *held[8];
+    uintptr_t wlo = (uintptr_t)w;
+    for (int i = 0; i < 8; i++) {
+        held[i] = xalloc(a, 5 * MiB, 1);
+        uintptr_t lo = (uintptr_t)held[i];
+        CHECK(lo + 5 * MiB <= wlo || lo >= wlo + 5 * MiB);
+    }
+    for (int i = 0; i < 8; i++)
+        xfree(a, held[i], 1);
+    CHECK_OK(um__sim_stream_complete(backend, s2, 1));
+    xfree(a, v, 1);
+    CHECK_OK(a->ops->check(a));
+    a->ops->destroy(a);
+}
+
 /* Pages freed under in-flight work are never moved or reused elsewhere
  * before that work completes: under a tight limit the pool waits for it. */
 static void test_fenced_pages(void)
@@ -712,6 +746,7 @@ int main(void)
     }
     test_peak();
     test_stream_id_reuse();
+    test_second_fencer();
     test_backend_failures();
     test_page_recycling();
     test_bounce_cache();

@@ -316,6 +316,48 @@ static inline uint32_t page_share(um__pool *p, size_t pg, size_t first, size_t l
     return (uint32_t)(e - s);
 }
 
+/* Adds n not-ready bytes to page pg's pin count, taking it off the hole
+ * list if it was a hole. */
+static inline void pin_page(um__pool *p, size_t pg, uint32_t n)
+{
+    if (p->pages[pg].pin == 0)
+        hole_remove(p, (uint32_t)pg);
+    p->pages[pg].pin += n;
+}
+
+/* Pins the whole pages lo..hi of a range being taken. Each is a hole (the
+ * range was ready and is mapped), and pages that follow each other on the
+ * hole list, as a freed block's do, leave it as one chain: a large block
+ * costs a few list updates, not one per page. */
+static void pin_interior(um__pool *p, size_t lo, size_t hi)
+{
+    um__page *pages = p->pages;
+    uint32_t whole = (uint32_t)p->page;
+    for (size_t pg = lo; pg <= hi; pg++) {
+        size_t start = pg;
+        uint32_t pv = pages[pg].hole_prev, nx;
+        for (;; pg++) {
+            nx = pages[pg].hole_next;
+            pages[pg].pin = whole;
+            pages[pg].hole_prev = pages[pg].hole_next = NO_PAGE;
+            if (pg == hi || nx != pg + 1)
+                break;
+        }
+        if (pv != NO_PAGE)
+            pages[pv].hole_next = nx;
+        else
+            p->hole_head = nx;
+        if (nx != NO_PAGE)
+            pages[nx].hole_prev = pv;
+        else
+            p->hole_tail = pv;
+        p->holes -= pg - start + 1;
+    }
+}
+
+static void unpin_fenced(um__pool *p, um__stream_state *ss, uint32_t sid, uintptr_t addr,
+                         size_t len);
+
 /* Adds (sign > 0) or removes not-ready bytes of [addr, addr+len) to the
  * pages' pin counts, keeping the hole list exact. Pages gaining pins must be
  * mapped already. */
@@ -323,19 +365,16 @@ static void pin_range(um__pool *p, uintptr_t addr, size_t len, int sign)
 {
     if (!len)
         return;
-    size_t first = page_of(p, addr), last = page_of(p, addr + len - 1);
-    for (size_t pg = first; pg <= last; pg++) {
-        uint32_t n = page_share(p, pg, first, last, addr, len);
-        if (sign > 0) {
-            if (p->pages[pg].pin == 0)
-                hole_remove(p, (uint32_t)pg);
-            p->pages[pg].pin += n;
-        } else {
-            p->pages[pg].pin -= n;
-            if (p->pages[pg].pin == 0 && p->pages[pg].phys)
-                hole_push(p, (uint32_t)pg);
-        }
+    if (sign < 0) {
+        unpin_fenced(p, NULL, 0, addr, len);
+        return;
     }
+    size_t first = page_of(p, addr), last = page_of(p, addr + len - 1);
+    pin_page(p, first, page_share(p, first, first, last, addr, len));
+    if (last > first + 1)
+        pin_interior(p, first + 1, last - 1);
+    if (last != first)
+        pin_page(p, last, page_share(p, last, first, last, addr, len));
 }
 
 static size_t unmapped_pages(um__pool *p, uintptr_t addr, size_t len)
@@ -852,6 +891,24 @@ static bool page_fence_done(um__pool *p, size_t pg)
     return done;
 }
 
+/* Notes that stream sid's frees fence pages; true while it is the only
+ * stream that ever has, so that every fence on the pages is its own. */
+static inline bool note_fencer(um__pool *p, uint32_t sid)
+{
+    if (p->fencer == UM_NO_FENCE)
+        p->fencer = sid;
+    else if (p->fencer != sid)
+        p->fencer = UM_MIXED_FENCE;
+    return p->fencer == sid;
+}
+
+/* True when no page holds a fence that stream sid (UM_NO_FENCE: the host)
+ * would have to wait for. */
+static inline bool all_usable(const um__pool *p, uint32_t sid)
+{
+    return p->fencer == UM_NO_FENCE || p->fencer == sid;
+}
+
 /* Stamps page pg as freed on stream ss (id sid). */
 static inline void fence_page(um__pool *p, um__stream_state *ss, uint32_t sid, size_t pg)
 {
@@ -869,24 +926,73 @@ static void fence_range(um__pool *p, um__stream_state *ss, uint32_t sid, uintptr
                         size_t len)
 {
     size_t first = page_of(p, addr), last = page_of(p, addr + len - 1);
+    note_fencer(p, sid);
     for (size_t pg = first; pg <= last; pg++)
         fence_page(p, ss, sid, pg);
     ss->open_frees = true;
 }
 
+/* Takes n not-ready bytes off page pg's pin count, after fencing it on
+ * stream ss (id sid) when ss is set; a mapped page left with none becomes
+ * the newest hole. */
+static inline void unpin_page(um__pool *p, um__stream_state *ss, uint32_t sid, size_t pg,
+                              uint32_t n)
+{
+    if (ss)
+        fence_page(p, ss, sid, pg);
+    p->pages[pg].pin -= n;
+    if (p->pages[pg].pin == 0 && p->pages[pg].phys)
+        hole_push(p, (uint32_t)pg);
+}
+
+/* unpin_page for the whole pages lo..hi of a freed range, with the list's
+ * tail kept in a register: the mapped ones join the hole list in page
+ * order, as a chain that pin_interior can take off again in one piece. */
+static void unpin_interior(um__pool *p, um__stream_state *ss, uint32_t sid, size_t lo,
+                           size_t hi)
+{
+    um__page *pages = p->pages;
+    uint32_t tail = p->hole_tail;
+    size_t pushed = 0;
+    /* With sid the only stream that fences, a page's fence is none or
+     * sid's own, and fence_page would simply stamp it. */
+    bool stamp = ss && all_usable(p, sid);
+    for (size_t pg = lo; pg <= hi; pg++) {
+        if (stamp) {
+            pages[pg].fence_stream = sid;
+            pages[pg].fence_epoch = ss->epoch;
+        } else if (ss) {
+            fence_page(p, ss, sid, pg);
+        }
+        pages[pg].pin = 0;
+        if (!pages[pg].phys)
+            continue;
+        pages[pg].hole_prev = tail;
+        pages[pg].hole_next = NO_PAGE;
+        if (tail != NO_PAGE)
+            pages[tail].hole_next = (uint32_t)pg;
+        else
+            p->hole_head = (uint32_t)pg;
+        tail = (uint32_t)pg;
+        pushed++;
+    }
+    p->hole_tail = tail;
+    p->holes += pushed;
+}
+
 /* A freed range's pages, in one pass over their records: fenced on stream
- * ss (id sid; none when ss is NULL), then unpinned as pin_range(-1) does. */
+ * ss (id sid; none when ss is NULL), then unpinned. */
 static void unpin_fenced(um__pool *p, um__stream_state *ss, uint32_t sid, uintptr_t addr,
                          size_t len)
 {
     size_t first = page_of(p, addr), last = page_of(p, addr + len - 1);
-    for (size_t pg = first; pg <= last; pg++) {
-        if (ss)
-            fence_page(p, ss, sid, pg);
-        p->pages[pg].pin -= page_share(p, pg, first, last, addr, len);
-        if (p->pages[pg].pin == 0 && p->pages[pg].phys)
-            hole_push(p, (uint32_t)pg);
-    }
+    if (ss)
+        note_fencer(p, sid);
+    unpin_page(p, ss, sid, first, page_share(p, first, first, last, addr, len));
+    if (last > first + 1)
+        unpin_interior(p, ss, sid, first + 1, last - 1);
+    if (last != first)
+        unpin_page(p, ss, sid, last, page_share(p, last, first, last, addr, len));
     if (ss)
         ss->open_frees = true;
 }
@@ -1163,6 +1269,8 @@ static void release_spare_slabs(um__pool *p)
 /* Whether every page under [at, at+size) may be used by stream sid now. */
 static bool spot_usable(um__pool *p, uintptr_t at, size_t size, uint32_t sid)
 {
+    if (all_usable(p, sid))
+        return true;
     for (size_t pg = page_of(p, at), last = page_of(p, at + size - 1); pg <= last; pg++)
         if (!page_usable(p, pg, sid))
             return false;
@@ -1176,6 +1284,8 @@ static uintptr_t usable_spot(um__pool *p, um__block *b, size_t size, size_t alig
 {
     enum { SEARCH_PAGES = 1024 };
     uintptr_t at = um__align_up(b->fi.addr, align), end = b->fi.addr + b->fi.size;
+    if (all_usable(p, sid))
+        return at + size <= end ? at : 0;
     size_t scanned = 0;
     while (at + size <= end && scanned < SEARCH_PAGES) {
         size_t first = page_of(p, at), last = page_of(p, at + size - 1), pg = first;
@@ -2469,13 +2579,27 @@ static um_status pool_check(um__allocator *a)
         CHECK_THAT(!pin[pg] || p->pages[pg].phys, "page %zu holds data but is not mapped", pg);
         CHECK_THAT(((p->mapped[pg / 64] >> (pg % 64)) & 1) == (p->pages[pg].phys != 0),
                    "page %zu: the bitmap of mapped pages disagrees with its record", pg);
+        uint32_t u = p->pages[pg].fence_stream;
+        CHECK_THAT(p->fencer == UM_MIXED_FENCE || u == UM_NO_FENCE || u == p->fencer,
+                   "page %zu: fenced on stream %u, but the pool says only stream %u fences", pg,
+                   u, p->fencer);
+        bool hole = p->pages[pg].phys && !pin[pg];
+        CHECK_THAT(hole || (p->pages[pg].hole_prev == NO_PAGE && p->pages[pg].hole_next == NO_PAGE),
+                   "page %zu is not a hole but has hole-list links", pg);
         mapped += p->pages[pg].phys != 0;
-        holes += p->pages[pg].phys && !pin[pg];
+        holes += hole;
     }
     size_t listed = 0;
-    for (uint32_t h = p->hole_head; h != NO_PAGE; h = p->pages[h].hole_next, listed++)
-        CHECK_THAT(p->pages[h].phys && !p->pages[h].pin && listed <= p->npages,
+    uint32_t before = NO_PAGE;
+    for (uint32_t h = p->hole_head; h != NO_PAGE && listed <= p->npages;
+         before = h, h = p->pages[h].hole_next, listed++) {
+        CHECK_THAT(p->pages[h].phys && !p->pages[h].pin,
                    "hole list holds page %u that is not a hole", h);
+        CHECK_THAT(p->pages[h].hole_prev == before, "hole %u links back to %u, not %u", h,
+                   p->pages[h].hole_prev, before);
+    }
+    CHECK_THAT(p->hole_tail == before, "the hole list ends at %u, its tail says %u", before,
+               p->hole_tail);
     CHECK_THAT(listed == holes && holes == p->holes, "%zu holes, list has %zu, count says %zu",
                holes, listed, p->holes);
     CHECK_THAT((mapped + p->nparked) * p->page == p->reserved,
@@ -2745,6 +2869,7 @@ um_status um__pool_create(um__backend *b, const um__pool_config *c, um__allocato
     for (size_t pg = 0; pg < p->npages; pg++)
         p->pages[pg] = (um__page){.fence_stream = UM_NO_FENCE, .hole_prev = NO_PAGE,
                                   .hole_next = NO_PAGE};
+    p->fencer = UM_NO_FENCE;
     /* The default stream is known from the start. */
     um__stream_ref def = {0, NULL, NULL};
     if (!stream_state(p, &def)) {

@@ -214,6 +214,10 @@ typedef struct um__pool {
     struct um__block *plan_spare; /* records kept for the arena's gaps when it dissolves */
     size_t nplan_spare;
     uint64_t full_syncs;          /* times every stream was seen idle */
+    /* The one stream whose frees have fenced pages so far (UM_NO_FENCE:
+     * none yet; UM_MIXED_FENCE: several). While it is one stream, every
+     * page is usable by it, and the placement skips its per-page checks. */
+    uint32_t fencer;
     uint32_t hole_head, hole_tail;
     size_t holes;
 
