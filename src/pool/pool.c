@@ -891,15 +891,13 @@ static bool page_fence_done(um__pool *p, size_t pg)
     return done;
 }
 
-/* Notes that stream sid's frees fence pages; true while it is the only
- * stream that ever has, so that every fence on the pages is its own. */
-static inline bool note_fencer(um__pool *p, uint32_t sid)
+/* Notes that stream sid's frees fence pages (see um__pool's fencer). */
+static inline void note_fencer(um__pool *p, uint32_t sid)
 {
     if (p->fencer == UM_NO_FENCE)
         p->fencer = sid;
     else if (p->fencer != sid)
         p->fencer = UM_MIXED_FENCE;
-    return p->fencer == sid;
 }
 
 /* True when no page holds a fence that stream sid (UM_NO_FENCE: the host)
