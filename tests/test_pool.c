@@ -589,9 +589,13 @@ static void test_small_pages(void)
     granularity = 2 * MiB;
 }
 
-static void test_random(uint64_t seed, int tc)
+/* Random allocations and frees on `streams` streams, checked against a
+ * model, with the pool's own recount every check_every steps. With one
+ * stream the placement's one-fencer shortcut is on throughout, and under
+ * a memory limit pages move between the chains of the hole list. */
+static void test_random(uint64_t seed, int tc, uint32_t streams, size_t limit, int check_every)
 {
-    um__allocator *a = make_pool(4096ull * MiB, 0, 0, tc);
+    um__allocator *a = make_pool(4096ull * MiB, limit, 0, tc);
     enum { MAXLIVE = 600 };
     live_t live[MAXLIVE];
     int nlive = 0;
@@ -605,7 +609,7 @@ static void test_random(uint64_t seed, int tc)
                        : kind < 8 ? 1 + (r >> 16) % 65536
                        : kind < 9 ? 1 + (r >> 16) % (4 * MiB)
                                   : 1 + (r >> 16) % (24 * MiB);
-            uint32_t sid = (uint32_t)((r >> 40) % 3);
+            uint32_t sid = (uint32_t)((r >> 40) % streams);
             live_t *l = &live[nlive];
             l->p = xalloc(a, n, sid);
             if (!l->p)
@@ -625,11 +629,11 @@ static void test_random(uint64_t seed, int tc)
                 bad += (l->p[k] != l->tag) + (l->p[l->n - 1 - k] != l->tag);
             CHECK_EQ(bad, 0);
             /* Free on the allocation stream or, sometimes, on another. */
-            xfree(a, l->p, (r >> 50) % 4 ? l->sid : (l->sid + 1) % 3);
+            xfree(a, l->p, (r >> 50) % 4 ? l->sid : (l->sid + 1) % streams);
             model_req -= l->n;
             live[i] = live[--nlive];
         }
-        if (step % 5000 == 4999) {
+        if (step % check_every == check_every - 1) {
             if ((r >> 33) % 2)
                 CHECK_OK(a->ops->trim(a));
             um_stats st = stats(a);
@@ -646,6 +650,10 @@ static void test_random(uint64_t seed, int tc)
     for (int i = 0; i < nlive; i++)
         xfree(a, live[i].p, live[i].sid);
     CHECK_EQ(stats(a).active_bytes, 0);
+    if (streams == 1)
+        CHECK(((um__pool *)a)->fencer != UM_MIXED_FENCE);
+    if (limit)
+        CHECK(stats(a).peak_reserved_bytes <= limit);
     CHECK_OK(a->ops->trim(a));
     CHECK_EQ(stats(a).reserved_bytes, 0);
     CHECK_OK(a->ops->check(a));
@@ -742,8 +750,9 @@ int main(void)
     for (int tc = 0; tc < 2; tc++) {
         test_basic(tc);
         test_stream_order(tc);
-        test_random(seed + (uint64_t)tc, tc);
+        test_random(seed + (uint64_t)tc, tc, 3, 0, 5000);
     }
+    test_random(seed + 2, 1, 1, 2048 * MiB, 500);
     test_peak();
     test_stream_id_reuse();
     test_second_fencer();
