@@ -441,6 +441,51 @@ static int place_one(um_context *ctx, um_buffer *b, um_buffer *w)
     return atomic_load(&dev);
 }
 
+/* host_tasks=0: every task runs on an accelerator, whatever the policy; a
+ * task only the host could run is refused at submission, naming the
+ * option, and so is one forced onto the host. */
+static void test_no_host_tasks(void)
+{
+    for (int k = 0; k < 4; k++) {
+        char conf[128];
+        snprintf(conf, sizeof conf, "devices=sim:2x64M,links=model,host_tasks=0,sched=%s",
+                 policies[k]);
+        um_context *ctx = NULL;
+        CHECK_OK(um_init(conf, &ctx));
+        if (!ctx)
+            return;
+        um_buffer *b, *w;
+        CHECK_OK(um_buffer_create(ctx, 1 << 16, NULL, &b));
+        CHECK_OK(um_buffer_create(ctx, 1 << 16, NULL, &w));
+        for (int i = 0; i < 20; i++) {
+            int dev = place_one(ctx, b, w);
+            CHECK(dev == 1 || dev == 2);
+        }
+        um_task t = {0};
+        t.name = "host";
+        t.cpu = noop;
+        t.device = 0;
+        um_task_id id;
+        CHECK_STATUS(um_task_submit(ctx, &t, &id), UM_ERR_UNSUPPORTED);
+        CHECK_ERROR_MENTIONS("forced onto the host", "host_tasks=0", NULL);
+        CHECK_OK(um_buffer_destroy(b));
+        CHECK_OK(um_buffer_destroy(w));
+        um_shutdown(ctx);
+    }
+    um_context *ctx = NULL;
+    CHECK_OK(um_init("host_tasks=0", &ctx));
+    if (!ctx)
+        return;
+    um_task t = {0};
+    t.name = "cpu_only";
+    t.cpu = noop;
+    t.device = -1;
+    um_task_id id;
+    CHECK_STATUS(um_task_submit(ctx, &t, &id), UM_ERR_UNSUPPORTED);
+    CHECK_ERROR_MENTIONS("only for the host", "host_tasks=0", NULL);
+    um_shutdown(ctx);
+}
+
 static void test_policies(void)
 {
     const size_t size = 8u << 20;
@@ -548,6 +593,7 @@ int main(void)
     test_failure_and_cancel();
     test_long_chain_failure();
     test_policies();
+    test_no_host_tasks();
     for (int p = 0; p < 4; p++) {
         /* Plenty of room, then devices of 128 KiB (a quarter of the data;
          * GPU pages are 2 MiB, so there 4 MiB). */

@@ -165,8 +165,9 @@ static void demo_usage(FILE *f)
             "  --json           one JSON object per run on stdout instead of the report\n"
             "  --quick          n 1536 and tile 256 (for CI)\n"
             "  --no-verify      do not check the result\n"
-            "  --gpu-only       tasks that can run on a GPU run on GPUs only, not on the\n"
-            "                   host (which still holds the data)\n",
+            "  --gpu-only       tasks run on the accelerators only (GPUs, or simulated\n"
+            "                   devices), not on the host, which still holds the data\n"
+            "                   (option host_tasks=0)\n",
             32768, 3072, 4096, 512, DEMO_SIM_DEVICES, DEMO_SIM_GFLOPS, DEMO_SIM_BANDWIDTH);
 }
 
@@ -1036,6 +1037,8 @@ static int run_one(demo_cfg *c, const char *sched, run_result *x)
     size_t len = (size_t)snprintf(conf, sizeof conf, "devices=%s,sched=%s", c->device, sched);
     if (c->sim_gflops >= 0 && len < sizeof conf)
         len += (size_t)snprintf(conf + len, sizeof conf - len, ",sim_gflops=%ld", c->sim_gflops);
+    if (c->gpu_only && len < sizeof conf)
+        len += (size_t)snprintf(conf + len, sizeof conf - len, ",host_tasks=0");
     if (c->sim_bandwidth && len < sizeof conf)
         len += (size_t)snprintf(conf + len, sizeof conf - len, ",sim_link_bandwidth=%zu",
                                 c->sim_bandwidth);
@@ -1101,9 +1104,9 @@ static int run_one(demo_cfg *c, const char *sched, run_result *x)
         if (st != UM_OK)
             return run_fail(&r, st, NULL);
     }
-    if (c->gpu_only && !c->cublas) {
-        fprintf(stderr, "unimem " DEMO_CMD ": --gpu-only needs GPUs with cuBLAS%s%s\n",
-                *why ? ": " : "", why);
+    if (c->gpu_only && (r.ndev < 2 || (gpus && !c->cublas))) {
+        fprintf(stderr, "unimem " DEMO_CMD ": --gpu-only needs an accelerator%s%s%s\n",
+                gpus ? " (GPUs with cuBLAS)" : "", *why ? ": " : "", why);
         close_run(&r);
         return 1;
     }

@@ -83,6 +83,10 @@
       "each device in turn, the device holding most of its input bytes, or the earliest "   \
       "estimated finish (queued work + missing inputs' transfer + compute time learned "   \
       "per task name and size)")                                                              \
+    X(host_tasks, UM_OPT_BOOL, "1",                                                           \
+      "whether the host runs tasks; 0: only accelerators (GPUs, simulated devices) run "   \
+      "them, as StarPU with STARPU_NCPU=0, and a task with no accelerator implementation "  \
+      "is refused at submission")                                                             \
     X(sim_gflops, UM_OPT_INT, "0",                                                            \
       "compute speed of simulated devices for tasks that give flops: a task takes at least " \
       "flops / (this x 1e9) seconds there; 0: as fast as the host runs it")                  \
@@ -128,6 +132,7 @@ typedef struct um__options {
     char spill_dir[256];
     int links;              /* um__links */
     int sched;              /* um__sched */
+    int host_tasks;
     int sim_gflops;
     char trace_file[256];
     char task_trace[256];

@@ -226,8 +226,13 @@ static const char *task_name(const task *t)
 
 /* ------------------------------------------------------------- placing */
 
-static bool runs_on(const um_task *t, const um__backend *b)
+/* Whether device d may run t: t has an implementation for d's kind, and d
+ * is not the host with the option host_tasks off. */
+static bool runs_on(const um_context *ctx, const um_task *t, int d)
 {
+    const um__backend *b = ctx->devices[d].backend;
+    if (d == 0 && !ctx->opts.host_tasks)
+        return false;
     return b->kind == UM_DEVICE_CUDA ? t->cuda != NULL : t->cpu != NULL;
 }
 
@@ -236,7 +241,7 @@ static bool runs_on(const um_task *t, const um__backend *b)
 static bool eligible_on(const um__run *r, const task *t, int d)
 {
     return (t->t.device < 0 || t->t.device == d) && r->w[d].started &&
-           runs_on(&t->t, r->ctx->devices[d].backend);
+           runs_on(r->ctx, &t->t, d);
 }
 
 static void fill_place_task(um__run *r, const task *t, um__place_task *pt)
@@ -990,7 +995,12 @@ static um_status check_task(um_context *ctx, const um_task *t)
                         "has devices 0..%d", what, name, t->device, ctx->ndevices - 1);
     bool any = false;
     for (int d = 0; d < ctx->ndevices; d++)
-        any |= (t->device < 0 || t->device == d) && runs_on(t, ctx->devices[d].backend);
+        any |= (t->device < 0 || t->device == d) && runs_on(ctx, t, d);
+    if (!any && !ctx->opts.host_tasks && (t->device == 0 || (t->device < 0 && t->cpu)))
+        return um__fail(UM_ERR_UNSUPPORTED, "%s: task '%s' %s, and the option host_tasks=0 "
+                        "keeps the host from running tasks", what, name,
+                        t->device == 0 ? "is forced onto the host"
+                                       : "has an implementation only for the host");
     if (!any)
         return um__fail(UM_ERR_UNSUPPORTED, "%s: task '%s' has no implementation for %s", what,
                         name, t->device >= 0 ? "the device it is forced onto"
