@@ -178,7 +178,7 @@ static void test_errors(void)
          "line 4", "two forms"},
         {"device name=host kind=host memory=1G\n", "line 3", "only the first"},
         {"device name=gpu kind=gpu memory=1G\n", "line 3", "used twice"},
-        {"device name=x kind=tpu memory=1G\n", "line 3", "tpu"},
+        {"device name=x kind=tpu memory=1G\n", "line 3", "host, gpu or sim, not 'tpu'"},
         {"device name=x kind=gpu memory=lots\n", "line 3", "memory"},
         {"device name=x kind=gpu count=0 memory=1G\n", "line 3", "count"},
         {"device name=x kind=gpu count=70 memory=1G\n", "line 3", "count"},

@@ -100,8 +100,9 @@ static void test_eviction(void)
     free(m);
 }
 
-/* A random machine: 1-4 GPUs with 4-12 tiles of memory or plenty, host
- * links shared or not, peers switched or absent, kernels at random rates. */
+/* A random machine: 1-4 GPUs or sim devices with 4-12 tiles of memory or
+ * plenty, host links shared or not, peers switched or absent, kernels at
+ * random rates. */
 static um__vs_machine *random_machine(uint64_t *rng, uint32_t tile)
 {
     char text[2048];
@@ -112,10 +113,10 @@ static um__vs_machine *random_machine(uint64_t *rng, uint32_t tile)
     double bw = 1e8 * (double)(1 + harness_rand(rng) % 50);
     int n = snprintf(text, sizeof text,
                      "device name=host kind=host memory=1T\n"
-                     "device name=gpu count=%d kind=gpu memory=%llu model=g\n"
+                     "device name=gpu count=%d kind=%s memory=%llu model=g\n"
                      "link from=host to=gpu bandwidth=%.0f latency=%lluus%s\n"
                      "link from=gpu to=host bandwidth=%.0f latency=10us%s\n",
-                     gpus, (unsigned long long)mem, bw,
+                     gpus, harness_rand(rng) % 2 ? "sim" : "gpu", (unsigned long long)mem, bw,
                      (unsigned long long)(harness_rand(rng) % 50), shared ? " shared=down" : "",
                      bw, shared ? " shared=up" : "");
     if (peers && gpus > 1)
@@ -185,9 +186,46 @@ static void test_random(uint64_t seed)
     free(again);
 }
 
+/* A sim device runs one task at a time and prefetches the next tasks'
+ * inputs only into free memory, as the runtime's cpu workers do; a gpu
+ * launches ahead and fetches while it evicts. On a GEMM whose links bound
+ * it, with memory for 12 tiles, the sim device's copies overlap less. */
+static void test_sim_kind(void)
+{
+    double makespan[2];
+    uint64_t evictions[2];
+    um__vs_result *r = malloc(sizeof *r);
+    for (int k = 0; k < 2; k++) {
+        char text[1024];
+        snprintf(text, sizeof text,
+                 "device name=host kind=host memory=64G\n"
+                 "device name=acc count=3 kind=%s memory=12M model=m\n"
+                 "link from=host to=acc bandwidth=134M latency=0us\n"
+                 "link from=acc to=host bandwidth=134M latency=0us\n"
+                 "compute model=m kernel=gemm gflops=5\n",
+                 k ? "sim" : "gpu");
+        um__vs_machine *m = load(text);
+        CHECK(m->dev[1].launches_ahead == (k == 0));
+        um__vs_dag d;
+        CHECK_EQ(um__vs_dag_gemm(3072, 512, &d), 0);
+        CHECK_OK(um__vs_simulate(m, &d, UM_SCHED_COST, r));
+        makespan[k] = r->makespan_s;
+        evictions[k] = r->evictions;
+        CHECK_EQ(r->tasks_on[1] + r->tasks_on[2] + r->tasks_on[3], d.ntasks);
+        um__vs_dag_free(&d);
+        free(m);
+    }
+    printf("test_vsim_sim: link-bound GEMM: gpu kind %.4f s (%llu evictions), sim kind %.4f s "
+           "(%llu)\n", makespan[0], (unsigned long long)evictions[0], makespan[1],
+           (unsigned long long)evictions[1]);
+    CHECK(makespan[1] > 1.1 * makespan[0]);
+    free(r);
+}
+
 int main(void)
 {
     uint64_t seed = harness_seed("test_vsim_sim");
+    test_sim_kind();
     test_one_task();
     test_eviction();
     test_random(seed);

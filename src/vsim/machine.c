@@ -187,9 +187,9 @@ static um_status device_line(parser *ps, kv *kvs, int n)
     um_status st;
     if ((st = need(ps, kvs, n, "name", &name)) || (st = need(ps, kvs, n, "kind", &kind)))
         return st;
-    bool host = !strcmp(kind, "host");
-    if (!host && strcmp(kind, "gpu"))
-        return bad(ps, "kind is host or gpu, not '%s'", kind);
+    bool host = !strcmp(kind, "host"), gpu = !strcmp(kind, "gpu");
+    if (!host && !gpu && strcmp(kind, "sim"))
+        return bad(ps, "kind is host, gpu or sim, not '%s'", kind);
     if (host != (m->ndev == 0))
         return bad(ps, "%s", host ? "only the first device line may be the host"
                                   : "the first device line must be the host (kind=host)");
@@ -222,6 +222,7 @@ static um_status device_line(parser *ps, kv *kvs, int n)
         else
             snprintf(d->name, sizeof d->name, "%s", name);
         d->host = host;
+        d->launches_ahead = gpu;
         d->memory = memory;
         d->granularity = granularity;
         d->model = model;

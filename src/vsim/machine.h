@@ -8,11 +8,15 @@
  * A description is a text of lines, `#` starting a comment:
  *
  *   machine name=NAME
- *   device name=NAME [count=N] kind=host|gpu memory=SIZE [granularity=SIZE] [model=M]
+ *   device name=NAME [count=N] kind=host|gpu|sim memory=SIZE [granularity=SIZE] [model=M]
  *   link from=DEV to=DEV bandwidth=RATE [latency=SECONDS] [shared=NAME] [switched=1]
  *   compute model=M kernel=K (tile=T seconds=S | gflops=R | fit=A,B,C)
  *
- * The first device line must be the host (device 0). A device line with
+ * The first device line must be the host (device 0). A gpu launches the
+ * tasks it holds ahead on its streams, fetching their inputs as it does;
+ * a sim (unimem's simulated device) runs one task at a time, as the host
+ * does, and prefetches the next tasks' inputs only into free memory (the
+ * task runtime's rules for workers that run cpu implementations). A device line with
  * count=N makes N devices NAME0..NAME(N-1); a link's DEV may name such a
  * group, meaning every member (from=gpu to=gpu: every ordered pair of
  * different members). SIZE is in powers of 1024 as options are (141G);
@@ -70,6 +74,7 @@ typedef struct um__vs_device {
     char name[40];
     char group[32];                  /* the device line's name */
     bool host;
+    bool launches_ahead;             /* a gpu: see the format above */
     uint64_t memory, granularity;
     int model;                       /* index into models, or -1: runs no kernel */
 } um__vs_device;

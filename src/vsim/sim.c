@@ -29,6 +29,8 @@ typedef struct vdev {
     uint32_t queue[QUEUE_MAX]; /* placed tasks in order; [0] runs first */
     int nqueue;
     bool computing;
+    uint32_t prefetched_for;   /* a device that runs one task at a time: the head task (+1)
+                                * whose followers' inputs it prefetched */
     double compute_end, compute_start;
     double queued_ns;
 } vdev;
@@ -330,12 +332,50 @@ static bool inputs_here(const sim *s, uint32_t ti)
     return true;
 }
 
+/* The runtime's prefetch on a worker that runs one task at a time: task
+ * ti's input tiles are fetched to its device while they fit in its free
+ * memory, without evicting, and without pinning or staging the task; false
+ * once one does not fit (the runtime stops there). ti is placed, so its
+ * dependencies are done and no task is writing its inputs. */
+static bool prefetch_free(sim *s, uint32_t ti)
+{
+    const um__vs_task *t = &s->d->tasks[ti];
+    int dev = s->t[ti].dev;
+    uint64_t bit = 1ull << dev;
+    for (int i = 0; i < t->naccess && dev != 0; i++) {
+        uint32_t tile = t->access[i].tile;
+        if (!(t->access[i].mode & UM_VS_READ) || (s->alloc[tile] & bit))
+            continue;
+        uint64_t size = um__vs_tile_size(s->d, tile);
+        double secs;
+        int src = s->dev[dev].used + size <= s->m->dev[dev].memory
+                      ? best_source(s, tile, dev, &secs)
+                      : -1;
+        if (src < 0 || start_copy(s, FLOW_FETCH, tile, src, dev) != 0)
+            return false;
+        s->alloc[tile] |= bit;
+        s->dev[dev].used += size;
+        s->arriving[tile] |= bit;
+    }
+    return true;
+}
+
 /* Stages the running task and the next PREFETCH_AHEAD, in order, and
- * starts the head's kernel when its inputs are there. */
+ * starts the head's kernel when its inputs are there. A device that does
+ * not launch ahead stages only its head; when a head is first taken up,
+ * the next tasks' inputs are prefetched into free memory first, as the
+ * runtime's worker does before it acquires the task it runs. */
 static void pump(sim *s, int dev)
 {
     vdev *v = &s->dev[dev];
-    for (int q = 0; q < v->nqueue && q <= PREFETCH_AHEAD; q++) {
+    bool ahead = s->m->dev[dev].launches_ahead;
+    if (!ahead && v->nqueue && v->prefetched_for != v->queue[0] + 1) {
+        v->prefetched_for = v->queue[0] + 1;
+        for (int q = 1; q < v->nqueue && q <= PREFETCH_AHEAD; q++)
+            if (!prefetch_free(s, v->queue[q]))
+                break;
+    }
+    for (int q = 0; q < v->nqueue && q <= (ahead ? PREFETCH_AHEAD : 0); q++) {
         uint32_t ti = v->queue[q];
         if (!s->t[ti].staged && !stage(s, ti))
             break;
