@@ -289,9 +289,11 @@ static void hole_push(um__pool *p, uint32_t pg)
     p->holes++;
 }
 
-static void hole_remove(um__pool *p, uint32_t pg)
+/* Takes the n holes between pv and nx (list neighbours, NO_PAGE at an
+ * end) off the list by linking pv and nx; their own links are the
+ * caller's to clear. */
+static void hole_unlink(um__pool *p, uint32_t pv, uint32_t nx, size_t n)
 {
-    uint32_t pv = p->pages[pg].hole_prev, nx = p->pages[pg].hole_next;
     if (pv != NO_PAGE)
         p->pages[pv].hole_next = nx;
     else
@@ -300,8 +302,13 @@ static void hole_remove(um__pool *p, uint32_t pg)
         p->pages[nx].hole_prev = pv;
     else
         p->hole_tail = pv;
+    p->holes -= n;
+}
+
+static void hole_remove(um__pool *p, uint32_t pg)
+{
+    hole_unlink(p, p->pages[pg].hole_prev, p->pages[pg].hole_next, 1);
     p->pages[pg].hole_prev = p->pages[pg].hole_next = NO_PAGE;
-    p->holes--;
 }
 
 /* The bytes of [addr, addr+len) (pages first..last) on page pg: a whole
@@ -343,15 +350,7 @@ static void pin_interior(um__pool *p, size_t lo, size_t hi)
             if (pg == hi || nx != pg + 1)
                 break;
         }
-        if (pv != NO_PAGE)
-            pages[pv].hole_next = nx;
-        else
-            p->hole_head = nx;
-        if (nx != NO_PAGE)
-            pages[nx].hole_prev = pv;
-        else
-            p->hole_tail = pv;
-        p->holes -= pg - start + 1;
+        hole_unlink(p, pv, nx, pg - start + 1);
     }
 }
 
@@ -2379,15 +2378,15 @@ static size_t largest_free_locked(um__pool *p)
         if (usable > best)
             best = usable;
     }
+    /* Only this thread's bins are read: another live thread's are its own
+     * until a drain hands them over (see um__tcache). */
+    um__tcache *own = own_cache(p);
     for (unsigned c = UM_NCLASSES; c-- > 0;) {
         if (um__class_size[c] <= best)
             break;
         bool any = p->partial[c] != NULL;
         for (uint32_t i = 0; !any && i < p->nstreams; i++)
             any = p->streams[i] && p->streams[i]->small[c].n;
-        /* Only this thread's bins are read: another live thread's are its
-         * own until a drain hands them over (see um__tcache). */
-        um__tcache *own = own_cache(p);
         if (!any && own)
             any = own->bins[c].n != 0;
         if (any)
