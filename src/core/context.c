@@ -594,6 +594,7 @@ static void destroy_context(context_impl *impl)
         if (d->alloc)
             d->alloc->ops->destroy(d->alloc);
         d->alloc = NULL;
+        ctx->owner_range[i].size = 0;
     }
     while (impl->streams.next != &impl->streams) {
         stream_node *n = impl->streams.next;
@@ -845,6 +846,8 @@ static um_status create_allocators(um_context *ctx)
             (st = um__debug_allocator_wrap(d->alloc, &d->alloc)) != UM_OK)
             return st;
 #endif
+        ctx->owner_range[i].lo = d->alloc->range_lo;
+        ctx->owner_range[i].size = d->alloc->range_size;
         d->default_stream = calloc(1, sizeof *d->default_stream);
         if (!d->default_stream)
             return um__fail(UM_ERR_NOMEM,

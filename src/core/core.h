@@ -39,6 +39,13 @@ struct um_context {
     um__options opts;
     int ndevices;
     um_device devices[UM_MAX_DEVICES];
+    /* Each device's allocator's address range (size 0: ask its owns()),
+     * side by side, so that finding a freed pointer's device reads one
+     * array rather than every allocator. */
+    struct {
+        uintptr_t lo;
+        size_t size;
+    } owner_range[UM_MAX_DEVICES];
     /* The buffer layer (src/buffer), made on first use: its state, and the
      * call that frees it (and every buffer left) at um_shutdown, before the
      * allocators and streams go. Set once under buffers_lock, which is not

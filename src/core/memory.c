@@ -103,12 +103,17 @@ static inline bool allocator_owns(um__allocator *a, const void *ptr)
     return a->ops->owns(a, ptr);
 }
 
-static int owner_of(um_context *ctx, const void *ptr, int first)
+static inline int owner_of(um_context *ctx, const void *ptr, int first)
 {
     if (first >= 0 && allocator_owns(ctx->devices[first].alloc, ptr))
         return first;
+    uintptr_t a = (uintptr_t)ptr;
     for (int i = 0; i < ctx->ndevices; i++)
-        if (i != first && allocator_owns(ctx->devices[i].alloc, ptr))
+        if (a - ctx->owner_range[i].lo < ctx->owner_range[i].size)
+            return i;
+    for (int i = 0; i < ctx->ndevices; i++)
+        if (!ctx->owner_range[i].size && i != first && ctx->devices[i].alloc &&
+            allocator_owns(ctx->devices[i].alloc, ptr))
             return i;
     return -1;
 }

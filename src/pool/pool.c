@@ -1420,6 +1420,7 @@ static void flush_bin_locked(um__pool *p, um__tc_bin *bin, unsigned cls, uint32_
             break;
     /* Under host-memory exhaustion the rest stays in the bin. */
     memmove(bin->items, bin->items + i, (bin->n - i) * sizeof bin->items[0]);
+    memmove(bin->words, bin->words + i, (bin->n - i) * sizeof bin->words[0]);
     bin->n -= i;
 }
 
@@ -1536,10 +1537,9 @@ static void tcache_thread_exit(void *arg)
     free(tc);
 }
 
-static um__tcache *tcache_get(um__pool *p)
+/* tcache_get's first call in a thread for p (or after another pool's). */
+static __attribute__((noinline)) um__tcache *tcache_find(um__pool *p)
 {
-    if (UM_LIKELY(tls_cache.generation == p->generation))
-        return tls_cache.tc;
     um__tcache *tc = pthread_getspecific(p->tkey);
     if (!tc) {
         tc = aligned_alloc(_Alignof(um__tcache), sizeof *tc);
@@ -1561,6 +1561,13 @@ static um__tcache *tcache_get(um__pool *p)
     tls_cache.generation = p->generation;
     tls_cache.tc = tc;
     return tc;
+}
+
+static inline um__tcache *tcache_get(um__pool *p)
+{
+    if (UM_LIKELY(tls_cache.generation == p->generation))
+        return tls_cache.tc;
+    return tcache_find(p);
 }
 
 /* The calling thread's cache of this pool, if it has one (the one-entry
@@ -1617,30 +1624,29 @@ static um_status fail_locked(um__pool *p, um_status s, size_t size)
     return s;
 }
 
-static void mark_live_slot(um__pool *p, um__tcache *tc, void *ptr, size_t size, uint32_t sid)
+/* The slot word of ptr, a slot of some slab. */
+static um__slot_word *slot_word_of(um__pool *p, void *ptr)
 {
     um__slab *s = slab_lookup(p, (uintptr_t)ptr);
-    uint32_t slot = slot_of(s, (uintptr_t)ptr);
-    atomic_store_explicit(&s->slot[slot].w, UM_SLOT_WORD(UM_SLOT_LIVE, sid, size),
-                          memory_order_release);
-    account(p, tc, um__class_size[s->cls]);
+    return &s->slot[slot_of(s, (uintptr_t)ptr)];
 }
 
-static um_status small_alloc(um__pool *p, size_t size, const um__stream_ref *s, void **ptr)
+/* Marks the slot of class cls whose word is w live (size bytes asked for
+ * on stream sid). */
+static inline void mark_live_slot(um__pool *p, um__tcache *tc, um__slot_word *w, unsigned cls,
+                                  size_t size, uint32_t sid)
 {
-    unsigned cls = um__class_of(size);
-    um__tcache *tc = p->thread_cache ? tcache_get(p) : NULL;
-    if (UM_LIKELY(tc != NULL) && UM_LIKELY(tc_enter(tc))) {
-        um__tc_bin *bin = &tc->bins[cls];
-        void *x = UM_LIKELY(bin->n && bin->stream == s->id) ? bin->items[--bin->n] : NULL;
-        tc_leave(tc);
-        if (UM_LIKELY(x != NULL)) {
-            mark_live_slot(p, tc, x, size, s->id);
-            counter_inc(&tc->allocs);
-            *ptr = x;
-            return UM_OK;
-        }
-    }
+    atomic_store_explicit(&w->w, UM_SLOT_WORD(UM_SLOT_LIVE, sid, size), memory_order_release);
+    account(p, tc, um__class_size[cls]);
+}
+
+/* small_alloc when the thread's bin cannot serve: under the lock. Apart,
+ * so that the fast path saves no registers for it. */
+static __attribute__((noinline)) um_status small_alloc_locked(um__pool *p, unsigned cls,
+                                                              size_t size,
+                                                              const um__stream_ref *s,
+                                                              um__tcache *tc, void **ptr)
+{
     pthread_mutex_lock(&p->lock);
     uint64_t calls = atomic_load_explicit(&p->base.backend->calls, memory_order_relaxed);
     um__stream_state *ss = stream_state(p, s);
@@ -1672,6 +1678,8 @@ static um_status small_alloc(um__pool *p, size_t size, const um__stream_ref *s, 
                     break;
                 bin->n++;
             }
+            for (uint32_t i = 0; i < bin->n; i++)
+                bin->words[i] = slot_word_of(p, bin->items[i]);
             if (bin->n)
                 st = UM_OK;
         }
@@ -1689,13 +1697,37 @@ static um_status small_alloc(um__pool *p, size_t size, const um__stream_ref *s, 
             p->misses++;
         if (tc)
             counter_inc(&tc->allocs);
-        mark_live_slot(p, tc, x, size, s->id);
+        mark_live_slot(p, tc, slot_word_of(p, x), cls, size, s->id);
         *ptr = x;
     } else {
         st = fail_locked(p, st, size);
     }
     pthread_mutex_unlock(&p->lock);
     return st;
+}
+
+static inline um_status small_alloc(um__pool *p, size_t size, const um__stream_ref *s, void **ptr)
+{
+    unsigned cls = um__class_of(size);
+    um__tcache *tc = p->thread_cache ? tcache_get(p) : NULL;
+    if (UM_LIKELY(tc != NULL) && UM_LIKELY(tc_enter(tc))) {
+        um__tc_bin *bin = &tc->bins[cls];
+        void *x = NULL;
+        um__slot_word *w = NULL;
+        if (UM_LIKELY(bin->n && bin->stream == s->id)) {
+            bin->n--;
+            x = bin->items[bin->n];
+            w = bin->words[bin->n];
+        }
+        tc_leave(tc);
+        if (UM_LIKELY(x != NULL)) {
+            mark_live_slot(p, tc, w, cls, size, s->id);
+            counter_inc(&tc->allocs);
+            *ptr = x;
+            return UM_OK;
+        }
+    }
+    return small_alloc_locked(p, cls, size, s, tc, ptr);
 }
 
 static void plan_put_back(um__pool *p, um__block *b);
@@ -1987,12 +2019,12 @@ static void plan_put_back(um__pool *p, um__block *b)
     block_put(p, b);
 }
 
-static um_status large_alloc(um__pool *p, size_t size, const um__stream_ref *s, void **ptr)
+/* large_alloc when the bounce cache cannot serve: under the lock. */
+static __attribute__((noinline)) um_status large_alloc_locked(um__pool *p, size_t size,
+                                                              size_t bytes,
+                                                              const um__stream_ref *s,
+                                                              um__tcache *tc, void **ptr)
 {
-    size_t bytes = um__align_up(size, UM_ALIGN);
-    um__tcache *tc = p->thread_cache ? tcache_get(p) : NULL;
-    if (tc && bounce_take(p, tc, size, bytes, s->id, ptr))
-        return UM_OK;
     pthread_mutex_lock(&p->lock);
     uint64_t calls = atomic_load_explicit(&p->base.backend->calls, memory_order_relaxed);
     um__stream_state *ss = stream_state(p, s);
@@ -2041,6 +2073,16 @@ static um_status large_alloc(um__pool *p, size_t size, const um__stream_ref *s, 
     return st;
 }
 
+static inline um_status large_alloc(um__pool *p, size_t size, const um__stream_ref *s,
+                                    void **ptr)
+{
+    size_t bytes = um__align_up(size, UM_ALIGN);
+    um__tcache *tc = p->thread_cache ? tcache_get(p) : NULL;
+    if (tc && bounce_take(p, tc, size, bytes, s->id, ptr))
+        return UM_OK;
+    return large_alloc_locked(p, size, bytes, s, tc, ptr);
+}
+
 static um_status pool_alloc(um__allocator *a, size_t size, const um__stream_ref *s, void **ptr)
 {
     um__pool *p = P(a);
@@ -2057,7 +2099,54 @@ static um_status pool_alloc(um__allocator *a, size_t size, const um__stream_ref 
     return large_alloc(p, size, s, ptr);
 }
 
-static um_status small_free(um__pool *p, um__slab *sl, uintptr_t addr, const um__stream_ref *s)
+/* small_free when the thread's bin cannot take the slot (its word is
+ * already CACHED, was `word`): under the lock. */
+static __attribute__((noinline)) um_status small_free_locked(um__pool *p, um__slab *sl,
+                                                             uint32_t slot, uint64_t word,
+                                                             uint32_t sid, um__tcache *tc,
+                                                             const um__stream_ref *s)
+{
+    uintptr_t addr = sl->base + (uintptr_t)slot * um__class_size[sl->cls];
+    unsigned cls = sl->cls;
+    pthread_mutex_lock(&p->lock);
+    um__stream_ref ref = {sid, NULL, NULL};
+    if (s) {
+        ref = *s;
+    } else if (sid < p->nstreams && p->streams[sid]) {
+        ref.bstream = p->streams[sid]->bstream;
+        ref.backend = p->streams[sid]->backend;
+    }
+    um__stream_state *ss = stream_state(p, &ref);
+    bool parked = false;
+    if (tc) {
+        um__tc_bin *bin = &tc->bins[cls];
+        if (bin->n && bin->stream != sid)
+            flush_bin_locked(p, bin, cls, bin->n);
+        else if (bin->n == UM_TC_MAX)
+            flush_bin_locked(p, bin, cls, UM_TC_MAX / 2);
+        if (bin->n < UM_TC_MAX && (!bin->n || bin->stream == sid)) {
+            bin->stream = sid;
+            bin->words[bin->n] = &sl->slot[slot];
+            bin->items[bin->n++] = (void *)addr;
+            note_slots(tc);
+            counter_inc(&tc->frees);
+            parked = true;
+        }
+    }
+    if (!parked && ss && small_park(ss, cls, (void *)addr)) {
+        parked = true;
+        p->central_frees++;
+    }
+    if (!parked) {
+        /* No host memory for the record: keep the slot live rather than lose it. */
+        atomic_store_explicit(&sl->slot[slot].w, word, memory_order_relaxed);
+        account(p, tc, um__class_size[cls]);
+    }
+    pthread_mutex_unlock(&p->lock);
+    return parked ? UM_OK : um__fail(UM_ERR_NOMEM, "out of host memory for free records");
+}
+
+static inline um_status small_free(um__pool *p, um__slab *sl, uintptr_t addr, const um__stream_ref *s)
 {
     uint32_t slot = slot_of(sl, addr);
     if (UM_UNLIKELY(slot >= sl->nslots ||
@@ -2084,6 +2173,7 @@ static um_status small_free(um__pool *p, um__slab *sl, uintptr_t addr, const um_
         bool cached = UM_LIKELY((!bin->n || bin->stream == sid) && bin->n < UM_TC_MAX);
         if (cached) {
             bin->stream = sid;
+            bin->words[bin->n] = &sl->slot[slot];
             bin->items[bin->n++] = (void *)addr;
         }
         tc_leave(tc);
@@ -2093,41 +2183,7 @@ static um_status small_free(um__pool *p, um__slab *sl, uintptr_t addr, const um_
             return UM_OK;
         }
     }
-    pthread_mutex_lock(&p->lock);
-    um__stream_ref ref = {sid, NULL, NULL};
-    if (s) {
-        ref = *s;
-    } else if (sid < p->nstreams && p->streams[sid]) {
-        ref.bstream = p->streams[sid]->bstream;
-        ref.backend = p->streams[sid]->backend;
-    }
-    um__stream_state *ss = stream_state(p, &ref);
-    bool parked = false;
-    if (tc) {
-        um__tc_bin *bin = &tc->bins[cls];
-        if (bin->n && bin->stream != sid)
-            flush_bin_locked(p, bin, cls, bin->n);
-        else if (bin->n == UM_TC_MAX)
-            flush_bin_locked(p, bin, cls, UM_TC_MAX / 2);
-        if (bin->n < UM_TC_MAX && (!bin->n || bin->stream == sid)) {
-            bin->stream = sid;
-            bin->items[bin->n++] = (void *)addr;
-            note_slots(tc);
-            counter_inc(&tc->frees);
-            parked = true;
-        }
-    }
-    if (!parked && ss && small_park(ss, cls, (void *)addr)) {
-        parked = true;
-        p->central_frees++;
-    }
-    if (!parked) {
-        /* No host memory for the record: keep the slot live rather than lose it. */
-        atomic_store_explicit(&sl->slot[slot].w, word, memory_order_relaxed);
-        account(p, tc, um__class_size[cls]);
-    }
-    pthread_mutex_unlock(&p->lock);
-    return parked ? UM_OK : um__fail(UM_ERR_NOMEM, "out of host memory for free records");
+    return small_free_locked(p, sl, slot, word, sid, tc, s);
 }
 
 /* Why addr, inside this pool's range, is no live block start: walks the
@@ -2151,11 +2207,11 @@ static um_status bad_free_locked(um__pool *p, uintptr_t addr)
                     p->base.dev, dev_name(p), (void *)addr);
 }
 
-static um_status large_free(um__pool *p, uintptr_t addr, const um__stream_ref *s)
+/* large_free when the bounce cache cannot take the block: under the lock. */
+static __attribute__((noinline)) um_status large_free_locked(um__pool *p, uintptr_t addr,
+                                                             const um__stream_ref *s,
+                                                             um__tcache *tc)
 {
-    um__tcache *tc = p->thread_cache ? tcache_get(p) : NULL;
-    if (tc && bounce_put(p, tc, addr, s))
-        return UM_OK;
     /* With thousands of blocks live, the records a free touches are cold,
      * and each is found through the one before (map entry, block record,
      * neighbours, pages). Asking for each as soon as its address is known
@@ -2214,6 +2270,14 @@ static um_status large_free(um__pool *p, uintptr_t addr, const um__stream_ref *s
     enforce_cache_limit(p);
     pthread_mutex_unlock(&p->lock);
     return UM_OK;
+}
+
+static inline um_status large_free(um__pool *p, uintptr_t addr, const um__stream_ref *s)
+{
+    um__tcache *tc = p->thread_cache ? tcache_get(p) : NULL;
+    if (tc && bounce_put(p, tc, addr, s))
+        return UM_OK;
+    return large_free_locked(p, addr, s, tc);
 }
 
 static um_status pool_free(um__allocator *a, void *ptr, const um__stream_ref *s)

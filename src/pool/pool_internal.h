@@ -137,10 +137,14 @@ typedef struct um__page {
     uint32_t hole_prev, hole_next;/* hole list links, UINT32_MAX = none */
 } um__page;
 
+/* A thread's cached slots of one class, with each one's slot word, so
+ * that an allocation from the bin marks its slot live without looking up
+ * the slab (three dependent loads: the slab map, the slab, its words). */
 typedef struct um__tc_bin {
     uint32_t n;
     uint32_t stream;
     void *items[UM_TC_MAX];
+    um__slot_word *words[UM_TC_MAX];
 } um__tc_bin;
 
 /* Cache-line aligned, and allocated so (tcache_get): the owner's hot
