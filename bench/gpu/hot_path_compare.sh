@@ -4,7 +4,7 @@
 # hits both: `unimem bench alloc` (sim device, glibc in the same run) and
 # bench/gpu/alloc_compare (cudaMalloc, cudaMallocAsync, PyTorch, unimem).
 # Usage: bench/gpu/hot_path_compare.sh OLD_TREE [STEP...]
-#   STEP: build test bench compare (default: all)
+#   STEP: build test bench compare (default: all); COMPARE_ROUNDS=N repeats compare
 # OLD_TREE is an unpacked `git archive` of the older commit (with this
 # tree's tools/cmd_bench.c copied in when the old one lacks a scenario
 # timed here: the command uses the public API only). Results go to
@@ -54,11 +54,14 @@ if has compare; then
     bench/gpu/build_compare.sh "$tree/build-dev" "$tree/build-dev/alloc_compare" \
       > "$OUT/compare_build_$which.txt" 2>&1 || tail -20 "$OUT/compare_build_$which.txt"
   done
-  for which in old new; do
-    tree=.
-    [ $which = old ] && tree=$OLD
-    timeout 240 "$tree/build-dev/alloc_compare" --json "$OUT/alloc_compare_$which.json" \
-      > "$OUT/alloc_compare_$which.txt" 2>&1
-    echo "alloc_compare $which rc=$?"; cat "$OUT/alloc_compare_$which.txt"
+  # COMPARE_ROUNDS=N alternates old and new N times (default 1).
+  for round in $(seq 1 "${COMPARE_ROUNDS:-1}"); do
+    for which in old new; do
+      tree=.
+      [ $which = old ] && tree=$OLD
+      f=$OUT/alloc_compare_${which}_$round
+      timeout 240 "$tree/build-dev/alloc_compare" --json "$f.json" > "$f.txt" 2>&1
+      echo "alloc_compare $which round $round rc=$?"; cat "$f.txt"
+    done
   done
 fi

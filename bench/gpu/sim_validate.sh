@@ -4,7 +4,7 @@
 # `unimem sim --machine h200x1 --limit 8G` on the same graph, printing the
 # simulated makespan beside the real one (both from the first submission to
 # the last task's end).
-# Usage: bench/gpu/sim_validate.sh   (after a build in build-dev)
+# Usage: [GPU_ONLY=--gpu-only] [TIMELINE=1] bench/gpu/sim_validate.sh   (after a build in build-dev)
 set -u
 FINAL=${OUT:-out}
 mkdir -p "$FINAL"
@@ -15,7 +15,10 @@ printf "%-9s %6s %5s %10s %10s %8s\n" workload n tile real_s sim_s error | tee "
 for run in "gemm 32768 2048" "gemm 32768 4096" "gemm 32768 8192" "cholesky 32768 4096" \
            "cholesky 32768 8192" "cholesky 65536 8192"; do
   set -- $run
-  real=$($U demo "$1" --device cuda:0 --limit 8G --n "$2" --tile "$3" ${GPU_ONLY:-} --json 2> "$FINAL/demo_$1_$2_$3.err" |
+  # TIMELINE=1 keeps each real run's timeline (trace_file) beside its JSON.
+  tl=()
+  [ -n "${TIMELINE:-}" ] && tl=(--timeline "$FINAL/timeline_$1_$2_$3.json")
+  real=$($U demo "$1" --device cuda:0 --limit 8G --n "$2" --tile "$3" ${GPU_ONLY:-} "${tl[@]}" --json 2> "$FINAL/demo_$1_$2_$3.err" |
          tee "$FINAL/demo_$1_$2_$3.json" | grep -o '"makespan_s":[0-9.]*' | head -1 | cut -d: -f2)
   sim=$($U sim --machine h200x1 --limit 8G --workload "$1" --n "$2" --tile "$3" --policy cost --json |
         tee "$FINAL/sim_$1_$2_$3.json" | grep -o '"makespan_s":[0-9.]*' | cut -d: -f2)

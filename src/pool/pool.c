@@ -954,6 +954,28 @@ static void unpin_interior(um__pool *p, um__stream_state *ss, uint32_t sid, size
     /* With sid the only stream that fences, a page's fence is none or
      * sid's own, and fence_page would simply stamp it. */
     bool stamp = ss && all_usable(p, sid);
+    if (stamp && unmapped_count(p, lo, hi) == 0) {
+        /* The common case, every page mapped: the same records written
+         * without a branch per page (half the instructions of the loop
+         * below). */
+        uint64_t epoch = ss->epoch;
+        for (size_t pg = lo; pg <= hi; pg++) {
+            pages[pg].fence_stream = sid;
+            pages[pg].fence_epoch = epoch;
+            pages[pg].pin = 0;
+            pages[pg].hole_prev = (uint32_t)pg - 1;
+            pages[pg].hole_next = (uint32_t)pg + 1;
+        }
+        pages[lo].hole_prev = tail;
+        pages[hi].hole_next = NO_PAGE;
+        if (tail != NO_PAGE)
+            pages[tail].hole_next = (uint32_t)lo;
+        else
+            p->hole_head = (uint32_t)lo;
+        p->hole_tail = (uint32_t)hi;
+        p->holes += hi - lo + 1;
+        return;
+    }
     for (size_t pg = lo; pg <= hi; pg++) {
         if (stamp) {
             pages[pg].fence_stream = sid;
