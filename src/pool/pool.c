@@ -36,8 +36,15 @@ const uint32_t um__class_size[UM_NCLASSES] = {
 
 static uint8_t class_lut[UM_SMALL_MAX / 256 + 1];
 static uint64_t class_recip[UM_NCLASSES]; /* ceil(2^40 / size): slot = off * r >> 40 */
+static uint32_t class_nslots[UM_NCLASSES]; /* slots of one slab of the class */
 static pthread_once_t class_once = PTHREAD_ONCE_INIT;
 static _Atomic uint64_t pool_generations = 1;
+
+static size_t slab_bytes(unsigned cls)
+{
+    size_t want = 16u * um__class_size[cls];
+    return um__align_up(want < UM_SLAB_UNIT ? UM_SLAB_UNIT : want, UM_SLAB_UNIT);
+}
 
 static void class_init(void)
 {
@@ -49,15 +56,12 @@ static void class_init(void)
     }
     for (unsigned k = 0; k < UM_NCLASSES; k++)
         class_recip[k] = ((1ull << 40) + um__class_size[k] - 1) / um__class_size[k];
+    for (unsigned k = 0; k < UM_NCLASSES; k++)
+        class_nslots[k] = (uint32_t)(slab_bytes(k) / um__class_size[k]);
 }
 
 unsigned um__class_of(size_t size) { return class_lut[(size + 255) / 256]; }
 
-static size_t slab_bytes(unsigned cls)
-{
-    size_t want = 16u * um__class_size[cls];
-    return um__align_up(want < UM_SLAB_UNIT ? UM_SLAB_UNIT : want, UM_SLAB_UNIT);
-}
 
 /* ---------------------------------------------------------------- helpers */
 
@@ -277,14 +281,21 @@ static inline size_t unmapped_count(const um__pool *p, size_t first, size_t last
     return n;
 }
 
+/* Links page pg after tail, the hole list's last page (NO_PAGE: the list
+ * is empty); pg's own links are the caller's. */
+static inline void hole_link_after(um__pool *p, uint32_t tail, uint32_t pg)
+{
+    if (tail != NO_PAGE)
+        p->pages[tail].hole_next = pg;
+    else
+        p->hole_head = pg;
+}
+
 static void hole_push(um__pool *p, uint32_t pg)
 {
     p->pages[pg].hole_prev = p->hole_tail;
     p->pages[pg].hole_next = NO_PAGE;
-    if (p->hole_tail != NO_PAGE)
-        p->pages[p->hole_tail].hole_next = pg;
-    else
-        p->hole_head = pg;
+    hole_link_after(p, p->hole_tail, pg);
     p->hole_tail = pg;
     p->holes++;
 }
@@ -968,10 +979,7 @@ static void unpin_interior(um__pool *p, um__stream_state *ss, uint32_t sid, size
         }
         pages[lo].hole_prev = tail;
         pages[hi].hole_next = NO_PAGE;
-        if (tail != NO_PAGE)
-            pages[tail].hole_next = (uint32_t)lo;
-        else
-            p->hole_head = (uint32_t)lo;
+        hole_link_after(p, tail, (uint32_t)lo);
         p->hole_tail = (uint32_t)hi;
         p->holes += hi - lo + 1;
         return;
@@ -988,10 +996,7 @@ static void unpin_interior(um__pool *p, um__stream_state *ss, uint32_t sid, size
             continue;
         pages[pg].hole_prev = tail;
         pages[pg].hole_next = NO_PAGE;
-        if (tail != NO_PAGE)
-            pages[tail].hole_next = (uint32_t)pg;
-        else
-            p->hole_head = (uint32_t)pg;
+        hole_link_after(p, tail, (uint32_t)pg);
         tail = (uint32_t)pg;
         pushed++;
     }
@@ -1018,27 +1023,51 @@ static void unpin_fenced(um__pool *p, um__stream_state *ss, uint32_t sid, uintpt
 
 /* ------------------------------------------------------------------ slabs */
 
-static inline um__slab *slab_lookup(um__pool *p, uintptr_t addr)
+/* A slab map entry (0: no slab) is the slab's record, aligned to
+ * SLAB_ALIGN, with the slab's class in bits 0-4 and which of its 64 KiB
+ * units the entry's is in bits 5-7: a small free computes its slot and the
+ * slot's word (at a fixed offset in the record, slab_words) from the entry
+ * alone, without first loading the record (a cache miss once many blocks
+ * are live). */
+#define SLAB_ALIGN 256u
+#define SLAB_HDR (((sizeof(um__slab) + 63) / 64) * 64)
+#define ENTRY_CLASS(e) ((unsigned)((e) & 31u))
+#define ENTRY_UNIT(e) ((uintptr_t)(((e) >> 5) & 7u))
+#define ENTRY_SLAB(e) ((um__slab *)((e) & ~(uintptr_t)(SLAB_ALIGN - 1)))
+_Static_assert(UM_NCLASSES <= 32, "a class fits the entry's 5 bits");
+_Static_assert(16u * 32768u / UM_SLAB_UNIT <= 8, "a slab's units fit the entry's 3 bits");
+
+static inline um__slot_word *slab_words(um__slab *s)
+{
+    return (um__slot_word *)((char *)s + SLAB_HDR);
+}
+
+static inline uintptr_t slab_entry(um__pool *p, uintptr_t addr)
 {
     size_t unit = (addr - p->slab_base) / UM_SLAB_UNIT;
     size_t top = unit / SLAB_MAP_LEAF;
     if (top >= p->slab_map_top)
-        return NULL;
+        return 0;
     /* Most large blocks lie in granules that hold no slab: a bit per
      * granule answers for them (the bitmap stays in cache), where the
      * map's entry is a cache miss once many blocks are live. */
     size_t g = unit / SLAB_GRANULE_UNITS;
     if (!(atomic_load_explicit(&p->slab_granules[g / 64], memory_order_acquire) >> (g % 64) & 1))
-        return NULL;
-    _Atomic(um__slab *) *leaf = p->slab_map[top];
-    return leaf ? atomic_load_explicit(&leaf[unit % SLAB_MAP_LEAF], memory_order_acquire) : NULL;
+        return 0;
+    _Atomic uintptr_t *leaf = p->slab_map[top];
+    return leaf ? atomic_load_explicit(&leaf[unit % SLAB_MAP_LEAF], memory_order_acquire) : 0;
+}
+
+static inline um__slab *slab_lookup(um__pool *p, uintptr_t addr)
+{
+    return ENTRY_SLAB(slab_entry(p, addr));
 }
 
 /* Whether any unit of granule g names a slab (its units share one leaf). */
 static bool granule_has_slab(um__pool *p, size_t g)
 {
     size_t unit = g * SLAB_GRANULE_UNITS;
-    _Atomic(um__slab *) *leaf = p->slab_map[unit / SLAB_MAP_LEAF];
+    _Atomic uintptr_t *leaf = p->slab_map[unit / SLAB_MAP_LEAF];
     for (size_t i = 0; leaf && i < SLAB_GRANULE_UNITS; i++)
         if (atomic_load_explicit(&leaf[(unit + i) % SLAB_MAP_LEAF], memory_order_relaxed))
             return true;
@@ -1057,7 +1086,7 @@ static bool slab_map_set(um__pool *p, um__slab *s, uintptr_t base, size_t bytes)
         if (!p->slab_map[top]) {
             if (!s)
                 continue;
-            p->slab_map[top] = calloc(SLAB_MAP_LEAF, sizeof(_Atomic(um__slab *)));
+            p->slab_map[top] = calloc(SLAB_MAP_LEAF, sizeof(_Atomic uintptr_t));
             if (!p->slab_map[top])
                 return false;
         }
@@ -1065,7 +1094,8 @@ static bool slab_map_set(um__pool *p, um__slab *s, uintptr_t base, size_t bytes)
         if (s)
             atomic_fetch_or_explicit(&p->slab_granules[g / 64], 1ull << (g % 64),
                                      memory_order_release);
-        atomic_store_explicit(&p->slab_map[top][unit % SLAB_MAP_LEAF], s, memory_order_release);
+        uintptr_t e = s ? (uintptr_t)s | s->cls | (uintptr_t)((a - base) / UM_SLAB_UNIT) << 5 : 0;
+        atomic_store_explicit(&p->slab_map[top][unit % SLAB_MAP_LEAF], e, memory_order_release);
     }
     if (!s) {
         size_t g0 = (base - p->slab_base) / UM_SLAB_UNIT / SLAB_GRANULE_UNITS;
@@ -1110,7 +1140,6 @@ static void partial_push(um__pool *p, um__slab *s)
 static void slab_free_arrays(um__slab *s)
 {
     free(s->free_stack);
-    free((void *)s->slot);
     free(s);
 }
 
@@ -1156,16 +1185,17 @@ static um_status slab_create(um__pool *p, unsigned cls, um__slab **out)
     um_status st = take_range(p, bytes, UM_SLAB_UNIT, UM_NO_FENCE, &b);
     if (st != UM_OK)
         return st;
-    um__slab *s = calloc(1, sizeof *s);
-    uint32_t n = (uint32_t)(bytes / um__class_size[cls]);
+    uint32_t n = class_nslots[cls];
+    /* The record and its slot words in one allocation (slab_words). */
+    size_t rec = (SLAB_HDR + n * sizeof(um__slot_word) + SLAB_ALIGN - 1) / SLAB_ALIGN * SLAB_ALIGN;
+    um__slab *s = aligned_alloc(SLAB_ALIGN, rec);
     if (s) {
+        memset(s, 0, rec);
+        s->cls = cls;
+        s->slot = slab_words(s);
         s->free_stack = malloc(n * sizeof *s->free_stack);
-        s->slot = aligned_alloc(_Alignof(um__slot_word), n * sizeof *s->slot);
-        if (s->slot)
-            memset(s->slot, 0, n * sizeof *s->slot);
     }
-    if (!s || !s->free_stack || !s->slot ||
-        !slab_map_set(p, s, b->fi.addr, bytes)) {
+    if (!s || !s->free_stack || !slab_map_set(p, s, b->fi.addr, bytes)) {
         if (s)
             slab_free_arrays(s);
         (void)slab_map_set(p, NULL, b->fi.addr, bytes);
@@ -1175,7 +1205,6 @@ static um_status slab_create(um__pool *p, unsigned cls, um__slab **out)
     }
     s->base = b->fi.addr;
     s->block = b;
-    s->cls = cls;
     s->nslots = n;
     s->nfree = n;
     for (uint32_t i = 0; i < n; i++)
@@ -2168,22 +2197,27 @@ static __attribute__((noinline)) um_status small_free_locked(um__pool *p, um__sl
     return parked ? UM_OK : um__fail(UM_ERR_NOMEM, "out of host memory for free records");
 }
 
-static inline um_status small_free(um__pool *p, um__slab *sl, uintptr_t addr, const um__stream_ref *s)
+/* Frees the small block at addr, whose slab map entry is e (not 0). */
+static inline um_status small_free(um__pool *p, uintptr_t e, uintptr_t addr, const um__stream_ref *s)
 {
-    uint32_t slot = slot_of(sl, addr);
-    if (UM_UNLIKELY(slot >= sl->nslots ||
-                    sl->base + (uintptr_t)slot * um__class_size[sl->cls] != addr))
+    unsigned cls = ENTRY_CLASS(e);
+    uintptr_t unit = addr - (addr - p->slab_base) % UM_SLAB_UNIT;
+    uintptr_t base = unit - ENTRY_UNIT(e) * UM_SLAB_UNIT;
+    uint32_t slot = (uint32_t)(((uint64_t)(addr - base) * class_recip[cls]) >> 40);
+    if (UM_UNLIKELY(slot >= class_nslots[cls] ||
+                    base + (uintptr_t)slot * um__class_size[cls] != addr))
         return um__fail(UM_ERR_INVALID_POINTER,
                         "device %d (%s): %p points inside a block, not at its start",
                         p->base.dev, dev_name(p), (void *)addr);
-    uint64_t word = atomic_load_explicit(&sl->slot[slot].w, memory_order_acquire);
+    um__slab *sl = ENTRY_SLAB(e);
+    um__slot_word *w = slab_words(sl) + slot;
+    uint64_t word = atomic_load_explicit(&w->w, memory_order_acquire);
     if (UM_UNLIKELY(UM_SLOT_STATE(word) != UM_SLOT_LIVE ||
-                    !atomic_compare_exchange_strong_explicit(
-                        &sl->slot[slot].w, &word, UM_SLOT_CACHED, memory_order_acq_rel,
-                        memory_order_relaxed)))
+                    !atomic_compare_exchange_strong_explicit(&w->w, &word, UM_SLOT_CACHED,
+                                                             memory_order_acq_rel,
+                                                             memory_order_relaxed)))
         return um__fail(UM_ERR_DOUBLE_FREE, "device %d (%s): %p is not a live allocation",
                         p->base.dev, dev_name(p), (void *)addr);
-    unsigned cls = sl->cls;
     uint32_t sid = s ? s->id : UM_SLOT_STREAM(word);
     um__tcache *tc = p->thread_cache ? tcache_get(p) : NULL;
     account(p, tc, -(int64_t)um__class_size[cls]);
@@ -2195,7 +2229,7 @@ static inline um_status small_free(um__pool *p, um__slab *sl, uintptr_t addr, co
         bool cached = UM_LIKELY((!bin->n || bin->stream == sid) && bin->n < UM_TC_MAX);
         if (cached) {
             bin->stream = sid;
-            bin->words[bin->n] = &sl->slot[slot];
+            bin->words[bin->n] = w;
             bin->items[bin->n++] = (void *)addr;
         }
         tc_leave(tc);
@@ -2306,9 +2340,9 @@ static um_status pool_free(um__allocator *a, void *ptr, const um__stream_ref *s)
 {
     um__pool *p = P(a);
     uintptr_t addr = (uintptr_t)ptr;
-    um__slab *sl = slab_lookup(p, addr);
-    if (sl)
-        return small_free(p, sl, addr, s);
+    uintptr_t e = slab_entry(p, addr);
+    if (e)
+        return small_free(p, e, addr, s);
     return large_free(p, addr, s);
 }
 
@@ -2619,8 +2653,14 @@ static um_status pool_check(um__allocator *a)
                 for (uint32_t i = 0; i < s->nfree; i++)
                     CHECK_THAT(UM_SLOT_STATE(atomic_load(&s->slot[s->free_stack[i]].w)) == UM_SLOT_FREE,
                                "slab %#" PRIxPTR ": free stack holds a used slot", s->base);
-                for (uintptr_t u = s->base; u < s->base + b->fi.size; u += UM_SLAB_UNIT)
-                    CHECK_THAT(slab_lookup(p, u) == s, "slab map wrong at %#" PRIxPTR, u);
+                for (uintptr_t u = s->base; u < s->base + b->fi.size; u += UM_SLAB_UNIT) {
+                    uintptr_t e = slab_entry(p, u);
+                    CHECK_THAT(ENTRY_SLAB(e) == s && ENTRY_CLASS(e) == s->cls &&
+                                   ENTRY_UNIT(e) == (u - s->base) / UM_SLAB_UNIT,
+                               "slab map wrong at %#" PRIxPTR, u);
+                }
+                CHECK_THAT(s->slot == slab_words(s) && s->nslots == class_nslots[s->cls],
+                           "slab %#" PRIxPTR ": slot words or count wrong", s->base);
                 CHECK_THAT((s->nfree > 0 && s->nfree < s->nslots) ? s->on_list : true,
                            "partly free slab %#" PRIxPTR " is not on its class list", s->base);
             } else {

@@ -87,10 +87,11 @@ typedef struct um__slab {
     uint32_t nslots;
     uint32_t nfree;               /* slots in free_stack (state FREE) */
     uint32_t *free_stack;
-    /* One word per slot: state (enum um__slot_state) in the low byte, the
-     * allocation stream in bits 8-31 and the requested bytes in the high
-     * half, so an allocation or free touches one cache line of metadata.
-     * Atomic because um_free's double-free check and um_stats_get read it
+    /* One word per slot, after the record in the same allocation: state
+     * (enum um__slot_state) in the low byte, the allocation stream in
+     * bits 8-31 and the requested bytes in the high half, so an
+     * allocation or free touches one cache line of metadata. Atomic
+     * because um_free's double-free check and um_stats_get read it
      * without the pool lock. */
     um__slot_word *slot;
     bool on_list;
@@ -226,7 +227,8 @@ typedef struct um__pool {
     size_t holes;
 
     uintptr_t slab_base;          /* va rounded down to UM_SLAB_UNIT */
-    _Atomic(um__slab *) **slab_map; /* (addr - slab_base) / UM_SLAB_UNIT -> slab, two levels */
+    /* (addr - slab_base) / UM_SLAB_UNIT -> the unit's slab entry (pool.c), two levels */
+    _Atomic uintptr_t **slab_map;
     size_t slab_map_top;
     /* A bit per 2 MiB granule of the range: some unit of it names a slab
      * (read without the lock, so that most large frees skip the map). */
