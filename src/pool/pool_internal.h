@@ -140,7 +140,7 @@ typedef struct um__page {
 
 /* A thread's cached slots of one class, with each one's slot word, so
  * that an allocation from the bin marks its slot live without looking up
- * the slab (three dependent loads: the slab map, the slab, its words). */
+ * the slab again (two dependent loads, cold once many blocks are live). */
 typedef struct um__tc_bin {
     uint32_t n;
     uint32_t stream;
