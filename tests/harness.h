@@ -19,6 +19,20 @@ extern _Atomic int harness_failures;
 void harness_report(const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* 1 in a build under AddressSanitizer or ThreadSanitizer (gcc or clang),
+ * whose instrumentation makes a test's work several times slower: tests
+ * scale their operation counts and wall-clock bounds by it. */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define HARNESS_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define HARNESS_SANITIZED 1
+#endif
+#endif
+#ifndef HARNESS_SANITIZED
+#define HARNESS_SANITIZED 0
+#endif
+
 #define CHECK(cond)                                                                  \
     do {                                                                             \
         harness_checks++;                                                            \

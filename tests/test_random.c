@@ -722,14 +722,7 @@ int main(void)
     uint64_t seed = harness_seed("test_random");
     /* The sanitizers make every byte of pattern slower; the op counts are
      * lower there so the test stays well under 30 s on a slow machine. */
-    uint64_t scale = 2;
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-    scale = 1;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-    scale = 1;
-#endif
-#endif
+    uint64_t scale = HARNESS_SANITIZED ? 1 : 2;
     run_pass("pool", "devices=sim:3x256M,allocator=pool", seed, 30000 * scale);
     run_pass("pool-no-tcache", "devices=sim:3x256M,allocator=pool,thread_cache=0", seed + 1,
              5000 * scale);

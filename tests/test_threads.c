@@ -520,14 +520,7 @@ int main(void)
     setvbuf(stdout, NULL, _IOLBF, 0);
     test_peak_with_cross_thread_frees();
     uint64_t seed = harness_seed("test_threads");
-    uint64_t nops = 40000;
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-    nops = 10000;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-    nops = 10000;
-#endif
-#endif
+    uint64_t nops = HARNESS_SANITIZED ? 10000 : 40000;
     run_pass("one device", "devices=sim:2G,allocator=pool", 1, seed, nops);
     run_pass("two devices", "devices=sim:2x1G,allocator=pool", 2, seed + 1, nops);
     run_pass("no thread cache", "devices=sim:2G,allocator=pool,thread_cache=0", 1, seed + 2,

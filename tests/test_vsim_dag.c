@@ -552,7 +552,9 @@ static void test_large(void)
     printf("test_vsim_dag: nt=64 gemm (%zu tasks) built in %.1f ms\n", d.ntasks, built * 1e3);
     CHECK_EQ(d.ntasks, 262144);
     CHECK_EQ(d.ndeps_total, 64 * 64 * 63);
-    CHECK(built < 1.0);
+    /* A second in an optimized build; the sanitizers' instrumentation gets
+     * five (TSan took 1.07 s in a clean-clone CI run on 2 loaded cores). */
+    CHECK(built < (HARNESS_SANITIZED ? 5.0 : 1.0));
     check_lists(&d);
     /* Unit times: the chain is 64 long, the work 262144 / 1000. */
     double work, path;
