@@ -1159,7 +1159,7 @@ static void slot_return(um__pool *p, void *ptr)
 {
     um__slab *s = slab_lookup(p, (uintptr_t)ptr);
     uint32_t slot = slot_of(s, (uintptr_t)ptr);
-    atomic_store_explicit(&s->slot[slot].w, UM_SLOT_FREE, memory_order_relaxed);
+    atomic_store_explicit(&slab_words(s)[slot].w, UM_SLOT_FREE, memory_order_relaxed);
     s->free_stack[s->nfree++] = slot;
     if (s->nfree == s->nslots) {
         um__slab *other = p->partial[s->cls];
@@ -1191,7 +1191,6 @@ static um_status slab_create(um__pool *p, unsigned cls, um__slab **out)
     if (s) {
         memset(s, 0, rec);
         s->cls = cls;
-        s->slot = slab_words(s);
         s->free_stack = malloc(n * sizeof *s->free_stack);
     }
     if (!s || !s->free_stack || !slab_map_set(p, s, b->fi.addr, bytes)) {
@@ -1243,7 +1242,7 @@ static um_status small_take(um__pool *p, unsigned cls, um__stream_state *ss, voi
             return st;
     }
     uint32_t slot = s->free_stack[--s->nfree];
-    atomic_store_explicit(&s->slot[slot].w, UM_SLOT_CACHED, memory_order_relaxed);
+    atomic_store_explicit(&slab_words(s)[slot].w, UM_SLOT_CACHED, memory_order_relaxed);
     if (!s->nfree)
         partial_remove(p, s);
     *ptr = (void *)(s->base + (uintptr_t)slot * um__class_size[cls]);
@@ -1678,7 +1677,7 @@ static um_status fail_locked(um__pool *p, um_status s, size_t size)
 static um__slot_word *slot_word_of(um__pool *p, void *ptr)
 {
     um__slab *s = slab_lookup(p, (uintptr_t)ptr);
-    return &s->slot[slot_of(s, (uintptr_t)ptr)];
+    return &slab_words(s)[slot_of(s, (uintptr_t)ptr)];
 }
 
 /* Marks the slot of class cls whose word is w live (size bytes asked for
@@ -1703,6 +1702,7 @@ static __attribute__((noinline)) um_status small_alloc_locked(um__pool *p, unsig
     um__stream_state *ss = stream_state(p, s);
     um_status st = ss ? UM_OK : UM_ERR_NOMEM;
     void *x = NULL;
+    um__slot_word *w = NULL;
     if (st == UM_OK && tc) {
         um__tc_bin *bin = &tc->bins[cls];
         if (bin->n)
@@ -1734,12 +1734,17 @@ static __attribute__((noinline)) um_status small_alloc_locked(um__pool *p, unsig
             if (bin->n)
                 st = UM_OK;
         }
-        if (bin->n && bin->stream == s->id)
-            x = bin->items[--bin->n];
-        else if (st == UM_OK)
+        if (bin->n && bin->stream == s->id) {
+            bin->n--;
+            x = bin->items[bin->n];
+            w = bin->words[bin->n];
+        } else if (st == UM_OK) {
             st = UM_ERR_NOMEM;
+        }
     } else if (st == UM_OK) {
         st = small_take(p, cls, ss, &x);
+        if (st == UM_OK)
+            w = slot_word_of(p, x);
     }
     if (st == UM_OK) {
         if (!tc)
@@ -1748,7 +1753,7 @@ static __attribute__((noinline)) um_status small_alloc_locked(um__pool *p, unsig
             p->misses++;
         if (tc)
             counter_inc(&tc->allocs);
-        mark_live_slot(p, tc, slot_word_of(p, x), cls, size, s->id);
+        mark_live_slot(p, tc, w, cls, size, s->id);
         *ptr = x;
     } else {
         st = fail_locked(p, st, size);
@@ -2150,15 +2155,14 @@ static um_status pool_alloc(um__allocator *a, size_t size, const um__stream_ref 
     return large_alloc(p, size, s, ptr);
 }
 
-/* small_free when the thread's bin cannot take the slot (its word is
- * already CACHED, was `word`): under the lock. */
-static __attribute__((noinline)) um_status small_free_locked(um__pool *p, um__slab *sl,
-                                                             uint32_t slot, uint64_t word,
-                                                             uint32_t sid, um__tcache *tc,
+/* small_free when the thread's bin cannot take the slot at addr (class
+ * cls; its word w is already CACHED, was `word`): under the lock. */
+static __attribute__((noinline)) um_status small_free_locked(um__pool *p, unsigned cls,
+                                                             uintptr_t addr, um__slot_word *w,
+                                                             uint64_t word, uint32_t sid,
+                                                             um__tcache *tc,
                                                              const um__stream_ref *s)
 {
-    uintptr_t addr = sl->base + (uintptr_t)slot * um__class_size[sl->cls];
-    unsigned cls = sl->cls;
     pthread_mutex_lock(&p->lock);
     um__stream_ref ref = {sid, NULL, NULL};
     if (s) {
@@ -2177,7 +2181,7 @@ static __attribute__((noinline)) um_status small_free_locked(um__pool *p, um__sl
             flush_bin_locked(p, bin, cls, UM_TC_MAX / 2);
         if (bin->n < UM_TC_MAX && (!bin->n || bin->stream == sid)) {
             bin->stream = sid;
-            bin->words[bin->n] = &sl->slot[slot];
+            bin->words[bin->n] = w;
             bin->items[bin->n++] = (void *)addr;
             note_slots(tc);
             counter_inc(&tc->frees);
@@ -2190,7 +2194,7 @@ static __attribute__((noinline)) um_status small_free_locked(um__pool *p, um__sl
     }
     if (!parked) {
         /* No host memory for the record: keep the slot live rather than lose it. */
-        atomic_store_explicit(&sl->slot[slot].w, word, memory_order_relaxed);
+        atomic_store_explicit(&w->w, word, memory_order_relaxed);
         account(p, tc, um__class_size[cls]);
     }
     pthread_mutex_unlock(&p->lock);
@@ -2209,8 +2213,7 @@ static inline um_status small_free(um__pool *p, uintptr_t e, uintptr_t addr, con
         return um__fail(UM_ERR_INVALID_POINTER,
                         "device %d (%s): %p points inside a block, not at its start",
                         p->base.dev, dev_name(p), (void *)addr);
-    um__slab *sl = ENTRY_SLAB(e);
-    um__slot_word *w = slab_words(sl) + slot;
+    um__slot_word *w = slab_words(ENTRY_SLAB(e)) + slot;
     uint64_t word = atomic_load_explicit(&w->w, memory_order_acquire);
     if (UM_UNLIKELY(UM_SLOT_STATE(word) != UM_SLOT_LIVE ||
                     !atomic_compare_exchange_strong_explicit(&w->w, &word, UM_SLOT_CACHED,
@@ -2239,7 +2242,7 @@ static inline um_status small_free(um__pool *p, uintptr_t e, uintptr_t addr, con
             return UM_OK;
         }
     }
-    return small_free_locked(p, sl, slot, word, sid, tc, s);
+    return small_free_locked(p, cls, addr, w, word, sid, tc, s);
 }
 
 /* Why addr, inside this pool's range, is no live block start: walks the
@@ -2527,7 +2530,7 @@ static void pool_stats(um__allocator *a, um_stats *out)
             continue;
         um__slab *s = b->slab;
         for (uint32_t i = 0; i < s->nslots; i++) {
-            uint64_t w = atomic_load_explicit(&s->slot[i].w, memory_order_acquire);
+            uint64_t w = atomic_load_explicit(&slab_words(s)[i].w, memory_order_acquire);
             if (UM_SLOT_STATE(w) == UM_SLOT_LIVE) {
                 small_req += UM_SLOT_REQUESTED(w);
                 small_blocks++;
@@ -2642,7 +2645,7 @@ static um_status pool_check(um__allocator *a)
                            "slab record of block %#" PRIxPTR " is wrong", b->fi.addr);
                 uint32_t nfree = 0;
                 for (uint32_t i = 0; i < s->nslots; i++) {
-                    unsigned state = UM_SLOT_STATE(atomic_load(&s->slot[i].w));
+                    unsigned state = UM_SLOT_STATE(atomic_load(&slab_words(s)[i].w));
                     nfree += state == UM_SLOT_FREE;
                     cached_slots += state == UM_SLOT_CACHED;
                     if (state == UM_SLOT_LIVE)
@@ -2651,7 +2654,7 @@ static um_status pool_check(um__allocator *a)
                 CHECK_THAT(nfree == s->nfree, "slab %#" PRIxPTR ": %u free slots, record says %u",
                            s->base, nfree, s->nfree);
                 for (uint32_t i = 0; i < s->nfree; i++)
-                    CHECK_THAT(UM_SLOT_STATE(atomic_load(&s->slot[s->free_stack[i]].w)) == UM_SLOT_FREE,
+                    CHECK_THAT(UM_SLOT_STATE(atomic_load(&slab_words(s)[s->free_stack[i]].w)) == UM_SLOT_FREE,
                                "slab %#" PRIxPTR ": free stack holds a used slot", s->base);
                 for (uintptr_t u = s->base; u < s->base + b->fi.size; u += UM_SLAB_UNIT) {
                     uintptr_t e = slab_entry(p, u);
@@ -2659,8 +2662,8 @@ static um_status pool_check(um__allocator *a)
                                    ENTRY_UNIT(e) == (u - s->base) / UM_SLAB_UNIT,
                                "slab map wrong at %#" PRIxPTR, u);
                 }
-                CHECK_THAT(s->slot == slab_words(s) && s->nslots == class_nslots[s->cls],
-                           "slab %#" PRIxPTR ": slot words or count wrong", s->base);
+                CHECK_THAT(s->nslots == class_nslots[s->cls],
+                           "slab %#" PRIxPTR ": slot count wrong", s->base);
                 CHECK_THAT((s->nfree > 0 && s->nfree < s->nslots) ? s->on_list : true,
                            "partly free slab %#" PRIxPTR " is not on its class list", s->base);
             } else {

@@ -87,13 +87,12 @@ typedef struct um__slab {
     uint32_t nslots;
     uint32_t nfree;               /* slots in free_stack (state FREE) */
     uint32_t *free_stack;
-    /* One word per slot, after the record in the same allocation: state
-     * (enum um__slot_state) in the low byte, the allocation stream in
-     * bits 8-31 and the requested bytes in the high half, so an
-     * allocation or free touches one cache line of metadata. Atomic
-     * because um_free's double-free check and um_stats_get read it
-     * without the pool lock. */
-    um__slot_word *slot;
+    /* The slots' words follow the record in the same allocation (pool.c,
+     * slab_words), one per slot: state (enum um__slot_state) in the low
+     * byte, the allocation stream in bits 8-31 and the requested bytes in
+     * the high half, so an allocation or free touches one cache line of
+     * metadata. Atomic because um_free's double-free check and
+     * um_stats_get read them without the pool lock. */
     bool on_list;
 } um__slab;
 
