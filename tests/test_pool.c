@@ -549,6 +549,47 @@ static void test_bad_pointers(void)
     a->ops->destroy(a);
 }
 
+/* The pointer map lists large blocks under the page of their first byte:
+ * with blocks just above the small limit, dozens start in one 2 MiB page.
+ * Each must be found from its own address only, whatever its place in its
+ * page's list, and a pointer next to a start (or a freed one) must not be. */
+static void test_shared_start_pages(void)
+{
+    um__allocator *a = make_pool(256 * MiB, 0, 0, 0);
+    um__stream_ref ref = {0, NULL, NULL};
+    enum { N = 200 };
+    unsigned char *p[N];
+    size_t n[N];
+    for (int i = 0; i < N; i++) {
+        n[i] = 32769 + (size_t)(i % 7) * 4096;
+        p[i] = xalloc(a, n[i], 0);
+        memset(p[i], i + 1, n[i]);
+    }
+    um__pool *pool = (um__pool *)a;
+    size_t longest = 0;
+    for (size_t pg = 0; pg < pool->npages; pg++) {
+        size_t len = 0;
+        for (um__block *b = pool->page_starts[pg]; b; b = b->start_next)
+            len++;
+        longest = len > longest ? len : longest;
+    }
+    CHECK(longest >= 40); /* 2 MiB / (32 KiB + up to 24 KiB) blocks a page */
+    CHECK_OK(a->ops->check(a));
+    for (int k = 0; k < N; k++) {
+        int i = (k * 37) % N; /* every block once, out of order */
+        CHECK_STATUS(a->ops->free(a, p[i] + UM_ALIGN, &ref), UM_ERR_INVALID_POINTER);
+        CHECK_EQ(p[i][0] == (unsigned char)(i + 1) && p[i][n[i] - 1] == (unsigned char)(i + 1), 1);
+        xfree(a, p[i], 0);
+        CHECK_STATUS(a->ops->free(a, p[i], &ref), UM_ERR_DOUBLE_FREE);
+        if (k % 25 == 0)
+            CHECK_OK(a->ops->check(a));
+    }
+    CHECK_OK(a->ops->check(a));
+    CHECK_EQ(stats(a).active_bytes, 0);
+    CHECK_EQ(pool->live_count, 0);
+    a->ops->destroy(a);
+}
+
 /* Random alloc/free/trim against a model; every byte is checked. */
 typedef struct {
     unsigned char *p;
@@ -766,6 +807,7 @@ int main(void)
     test_limits();
     test_bad_pointers();
     test_small_pages();
+    test_shared_start_pages();
     if (backend) {
         backend->ops->stream_destroy(backend, s1);
         backend->ops->stream_destroy(backend, s2);

@@ -10,8 +10,13 @@
  * "small" (only the sizes up to 32 KiB) and "large" (only those above)
  * keep a ring of L live blocks:
  * each step frees the oldest block and allocates the next size of the
- * sequence. "threads" runs 1, 2 and 4 threads, each with its own ring of 100
- * small blocks on the same device. Neither allocator's memory is ever
+ * sequence. "trace-pattern" keeps the trace's own live-set pattern: it
+ * replays the trace's allocations and frees in their order, over and over,
+ * while L further blocks of the trace's sizes stay live underneath, so it
+ * shows what the number of live blocks alone costs a program like the one
+ * traced (a ring frees the block whose records are the coldest, by
+ * construction). "threads" runs 1, 2 and 4 threads, each with its own ring
+ * of 100 small blocks on the same device. Neither allocator's memory is ever
  * touched, because device memory is not host-readable in general; the times
  * are allocator bookkeeping only.
  */
@@ -54,6 +59,23 @@ typedef struct size_seq {
     size_t n;
 } size_seq;
 
+/* One event of the trace's own order: allocate `size` bytes as the trace's
+ * block `slot` (a dense index), or (size 0) free that block. */
+typedef struct trace_op {
+    size_t slot;
+    size_t size;
+} trace_op;
+
+/* The trace as the trace-pattern scenario replays it: its events in order,
+ * then a free of each block it leaves live, so every pass starts alike. */
+typedef struct op_seq {
+    trace_op *v;
+    size_t n, cap;
+    size_t slots;       /* blocks (the slots' count) */
+    size_t allocs;      /* allocations in one pass */
+    uint64_t peak;      /* the most bytes live at once */
+} op_seq;
+
 /* What one bench run shares: the context, the device and the sequences. */
 typedef struct bench {
     bench_opts o;
@@ -63,6 +85,7 @@ typedef struct bench {
     size_seq all;
     size_seq small;
     size_seq large;
+    op_seq ops;
     long cpus;
     char trace_path[PATH_MAX];
 } bench;
@@ -104,8 +127,9 @@ static void bench_usage(FILE *f)
             "                          [--scenario NAME] [--live N]\n"
             "\n"
             "Times alloc+free pairs of unimem (device 1) and glibc malloc in the same run, with\n"
-            "the allocation sizes of a real trace, for rings of 10..10,000 live blocks and for\n"
-            "1, 2 and 4 threads. Memory is never touched by either allocator.\n"
+            "the allocation sizes of a real trace, for rings of 10..10,000 live blocks, for the\n"
+            "trace's own order of allocations and frees over 10..10,000 blocks that stay live,\n"
+            "and for 1, 2 and 4 threads. Memory is never touched by either allocator.\n"
             "\n"
             "  --json            one JSON object per scenario per line instead of the table\n"
             "  --quick           fewer pairs per measurement\n"
@@ -115,8 +139,10 @@ static void bench_usage(FILE *f)
             "  --pairs N         timed pairs per measurement (default 2000000, quick 200000)\n"
             "  --max-seconds S   a measurement stops after S seconds even if its pairs are not\n"
             "                    done (default 2, quick 0.25)\n"
-            "  --scenario NAME   only this scenario: trace-sizes, small, large or threads\n"
-            "  --live N          only the rings of N live blocks (10, 100, 1000 or 10000)\n",
+            "  --scenario NAME   only this scenario: trace-sizes, small, large, trace-pattern\n"
+            "                    or threads\n"
+            "  --live N          only the rings (or trace-pattern runs) of N live blocks (10, 100,\n"
+            "                    1000 or 10000)\n",
             BENCH_DEFAULT_DEVICE, BENCH_TRACE_NAME);
 }
 
@@ -170,10 +196,11 @@ static int bench_parse_args(int argc, char **argv, bench_opts *o)
         } else if (!strcmp(a, "--scenario") && has_value) {
             o->scenario = argv[++i];
             if (strcmp(o->scenario, "trace-sizes") && strcmp(o->scenario, "small") &&
-                strcmp(o->scenario, "large") && strcmp(o->scenario, "threads")) {
+                strcmp(o->scenario, "large") && strcmp(o->scenario, "trace-pattern") &&
+                strcmp(o->scenario, "threads")) {
                 fprintf(stderr,
-                        "unimem " BENCH_CMD ": --scenario is trace-sizes, small, large or "
-                        "threads, "
+                        "unimem " BENCH_CMD ": --scenario is trace-sizes, small, large, "
+                        "trace-pattern or threads, "
                         "not '%s'\n",
                         o->scenario);
                 return 2;
@@ -304,9 +331,53 @@ static int seq_push(size_seq *s, size_t *cap, size_t v)
     return 0;
 }
 
-/* Reads the sequence of allocation sizes of the trace: all of them, the
- * ones up to BENCH_SMALL_MAX and those above. Returns an exit code (0 on
- * success). */
+static int ops_push(op_seq *o, size_t slot, size_t size)
+{
+    if (o->n == o->cap) {
+        size_t ncap = o->cap ? o->cap * 2 : 1024;
+        trace_op *nv = realloc(o->v, ncap * sizeof *nv);
+        if (!nv) {
+            fprintf(stderr, "unimem " BENCH_CMD ": out of host memory for %zu trace events\n",
+                    ncap);
+            return 1;
+        }
+        o->v = nv;
+        o->cap = ncap;
+    }
+    o->v[o->n++] = (trace_op){slot, size};
+    return 0;
+}
+
+/* Appends a free of every block the trace leaves live and finds the peak
+ * of live bytes. Returns an exit code (0 on success). */
+static int ops_close(op_seq *o)
+{
+    size_t *live = calloc(o->slots ? o->slots : 1, sizeof *live);
+    if (!live) {
+        fprintf(stderr, "unimem " BENCH_CMD ": out of host memory for %zu trace blocks\n",
+                o->slots);
+        return 1;
+    }
+    uint64_t bytes = 0;
+    for (size_t i = 0; i < o->n; i++) {
+        const trace_op *op = &o->v[i];
+        bytes = op->size ? bytes + op->size : bytes - live[op->slot];
+        live[op->slot] = op->size;
+        o->allocs += op->size != 0;
+        if (bytes > o->peak)
+            o->peak = bytes;
+    }
+    int rc = 0;
+    for (size_t slot = 0; slot < o->slots && !rc; slot++)
+        if (live[slot])
+            rc = ops_push(o, slot, 0);
+    free(live);
+    return rc;
+}
+
+/* Reads the trace: the sequence of allocation sizes (all of them, the
+ * ones up to BENCH_SMALL_MAX and those above) and its events in order.
+ * Returns an exit code (0 on success). */
 static int load_sizes(bench *b)
 {
     um_trace *t = NULL;
@@ -318,11 +389,18 @@ static int load_sizes(bench *b)
     if (s != UM_OK)
         return bench_fail(s);
     while ((s = um_trace_next(t, &ev, &done)) == UM_OK && !done) {
+        /* um_malloc rejects size 0, and a trace size beyond size_t cannot be
+         * requested at all; both are left out, with their frees (a free's
+         * event carries its allocation's size). */
+        bool usable = ev.size != 0 && ev.size <= SIZE_MAX;
+        if (usable && ops_push(&b->ops, (size_t)ev.slot,
+                               ev.op == UM_TRACE_ALLOC ? (size_t)ev.size : 0)) {
+            um_trace_close(t);
+            return 1;
+        }
         if (ev.op != UM_TRACE_ALLOC)
             continue;
-        /* um_malloc rejects size 0, and a trace size beyond size_t cannot be
-         * requested at all; both are left out of the sequence. */
-        if (ev.size == 0 || ev.size > SIZE_MAX) {
+        if (!usable) {
             zero++;
             continue;
         }
@@ -334,9 +412,12 @@ static int load_sizes(bench *b)
             return 1;
         }
     }
+    b->ops.slots = (size_t)um_trace_slots(t);
     um_trace_close(t);
     if (s != UM_OK)
         return bench_fail(s);
+    if (ops_close(&b->ops))
+        return 1;
     if (!b->small.n || !b->large.n) {
         fprintf(stderr,
                 "unimem " BENCH_CMD ": trace %s has %zu usable allocation sizes, %zu of them "
@@ -545,17 +626,112 @@ static bool ring_drain(ring *r, which w)
     return true;
 }
 
+/* ----------------------------------------------------- the trace's pattern */
+
+/* One pass of the trace-pattern scenario: the trace's events in order,
+ * with r's blocks live underneath (r also takes the error). */
+static bool pattern_um_pass(ring *r, const op_seq *o, void **slots)
+{
+    for (size_t i = 0; i < o->n; i++) {
+        const trace_op *op = &o->v[i];
+        void **slot = &slots[op->slot];
+        um_status s = op->size ? um_malloc(r->ctx, r->dev, op->size, NULL, slot)
+                               : um_free(r->ctx, *slot, NULL);
+        if (BENCH_UNLIKELY(s != UM_OK)) {
+            *slot = op->size ? NULL : *slot;
+            ring_um_error(r, s, op->size);
+            return false;
+        }
+        if (!op->size)
+            *slot = NULL;
+    }
+    return true;
+}
+
+static bool pattern_mc_pass(ring *r, const op_seq *o, void **slots)
+{
+    for (size_t i = 0; i < o->n; i++) {
+        const trace_op *op = &o->v[i];
+        void **slot = &slots[op->slot];
+        if (!op->size) {
+            free(*slot);
+            *slot = NULL;
+        } else if (BENCH_UNLIKELY(!(*slot = malloc(op->size)))) {
+            r->failed_size = op->size;
+            snprintf(r->error, sizeof r->error, "malloc(%zu) failed replaying the trace",
+                     op->size);
+            return false;
+        }
+    }
+    return true;
+}
+
+/* ------------------------------------------------------------- workloads */
+
+/* What one measurement runs: a ring, or (ops set) the trace's own pattern
+ * over the ring's blocks, which then stay live throughout. */
+typedef struct workload {
+    ring r;
+    const op_seq *ops;
+    void **slots;       /* the trace's live blocks by slot */
+} workload;
+
+static bool work_fill(workload *k, which w)
+{
+    if (k->ops && !(k->slots = calloc(k->ops->slots ? k->ops->slots : 1, sizeof *k->slots))) {
+        snprintf(k->r.error, sizeof k->r.error, "out of host memory for %zu trace blocks",
+                 k->ops->slots);
+        k->r.status = UM_ERR_NOMEM;
+        return false;
+    }
+    return ring_fill(&k->r, w);
+}
+
+/* Runs about *pairs pairs: exactly that many of a ring, one whole pass of
+ * the trace (*pairs becomes its allocation count). */
+static bool work_step(workload *k, which w, uint64_t *pairs)
+{
+    if (!k->ops)
+        return ring_run(&k->r, w, *pairs);
+    *pairs = k->ops->allocs;
+    return w == WHICH_UNIMEM ? pattern_um_pass(&k->r, k->ops, k->slots)
+                             : pattern_mc_pass(&k->r, k->ops, k->slots);
+}
+
+/* Frees what the workload holds, after a failure too. */
+static bool work_drain(workload *k, which w)
+{
+    bool ok = true;
+    for (size_t i = 0; k->slots && i < k->ops->slots; i++) {
+        if (!k->slots[i])
+            continue;
+        if (w == WHICH_MALLOC) {
+            free(k->slots[i]);
+        } else {
+            um_status s = um_free(k->r.ctx, k->slots[i], NULL);
+            if (s != UM_OK && ok && k->r.status == UM_OK) {
+                ring_um_error(&k->r, s, 0);
+                ok = false;
+            }
+        }
+    }
+    free(k->slots);
+    k->slots = NULL;
+    return ring_drain(&k->r, w) && ok;
+}
+
 /* Times up to `pairs` pairs in chunks and stops early once budget_ns has
  * passed. Chunks start at one pair and double while a chunk takes under a
- * millisecond, so slow pairs cannot overshoot the budget by much. */
-static bool ring_time(ring *r, which w, uint64_t pairs, uint64_t budget_ns, sample *out)
+ * millisecond, so slow pairs cannot overshoot the budget by much (a pass
+ * of the trace is one chunk). */
+static bool work_time(workload *k, which w, uint64_t pairs, uint64_t budget_ns, sample *out)
 {
     uint64_t done = 0, chunk = 1;
     uint64_t t0 = tool_now_ns(), now = t0;
     while (done < pairs) {
         uint64_t n = pairs - done < chunk ? pairs - done : chunk;
         uint64_t before = now;
-        if (!ring_run(r, w, n))
+        if (!work_step(k, w, &n))
             return false;
         done += n;
         now = tool_now_ns();
@@ -587,31 +763,38 @@ static int ring_fail(const bench *b, const ring *r, which w, const char *scenari
     return 1;
 }
 
-/* One allocator on one ring scenario: fill, warm, three timed runs, drain.
+/* The warm-up's pairs: every block of a ring is recycled twice; the
+ * trace is replayed BENCH_PATTERN_WARM times, since the step planner
+ * learns its period over the first passes. */
+#define BENCH_PATTERN_WARM 10
+static uint64_t warm_pairs(const workload *k)
+{
+    return k->ops ? BENCH_PATTERN_WARM * (uint64_t)k->ops->allocs : 2 * (uint64_t)k->r.live + 10000;
+}
+
+/* One allocator on one scenario: fill, warm, three timed runs, drain.
  * Stores the median ns per pair and its pair count. */
-static int measure_ring(bench *b, const size_seq *s, size_t live, which w, const char *scenario,
-                        double *ns_out, uint64_t *pairs_out, double *calls_out)
+static int measure(bench *b, workload *k, which w, const char *scenario, double *ns_out,
+                   uint64_t *pairs_out, double *calls_out)
 {
     um_stats before, after;
     uint64_t timed = 0;
-    ring r;
     sample smp[BENCH_REPEATS];
     double ns[BENCH_REPEATS];
-    ring_init(&r, b->ctx, b->dev, s, live, 0);
-    /* Warm-up: every block of the ring is recycled twice, and the caches of
-     * both allocators reach their steady state before the clock starts. It
-     * too stops at the time budget (slow pairs are slow from the start). */
+    /* Warm-up: the caches of both allocators reach their steady state
+     * before the clock starts. It too stops at the time budget (slow pairs
+     * are slow from the start). */
     sample warm;
-    if (!ring_fill(&r, w) || !ring_time(&r, w, 2 * (uint64_t)live + 10000, b->o.budget_ns, &warm)) {
-        int rc = ring_fail(b, &r, w, scenario);
-        ring_drain(&r, w);
+    if (!work_fill(k, w) || !work_time(k, w, warm_pairs(k), b->o.budget_ns, &warm)) {
+        int rc = ring_fail(b, &k->r, w, scenario);
+        work_drain(k, w);
         return rc;
     }
     um_status st = w == WHICH_UNIMEM ? um_stats_get(b->ctx, b->dev, &before) : UM_OK;
     for (int i = 0; i < BENCH_REPEATS && st == UM_OK; i++) {
-        if (!ring_time(&r, w, b->o.pairs, b->o.budget_ns, &smp[i])) {
-            int rc = ring_fail(b, &r, w, scenario);
-            ring_drain(&r, w);
+        if (!work_time(k, w, b->o.pairs, b->o.budget_ns, &smp[i])) {
+            int rc = ring_fail(b, &k->r, w, scenario);
+            work_drain(k, w);
             return rc;
         }
         ns[i] = (double)smp[i].ns / (double)smp[i].pairs;
@@ -622,15 +805,15 @@ static int measure_ring(bench *b, const size_seq *s, size_t live, which w, const
     if (w == WHICH_UNIMEM && st == UM_OK)
         st = um_stats_get(b->ctx, b->dev, &after);
     if (st != UM_OK) {
-        ring_drain(&r, w);
+        work_drain(k, w);
         return bench_fail(st);
     }
     if (calls_out && w == WHICH_UNIMEM)
         *calls_out = (double)(after.num_backend_calls - before.num_backend_calls) / (double)timed;
     else if (calls_out)
         *calls_out = -1.0;
-    if (!ring_drain(&r, w))
-        return ring_fail(b, &r, w, scenario);
+    if (!work_drain(k, w))
+        return ring_fail(b, &k->r, w, scenario);
     double sorted[BENCH_REPEATS];
     memcpy(sorted, ns, sizeof ns);
     qsort(sorted, BENCH_REPEATS, sizeof sorted[0], cmp_double);
@@ -645,7 +828,7 @@ static int measure_ring(bench *b, const size_seq *s, size_t live, which w, const
 
 typedef struct thread_job {
     pthread_t tid;
-    ring r;
+    workload k;
     which w;
     uint64_t pairs;
     uint64_t budget_ns;
@@ -676,18 +859,17 @@ static void *thread_main(void *arg)
     thread_job *j = arg;
     thread_group *g = j->g;
     sample warm;
-    j->ok = ring_fill(&j->r, j->w) &&
-            ring_time(&j->r, j->w, 2 * (uint64_t)j->r.live + 10000, j->budget_ns, &warm);
+    j->ok = work_fill(&j->k, j->w) && work_time(&j->k, j->w, warm_pairs(&j->k), j->budget_ns, &warm);
     atomic_fetch_add(&g->ready, 1);
     wait_flag(&g->go);
     if (j->ok && atomic_load(&g->go) > 0) {
         j->t_start = tool_now_ns();
-        j->ok = ring_time(&j->r, j->w, j->pairs, j->budget_ns, &j->smp);
+        j->ok = work_time(&j->k, j->w, j->pairs, j->budget_ns, &j->smp);
         j->t_end = tool_now_ns();
     }
     atomic_fetch_add(&g->done, 1);
     wait_flag(&g->release);
-    if (!ring_drain(&j->r, j->w))
+    if (!work_drain(&j->k, j->w))
         j->ok = false;
     return NULL;
 }
@@ -709,7 +891,7 @@ static int run_threads_once(bench *b, which w, int nthreads, double *rate, doubl
         thread_job *j = &jobs[t];
         /* Each thread starts at its own place in the sequence, so the
          * threads do not ask for the same sizes in lockstep. */
-        ring_init(&j->r, b->ctx, b->dev, &b->small, BENCH_THREAD_LIVE,
+        ring_init(&j->k.r, b->ctx, b->dev, &b->small, BENCH_THREAD_LIVE,
                   (size_t)t * b->small.n / (size_t)nthreads);
         j->w = w;
         j->pairs = b->o.thread_pairs;
@@ -741,7 +923,7 @@ static int run_threads_once(bench *b, which w, int nthreads, double *rate, doubl
         if (!j->ok) {
             char name[48];
             snprintf(name, sizeof name, "threads (thread %d of %d)", t + 1, nthreads);
-            return ring_fail(b, &j->r, w, name);
+            return ring_fail(b, &j->k.r, w, name);
         }
         t0 = j->t_start < t0 ? j->t_start : t0;
         t1 = j->t_end > t1 ? j->t_end : t1;
@@ -796,10 +978,13 @@ static void print_header(const bench *b)
            b->trace_path, b->all.n, b->small.n, b->large.n);
     printf("memory is never touched: device memory is not host-readable in general, so neither\n"
            "allocator's blocks are read or written; the times are allocator bookkeeping only.\n");
-    printf("each figure is the median of %d runs of up to %llu pairs (%.2f s at most); a pair is\n"
-           "one free of the oldest live block + one allocation of the next size; um_calls is\n"
+    printf("each figure is the median of %d runs of up to %llu pairs (%.2f s at most); in a ring\n"
+           "a pair is one free of the oldest live block + one allocation of the next size; in\n"
+           "trace-pattern, one allocation of the trace and its free, in the trace's order (%zu\n"
+           "pairs a pass, whole passes), with 'live' more blocks live underneath; um_calls is\n"
            "unimem's backend calls (page maps, unmaps, ...) per timed pair.\n\n",
-           BENCH_REPEATS, (unsigned long long)b->o.pairs, (double)b->o.budget_ns / 1e9);
+           BENCH_REPEATS, (unsigned long long)b->o.pairs, (double)b->o.budget_ns / 1e9,
+           b->ops.allocs);
     printf("%-12s %6s %7s %9s %9s %9s %7s %11s %11s %8s %8s %8s\n", "scenario", "live", "threads",
            "pairs", "unimem_ns", "malloc_ns", "ratio", "unimem_Mp/s", "malloc_Mp/s", "um_scale",
            "mc_scale", "um_calls");
@@ -850,27 +1035,48 @@ static void print_row(const bench *b, const row *r)
 
 /* ------------------------------------------------------------ scenarios */
 
-static int run_ring_scenario(bench *b, const char *scenario, const size_seq *s, size_t live)
+/* The bytes of the first `live` sizes of the cycled sequence. */
+static uint64_t prefix_bytes(const size_seq *s, size_t live)
+{
+    uint64_t total = 0, head = 0;
+    for (size_t i = 0; i < s->n; i++) {
+        total += s->v[i];
+        if (i < live % s->n)
+            head += s->v[i];
+    }
+    return (uint64_t)(live / s->n) * total + head;
+}
+
+/* One ring scenario, or (ops set) the trace's pattern over `live` blocks. */
+static int run_scenario(bench *b, const char *scenario, const size_seq *s, const op_seq *ops,
+                        size_t live)
 {
     row r;
     memset(&r, 0, sizeof r);
     r.scenario = scenario;
     r.live = live;
     r.threads = 1;
-    uint64_t need = max_window_bytes(s, live);
+    /* The pattern's blocks add the trace's peak to the ones underneath;
+     * a sixteenth more leaves room for the pool's own rounding. */
+    uint64_t need = ops ? prefix_bytes(s, live) + ops->peak : max_window_bytes(s, live);
+    need += ops ? need / 16 : 0;
     if (need > b->info.memory_limit) {
         char nb[32], lb[32];
         r.skipped = true;
         snprintf(r.skip_reason, sizeof r.skip_reason,
-                 "the ring holds up to %s live, more than the device limit of %s "
+                 "the %s holds up to %s live, more than the device limit of %s "
                  "(use a larger --device)",
-                 tool_bytes(nb, need), tool_bytes(lb, b->info.memory_limit));
+                 ops ? "scenario" : "ring", tool_bytes(nb, need),
+                 tool_bytes(lb, b->info.memory_limit));
         print_row(b, &r);
         return 0;
     }
-    int rc = measure_ring(b, s, live, WHICH_UNIMEM, scenario, &r.um_ns, &r.um_pairs, &r.um_calls);
+    workload k = {.ops = ops};
+    ring_init(&k.r, b->ctx, b->dev, s, live, 0);
+    int rc = measure(b, &k, WHICH_UNIMEM, scenario, &r.um_ns, &r.um_pairs, &r.um_calls);
+    ring_init(&k.r, b->ctx, b->dev, s, live, 0);
     if (!rc)
-        rc = measure_ring(b, s, live, WHICH_MALLOC, scenario, &r.mc_ns, &r.mc_pairs, NULL);
+        rc = measure(b, &k, WHICH_MALLOC, scenario, &r.mc_ns, &r.mc_pairs, NULL);
     if (rc)
         return rc;
     r.um_rate = 1e9 / r.um_ns;
@@ -935,16 +1141,21 @@ static int bench_run(bench *b)
     const struct {
         const char *name;
         const size_seq *sizes;
-    } rings[] = {{"trace-sizes", &b->all}, {"small", &b->small}, {"large", &b->large}};
-    for (size_t k = 0; k < sizeof rings / sizeof rings[0]; k++) {
-        if (b->o.scenario && strcmp(b->o.scenario, rings[k].name))
+        const op_seq *ops;
+    } scenarios[] = {{"trace-sizes", &b->all, NULL},
+                     {"small", &b->small, NULL},
+                     {"large", &b->large, NULL},
+                     {"trace-pattern", &b->all, &b->ops}};
+    for (size_t k = 0; k < sizeof scenarios / sizeof scenarios[0]; k++) {
+        if (b->o.scenario && strcmp(b->o.scenario, scenarios[k].name))
             continue;
         for (size_t i = 0; i < sizeof lives / sizeof lives[0]; i++) {
             if (b->o.live && b->o.live != lives[i])
                 continue;
             tool_status("measuring %s with %zu live blocks (unimem, then glibc)...",
-                        rings[k].name, lives[i]);
-            if ((rc = run_ring_scenario(b, rings[k].name, rings[k].sizes, lives[i])) != 0)
+                        scenarios[k].name, lives[i]);
+            if ((rc = run_scenario(b, scenarios[k].name, scenarios[k].sizes, scenarios[k].ops,
+                                   lives[i])) != 0)
                 return rc;
         }
     }
@@ -985,5 +1196,6 @@ int um_cmd_bench(int argc, char **argv)
     free(b.all.v);
     free(b.small.v);
     free(b.large.v);
+    free(b.ops.v);
     return rc;
 }

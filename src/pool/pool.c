@@ -71,7 +71,7 @@ static const char *dev_name(um__pool *p) { return p->base.backend->name; }
 /* block_new sets each field of a record; a new field must be set there too
  * (this size is on 64-bit targets). */
 #if UINTPTR_MAX == UINT64_MAX
-_Static_assert(sizeof(um__block) == 96, "um__block changed: update block_new");
+_Static_assert(sizeof(um__block) == 104, "um__block changed: update block_new");
 #endif
 
 static um__block *block_new(um__pool *p)
@@ -87,6 +87,7 @@ static um__block *block_new(um__pool *p)
         b->fi = (um__fi_node){NULL, NULL, 0, 0};
         b->prev = b->next = NULL;
         b->slab = NULL;
+        b->start_next = NULL;
         b->requested = 0;
         b->stream = 0;
         b->seq = 0;
@@ -169,86 +170,46 @@ static inline void delta_add(_Atomic int64_t *c, int64_t d)
                           memory_order_relaxed);
 }
 
-/* --------------------------------------------------- live large-block map */
-
-/* The product's high half is folded in: the low bits of a product depend
- * only on the low bits of the address, which are zero for the 64 KiB- and
- * 2 MiB-aligned blocks that are common, and the table is indexed by low
- * bits (long probe chains otherwise: live_map_del was 11% of a churn with
- * 10,000 large blocks). */
-static size_t hash_addr(uintptr_t a)
-{
-    uint64_t x = (uint64_t)(a >> 8) * 0x9e3779b97f4a7c15ull;
-    return (size_t)(x ^ (x >> 32));
-}
-
-/* Entries keep the address next to the record, so a probe compares
- * without touching the record (a cache miss per probe otherwise). */
-static bool live_map_grow(um__pool *p)
-{
-    size_t cap = p->live_cap ? p->live_cap * 2 : 1024;
-    um__live_entry *m = calloc(cap, sizeof *m);
-    if (!m)
-        return false;
-    for (size_t i = 0; i < p->live_cap; i++) {
-        if (!p->live_map[i].block)
-            continue;
-        size_t j = hash_addr(p->live_map[i].addr) & (cap - 1);
-        while (m[j].block)
-            j = (j + 1) & (cap - 1);
-        m[j] = p->live_map[i];
-    }
-    free(p->live_map);
-    p->live_map = m;
-    p->live_cap = cap;
-    return true;
-}
-
-static bool live_map_put(um__pool *p, um__block *b)
-{
-    if ((p->live_count + 1) * 2 > p->live_cap && !live_map_grow(p))
-        return false;
-    size_t j = hash_addr(b->fi.addr) & (p->live_cap - 1);
-    while (p->live_map[j].block)
-        j = (j + 1) & (p->live_cap - 1);
-    p->live_map[j] = (um__live_entry){b->fi.addr, b};
-    p->live_count++;
-    return true;
-}
-
-static size_t live_map_slot(um__pool *p, uintptr_t addr)
-{
-    if (!p->live_cap)
-        return SIZE_MAX;
-    size_t j = hash_addr(addr) & (p->live_cap - 1);
-    while (p->live_map[j].block) {
-        if (p->live_map[j].addr == addr)
-            return j;
-        j = (j + 1) & (p->live_cap - 1);
-    }
-    return SIZE_MAX;
-}
-
-static void live_map_del(um__pool *p, size_t j)
-{
-    size_t mask = p->live_cap - 1;
-    p->live_map[j] = (um__live_entry){0, NULL};
-    p->live_count--;
-    /* Backward-shift deletion keeps every probe chain unbroken. */
-    for (size_t k = (j + 1) & mask; p->live_map[k].block; k = (k + 1) & mask) {
-        size_t home = hash_addr(p->live_map[k].addr) & mask;
-        if (((k - home) & mask) >= ((k - j) & mask)) {
-            p->live_map[j] = p->live_map[k];
-            p->live_map[k] = (um__live_entry){0, NULL};
-            j = k;
-        }
-    }
-}
-
 /* ------------------------------------------------------------ page holes */
 
 static inline size_t page_of(um__pool *p, uintptr_t a) { return (a - p->va) >> p->page_shift; }
 static inline uintptr_t page_addr(um__pool *p, size_t pg) { return p->va + pg * p->page; }
+
+/* ------------------------------------------------------------ pointer map */
+
+/* The live large blocks by address. A page's list is short: blocks above
+ * UM_SMALL_MAX bytes, so at most page / 32 KiB of them start in one page,
+ * and usually one. Under the lock. */
+
+/* Where the link to the block at addr is (*link is NULL: none there). */
+static inline um__block **ptr_map_link(um__pool *p, uintptr_t addr)
+{
+    um__block **link = &p->page_starts[page_of(p, addr)];
+    while (*link && (*link)->fi.addr != addr)
+        link = &(*link)->start_next;
+    return link;
+}
+
+static inline um__block *ptr_map_find(um__pool *p, uintptr_t addr)
+{
+    return *ptr_map_link(p, addr);
+}
+
+static inline void ptr_map_put(um__pool *p, um__block *b)
+{
+    um__block **head = &p->page_starts[page_of(p, b->fi.addr)];
+    b->start_next = *head;
+    *head = b;
+    p->live_count++;
+}
+
+static inline void ptr_map_del(um__pool *p, um__block *b)
+{
+    um__block **link = ptr_map_link(p, b->fi.addr);
+    *link = b->start_next;
+    b->start_next = NULL;
+    p->live_count--;
+}
 
 /* Sets page pg's physical page (0: unmapped), keeping the bitmap of mapped
  * pages that the placement's range queries read. */
@@ -1865,7 +1826,7 @@ static void bounce_flush_locked(um__pool *p, um__tcache *tc)
     b->tc_owner = NULL;
     if (p->plan_on)
         um__plan_note_free(&p->plan, b->seq, b->fi.size);
-    live_map_del(p, live_map_slot(p, b->fi.addr));
+    ptr_map_del(p, b);
     release_range(p, b, b->stream < p->nstreams ? p->streams[b->stream] : NULL, b->stream);
 }
 
@@ -1968,7 +1929,7 @@ static void plan_stop(um__pool *p)
                 run[n++] = g;
             }
             if (i < pl->nlive) {
-                um__block *b = p->live_map[live_map_slot(p, lo)].block;
+                um__block *b = ptr_map_find(p, lo);
                 b->planned = false;
                 pin_range(p, b->fi.addr, b->fi.size, +1);
                 at = b->fi.addr + b->fi.size;
@@ -2096,16 +2057,8 @@ static __attribute__((noinline)) um_status large_alloc_locked(um__pool *p, size_
         st = UM_OK;
     else if (ss)
         st = take_range(p, bytes, UM_ALIGN, s->id, &b);
-    if (st == UM_OK && !live_map_put(p, b)) {
-        if (b->planned)
-            plan_put_back(p, b);
-        else {
-            pin_range(p, b->fi.addr, b->fi.size, -1);
-            make_ready(p, b);
-        }
-        st = UM_ERR_NOMEM;
-    }
     if (st == UM_OK) {
+        ptr_map_put(p, b);
         b->state = UM_BLOCK_LIVE;
         b->stream = s->id;
         b->requested = size;
@@ -2275,20 +2228,23 @@ static __attribute__((noinline)) um_status large_free_locked(um__pool *p, uintpt
      * and each is found through the one before (map entry, block record,
      * neighbours, pages). Asking for each as soon as its address is known
      * overlaps their misses with the lock and with each other (about 10%
-     * of a pair with 10,000 trace-size blocks live). The page array is
-     * fixed when the pool is made, so its first records can be asked for
-     * before the lock. */
+     * of a pair with 10,000 trace-size blocks live). The page arrays are
+     * fixed when the pool is made, so the map's entry and the first page
+     * records can be asked for before the lock. */
+    if (UM_UNLIKELY(addr < p->va || addr - p->va >= p->va_size))
+        return um__fail(UM_ERR_INVALID_POINTER, "device %d (%s): %p is outside its memory",
+                        p->base.dev, dev_name(p), (void *)addr);
     size_t first_pg = page_of(p, addr);
+    __builtin_prefetch(&p->page_starts[first_pg], 0);
     for (size_t pg = first_pg; pg < first_pg + 4 && pg < p->npages; pg += 2)
         __builtin_prefetch(&p->pages[pg], 1);
     pthread_mutex_lock(&p->lock);
-    size_t j = live_map_slot(p, addr);
-    if (j == SIZE_MAX) {
+    um__block *b = ptr_map_find(p, addr);
+    if (!b) {
         um_status st = bad_free_locked(p, addr);
         pthread_mutex_unlock(&p->lock);
         return st;
     }
-    um__block *b = p->live_map[j].block;
     if (b->prev)
         __builtin_prefetch(b->prev, 1);
     if (b->next)
@@ -2305,7 +2261,6 @@ static __attribute__((noinline)) um_status large_free_locked(um__pool *p, uintpt
     bounce_disown_locked(b);
     /* The held block goes back first, as it would have without the cache. */
     bounce_flush_locked(p, tc);
-    j = live_map_slot(p, addr);
     um__stream_ref ref = {b->stream, NULL, NULL};
     if (s) {
         ref = *s;
@@ -2318,7 +2273,7 @@ static __attribute__((noinline)) um_status large_free_locked(um__pool *p, uintpt
         pthread_mutex_unlock(&p->lock);
         return um__fail(UM_ERR_NOMEM, "out of host memory for stream records");
     }
-    live_map_del(p, j);
+    ptr_map_del(p, b);
     p->large_requested -= b->requested;
     p->large_blocks--;
     p->central_frees++;
@@ -2630,8 +2585,7 @@ static um_status pool_check(um__allocator *a)
                 CHECK_THAT(b->state == UM_BLOCK_LIVE && p->plan.state >= UM_PLAN_ACTIVE,
                            "the plan's arena %#" PRIxPTR " is not live", b->fi.addr);
             } else if (b->state == UM_BLOCK_LIVE) {
-                size_t j = live_map_slot(p, b->fi.addr);
-                CHECK_THAT(j != SIZE_MAX && p->live_map[j].block == b, "live block %#" PRIxPTR
+                CHECK_THAT(ptr_map_find(p, b->fi.addr) == b, "live block %#" PRIxPTR
                            " missing from the pointer map", b->fi.addr);
                 if (atomic_load(&b->tc_held)) {
                     held_large++;
@@ -2675,25 +2629,33 @@ static um_status pool_check(um__allocator *a)
                    "%zu ready blocks (%zu bytes), index has %zu (%zu bytes)", ready, ready_bytes,
                    rg->ready.count, rg->ready.bytes);
     }
-    /* Planned blocks live in the arena and only in the pointer map. */
-    size_t planned = 0;
+    /* Planned blocks live in the arena and only in the pointer map. Every
+     * block of the map is listed under its first page, and only there. */
+    size_t planned = 0, in_map = 0;
     int64_t planned_req = 0;
-    for (size_t i = 0; i < p->live_cap; i++) {
-        um__block *b = p->live_map[i].block;
-        if (!b || !b->planned)
-            continue;
-        CHECK_THAT(p->arena && b->state == UM_BLOCK_LIVE && b->fi.addr >= p->arena->fi.addr &&
-                       b->fi.addr + b->fi.size <= p->arena->fi.addr + p->arena->fi.size,
-                   "planned block %#" PRIxPTR " lies outside the plan's arena", b->fi.addr);
-        planned++;
-        if (atomic_load(&b->tc_held)) {
-            held_large++;
-            continue;
+    for (size_t pg = 0; pg < p->npages; pg++) {
+        for (um__block *b = p->page_starts[pg]; b; b = b->start_next) {
+            CHECK_THAT(page_of(p, b->fi.addr) == pg && b->state == UM_BLOCK_LIVE &&
+                           in_map++ < p->live_count,
+                       "the pointer map lists block %#" PRIxPTR " (state %u) under page %zu",
+                       b->fi.addr, b->state, pg);
+            if (!b->planned)
+                continue;
+            CHECK_THAT(p->arena && b->fi.addr >= p->arena->fi.addr &&
+                           b->fi.addr + b->fi.size <= p->arena->fi.addr + p->arena->fi.size,
+                       "planned block %#" PRIxPTR " lies outside the plan's arena", b->fi.addr);
+            planned++;
+            if (atomic_load(&b->tc_held)) {
+                held_large++;
+                continue;
+            }
+            planned_req += (int64_t)b->requested;
+            active += b->fi.size;
+            live_large++;
         }
-        planned_req += (int64_t)b->requested;
-        active += b->fi.size;
-        live_large++;
     }
+    CHECK_THAT(in_map == p->live_count, "the pointer map lists %zu blocks, counts %zu", in_map,
+               p->live_count);
     CHECK_THAT(planned == p->plan.nlive, "%zu planned blocks live, the plan counts %zu", planned,
                p->plan.nlive);
     CHECK_THAT(!p->arena == (p->plan.state < UM_PLAN_ACTIVE),
@@ -2852,9 +2814,13 @@ static void pool_destroy(um__allocator *a)
                 dev_name(p), refused, TEARDOWN_TRIES, um_last_error());
     /* Planned blocks are only in the pointer map (read before the region's
      * records, which the map also points to, are freed). */
-    for (size_t i = 0; i < p->live_cap; i++)
-        if (p->live_map[i].block && p->live_map[i].block->planned)
-            free(p->live_map[i].block);
+    for (size_t pg = 0; p->page_starts && pg < p->npages; pg++) {
+        for (um__block *blk = p->page_starts[pg], *nx; blk; blk = nx) {
+            nx = blk->start_next;
+            if (blk->planned)
+                free(blk);
+        }
+    }
     for (um__block *blk = p->region.first, *nx; blk; blk = nx) {
         nx = blk->next;
         if (blk->slab)
@@ -2871,7 +2837,7 @@ static void pool_destroy(um__allocator *a)
     free(p->slab_map);
     free((void *)p->slab_granules);
     free(p->mapped);
-    free(p->live_map);
+    free(p->page_starts);
     um__plan_fini(&p->plan);
     while (p->plan_spare) {
         um__block *nx = p->plan_spare->next;
@@ -2975,7 +2941,8 @@ um_status um__pool_create(um__backend *b, const um__pool_config *c, um__allocato
     p->slab_granules_n = p->slab_map_top * SLAB_MAP_LEAF / SLAB_GRANULE_UNITS;
     p->slab_granules = calloc((p->slab_granules_n + 63) / 64, sizeof *p->slab_granules);
     p->mapped = calloc((p->npages + 63) / 64, sizeof *p->mapped);
-    bool ok = p->pages && p->slab_map && p->slab_granules && p->mapped &&
+    p->page_starts = calloc(p->npages, sizeof *p->page_starts);
+    bool ok = p->pages && p->slab_map && p->slab_granules && p->mapped && p->page_starts &&
               (!p->plan_on || um__plan_init(&p->plan));
     um__fi_init(&p->region.ready);
     um__block *blk = ok ? calloc(1, sizeof *blk) : NULL;

@@ -49,6 +49,9 @@ typedef struct um__block {
     um__fi_node fi;               /* addr, size; links in a free index */
     struct um__block *prev, *next;/* address-ordered neighbours in the region */
     struct um__slab *slab;        /* SLAB */
+    /* LIVE in the pointer map: the next such block whose first byte lies
+     * in the same page (pool.c, ptr_map_*). */
+    struct um__block *start_next;
     size_t requested;             /* LIVE: bytes asked for */
     uint32_t stream;              /* LIVE: allocation stream */
     uint64_t seq;                 /* LIVE: the planner's ordinal of its allocation */
@@ -186,11 +189,6 @@ typedef struct um__region {
     um__block *first;
 } um__region;
 
-typedef struct um__live_entry {
-    uintptr_t addr;
-    um__block *block; /* NULL: empty */
-} um__live_entry;
-
 typedef struct um__pool {
     um__allocator base;
     uint64_t generation;          /* tells a thread's cached tcache pointer apart */
@@ -242,9 +240,12 @@ typedef struct um__pool {
      * path; streams past the bitmap always take the locked path. */
     _Atomic uint64_t known_streams[16];
 
-    /* live large blocks by address */
-    um__live_entry *live_map;   /* open addressing by address */
-    size_t live_cap, live_count;
+    /* The pointer map of live large blocks: page_starts[pg] lists those
+     * whose first byte lies in page pg (through start_next), so um_free
+     * finds a block from its address through the page it touches anyway,
+     * and the map's lines are as local as the blocks. */
+    um__block **page_starts;
+    size_t live_count;
 
     um__block *block_freelist;
 
