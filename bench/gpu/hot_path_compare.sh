@@ -4,7 +4,10 @@
 # hits both: `unimem bench alloc` (sim device, glibc in the same run) and
 # bench/gpu/alloc_compare (cudaMalloc, cudaMallocAsync, PyTorch, unimem).
 # Usage: bench/gpu/hot_path_compare.sh OLD_TREE [STEP...]
-#   STEP: build test bench compare (default: all); COMPARE_ROUNDS=N repeats compare
+#   STEP: build test bench lives compare (default: all but lives);
+#   COMPARE_ROUNDS=N repeats compare, LIVES_ROUNDS=N repeats lives
+#   lives: each scenario at 10 and at 10,000 live blocks only (--json), old
+#   and new alternating, for the "no slower with 10,000 than with 10" target
 # OLD_TREE is an unpacked `git archive` of the older commit (with this
 # tree's tools/cmd_bench.c copied in when the old one lacks a scenario
 # timed here: the command uses the public API only). Results go to
@@ -44,6 +47,26 @@ if has bench; then
       # The large sizes' ring of 10,000 holds up to 432 GiB.
       timeout 100 $um bench alloc --device sim:480G --scenario large --live 10000 \
         > "${f%.txt}_large480.txt" 2>&1 && grep -E "^large " "${f%.txt}_large480.txt"
+    done
+  done
+fi
+if has lives; then
+  for round in $(seq 1 "${LIVES_ROUNDS:-2}"); do
+    for which in old new; do
+      um=build-dev/unimem
+      [ $which = old ] && um=$OLD/build-dev/unimem
+      for sc in trace-pattern small large trace-sizes; do
+        for live in 10 10000; do
+          dev=sim:320G
+          # The large sizes' ring of 10,000 holds up to 432 GiB.
+          [ $sc = large ] && [ $live = 10000 ] && dev=sim:480G
+          timeout 60 $um bench alloc --json --device $dev --scenario $sc --live $live \
+            --max-seconds 1 >> "$OUT/lives_${which}_$round.json" 2>&1
+        done
+      done
+      echo "lives $which round $round:"
+      sed -E 's/.*"scenario":"([a-z-]+)","live_blocks":([0-9]+).*"unimem_ns_per_pair":([0-9.]+),"malloc_ns_per_pair":([0-9.]+).*/  \1 \2 \3 \4/' \
+        "$OUT/lives_${which}_$round.json"
     done
   done
 fi
