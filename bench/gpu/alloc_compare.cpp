@@ -25,6 +25,7 @@
  * Exit status: 0 ok, 1 a failure (printed), 2 no usable GPU.
  */
 #include <cuda_runtime_api.h>
+#include <sched.h>
 #include <unimem.h>
 
 #include <algorithm>
@@ -72,6 +73,7 @@ struct Options {
     bool skip_torch = false;
     bool verify = false;
     const char *json_path = nullptr;
+    int pin = -1;           /* the core of the single-thread scenarios; -1: none */
     double budget_s = 0.3;  /* one timed measurement */
     double warmup_s = 0.1;  /* the warm-up before the timed ones */
 };
@@ -79,7 +81,7 @@ struct Options {
 void usage(FILE *f)
 {
     fprintf(f,
-            "usage: alloc_compare [--quick] [--skip-torch] [--verify] [--json FILE]\n"
+            "usage: alloc_compare [--quick] [--skip-torch] [--verify] [--json FILE] [--pin CORE]\n"
             "\n"
             "Times alloc+free pairs on CUDA device 0 for cudaMalloc, cudaMallocAsync, PyTorch's\n"
             "caching allocator and unimem, in scenarios pair-by-size, live-10k-mixed and threads.\n"
@@ -88,6 +90,9 @@ void usage(FILE *f)
             "  --skip-torch  leave PyTorch's allocator out\n"
             "  --verify      write and read back a pattern in a sample of unimem's blocks\n"
             "  --json FILE   also write the rows as a JSON array to FILE\n"
+            "  --pin CORE    run pair-by-size and live-10k-mixed on this core only (every\n"
+            "                allocator alike), so the process does not move between cores\n"
+            "                mid-measurement; the threads scenario runs unpinned\n"
             "\n"
             "Exit status: 0 ok, 1 a failure (printed), 2 no usable GPU.\n");
 }
@@ -109,6 +114,17 @@ int parse_args(int argc, char **argv, Options *o)
                 return 1;
             }
             o->json_path = argv[++i];
+        } else if (!strcmp(a, "--pin")) {
+            char *end = nullptr;
+            long core = i + 1 < argc ? strtol(argv[i + 1], &end, 10) : -1;
+            if (i + 1 >= argc || !end || *end || end == argv[i + 1] || core < 0 ||
+                core >= CPU_SETSIZE) {
+                fprintf(stderr, "alloc_compare: --pin needs a core number from 0 to %d, not '%s'\n",
+                        CPU_SETSIZE - 1, i + 1 < argc ? argv[i + 1] : "");
+                return 1;
+            }
+            o->pin = int(core);
+            i++;
         } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return 0;
@@ -1073,6 +1089,23 @@ int main(int argc, char **argv)
         fn(um);
     };
 
+    /* Pinned after every allocator is set up, so the helper threads the
+     * CUDA runtime and the libraries made keep their cores. */
+    cpu_set_t all_cores;
+    bool pinned = false;
+    if (o.pin >= 0) {
+        cpu_set_t one;
+        CPU_ZERO(&one);
+        CPU_SET(o.pin, &one);
+        if (sched_getaffinity(0, sizeof all_cores, &all_cores) != 0 ||
+            sched_setaffinity(0, sizeof one, &one) != 0) {
+            fprintf(stderr, "alloc_compare: cannot pin to core %d: %s\n", o.pin, strerror(errno));
+            return 1;
+        }
+        pinned = true;
+        printf("pair-by-size and live-10k-mixed run on core %d only\n", o.pin);
+    }
+
     for (size_t size : kPairSizes) {
         fprintf(stderr, "pair-by-size %s...\n", size_text(size).c_str());
         each([&](auto &a) { pair_by_size(a, size, o); });
@@ -1088,6 +1121,11 @@ int main(int argc, char **argv)
     } else {
         fprintf(stderr, "live-10k-mixed...\n");
         each([&](auto &a) { live_mixed(a, mix, o); });
+    }
+
+    if (pinned && sched_setaffinity(0, sizeof all_cores, &all_cores) != 0) {
+        fprintf(stderr, "alloc_compare: cannot unpin from core %d: %s\n", o.pin, strerror(errno));
+        return 1;
     }
 
     /* Thread t gets the same small sizes with every allocator. */

@@ -5,7 +5,8 @@
 # bench/gpu/alloc_compare (cudaMalloc, cudaMallocAsync, PyTorch, unimem).
 # Usage: bench/gpu/hot_path_compare.sh OLD_TREE [STEP...]
 #   STEP: build test bench lives compare (default: all but lives);
-#   COMPARE_ROUNDS=N repeats compare, LIVES_ROUNDS=N repeats lives
+#   COMPARE_ROUNDS=N repeats compare, COMPARE_PIN=CORE pins its single-thread
+#   scenarios to one core, LIVES_ROUNDS=N repeats lives
 #   lives: each scenario at 10 and at 10,000 live blocks only (--json), old
 #   and new alternating, for the "no slower with 10,000 than with 10" target
 # OLD_TREE is an unpacked `git archive` of the older commit (with this
@@ -83,7 +84,8 @@ if has compare; then
       tree=.
       [ $which = old ] && tree=$OLD
       f=$OUT/alloc_compare_${which}_$round
-      timeout 240 "$tree/build-dev/alloc_compare" --json "$f.json" > "$f.txt" 2>&1
+      timeout 240 "$tree/build-dev/alloc_compare" --json "$f.json" ${COMPARE_PIN:+--pin $COMPARE_PIN} \
+        > "$f.txt" 2>&1
       echo "alloc_compare $which round $round rc=$?"; cat "$f.txt"
     done
   done
