@@ -2635,8 +2635,10 @@ static um_status pool_check(um__allocator *a)
     int64_t planned_req = 0;
     for (size_t pg = 0; pg < p->npages; pg++) {
         for (um__block *b = p->page_starts[pg]; b; b = b->start_next) {
-            CHECK_THAT(page_of(p, b->fi.addr) == pg && b->state == UM_BLOCK_LIVE &&
-                           in_map++ < p->live_count,
+            /* A list that loops would otherwise keep this walk going. */
+            CHECK_THAT(++in_map <= p->live_count,
+                       "the pointer map lists more blocks than the %zu it counts", p->live_count);
+            CHECK_THAT(page_of(p, b->fi.addr) == pg && b->state == UM_BLOCK_LIVE,
                        "the pointer map lists block %#" PRIxPTR " (state %u) under page %zu",
                        b->fi.addr, b->state, pg);
             if (!b->planned)
