@@ -19,13 +19,6 @@
 #define UM_LIKELY(x) __builtin_expect(!!(x), 1)
 #define UM_UNLIKELY(x) __builtin_expect(!!(x), 0)
 #define UM_PRINTF(f, a) __attribute__((format(printf, f, a)))
-/* For the few small thread-locals of the hot paths: in a shared library
- * the default model calls __tls_get_addr on every access (about 10% of a
- * warm pair through libunimem.so); initial-exec is one %fs-relative load.
- * It takes static TLS space, which glibc keeps a surplus of for libraries
- * loaded later with dlopen (as PyTorch loads libunimem_torch.so), so only
- * a few dozen bytes use it; the 512-byte error message does not. */
-#define UM_TLS_FAST __attribute__((tls_model("initial-exec")))
 
 /* Records a message for um_last_error() and returns s, so a failure path
  * reads `return um__fail(UM_ERR_NOMEM, "device %d: ...", dev);`. The message

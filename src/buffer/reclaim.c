@@ -52,7 +52,7 @@ struct um__reclaim {
 
 /* Set while this thread evicts: an allocation inside an eviction (a
  * write-back's target) must not start another. */
-static _Thread_local UM_TLS_FAST bool in_reclaim;
+static _Thread_local bool in_reclaim;
 
 /* How long an allocation at the limit waits for candidates that calls in
  * progress hold locked, before it fails. */

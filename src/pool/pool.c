@@ -1416,7 +1416,7 @@ static um_status take_range(um__pool *p, size_t size, size_t align, uint32_t sid
 
 /* ---------------------------------------------------------- thread caches */
 
-static _Thread_local UM_TLS_FAST struct {
+static _Thread_local struct {
     uint64_t generation;
     um__tcache *tc;
 } tls_cache;

@@ -102,12 +102,12 @@ static pthread_key_t g_key;
 static bool g_key_ok;
 
 /* The recorder this thread last recorded into, and its buffer there. */
-static _Thread_local UM_TLS_FAST struct {
+static _Thread_local struct {
     um__events *e;
     uint64_t gen;
     tbuf *tb;
 } tl;
-static _Thread_local UM_TLS_FAST uint64_t tl_thread;
+static _Thread_local uint64_t tl_thread;
 
 /* ------------------------------------------------------------- the clock */
 
