@@ -523,6 +523,33 @@ static void test_limits(void)
     a->ops->destroy(a);
 }
 
+/* At the limit with no hole to move, the best fit for 1 MiB needs a new
+ * page at either end, while the free range above the last block starts on
+ * 1 MiB of a mapped page: the allocation goes there instead of failing
+ * (test_stress found the pool failing such requests and evicting for them). */
+static void test_fit_beyond_best(void)
+{
+    um__allocator *a = make_pool(256 * MiB, 0, 0, 1);
+    void *x = xalloc(a, 5 * MiB / 2, 0); /* pages 0 and 1 */
+    void *y = xalloc(a, MiB / 2, 0);     /* page 1, up to 3 MiB */
+    CHECK_EQ((uintptr_t)y, (uintptr_t)x + 5 * MiB / 2);
+    xfree(a, x, 0);
+    CHECK_OK(a->ops->trim(a)); /* page 0 goes back: x's range needs it again */
+    CHECK_EQ(stats(a).reserved_bytes, 2 * MiB);
+    CHECK_OK(a->ops->set_memory_limit(a, 2 * MiB));
+    void *z = xalloc(a, MiB, 0);
+    CHECK_EQ((uintptr_t)z, (uintptr_t)y + MiB / 2);
+    CHECK_EQ(stats(a).reserved_bytes, 2 * MiB);
+    CHECK_EQ(stats(a).num_ooms, 0);
+    memset(z, 0x3c, MiB);
+    CHECK_EQ(((unsigned char *)z)[MiB - 1], 0x3c);
+    CHECK_OK(a->ops->check(a));
+    xfree(a, y, 0);
+    xfree(a, z, 0);
+    CHECK_OK(a->ops->check(a));
+    a->ops->destroy(a);
+}
+
 static void test_bad_pointers(void)
 {
     um__allocator *a = make_pool(64 * MiB, 0, 0, 1);
@@ -805,6 +832,7 @@ int main(void)
     test_fence_wait();
     test_fenced_pages();
     test_limits();
+    test_fit_beyond_best();
     test_bad_pointers();
     test_small_pages();
     test_shared_start_pages();

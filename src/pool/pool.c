@@ -1341,6 +1341,58 @@ static um__block *find_usable(um__pool *p, size_t size, size_t align, uint32_t s
     return found;
 }
 
+/* The spot for size bytes in ready block b that needs the fewest new pages
+ * (its low end, or its high end when that needs fewer), and their count. */
+static uintptr_t fewest_pages_spot(um__pool *p, um__block *b, uintptr_t at, size_t size,
+                                   size_t align, uint32_t sid, size_t *need)
+{
+    *need = unmapped_pages(p, at, size);
+    uintptr_t high = um__align_down(b->fi.addr + b->fi.size - size, align);
+    if (*need && high > at) {
+        size_t need_high = unmapped_pages(p, high, size);
+        if (need_high < *need && spot_usable(p, high, size, sid)) {
+            *need = need_high;
+            return high;
+        }
+    }
+    return at;
+}
+
+/* Whether need new pages fit: idle holes move onto them, and the rest are
+ * created while under the limit. */
+static bool pages_fit(um__pool *p, size_t need)
+{
+    return need <= p->holes || p->reserved + (need - p->holes) * p->page <= p->base.memory_limit;
+}
+
+/* The last resort before UM_ERR_NOMEM: of every ready block, the one whose
+ * spot needs the fewest new pages, or NULL. take_range's attempts look at
+ * the best fit only (and at mapped fits up to a page larger), so at the
+ * limit they could fail while a larger, fully mapped block was free
+ * (test_stress saw "nothing left to evict" with 5.6 of 28 MiB live and a
+ * free range the size of the request). It walks every block, which is
+ * fine on the way to failing only. */
+static um__block *any_fit(um__pool *p, size_t size, size_t align, uint32_t sid, uintptr_t *spot)
+{
+    um__block *best = NULL;
+    size_t best_need = SIZE_MAX;
+    for (um__block *b = p->region.first; b && best_need; b = b->next) {
+        if (b->state != UM_BLOCK_READY || b->fi.size < size)
+            continue;
+        uintptr_t at = usable_spot(p, b, size, align, sid);
+        if (!at)
+            continue;
+        size_t need;
+        at = fewest_pages_spot(p, b, at, size, align, sid, &need);
+        if (need < best_need && pages_fit(p, need)) {
+            best = b;
+            best_need = need;
+            *spot = at;
+        }
+    }
+    return best;
+}
+
 /* Finds size bytes (aligned) for stream sid:
  * 0. ready memory that is already mapped: the best fit, or else one of the
  *    next few fits, up to a page and 1/16 larger, that needs no page moved
@@ -1349,7 +1401,8 @@ static um__block *find_usable(um__pool *p, size_t size, size_t align, uint32_t s
  *    backend call but the moves themselves);
  * 2. after polling every stream's fence: holes that became idle, then new
  *    pages while under the limit;
- * 3. after waiting for every fence and dropping empty slabs: step 2 again.
+ * 3. after waiting for every fence and dropping empty slabs: step 2 again;
+ * 4. any ready block, whichever needs the fewest new pages (any_fit).
  * Within the chosen free block the range goes to its low end, or to its
  * high end when that needs fewer new pages (the top may sit on a
  * neighbour's partly used page, and the free rest stays page-aligned).
@@ -1382,28 +1435,27 @@ static um_status take_range(um__pool *p, size_t size, size_t align, uint32_t sid
         }
         if (!b)
             continue;
-        size_t need = unmapped_pages(p, at, size);
-        uintptr_t high = um__align_down(b->fi.addr + b->fi.size - size, align);
-        if (need && high > at) {
-            size_t need_high = unmapped_pages(p, high, size);
-            if (need_high < need && spot_usable(p, high, size, sid)) {
-                at = high;
-                need = need_high;
-            }
-        }
+        size_t need;
+        at = fewest_pages_spot(p, b, at, size, align, sid, &need);
         if (need && (attempt == 0 || (attempt == 1 && need > p->holes)))
             continue;
         /* Without recycling, attempt 1 (moves only) is for a full device. */
         if (need && attempt == 1 && !recycling(p) &&
             p->reserved + need * p->page <= p->base.memory_limit)
             continue;
-        if (need > p->holes && p->reserved + (need - p->holes) * p->page > p->base.memory_limit)
+        if (!pages_fit(p, need))
             continue;
         last = take_ready(p, b, at, size, attempt >= 2, out);
         if (last == UM_OK)
             return UM_OK;
         if (last != UM_ERR_NOMEM)
             return last;
+    }
+    if (last == UM_ERR_NOMEM) {
+        uintptr_t at = 0;
+        um__block *b = any_fit(p, size, align, sid, &at);
+        if (b && (last = take_ready(p, b, at, size, true, out)) == UM_OK)
+            return UM_OK;
     }
     /* The arena's free space serves only the plan: short of memory, the
      * plan gives way (once: the arena is gone after this). */
