@@ -227,6 +227,12 @@ static inline void page_set_phys(um__pool *p, size_t pg, um__phys ph)
  * mapped word, the common case, costs no bit count. */
 static inline size_t unmapped_count(const um__pool *p, size_t first, size_t last)
 {
+    /* Most ranges lie within one word: one mask, no loop. */
+    if (UM_LIKELY(first / 64 == last / 64)) {
+        uint64_t want = (~0ull << (first % 64)) & (~0ull >> (63 - last % 64));
+        uint64_t missing = want & ~p->mapped[first / 64];
+        return UM_LIKELY(missing == 0) ? 0 : (size_t)__builtin_popcountll(missing);
+    }
     size_t n = 0;
     for (size_t w = first / 64; w <= last / 64; w++) {
         uint64_t want = ~0ull;
@@ -692,7 +698,9 @@ static void make_ready(um__pool *p, um__block *b)
 
 /* ---------------------------------------------------------------- streams */
 
-static um__stream_state *stream_state(um__pool *p, const um__stream_ref *s)
+/* stream_state's first use of a stream: grows the table, makes the state
+ * and marks the stream known. */
+static um__stream_state *stream_state_slow(um__pool *p, const um__stream_ref *s)
 {
     if (s->id >= p->nstreams) {
         uint32_t n = p->nstreams ? p->nstreams : 8;
@@ -722,6 +730,15 @@ static um__stream_state *stream_state(um__pool *p, const um__stream_ref *s)
                                      memory_order_release);
     }
     return ss;
+}
+
+/* The state of stream s in this pool (locked), made on its first use; NULL
+ * without host memory for it. Inline for the known stream, every large
+ * allocation's and free's case. */
+static inline um__stream_state *stream_state(um__pool *p, const um__stream_ref *s)
+{
+    um__stream_state *ss = s->id < p->nstreams ? p->streams[s->id] : NULL;
+    return UM_LIKELY(ss && ss->known) ? ss : stream_state_slow(p, s);
 }
 
 static bool pending_push(um__pending_vec *v, void *ptr, uint64_t epoch)
