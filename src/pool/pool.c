@@ -1865,6 +1865,8 @@ static void bounce_set_out_locked(um__tcache *tc, um__block *b)
     if (old)
         old->tc_owner = NULL;
     b->tc_owner = tc;
+    tc->out_addr = b->fi.addr;
+    tc->out_stream = b->stream;
     atomic_store_explicit(&tc->out, b, memory_order_relaxed);
 }
 
@@ -1924,6 +1926,8 @@ static bool bounce_take(um__pool *p, um__tcache *tc, size_t size, size_t bytes, 
     b->requested = size;
     b->tc_owner = tc;
     atomic_store_explicit(&b->tc_held, false, memory_order_release);
+    tc->out_addr = b->fi.addr;
+    tc->out_stream = b->stream;
     atomic_store_explicit(&tc->out, b, memory_order_relaxed);
     delta_add(&tc->large_blocks_delta, 1);
     delta_add(&tc->large_req_delta, (int64_t)size);
@@ -1938,13 +1942,15 @@ static bool bounce_take(um__pool *p, um__tcache *tc, size_t size, size_t bytes, 
 static bool bounce_put(um__pool *p, um__tcache *tc, uintptr_t addr, const um__stream_ref *s)
 {
     um__block *b = atomic_load_explicit(&tc->out, memory_order_acquire);
-    if (!b || atomic_load_explicit(&tc->held, memory_order_relaxed) || b->fi.addr != addr)
+    if (!b || atomic_load_explicit(&tc->held, memory_order_relaxed) || tc->out_addr != addr)
         return false;
-    uint32_t sid = s ? s->id : b->stream;
+    uint32_t sid = s ? s->id : tc->out_stream;
     if (!stream_known(p, sid))
         return false;
-    /* Claims the block against a concurrent free elsewhere (a double free
-     * of the program's; the loser reports it). */
+    /* Claims the block before reading its record: another thread that
+     * frees it (handed the pointer, or a double free of the program's; the
+     * loser reports it) clears `out` under the lock and may reuse the
+     * record at once (ThreadSanitizer, test_stress). */
     um__block *expect = b;
     if (!atomic_compare_exchange_strong_explicit(&tc->out, &expect, NULL, memory_order_acq_rel,
                                                  memory_order_relaxed))

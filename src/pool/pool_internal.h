@@ -176,6 +176,12 @@ typedef struct um__tcache {
      * large blocks and requested bytes its hits and holds moved, not yet
      * in the pool's counters (written by the owner thread only). */
     _Atomic(struct um__block *) out;
+    /* The address and stream of `out`'s block, written and read by the
+     * owner thread only: another thread may clear `out` and reuse the
+     * block's record (freeing the block it was handed), so a free decides
+     * from these, and reads the record only once it has claimed `out`. */
+    uintptr_t out_addr;
+    uint32_t out_stream;
     /* Set by the owner thread; taken by it, or by any thread under the
      * lock when memory is short, with an atomic exchange. A held block's
      * `stream` is the stream it was freed on. */
