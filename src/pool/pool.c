@@ -1388,7 +1388,7 @@ static bool pages_fit(um__pool *p, size_t need)
  * limit they could fail while a larger, fully mapped block was free
  * (test_stress saw "nothing left to evict" with 5.6 of 28 MiB live and a
  * free range the size of the request). It walks every block, which is
- * fine on the way to failing only. */
+ * fine after every cheaper step has failed. */
 static um__block *any_fit(um__pool *p, size_t size, size_t align, uint32_t sid, uintptr_t *spot)
 {
     um__block *best = NULL;
@@ -1858,16 +1858,22 @@ static bool stream_known(um__pool *p, uint32_t sid)
                1;
 }
 
+/* Publishes b as the block tc (the calling thread's) handed out last. */
+static void bounce_publish_out(um__tcache *tc, um__block *b)
+{
+    b->tc_owner = tc;
+    tc->out_addr = b->fi.addr;
+    tc->out_stream = b->stream;
+    atomic_store_explicit(&tc->out, b, memory_order_relaxed);
+}
+
 /* Makes b the block tc handed out last. Under the lock. */
 static void bounce_set_out_locked(um__tcache *tc, um__block *b)
 {
     um__block *old = atomic_load_explicit(&tc->out, memory_order_relaxed);
     if (old)
         old->tc_owner = NULL;
-    b->tc_owner = tc;
-    tc->out_addr = b->fi.addr;
-    tc->out_stream = b->stream;
-    atomic_store_explicit(&tc->out, b, memory_order_relaxed);
+    bounce_publish_out(tc, b);
 }
 
 /* A block leaves its owner's `out` (it is being freed by the lock path). */
@@ -1924,11 +1930,8 @@ static bool bounce_take(um__pool *p, um__tcache *tc, size_t size, size_t bytes, 
         return false;
     }
     b->requested = size;
-    b->tc_owner = tc;
     atomic_store_explicit(&b->tc_held, false, memory_order_release);
-    tc->out_addr = b->fi.addr;
-    tc->out_stream = b->stream;
-    atomic_store_explicit(&tc->out, b, memory_order_relaxed);
+    bounce_publish_out(tc, b);
     delta_add(&tc->large_blocks_delta, 1);
     delta_add(&tc->large_req_delta, (int64_t)size);
     /* A free and a new allocation of the held block cancel out: the slack
