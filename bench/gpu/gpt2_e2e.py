@@ -219,6 +219,21 @@ def compare(results):
     }
 
 
+def paired_ratios(runs):
+    """unimem over PyTorch within each round (two runs back to back, so
+    the machine's slower swings cancel), and their median."""
+    pairs = [
+        ratio(u.get("median_step_time_s"), t.get("median_step_time_s"))
+        for t, u in zip(runs["torch"], runs["unimem"])
+        if "error" not in t and "error" not in u
+    ]
+    pairs = [x for x in pairs if x is not None]
+    return {
+        "round_ratios_unimem_over_torch": pairs,
+        "median_round_ratio_unimem_over_torch": statistics.median(pairs) if pairs else None,
+    }
+
+
 def fmt(value, scale=1.0, digits=1):
     return "-" if value is None else f"{value / scale:.{digits}f}"
 
@@ -250,6 +265,11 @@ def print_report(results, comparison):
             f"step time unimem/torch {fmt(comparison['step_time_ratio_unimem_over_torch'], 1, 4)}; "
             f"peak reserved unimem/torch {fmt(comparison['peak_reserved_ratio_unimem_over_torch'], 1, 4)}; "
             f"driver peak unimem/torch {fmt(comparison['driver_used_peak_ratio_unimem_over_torch'], 1, 4)}"
+        )
+        pairs = comparison.get("round_ratios_unimem_over_torch") or []
+        print(
+            "step time unimem/torch by round: " + " ".join(f"{x:.4f}" for x in pairs) +
+            f"; median {fmt(comparison.get('median_round_ratio_unimem_over_torch'), 1, 4)}"
         )
 
 
@@ -303,14 +323,18 @@ def run_child(args, allocator):
 def run_compare(args):
     started = time.perf_counter()
     runs = {a: [] for a in ALLOCATORS}
-    for _ in range(args.rounds):
-        for allocator in ALLOCATORS:
+    # ABBA order: a drift of the machine's speed over the job (it moves
+    # PyTorch's median by 15% between invocations minutes apart) then
+    # weighs on both allocators alike instead of on whichever runs second.
+    for r in range(args.rounds):
+        for allocator in ALLOCATORS if r % 2 == 0 else ALLOCATORS[::-1]:
             runs[allocator].append(run_child(args, allocator))
     results = {a: merge_rounds(runs[a]) for a in ALLOCATORS}
     if args.unimem_conf is not None:
         results["unimem"]["unimem_conf"] = args.unimem_conf
 
     comparison = compare(results)
+    comparison.update(paired_ratios(runs))
     report = {"results": results, "comparison": comparison,
               "total_wall_s": time.perf_counter() - started}
     print_report(results, comparison)
@@ -334,7 +358,7 @@ def main():
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=1024)
     parser.add_argument("--rounds", type=int, default=2,
-                        help="runs per allocator in --compare, alternating (default 2)")
+                        help="runs per allocator in --compare, in ABBA order (default 2)")
     parser.add_argument("--unimem-conf", default=None,
                         help="UNIMEM_CONF for the unimem runs of --compare (default: inherited)")
     parser.add_argument("--timeout", type=float, default=110.0,

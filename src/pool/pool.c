@@ -94,7 +94,7 @@ static um__block *block_new(um__pool *p)
         b->state = 0;
         b->planned = false;
         atomic_store_explicit(&b->tc_held, false, memory_order_relaxed);
-        b->tc_owner = NULL;
+        atomic_store_explicit(&b->tc_owner, NULL, memory_order_relaxed);
     }
     return b;
 }
@@ -485,11 +485,11 @@ static um_status release_holes(um__pool *p, size_t keep)
 static void poll_all(um__pool *p, bool wait);
 static bool wait_old_fences(um__pool *p, uint64_t min_age_ns);
 static void bounce_flush_locked(um__pool *p, struct um__tcache *tc);
-static void bounce_flush_all_locked(um__pool *p);
+static void bounce_unlink_out_locked(struct um__tcache *tc, um__block *b);
 static um__tcache *own_cache(um__pool *p);
 static void release_spare_slabs(um__pool *p);
 static void flush_caches_locked(um__pool *p);
-static void tcache_drain_others(um__pool *p);
+static void tcache_drain_others(um__pool *p, bool bins);
 static void tcache_flush_locked(um__pool *p, um__tcache *tc);
 static void plan_stop(um__pool *p);
 
@@ -510,7 +510,7 @@ static void enforce_cache_limit(um__pool *p)
         um__tcache *tc = own_cache(p);
         if (tc)
             tcache_flush_locked(p, tc);
-        bounce_flush_all_locked(p);
+        tcache_drain_others(p, false);
         poll_all(p, false);
         release_spare_slabs(p);
         (void)release_holes(p, limit);
@@ -1435,8 +1435,7 @@ static um_status take_range(um__pool *p, size_t size, size_t align, uint32_t sid
         if (attempt == 3) {
             /* Not this thread's own bins: a refill of one may be what
              * called. */
-            tcache_drain_others(p);
-            bounce_flush_all_locked(p);
+            tcache_drain_others(p, true);
             poll_all(p, true);
             release_spare_slabs(p);
         }
@@ -1551,16 +1550,18 @@ static bool membarrier_ready(void)
     return ok;
 }
 
-/* Takes back the slots other live threads keep in their bins (locked), so
- * that memory short at the limit or a trim is not held by a thread that
- * freed it and went idle (found by the stress test: an allocation failed
- * at the limit with nothing live). One barrier serves every cache. */
-static void tcache_drain_others(um__pool *p)
+/* Takes back the blocks other live threads hold in their bounce caches
+ * and, with `bins`, the slots they keep in their bins (locked), so that
+ * memory short at the limit or a trim is not held by a thread that freed
+ * it and went idle (found by the stress test: an allocation failed at the
+ * limit with nothing live). One barrier serves every cache. */
+static void tcache_drain_others(um__pool *p, bool bins)
 {
     um__tcache *own = own_cache(p);
     bool any = false;
     for (um__tcache *tc = p->tcaches; tc; tc = tc->next)
-        if (tc != own && atomic_load_explicit(&tc->has_slots, memory_order_relaxed)) {
+        if (tc != own && ((bins && atomic_load_explicit(&tc->has_slots, memory_order_relaxed)) ||
+                          atomic_load_explicit(&tc->held, memory_order_relaxed))) {
             atomic_store_explicit(&tc->drain, 1, memory_order_relaxed);
             any = true;
         }
@@ -1577,10 +1578,13 @@ static void tcache_drain_others(um__pool *p)
             continue;
         while (atomic_load_explicit(&tc->in_bins, memory_order_acquire))
             sched_yield();
-        atomic_store_explicit(&tc->has_slots, false, memory_order_relaxed);
-        for (unsigned c = 0; c < UM_NCLASSES; c++)
-            if (tc->bins[c].n)
-                flush_bin_locked(p, &tc->bins[c], c, tc->bins[c].n);
+        bounce_flush_locked(p, tc);
+        if (bins) {
+            atomic_store_explicit(&tc->has_slots, false, memory_order_relaxed);
+            for (unsigned c = 0; c < UM_NCLASSES; c++)
+                if (tc->bins[c].n)
+                    flush_bin_locked(p, &tc->bins[c], c, tc->bins[c].n);
+        }
         atomic_store_explicit(&tc->drain, 0, memory_order_release);
     }
 }
@@ -1603,7 +1607,7 @@ static void tcache_thread_exit(void *arg)
     p->dead_frees += atomic_load_explicit(&tc->frees, memory_order_relaxed);
     um__block *out = atomic_load_explicit(&tc->out, memory_order_relaxed);
     if (out)
-        out->tc_owner = NULL;
+        bounce_unlink_out_locked(tc, out);
     p->large_blocks += (uint64_t)atomic_load_explicit(&tc->large_blocks_delta, memory_order_relaxed);
     p->large_requested += (size_t)atomic_load_explicit(&tc->large_req_delta, memory_order_relaxed);
     if (tc->prev)
@@ -1842,14 +1846,19 @@ static void release_range(um__pool *p, um__block *b, um__stream_state *ss, uint3
 
 /* A program that frees a large block and at once asks for the same size on
  * the same stream (a loop's temporary buffer) gets it back without the
- * lock. A thread cache remembers the large block it handed out last
- * (`out`); when the thread frees that very block, the cache holds it,
- * still mapped and LIVE in the pool with tc_held set (so a second free is
- * caught), for the next allocation of its size on its stream. Any placement
- * or locked free by the thread first gives it back, so the pool places
- * every other block exactly as without the cache. Any other thread that
- * frees the `out` block clears it under the lock, so `out` never points at
- * a block its thread does not own. */
+ * lock and without a locked instruction. A thread cache remembers the large
+ * block it handed out last (`out`); when the thread frees that very block,
+ * the cache holds it, still mapped and LIVE in the pool with tc_held set
+ * (so a second free is caught), for the next allocation of its size on its
+ * stream. Any placement or locked free by the thread first gives it back,
+ * so the pool places every other block exactly as without the cache.
+ *
+ * Only the owner thread writes `out` and `held`. Another thread that frees
+ * the `out` block (it was handed the pointer) clears the block's tc_owner
+ * under the lock, and the owner trusts `out` only while tc_owner names its
+ * cache. Another thread that needs the held block (memory short, a cache
+ * limit, a trim) takes it through the bins' handover (tcache_drain_others),
+ * which is why the cache is on only where that handover works. */
 
 static bool stream_known(um__pool *p, uint32_t sid)
 {
@@ -1861,76 +1870,68 @@ static bool stream_known(um__pool *p, uint32_t sid)
 /* Publishes b as the block tc (the calling thread's) handed out last. */
 static void bounce_publish_out(um__tcache *tc, um__block *b)
 {
-    b->tc_owner = tc;
+    atomic_store_explicit(&b->tc_owner, tc, memory_order_relaxed);
     tc->out_addr = b->fi.addr;
     tc->out_stream = b->stream;
     atomic_store_explicit(&tc->out, b, memory_order_relaxed);
 }
 
-/* Makes b the block tc handed out last. Under the lock. */
+/* b leaves tc's `out` if it is still there: its record may already serve
+ * another block, whose owner it must not disturb. Under the lock. */
+static void bounce_unlink_out_locked(um__tcache *tc, um__block *b)
+{
+    um__tcache *expect = tc;
+    atomic_compare_exchange_strong_explicit(&b->tc_owner, &expect, NULL, memory_order_relaxed,
+                                            memory_order_relaxed);
+}
+
+/* Makes b the block tc (the calling thread's) handed out last. Under the lock. */
 static void bounce_set_out_locked(um__tcache *tc, um__block *b)
 {
     um__block *old = atomic_load_explicit(&tc->out, memory_order_relaxed);
     if (old)
-        old->tc_owner = NULL;
+        bounce_unlink_out_locked(tc, old);
     bounce_publish_out(tc, b);
 }
 
 /* A block leaves its owner's `out` (it is being freed by the lock path). */
 static void bounce_disown_locked(um__block *b)
 {
-    if (!b->tc_owner)
-        return;
-    um__block *expect = b;
-    atomic_compare_exchange_strong_explicit(&b->tc_owner->out, &expect, NULL,
-                                            memory_order_relaxed, memory_order_relaxed);
-    b->tc_owner = NULL;
+    atomic_store_explicit(&b->tc_owner, NULL, memory_order_relaxed);
 }
 
 /* Gives tc's held block back to the pool as an ordinary free. Under the
- * lock; tc may be another thread's cache (the exchange decides who gets
- * the block when that thread takes it at the same moment). */
+ * lock; tc is the calling thread's cache, or one whose owner is kept out
+ * by the handover (tcache_drain_others). */
 static void bounce_flush_locked(um__pool *p, um__tcache *tc)
 {
-    /* A plain load first: every locked large allocation flushes, and most
-     * find nothing held (no locked exchange then). */
-    if (!tc || !atomic_load_explicit(&tc->held, memory_order_relaxed))
-        return;
-    um__block *b = atomic_exchange_explicit(&tc->held, NULL, memory_order_acq_rel);
+    um__block *b = tc ? atomic_load_explicit(&tc->held, memory_order_relaxed) : NULL;
     if (!b)
         return;
+    atomic_store_explicit(&tc->held, NULL, memory_order_relaxed);
     atomic_store_explicit(&b->tc_held, false, memory_order_relaxed);
-    b->tc_owner = NULL;
     if (p->plan_on)
         um__plan_note_free(&p->plan, b->seq, b->fi.size);
     ptr_map_del(p, b);
     release_range(p, b, b->stream < p->nstreams ? p->streams[b->stream] : NULL, b->stream);
 }
 
-/* Every thread's held block, when memory is short or on trim. */
-static void bounce_flush_all_locked(um__pool *p)
-{
-    for (um__tcache *tc = p->tcaches; tc; tc = tc->next)
-        bounce_flush_locked(p, tc);
-}
-
 static bool bounce_take(um__pool *p, um__tcache *tc, size_t size, size_t bytes, uint32_t sid,
                         void **ptr)
 {
-    /* A plain load first: most large allocations find nothing held, and
-     * need no locked exchange. The block is claimed before it is read,
-     * because a thread short of memory may take it meanwhile. */
-    if (!atomic_load_explicit(&tc->held, memory_order_relaxed))
+    /* The record is read only inside the handover's window: outside it,
+     * another thread may take the block and reuse its record. */
+    if (!atomic_load_explicit(&tc->held, memory_order_relaxed) || !tc_enter(tc))
         return false;
-    um__block *b = atomic_exchange_explicit(&tc->held, NULL, memory_order_acq_rel);
-    if (!b)
-        return false;
-    if (b->fi.size != bytes || b->stream != sid) {
-        atomic_store_explicit(&tc->held, b, memory_order_release);
+    um__block *b = atomic_load_explicit(&tc->held, memory_order_relaxed);
+    if (!b || b->fi.size != bytes || b->stream != sid) {
+        tc_leave(tc);
         return false;
     }
+    atomic_store_explicit(&tc->held, NULL, memory_order_relaxed);
+    tc_leave(tc);
     b->requested = size;
-    atomic_store_explicit(&b->tc_held, false, memory_order_release);
+    atomic_store_explicit(&b->tc_held, false, memory_order_relaxed);
     bounce_publish_out(tc, b);
     delta_add(&tc->large_blocks_delta, 1);
     delta_add(&tc->large_req_delta, (int64_t)size);
@@ -1944,30 +1945,27 @@ static bool bounce_take(um__pool *p, um__tcache *tc, size_t size, size_t bytes, 
 
 static bool bounce_put(um__pool *p, um__tcache *tc, uintptr_t addr, const um__stream_ref *s)
 {
-    um__block *b = atomic_load_explicit(&tc->out, memory_order_acquire);
-    if (!b || atomic_load_explicit(&tc->held, memory_order_relaxed) || tc->out_addr != addr)
+    um__block *b = atomic_load_explicit(&tc->out, memory_order_relaxed);
+    if (!b || tc->out_addr != addr || atomic_load_explicit(&tc->held, memory_order_relaxed))
         return false;
     uint32_t sid = s ? s->id : tc->out_stream;
-    if (!stream_known(p, sid))
+    if (!stream_known(p, sid) || atomic_load_explicit(&b->tc_owner, memory_order_relaxed) != tc)
         return false;
-    /* Claims the block before reading its record: another thread that
-     * frees it (handed the pointer, or a double free of the program's; the
-     * loser reports it) clears `out` under the lock and may reuse the
-     * record at once (ThreadSanitizer, test_stress). */
-    um__block *expect = b;
-    if (!atomic_compare_exchange_strong_explicit(&tc->out, &expect, NULL, memory_order_acq_rel,
-                                                 memory_order_relaxed))
+    /* tc_owner still names this cache, so no other thread has freed the
+     * block, and none can now without freeing it twice at once (a race in
+     * the program, which the locked path reports when the two are ordered). */
+    if (!tc_enter(tc))
         return false;
+    atomic_store_explicit(&tc->out, NULL, memory_order_relaxed);
+    atomic_store_explicit(&b->tc_owner, NULL, memory_order_relaxed);
     b->stream = sid;
     atomic_store_explicit(&b->tc_held, true, memory_order_relaxed);
     delta_add(&tc->large_blocks_delta, -1);
     delta_add(&tc->large_req_delta, -(int64_t)b->requested);
     account_slack(p, tc, -(int64_t)b->fi.size, (int64_t)b->fi.size);
     counter_inc(&tc->frees);
-    /* Published last: once held, a thread short of memory may take the
-     * block and free its record (found by ThreadSanitizer when reclaim
-     * made such flushes common). */
-    atomic_store_explicit(&tc->held, b, memory_order_release);
+    atomic_store_explicit(&tc->held, b, memory_order_relaxed);
+    tc_leave(tc);
     return true;
 }
 
@@ -2164,7 +2162,7 @@ static inline um_status large_alloc(um__pool *p, size_t size, const um__stream_r
                                     void **ptr)
 {
     size_t bytes = um__align_up(size, UM_ALIGN);
-    um__tcache *tc = p->thread_cache ? tcache_get(p) : NULL;
+    um__tcache *tc = p->bounce ? tcache_get(p) : NULL;
     if (tc && bounce_take(p, tc, size, bytes, s->id, ptr))
         return UM_OK;
     return large_alloc_locked(p, size, bytes, s, tc, ptr);
@@ -2370,7 +2368,7 @@ static __attribute__((noinline)) um_status large_free_locked(um__pool *p, uintpt
 
 static inline um_status large_free(um__pool *p, uintptr_t addr, const um__stream_ref *s)
 {
-    um__tcache *tc = p->thread_cache ? tcache_get(p) : NULL;
+    um__tcache *tc = p->bounce ? tcache_get(p) : NULL;
     if (tc && bounce_put(p, tc, addr, s))
         return UM_OK;
     return large_free_locked(p, addr, s, tc);
@@ -2402,8 +2400,7 @@ static void flush_caches_locked(um__pool *p)
     um__tcache *tc = own_cache(p);
     if (tc)
         tcache_flush_locked(p, tc);
-    tcache_drain_others(p);
-    bounce_flush_all_locked(p);
+    tcache_drain_others(p, true);
 }
 
 static um_status pool_trim(um__allocator *a)
@@ -2807,8 +2804,11 @@ static um_status pool_check(um__allocator *a)
                        held->fi.addr);
             held_by_caches++;
         }
+        /* `out` may name a record another thread freed; while tc_owner
+         * names this cache, it must be this cache's live block. */
         um__block *out = atomic_load(&tc->out);
-        CHECK_THAT(!out || (out->state == UM_BLOCK_LIVE && out->tc_owner == tc),
+        CHECK_THAT(!out || atomic_load(&out->tc_owner) != tc ||
+                       (out->state == UM_BLOCK_LIVE && out->fi.addr == tc->out_addr),
                    "a thread cache's last block %#" PRIxPTR " is not its live block",
                    out ? out->fi.addr : 0);
     }
@@ -2985,6 +2985,9 @@ um_status um__pool_create(um__backend *b, const um__pool_config *c, um__allocato
     p->base.memory_limit = c->memory_limit ? c->memory_limit : b->capacity;
     p->base.cache_limit = c->cache_limit ? c->cache_limit : SIZE_MAX;
     p->thread_cache = c->thread_cache;
+    /* Other threads take a held block back through the handover, which
+     * needs membarrier (see bounce cache). */
+    p->bounce = c->thread_cache && membarrier_ready();
     p->fence_wait_ns = c->fence_wait_ns;
     p->recycle = c->recycle;
     p->plan_on = !c->no_plan;

@@ -59,10 +59,11 @@ typedef struct um__block {
     bool planned;                 /* LIVE in the plan's arena: in no region list */
     /* The bounce cache (pool.c): held by a thread cache (atomic: the owner
      * thread sets it without the lock), and the cache whose `out` this
-     * block is (changed under the lock, or by that thread while it owns
-     * the block). */
+     * block is (set by that thread; cleared under the lock when another
+     * thread frees the block, and read by the owner without the lock to
+     * learn whether its `out` is still its own). */
     _Atomic bool tc_held;
-    struct um__tcache *tc_owner;
+    _Atomic(struct um__tcache *) tc_owner;
 } um__block;
 
 enum um__slot_state { UM_SLOT_FREE = 0, UM_SLOT_LIVE = 1, UM_SLOT_CACHED = 2 };
@@ -161,12 +162,13 @@ typedef struct um__tcache {
     /* Live bytes this thread allocated minus freed that are not yet added
      * to the pool's `active` (written by the owner thread only). */
     _Atomic int64_t live_delta;
-    /* Taking back the bins of a live thread (pool.c, tcache_drain_others):
-     * the owner touches its bins without the lock only between setting
-     * in_bins and clearing it, and not at all while `drain` is set; another
-     * thread, holding the lock, sets `drain`, makes every thread pass a
-     * full memory barrier (membarrier), waits for in_bins to clear, then
-     * empties the bins. has_slots: the bins may hold slots. */
+    /* Taking back the bins and the held block of a live thread (pool.c,
+     * tcache_drain_others): the owner touches them without the lock only
+     * between setting in_bins and clearing it, and not at all while
+     * `drain` is set; another thread, holding the lock, sets `drain`,
+     * makes every thread pass a full memory barrier (membarrier), waits
+     * for in_bins to clear, then empties them. has_slots: the bins may
+     * hold slots. */
     _Atomic uint32_t in_bins, drain;
     _Atomic bool has_slots;
     um__tc_bin bins[UM_NCLASSES];
@@ -174,16 +176,21 @@ typedef struct um__tcache {
      * and that block once the thread freed it (held), for the next
      * allocation of its size on its stream. The deltas count the live
      * large blocks and requested bytes its hits and holds moved, not yet
-     * in the pool's counters (written by the owner thread only). */
+     * in the pool's counters (written by the owner thread only).
+     * `out` is written by the owner thread only. It may name a record
+     * that is no longer the thread's: another thread that frees the block
+     * clears the record's tc_owner under the lock and may reuse the
+     * record, so the owner trusts `out` only while its tc_owner is this
+     * cache (atomic because pool_check reads it). */
     _Atomic(struct um__block *) out;
     /* The address and stream of `out`'s block, written and read by the
-     * owner thread only: another thread may clear `out` and reuse the
-     * block's record (freeing the block it was handed), so a free decides
-     * from these, and reads the record only once it has claimed `out`. */
+     * owner thread only, so a free that is not of `out` is told apart
+     * without touching the record. */
     uintptr_t out_addr;
     uint32_t out_stream;
-    /* Set by the owner thread; taken by it, or by any thread under the
-     * lock when memory is short, with an atomic exchange. A held block's
+    /* Set and taken by the owner thread between tc_enter and tc_leave,
+     * with plain loads and stores; another thread takes it under the lock
+     * through the bins' handover (tcache_drain_others). A held block's
      * `stream` is the stream it was freed on. */
     _Atomic(struct um__block *) held;
     _Atomic int64_t large_blocks_delta, large_req_delta;
@@ -199,6 +206,7 @@ typedef struct um__pool {
     um__allocator base;
     uint64_t generation;          /* tells a thread's cached tcache pointer apart */
     int thread_cache;
+    bool bounce;                  /* the bounce cache is on (pool.c) */
 
     uintptr_t va;                 /* the whole reservation */
     size_t va_size;
