@@ -49,7 +49,9 @@ def resolve_lib(path):
 # --------------------------------------------------------------- one run
 
 
-def train(torch, args, warn_only, memory):
+def train(torch, args, warn_only, memory, step_stats=None):
+    """step_stats: None, or a function giving the allocator's counters, taken
+    after every step (backend calls and allocations per step)."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.use_deterministic_algorithms(True, warn_only=warn_only)
@@ -63,7 +65,7 @@ def train(torch, args, warn_only, memory):
     ids = torch.randint(0, config.vocab_size, (args.batch, args.seq), generator=tokens).to("cuda")
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
-    losses, times = [], []
+    losses, times, counters = [], [], []
     free, total = torch.cuda.mem_get_info()
     driver_peak = total - free
     for step in range(args.steps):
@@ -80,12 +82,19 @@ def train(torch, args, warn_only, memory):
         del loss
         free, total = torch.cuda.mem_get_info()
         driver_peak = max(driver_peak, total - free)
+        extra = ""
+        if step_stats:
+            counters.append(step_stats())
+            if len(counters) > 1:
+                extra = ", " + ", ".join(f"{k} +{v - counters[-2][k]}" for k, v in counters[-1].items())
         print(
             f"[{args.allocator}] step {step + 1}/{args.steps} loss {losses[-1]:.6f} "
-            f"{times[-1] * 1000:.1f} ms, driver used {(total - free) / MiB:.0f} MiB",
+            f"{times[-1] * 1000:.1f} ms, driver used {(total - free) / MiB:.0f} MiB{extra}",
             flush=True,
         )
     memory.update(driver_used_peak_bytes=driver_peak, driver_total_bytes=total)
+    if counters:
+        memory["step_counters"] = counters
     attn = getattr(model.config, "_attn_implementation", None)
     del model, optimizer, ids
     return losses, times, attn
@@ -100,6 +109,19 @@ def reset_memory(torch, unimem_torch):
     else:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
+
+
+def step_stats(unimem_torch):
+    """unimem's counters after a step: backend calls (a page mapped or
+    unmapped, an event recorded or polled...) and allocations."""
+    if not unimem_torch:
+        return None
+
+    def take():
+        s = unimem_torch.raw_stats()
+        return {"backend_calls": s["num_backend_calls"], "allocs": s["num_allocs"]}
+
+    return take
 
 
 def run_one(args):
@@ -126,7 +148,7 @@ def run_one(args):
     memory = {"driver_used_before_bytes": total - free}
     mode = "strict"
     try:
-        losses, times, attn = train(torch, args, False, memory)
+        losses, times, attn = train(torch, args, False, memory, step_stats(unimem_torch))
     except RuntimeError as err:
         if "deterministic" not in str(err):
             raise
@@ -140,7 +162,7 @@ def run_one(args):
         # Outside the except clause, so the failed attempt's frames (and its
         # model) are gone before the memory is reset.
         reset_memory(torch, unimem_torch)
-        losses, times, attn = train(torch, args, True, memory)
+        losses, times, attn = train(torch, args, True, memory, step_stats(unimem_torch))
 
     torch.cuda.synchronize()
     result = {
