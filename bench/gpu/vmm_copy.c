@@ -1,0 +1,128 @@
+/*
+ * Does the way device memory is mapped change how fast the GPU copies it?
+ * tlbprobe.py found a 1 GiB copy between two tensors of unimem's (2 MiB
+ * pages, one cuMemCreate each) 18-23% slower than between two cudaMalloc
+ * ones, while gathers and element-wise kernels were not slower. This times
+ * one device-to-device cuMemcpy of 1 GiB between two buffers made four
+ * ways, in alternating rounds:
+ *   alloc    cuMemAlloc
+ *   pages    512 handles of 2 MiB, mapped side by side (the pool's layout)
+ *   one      one handle of 1 GiB, one mapping
+ * (Mapping one handle in pieces, at offsets, is what would tell handles
+ * from mappings apart; the H200's driver refuses a nonzero offset with
+ * CUDA_ERROR_NOT_SUPPORTED.)
+ * Prints the median time (ms) and GB/s (read + write) of each.
+ * Build: cc -O2 -Isrc -Iinclude bench/gpu/vmm_copy.c BUILD/libunimem.a -lz -lpthread -ldl -lm
+ */
+#include "backend/cuda_driver.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#define GIB ((size_t)1 << 30)
+#define REPS 15
+#define ROUNDS 3
+
+#define CK(call)                                                                                  \
+    do {                                                                                          \
+        um_cuResult r_ = (call);                                                                  \
+        if (r_ != UM_CU_SUCCESS) {                                                                \
+            fprintf(stderr, "vmm_copy: %s failed: %d\n", #call, r_);                              \
+            exit(1);                                                                              \
+        }                                                                                         \
+    } while (0)
+
+enum { ALLOC, PAGES, ONE, KINDS };
+static const char *kind_name[KINDS] = {"alloc", "pages", "one"};
+
+static const um__cuda_api *cu;
+static um_cuMemAllocationProp prop;
+static um_cuMemAccessDesc access_desc;
+static size_t gran;
+
+/* A 1 GiB buffer of the given kind (its handles are leaked: the process
+ * is short-lived and the buffers live to its end). */
+static um_cuDeviceptr make_buffer(int kind)
+{
+    um_cuDeviceptr p = 0;
+    if (kind == ALLOC) {
+        CK(cu->MemAlloc(&p, GIB));
+        return p;
+    }
+    CK(cu->MemAddressReserve(&p, GIB, gran, 0, 0));
+    if (kind == PAGES) {
+        for (size_t off = 0; off < GIB; off += gran) {
+            um_cuMemHandle h;
+            CK(cu->MemCreate(&h, gran, &prop, 0));
+            CK(cu->MemMap(p + off, gran, 0, h, 0));
+        }
+    } else {
+        um_cuMemHandle h;
+        CK(cu->MemCreate(&h, GIB, &prop, 0));
+        CK(cu->MemMap(p, GIB, 0, h, 0));
+    }
+    CK(cu->MemSetAccess(p, GIB, &access_desc, 1));
+    return p;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Median milliseconds of one 1 GiB copy from src to dst. */
+static double time_copy(um_cuDeviceptr dst, um_cuDeviceptr src)
+{
+    double t[REPS];
+    CK(cu->Memcpy(dst, src, GIB)); /* warm */
+    CK(cu->StreamSynchronize(NULL));
+    for (int i = 0; i < REPS; i++) {
+        uint64_t t0 = um__now_ns();
+        CK(cu->Memcpy(dst, src, GIB));
+        CK(cu->StreamSynchronize(NULL));
+        t[i] = (double)(um__now_ns() - t0) / 1e6;
+    }
+    qsort(t, REPS, sizeof t[0], cmp_double);
+    return t[REPS / 2];
+}
+
+int main(void)
+{
+    char why[256];
+    cu = um__cuda_load(why, sizeof why);
+    if (!cu || cu->gpus < 1) {
+        printf("vmm_copy: no GPU: %s\n", cu ? "the driver reports none" : why);
+        return 2;
+    }
+    um_cuDevice d;
+    um_cuContext ctx;
+    CK(cu->DeviceGet(&d, 0));
+    CK(cu->DevicePrimaryCtxRetain(&ctx, d));
+    CK(cu->CtxSetCurrent(ctx));
+    prop.type = UM_CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = UM_CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = 0;
+    access_desc = (um_cuMemAccessDesc){{UM_CU_MEM_LOCATION_TYPE_DEVICE, 0},
+                                       UM_CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    CK(cu->MemGetAllocationGranularity(&gran, &prop, UM_CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+    um_cuDeviceptr src[KINDS], dst[KINDS];
+    for (int k = 0; k < KINDS; k++) {
+        src[k] = make_buffer(k);
+        dst[k] = make_buffer(k);
+        CK(cu->MemsetD8Async(src[k], (unsigned char)(k + 1), GIB, NULL));
+    }
+    CK(cu->StreamSynchronize(NULL));
+    printf("1 GiB device-to-device cuMemcpy, median of %d, %d rounds (granularity %zu KiB)\n",
+           REPS, ROUNDS, gran >> 10);
+    for (int r = 0; r < ROUNDS; r++) {
+        printf("round %d:", r + 1);
+        for (int i = 0; i < KINDS; i++) {
+            int k = r % 2 ? KINDS - 1 - i : i; /* alternate the order */
+            double ms = time_copy(dst[k], src[k]);
+            printf("  %s %.3f ms (%.0f GB/s)", kind_name[k], ms, 2.0 * (double)GIB / ms / 1e6);
+        }
+        printf("\n");
+    }
+    return 0;
+}
