@@ -3,6 +3,7 @@
  * bad pointers, and a randomized run against a reference model. */
 #include "flaky.h"
 #include "harness.h"
+#include "backend/vmm_memfd.h"
 #include "pool/pool_internal.h"
 
 #include <pthread.h>
@@ -444,6 +445,71 @@ static void test_stream_id_reuse(void)
     a->ops->destroy(a);
 }
 
+/* Another thread's caches and a destroyed stream: a live thread freed a
+ * large block and a small slot on stream 1 under queued work, so its
+ * bounce cache and its bin hold them, unfenced. Once id 1 names a new
+ * stream, that thread must not get either back while stream 1's work may
+ * still use it: forgetting the stream takes them back and waits for it. */
+typedef struct reuser {
+    um__allocator *a;
+    pthread_barrier_t *step;
+    void *large, *small;         /* freed on the old stream 1 */
+    void *large2, *small2;       /* allocated on id 1 once it names s2 */
+    um_status st;
+} reuser;
+
+static void *reuser_main(void *arg)
+{
+    reuser *r = arg;
+    um__stream_ref old = {1, s1, NULL}, reused = {1, s2, NULL};
+    um__allocator *a = r->a;
+    if ((r->st = a->ops->alloc(a, 2 * MiB, &old, &r->large)) == UM_OK &&
+        (r->st = a->ops->alloc(a, 4096, &old, &r->small)) == UM_OK &&
+        (r->st = a->ops->free(a, r->large, &old)) == UM_OK)
+        r->st = a->ops->free(a, r->small, &old);
+    pthread_barrier_wait(r->step); /* 1: cached */
+    pthread_barrier_wait(r->step); /* 2: the main thread forgot stream 1 */
+    if (r->st == UM_OK && (r->st = a->ops->alloc(a, 2 * MiB, &reused, &r->large2)) == UM_OK)
+        r->st = a->ops->alloc(a, 4096, &reused, &r->small2);
+    pthread_barrier_wait(r->step); /* 3: the main thread checks */
+    pthread_barrier_wait(r->step); /* 4: checked */
+    if (r->st == UM_OK && (r->st = a->ops->free(a, r->large2, &reused)) == UM_OK)
+        r->st = a->ops->free(a, r->small2, &reused);
+    return NULL;
+}
+
+static void test_forget_takes_other_caches(void)
+{
+    um__allocator *a = make_pool(256 * MiB, 0, 0, 1);
+    pthread_barrier_t step;
+    CHECK_EQ(pthread_barrier_init(&step, NULL, 2), 0);
+    reuser r = {a, &step, NULL, NULL, NULL, NULL, UM_OK};
+    CHECK_OK(um__sim_stream_launch(backend, s1, 1));
+    pthread_t t;
+    int err = pthread_create(&t, NULL, reuser_main, &r);
+    CHECK_EQ(err, 0);
+    if (err)
+        return;
+    pthread_barrier_wait(&step); /* 1 */
+    um__stream_ref old = {1, s1, NULL};
+    a->ops->stream_forget(a, &old);
+    pthread_barrier_wait(&step); /* 2 */
+    pthread_barrier_wait(&step); /* 3 */
+    CHECK_STATUS(r.st, UM_OK);
+    bool old_work_done = atomic_load(&s1->completed) == atomic_load(&s1->submitted);
+    CHECK(old_work_done || (r.large2 != r.large && r.small2 != r.small));
+    pthread_barrier_wait(&step); /* 4 */
+    pthread_join(t, NULL);
+    CHECK_STATUS(r.st, UM_OK);
+    CHECK_OK(um__sim_stream_complete(backend, s1, 1));
+    um_stats st = stats(a);
+    CHECK_EQ(st.active_blocks, 0);
+    CHECK_EQ(st.active_bytes, 0);
+    CHECK_OK(a->ops->check(a));
+    pthread_barrier_destroy(&step);
+    a->ops->destroy(a);
+}
+
 /* While one stream alone has freed large blocks, the placement skips its
  * per-page fence checks; a second stream's frees end that, and its
  * in-flight pages are again kept from the first stream. Without the step
@@ -844,6 +910,7 @@ int main(void)
     test_random(seed + 2, 1, 1, 2048 * MiB, 500);
     test_peak();
     test_stream_id_reuse();
+    test_forget_takes_other_caches();
     test_second_fencer();
     test_backend_failures();
     test_page_recycling();

@@ -2480,6 +2480,11 @@ static void pool_stream_forget(um__allocator *a, const um__stream_ref *s)
         if (held && held->stream == s->id)
             bounce_flush_locked(p, tc);
     }
+    /* Other threads' bins and held blocks may hold memory freed on this
+     * stream, unfenced: once the id names a new stream they would hand it
+     * to that stream while the old one's work may still use it. Taken
+     * back, it is fenced on this stream and waited for below. */
+    tcache_drain_others(p, true);
     /* Planned blocks are ordered by the plan's stream: a plan cannot
      * outlive it (and its id may go to a new stream). */
     if (p->plan.state != UM_PLAN_RECORDING && p->plan.stream == s->id) {
