@@ -14,7 +14,7 @@
  * Prints the median time (ms) and GB/s (read + write) of each.
  * Build: cc -O2 -Isrc -Iinclude bench/gpu/vmm_copy.c BUILD/libunimem.a -lz -lpthread -ldl -lm
  */
-#include "backend/cuda_driver.h"
+#include "driver_open.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -89,23 +89,14 @@ static double time_copy(um_cuDeviceptr dst, um_cuDeviceptr src)
 
 int main(void)
 {
-    char why[256];
-    cu = um__cuda_load(why, sizeof why);
-    if (!cu || cu->gpus < 1) {
-        printf("vmm_copy: no GPU: %s\n", cu ? "the driver reports none" : why);
-        return 2;
-    }
-    um_cuDevice d;
-    um_cuContext ctx;
-    CK(cu->DeviceGet(&d, 0));
-    CK(cu->DevicePrimaryCtxRetain(&ctx, d));
-    CK(cu->CtxSetCurrent(ctx));
-    prop.type = UM_CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.location.type = UM_CU_MEM_LOCATION_TYPE_DEVICE;
-    prop.location.id = 0;
-    access_desc = (um_cuMemAccessDesc){{UM_CU_MEM_LOCATION_TYPE_DEVICE, 0},
-                                       UM_CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
-    CK(cu->MemGetAllocationGranularity(&gran, &prop, UM_CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+    bench_driver drv;
+    int rc = bench_driver_open("vmm_copy", &drv);
+    if (rc)
+        return rc;
+    cu = drv.cu;
+    prop = drv.prop;
+    access_desc = drv.access;
+    gran = drv.granularity;
     um_cuDeviceptr src[KINDS], dst[KINDS];
     for (int k = 0; k < KINDS; k++) {
         src[k] = make_buffer(k);

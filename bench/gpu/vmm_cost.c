@@ -6,7 +6,7 @@
  * cover a run of separately created pages. Prints microseconds per call.
  * Build: cc -O2 -Isrc -Iinclude bench/gpu/vmm_cost.c BUILD/libunimem.a -lz -lpthread -ldl
  */
-#include "backend/cuda_driver.h"
+#include "driver_open.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,24 +29,14 @@ static double us_since(uint64_t t0, int n)
 
 int main(void)
 {
-    char why[256];
-    const um__cuda_api *cu = um__cuda_load(why, sizeof why);
-    if (!cu || cu->gpus < 1) {
-        printf("vmm_cost: no GPU: %s\n", cu ? "the driver reports none" : why);
-        return 2;
-    }
-    um_cuDevice d;
-    um_cuContext ctx;
-    CK(cu->DeviceGet(&d, 0));
-    CK(cu->DevicePrimaryCtxRetain(&ctx, d));
-    CK(cu->CtxSetCurrent(ctx));
-    um_cuMemAllocationProp prop = {0};
-    prop.type = UM_CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.location.type = UM_CU_MEM_LOCATION_TYPE_DEVICE;
-    prop.location.id = 0;
-    size_t g = 0;
-    CK(cu->MemGetAllocationGranularity(&g, &prop, UM_CU_MEM_ALLOC_GRANULARITY_MINIMUM));
-    um_cuMemAccessDesc acc = {{UM_CU_MEM_LOCATION_TYPE_DEVICE, 0}, UM_CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    bench_driver drv;
+    int rc = bench_driver_open("vmm_cost", &drv);
+    if (rc)
+        return rc;
+    const um__cuda_api *cu = drv.cu;
+    um_cuMemAllocationProp prop = drv.prop;
+    size_t g = drv.granularity;
+    um_cuMemAccessDesc acc = drv.access;
     size_t va_size = (size_t)512 << 30;
     um_cuDeviceptr va;
     uint64_t t0 = um__now_ns();
