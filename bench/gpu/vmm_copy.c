@@ -35,10 +35,7 @@
 enum { ALLOC, PAGES, ONE, KINDS };
 static const char *kind_name[KINDS] = {"alloc", "pages", "one"};
 
-static const um__cuda_api *cu;
-static um_cuMemAllocationProp prop;
-static um_cuMemAccessDesc access_desc;
-static size_t gran;
+static bench_driver drv; /* set up once by main */
 
 /* A 1 GiB buffer of the given kind (its handles are leaked: the process
  * is short-lived and the buffers live to its end). */
@@ -46,22 +43,22 @@ static um_cuDeviceptr make_buffer(int kind)
 {
     um_cuDeviceptr p = 0;
     if (kind == ALLOC) {
-        CK(cu->MemAlloc(&p, GIB));
+        CK(drv.cu->MemAlloc(&p, GIB));
         return p;
     }
-    CK(cu->MemAddressReserve(&p, GIB, gran, 0, 0));
+    CK(drv.cu->MemAddressReserve(&p, GIB, drv.granularity, 0, 0));
     if (kind == PAGES) {
-        for (size_t off = 0; off < GIB; off += gran) {
+        for (size_t off = 0; off < GIB; off += drv.granularity) {
             um_cuMemHandle h;
-            CK(cu->MemCreate(&h, gran, &prop, 0));
-            CK(cu->MemMap(p + off, gran, 0, h, 0));
+            CK(drv.cu->MemCreate(&h, drv.granularity, &drv.prop, 0));
+            CK(drv.cu->MemMap(p + off, drv.granularity, 0, h, 0));
         }
     } else {
         um_cuMemHandle h;
-        CK(cu->MemCreate(&h, GIB, &prop, 0));
-        CK(cu->MemMap(p, GIB, 0, h, 0));
+        CK(drv.cu->MemCreate(&h, GIB, &drv.prop, 0));
+        CK(drv.cu->MemMap(p, GIB, 0, h, 0));
     }
-    CK(cu->MemSetAccess(p, GIB, &access_desc, 1));
+    CK(drv.cu->MemSetAccess(p, GIB, &drv.access, 1));
     return p;
 }
 
@@ -75,12 +72,12 @@ static int cmp_double(const void *a, const void *b)
 static double time_copy(um_cuDeviceptr dst, um_cuDeviceptr src)
 {
     double t[REPS];
-    CK(cu->Memcpy(dst, src, GIB)); /* warm */
-    CK(cu->StreamSynchronize(NULL));
+    CK(drv.cu->Memcpy(dst, src, GIB)); /* warm */
+    CK(drv.cu->StreamSynchronize(NULL));
     for (int i = 0; i < REPS; i++) {
         uint64_t t0 = um__now_ns();
-        CK(cu->Memcpy(dst, src, GIB));
-        CK(cu->StreamSynchronize(NULL));
+        CK(drv.cu->Memcpy(dst, src, GIB));
+        CK(drv.cu->StreamSynchronize(NULL));
         t[i] = (double)(um__now_ns() - t0) / 1e6;
     }
     qsort(t, REPS, sizeof t[0], cmp_double);
@@ -89,23 +86,18 @@ static double time_copy(um_cuDeviceptr dst, um_cuDeviceptr src)
 
 int main(void)
 {
-    bench_driver drv;
     int rc = bench_driver_open("vmm_copy", &drv);
     if (rc)
         return rc;
-    cu = drv.cu;
-    prop = drv.prop;
-    access_desc = drv.access;
-    gran = drv.granularity;
     um_cuDeviceptr src[KINDS], dst[KINDS];
     for (int k = 0; k < KINDS; k++) {
         src[k] = make_buffer(k);
         dst[k] = make_buffer(k);
-        CK(cu->MemsetD8Async(src[k], (unsigned char)(k + 1), GIB, NULL));
+        CK(drv.cu->MemsetD8Async(src[k], (unsigned char)(k + 1), GIB, NULL));
     }
-    CK(cu->StreamSynchronize(NULL));
+    CK(drv.cu->StreamSynchronize(NULL));
     printf("1 GiB device-to-device cuMemcpy, median of %d, %d rounds (granularity %zu KiB)\n",
-           REPS, ROUNDS, gran >> 10);
+           REPS, ROUNDS, drv.granularity >> 10);
     for (int r = 0; r < ROUNDS; r++) {
         printf("round %d:", r + 1);
         for (int i = 0; i < KINDS; i++) {
