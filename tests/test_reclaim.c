@@ -319,6 +319,45 @@ static void test_cannot_fit(void)
     remove(trace);
 }
 
+/* um_malloc at the limit makes room too: with the buffer layer in use it
+ * must not take the fast path that only fails (memory.c), but evict a
+ * released replica, write its data back and succeed; the data survives. */
+static void test_malloc_evicts(void)
+{
+    um_context *ctx = open_ctx(8 * MB, ",watermark_high=100");
+    if (!ctx)
+        return;
+    um_buffer *b[4];
+    void *p;
+    for (int i = 0; i < 4; i++) {
+        CHECK_OK(um_buffer_create(ctx, 2 * MB, NULL, &b[i]));
+        CHECK_OK(um_buffer_acquire(b[i], 1, UM_ACCESS_WRITE_DISCARD, NULL, &p));
+        CHECK_OK(um_buffer_release(b[i], 1, NULL));
+    }
+    for (int i = 0; i < 4; i++) {
+        CHECK_OK(um_buffer_acquire(b[i], 0, UM_ACCESS_WRITE_DISCARD, NULL, &p));
+        harness_pattern_fill(p, 2 * MB, 100 + (uint64_t)i);
+        CHECK_OK(um_buffer_release(b[i], 0, NULL));
+        CHECK_OK(um_buffer_acquire(b[i], 1, UM_ACCESS_READ_WRITE, NULL, &p));
+        CHECK_OK(um_buffer_release(b[i], 1, NULL));
+    }
+    /* The device is full of replicas; 3 MiB more needs two of them gone. */
+    void *block = NULL;
+    CHECK_OK(um_malloc(ctx, 1, 3 * MB, NULL, &block));
+    CHECK(block != NULL);
+    um_reclaim_stats s;
+    CHECK_OK(um_reclaim_stats_get(ctx, 1, &s));
+    CHECK(s.evictions >= 1);
+    CHECK_OK(um_free(ctx, block, NULL));
+    for (int i = 0; i < 4; i++) {
+        CHECK_OK(um_buffer_acquire(b[i], 0, UM_ACCESS_READ, NULL, &p));
+        CHECK(same_pattern(p, 2 * MB, 100 + (uint64_t)i));
+        CHECK_OK(um_buffer_release(b[i], 0, NULL));
+        CHECK_OK(um_buffer_destroy(b[i]));
+    }
+    um_shutdown(ctx);
+}
+
 /* ----------------------------------------------------- pins and hints */
 
 /* Four 1 MiB buffers fill a 4 MiB device (two pages of 2 MiB); a fifth
@@ -747,6 +786,7 @@ int main(void)
     pthread_t wd;
     CHECK_EQ(pthread_create(&wd, NULL, watchdog_main, NULL), 0);
     test_cannot_fit();
+    test_malloc_evicts();
     test_hints();
     test_watermarks();
     test_failed_write_back();

@@ -52,7 +52,16 @@ static um_status alloc_after_reclaim(um_context *ctx, int dev, size_t size,
     return um__fail(UM_ERR_NOMEM, "%s;%s", pool ? pool + 2 : pool_says, why ? why + 1 : "");
 }
 
-um_status um_malloc(um_context *ctx, int dev, size_t size, um_stream s, void **ptr)
+/* Whether s is a live stream of ctx on device dev: what the fast paths of
+ * um_malloc and um_free accept (anything else gets the checked path). */
+static inline bool stream_on(um_context *ctx, um_stream s, int dev)
+{
+    return s->magic == UM_STREAM_MAGIC && s->ctx == ctx && s->dev == dev;
+}
+
+/* um_malloc with every check and the retry after reclaim. */
+static __attribute__((noinline)) um_status malloc_checked(um_context *ctx, int dev, size_t size,
+                                                          um_stream s, void **ptr)
 {
     if (UM_UNLIKELY(!ctx || !ptr))
         return um__fail(UM_ERR_INVALID, "um_malloc: %s is NULL", ctx ? "ptr" : "ctx");
@@ -94,8 +103,27 @@ um_status um_malloc(um_context *ctx, int dev, size_t size, um_stream s, void **p
     return st;
 }
 
-/* The device whose allocator manages ptr, trying `first` before the rest
- * (the stream's device is the likely owner), or -1. */
+/* um_malloc's and um_free's common calls (valid arguments, no trace being
+ * recorded and, for um_malloc, no buffer layer that could evict for a
+ * retry) end in a tail call to the allocator, so they need no frame of
+ * their own; every other call takes the checked path, which says what is
+ * wrong. */
+um_status um_malloc(um_context *ctx, int dev, size_t size, um_stream s, void **ptr)
+{
+    if (UM_LIKELY(ctx != NULL && ptr != NULL && size != 0) &&
+        UM_LIKELY((unsigned)dev < (unsigned)ctx->ndevices && ctx->events == NULL) &&
+        UM_LIKELY(!atomic_load_explicit(&ctx->reclaim, memory_order_relaxed))) {
+        if (UM_LIKELY(!s || stream_on(ctx, s, dev))) {
+            um_device *d = &ctx->devices[dev];
+            *ptr = NULL;
+            return d->alloc->ops->alloc(d->alloc, size, s ? &s->ref : &d->default_stream->ref,
+                                        ptr);
+        }
+    }
+    return malloc_checked(ctx, dev, size, s, ptr);
+}
+
+/* Whether allocator a manages ptr. */
 static inline bool allocator_owns(um__allocator *a, const void *ptr)
 {
     if (UM_LIKELY(a->range_size))
@@ -103,14 +131,25 @@ static inline bool allocator_owns(um__allocator *a, const void *ptr)
     return a->ops->owns(a, ptr);
 }
 
-static inline int owner_of(um_context *ctx, const void *ptr, int first)
+/* The device whose address range (the context's table) holds ptr, or -1. */
+static inline int owner_by_range(um_context *ctx, const void *ptr)
 {
-    if (first >= 0 && allocator_owns(ctx->devices[first].alloc, ptr))
-        return first;
     uintptr_t a = (uintptr_t)ptr;
     for (int i = 0; i < ctx->ndevices; i++)
         if (a - ctx->owner_range[i].lo < ctx->owner_range[i].size)
             return i;
+    return -1;
+}
+
+/* The device whose allocator manages ptr, trying `first` before the rest
+ * (the stream's device is the likely owner), or -1. */
+static inline int owner_of(um_context *ctx, const void *ptr, int first)
+{
+    if (first >= 0 && allocator_owns(ctx->devices[first].alloc, ptr))
+        return first;
+    int dev = owner_by_range(ctx, ptr);
+    if (dev >= 0)
+        return dev;
     for (int i = 0; i < ctx->ndevices; i++)
         if (!ctx->owner_range[i].size && i != first && ctx->devices[i].alloc &&
             allocator_owns(ctx->devices[i].alloc, ptr))
@@ -118,7 +157,8 @@ static inline int owner_of(um_context *ctx, const void *ptr, int first)
     return -1;
 }
 
-um_status um_free(um_context *ctx, void *ptr, um_stream s)
+/* um_free with every check, and the recording of the free. */
+static __attribute__((noinline)) um_status free_checked(um_context *ctx, void *ptr, um_stream s)
 {
     if (UM_UNLIKELY(!ctx))
         return um__fail(UM_ERR_INVALID, "um_free: ctx is NULL (pointer %p)", ptr);
@@ -152,6 +192,20 @@ um_status um_free(um_context *ctx, void *ptr, um_stream s)
     if (UM_UNLIKELY(ctx->events != NULL) && st == UM_OK)
         um__event_instant_at(ctx->events, UM_EVENT_FREE, dev, t, 0, (uint64_t)(uintptr_t)ptr);
     return st;
+}
+
+um_status um_free(um_context *ctx, void *ptr, um_stream s)
+{
+    if (UM_LIKELY(ctx != NULL && ptr != NULL && ctx->events == NULL)) {
+        /* Only the context's table of address ranges: an allocator that
+         * asks to be called for ownership takes the checked path. */
+        int dev = owner_by_range(ctx, ptr);
+        if (UM_LIKELY(dev >= 0) && (!s || stream_on(ctx, s, dev))) {
+            um__allocator *a = ctx->devices[dev].alloc;
+            return a->ops->free(a, ptr, s ? &s->ref : NULL);
+        }
+    }
+    return free_checked(ctx, ptr, s);
 }
 
 int um_pointer_device(um_context *ctx, const void *ptr)
