@@ -5,12 +5,15 @@
 # unimem with cuMemAlloc segments (cuda_vmm=0). It tells whether the memory
 # unimem maps moves the step time, apart from the allocator's own cost.
 # Usage: bench/gpu/gpt2_mappings.sh [CYCLES]  (default 3: ABC CBA ABC)
-# Needs build-dev/integrations/torch/libunimem_torch.so; results (one JSON
-# and one log per run, and a summary) go to $OUT.
+# Needs build-dev/integrations/torch/libunimem_torch.so. The summary goes
+# to stdout and $OUT/summary.txt; each run's JSON and log, packed, to
+# $OUT/runs.tgz (the device tool brings back only a few files).
 set -u
 CYCLES=${1:-3}
-OUT=${OUT:-out}
+FINAL=${OUT:-out}
+OUT=$FINAL/runs
 mkdir -p "$OUT"
+trap 'tar czf "$FINAL/runs.tgz" -C "$FINAL" runs && rm -rf "$OUT"' EXIT
 LIB=build-dev/integrations/torch/libunimem_torch.so
 run() { # NAME N
   local name=$1 n=$2 f="$OUT/gpt2_$1_$2"
@@ -26,7 +29,7 @@ for c in $(seq "$CYCLES"); do
   if [ $((c % 2)) = 1 ]; then order="torch pages segments"; else order="segments pages torch"; fi
   for name in $order; do run "$name" "$c"; done
 done
-python3 - "$OUT" <<'PY'
+python3 - "$OUT" <<'PY' | tee "$FINAL/summary.txt"
 import glob, json, statistics, sys
 out = sys.argv[1]
 losses = set()
@@ -47,5 +50,8 @@ for name in ("torch", "pages", "segments"):
         print(f"{name}: run medians {' '.join('%.1f' % m for m in meds)} ms (median "
               f"{statistics.median(meds):.1f}); fastest steps {' '.join('%.1f' % m for m in fast)} ms; "
               f"reserved/live {' '.join('%.4f' % x for x in ratio)}")
-print("losses identical in every run" if len(losses) == 1 else f"losses differ: {len(losses)} sequences")
+if not losses:
+    print("no run finished")
+else:
+    print("losses identical in every run" if len(losses) == 1 else f"losses differ: {len(losses)} sequences")
 PY
