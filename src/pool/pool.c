@@ -1429,6 +1429,22 @@ static um_status take_range(um__pool *p, size_t size, size_t align, uint32_t sid
 {
     um_status last = UM_ERR_NOMEM;
     bounce_flush_locked(p, own_cache(p));
+    /* Attempt 0's common case, taken directly: no other stream's fence to
+     * respect, and the best fit's low end already mapped. The loop below
+     * would choose the same spot through its general steps (the usable
+     * spot, the search for a mapped alternative, the spot needing the
+     * fewest pages), about a fifth of a large allocation's instructions. */
+    if (all_usable(p, sid)) {
+        um__block *b = (um__block *)um__fi_find(&p->region.ready, size + align - UM_ALIGN);
+        if (b) {
+            uintptr_t at = um__align_up(b->fi.addr, align);
+            if (fully_mapped(p, at, size)) {
+                last = take_ready(p, b, at, size, false, out);
+                if (last != UM_ERR_NOMEM)
+                    return last;
+            }
+        }
+    }
     for (int attempt = 0; attempt < 4; attempt++) {
         if (attempt == 2)
             poll_all(p, false);
