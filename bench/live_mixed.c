@@ -1,0 +1,136 @@
+/* The live-10k-mixed scenario of bench/gpu/alloc_compare.cpp on the public
+ * API alone, for machines without a GPU: 10,000 live blocks of the same
+ * fixed-seed size mix (70% 256 B-32 KiB, 25% 32 KiB-4 MiB, 5% 4-64 MiB),
+ * then pairs that each free one live block and allocate the next size in
+ * its place. Prints ns per pair for each round of pairs, with the device's
+ * backend calls and reserved bytes, so that a change can be checked to
+ * keep every placement while it is timed.
+ *
+ *   cc -O2 -g -Iinclude bench/live_mixed.c build/libunimem.a -lz -lpthread -ldl -lm -o live_mixed
+ *   live_mixed [CONF [ROUNDS [PAIRS]]]     (defaults: devices=sim:40G, 5, 200000)
+ *
+ * Under callgrind, only the last round is counted, so the figure is the
+ * steady state's, not the fill's:
+ *   valgrind --tool=callgrind --instr-atstart=no live_mixed \
+ *       devices=sim:40G,host_capacity=1G,va_factor=1 3 200000
+ */
+#include <unimem.h>
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#if defined(__has_include)
+#if __has_include(<valgrind/callgrind.h>)
+#include <valgrind/callgrind.h>
+#endif
+#endif
+#ifndef CALLGRIND_START_INSTRUMENTATION
+#define CALLGRIND_START_INSTRUMENTATION
+#define CALLGRIND_STOP_INSTRUMENTATION
+#endif
+
+#define LIVE_BLOCKS 10000u
+#define STEPS (1u << 20)
+#define KIB ((size_t)1024)
+#define MIB (1024 * KIB)
+
+/* The generator and the mix are alloc_compare.cpp's, so both programs
+ * replace the same blocks with the same sizes. */
+static uint64_t splitmix64(uint64_t *state)
+{
+    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static double uniform01(uint64_t *state)
+{
+    return (double)(splitmix64(state) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+static size_t log_uniform(uint64_t *state, size_t lo, size_t hi)
+{
+    double l = log((double)lo), h = log((double)hi);
+    size_t n = (size_t)exp(l + uniform01(state) * (h - l));
+    return n < lo ? lo : n > hi ? hi : n;
+}
+
+static size_t mixed_size(uint64_t *state)
+{
+    double band = uniform01(state);
+    if (band < 0.70)
+        return log_uniform(state, 256, 32 * KIB);
+    if (band < 0.95)
+        return log_uniform(state, 32 * KIB, 4 * MIB);
+    return log_uniform(state, 4 * MIB, 64 * MIB);
+}
+
+static double now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec * 1e9 + (double)t.tv_nsec;
+}
+
+int main(int argc, char **argv)
+{
+    const char *conf = argc > 1 ? argv[1] : "devices=sim:40G";
+    int rounds = argc > 2 ? atoi(argv[2]) : 5;
+    long pairs = argc > 3 ? atol(argv[3]) : 200000;
+    if (rounds < 1 || pairs < 1) {
+        fprintf(stderr, "live_mixed: ROUNDS and PAIRS must be at least 1\n");
+        return 2;
+    }
+    um_context *ctx = NULL;
+    if (um_init(conf, &ctx) != UM_OK) {
+        fprintf(stderr, "live_mixed: %s\n", um_last_error());
+        return 1;
+    }
+    int dev = um_device_count(ctx) > 1 ? 1 : 0;
+    static void *live[LIVE_BLOCKS];
+    static size_t sizes[STEPS];
+    static uint32_t victim[STEPS];
+    uint64_t size_state = 0x756e696d656d2025ull, victim_state = size_state ^ 0x5bd1e995ull;
+    for (unsigned i = 0; i < LIVE_BLOCKS; i++) {
+        size_t n = mixed_size(&size_state);
+        if (um_malloc(ctx, dev, n, NULL, &live[i]) != UM_OK) {
+            fprintf(stderr, "live_mixed: filling block %u of %zu bytes: %s\n", i, n, um_last_error());
+            return 1;
+        }
+    }
+    for (unsigned i = 0; i < STEPS; i++) {
+        sizes[i] = mixed_size(&size_state);
+        victim[i] = (uint32_t)(splitmix64(&victim_state) % LIVE_BLOCKS);
+    }
+    unsigned step = 0;
+    for (int r = 0; r < rounds; r++) {
+        if (r == rounds - 1)
+            CALLGRIND_START_INSTRUMENTATION;
+        double t0 = now_ns();
+        for (long i = 0; i < pairs; i++, step++) {
+            unsigned k = step % STEPS;
+            uint32_t v = victim[k];
+            if (um_free(ctx, live[v], NULL) != UM_OK ||
+                um_malloc(ctx, dev, sizes[k], NULL, &live[v]) != UM_OK) {
+                fprintf(stderr, "live_mixed: pair %u (%zu bytes): %s\n", step, sizes[k],
+                        um_last_error());
+                return 1;
+            }
+        }
+        double ns = (now_ns() - t0) / (double)pairs;
+        if (r == rounds - 1)
+            CALLGRIND_STOP_INSTRUMENTATION;
+        um_stats st = {.version = UM_STATS_VERSION};
+        um_stats_get(ctx, dev, &st);
+        printf("round %d: %.1f ns a pair; backend calls %llu, reserved %.2f GiB, live %.2f GiB\n",
+               r + 1, ns, (unsigned long long)st.num_backend_calls,
+               (double)st.reserved_bytes / (double)(1u << 30),
+               (double)st.active_bytes / (double)(1u << 30));
+    }
+    um_shutdown(ctx);
+    return 0;
+}
