@@ -1433,7 +1433,8 @@ static um_status take_range(um__pool *p, size_t size, size_t align, uint32_t sid
      * respect, and the best fit's low end already mapped. The loop below
      * would choose the same spot through its general steps (the usable
      * spot, the search for a mapped alternative, the spot needing the
-     * fewest pages), about a fifth of a large allocation's instructions. */
+     * fewest pages): about 150 of a large allocation's 1,000 instructions
+     * in bench/live_mixed.c's steady state. */
     if (all_usable(p, sid)) {
         um__block *b = (um__block *)um__fi_find(&p->region.ready, size + align - UM_ALIGN);
         if (b) {
