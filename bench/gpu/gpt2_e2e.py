@@ -66,18 +66,33 @@ def train(torch, args, warn_only, memory, step_stats=None):
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
     losses, times, counters = [], [], []
+    # Where each step's time goes on the host, to tell a host-bound step
+    # from a device-bound one: its bounds on CLOCK_MONOTONIC (to line up
+    # with bench/cpu_probe.c's samples), the time until the last kernel of
+    # the step was queued, and the CPU time of the main thread and of the
+    # process (autograd's backward runs on a thread of its own).
+    timing = {"start_mono_ns": [], "end_mono_ns": [], "queued_s": [], "thread_cpu_s": [],
+              "process_cpu_s": []}
     free, total = torch.cuda.mem_get_info()
     driver_peak = total - free
     for step in range(args.steps):
         torch.cuda.synchronize()
+        start_mono = time.monotonic_ns()
+        start_thread, start_process = time.thread_time(), time.process_time()
         start = time.perf_counter()
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        queued = time.perf_counter() - start
         torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
+        timing["start_mono_ns"].append(start_mono)
+        timing["end_mono_ns"].append(time.monotonic_ns())
+        timing["queued_s"].append(queued)
+        timing["thread_cpu_s"].append(time.thread_time() - start_thread)
+        timing["process_cpu_s"].append(time.process_time() - start_process)
         losses.append(loss.item())
         del loss
         free, total = torch.cuda.mem_get_info()
@@ -93,6 +108,7 @@ def train(torch, args, warn_only, memory, step_stats=None):
             flush=True,
         )
     memory.update(driver_used_peak_bytes=driver_peak, driver_total_bytes=total)
+    memory["step_timing"] = timing
     if counters:
         memory["step_counters"] = counters
     attn = getattr(model.config, "_attn_implementation", None)
