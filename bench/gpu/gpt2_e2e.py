@@ -49,6 +49,15 @@ def resolve_lib(path):
 # --------------------------------------------------------------- one run
 
 
+def host_probe():
+    """Seconds a fixed loop of Python takes now (about a millisecond)."""
+    start = time.perf_counter()
+    x = 0
+    for i in range(20000):
+        x += i * i
+    return time.perf_counter() - start
+
+
 def train(torch, args, warn_only, memory, step_stats=None):
     """step_stats: None, or a function giving the allocator's counters, taken
     after every step (backend calls and allocations per step)."""
@@ -71,12 +80,17 @@ def train(torch, args, warn_only, memory, step_stats=None):
     # with bench/cpu_probe.c's samples), the time until the last kernel of
     # the step was queued, and the CPU time of the main thread and of the
     # process (autograd's backward runs on a thread of its own).
+    # host_s: a fixed piece of Python run just before the step, timed: the
+    # main thread's speed at that moment on its own core (the step is
+    # mostly the host queueing kernels, and this machine's host speed
+    # drifts by 15% over seconds).
     timing = {"start_mono_ns": [], "end_mono_ns": [], "queued_s": [], "thread_cpu_s": [],
-              "process_cpu_s": []}
+              "process_cpu_s": [], "host_s": []}
     free, total = torch.cuda.mem_get_info()
     driver_peak = total - free
     for step in range(args.steps):
         torch.cuda.synchronize()
+        timing["host_s"].append(host_probe())
         start_mono = time.monotonic_ns()
         start_thread, start_process = time.thread_time(), time.process_time()
         start = time.perf_counter()

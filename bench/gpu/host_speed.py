@@ -77,12 +77,14 @@ def gpt2(samples, paths):
             print(f"{os.path.basename(path)}: no step_timing (an older gpt2_e2e.py)")
             continue
         rows = []
-        for i in range(4, len(r["step_times_s"])):
+        # From the sixth step: unimem's fifth is the one its plan starts in.
+        for i in range(5, len(r["step_times_s"])):
             alu, mem, steal = speed(samples, t["start_mono_ns"][i], t["end_mono_ns"][i])
             rows.append({"run": os.path.basename(path), "allocator": r["allocator"],
                          "ms": r["step_times_s"][i] * 1e3, "queued_ms": t["queued_s"][i] * 1e3,
                          "thread_cpu_ms": t["thread_cpu_s"][i] * 1e3, "alu": alu, "mem": mem,
-                         "steal": steal})
+                         "steal": steal,
+                         "host_us": t["host_s"][i] * 1e6 if "host_s" in t else float("nan")})
         steps += rows
         print(f"{os.path.basename(path):28} {len(rows):5} {statistics.median(x['ms'] for x in rows):10.1f} "
               f"{statistics.median(x['queued_ms'] for x in rows):10.1f} "
@@ -91,7 +93,7 @@ def gpt2(samples, paths):
         return
     ms = [s["ms"] for s in steps]
     cut = (min(ms) + max(ms)) / 2
-    print(f"\nall steps 5..N of the runs above: {len(steps)}; split at {cut:.1f} ms")
+    print(f"\nall steps 6..N of the runs above: {len(steps)}; split at {cut:.1f} ms")
     print("group  steps  torch  unimem  step ms  queued ms  thread cpu ms  ALU ns  MEM ns  steal ticks")
     for name, group in (("fast", [s for s in steps if s["ms"] < cut]),
                         ("slow", [s for s in steps if s["ms"] >= cut])):
@@ -103,8 +105,52 @@ def gpt2(samples, paths):
               f"{sum(s['allocator'] == 'unimem' for s in group):7} {med('ms'):8.1f} {med('queued_ms'):10.1f} "
               f"{med('thread_cpu_ms'):14.1f} {med('alu'):7.4f} {med('mem'):7.1f} "
               f"{sum(max(s['steal'], 0) for s in group):12}")
-    for key in ("alu", "mem", "queued_ms", "thread_cpu_ms"):
+    for key in ("host_us", "alu", "mem", "queued_ms", "thread_cpu_ms"):
         print(f"correlation of the step time with {key}: {pearson(ms, [s[key] for s in steps]):+.3f}")
+    for key in ("host_us", "alu"):
+        compare_at_same_speed(steps, key)
+
+
+def fit(xs, ys):
+    """Least squares y = a + b x."""
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx > 0 else 0.0
+    return my - b * mx, b
+
+
+def compare_at_same_speed(steps, key):
+    """unimem's step time over PyTorch's where the host ran at the same
+    speed by `key`: each allocator's straight-line fit of step time on the
+    speed, read at the pooled median speed; and the ratio of the medians
+    within each fifth of the speeds (pooled quintiles), where both have
+    steps."""
+    by = {a: [s for s in steps if s["allocator"] == a and s[key] == s[key]] for a in ("torch", "unimem")}
+    if any(len(v) < 3 for v in by.values()):
+        return
+    pooled = sorted(s[key] for v in by.values() for s in v)
+    x0 = statistics.median(pooled)
+    at = {}
+    for a, v in by.items():
+        c, b = fit([s[key] for s in v], [s["ms"] for s in v])
+        at[a] = c + b * x0
+        print(f"{key}: {a} step ms = {c:.2f} + {b:.4f} x {key}; at the median {key} {x0:.4f}: {at[a]:.2f} ms")
+    edges = [pooled[len(pooled) * k // 5] for k in range(1, 5)]
+    bins = []
+    for k in range(5):
+        lo = edges[k - 1] if k else float("-inf")
+        hi = edges[k] if k < 4 else float("inf")
+        med = {}
+        for a, v in by.items():
+            inside = [s["ms"] for s in v if lo <= s[key] < hi]
+            med[a] = (statistics.median(inside), len(inside)) if inside else None
+        if med["torch"] and med["unimem"]:
+            bins.append(med["unimem"][0] / med["torch"][0])
+            print(f"  {key} fifth {k + 1}: torch {med['torch'][0]:.1f} ms ({med['torch'][1]} steps), "
+                  f"unimem {med['unimem'][0]:.1f} ms ({med['unimem'][1]} steps): {bins[-1]:.3f}")
+    print(f"{key}: unimem / torch at the same host speed: fit {at['unimem'] / at['torch']:.3f}; "
+          f"fifths {' '.join('%.3f' % x for x in bins)} (median {statistics.median(bins):.3f})"
+          if bins else f"{key}: no fifth with steps of both")
 
 
 def intervals(samples, path):
