@@ -155,12 +155,14 @@ static int bench_parse_args(int argc, char **argv, bench_opts *o)
         return um_cmd_bench_copy(argc, argv);
     if (argc >= 2 && !strcmp(argv[1], "oversub"))
         return um_cmd_bench_oversub(argc, argv);
+    if (argc >= 2 && !strcmp(argv[1], "gpu"))
+        return um_cmd_bench_gpu(argc, argv);
     if (argc < 2 || strcmp(argv[1], "alloc") != 0) {
         if (argc >= 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"))) {
             bench_usage(stdout);
             return 0;
         }
-        fprintf(stderr, "unimem bench: expected the benchmark name 'alloc', 'copy' or 'oversub'%s%s\n\n",
+        fprintf(stderr, "unimem bench: expected the benchmark name 'alloc', 'copy', 'oversub' or 'gpu'%s%s\n\n",
                 argc >= 2 ? ", got " : "", argc >= 2 ? argv[1] : "");
         bench_usage(stderr);
         return 2;

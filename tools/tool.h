@@ -14,6 +14,7 @@ int um_cmd_replay(int argc, char **argv);
 int um_cmd_bench(int argc, char **argv);
 int um_cmd_bench_copy(int argc, char **argv);
 int um_cmd_bench_oversub(int argc, char **argv);
+int um_cmd_bench_gpu(int argc, char **argv);
 int um_cmd_demo(int argc, char **argv);
 int um_cmd_sim(int argc, char **argv);
 int um_cmd_timeline(int argc, char **argv);

@@ -21,7 +21,9 @@
  * sample of unimem's blocks (outside the timed parts) to check that they are
  * real, distinct device memory.
  *
- * Built by bench/gpu/build_compare.sh; -DUM_NO_TORCH leaves PyTorch out.
+ * Built with unimem by CMake (bench/gpu/CMakeLists.txt) and run by `unimem
+ * bench gpu`; bench/gpu/build_compare.sh builds it against another tree's
+ * library. -DUM_NO_TORCH leaves PyTorch out.
  * Exit status: 0 ok, 1 a failure (printed), 2 no usable GPU.
  */
 #include <cuda_runtime_api.h>

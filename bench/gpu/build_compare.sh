@@ -2,6 +2,9 @@
 # Builds the GPU allocator comparison (bench/gpu/alloc_compare.cpp) against the
 # libunimem.a of a CMake build, the CUDA runtime of /usr/local/cuda and, when
 # python3 can import torch, PyTorch's c10 libraries (else without them).
+# A CMake build of this tree makes alloc_compare itself (`unimem bench gpu`
+# runs it); this script is for the library of another tree, such as an
+# older commit's, whose build may not.
 #
 # Usage: bench/gpu/build_compare.sh BUILD_DIR OUT_BINARY
 #   e.g. bench/gpu/build_compare.sh build-dev build-dev/alloc_compare

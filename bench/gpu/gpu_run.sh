@@ -56,11 +56,12 @@ if has replay; then
   done
 fi
 if has compare; then
-  bench/gpu/build_compare.sh build-dev build-dev/alloc_compare > "$OUT/compare_build.txt" 2>&1 || tail -30 "$OUT/compare_build.txt"
-  build-dev/alloc_compare $QUICK --verify --json "$OUT/alloc_compare.json" > "$OUT/alloc_compare.txt" 2>&1
-  echo "alloc_compare rc=$?"; cat "$OUT/alloc_compare.txt"
+  # alloc_compare is built with unimem (bench/gpu/CMakeLists.txt) and run
+  # by `unimem bench gpu`.
+  build-dev/unimem bench gpu $QUICK --verify --json "$OUT/alloc_compare.json" > "$OUT/alloc_compare.txt" 2>&1
+  echo "unimem bench gpu rc=$?"; cat "$OUT/alloc_compare.txt"
   # The caching mode (no page moves below the limit), unimem only.
-  UNIMEM_CONF=recycle_pages=0 build-dev/alloc_compare $QUICK --skip-torch --json "$OUT/alloc_compare_norecycle.json" \
+  UNIMEM_CONF=recycle_pages=0 build-dev/unimem bench gpu $QUICK --skip-torch --json "$OUT/alloc_compare_norecycle.json" \
     > "$OUT/alloc_compare_norecycle.txt" 2>&1
   echo "alloc_compare recycle_pages=0 rc=$?"; grep -A3 -E "^(size|mixed|1 |16 )" "$OUT/alloc_compare_norecycle.txt" | grep -E "unimem|mixed" 
 fi
