@@ -1616,7 +1616,7 @@ static void tcache_thread_exit(void *arg)
         tls_cache.tc = NULL;
         tls_cache.generation = 0;
     }
-    pthread_mutex_lock(&p->lock);
+    um__lock_acquire(&p->lock);
     tcache_flush_locked(p, tc);
     atomic_fetch_add_explicit(&p->active, atomic_load_explicit(&tc->live_delta, memory_order_relaxed),
                               memory_order_relaxed);
@@ -1633,7 +1633,7 @@ static void tcache_thread_exit(void *arg)
         p->tcaches = tc->next;
     if (tc->next)
         tc->next->prev = tc->prev;
-    pthread_mutex_unlock(&p->lock);
+    um__lock_release(&p->lock);
     free(tc);
 }
 
@@ -1651,12 +1651,12 @@ static __attribute__((noinline)) um__tcache *tcache_find(um__pool *p)
             free(tc);
             return NULL;
         }
-        pthread_mutex_lock(&p->lock);
+        um__lock_acquire(&p->lock);
         tc->next = p->tcaches;
         if (tc->next)
             tc->next->prev = tc;
         p->tcaches = tc;
-        pthread_mutex_unlock(&p->lock);
+        um__lock_release(&p->lock);
     }
     tls_cache.generation = p->generation;
     tls_cache.tc = tc;
@@ -1748,7 +1748,7 @@ static __attribute__((noinline)) um_status small_alloc_locked(um__pool *p, unsig
                                                               const um__stream_ref *s,
                                                               um__tcache *tc, void **ptr)
 {
-    pthread_mutex_lock(&p->lock);
+    um__lock_acquire(&p->lock);
     uint64_t calls = atomic_load_explicit(&p->base.backend->calls, memory_order_relaxed);
     um__stream_state *ss = stream_state(p, s);
     um_status st = ss ? UM_OK : UM_ERR_NOMEM;
@@ -1809,7 +1809,7 @@ static __attribute__((noinline)) um_status small_alloc_locked(um__pool *p, unsig
     } else {
         st = fail_locked(p, st, size);
     }
-    pthread_mutex_unlock(&p->lock);
+    um__lock_release(&p->lock);
     return st;
 }
 
@@ -2135,7 +2135,7 @@ static __attribute__((noinline)) um_status large_alloc_locked(um__pool *p, size_
                                                               const um__stream_ref *s,
                                                               um__tcache *tc, void **ptr)
 {
-    pthread_mutex_lock(&p->lock);
+    um__lock_acquire(&p->lock);
     uint64_t calls = atomic_load_explicit(&p->base.backend->calls, memory_order_relaxed);
     um__stream_state *ss = stream_state(p, s);
     um__block *b = NULL;
@@ -2171,7 +2171,7 @@ static __attribute__((noinline)) um_status large_alloc_locked(um__pool *p, size_
             um__plan_note_free(&p->plan, seq, bytes);
         st = fail_locked(p, st, size);
     }
-    pthread_mutex_unlock(&p->lock);
+    um__lock_release(&p->lock);
     return st;
 }
 
@@ -2191,9 +2191,9 @@ static um_status pool_alloc(um__allocator *a, size_t size, const um__stream_ref 
     /* The limit is at most the capacity, far below SIZE_MAX, so a size
      * that passes cannot wrap when rounded up. */
     if (UM_UNLIKELY(size > p->base.memory_limit)) {
-        pthread_mutex_lock(&p->lock);
+        um__lock_acquire(&p->lock);
         um_status st = nomem(p, size);
-        pthread_mutex_unlock(&p->lock);
+        um__lock_release(&p->lock);
         return st;
     }
     if (size <= UM_SMALL_MAX)
@@ -2209,7 +2209,7 @@ static __attribute__((noinline)) um_status small_free_locked(um__pool *p, unsign
                                                              um__tcache *tc,
                                                              const um__stream_ref *s)
 {
-    pthread_mutex_lock(&p->lock);
+    um__lock_acquire(&p->lock);
     um__stream_ref ref = {sid, NULL, NULL};
     if (s) {
         ref = *s;
@@ -2243,7 +2243,7 @@ static __attribute__((noinline)) um_status small_free_locked(um__pool *p, unsign
         atomic_store_explicit(&w->w, word, memory_order_relaxed);
         account(p, tc, um__class_size[cls]);
     }
-    pthread_mutex_unlock(&p->lock);
+    um__lock_release(&p->lock);
     return parked ? UM_OK : um__fail(UM_ERR_NOMEM, "out of host memory for free records");
 }
 
@@ -2335,11 +2335,11 @@ static __attribute__((noinline)) um_status large_free_locked(um__pool *p, uintpt
     __builtin_prefetch(&p->page_starts[first_pg], 0);
     for (size_t pg = first_pg; pg < first_pg + 4 && pg < p->npages; pg += 2)
         __builtin_prefetch(&p->pages[pg], 1);
-    pthread_mutex_lock(&p->lock);
+    um__lock_acquire(&p->lock);
     um__block *b = ptr_map_find(p, addr);
     if (!b) {
         um_status st = bad_free_locked(p, addr);
-        pthread_mutex_unlock(&p->lock);
+        um__lock_release(&p->lock);
         return st;
     }
     if (b->prev)
@@ -2350,7 +2350,7 @@ static __attribute__((noinline)) um_status large_free_locked(um__pool *p, uintpt
     for (size_t pg = first_pg + 4; pg <= last_pg && pg < first_pg + 64; pg += 2) /* 1 KiB */
         __builtin_prefetch(&p->pages[pg], 1);
     if (atomic_load_explicit(&b->tc_held, memory_order_acquire)) {
-        pthread_mutex_unlock(&p->lock);
+        um__lock_release(&p->lock);
         return um__fail(UM_ERR_DOUBLE_FREE,
                         "device %d (%s): %p is not a live allocation (freed already)",
                         p->base.dev, dev_name(p), (void *)addr);
@@ -2367,7 +2367,7 @@ static __attribute__((noinline)) um_status large_free_locked(um__pool *p, uintpt
     }
     um__stream_state *ss = stream_state(p, &ref);
     if (!ss) {
-        pthread_mutex_unlock(&p->lock);
+        um__lock_release(&p->lock);
         return um__fail(UM_ERR_NOMEM, "out of host memory for stream records");
     }
     ptr_map_del(p, b);
@@ -2379,7 +2379,7 @@ static __attribute__((noinline)) um_status large_free_locked(um__pool *p, uintpt
         um__plan_note_free(&p->plan, b->seq, b->fi.size);
     release_range(p, b, ss, ref.id);
     enforce_cache_limit(p);
-    pthread_mutex_unlock(&p->lock);
+    um__lock_release(&p->lock);
     return UM_OK;
 }
 
@@ -2424,7 +2424,7 @@ static um_status pool_trim(um__allocator *a)
 {
     um__pool *p = P(a);
     uint64_t t0 = p->events ? um__now_ns() : 0;
-    pthread_mutex_lock(&p->lock);
+    um__lock_acquire(&p->lock);
     size_t before = p->reserved;
     flush_caches_locked(p);
     /* The arena holds memory for the plan alone: a trim ends the plan, and
@@ -2434,7 +2434,7 @@ static um_status pool_trim(um__allocator *a)
     release_spare_slabs(p);
     um_status s = release_holes(p, 0);
     size_t after = p->reserved;
-    pthread_mutex_unlock(&p->lock);
+    um__lock_release(&p->lock);
     if (p->events)
         um__event_add(p->events, UM_EVENT_TRIM, p->base.dev, -1, t0, um__now_ns() - t0,
                       before > after ? before - after : 0, 0);
@@ -2448,7 +2448,7 @@ static um_status pool_set_memory_limit(um__allocator *a, size_t bytes)
      * placement's arithmetic (sizes rounded up, ranges of the reservation)
      * relies on requests below it. */
     size_t limit = bytes ? bytes : p->capacity;
-    pthread_mutex_lock(&p->lock);
+    um__lock_acquire(&p->lock);
     um_status s = UM_OK;
     if (p->reserved > limit) {
         flush_caches_locked(p);
@@ -2468,26 +2468,26 @@ static um_status pool_set_memory_limit(um__allocator *a, size_t bytes)
     } else if (s == UM_OK) {
         p->base.memory_limit = limit;
     }
-    pthread_mutex_unlock(&p->lock);
+    um__lock_release(&p->lock);
     return s;
 }
 
 static um_status pool_set_cache_limit(um__allocator *a, size_t bytes)
 {
     um__pool *p = P(a);
-    pthread_mutex_lock(&p->lock);
+    um__lock_acquire(&p->lock);
     p->base.cache_limit = bytes ? bytes : SIZE_MAX;
     /* Cached slots and held blocks count as cached memory too. */
     enforce_cache_limit(p);
     um_status s = p->base.cache_limit == SIZE_MAX ? UM_OK : release_holes(p, p->base.cache_limit);
-    pthread_mutex_unlock(&p->lock);
+    um__lock_release(&p->lock);
     return s;
 }
 
 static void pool_stream_forget(um__allocator *a, const um__stream_ref *s)
 {
     um__pool *p = P(a);
-    pthread_mutex_lock(&p->lock);
+    um__lock_acquire(&p->lock);
     um__tcache *tc = own_cache(p);
     if (tc) {
         for (unsigned c = 0; c < UM_NCLASSES; c++)
@@ -2521,7 +2521,7 @@ static void pool_stream_forget(um__allocator *a, const um__stream_ref *s)
                                       memory_order_release);
     }
     enforce_cache_limit(p);
-    pthread_mutex_unlock(&p->lock);
+    um__lock_release(&p->lock);
 }
 
 /* -------------------------------------------------------------- statistics */
@@ -2578,7 +2578,7 @@ static void pool_stats(um__allocator *a, um_stats *out)
 {
     um__pool *p = P(a);
     memset(out, 0, sizeof *out);
-    pthread_mutex_lock(&p->lock);
+    um__lock_acquire(&p->lock);
     size_t small_req = 0;
     uint64_t small_blocks = 0;
     for (um__block *b = p->region.first; b; b = b->next) {
@@ -2628,16 +2628,16 @@ static void pool_stats(um__allocator *a, um_stats *out)
         atomic_load_explicit(&p->base.backend->calls, memory_order_relaxed) - p->calls_at_create;
     out->num_cache_hits = allocs - p->misses;
     out->num_ooms = p->ooms;
-    pthread_mutex_unlock(&p->lock);
+    um__lock_release(&p->lock);
 }
 
 static void pool_reset_peak(um__allocator *a)
 {
     um__pool *p = P(a);
-    pthread_mutex_lock(&p->lock);
+    um__lock_acquire(&p->lock);
     atomic_store(&p->peak_active, (int64_t)active_total(p));
     p->peak_reserved = p->reserved;
-    pthread_mutex_unlock(&p->lock);
+    um__lock_release(&p->lock);
 }
 
 /* ------------------------------------------------------------------ check */
@@ -2654,7 +2654,7 @@ static um_status pool_check(um__allocator *a)
 {
     um__pool *p = P(a);
     um_status st = UM_OK;
-    pthread_mutex_lock(&p->lock);
+    um__lock_acquire(&p->lock);
     uint32_t *pin = calloc(p->npages, sizeof *pin);
     CHECK_THAT(pin, "out of host memory for the check");
     size_t active = 0, live_large = 0, held_large = 0, cached_slots = 0;
@@ -2853,7 +2853,7 @@ done:
                 break;
             }
     free(pin);
-    pthread_mutex_unlock(&p->lock);
+    um__lock_release(&p->lock);
     return st;
 }
 
@@ -2951,7 +2951,6 @@ static void pool_destroy(um__allocator *a)
         p->plan_spare = nx;
     }
     free(p->pages);
-    pthread_mutex_destroy(&p->lock);
     free(p);
 }
 
@@ -3020,9 +3019,8 @@ um_status um__pool_create(um__backend *b, const um__pool_config *c, um__allocato
     p->hole_head = p->hole_tail = NO_PAGE;
     p->generation = atomic_fetch_add(&pool_generations, 1);
     p->calls_at_create = atomic_load(&b->calls);
-    pthread_mutex_init(&p->lock, NULL);
+    um__lock_init(&p->lock);
     if (pthread_key_create(&p->tkey, tcache_thread_exit) != 0) {
-        pthread_mutex_destroy(&p->lock);
         free(p);
         return um__fail(UM_ERR_NOMEM, "no thread-specific key left for device %d", c->dev);
     }

@@ -25,6 +25,7 @@
 #ifndef UM_POOL_INTERNAL_H
 #define UM_POOL_INTERNAL_H
 
+#include "../base/lock.h"
 #include "freeidx.h"
 #include "plan.h"
 #include "pool.h"
@@ -272,7 +273,7 @@ typedef struct um__pool {
      * Both get cache lines of their own. */
     /* On a line of its own: threads that take it on a refill must not
      * slow down the fast path's reads of the fields above. */
-    _Alignas(64) pthread_mutex_t lock;
+    _Alignas(64) um__lock lock;
 
     _Alignas(64) _Atomic int64_t active;
     _Alignas(64) _Atomic int64_t peak_active;
