@@ -31,6 +31,8 @@ import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 
+from host_speed import fit  # noqa: E402  (this folder: the straight-line fit)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.normpath(os.path.join(HERE, "..", ".."))
 DEFAULT_LIB = "build-dev/integrations/torch/libunimem_torch.so"
@@ -288,6 +290,34 @@ def paired_ratios(runs):
     }
 
 
+def same_host_speed_ratio(runs):
+    """unimem's step time over PyTorch's where the host ran at the same
+    speed: the step is mostly the host queueing kernels, and this
+    machine's host speed drifts by 15-20% over seconds, so each
+    allocator's steps (from the sixth: unimem's plan starts in the fifth)
+    are fitted with a straight line against the Python loop timed before
+    each (host_s), and the two lines are read at the pooled median. None
+    without enough steps."""
+    points = {}
+    for a in ALLOCATORS:
+        xs, ys = [], []
+        for r in runs[a]:
+            host = (r.get("step_timing") or {}).get("host_s") or []
+            steps = r.get("step_times_s") or []
+            for i in range(5, min(len(host), len(steps))):
+                xs.append(host[i])
+                ys.append(steps[i])
+        if len(xs) < 3:
+            return None
+        points[a] = (xs, ys)
+    x0 = statistics.median(x for xs, _ in points.values() for x in xs)
+    at = {}
+    for a, (xs, ys) in points.items():
+        c, b = fit(xs, ys)
+        at[a] = c + b * x0
+    return ratio(at["unimem"], at["torch"])
+
+
 def fmt(value, scale=1.0, digits=1):
     return "-" if value is None else f"{value / scale:.{digits}f}"
 
@@ -325,7 +355,8 @@ def print_report(results, comparison):
             "step time unimem/torch by round: " + " ".join(f"{x:.4f}" for x in pairs) +
             f"; median {fmt(comparison.get('median_round_ratio_unimem_over_torch'), 1, 4)}; "
             f"fastest step {fmt(comparison.get('fastest_step_ratio_unimem_over_torch'), 1, 4)}, "
-            f"10th percentile {fmt(comparison.get('p10_step_ratio_unimem_over_torch'), 1, 4)}"
+            f"10th percentile {fmt(comparison.get('p10_step_ratio_unimem_over_torch'), 1, 4)}; "
+            f"at the same host speed {fmt(comparison.get('same_host_speed_ratio_unimem_over_torch'), 1, 4)}"
         )
 
 
@@ -396,6 +427,7 @@ def run_compare(args):
 
     comparison = compare(results)
     comparison.update(paired_ratios(runs))
+    comparison["same_host_speed_ratio_unimem_over_torch"] = same_host_speed_ratio(runs)
     report = {"results": results, "comparison": comparison,
               "total_wall_s": time.perf_counter() - started}
     print_report(results, comparison)
