@@ -3,7 +3,7 @@
  * giving it back uncontended is one atomic instruction each and a few
  * others, where glibc's pthread_mutex_lock and unlock run about 55
  * instructions together (type checks, elision, owner bookkeeping), about
- * 4% of a pair in bench/live_mixed.c's mix. Contended, a waiter sleeps in
+ * 5% of a pair's instructions in bench/live_mixed.c's mix. Contended, a waiter sleeps in
  * the kernel as with glibc's default mutex; there is no spinning and no
  * fairness. Not recursive; the holder must be the one to release it.
  *
@@ -19,8 +19,6 @@
 typedef struct um__lock {
     _Atomic uint32_t state;
 } um__lock;
-
-#define UM_LOCK_INIT {0}
 
 void um__lock_wait(um__lock *l);
 void um__lock_wake(um__lock *l);
