@@ -3,9 +3,10 @@
  * giving it back uncontended is one atomic instruction each and a few
  * others, where glibc's pthread_mutex_lock and unlock run about 55
  * instructions together (type checks, elision, owner bookkeeping), about
- * 5% of a pair's instructions in bench/live_mixed.c's mix. Contended, a waiter sleeps in
- * the kernel as with glibc's default mutex; there is no spinning and no
- * fairness. Not recursive; the holder must be the one to release it.
+ * 5% of a pair's instructions in bench/live_mixed.c's mix. Contended, a
+ * waiter sleeps in the kernel as with glibc's default mutex; there is no
+ * spinning and no fairness. Not recursive; the holder must be the one to
+ * release it.
  *
  * State: 0 free, 1 held, 2 held and a thread may be sleeping on it (the
  * releaser then wakes one).
