@@ -18,6 +18,10 @@ FINAL=${OUT:-out}
 OUT=$FINAL/runs
 mkdir -p "$OUT"
 trap 'tar czf "$FINAL/runs.tgz" -C "$FINAL" runs && rm -rf "$OUT"' EXIT
+if [ "$(nproc)" -lt 2 ]; then
+  echo "host_speed.sh: needs at least 2 cores (the probe takes one of its own)" >&2
+  exit 2
+fi
 PROBE_CORE=$(($(nproc) - 1))
 JOB_CORES=0-$((PROBE_CORE - 1))
 mono() { python3 -c 'import time; print(time.monotonic_ns())'; }
