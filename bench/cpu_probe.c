@@ -67,8 +67,8 @@ int main(int argc, char **argv)
     }
     int core = atoi(argv[1]);
     double seconds = atof(argv[2]);
-    if (core < 0 || seconds <= 0) {
-        fprintf(stderr, "cpu_probe: CORE must be >= 0 and SECONDS > 0\n");
+    if (core < 0 || core >= CPU_SETSIZE || !(seconds > 0)) {
+        fprintf(stderr, "cpu_probe: CORE must be 0..%d and SECONDS > 0\n", CPU_SETSIZE - 1);
         return 2;
     }
     cpu_set_t set;
