@@ -31,7 +31,7 @@ import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 
-from host_speed import fit  # noqa: E402  (this folder: the straight-line fit)
+from host_speed import fits_at_same_speed  # noqa: E402  (this folder)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.normpath(os.path.join(HERE, "..", ".."))
@@ -310,11 +310,8 @@ def same_host_speed_ratio(runs):
         if len(xs) < 3:
             return None
         points[a] = (xs, ys)
-    x0 = statistics.median(x for xs, _ in points.values() for x in xs)
-    at = {}
-    for a, (xs, ys) in points.items():
-        c, b = fit(xs, ys)
-        at[a] = c + b * x0
+    lines, x0 = fits_at_same_speed(points)
+    at = {a: c + b * x0 for a, (c, b) in lines.items()}
     return ratio(at["unimem"], at["torch"])
 
 

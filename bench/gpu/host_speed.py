@@ -119,6 +119,14 @@ def fit(xs, ys):
     return my - b * mx, b
 
 
+def fits_at_same_speed(points):
+    """points: {allocator: (speeds, step times)}. Each allocator's
+    straight-line fit of step time on speed, as (intercept, slope), and the
+    pooled median speed x0 where the fits are read."""
+    x0 = statistics.median(x for xs, _ in points.values() for x in xs)
+    return {a: fit(xs, ys) for a, (xs, ys) in points.items()}, x0
+
+
 def compare_at_same_speed(steps, key):
     """unimem's step time over PyTorch's where the host ran at the same
     speed by `key`: each allocator's straight-line fit of step time on the
@@ -129,10 +137,9 @@ def compare_at_same_speed(steps, key):
     if any(len(v) < 3 for v in by.values()):
         return
     pooled = sorted(s[key] for v in by.values() for s in v)
-    x0 = statistics.median(pooled)
+    lines, x0 = fits_at_same_speed({a: ([s[key] for s in v], [s["ms"] for s in v]) for a, v in by.items()})
     at = {}
-    for a, v in by.items():
-        c, b = fit([s[key] for s in v], [s["ms"] for s in v])
+    for a, (c, b) in lines.items():
         at[a] = c + b * x0
         print(f"{key}: {a} step ms = {c:.2f} + {b:.4f} x {key}; at the median {key} {x0:.4f}: {at[a]:.2f} ms")
     edges = [pooled[len(pooled) * k // 5] for k in range(1, 5)]
