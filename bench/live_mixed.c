@@ -16,7 +16,8 @@
  */
 #include <unimem.h>
 
-#include <math.h>
+#include "mixed_sizes.h"
+
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,40 +35,6 @@
 
 #define LIVE_BLOCKS 10000u
 #define STEPS (1u << 20)
-#define KIB ((size_t)1024)
-#define MIB (1024 * KIB)
-
-/* The generator and the mix are alloc_compare.cpp's, so both programs
- * replace the same blocks with the same sizes. */
-static uint64_t splitmix64(uint64_t *state)
-{
-    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static double uniform01(uint64_t *state)
-{
-    return (double)(splitmix64(state) >> 11) * (1.0 / 9007199254740992.0);
-}
-
-static size_t log_uniform(uint64_t *state, size_t lo, size_t hi)
-{
-    double l = log((double)lo), h = log((double)hi);
-    size_t n = (size_t)exp(l + uniform01(state) * (h - l));
-    return n < lo ? lo : n > hi ? hi : n;
-}
-
-static size_t mixed_size(uint64_t *state)
-{
-    double band = uniform01(state);
-    if (band < 0.70)
-        return log_uniform(state, 256, 32 * KIB);
-    if (band < 0.95)
-        return log_uniform(state, 32 * KIB, 4 * MIB);
-    return log_uniform(state, 4 * MIB, 64 * MIB);
-}
 
 static double now_ns(void)
 {
@@ -94,17 +61,17 @@ int main(int argc, char **argv)
     static void *live[LIVE_BLOCKS];
     static size_t sizes[STEPS];
     static uint32_t victim[STEPS];
-    uint64_t size_state = 0x756e696d656d2025ull, victim_state = size_state ^ 0x5bd1e995ull;
+    uint64_t size_state = MIX_SEED, victim_state = MIX_VICTIM_SEED;
     for (unsigned i = 0; i < LIVE_BLOCKS; i++) {
-        size_t n = mixed_size(&size_state);
+        size_t n = mix_size(&size_state);
         if (um_malloc(ctx, dev, n, NULL, &live[i]) != UM_OK) {
             fprintf(stderr, "live_mixed: filling block %u of %zu bytes: %s\n", i, n, um_last_error());
             return 1;
         }
     }
     for (unsigned i = 0; i < STEPS; i++) {
-        sizes[i] = mixed_size(&size_state);
-        victim[i] = (uint32_t)(splitmix64(&victim_state) % LIVE_BLOCKS);
+        sizes[i] = mix_size(&size_state);
+        victim[i] = (uint32_t)(mix_splitmix64(&victim_state) % LIVE_BLOCKS);
     }
     unsigned step = 0;
     for (int r = 0; r < rounds; r++) {

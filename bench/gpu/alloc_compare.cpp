@@ -30,6 +30,8 @@
 #include <sched.h>
 #include <unimem.h>
 
+#include "../mixed_sizes.h"
+
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
@@ -57,14 +59,13 @@ constexpr int kRepeats = 3;
 constexpr size_t kKiB = 1024, kMiB = 1024 * kKiB, kGiB = 1024 * kMiB;
 constexpr size_t kLiveBlocks = 10000;
 constexpr size_t kLiveBytesCap = 60 * kGiB;
-constexpr size_t kSmallMin = 256, kSmallMax = 32 * kKiB;
-constexpr size_t kMediumMax = 4 * kMiB, kLargeMax = 64 * kMiB;
+constexpr size_t kSmallMin = MIX_SMALL_MIN, kSmallMax = MIX_SMALL_MAX;
 constexpr int kThreadRing = 100;
 /* The step sequence of live-10k-mixed is precomputed so that generating it
  * costs nothing in the timed loop; a long run wraps around it. */
 constexpr size_t kMixSteps = size_t(1) << 20;
 constexpr size_t kThreadSizes = 4096;
-constexpr uint64_t kSeed = 0x756e696d656d2025ull;
+constexpr uint64_t kSeed = MIX_SEED;
 constexpr int kThreadCounts[] = {1, 4, 16};
 constexpr size_t kPairSizes[] = {256, 4 * kKiB, 64 * kKiB, 1 * kMiB, 16 * kMiB, 128 * kMiB};
 
@@ -180,38 +181,6 @@ std::string rate_text(double per_s)
     if (per_s >= 1e3)
         return format("%.2f K", per_s / 1e3);
     return format("%.1f", per_s);
-}
-
-uint64_t splitmix64(uint64_t *state)
-{
-    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-double uniform01(uint64_t *state)
-{
-    return double(splitmix64(state) >> 11) * (1.0 / 9007199254740992.0);
-}
-
-/* Log-uniform in [lo, hi]: every factor of two in the band is as likely. */
-size_t log_uniform(uint64_t *state, size_t lo, size_t hi)
-{
-    double l = std::log(double(lo)), h = std::log(double(hi));
-    size_t n = size_t(std::exp(l + uniform01(state) * (h - l)));
-    return std::min(hi, std::max(lo, n));
-}
-
-/* The live-10k-mixed mix: 70% 256 B-32 KiB, 25% 32 KiB-4 MiB, 5% 4-64 MiB. */
-size_t mixed_size(uint64_t *state)
-{
-    double band = uniform01(state);
-    if (band < 0.70)
-        return log_uniform(state, kSmallMin, kSmallMax);
-    if (band < 0.95)
-        return log_uniform(state, kSmallMax, kMediumMax);
-    return log_uniform(state, kMediumMax, kLargeMax);
 }
 
 /* ------------------------------------------------------------ allocators */
@@ -590,17 +559,17 @@ struct Mix {
 Mix make_mix()
 {
     Mix m;
-    uint64_t size_state = kSeed, victim_state = kSeed ^ 0x5bd1e995ull;
+    uint64_t size_state = kSeed, victim_state = MIX_VICTIM_SEED;
     m.initial.resize(kLiveBlocks);
     for (auto &s : m.initial) {
-        s = mixed_size(&size_state);
+        s = mix_size(&size_state);
         m.initial_bytes += s;
     }
     m.sizes.resize(kMixSteps);
     m.victim.resize(kMixSteps);
     for (size_t i = 0; i < kMixSteps; i++) {
-        m.sizes[i] = mixed_size(&size_state);
-        m.victim[i] = uint32_t(splitmix64(&victim_state) % kLiveBlocks);
+        m.sizes[i] = mix_size(&size_state);
+        m.victim[i] = uint32_t(mix_splitmix64(&victim_state) % kLiveBlocks);
     }
     return m;
 }
@@ -1136,7 +1105,7 @@ int main(int argc, char **argv)
         uint64_t state = kSeed + 1000 * (t + 1);
         thread_sizes[t].resize(kThreadSizes);
         for (auto &n : thread_sizes[t])
-            n = log_uniform(&state, kSmallMin, kSmallMax);
+            n = mix_log_uniform(&state, kSmallMin, kSmallMax);
     }
     for (int n : kThreadCounts) {
         fprintf(stderr, "threads %d...\n", n);

@@ -80,21 +80,22 @@ def train(torch, args, warn_only, memory, step_stats=None):
     # Where each step's time goes on the host, to tell a host-bound step
     # from a device-bound one: its bounds on CLOCK_MONOTONIC (to line up
     # with bench/cpu_probe.c's samples), the time until the last kernel of
-    # the step was queued, and the CPU time of the main thread and of the
-    # process (autograd's backward runs on a thread of its own).
+    # the step was queued, and the main thread's CPU time. (The process's
+    # CPU time is left out: synchronize() spins, so it only follows the
+    # step's wall time.)
     # host_s: a fixed piece of Python run just before the step, timed: the
     # main thread's speed at that moment on its own core (the step is
     # mostly the host queueing kernels, and this machine's host speed
     # drifts by 15% over seconds).
     timing = {"start_mono_ns": [], "end_mono_ns": [], "queued_s": [], "thread_cpu_s": [],
-              "process_cpu_s": [], "host_s": []}
+              "host_s": []}
     free, total = torch.cuda.mem_get_info()
     driver_peak = total - free
     for step in range(args.steps):
         torch.cuda.synchronize()
         timing["host_s"].append(host_probe())
         start_mono = time.monotonic_ns()
-        start_thread, start_process = time.thread_time(), time.process_time()
+        start_thread = time.thread_time()
         start = time.perf_counter()
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = model(input_ids=ids, labels=ids).loss
@@ -108,7 +109,6 @@ def train(torch, args, warn_only, memory, step_stats=None):
         timing["end_mono_ns"].append(time.monotonic_ns())
         timing["queued_s"].append(queued)
         timing["thread_cpu_s"].append(time.thread_time() - start_thread)
-        timing["process_cpu_s"].append(time.process_time() - start_process)
         losses.append(loss.item())
         del loss
         free, total = torch.cuda.mem_get_info()
