@@ -637,6 +637,137 @@ static void test_fit_beyond_best(void)
     a->ops->destroy(a);
 }
 
+/* Deferred frees (pool.c): a freed large block waits, pinned and whole, for
+ * an allocation on its stream at most 1/16 smaller; never for another
+ * stream; within its budget (1/32 of the reserved bytes, blocks up to
+ * 1/2048), oldest out first; and all of it goes back before the pool would
+ * fail, grow or trim. */
+static void test_deferred_frees(void)
+{
+    const size_t K = 1024;
+    um__pool_config c = {.dev = 1, .thread_cache = 1, .va_factor = 4, .no_plan = 1};
+    um__allocator *a = make_pool_with(1024 * MiB, &c);
+    um__pool *p = (um__pool *)a;
+    um__stream_ref ref1 = {1, s1, NULL};
+    /* 256 MiB reserved: blocks up to 128 KiB wait, 8 MiB of them in all. */
+    void *fill = xalloc(a, 256 * MiB, 1);
+    xfree(a, fill, 1);
+    CHECK_EQ(p->deferred.count, 0); /* too large to wait */
+    CHECK_EQ(stats(a).reserved_bytes, 256 * MiB);
+    /* x is freed while y, allocated after it, is the thread's last block
+     * (the bounce cache takes only that one). */
+    void *x = xalloc(a, 100 * K, 1), *y = xalloc(a, 100 * K, 1);
+    xfree(a, x, 1);
+    CHECK_EQ(p->deferred.count, 1);
+    CHECK_EQ(stats(a).requested_bytes, 100 * K);
+    CHECK_STATUS(a->ops->free(a, x, &ref1), UM_ERR_DOUBLE_FREE);
+    CHECK_OK(a->ops->check(a));
+    /* Up to 1/16 smaller, same stream: x again, still holding its bytes. */
+    void *z = xalloc(a, 96 * K, 1);
+    CHECK(z == x);
+    CHECK_EQ(p->deferred.count, 0);
+    CHECK_EQ(stats(a).requested_bytes, 196 * K);
+    CHECK_EQ(stats(a).active_bytes, 200 * K);
+    memset(z, 0x5a, 96 * K);
+    CHECK_OK(a->ops->check(a));
+    /* More than 1/16 smaller: not x. */
+    xfree(a, z, 1);
+    void *w = xalloc(a, 93 * K, 1);
+    CHECK(w != x);
+    CHECK_EQ(p->deferred.count, 1);
+    xfree(a, w, 1);
+    /* Work outstanding on stream 1: stream 2 never gets x, deferred or
+     * released (then fenced on stream 1), and stream 1 still does. */
+    CHECK_OK(um__sim_stream_launch(backend, s1, 1));
+    void *v = xalloc(a, 100 * K, 2), *v2 = xalloc(a, 100 * K, 2);
+    CHECK(v != x && v2 != x);
+    xfree(a, v, 2);
+    CHECK(p->deferred_newest && p->deferred_newest->fi.addr == (uintptr_t)v);
+    CHECK_OK(a->ops->check(a));
+    void *u = xalloc(a, 100 * K, 2);
+    CHECK(u == v);
+    xfree(a, u, 2);
+    xfree(a, v2, 2);
+    CHECK_OK(um__sim_stream_complete(backend, s1, 1));
+    xfree(a, y, 1);
+    /* The trim releases every waiting block, fenced on its stream: two
+     * streams fence now, and frees no longer wait. */
+    CHECK_OK(a->ops->trim(a));
+    CHECK_EQ(p->deferred.count, 0);
+    CHECK_EQ(stats(a).reserved_bytes, 0);
+    CHECK(p->fencer == UM_MIXED_FENCE);
+    x = xalloc(a, 100 * K, 1);
+    y = xalloc(a, 100 * K, 1);
+    xfree(a, x, 1);
+    CHECK_EQ(p->deferred.count, 0);
+    xfree(a, y, 1);
+    CHECK_OK(a->ops->check(a));
+    a->ops->destroy(a);
+
+    /* The budget, at the memory limit: 2048 blocks of 128 KiB fill 256
+     * MiB; every other one freed waits up to 8 MiB, oldest out first. */
+    c.memory_limit = 256 * MiB;
+    a = make_pool_with(1024 * MiB, &c);
+    p = (um__pool *)a;
+    enum { N = 2048 };
+    static void *blk[N];
+    for (int i = 0; i < N; i++)
+        blk[i] = xalloc(a, 128 * K, 0);
+    CHECK_EQ(stats(a).reserved_bytes, 256 * MiB);
+    for (int i = 0; i < N; i += 2)
+        xfree(a, blk[i], 0);
+    CHECK_EQ(p->deferred.bytes, 8 * MiB);
+    CHECK(p->deferred_oldest && p->deferred_oldest->fi.addr == (uintptr_t)blk[N - 128]);
+    CHECK(p->deferred_newest && p->deferred_newest->fi.addr == (uintptr_t)blk[N - 2]);
+    CHECK_OK(a->ops->check(a));
+    /* 121 KiB requests (128 KiB is within 1/16 more) take the waiting
+     * blocks, newest first, then the released ones; none fails at the
+     * limit. */
+    void *newest = (void *)p->deferred_newest->fi.addr;
+    for (int i = 0; i < N; i += 2) {
+        blk[i] = xalloc(a, 121 * K, 0);
+        if (i == 0)
+            CHECK(blk[0] == newest);
+    }
+    CHECK_EQ(p->deferred.count, 0);
+    CHECK_EQ(stats(a).num_ooms, 0);
+    CHECK_OK(a->ops->check(a));
+    /* All freed (8 MiB waiting, spread over the range), then one block of
+     * 250 MiB: it needs the waiting blocks' pages and gets them, within
+     * the limit. */
+    for (int i = 0; i < N; i++)
+        xfree(a, blk[i], 0);
+    CHECK(p->deferred.bytes <= 8 * MiB && p->deferred.bytes > 8 * MiB - 128 * K);
+    void *big = xalloc(a, 250 * MiB, 0);
+    CHECK(big != NULL);
+    CHECK_EQ(p->deferred.count, 0);
+    CHECK_EQ(stats(a).num_ooms, 0);
+    CHECK(stats(a).peak_reserved_bytes <= 256 * MiB);
+    CHECK_OK(a->ops->check(a));
+    xfree(a, big, 0);
+    CHECK_OK(a->ops->trim(a));
+    CHECK_EQ(stats(a).reserved_bytes, 0);
+    CHECK_OK(a->ops->check(a));
+    a->ops->destroy(a);
+
+    /* Off (defer_frees=0), and while the step planner learns: no block waits. */
+    for (int k = 0; k < 2; k++) {
+        um__pool_config off = {.dev = 1, .thread_cache = 1, .va_factor = 4, .no_plan = k == 0,
+                               .no_defer = k == 0};
+        a = make_pool_with(1024 * MiB, &off);
+        p = (um__pool *)a;
+        fill = xalloc(a, 256 * MiB, 0);
+        xfree(a, fill, 0);
+        x = xalloc(a, 100 * K, 0);
+        y = xalloc(a, 100 * K, 0);
+        xfree(a, x, 0);
+        CHECK_EQ(p->deferred.count, 0);
+        xfree(a, y, 0);
+        CHECK_OK(a->ops->check(a));
+        a->ops->destroy(a);
+    }
+}
+
 static void test_bad_pointers(void)
 {
     um__allocator *a = make_pool(64 * MiB, 0, 0, 1);
@@ -908,6 +1039,7 @@ int main(void)
         test_random(seed + (uint64_t)tc, tc, 3, 0, 5000);
     }
     test_random(seed + 2, 1, 1, 2048 * MiB, 500);
+    test_deferred_frees();
     test_peak();
     test_stream_id_reuse();
     test_forget_takes_other_caches();

@@ -48,6 +48,11 @@
       "step planning: when the large allocations repeat with a period (a training step), "   \
       "place them by a plan made from one period, in an arena mapped once (no page moves); "  \
       "while it looks for the period a pool waits for fences rather than grow")               \
+    X(defer_frees, UM_OPT_BOOL, "1",                                                          \
+      "a freed large block (up to 1/2048 of the reserved bytes) waits, still mapped and "    \
+      "uncoalesced, for an allocation on its stream at most 1/16 smaller; up to 1/32 of "   \
+      "the reserved bytes wait, and all go back before the pool would move or create a "    \
+      "page (one stream fencing, no step plan)")                                              \
     X(host_memory, UM_OPT_ENUM, "auto",                                                       \
       "auto|pinned|pageable: host pool memory; auto pins it (CUDA VMM host pages) when "      \
       "devices lists a GPU and the driver can, else pageable")                                \
@@ -121,6 +126,7 @@ typedef struct um__options {
     int recycle_pages;      /* um__recycle */
     int fence_wait_us;
     int plan;
+    int defer_frees;
     int host_memory;        /* um__host_memory */
     int cuda_vmm;
     int copy_threads;

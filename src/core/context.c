@@ -808,6 +808,7 @@ static um_status create_allocators(um_context *ctx)
             .fence_wait_ns = (uint64_t)o->fence_wait_us * 1000,
             .recycle = o->recycle_pages,
             .no_plan = !o->plan,
+            .no_defer = !o->defer_frees,
             .events = ctx->events,
         };
         um_status st;

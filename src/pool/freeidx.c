@@ -99,6 +99,19 @@ um__fi_node *um__fi_find(const um__freeidx *fi, size_t size)
     return head ? scan_class(head, size) : NULL;
 }
 
+um__fi_node *um__fi_find_near(const um__freeidx *fi, size_t size, size_t most)
+{
+    enum { LOOK = 4 };
+    unsigned fl, sl;
+    mapping(size, &fl, &sl);
+    int seen = 0;
+    for (um__fi_node *n = fi->heads[fl][sl]; n && seen < LOOK; n = n->next, seen++)
+        if (n->size >= size && n->size <= most)
+            return n;
+    um__fi_node *n = next_class(fi, fl, sl);
+    return n && n->size <= most ? n : NULL;
+}
+
 size_t um__fi_largest(const um__freeidx *fi)
 {
     if (!fi->fl_bitmap)

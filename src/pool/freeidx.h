@@ -37,6 +37,11 @@ void um__fi_insert(um__freeidx *fi, um__fi_node *node);
 void um__fi_remove(um__freeidx *fi, um__fi_node *node);
 /* The best candidate of size >= size, or NULL. Does not remove it. */
 um__fi_node *um__fi_find(const um__freeidx *fi, size_t size);
+/* A quick fit of size >= size and <= most, or NULL: the first such entry
+ * among the first few of the request's class, else the head of the next
+ * non-empty class. Touches at most a few entries (a cache whose entries
+ * are cold wants any close fit, not the tightest). Does not remove it. */
+um__fi_node *um__fi_find_near(const um__freeidx *fi, size_t size, size_t most);
 /* Size of the largest entry (exact within the top non-empty class). */
 size_t um__fi_largest(const um__freeidx *fi);
 

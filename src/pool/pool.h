@@ -50,6 +50,7 @@ typedef struct um__pool_config {
     uint64_t fence_wait_ns;/* see the fence_wait_us option; 0: never wait */
     int recycle;           /* um__recycle: the recycle_pages option */
     int no_plan;           /* the plan option, negated (0: step planning on) */
+    int no_defer;          /* the defer_frees option, negated (0: deferred frees on) */
     struct um__events *events; /* trace_file's recorder: reserved memory goes there; or NULL */
 } um__pool_config;
 

@@ -40,7 +40,10 @@
 enum um__block_state {
     UM_BLOCK_LIVE = 1,    /* handed out by um_malloc */
     UM_BLOCK_READY = 3,   /* free (subject to its pages' fences) */
-    UM_BLOCK_SLAB = 4     /* holds a slab of small slots */
+    UM_BLOCK_SLAB = 4,    /* holds a slab of small slots */
+    /* freed, its release deferred (pool.c, deferred frees): still pinned,
+     * in the pool's deferred index and list, out of the pointer map */
+    UM_BLOCK_DEFERRED = 5
 };
 
 #define UM_NO_FENCE UINT32_MAX
@@ -49,13 +52,21 @@ enum um__block_state {
 typedef struct um__block {
     um__fi_node fi;               /* addr, size; links in a free index */
     struct um__block *prev, *next;/* address-ordered neighbours in the region */
-    struct um__slab *slab;        /* SLAB */
-    /* LIVE in the pointer map: the next such block whose first byte lies
-     * in the same page (pool.c, ptr_map_*). */
-    struct um__block *start_next;
+    union {
+        struct um__slab *slab;    /* SLAB */
+        struct um__block *older;  /* DEFERRED: the next older deferred block */
+    };
+    union {
+        /* LIVE in the pointer map: the next such block whose first byte
+         * lies in the same page (pool.c, ptr_map_*). */
+        struct um__block *start_next;
+        struct um__block *newer;  /* DEFERRED: the next newer deferred block */
+    };
     size_t requested;             /* LIVE: bytes asked for */
     uint32_t stream;              /* LIVE: allocation stream */
-    uint64_t seq;                 /* LIVE: the planner's ordinal of its allocation */
+    /* LIVE: the planner's ordinal of its allocation; DEFERRED: its
+     * stream's epoch at the free. */
+    uint64_t seq;
     uint8_t state;
     bool planned;                 /* LIVE in the plan's arena: in no region list */
     /* The bounce cache (pool.c): held by a thread cache (atomic: the owner
@@ -215,6 +226,11 @@ typedef struct um__pool {
     unsigned page_shift;          /* log2(page) */
     size_t npages;
     um__region region;
+    /* Deferred frees (pool.c): freed large blocks by size, and the same
+     * blocks oldest first. */
+    bool defer;                   /* the defer_frees option */
+    um__freeidx deferred;
+    um__block *deferred_oldest, *deferred_newest;
 
     /* One record per page, all fields together: an operation on a block
      * touches one cache line per two pages, not one per array. */
