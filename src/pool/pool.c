@@ -1885,8 +1885,11 @@ static void release_range(um__pool *p, um__block *b, um__stream_state *ss, uint3
  * the deferred bytes stay within 1/32 of the reserved bytes (the oldest go
  * first), a block over 1/64 of that is released at once, and everything
  * deferred is released before the pool would move or create a page, so
- * deferral never makes the pool reserve more. It is off while the step
- * planner learns or runs a plan (the plan places those blocks). */
+ * deferral never makes the pool reserve more. It is off once a second
+ * stream fences (a waiting block serves its own stream only, and holding
+ * it from the others cost pipeline_two_streams 3.5% more memory), and
+ * while the step planner learns or runs a plan (the plan places those
+ * blocks). */
 
 #define DEFER_BUDGET_SHIFT 5  /* the budget: reserved / 32 */
 #define DEFER_BLOCK_SHIFT 6   /* the largest block deferred: budget / 64 */
