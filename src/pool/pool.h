@@ -5,9 +5,10 @@
  *   pool      unimem's allocator (pool.c): one reserved address range per
  *             device, physical pages mapped only under live data and
  *             recycled out of holes, size-class slabs with per-thread caches
- *             for small requests, best fit with split/coalesce for the rest,
- *             stream-ordered reuse, and step plans (plan.c) for programs
- *             whose large allocations repeat.
+ *             for small requests, best fit with split/coalesce for the rest
+ *             (a freed large block may first wait, whole, for a request it
+ *             fits: deferred frees), stream-ordered reuse, and step plans
+ *             (plan.c) for programs whose large allocations repeat.
  *   direct    no cache: every request is its own backend chunk (baseline).
  *   bufcache  MLX's BufferCache policy: whole freed buffers reused for
  *             requests of at most their size and more than
