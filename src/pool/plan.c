@@ -322,10 +322,18 @@ static uint64_t fmix(uint64_t x)
     return x;
 }
 
-static uint64_t key_hash(const um__plan_entry *e)
+static uint64_t key_hash(uint64_t bytes, uint32_t stream)
 {
-    return fmix(e->bytes ^ (uint64_t)e->stream << 56);
+    return fmix(bytes ^ (uint64_t)stream << 56);
 }
+
+/* Once the learning window is over, the signature table is read and
+ * written at 1 in 8 positions only, those whose signature has its top
+ * three bits clear: the sampling depends on the content alone, so a
+ * repeated sequence samples the same positions in every period, and the
+ * table's cache misses (two for each allocation of a program with no
+ * period, a tenth of its large allocations' cost) mostly go. */
+#define SIG_SAMPLE_SHIFT 61
 
 /* Follows the candidate periods with allocation o and plans the first one
  * that repeated a whole period and came back to the same live bytes. A
@@ -363,20 +371,27 @@ static void detect(um__plan *pl, uint64_t o)
     }
     if (o + 1 < SIG_WINDOW)
         return;
-    /* Repeats of the sizes alone (whatever the live bytes) tell a program
-     * with structure from random churn. */
-    uint64_t ks = fmix(pl->roll ^ 0x5851f42d4c957f2dull) | 1;
-    pl->repeats += pl->seen[ks % UM_PLAN_SIG_SLOTS] == ks;
-    pl->seen[ks % UM_PLAN_SIG_SLOTS] = ks;
-    if (o + 1 - pl->learn_from >= LEARN_QUICK && (o + 1 - pl->learn_from) % LEARN_QUICK == 0) {
-        if (pl->repeats < LEARN_QUICK / 4 && o < pl->learn_until)
-            pl->learn_until = o + 1;
-        pl->repeats = 0;
+    bool learning = o < pl->learn_until;
+    if (learning) {
+        /* Repeats of the sizes alone (whatever the live bytes) tell a
+         * program with structure from random churn. */
+        uint64_t ks = fmix(pl->roll ^ 0x5851f42d4c957f2dull) | 1;
+        pl->repeats += pl->seen[ks % UM_PLAN_SIG_SLOTS] == ks;
+        pl->seen[ks % UM_PLAN_SIG_SLOTS] = ks;
+        if (o + 1 - pl->learn_from >= LEARN_QUICK && (o + 1 - pl->learn_from) % LEARN_QUICK == 0) {
+            if (pl->repeats < LEARN_QUICK / 4)
+                pl->learn_until = o + 1;
+            pl->repeats = 0;
+        }
     }
     /* The live bytes go into the signature: a layer repeated inside a step
      * has the same sizes but more live bytes each time (the step keeps its
-     * activations), so only whole steps propose themselves. */
-    uint64_t sig = fmix(pl->roll ^ fmix(e->live + 1)) | 1; /* 0 marks an empty slot */
+     * activations), so only whole steps propose themselves. An odd
+     * multiplier spreads them well enough, as the finalizer mixes the
+     * rest. */
+    uint64_t sig = fmix(pl->roll ^ (e->live + 1) * 0x9e3779b97f4a7c15ull) | 1; /* 0: empty slot */
+    if (!learning && sig >> SIG_SAMPLE_SHIFT)
+        return;
     um__plan_sig *s = &pl->sigs[sig % UM_PLAN_SIG_SLOTS];
     if (s->sig == sig && s->ordinal < o) {
         uint64_t period = o - s->ordinal;
@@ -393,13 +408,14 @@ static void detect(um__plan *pl, uint64_t o)
 uint64_t um__plan_note_alloc(um__plan *pl, uint64_t bytes, uint32_t stream, uint64_t work)
 {
     uint64_t o = pl->next++;
-    *entry(pl, o) = (um__plan_entry){bytes, work, pl->live_bytes, UINT64_MAX, stream};
+    uint64_t key = key_hash(bytes, stream);
+    *entry(pl, o) = (um__plan_entry){bytes, work, pl->live_bytes, UINT64_MAX, key, stream};
     pl->live_bytes += bytes;
     /* A rolling hash of the last SIG_WINDOW keys: one multiply-add in,
      * one out. */
-    pl->roll = pl->roll * SIG_BASE + key_hash(entry(pl, o));
+    pl->roll = pl->roll * SIG_BASE + key;
     if (o >= SIG_WINDOW)
-        pl->roll -= pl->base_pow * key_hash(entry(pl, o - SIG_WINDOW));
+        pl->roll -= pl->base_pow * entry(pl, o - SIG_WINDOW)->key;
     if (pl->state == UM_PLAN_RECORDING)
         detect(pl, o);
     return o;
@@ -412,22 +428,12 @@ void um__plan_note_free(um__plan *pl, uint64_t ordinal, uint64_t bytes)
         entry(pl, ordinal)->free_at = pl->next;
 }
 
-bool um__plan_learning(const um__plan *pl)
-{
-    return (pl->state == UM_PLAN_RECORDING && pl->next < pl->learn_until) ||
-           pl->state == UM_PLAN_READY;
-}
 
 /* ---------------------------------------------------------------- serving */
 
 static uint64_t slot_of(const um__plan *pl, uint64_t ordinal)
 {
     return (ordinal - pl->base) % pl->period;
-}
-
-bool um__plan_starts_at(const um__plan *pl, uint64_t ordinal)
-{
-    return pl->state == UM_PLAN_READY && slot_of(pl, ordinal) == pl->origin;
 }
 
 void um__plan_activate(um__plan *pl)

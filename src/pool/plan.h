@@ -44,6 +44,7 @@ typedef struct um__plan_entry {
     uint64_t work;      /* the pool's backend calls before the allocation */
     uint64_t live;      /* large live bytes just before the allocation */
     uint64_t free_at;   /* allocation count when it was freed; UINT64_MAX: live */
+    uint64_t key;       /* hash of bytes and stream, kept for the rolling hash */
     uint32_t stream;
 } um__plan_entry;
 
@@ -116,7 +117,10 @@ void um__plan_note_free(um__plan *pl, uint64_t ordinal, uint64_t bytes);
 
 /* READY: whether `ordinal` is where the plan starts (the pool then makes
  * the arena and calls um__plan_activate, or um__plan_reject). */
-bool um__plan_starts_at(const um__plan *pl, uint64_t ordinal);
+static inline bool um__plan_starts_at(const um__plan *pl, uint64_t ordinal)
+{
+    return pl->state == UM_PLAN_READY && (ordinal - pl->base) % pl->period == pl->origin;
+}
 void um__plan_activate(um__plan *pl);
 void um__plan_reject(um__plan *pl);
 
@@ -135,6 +139,10 @@ void um__plan_abandon(um__plan *pl);
  * started yet (the pool then keeps memory tight: it waits for fences and
  * moves pages rather than grow, and the arena takes the pages the steps
  * it learned from used). */
-bool um__plan_learning(const um__plan *pl);
+static inline bool um__plan_learning(const um__plan *pl)
+{
+    return (pl->state == UM_PLAN_RECORDING && pl->next < pl->learn_until) ||
+           pl->state == UM_PLAN_READY;
+}
 
 #endif

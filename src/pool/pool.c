@@ -71,8 +71,15 @@ static const char *dev_name(um__pool *p) { return p->base.backend->name; }
 /* block_new sets each field of a record; a new field must be set there too
  * (this size is on 64-bit targets). */
 #if UINTPTR_MAX == UINT64_MAX
-_Static_assert(sizeof(um__block) == 104, "um__block changed: update block_new");
+_Static_assert(sizeof(um__block) == 96, "um__block changed: update block_new");
 #endif
+
+/* A fresh record, on a cache line of its own (see um__block), or NULL. */
+static um__block *block_alloc(void)
+{
+    void *b = NULL;
+    return posix_memalign(&b, 64, sizeof(um__block)) == 0 ? b : NULL;
+}
 
 static um__block *block_new(um__pool *p)
 {
@@ -80,7 +87,7 @@ static um__block *block_new(um__pool *p)
     if (b)
         p->block_freelist = b->next;
     else
-        b = malloc(sizeof *b);
+        b = block_alloc();
     /* Field by field: a memset of the record became a `rep stos`, a
      * quarter of take_range's own time on the large path. */
     if (b) {
@@ -107,7 +114,8 @@ static void block_put(um__pool *p, um__block *b)
 
 /* A thread publishes its live-bytes delta to the pool past this size (plus
  * the size of the block its bounce cache cycles, see account_slack), and
- * at once when it goes below zero (a thread freeing what others made). The
+ * at once when it goes below zero (a thread freeing what others made),
+ * keeping half of this size private in both cases. The
  * peak is taken from the pool's published bytes plus the calling thread's
  * own delta, which is exact while one thread uses a device; with several,
  * it can miss at most this much per other thread, and never exceeds the
@@ -124,8 +132,12 @@ static inline void account_slack(um__pool *p, um__tcache *tc, int64_t delta, int
     if (tc) {
         own = atomic_load_explicit(&tc->live_delta, memory_order_relaxed) + delta;
         if (UM_UNLIKELY(own > UM_DELTA_PUBLISH + slack || own < 0)) {
-            atomic_fetch_add_explicit(&p->active, own, memory_order_relaxed);
-            own = 0;
+            /* Half the window stays private, so that the next operations,
+             * of either sign, need no locked instruction: publishing down
+             * to zero made every free after a publish publish again. */
+            atomic_fetch_add_explicit(&p->active, own - UM_DELTA_PUBLISH / 2,
+                                      memory_order_relaxed);
+            own = UM_DELTA_PUBLISH / 2;
         }
         atomic_store_explicit(&tc->live_delta, own, memory_order_relaxed);
     } else {
@@ -177,9 +189,11 @@ static inline uintptr_t page_addr(um__pool *p, size_t pg) { return p->va + pg * 
 
 /* ------------------------------------------------------------ pointer map */
 
-/* The live large blocks by address. A page's list is short: blocks above
- * UM_SMALL_MAX bytes, so at most page / 32 KiB of them start in one page,
- * and usually one. Under the lock. */
+/* The live and deferred large blocks by address. A page's list is short:
+ * blocks above UM_SMALL_MAX bytes, so at most page / 32 KiB of them start
+ * in one page, and usually one. A deferred block stays in the map, so that
+ * taking it back costs no map update (the map's line of its page is cold
+ * by then). Under the lock. */
 
 /* Where the link to the block at addr is (*link is NULL: none there). */
 static inline um__block **ptr_map_link(um__pool *p, uintptr_t addr)
@@ -200,7 +214,7 @@ static inline void ptr_map_put(um__pool *p, um__block *b)
     um__block **head = &p->page_starts[page_of(p, b->fi.addr)];
     b->start_next = *head;
     *head = b;
-    p->live_count++;
+    p->map_count++;
 }
 
 static inline void ptr_map_del(um__pool *p, um__block *b)
@@ -208,7 +222,7 @@ static inline void ptr_map_del(um__pool *p, um__block *b)
     um__block **link = ptr_map_link(p, b->fi.addr);
     *link = b->start_next;
     b->start_next = NULL;
-    p->live_count--;
+    p->map_count--;
 }
 
 /* Sets page pg's physical page (0: unmapped), keeping the bitmap of mapped
@@ -1903,6 +1917,12 @@ static bool defer_on(um__pool *p)
 
 static size_t defer_budget(const um__pool *p) { return p->reserved >> DEFER_BUDGET_SHIFT; }
 
+/* Whether the freed block b may wait. */
+static bool defer_fits(um__pool *p, const um__block *b)
+{
+    return !b->planned && b->fi.size <= defer_budget(p) >> DEFER_BLOCK_SHIFT && defer_on(p);
+}
+
 static void defer_unlink(um__pool *p, um__block *b)
 {
     um__fi_remove(&p->deferred, &b->fi);
@@ -1923,6 +1943,7 @@ static void defer_unlink(um__pool *p, um__block *b)
 static void defer_release(um__pool *p, um__block *b)
 {
     defer_unlink(p, b);
+    ptr_map_del(p, b);
     release_range(p, b, p->streams[b->stream], b->stream, b->seq);
 }
 
@@ -1932,12 +1953,12 @@ static void defer_flush(um__pool *p)
         defer_release(p, p->deferred_oldest);
 }
 
-/* The range of a freed large block b (out of the pointer map), freed on
+/* The range of a freed large block b (still in the pointer map), freed on
  * stream ss (id sid): deferred where it may be, else released. */
 static void free_range(um__pool *p, um__block *b, um__stream_state *ss, uint32_t sid)
 {
-    size_t budget = defer_budget(p);
-    if (b->planned || !ss || b->fi.size > budget >> DEFER_BLOCK_SHIFT || !defer_on(p)) {
+    if (!ss || !defer_fits(p, b)) {
+        ptr_map_del(p, b);
         release_range(p, b, ss, sid, ss ? ss->epoch : 0);
         return;
     }
@@ -1952,12 +1973,12 @@ static void free_range(um__pool *p, um__block *b, um__stream_state *ss, uint32_t
     else
         p->deferred_oldest = b;
     p->deferred_newest = b;
-    while (p->deferred.bytes > budget)
+    while (p->deferred.bytes > defer_budget(p))
         defer_release(p, p->deferred_oldest);
 }
 
 /* A deferred block for bytes on stream sid, out of the index (its pages
- * still pinned), or NULL. */
+ * still pinned, in the pointer map), or NULL. */
 static um__block *defer_take(um__pool *p, size_t bytes, uint32_t sid)
 {
     if (!p->deferred.count)
@@ -2012,9 +2033,11 @@ static void bounce_publish_out(um__tcache *tc, um__block *b)
  * another block, whose owner it must not disturb. Under the lock. */
 static void bounce_unlink_out_locked(um__tcache *tc, um__block *b)
 {
-    um__tcache *expect = tc;
-    atomic_compare_exchange_strong_explicit(&b->tc_owner, &expect, NULL, memory_order_relaxed,
-                                            memory_order_relaxed);
+    /* A load and a store, not a compare-exchange (a locked instruction on
+     * every large allocation): outside the lock only the cache tc_owner
+     * names writes it, and when that is tc, it is the calling thread. */
+    if (atomic_load_explicit(&b->tc_owner, memory_order_relaxed) == tc)
+        atomic_store_explicit(&b->tc_owner, NULL, memory_order_relaxed);
 }
 
 /* Makes b the block tc (the calling thread's) handed out last. Under the lock. */
@@ -2044,7 +2067,6 @@ static void bounce_flush_locked(um__pool *p, um__tcache *tc)
     atomic_store_explicit(&b->tc_held, false, memory_order_relaxed);
     if (p->plan_on)
         um__plan_note_free(&p->plan, b->seq, plan_bytes(b));
-    ptr_map_del(p, b);
     free_range(p, b, b->stream < p->nstreams ? p->streams[b->stream] : NULL, b->stream);
 }
 
@@ -2178,7 +2200,7 @@ static void plan_open(um__pool *p)
 {
     um__plan *pl = &p->plan;
     while (p->nplan_spare < pl->period + 1) {
-        um__block *r = malloc(sizeof *r);
+        um__block *r = block_alloc();
         if (!r) {
             um__plan_reject(pl);
             return;
@@ -2261,14 +2283,16 @@ static __attribute__((noinline)) um_status large_alloc_locked(um__pool *p, size_
     um_status st = UM_ERR_NOMEM;
     if (ss && p->plan_on)
         b = plan_take(p, seq, bytes, s->id);
+    bool in_map = false;
     if (!b && ss)
-        b = defer_take(p, bytes, s->id);
+        in_map = (b = defer_take(p, bytes, s->id)) != NULL;
     if (b)
         st = UM_OK;
     else if (ss)
         st = take_range(p, bytes, UM_ALIGN, s->id, &b);
     if (st == UM_OK) {
-        ptr_map_put(p, b);
+        if (!in_map)
+            ptr_map_put(p, b);
         b->state = UM_BLOCK_LIVE;
         b->stream = s->id;
         b->requested = size;
@@ -2281,7 +2305,9 @@ static __attribute__((noinline)) um_status large_alloc_locked(um__pool *p, size_
         p->central_allocs++;
         if (atomic_load_explicit(&p->base.backend->calls, memory_order_relaxed) != calls)
             p->misses++;
-        account(p, own_cache(p), (int64_t)b->fi.size);
+        /* The block's size as slack, as the bounce cache allows: else
+         * every allocation over the window would publish. */
+        account_slack(p, own_cache(p), (int64_t)b->fi.size, (int64_t)b->fi.size);
         *ptr = (void *)b->fi.addr;
     } else {
         if (p->plan_on && ss)
@@ -2450,8 +2476,6 @@ static __attribute__((noinline)) um_status large_free_locked(um__pool *p, uintpt
                         p->base.dev, dev_name(p), (void *)addr);
     size_t first_pg = page_of(p, addr);
     __builtin_prefetch(&p->page_starts[first_pg], 0);
-    for (size_t pg = first_pg; pg < first_pg + 4 && pg < p->npages; pg += 2)
-        __builtin_prefetch(&p->pages[pg], 1);
     um__lock_acquire(&p->lock);
     um__block *b = ptr_map_find(p, addr);
     if (!b) {
@@ -2459,14 +2483,18 @@ static __attribute__((noinline)) um_status large_free_locked(um__pool *p, uintpt
         um__lock_release(&p->lock);
         return st;
     }
-    if (b->prev)
-        __builtin_prefetch(b->prev, 1);
-    if (b->next)
-        __builtin_prefetch(b->next, 1);
-    size_t last_pg = page_of(p, addr + b->fi.size - 1);
-    for (size_t pg = first_pg + 4; pg <= last_pg && pg < first_pg + 64; pg += 2) /* 1 KiB */
-        __builtin_prefetch(&p->pages[pg], 1);
-    if (atomic_load_explicit(&b->tc_held, memory_order_acquire)) {
+    /* A block that waits (deferred frees) touches neither its neighbours
+     * nor its pages. */
+    if (!defer_fits(p, b)) {
+        if (b->prev)
+            __builtin_prefetch(b->prev, 1);
+        if (b->next)
+            __builtin_prefetch(b->next, 1);
+        size_t last_pg = page_of(p, addr + b->fi.size - 1);
+        for (size_t pg = first_pg; pg <= last_pg && pg < first_pg + 64; pg += 2) /* 1 KiB */
+            __builtin_prefetch(&p->pages[pg], 1);
+    }
+    if (atomic_load_explicit(&b->tc_held, memory_order_acquire) || b->state != UM_BLOCK_LIVE) {
         um__lock_release(&p->lock);
         return um__fail(UM_ERR_DOUBLE_FREE,
                         "device %d (%s): %p is not a live allocation (freed already)",
@@ -2487,7 +2515,6 @@ static __attribute__((noinline)) um_status large_free_locked(um__pool *p, uintpt
         um__lock_release(&p->lock);
         return um__fail(UM_ERR_NOMEM, "out of host memory for stream records");
     }
-    ptr_map_del(p, b);
     p->large_requested -= b->requested;
     p->large_blocks--;
     p->central_frees++;
@@ -2814,9 +2841,9 @@ static um_status pool_check(um__allocator *a)
                     live_large++;
                 }
             } else if (b->state == UM_BLOCK_DEFERRED) {
-                CHECK_THAT(ptr_map_find(p, b->fi.addr) != b && !b->planned,
-                           "deferred block %#" PRIxPTR " is in the pointer map or planned",
-                           b->fi.addr);
+                CHECK_THAT(ptr_map_find(p, b->fi.addr) == b && !b->planned,
+                           "deferred block %#" PRIxPTR " is missing from the pointer map or "
+                           "planned", b->fi.addr);
                 deferred++;
                 deferred_bytes += b->fi.size;
             } else if (b->state == UM_BLOCK_SLAB) {
@@ -2873,9 +2900,10 @@ static um_status pool_check(um__allocator *a)
     for (size_t pg = 0; pg < p->npages; pg++) {
         for (um__block *b = p->page_starts[pg]; b; b = b->start_next) {
             /* A list that loops would otherwise keep this walk going. */
-            CHECK_THAT(++in_map <= p->live_count,
-                       "the pointer map lists more blocks than the %zu it counts", p->live_count);
-            CHECK_THAT(page_of(p, b->fi.addr) == pg && b->state == UM_BLOCK_LIVE,
+            CHECK_THAT(++in_map <= p->map_count,
+                       "the pointer map lists more blocks than the %zu it counts", p->map_count);
+            CHECK_THAT(page_of(p, b->fi.addr) == pg &&
+                           (b->state == UM_BLOCK_LIVE || b->state == UM_BLOCK_DEFERRED),
                        "the pointer map lists block %#" PRIxPTR " (state %u) under page %zu",
                        b->fi.addr, b->state, pg);
             if (!b->planned)
@@ -2893,8 +2921,8 @@ static um_status pool_check(um__allocator *a)
             live_large++;
         }
     }
-    CHECK_THAT(in_map == p->live_count, "the pointer map lists %zu blocks, counts %zu", in_map,
-               p->live_count);
+    CHECK_THAT(in_map == p->map_count, "the pointer map lists %zu blocks, counts %zu", in_map,
+               p->map_count);
     CHECK_THAT(planned == p->plan.nlive, "%zu planned blocks live, the plan counts %zu", planned,
                p->plan.nlive);
     CHECK_THAT(!p->arena == (p->plan.state < UM_PLAN_ACTIVE),
@@ -2972,9 +3000,11 @@ static um_status pool_check(um__allocator *a)
     }
     CHECK_THAT(held_large == held_by_caches, "%zu held large blocks, caches hold %zu", held_large,
                held_by_caches);
-    CHECK_THAT((int64_t)live_large == blocks_recorded && live_large + held_large == p->live_count,
-               "live large blocks: %zu counted, %" PRId64 " recorded, %zu in map (%zu held)",
-               live_large, blocks_recorded, p->live_count, held_large);
+    CHECK_THAT((int64_t)live_large == blocks_recorded &&
+                   live_large + held_large + p->deferred.count == p->map_count,
+               "live large blocks: %zu counted, %" PRId64 " recorded, %zu in map (%zu held, "
+               "%zu deferred)", live_large, blocks_recorded, p->map_count, held_large,
+               p->deferred.count);
     int64_t req_large = planned_req;
     for (um__block *b = p->region.first; b; b = b->next)
         if (b->state == UM_BLOCK_LIVE && b != p->arena && !atomic_load(&b->tc_held))

@@ -41,32 +41,32 @@ enum um__block_state {
     UM_BLOCK_LIVE = 1,    /* handed out by um_malloc */
     UM_BLOCK_READY = 3,   /* free (subject to its pages' fences) */
     UM_BLOCK_SLAB = 4,    /* holds a slab of small slots */
-    /* freed, its release deferred (pool.c, deferred frees): still pinned,
-     * in the pool's deferred index and list, out of the pointer map */
+    /* freed, its release deferred (pool.c, deferred frees): still pinned
+     * and in the pointer map, in the pool's deferred index and list */
     UM_BLOCK_DEFERRED = 5
 };
 
 #define UM_NO_FENCE UINT32_MAX
 #define UM_MIXED_FENCE (UINT32_MAX - 1) /* freed by several busy streams */
 
+/* The fields that a large free and the allocation that takes the block
+ * back read come first: records are 64-byte aligned (block_new), so those
+ * share one cache line, and the second holds fields that these paths
+ * only write, or that only some paths touch. */
 typedef struct um__block {
     um__fi_node fi;               /* addr, size; links in a free index */
-    struct um__block *prev, *next;/* address-ordered neighbours in the region */
+    /* LIVE or DEFERRED, in the pointer map: the next such block whose
+     * first byte lies in the same page (pool.c, ptr_map_*). */
+    struct um__block *start_next;
+    union {
+        size_t requested;         /* LIVE: bytes asked for */
+        struct um__block *newer;  /* DEFERRED: the next newer deferred block */
+    };
     union {
         struct um__slab *slab;    /* SLAB */
         struct um__block *older;  /* DEFERRED: the next older deferred block */
     };
-    union {
-        /* LIVE in the pointer map: the next such block whose first byte
-         * lies in the same page (pool.c, ptr_map_*). */
-        struct um__block *start_next;
-        struct um__block *newer;  /* DEFERRED: the next newer deferred block */
-    };
-    size_t requested;             /* LIVE: bytes asked for */
     uint32_t stream;              /* LIVE: allocation stream */
-    /* LIVE: the planner's ordinal of its allocation; DEFERRED: its
-     * stream's epoch at the free. */
-    uint64_t seq;
     uint8_t state;
     bool planned;                 /* LIVE in the plan's arena: in no region list */
     /* The bounce cache (pool.c): held by a thread cache (atomic: the owner
@@ -76,6 +76,10 @@ typedef struct um__block {
      * learn whether its `out` is still its own). */
     _Atomic bool tc_held;
     _Atomic(struct um__tcache *) tc_owner;
+    /* LIVE: the planner's ordinal of its allocation; DEFERRED: its
+     * stream's epoch at the free. */
+    uint64_t seq;
+    struct um__block *prev, *next;/* address-ordered neighbours in the region */
 } um__block;
 
 enum um__slot_state { UM_SLOT_FREE = 0, UM_SLOT_LIVE = 1, UM_SLOT_CACHED = 2 };
@@ -271,12 +275,12 @@ typedef struct um__pool {
      * path; streams past the bitmap always take the locked path. */
     _Atomic uint64_t known_streams[16];
 
-    /* The pointer map of live large blocks: page_starts[pg] lists those
-     * whose first byte lies in page pg (through start_next), so um_free
-     * finds a block from its address through the page it touches anyway,
-     * and the map's lines are as local as the blocks. */
+    /* The pointer map of live and deferred large blocks: page_starts[pg]
+     * lists those whose first byte lies in page pg (through start_next),
+     * so um_free finds a block from its address through the page it
+     * touches anyway, and the map's lines are as local as the blocks. */
     um__block **page_starts;
-    size_t live_count;
+    size_t map_count;             /* blocks in the map */
 
     um__block *block_freelist;
 
