@@ -253,9 +253,9 @@ static bool build(um__plan *pl, uint64_t period, uint64_t last)
     for (uint64_t k = 0; k < period; k++) {
         const um__plan_entry *e = entry(pl, base + k);
         slots[k] = (um__plan_slot){e->bytes, UM_PLAN_NO_OFFSET, e->stream};
-        if (e->stream != stream || e->free_at == UINT64_MAX || e->free_at - (base + k) > period)
+        if (e->stream != stream || e->life > period)
             continue;
-        uint64_t life = e->free_at - (base + k);
+        uint64_t life = e->life;
         it[n++] = (item){k, k + life, e->bytes, 0, (uint32_t)k};
         add_circular(d, period, k, k + life, (int64_t)e->bytes);
         /* Live across the boundary before allocation t: k < t < k + life. */
@@ -321,6 +321,10 @@ static uint64_t fmix(uint64_t x)
     x ^= x >> 33;
     return x;
 }
+
+#if UINTPTR_MAX == UINT64_MAX
+_Static_assert(sizeof(um__plan_entry) == 32, "um__plan_entry grew past half a cache line");
+#endif
 
 static uint64_t key_hash(uint64_t bytes, uint32_t stream)
 {
@@ -409,13 +413,15 @@ uint64_t um__plan_note_alloc(um__plan *pl, uint64_t bytes, uint32_t stream, uint
 {
     uint64_t o = pl->next++;
     uint64_t key = key_hash(bytes, stream);
-    *entry(pl, o) = (um__plan_entry){bytes, work, pl->live_bytes, UINT64_MAX, key, stream};
+    *entry(pl, o) = (um__plan_entry){bytes, work, pl->live_bytes, UM_PLAN_LONG_LIFE, stream};
     pl->live_bytes += bytes;
     /* A rolling hash of the last SIG_WINDOW keys: one multiply-add in,
      * one out. */
     pl->roll = pl->roll * SIG_BASE + key;
-    if (o >= SIG_WINDOW)
-        pl->roll -= pl->base_pow * entry(pl, o - SIG_WINDOW)->key;
+    if (o >= SIG_WINDOW) {
+        const um__plan_entry *out = entry(pl, o - SIG_WINDOW);
+        pl->roll -= pl->base_pow * key_hash(out->bytes, out->stream);
+    }
     if (pl->state == UM_PLAN_RECORDING)
         detect(pl, o);
     return o;
@@ -424,8 +430,10 @@ uint64_t um__plan_note_alloc(um__plan *pl, uint64_t bytes, uint32_t stream, uint
 void um__plan_note_free(um__plan *pl, uint64_t ordinal, uint64_t bytes)
 {
     pl->live_bytes -= bytes;
-    if (ordinal < pl->next && pl->next - ordinal <= UM_PLAN_RING)
-        entry(pl, ordinal)->free_at = pl->next;
+    /* A longer life is never planned: its entry is left alone (a cold
+     * line of the ring, for many frees of a program with no period). */
+    if (ordinal < pl->next && pl->next - ordinal <= UM_PLAN_MAX_PERIOD)
+        entry(pl, ordinal)->life = (uint32_t)(pl->next - ordinal);
 }
 
 
