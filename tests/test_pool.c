@@ -637,6 +637,38 @@ static void test_fit_beyond_best(void)
     a->ops->destroy(a);
 }
 
+/* At the limit with no idle page, a free range whose mapped pages are
+ * apart (an unmapped page between them) serves only its longest mapped
+ * stretch: the largest free size says so, and a request between that and
+ * all its mapped bytes fails naming fragmentation. */
+static void test_largest_free_is_contiguous(void)
+{
+    um__pool_config c = {.dev = 1, .thread_cache = 0, .va_factor = 4, .no_plan = 1};
+    um__allocator *a = make_pool_with(256 * MiB, &c);
+    char *x = xalloc(a, MiB, 0);     /* page 0, first half */
+    char *y = xalloc(a, 4 * MiB, 0); /* the rest of page 0, page 1, half of page 2 */
+    char *z = xalloc(a, MiB, 0);     /* the rest of page 2 */
+    CHECK_EQ((uintptr_t)y, (uintptr_t)x + MiB);
+    CHECK_EQ((uintptr_t)z, (uintptr_t)y + 4 * MiB);
+    xfree(a, y, 0);
+    CHECK_OK(a->ops->trim(a)); /* page 1, idle, goes back */
+    CHECK_EQ(stats(a).reserved_bytes, 4 * MiB);
+    CHECK_OK(a->ops->set_memory_limit(a, 4 * MiB));
+    /* 2 MiB of y's range is mapped, in two stretches of 1 MiB. */
+    CHECK_EQ(stats(a).largest_free_bytes, MiB);
+    um__stream_ref ref = {0, NULL, NULL};
+    void *v = NULL;
+    CHECK_STATUS(a->ops->alloc(a, 3 * MiB / 2, &ref, &v), UM_ERR_NOMEM);
+    CHECK_ERROR_MENTIONS("fragmented", "largest range is 1.00 MiB", NULL);
+    void *w = xalloc(a, MiB, 0);
+    CHECK_EQ(stats(a).reserved_bytes, 4 * MiB);
+    xfree(a, w, 0);
+    xfree(a, x, 0);
+    xfree(a, z, 0);
+    CHECK_OK(a->ops->check(a));
+    a->ops->destroy(a);
+}
+
 /* Frees a 100 KiB block on stream sid that is not the thread's last one
  * (the bounce cache takes only that): it must not wait. */
 static void check_free_does_not_wait(um__allocator *a, uint32_t sid)
@@ -1053,6 +1085,7 @@ int main(void)
     test_fenced_pages();
     test_limits();
     test_fit_beyond_best();
+    test_largest_free_is_contiguous();
     test_bad_pointers();
     test_small_pages();
     test_shared_start_pages();
