@@ -2689,9 +2689,10 @@ static size_t ready_block_usable(um__pool *p, const um__block *b)
 {
     uintptr_t lo = b->fi.addr, hi = b->fi.addr + b->fi.size;
     size_t first = page_of(p, lo), last = page_of(p, hi - 1);
-    size_t spare = p->holes;
+    size_t holes_in = 0;
     for (size_t pg = first; pg <= last; pg++)
-        spare -= p->pages[pg].phys && p->pages[pg].pin == 0;
+        holes_in += p->pages[pg].phys && p->pages[pg].pin == 0;
+    size_t spare = p->holes > holes_in ? p->holes - holes_in : 0;
     size_t best = 0, run = 0, unmapped = 0;
     for (size_t i = first, j = first; j <= last; j++) {
         run += page_extent(p, j, lo, hi);
