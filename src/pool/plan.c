@@ -51,6 +51,7 @@ bool um__plan_init(um__plan *pl)
         return false;
     }
     pl->learn_until = LEARN_ALLOCS;
+    pl->sample_at = UINT64_MAX;
     pl->span_slack = 1;
     pl->need_work = true;
     pl->base_pow = 1;
@@ -332,12 +333,43 @@ static uint64_t key_hash(uint64_t bytes, uint32_t stream)
 }
 
 /* Once the learning window is over, the signature table is read and
- * written at 1 in 8 positions only, those whose signature has its top
- * three bits clear: the sampling depends on the content alone, so a
- * repeated sequence samples the same positions in every period, and the
- * table's cache misses (two for each allocation of a program with no
- * period, a tenth of its large allocations' cost) mostly go. */
-#define SIG_SAMPLE_SHIFT 61
+ * written only at sampled positions: the position of the smallest of the
+ * last UM_PLAN_SAMPLE_WINDOW signatures (the rightmost, if equal), taken
+ * when it changes ("winnowing"). The choice depends on the content alone,
+ * so a repeated sequence samples the same positions in every period, and
+ * no stretch of the window's length goes unsampled, so every period is
+ * still found, however short (sampling signatures by their top bits
+ * missed periods that had no such signature: test_plan's short plans).
+ * About 2 in 9 positions are sampled, and most of the table's cache
+ * misses (two for each allocation of a program with no period, a tenth of
+ * its large allocations' cost) go. Returns whether a position is due, in
+ * *sig and *at. */
+static bool sample(um__plan *pl, uint64_t o, uint64_t *sig, uint64_t *at)
+{
+    if (pl->sample_at != UINT64_MAX && o - pl->sample_at < UM_PLAN_SAMPLE_WINDOW) {
+        /* The smallest is still in the window: only a new one as small
+         * takes its place. */
+        if (*sig > pl->sample_sig)
+            return false;
+        pl->sample_sig = *sig;
+        pl->sample_at = o;
+    } else {
+        /* It left the window (or none was taken since learning): look
+         * again, newest first, so the rightmost of equals wins. */
+        pl->sample_sig = *sig;
+        pl->sample_at = o;
+        for (uint64_t k = 1; k < UM_PLAN_SAMPLE_WINDOW && k <= o; k++) {
+            uint64_t v = pl->recent[(o - k) % UM_PLAN_SAMPLE_WINDOW];
+            if (v < pl->sample_sig) {
+                pl->sample_sig = v;
+                pl->sample_at = o - k;
+            }
+        }
+    }
+    *sig = pl->sample_sig;
+    *at = pl->sample_at;
+    return true;
+}
 
 /* Follows the candidate periods with allocation o and plans the first one
  * that repeated a whole period and came back to the same live bytes. A
@@ -394,11 +426,13 @@ static void detect(um__plan *pl, uint64_t o)
      * multiplier spreads them well enough, as the finalizer mixes the
      * rest. */
     uint64_t sig = fmix(pl->roll ^ (e->live + 1) * 0x9e3779b97f4a7c15ull) | 1; /* 0: empty slot */
-    if (!learning && sig >> SIG_SAMPLE_SHIFT)
+    pl->recent[o % UM_PLAN_SAMPLE_WINDOW] = sig;
+    uint64_t at = o;
+    if (!learning && !sample(pl, o, &sig, &at))
         return;
     um__plan_sig *s = &pl->sigs[sig % UM_PLAN_SIG_SLOTS];
-    if (s->sig == sig && s->ordinal < o) {
-        uint64_t period = o - s->ordinal;
+    if (s->sig == sig && s->ordinal < at) {
+        uint64_t period = at - s->ordinal;
         bool known = false;
         for (int i = 0; i < pl->ncand; i++)
             known |= pl->cand[i].period == period;
@@ -406,7 +440,7 @@ static void detect(um__plan *pl, uint64_t o)
             pl->cand[pl->ncand++] = (um__plan_cand){period, 0};
     }
     s->sig = sig;
-    s->ordinal = o;
+    s->ordinal = at;
 }
 
 uint64_t um__plan_note_alloc(um__plan *pl, uint64_t bytes, uint32_t stream, uint64_t work)

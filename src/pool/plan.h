@@ -30,6 +30,7 @@
 #define UM_PLAN_RING (4u * UM_PLAN_MAX_PERIOD)
 #define UM_PLAN_SIG_SLOTS 4096u
 #define UM_PLAN_CANDIDATES 8
+#define UM_PLAN_SAMPLE_WINDOW 8u
 #define UM_PLAN_NO_OFFSET UINT64_MAX
 #define UM_PLAN_MISMATCH (UINT64_MAX - 1)
 
@@ -80,6 +81,8 @@ typedef struct um__plan {
     um__plan_entry *ring;         /* UM_PLAN_RING entries, by ordinal % UM_PLAN_RING */
     /* period detection */
     um__plan_sig *sigs;           /* UM_PLAN_SIG_SLOTS: where each signature was last seen */
+    uint64_t recent[UM_PLAN_SAMPLE_WINDOW]; /* the last signatures, by ordinal % window */
+    uint64_t sample_sig, sample_at; /* the window's smallest; UINT64_MAX: none (plan.c, sample) */
     uint64_t roll, base_pow;      /* rolling hash of the last keys; SIG_BASE^SIG_WINDOW */
     um__plan_cand cand[UM_PLAN_CANDIDATES];
     int ncand;
