@@ -470,13 +470,7 @@ void um__plan_note_free(um__plan *pl, uint64_t ordinal, uint64_t bytes)
         entry(pl, ordinal)->life = (uint32_t)(pl->next - ordinal);
 }
 
-
 /* ---------------------------------------------------------------- serving */
-
-static uint64_t slot_of(const um__plan *pl, uint64_t ordinal)
-{
-    return (ordinal - pl->base) % pl->period;
-}
 
 void um__plan_activate(um__plan *pl)
 {
@@ -511,7 +505,7 @@ uint64_t um__plan_take(um__plan *pl, uint64_t ordinal, uint64_t bytes, uint32_t 
 {
     if (pl->state != UM_PLAN_ACTIVE)
         return UM_PLAN_NO_OFFSET;
-    const um__plan_slot *s = &pl->slots[slot_of(pl, ordinal)];
+    const um__plan_slot *s = &pl->slots[um__plan_slot_of(pl, ordinal)];
     if (s->bytes != bytes || s->stream != stream)
         return UM_PLAN_MISMATCH;
     if (s->offset == UM_PLAN_NO_OFFSET)

@@ -125,11 +125,17 @@ uint64_t um__plan_note_alloc(um__plan *pl, uint64_t bytes, uint32_t stream, uint
 /* The block of ordinal `ordinal` (bytes) was freed. */
 void um__plan_note_free(um__plan *pl, uint64_t ordinal, uint64_t bytes);
 
+/* The plan's slot of allocation `ordinal` (a plan is made). */
+static inline uint64_t um__plan_slot_of(const um__plan *pl, uint64_t ordinal)
+{
+    return (ordinal - pl->base) % pl->period;
+}
+
 /* READY: whether `ordinal` is where the plan starts (the pool then makes
  * the arena and calls um__plan_activate, or um__plan_reject). */
 static inline bool um__plan_starts_at(const um__plan *pl, uint64_t ordinal)
 {
-    return pl->state == UM_PLAN_READY && (ordinal - pl->base) % pl->period == pl->origin;
+    return pl->state == UM_PLAN_READY && um__plan_slot_of(pl, ordinal) == pl->origin;
 }
 void um__plan_activate(um__plan *pl);
 void um__plan_reject(um__plan *pl);
