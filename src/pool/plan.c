@@ -327,9 +327,14 @@ static uint64_t fmix(uint64_t x)
 _Static_assert(sizeof(um__plan_entry) == 32, "um__plan_entry grew past half a cache line");
 #endif
 
-static uint64_t key_hash(uint64_t bytes, uint32_t stream)
+/* A key needs no finalizer of its own: keys differ exactly when their
+ * (bytes, stream) do, and the signature built from their rolling sum goes
+ * through fmix. (A run of keys colliding only proposes a period that
+ * detect then checks entry by entry.) Two finalizers an allocation were
+ * about a tenth of the planner's instructions. */
+static uint64_t key_of(uint64_t bytes, uint32_t stream)
 {
-    return fmix(bytes ^ (uint64_t)stream << 56);
+    return bytes ^ (uint64_t)stream << 56;
 }
 
 /* Once the learning window is over, the signature table is read and
@@ -371,13 +376,15 @@ static bool sample(um__plan *pl, uint64_t o, uint64_t *sig, uint64_t *at)
     return true;
 }
 
-/* Follows the candidate periods with allocation o and plans the first one
- * that repeated a whole period and came back to the same live bytes. A
- * candidate is proposed where the last SIG_WINDOW allocations and the live
- * bytes were seen before. */
-static void detect(um__plan *pl, uint64_t o)
+/* Follows the candidate periods with allocation o (entry e) and plans the
+ * first one that repeated a whole period and came back to the same live
+ * bytes. Out of line, as are the learning window's repeats below: a
+ * program with no period has no candidates and is past learning, and
+ * inlined, these made every allocation save and restore six registers and
+ * a planning frame. */
+static __attribute__((noinline)) void follow_candidates(um__plan *pl, uint64_t o,
+                                                        const um__plan_entry *e)
 {
-    const um__plan_entry *e = entry(pl, o);
     for (int i = 0; i < pl->ncand;) {
         uint64_t period = pl->cand[i].period;
         if (!same_key(e, entry(pl, o - period))) {
@@ -405,21 +412,34 @@ static void detect(um__plan *pl, uint64_t o)
         }
         i++;
     }
+}
+
+/* Repeats of the sizes alone (whatever the live bytes), while learning,
+ * tell a program with structure from random churn. */
+static __attribute__((noinline)) void count_repeats(um__plan *pl, uint64_t o)
+{
+    uint64_t ks = fmix(pl->roll ^ 0x5851f42d4c957f2dull) | 1;
+    pl->repeats += pl->seen[ks % UM_PLAN_SIG_SLOTS] == ks;
+    pl->seen[ks % UM_PLAN_SIG_SLOTS] = ks;
+    if (o + 1 - pl->learn_from >= LEARN_QUICK && (o + 1 - pl->learn_from) % LEARN_QUICK == 0) {
+        if (pl->repeats < LEARN_QUICK / 4)
+            pl->learn_until = o + 1;
+        pl->repeats = 0;
+    }
+}
+
+/* Follows the candidates with allocation o and proposes a new one where
+ * the last SIG_WINDOW allocations and the live bytes were seen before. */
+static inline void detect(um__plan *pl, uint64_t o)
+{
+    const um__plan_entry *e = entry(pl, o);
+    if (pl->ncand)
+        follow_candidates(pl, o, e);
     if (o + 1 < SIG_WINDOW)
         return;
     bool learning = o < pl->learn_until;
-    if (learning) {
-        /* Repeats of the sizes alone (whatever the live bytes) tell a
-         * program with structure from random churn. */
-        uint64_t ks = fmix(pl->roll ^ 0x5851f42d4c957f2dull) | 1;
-        pl->repeats += pl->seen[ks % UM_PLAN_SIG_SLOTS] == ks;
-        pl->seen[ks % UM_PLAN_SIG_SLOTS] = ks;
-        if (o + 1 - pl->learn_from >= LEARN_QUICK && (o + 1 - pl->learn_from) % LEARN_QUICK == 0) {
-            if (pl->repeats < LEARN_QUICK / 4)
-                pl->learn_until = o + 1;
-            pl->repeats = 0;
-        }
-    }
+    if (learning)
+        count_repeats(pl, o);
     /* The live bytes go into the signature: a layer repeated inside a step
      * has the same sizes but more live bytes each time (the step keeps its
      * activations), so only whole steps propose themselves. An odd
@@ -446,7 +466,7 @@ static void detect(um__plan *pl, uint64_t o)
 uint64_t um__plan_note_alloc(um__plan *pl, uint64_t bytes, uint32_t stream, uint64_t work)
 {
     uint64_t o = pl->next++;
-    uint64_t key = key_hash(bytes, stream);
+    uint64_t key = key_of(bytes, stream);
     *entry(pl, o) = (um__plan_entry){bytes, work, pl->live_bytes, UM_PLAN_LONG_LIFE, stream};
     pl->live_bytes += bytes;
     /* A rolling hash of the last SIG_WINDOW keys: one multiply-add in,
@@ -454,7 +474,7 @@ uint64_t um__plan_note_alloc(um__plan *pl, uint64_t bytes, uint32_t stream, uint
     pl->roll = pl->roll * SIG_BASE + key;
     if (o >= SIG_WINDOW) {
         const um__plan_entry *out = entry(pl, o - SIG_WINDOW);
-        pl->roll -= pl->base_pow * key_hash(out->bytes, out->stream);
+        pl->roll -= pl->base_pow * key_of(out->bytes, out->stream);
     }
     if (pl->state == UM_PLAN_RECORDING)
         detect(pl, o);
