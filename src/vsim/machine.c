@@ -204,7 +204,7 @@ static um_status device_line(parser *ps, kv *kvs, int n)
     for (int d = 0; d < m->ndev; d++)
         if (!strcmp(m->dev[d].group, name))
             return bad(ps, "device name '%s' is used twice", name);
-    uint64_t memory, granularity = 2u << 20;
+    uint64_t memory = 0, granularity = 2u << 20; /* memory: set by parse_bytes */
     const char *v;
     if ((st = need(ps, kvs, n, "memory", &v)) || (st = parse_bytes(ps, "memory", v, &memory)))
         return st;
