@@ -12,10 +12,17 @@
 #include <time.h>
 
 #define MB ((size_t)1 << 20)
-#define SIZE (20 * MB)
-/* 200 MiB/s: SIZE takes 100 ms on the link. */
-#define LINK "200M"
+#define SIZE (5 * MB)
+/* 50 MiB/s: SIZE takes 100 ms on the link. The link is slow next to a
+ * memmove of SIZE, so that a host that does not wait for it stays clear of
+ * the bounds even when the memmove crawls (at 200 MiB/s and 20 MiB, a 72
+ * ms memmove under ASan on a busy machine crossed the 50 ms bound). */
+#define LINK "50M"
 #define LINK_NS 100000000ull
+/* The link whose bandwidth the engine measures: faster, as the engine
+ * times 16 MiB copies, eight of them a direction. */
+#define MEASURED_LINK "200M"
+#define MEASURED_LINK_MBPS 200.0
 
 static uint64_t now_ns(void)
 {
@@ -24,13 +31,13 @@ static uint64_t now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-static um_context *open_ctx(const char *links)
+static um_context *open_ctx_at(const char *links, const char *bandwidth)
 {
     char conf[200];
     snprintf(conf, sizeof conf,
-             "devices=sim:256M,sim_link_bandwidth=" LINK ",links=%s,link_cache=none,"
+             "devices=sim:256M,sim_link_bandwidth=%s,links=%s,link_cache=none,"
              "watermark_high=100",
-             links);
+             bandwidth, links);
     um_context *ctx = NULL;
     CHECK_OK(um_init(conf, &ctx));
     /* Memory touched once: the pools keep it mapped, so the copies' memmove
@@ -38,13 +45,15 @@ static um_context *open_ctx(const char *links)
      * would hide the link's time. */
     for (int d = 0; ctx && d < 2; d++) {
         void *p = NULL;
-        CHECK_OK(um_malloc(ctx, d, 4 * SIZE, NULL, &p));
+        CHECK_OK(um_malloc(ctx, d, 80 * MB, NULL, &p));
         if (p)
-            memset(p, 0, 4 * SIZE);
+            memset(p, 0, 80 * MB);
         CHECK_OK(um_free(ctx, p, NULL));
     }
     return ctx;
 }
+
+static um_context *open_ctx(const char *links) { return open_ctx_at(links, LINK); }
 
 /* A buffer of SIZE bytes holding pattern `id`, valid on the host only. */
 static um_buffer *host_buffer(um_context *ctx, void *scratch, uint64_t id)
@@ -88,7 +97,7 @@ static void test_one_copy_is_async_and_timed(void)
     unsigned char got, want;
     CHECK_EQ(harness_pattern_find_bad(p, SIZE, 1, &got, &want), SIZE_MAX);
     CHECK_OK(um_buffer_release(b, 1, s));
-    printf("one copy of 20 MiB at " LINK "/s: queued in %.1f ms, done after %.1f ms\n",
+    printf("one copy of 5 MiB at " LINK "/s: queued in %.1f ms, done after %.1f ms\n",
            (double)queued / 1e6, (double)done / 1e6);
 
     um_link_stats ls;
@@ -158,16 +167,19 @@ static void test_directions(void)
 /* links=measure times the modelled link: the engine's cost is the model. */
 static void test_measured(void)
 {
-    um_context *ctx = open_ctx("measure");
+    um_context *ctx = open_ctx_at("measure", MEASURED_LINK);
     um_buffer *b = NULL;
     CHECK_OK(um_buffer_create(ctx, 4096, NULL, &b)); /* the first buffer measures */
     um_link_stats ls;
     CHECK_OK(um_link_stats_get(ctx, 0, 1, &ls));
-    double model_gbps = 200.0 * (double)MB / 1e9;
+    double model_gbps = MEASURED_LINK_MBPS * (double)MB / 1e9;
     CHECK(ls.measured);
-    CHECK(ls.bandwidth_gbps > 0.9 * model_gbps && ls.bandwidth_gbps < 1.1 * model_gbps);
+    /* A busy machine only makes the timed copies slower (0.186 of 0.210
+     * GB/s was seen under ASan beside test_stress), so the bound below is
+     * the looser one. */
+    CHECK(ls.bandwidth_gbps > 0.8 * model_gbps && ls.bandwidth_gbps < 1.1 * model_gbps);
     CHECK_OK(um_link_stats_get(ctx, 1, 0, &ls));
-    CHECK(ls.bandwidth_gbps > 0.9 * model_gbps && ls.bandwidth_gbps < 1.1 * model_gbps);
+    CHECK(ls.bandwidth_gbps > 0.8 * model_gbps && ls.bandwidth_gbps < 1.1 * model_gbps);
     printf("measured link: %.3f GB/s (model %.3f)\n", ls.bandwidth_gbps, model_gbps);
     CHECK_OK(um_buffer_destroy(b));
     um_shutdown(ctx);
