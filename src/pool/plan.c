@@ -52,6 +52,7 @@ bool um__plan_init(um__plan *pl)
     }
     pl->learn_until = LEARN_ALLOCS;
     pl->sample_at = UINT64_MAX;
+    pl->lives_from = UINT64_MAX;
     pl->span_slack = 1;
     pl->need_work = true;
     pl->base_pow = 1;
@@ -88,6 +89,7 @@ static void forget_plan(um__plan *pl)
     pl->nlive = 0;
     pl->period = pl->arena_bytes = pl->cycle_peak = 0;
     pl->ncand = 0;
+    pl->lives_from = UINT64_MAX;
     pl->learn_until = pl->next + (LEARN_ALLOCS >> pl->short_plans);
     pl->learn_from = pl->next;
     pl->repeats = 0;
@@ -402,6 +404,7 @@ static __attribute__((noinline)) void follow_candidates(um__plan *pl, uint64_t o
             }
             if (build(pl, period, o)) {
                 pl->ncand = 0;
+                pl->lives_from = UINT64_MAX;
                 return;
             }
             /* Not worth planning. */
@@ -412,6 +415,8 @@ static __attribute__((noinline)) void follow_candidates(um__plan *pl, uint64_t o
         }
         i++;
     }
+    if (!pl->ncand)
+        pl->lives_from = UINT64_MAX;
 }
 
 /* Repeats of the sizes alone (whatever the live bytes), while learning,
@@ -456,8 +461,11 @@ static inline void detect(um__plan *pl, uint64_t o)
         bool known = false;
         for (int i = 0; i < pl->ncand; i++)
             known |= pl->cand[i].period == period;
-        if (!known && period <= UM_PLAN_MAX_PERIOD && pl->ncand < UM_PLAN_CANDIDATES)
+        if (!known && period <= UM_PLAN_MAX_PERIOD && pl->ncand < UM_PLAN_CANDIDATES) {
+            if (!pl->ncand)
+                pl->lives_from = o + 1;
             pl->cand[pl->ncand++] = (um__plan_cand){period, 0};
+        }
     }
     s->sig = sig;
     s->ordinal = at;
@@ -484,9 +492,14 @@ uint64_t um__plan_note_alloc(um__plan *pl, uint64_t bytes, uint32_t stream, uint
 void um__plan_note_free(um__plan *pl, uint64_t ordinal, uint64_t bytes)
 {
     pl->live_bytes -= bytes;
-    /* A longer life is never planned: its entry is left alone (a cold
-     * line of the ring, for many frees of a program with no period). */
-    if (ordinal < pl->next && pl->next - ordinal <= UM_PLAN_MAX_PERIOD)
+    /* Only build reads lives, and only of allocations made after its
+     * candidate was proposed (it plans the period before the last, and a
+     * candidate is planned after two whole periods): a free of an
+     * allocation made while no candidate was being followed leaves its
+     * entry alone, as does a longer life, which is never planned. Either
+     * way a cold line of the ring is spared, on most frees of a program
+     * with no period. */
+    if (ordinal >= pl->lives_from && ordinal < pl->next && pl->next - ordinal <= UM_PLAN_MAX_PERIOD)
         entry(pl, ordinal)->life = (uint32_t)(pl->next - ordinal);
 }
 

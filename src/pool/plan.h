@@ -86,6 +86,7 @@ typedef struct um__plan {
     uint64_t roll, base_pow;      /* rolling hash of the last keys; SIG_BASE^SIG_WINDOW */
     um__plan_cand cand[UM_PLAN_CANDIDATES];
     int ncand;
+    uint64_t lives_from;          /* frees note lives from this ordinal on (plan.c, note_free) */
     uint64_t quiet_until;         /* no plan is made before this ordinal (after a refusal) */
     unsigned refusals;            /* plans refused or broken early since one ran well */
     unsigned short_plans;         /* plans stopped early since one ran a learning window */
