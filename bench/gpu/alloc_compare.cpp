@@ -11,8 +11,10 @@
  * Scenarios: "pair-by-size" (alloc+free of one size, repeated),
  * "live-10k-mixed" (10,000 live blocks of a fixed-seed size mix; each step
  * frees a pseudo-random live block and allocates the next size of the mix in
- * its place) and "threads" (1, 4, 16 threads, each with its own ring of 100
- * live small blocks). Every figure is the median of 3 timed measurements
+ * its place), "live-10k-mixed-paired" (the same for PyTorch and unimem
+ * taking turns, see live_mixed_paired) and "threads" (1, 4, 16 threads,
+ * each with its own ring of 100 live small blocks). Every figure is the
+ * median of 3 timed measurements (8 in turns for the paired scenario)
  * after a warm-up; a measurement stops at a time budget, because cudaMalloc
  * takes tens to hundreds of microseconds a pair.
  *
@@ -56,6 +58,7 @@
 namespace {
 
 constexpr int kRepeats = 3;
+constexpr int kPairedRounds = 8; /* live-10k-mixed-paired: rounds of one turn each */
 constexpr size_t kKiB = 1024, kMiB = 1024 * kKiB, kGiB = 1024 * kMiB;
 constexpr size_t kLiveBlocks = 10000;
 constexpr size_t kLiveBytesCap = 60 * kGiB;
@@ -372,6 +375,9 @@ struct Row {
     double pairs_per_s = 0;  /* all threads together */
     uint64_t pairs = 0;      /* pairs timed by the median measurement */
     double scaling = 0;      /* threads: pairs_per_s / pairs_per_s of 1 thread */
+    /* live-10k-mixed-paired: the median, lowest and highest of the rounds'
+     * ratios (pairs/s over the other allocator's, measured in turns) */
+    double paired_ratio = 0, paired_low = 0, paired_high = 0;
     std::string error;       /* non-empty: the row failed */
 };
 
@@ -584,36 +590,36 @@ std::vector<std::pair<void *, size_t>> live_sample(const std::vector<void *> &li
     return s;
 }
 
+/* One allocator's live-10k-mixed state: its live set, and where it is in
+ * the step sequence. */
 template <class A>
-void live_mixed(A &a, const Mix &mix, const Options &o)
-{
-    Row r;
-    r.scenario = "live-10k-mixed";
-    r.live_blocks = kLiveBlocks;
-    r.live_bytes = mix.initial_bytes;
-    r.allocator = A::name;
-    std::vector<void *> live(kLiveBlocks, nullptr);
-    std::vector<size_t> live_size(mix.initial);
-    auto free_all = [&]() {
-        for (void *&p : live)
-            if (p && a.release(p))
-                p = nullptr;
-        a.trim();
-    };
-    for (size_t i = 0; i < kLiveBlocks; i++) {
-        if (!a.alloc(mix.initial[i], &live[i])) {
-            live[i] = nullptr;
-            fail_row(r, format("filling block %zu of %zu bytes failed: %s", i, mix.initial[i],
-                               a.error().c_str()));
-            free_all();
-            return;
-        }
-    }
-    if (A::is_unimem && g_verify)
-        g_verify->check(live_sample(live, live_size), "live-10k-mixed after the fill");
+struct MixedRun {
+    A &a;
+    const Mix &mix;
+    std::vector<void *> live;
+    std::vector<size_t> live_size;
     uint64_t step = 0;
-    size_t failed_size = 0;
-    auto pairs = [&](uint64_t n) {
+    size_t failed_size = 0; /* the size of the pair that failed */
+
+    MixedRun(A &alloc, const Mix &m)
+        : a(alloc), mix(m), live(kLiveBlocks, nullptr), live_size(m.initial)
+    {
+    }
+
+    /* Allocates the initial live set: "" or what failed. */
+    std::string fill()
+    {
+        for (size_t i = 0; i < kLiveBlocks; i++) {
+            if (!a.alloc(mix.initial[i], &live[i])) {
+                live[i] = nullptr;
+                return format("filling block %zu of %zu bytes failed: %s", i, mix.initial[i],
+                              a.error().c_str());
+            }
+        }
+        return "";
+    }
+    bool pairs(uint64_t n)
+    {
         for (uint64_t i = 0; i < n; i++, step++) {
             size_t k = size_t(step % kMixSteps);
             uint32_t v = mix.victim[k];
@@ -630,23 +636,120 @@ void live_mixed(A &a, const Mix &mix, const Options &o)
             live_size[v] = mix.sizes[k];
         }
         return true;
-    };
-    std::vector<Sample> samples(kRepeats);
-    bool ok = warm_and_time(pairs, o, samples);
-    if (!ok) {
-        fail_row(r, format("step %llu (%zu bytes) failed: %s", (unsigned long long)step,
-                           failed_size, a.error().c_str()));
-        free_all();
+    }
+    std::string pair_error() const
+    {
+        return format("step %llu (%zu bytes) failed: %s", (unsigned long long)step, failed_size,
+                      a.error().c_str());
+    }
+    void free_all()
+    {
+        for (void *&p : live)
+            if (p && a.release(p))
+                p = nullptr;
+        a.trim();
+    }
+};
+
+template <class A>
+void live_mixed(A &a, const Mix &mix, const Options &o)
+{
+    Row r;
+    r.scenario = "live-10k-mixed";
+    r.live_blocks = kLiveBlocks;
+    r.live_bytes = mix.initial_bytes;
+    r.allocator = A::name;
+    MixedRun<A> run(a, mix);
+    std::string err = run.fill();
+    if (!err.empty()) {
+        fail_row(r, err);
+        run.free_all();
         return;
     }
     if (A::is_unimem && g_verify)
-        g_verify->check(live_sample(live, live_size), "live-10k-mixed after the steps");
+        g_verify->check(live_sample(run.live, run.live_size), "live-10k-mixed after the fill");
+    auto pairs = [&](uint64_t n) { return run.pairs(n); };
+    std::vector<Sample> samples(kRepeats);
+    if (!warm_and_time(pairs, o, samples)) {
+        fail_row(r, run.pair_error());
+        run.free_all();
+        return;
+    }
+    if (A::is_unimem && g_verify)
+        g_verify->check(live_sample(run.live, run.live_size), "live-10k-mixed after the steps");
     Sample m = median_of(samples);
     r.ns_per_pair = m.ns_per_pair();
     r.pairs_per_s = 1e9 / r.ns_per_pair;
     r.pairs = m.pairs;
     g_rows.push_back(r);
-    free_all();
+    run.free_all();
+}
+
+/* live-10k-mixed with two allocators taking turns: both live sets stay
+ * allocated, and each of kPairedRounds rounds times one measurement of
+ * each, the order alternating (ABBA), so that both meet the same host
+ * speed. In live-10k-mixed they run one after the other, seconds apart,
+ * and the GPU machine's host changes speed on that scale (BENCHMARKS.md:
+ * ratios of 8.1x-13.2x in one job). The second allocator's ratio is the
+ * median of the rounds' ratios; each ns_per_pair is the median of that
+ * allocator's measurements. */
+template <class A, class B>
+void live_mixed_paired(A &a, B &b, const Mix &mix, const Options &o)
+{
+    Row ra, rb;
+    ra.scenario = rb.scenario = "live-10k-mixed-paired";
+    ra.live_blocks = rb.live_blocks = kLiveBlocks;
+    ra.live_bytes = rb.live_bytes = mix.initial_bytes;
+    ra.allocator = A::name;
+    rb.allocator = B::name;
+    MixedRun<A> run_a(a, mix);
+    MixedRun<B> run_b(b, mix);
+    auto pairs_a = [&](uint64_t n) { return run_a.pairs(n); };
+    auto pairs_b = [&](uint64_t n) { return run_b.pairs(n); };
+    std::string err_a = run_a.fill(), err_b;
+    if (err_a.empty())
+        err_b = run_b.fill();
+    Sample warm;
+    if (err_a.empty() && err_b.empty() && !run_timed(pairs_a, o.warmup_s, &warm))
+        err_a = run_a.pair_error();
+    if (err_a.empty() && err_b.empty() && !run_timed(pairs_b, o.warmup_s, &warm))
+        err_b = run_b.pair_error();
+    std::vector<Sample> sa(kPairedRounds), sb(kPairedRounds);
+    std::vector<double> ratio;
+    for (int k = 0; k < kPairedRounds && err_a.empty() && err_b.empty(); k++) {
+        for (int turn = 0; turn < 2 && err_a.empty() && err_b.empty(); turn++) {
+            if ((turn == 0) == (k % 2 == 0)) {
+                if (!run_timed(pairs_a, o.budget_s, &sa[k]))
+                    err_a = run_a.pair_error();
+            } else if (!run_timed(pairs_b, o.budget_s, &sb[k])) {
+                err_b = run_b.pair_error();
+            }
+        }
+        if (err_a.empty() && err_b.empty())
+            ratio.push_back(sa[k].ns_per_pair() / sb[k].ns_per_pair());
+    }
+    if (!err_a.empty() || !err_b.empty()) {
+        std::string not_run = "not run to the end: the other allocator failed";
+        fail_row(ra, err_a.empty() ? not_run : err_a);
+        fail_row(rb, err_b.empty() ? not_run : err_b);
+    } else {
+        Row *rows[] = {&ra, &rb};
+        const std::vector<Sample> *samples[] = {&sa, &sb};
+        for (int i = 0; i < 2; i++) {
+            Sample m = median_of(*samples[i]);
+            rows[i]->ns_per_pair = m.ns_per_pair();
+            rows[i]->pairs_per_s = 1e9 / rows[i]->ns_per_pair;
+            rows[i]->pairs = m.pairs;
+        }
+        std::sort(ratio.begin(), ratio.end());
+        rb.paired_ratio = ratio[ratio.size() / 2];
+        rb.paired_low = ratio.front();
+        rb.paired_high = ratio.back();
+        g_rows.push_back(ra);
+        g_rows.push_back(rb);
+    }
+    run_a.free_all();
+    run_b.free_all();
 }
 
 /* One "threads" measurement: every thread fills its ring and warms up, all
@@ -854,6 +957,8 @@ const Row *find_row(const Row &like, const char *allocator)
 double ratio_vs_torch(const Row &r)
 {
     const Row *t = find_row(r, "torch");
+    if (r.paired_ratio > 0)
+        return r.paired_ratio;
     if (r.allocator != "unimem" || !t || !r.error.empty())
         return 0;
     return r.pairs_per_s / t->pairs_per_s;
@@ -861,7 +966,8 @@ double ratio_vs_torch(const Row &r)
 
 void print_table()
 {
-    const char *scenarios[] = {"pair-by-size", "live-10k-mixed", "threads"};
+    const char *scenarios[] = {"pair-by-size", "live-10k-mixed", "live-10k-mixed-paired",
+                               "threads"};
     for (const char *sc : scenarios) {
         printf("\n== %s ==\n", sc);
         bool threads = !strcmp(sc, "threads");
@@ -890,6 +996,8 @@ void print_table()
             double ratio = ratio_vs_torch(r);
             if (ratio > 0)
                 printf(" %s%.2fx", threads ? "  " : "", ratio);
+            if (r.paired_ratio > 0)
+                printf(" (rounds %.2f-%.2fx)", r.paired_low, r.paired_high);
             printf("\n");
         }
     }
@@ -1092,6 +1200,12 @@ int main(int argc, char **argv)
     } else {
         fprintf(stderr, "live-10k-mixed...\n");
         each([&](auto &a) { live_mixed(a, mix, o); });
+#ifndef UM_NO_TORCH
+        if (use_torch) {
+            fprintf(stderr, "live-10k-mixed-paired...\n");
+            live_mixed_paired(torch_alloc, um, mix, o);
+        }
+#endif
     }
 
     if (pinned && sched_setaffinity(0, sizeof all_cores, &all_cores) != 0) {
