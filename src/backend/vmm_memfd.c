@@ -95,7 +95,7 @@ static bool find_run(const uint64_t *bm, uint64_t n, uint64_t lo, uint64_t hi, u
  * contiguous run. False when no contiguous run of n pages exists. */
 static bool pages_take(um__memfd_backend *m, uint32_t n, uint32_t *out)
 {
-    uint32_t p = 0; /* set by chunk_lookup */
+    uint32_t p;
     if (n == 1) {
         while (m->stack_len) {
             p = m->stack[--m->stack_len];
@@ -347,7 +347,7 @@ static um_status vmm_create(um__backend *b, size_t size, um__phys *out)
                         "%s: create of %zu bytes: not a nonzero multiple of the granularity %zu",
                         b->name, size, g);
     um_status st = UM_OK;
-    uint32_t p = 0; /* set by chunk_lookup */
+    uint32_t p;
     pthread_mutex_lock(&m->lock);
     size_t used = (size_t)m->used_pages * g;
     if (size > b->capacity - used) {
