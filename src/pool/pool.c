@@ -513,10 +513,10 @@ static void plan_stop(um__pool *p);
  * their slabs' pages, so when releasing holes alone is not enough the pool
  * also returns this thread's cached slots, polls fences and drops empty
  * slabs. */
-static void enforce_cache_limit(um__pool *p)
+static void enforce_cache_limit_slow(um__pool *p)
 {
     size_t limit = p->base.cache_limit;
-    if (limit == SIZE_MAX || p->reserved - active_total(p) <= limit)
+    if (p->reserved - active_total(p) <= limit)
         return;
     (void)release_holes(p, limit);
     if (p->reserved - active_total(p) > limit) {
@@ -531,6 +531,13 @@ static void enforce_cache_limit(um__pool *p)
         release_spare_slabs(p);
         (void)release_holes(p, limit);
     }
+}
+
+/* Without a cache limit (the default) a free pays one compare for it. */
+static inline void enforce_cache_limit(um__pool *p)
+{
+    if (p->base.cache_limit != SIZE_MAX)
+        enforce_cache_limit_slow(p);
 }
 
 /* Whether page q is a hole that may be moved now. */
@@ -2058,16 +2065,21 @@ static void bounce_disown_locked(um__block *b)
 /* Gives tc's held block back to the pool as an ordinary free. Under the
  * lock; tc is the calling thread's cache, or one whose owner is kept out
  * by the handover (tcache_drain_others). */
-static void bounce_flush_locked(um__pool *p, um__tcache *tc)
+static void bounce_flush_held_locked(um__pool *p, um__tcache *tc, um__block *b)
 {
-    um__block *b = tc ? atomic_load_explicit(&tc->held, memory_order_relaxed) : NULL;
-    if (!b)
-        return;
     atomic_store_explicit(&tc->held, NULL, memory_order_relaxed);
     atomic_store_explicit(&b->tc_held, false, memory_order_relaxed);
     if (p->plan_on)
         um__plan_note_free(&p->plan, b->seq, plan_bytes(b));
     free_range(p, b, b->stream < p->nstreams ? p->streams[b->stream] : NULL, b->stream);
+}
+
+/* Most locked operations find no held block: a load and a compare. */
+static inline void bounce_flush_locked(um__pool *p, um__tcache *tc)
+{
+    um__block *b = tc ? atomic_load_explicit(&tc->held, memory_order_relaxed) : NULL;
+    if (b)
+        bounce_flush_held_locked(p, tc, b);
 }
 
 static bool bounce_take(um__pool *p, um__tcache *tc, size_t size, size_t bytes, uint32_t sid,
