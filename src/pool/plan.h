@@ -41,15 +41,17 @@ typedef enum um__plan_state {
 } um__plan_state;
 
 /* 32 bytes: the ring (UM_PLAN_RING entries, 512 KiB) is written on every
- * large allocation and many frees, and competes for the L2 cache with the
- * pool's own records (48-byte entries took 768 KiB). */
+ * large allocation and on frees while a period is followed, and competes
+ * for the L2 cache with the pool's own records (48-byte entries took 768
+ * KiB). */
 typedef struct um__plan_entry {
     uint64_t bytes;     /* block bytes (rounded) */
     uint64_t work;      /* the pool's backend calls before the allocation */
     uint64_t live;      /* large live bytes just before the allocation */
     /* Allocations made between this one and its free, at most
-     * UM_PLAN_MAX_PERIOD; UM_PLAN_LONG_LIFE: live, or freed later (a plan
-     * never places a block that outlives its period). */
+     * UM_PLAN_MAX_PERIOD; UM_PLAN_LONG_LIFE: live, freed later (a plan
+     * never places a block that outlives its period), or allocated before
+     * `lives_from` (no plan reads it). */
     uint32_t life;
     uint32_t stream;
 } um__plan_entry;
