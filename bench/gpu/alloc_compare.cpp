@@ -397,6 +397,15 @@ Sample median_of(std::vector<Sample> v)
     return v[v.size() / 2];
 }
 
+/* A row's timing: the median of its samples. */
+void set_median(Row &r, const std::vector<Sample> &samples)
+{
+    Sample m = median_of(samples);
+    r.ns_per_pair = m.ns_per_pair();
+    r.pairs_per_s = 1e9 / r.ns_per_pair;
+    r.pairs = m.pairs;
+}
+
 void fail_row(Row r, const std::string &what)
 {
     r.error = what;
@@ -547,10 +556,7 @@ void pair_by_size(A &a, size_t size, const Options &o)
         fail_row(r, "trim after the measurement failed: " + a.error());
         return;
     }
-    Sample m = median_of(samples);
-    r.ns_per_pair = m.ns_per_pair();
-    r.pairs_per_s = 1e9 / r.ns_per_pair;
-    r.pairs = m.pairs;
+    set_median(r, samples);
     g_rows.push_back(r);
 }
 
@@ -677,10 +683,7 @@ void live_mixed(A &a, const Mix &mix, const Options &o)
     }
     if (A::is_unimem && g_verify)
         g_verify->check(live_sample(run.live, run.live_size), "live-10k-mixed after the steps");
-    Sample m = median_of(samples);
-    r.ns_per_pair = m.ns_per_pair();
-    r.pairs_per_s = 1e9 / r.ns_per_pair;
-    r.pairs = m.pairs;
+    set_median(r, samples);
     g_rows.push_back(r);
     run.free_all();
 }
@@ -733,14 +736,8 @@ void live_mixed_paired(A &a, B &b, const Mix &mix, const Options &o)
         fail_row(ra, err_a.empty() ? not_run : err_a);
         fail_row(rb, err_b.empty() ? not_run : err_b);
     } else {
-        Row *rows[] = {&ra, &rb};
-        const std::vector<Sample> *samples[] = {&sa, &sb};
-        for (int i = 0; i < 2; i++) {
-            Sample m = median_of(*samples[i]);
-            rows[i]->ns_per_pair = m.ns_per_pair();
-            rows[i]->pairs_per_s = 1e9 / rows[i]->ns_per_pair;
-            rows[i]->pairs = m.pairs;
-        }
+        set_median(ra, sa);
+        set_median(rb, sb);
         std::sort(ratio.begin(), ratio.end());
         rb.paired_ratio = ratio[ratio.size() / 2];
         rb.paired_low = ratio.front();
