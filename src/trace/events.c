@@ -257,14 +257,22 @@ static event_rec *slot_slow(um__events *e)
     return r;
 }
 
-static inline event_rec *slot(um__events *e)
+/* This thread's buffer in e when it has room for a record, else NULL
+ * (slot_slow's cases). */
+static inline chunk *room(const um__events *e)
 {
     if (UM_LIKELY(tl.e == e && tl.gen == e->gen)) {
         chunk *c = tl.tb->c;
         if (UM_LIKELY(c && c->n < CHUNK_RECS))
-            return &c->recs[c->n++];
+            return c;
     }
-    return slot_slow(e);
+    return NULL;
+}
+
+static inline event_rec *slot(um__events *e)
+{
+    chunk *c = room(e);
+    return c ? &c->recs[c->n++] : slot_slow(e);
 }
 
 /* A thread that recorded is exiting: its buffers go to their recorders'
@@ -293,17 +301,55 @@ static void thread_exit(void *value)
     tl.e = NULL;
 }
 
+static inline event_rec instant_rec(um__event_kind kind, int dev, uint64_t t, uint64_t a0,
+                                    uint64_t a1)
+{
+    return (event_rec){t, a0, a1, 0, (uint8_t)kind, (int8_t)dev, -1, 0};
+}
+
+/* An instant whose thread has no room in its buffer: out of line, so that
+ * the common case, an allocation's or a free's, saves no registers. */
+static __attribute__((noinline)) void instant_slow(um__events *e, um__event_kind kind, int dev,
+                                                   uint64_t t, uint64_t a0, uint64_t a1)
+{
+    event_rec *r = slot_slow(e);
+    if (r)
+        *r = instant_rec(kind, dev, t, a0, a1);
+}
+
+static inline void instant(um__events *e, um__event_kind kind, int dev, uint64_t t, uint64_t a0,
+                           uint64_t a1)
+{
+    chunk *c = room(e);
+    if (UM_LIKELY(c != NULL))
+        c->recs[c->n++] = instant_rec(kind, dev, t, a0, a1);
+    else
+        instant_slow(e, kind, dev, t, a0, a1);
+}
+
 void um__event_instant_at(um__events *e, um__event_kind kind, int dev, uint64_t t, uint64_t a0,
                           uint64_t a1)
 {
-    event_rec *r = slot(e);
-    if (UM_LIKELY(r != NULL))
-        *r = (event_rec){t, a0, a1, 0, (uint8_t)kind, (int8_t)dev, -1, 0};
+    instant(e, kind, dev, t, a0, a1);
+}
+
+/* An instant timed by the system clock (no usable TSC): out of line for
+ * the same reason. */
+static __attribute__((noinline)) void instant_now(um__events *e, um__event_kind kind, int dev,
+                                                  uint64_t a0, uint64_t a1)
+{
+    instant(e, kind, dev, um__now_ns(), a0, a1);
 }
 
 void um__event_instant(um__events *e, um__event_kind kind, int dev, uint64_t a0, uint64_t a1)
 {
-    um__event_instant_at(e, kind, dev, rec_clock(e), a0, a1);
+#if HAVE_TSC
+    if (UM_LIKELY(e->tsc)) {
+        instant(e, kind, dev, __rdtsc(), a0, a1);
+        return;
+    }
+#endif
+    instant_now(e, kind, dev, a0, a1);
 }
 
 void um__event_add(um__events *e, um__event_kind kind, int dev, int src, uint64_t start_ns,
