@@ -12,11 +12,8 @@ OLD=${1:?usage: load_watch.sh OLD_TREE [ROUNDS]}
 ROUNDS=${2:-3}
 FINAL=${OUT:-out}
 mkdir -p "$FINAL"
-for t in . "$OLD"; do
-  { cmake -S "$t" -B "$t/build-dev" -DCMAKE_BUILD_TYPE=RelWithDebInfo &&
-    cmake --build "$t/build-dev" -j "$(nproc)" --target unimem_cli; } > "$FINAL/build_$(basename "$t").txt" 2>&1 ||
-    { tail -20 "$FINAL/build_$(basename "$t").txt"; exit 1; }
-done
+. "$(dirname "$0")/trees.sh"
+build_cli_trees "$FINAL" . "$OLD" || exit 1
 drop() { sync && echo 3 > /proc/sys/vm/drop_caches 2>/dev/null && echo dropped || echo kept; }
 run() { # TREE LABEL
   "$1/build-dev/unimem" demo cholesky --device cuda:0 --limit 8G --n 32768 --tile 4096 --gpu-only \

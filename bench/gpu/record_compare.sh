@@ -11,11 +11,8 @@ OLD=${1:?usage: record_compare.sh OLD_TREE [ROUNDS]}
 ROUNDS=${2:-3}
 FINAL=${OUT:-out}
 mkdir -p "$FINAL"
-for t in . "$OLD"; do
-  { cmake -S "$t" -B "$t/build-dev" -DCMAKE_BUILD_TYPE=RelWithDebInfo &&
-    cmake --build "$t/build-dev" -j "$(nproc)" --target unimem_cli; } > "$FINAL/build_$(basename "$t").txt" 2>&1 ||
-    { tail -30 "$FINAL/build_$(basename "$t").txt"; exit 1; }
-done
+. "$(dirname "$0")/trees.sh"
+build_cli_trees "$FINAL" . "$OLD" || exit 1
 TRACE=/dev/shm/record_compare.json
 # ns a pair of one row: scenario, live (small) or threads (threads), file.
 pair_ns() { awk -v sc="$1" -v key="$2" '$1 == sc && ((sc == "small" && $2 == key) || (sc == "threads" && $3 == key)) { print $5; exit }' "$3"; }
