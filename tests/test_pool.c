@@ -385,6 +385,47 @@ static void test_fence_wait(void)
     }
 }
 
+/* An allocation that waits for old fences while it maps pages retires
+ * them, and their small frees come back to their slabs: a slab that
+ * empties then must not become ready memory, which would merge with the
+ * ready block the allocation is taking (found by test_buffer: that block's
+ * record went back to the free list while it was handed out, and the
+ * pointer map later looped). Slab B is full, slab A holds one slot and
+ * the ready block after A is all that is free; one of B's slots, A's slot
+ * and the 6 MiB block after A are freed on stream 1 under queued work, so
+ * a 4 MiB block on stream 2 has to wait for that work, which returns
+ * both slots and empties A. */
+static void test_slab_empties_during_take(void)
+{
+    um__pool_config c = {.dev = 1, .thread_cache = 0, .va_factor = 4, .fence_wait_ns = 1,
+                         .no_plan = 1};
+    um__allocator *a = make_pool_with(256 * MiB, &c);
+    void *b_slots[16];
+    for (int i = 0; i < 16; i++)
+        b_slots[i] = xalloc(a, 4096, 1);
+    void *q = xalloc(a, 4096, 1);
+    void *x = xalloc(a, 6 * MiB, 1);
+    CHECK((uintptr_t)q > (uintptr_t)b_slots[15] && (uintptr_t)x > (uintptr_t)q);
+    CHECK_OK(um__sim_stream_launch(backend, s1, 1));
+    xfree(a, b_slots[0], 1);
+    xfree(a, q, 1);
+    xfree(a, x, 1);
+    void *y = xalloc(a, 4 * MiB, 2);
+    CHECK_OK(a->ops->check(a));
+    um_stats st = stats(a);
+    CHECK_EQ(st.active_blocks, 16);
+    CHECK_EQ(st.requested_bytes, 15 * 4096 + 4 * MiB);
+    /* Every block can still be freed and the pool is whole after. */
+    xfree(a, y, 2);
+    for (int i = 1; i < 16; i++)
+        xfree(a, b_slots[i], 1);
+    CHECK_OK(a->ops->check(a));
+    CHECK_OK(a->ops->trim(a));
+    CHECK_OK(a->ops->check(a));
+    CHECK_EQ(stats(a).active_blocks, 0);
+    a->ops->destroy(a);
+}
+
 /* A block freed on a stream with queued work is reused at once on that
  * stream, and on another stream only once the work has completed. */
 static void test_stream_order(int tc)
@@ -1082,6 +1123,7 @@ int main(void)
     test_no_page_recycling();
     test_auto_page_recycling();
     test_fence_wait();
+    test_slab_empties_during_take();
     test_fenced_pages();
     test_limits();
     test_fit_beyond_best();

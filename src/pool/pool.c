@@ -1154,14 +1154,17 @@ static void slab_destroy(um__pool *p, um__slab *s)
 }
 
 /* A slot comes back to its slab (ready on every stream). At most one empty
- * slab per class is kept; more are destroyed so their pages become holes. */
+ * slab per class is kept; more are destroyed so their pages become holes,
+ * except while take_ready maps pages (p->taking): the extra empty slab
+ * then stays on its class's list, for the next allocations or
+ * release_spare_slabs. */
 static void slot_return(um__pool *p, void *ptr)
 {
     um__slab *s = slab_lookup(p, (uintptr_t)ptr);
     uint32_t slot = slot_of(s, (uintptr_t)ptr);
     atomic_store_explicit(&slab_words(s)[slot].w, UM_SLOT_FREE, memory_order_relaxed);
     s->free_stack[s->nfree++] = slot;
-    if (s->nfree == s->nslots) {
+    if (s->nfree == s->nslots && !p->taking) {
         um__slab *other = p->partial[s->cls];
         if (other == s)
             other = s->next;
@@ -1275,7 +1278,13 @@ static um_status take_ready(um__pool *p, um__block *b, uintptr_t addr, size_t si
             block_put(p, mid);
         return UM_ERR_NOMEM;
     }
+    /* Mapping may wait for old fences, which returns their slots; a slab
+     * emptied then must not become ready memory and merge with b (found
+     * by test_buffer: b's record went back to the free list while it was
+     * being handed out). */
+    p->taking = true;
     um_status s = map_and_pin(p, addr, size, may_create);
+    p->taking = false;
     if (s != UM_OK) {
         if (mid)
             block_put(p, mid);

@@ -223,6 +223,10 @@ typedef struct um__pool {
     uint64_t generation;          /* tells a thread's cached tcache pointer apart */
     int thread_cache;
     bool bounce;                  /* the bounce cache is on (pool.c) */
+    /* take_ready is mapping the pages of a ready block it has chosen:
+     * fences retired meanwhile may return slots, and a slab that empties
+     * then is kept rather than destroyed (pool.c, slot_return). */
+    bool taking;
 
     uintptr_t va;                 /* the whole reservation */
     size_t va_size;
