@@ -4,7 +4,7 @@
  * against the properties of max-min fairness. Expected times are worked out
  * by hand in the comments. */
 #include "harness.h"
-#include "vsim/flow.h"
+#include "base/flow.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -5,10 +5,13 @@
 # same machine described in bench/vsim/sim3x1G.machine (its link rate
 # replaced by the one run). Prints one line per run: workload, link
 # (bytes/s), real and simulated makespans, the error, and bytes moved.
-# Usage: bench/vsim/validate_sim.sh [UNIMEM] [ROUNDS] [LINK...]
+# Usage: [ENGINE=model|runtime] bench/vsim/validate_sim.sh [UNIMEM] [ROUNDS] [LINK...]
 #   LINK: sim_link_bandwidth values in bytes per second (default 1G 128M)
+#   ENGINE: the simulator's engine (default model; runtime: the task
+#   runtime itself in virtual time)
 set -eu
 UM=${1:-build/unimem}
+ENGINE=${ENGINE:-model}
 ROUNDS=${2:-2}
 shift 2 2>/dev/null || shift $#
 LINKS=${*:-1073741824 134217728}
@@ -21,7 +24,7 @@ for link in $LINKS; do
   sed "s/bandwidth=[0-9.]*G/bandwidth=$rate/" "$here/sim3x1G.machine" > "$desc"
   for w in gemm cholesky; do
     sim=$("$UM" sim --machine "$desc" --workload $w --n 3072 --tile 512 --policy cost \
-          --limit 12M --json)
+          --limit 12M --engine "$ENGINE" --json)
     for r in $(seq 1 "$ROUNDS"); do
       real=$("$UM" demo $w --gpu-only --sim-bandwidth "$link" --json 2>/dev/null | grep '^{')
       python3 - "$w" "$link" "$r" "$real" "$sim" <<'PY'

@@ -101,6 +101,10 @@ struct um__backend {
      * unknown): placement's guess of a device's speed before it has
      * measured one of its tasks there. */
     double nominal_gflops;
+    /* Virtual time: a sim device that stands for a GPU, whose tasks the
+     * run layer launches ahead on streams (um__sim_stream_kernel) as on a
+     * GPU, rather than one at a time as on the host. */
+    bool launches_ahead;
     /* trace_file's recorder (memory calls become events), or NULL; the
      * device index the events name. */
     um__events *events;
@@ -164,6 +168,9 @@ uint64_t um__fault_leaks_total(void);
  * or a synchronize. UM_ERR_UNSUPPORTED on other backends. */
 um_status um__sim_stream_launch(um__backend *b, um__bstream *s, unsigned n);
 um_status um__sim_stream_complete(um__backend *b, um__bstream *s, unsigned n);
+/* Virtual time only: a kernel of `ns` nanoseconds queued on a sim stream
+ * (it runs when the stream's earlier work is done). */
+um_status um__sim_stream_kernel(um__backend *b, um__bstream *s, uint64_t ns);
 
 /* The argument checks every backend's copies share: NULL pointers, and a
  * direction (0: to the device, 1: to the host; -1: any, for copy_async).

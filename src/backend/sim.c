@@ -9,6 +9,9 @@
  */
 #include "vmm_memfd.h"
 
+#include "../base/vtime.h"
+#include "vdev.h"
+
 um_status um__sim_backend_create(const char *name, size_t capacity, size_t granularity,
                                  size_t link_bytes_per_s, um__backend **out)
 {
@@ -60,4 +63,17 @@ um_status um__sim_stream_complete(um__backend *b, um__bstream *s, unsigned n)
                              &st->completed, &c, next, memory_order_acq_rel, memory_order_acquire))
             return UM_OK;
     }
+}
+
+um_status um__sim_stream_kernel(um__backend *b, um__bstream *s, uint64_t ns)
+{
+    um__bstream *st = NULL;
+    um_status rc = sim_stream(b, s, "sim_stream_kernel", &st);
+    if (rc != UM_OK)
+        return rc;
+    if (!um__vt_on())
+        return um__fail(UM_ERR_UNSUPPORTED, "%s: sim_stream_kernel: modelled kernels run only "
+                        "in virtual time (option virtual_time)", b->name);
+    um__vdev_kernel(st, ns);
+    return UM_OK;
 }

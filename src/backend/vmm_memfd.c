@@ -18,6 +18,9 @@
  */
 #include "vmm_memfd.h"
 
+#include "../base/vtime.h"
+#include "vdev.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -536,6 +539,15 @@ um__bstream *um__memfd_stream(um__backend *b, um__bstream *s, const char *what)
     return s;
 }
 
+bool um__memfd_holds(um__backend *b, const void *p)
+{
+    um__memfd_backend *m = mb(b);
+    pthread_mutex_lock(&m->lock);
+    bool in = res_find(m, (uintptr_t)p, 1) != NOT_FOUND;
+    pthread_mutex_unlock(&m->lock);
+    return in;
+}
+
 /* Marks the work queued up to `target` (a submitted count) as completed. */
 static void complete_to(um__bstream *s, uint64_t target)
 {
@@ -553,6 +565,8 @@ static void stream_unref(um__memfd_backend *m, um__bstream *s)
     s->link.prev->next = s->link.next;
     s->link.next->prev = s->link.prev;
     pthread_mutex_unlock(&m->lock);
+    if (um__vt_on())
+        um__vdev_forget(s);
     free(s);
 }
 
@@ -596,6 +610,8 @@ static um_status vmm_stream_destroy(um__backend *b, um__bstream *s)
     /* Destroying waits for the stream's work, so events recorded on it
      * (which keep the object alive) report done from now on. */
     complete_to(st, atomic_load_explicit(&st->submitted, memory_order_acquire));
+    if (um__vt_on())
+        um__vdev_wait(st, um__vdev_mark(st));
     st->magic = UM_MEMFD_STREAM_DEAD;
     stream_unref(mb(b), st);
     return UM_OK;
@@ -609,14 +625,6 @@ static um_status vmm_stream_destroy(um__backend *b, um__bstream *s)
  * work queued before it. Events and synchronizes then complete at those
  * times, so the engine's overlap of copies (or its lack) shows in wall
  * time as it would on a GPU. */
-
-static void sleep_until(uint64_t t)
-{
-    for (uint64_t now = um__now_ns(); now < t; now = um__now_ns()) {
-        struct timespec ts = {(time_t)((t - now) / 1000000000u), (long)((t - now) % 1000000000u)};
-        nanosleep(&ts, NULL);
-    }
-}
 
 static void busy_at_least(um__bstream *s, uint64_t t)
 {
@@ -660,7 +668,10 @@ static um_status vmm_stream_sync(um__backend *b, um__bstream *s)
     if (!st)
         return UM_ERR_INVALID;
     complete_to(st, atomic_load_explicit(&st->submitted, memory_order_acquire));
-    sleep_until(atomic_load_explicit(&st->busy_until, memory_order_acquire));
+    if (um__vt_on())
+        um__vdev_wait(st, um__vdev_mark(st));
+    else
+        um__sleep_until_ns(atomic_load_explicit(&st->busy_until, memory_order_acquire));
     return UM_OK;
 }
 
@@ -691,6 +702,7 @@ static um_status vmm_event_record(um__backend *b, um__bstream *s, um__bevent **o
     e->stream = st;
     e->target = atomic_load_explicit(&st->submitted, memory_order_acquire);
     e->busy_until = atomic_load_explicit(&st->busy_until, memory_order_acquire);
+    e->vt_mark = um__vt_on() ? um__vdev_mark(st) : 0;
     e->magic = UM_MEMFD_EVENT_MAGIC;
     *out = e;
     return UM_OK;
@@ -703,7 +715,8 @@ static um_status vmm_event_query(um__backend *b, um__bevent *e, int *done)
     if (!done)
         return um__fail(UM_ERR_INVALID, "%s: event_query: the output flag is NULL", b->name);
     *done = atomic_load_explicit(&e->stream->completed, memory_order_acquire) >= e->target &&
-            um__now_ns() >= e->busy_until;
+            (um__vt_on() ? um__vdev_done(e->stream, e->vt_mark)
+                         : um__now_ns() >= e->busy_until);
     return UM_OK;
 }
 
@@ -712,7 +725,10 @@ static um_status vmm_event_sync(um__backend *b, um__bevent *e)
     if (!event_check(b, e, "event_sync"))
         return UM_ERR_INVALID;
     complete_to(e->stream, e->target);
-    sleep_until(e->busy_until);
+    if (um__vt_on())
+        um__vdev_wait(e->stream, e->vt_mark);
+    else
+        um__sleep_until_ns(e->busy_until);
     return UM_OK;
 }
 
@@ -750,10 +766,18 @@ static um_status vmm_copy(um__backend *b, void *dst, const void *src, size_t n, 
                         "%s: copy of %zu bytes %s: the device range at %p is not mapped memory "
                         "of this device",
                         b->name, n, dir == 0 ? "to the device" : "to the host", dev);
+    if (um__vt_on()) {
+        /* No data in virtual time: the copy takes its modelled time on the
+         * default stream (behind its work, as a synchronous copy would). */
+        um__bstream *ds = &m->default_stream;
+        um__vdev_copy(b, dst, src, n, ds);
+        um__vdev_wait(ds, um__vdev_mark(ds));
+        return UM_OK;
+    }
     /* memmove: an overlapping copy within one device stays defined. */
     uint64_t issued = um__now_ns();
     memmove(dst, src, n);
-    sleep_until(link_copy_end(m, dst, src, n, issued, 0));
+    um__sleep_until_ns(link_copy_end(m, dst, src, n, issued, 0));
     return UM_OK;
 }
 
@@ -767,6 +791,12 @@ static um_status vmm_copy_async(um__backend *b, void *dst, const void *src, size
     if (st != UM_OK)
         return st;
     um__bstream *bs = NULL;
+    if (um__vt_on()) {
+        if (!(bs = um__memfd_stream(b, s, "copy_async")))
+            return UM_ERR_INVALID;
+        um__vdev_copy(b, dst, src, n, bs);
+        return UM_OK;
+    }
     if (b->link_ns_per_byte > 0.0 && !(bs = um__memfd_stream(b, s, "copy_async")))
         return UM_ERR_INVALID;
     uint64_t issued = bs ? um__now_ns() : 0;
@@ -785,6 +815,14 @@ static um_status vmm_copy_async(um__backend *b, void *dst, const void *src, size
  * a stream without one (its work untimed) waits for e on the host. */
 static um_status vmm_stream_wait(um__backend *b, um__bstream *s, um__backend *eb, um__bevent *e)
 {
+    if (um__vt_on() && eb->ops == &um__memfd_ops) {
+        um__bstream *bs = um__memfd_stream(b, s, "stream_wait");
+        if (!bs || !event_check(eb, e, "stream_wait"))
+            return UM_ERR_INVALID;
+        complete_to(e->stream, e->target);
+        um__vdev_stream_wait(bs, e->stream, e->vt_mark);
+        return UM_OK;
+    }
     if (b->link_ns_per_byte <= 0.0 || eb->ops != &um__memfd_ops)
         return eb->ops->event_sync(eb, e);
     um__bstream *bs = um__memfd_stream(b, s, "stream_wait");
@@ -804,7 +842,8 @@ static um_status vmm_memset_async(um__backend *b, void *dst, int value, size_t n
     if (!dst)
         return um__fail(UM_ERR_INVALID, "%s: memset of %zu bytes: the pointer is NULL", b->name,
                         n);
-    memset(dst, value, n);
+    if (!um__vt_on()) /* no data in virtual time */
+        memset(dst, value, n);
     return UM_OK;
 }
 
@@ -844,10 +883,14 @@ static void vmm_free_all(um__memfd_backend *m)
         um__memfd_link *l = m->streams.next;
         while (l != &m->streams) {
             um__memfd_link *next = l->next;
+            if (um__vt_on())
+                um__vdev_forget((um__bstream *)l);
             free(l); /* the link is the first member of its stream */
             l = next;
         }
     }
+    if (um__vt_on())
+        um__vdev_forget(&m->default_stream);
     if (m->fd >= 0)
         close(m->fd);
     free(m->res);

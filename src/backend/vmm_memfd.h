@@ -54,6 +54,13 @@ struct um__bstream {
     /* With a modelled link: when the copies queued so far finish (monotonic
      * ns). Set under the backend's lock, read without it. */
     _Atomic uint64_t busy_until;
+    /* Virtual time (vdev.c), under the clock's lock: the work queued and
+     * not yet done, oldest first; how much was queued and is done; the
+     * link in the model's list of streams with work. */
+    struct um__vdev_op *vt_head, *vt_tail;
+    uint64_t vt_queued, vt_done;
+    struct um__bstream *vt_next;
+    bool vt_listed;
 };
 #define UM_MEMFD_STREAM_MAGIC 0x42535452u /* "BSTR" */
 #define UM_MEMFD_STREAM_DEAD 0x44454144u  /* destroyed, kept alive by events */
@@ -63,6 +70,7 @@ struct um__bevent {
     um__bstream *stream;
     uint64_t target; /* the stream's submitted count when recorded */
     uint64_t busy_until; /* the stream's busy_until when recorded */
+    uint64_t vt_mark;    /* virtual time: the stream's work queued when recorded */
     uint32_t magic;
 };
 #define UM_MEMFD_EVENT_MAGIC 0x42455654u /* "BEVT" */
@@ -96,6 +104,8 @@ typedef struct um__memfd_backend {
      * the device, 1: from it) is free again. Under lock. */
     uint64_t link_free[2];
     um__bstream default_stream;
+    /* Virtual time: the context's index of this device (its routes). */
+    int vt_dev;
 } um__memfd_backend;
 
 /* Handles are (generation << 32) | (first page + 1): never 0, and a handle
@@ -122,5 +132,8 @@ extern const um__backend_ops um__memfd_ops;
 /* The stream s names on b (NULL: the default stream), or NULL after
  * um__fail(UM_ERR_INVALID) when s is not a live stream of b. */
 um__bstream *um__memfd_stream(um__backend *b, um__bstream *s, const char *what);
+
+/* Whether p lies in one of b's reservations (b a memfd backend). */
+bool um__memfd_holds(um__backend *b, const void *p);
 
 #endif /* UM_VMM_MEMFD_H */

@@ -44,8 +44,14 @@ void um__log_write(um_log_level level, const char *fmt, ...) UM_PRINTF(2, 3);
             um__log_write((level), __VA_ARGS__);                                   \
     } while (0)
 
+/* Virtual time (vtime.h): while it is on, the library's clock is it. */
+extern _Atomic bool um__vt_active;
+uint64_t um__vt_now(void);
+
 static inline uint64_t um__now_ns(void)
 {
+    if (__builtin_expect(atomic_load_explicit(&um__vt_active, memory_order_relaxed), 0))
+        return um__vt_now();
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;

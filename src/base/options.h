@@ -29,6 +29,10 @@
       "bytes per second of each simulated device's link to the host, each direction (e.g. "  \
       "16G); copies keep the engine's copy streams busy for that long; 0: no model (copies " \
       "take the memcpy's time)")                                                              \
+    X(virtual_time, UM_OPT_BOOL, "0",                                                         \
+      "run in virtual time: sim devices hold no data, copies and tasks take their modelled " \
+      "time (sim_link_bandwidth, sim_gflops) on a clock that jumps from event to event "     \
+      "(`unimem sim --engine runtime`); sim devices only, one context at a time")            \
     X(host_granularity, UM_OPT_SIZE, "2M", "physical page size of the host pool")             \
     X(host_capacity, UM_OPT_SIZE, "0", "bytes the host pool may use; 0 = physical RAM")      \
     X(thread_cache, UM_OPT_BOOL, "1",                                                         \
@@ -119,6 +123,7 @@ typedef struct um__options {
     size_t cache_limit;
     size_t sim_granularity;
     size_t sim_link_bandwidth;
+    int virtual_time;
     size_t host_granularity;
     size_t host_capacity;
     int thread_cache;

@@ -17,6 +17,8 @@
  */
 #include "buffer.h"
 
+#include "../base/vtime.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -368,9 +370,9 @@ um_status um_buffer_create(um_context *ctx, size_t size, const um_buffer_opts *o
      * lock, as every other change of a replica (found by the stress test:
      * an eviction mid-fill left an owner without memory). */
     if (st == UM_OK) {
-        pthread_mutex_lock(&b->lock);
+        um__vt_mutex_lock(&b->lock);
         st = fill(b, o->device);
-        pthread_mutex_unlock(&b->lock);
+        um__vt_mutex_unlock(&b->lock);
     }
     if (st != UM_OK) {
         um__buffer_discard(b);
@@ -441,7 +443,7 @@ um_status um_buffer_acquire(um_buffer *b, int dev, um_access mode, um_stream s, 
                         "WRITE_DISCARD (4)",
                         what, (void *)b, (int)mode);
     um__xfer *x = engine(b);
-    pthread_mutex_lock(&b->lock);
+    um__vt_mutex_lock(&b->lock);
     st = conflict(b, mode, what);
     um__replica *r = &b->rep[dev];
     if (st == UM_OK && r->state == UM_REPLICA_INVALID) {
@@ -481,7 +483,7 @@ um_status um_buffer_acquire(um_buffer *b, int dev, um_access mode, um_stream s, 
         b->wont_use = false;
         *ptr = r->ptr;
     }
-    pthread_mutex_unlock(&b->lock);
+    um__vt_mutex_unlock(&b->lock);
     return st;
 }
 
@@ -501,10 +503,10 @@ um_status um__buffer_release(um_buffer *b, int dev, um_stream s, bool used)
     if (st != UM_OK)
         return st;
     um__xfer *x = engine(b);
-    pthread_mutex_lock(&b->lock);
+    um__vt_mutex_lock(&b->lock);
     um__replica *r = &b->rep[dev];
     if (!r->writer && !r->readers) {
-        pthread_mutex_unlock(&b->lock);
+        um__vt_mutex_unlock(&b->lock);
         return um__fail(UM_ERR_INVALID, "%s: buffer %p is not acquired on device %d", what,
                         (void *)b, dev);
     }
@@ -529,7 +531,7 @@ um_status um__buffer_release(um_buffer *b, int dev, um_stream s, bool used)
         add_use(x, r, f);
     }
     b->holders--;
-    pthread_mutex_unlock(&b->lock);
+    um__vt_mutex_unlock(&b->lock);
     return st;
 }
 
@@ -541,11 +543,11 @@ um_status um_buffer_prefetch(um_buffer *b, int dev)
     um_status st = check_device(b, dev, what);
     if (st != UM_OK)
         return st;
-    pthread_mutex_lock(&b->lock);
+    um__vt_mutex_lock(&b->lock);
     st = conflict(b, UM_ACCESS_READ, what);
     if (st == UM_OK && b->rep[dev].state == UM_REPLICA_INVALID)
         st = fill(b, dev);
-    pthread_mutex_unlock(&b->lock);
+    um__vt_mutex_unlock(&b->lock);
     return st;
 }
 
@@ -563,7 +565,7 @@ um_status um_buffer_read(um_buffer *b, size_t offset, void *dst, size_t n)
     if (st != UM_OK || n == 0)
         return st;
     um__xfer *x = engine(b);
-    pthread_mutex_lock(&b->lock);
+    um__vt_mutex_lock(&b->lock);
     st = conflict(b, UM_ACCESS_READ, what);
     int src = st == UM_OK ? best_source(b, 0, -1) : -1;
     if (st == UM_OK && src < 0 && b->spill_valid) {
@@ -579,7 +581,7 @@ um_status um_buffer_read(um_buffer *b, size_t offset, void *dst, size_t n)
         if (st == UM_OK)
             st = um__fence_wait(x, &done);
     }
-    pthread_mutex_unlock(&b->lock);
+    um__vt_mutex_unlock(&b->lock);
     return st;
 }
 
@@ -590,7 +592,7 @@ um_status um_buffer_write(um_buffer *b, size_t offset, const void *src, size_t n
     if (st != UM_OK || n == 0)
         return st;
     um__xfer *x = engine(b);
-    pthread_mutex_lock(&b->lock);
+    um__vt_mutex_lock(&b->lock);
     st = conflict(b, UM_ACCESS_WRITE, what);
     int dev = owner_of(b);
     if (st == UM_OK && dev < 0) {
@@ -615,7 +617,7 @@ um_status um_buffer_write(um_buffer *b, size_t offset, const void *src, size_t n
             take_ownership(b, dev);
         }
     }
-    pthread_mutex_unlock(&b->lock);
+    um__vt_mutex_unlock(&b->lock);
     return st;
 }
 
@@ -639,9 +641,9 @@ void um__buffer_discard(um_buffer *b)
     um__xfer *x = engine(b);
     /* Under the lock: reclaim reads it under the lock until the buffer is
      * off the engine's list. */
-    pthread_mutex_lock(&b->lock);
+    um__vt_mutex_lock(&b->lock);
     b->magic = 0;
-    pthread_mutex_unlock(&b->lock);
+    um__vt_mutex_unlock(&b->lock);
     um__xfer_track(x, b, false);
     for (int d = 0; d < b->ctx->ndevices; d++)
         free_replica(b, d);
@@ -669,10 +671,10 @@ um_status um_buffer_destroy(um_buffer *b)
      * a failure to inherit) in place (found by the stress test). The
      * record is forgotten outside the buffer's lock, which the task
      * layer's lock never nests in. */
-    pthread_mutex_lock(&b->lock);
+    um__vt_mutex_lock(&b->lock);
     um_status st = b->holders ? UM_ERR_BUSY : write_back_home(b);
     unsigned holders = b->holders;
-    pthread_mutex_unlock(&b->lock);
+    um__vt_mutex_unlock(&b->lock);
     if (holders)
         return um__fail(UM_ERR_BUSY, "%s: buffer %p is still acquired (%u acquisition%s held)",
                         what, (void *)b, holders, holders == 1 ? "" : "s");
@@ -683,9 +685,9 @@ um_status um_buffer_destroy(um_buffer *b)
     if (forget && !forget(b->ctx, b))
         return um__fail(UM_ERR_BUSY, "%s: buffer %p is used by tasks that have not finished "
                         "(um_task_wait or um_wait_all first)", what, (void *)b);
-    pthread_mutex_lock(&b->lock);
+    um__vt_mutex_lock(&b->lock);
     b->magic = 0;
-    pthread_mutex_unlock(&b->lock);
+    um__vt_mutex_unlock(&b->lock);
     um__xfer *x = engine(b);
     um__buffer_discard(b);
     um__xfer_poll(x);
@@ -701,13 +703,13 @@ um_replica_state um_buffer_replica_state(um_buffer *b, int dev)
 {
     if (!live(b) || dev < 0 || dev >= b->ctx->ndevices)
         return UM_REPLICA_INVALID;
-    pthread_mutex_lock(&b->lock);
+    um__vt_mutex_lock(&b->lock);
     um_replica_state s = (um_replica_state)b->rep[dev].state;
     /* During a WRITE_DISCARD acquisition the program sees what its release
      * makes: the acquired replica the owner, the copies it replaces gone. */
     if (b->discarding)
         s = b->rep[dev].writer ? UM_REPLICA_OWNER : UM_REPLICA_INVALID;
-    pthread_mutex_unlock(&b->lock);
+    um__vt_mutex_unlock(&b->lock);
     return s;
 }
 
@@ -860,7 +862,7 @@ um_status um__buffer_evict(um_buffer *b, int dev, size_t *bytes_written, bool *s
 bool um__buffer_fetch_cost(um_buffer *b, int dev, double *ns)
 {
     *ns = 0.0;
-    pthread_mutex_lock(&b->lock);
+    um__vt_mutex_lock(&b->lock);
     bool valid = b->rep[dev].state != UM_REPLICA_INVALID;
     if (!valid) {
         int src = best_source(b, dev, dev);
@@ -869,7 +871,7 @@ bool um__buffer_fetch_cost(um_buffer *b, int dev, double *ns)
         else if (b->spill_valid)
             *ns = um__xfer_cost(engine(b), 0, dev, b->size);
     }
-    pthread_mutex_unlock(&b->lock);
+    um__vt_mutex_unlock(&b->lock);
     return valid;
 }
 
@@ -884,7 +886,7 @@ um_status um_buffer_hint(um_buffer *b, um_hint hint)
                         "%s: buffer %p: hint %d is none of WONT_USE (1), WILL_USE (2), PIN (3), "
                         "UNPIN (4)", what, (void *)b, (int)hint);
     um_status st = UM_OK;
-    pthread_mutex_lock(&b->lock);
+    um__vt_mutex_lock(&b->lock);
     switch (hint) {
     case UM_HINT_WONT_USE:
         b->wont_use = true;
@@ -911,6 +913,6 @@ um_status um_buffer_hint(um_buffer *b, um_hint hint)
         b->pinned = false;
         break;
     }
-    pthread_mutex_unlock(&b->lock);
+    um__vt_mutex_unlock(&b->lock);
     return st;
 }

@@ -24,6 +24,8 @@
  */
 #include "buffer.h"
 
+#include "../base/vtime.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,7 +45,7 @@ struct um__reclaim {
     um_context *ctx;
     pthread_mutex_t one;     /* one eviction at a time */
     pthread_mutex_t lock;    /* the thread's wake-up */
-    pthread_cond_t wake;
+    um__cond wake;
     bool quit, nudged, thread_started;
     pthread_t tid;
     _Atomic bool announcing;  /* some buffer got UM_HINT_WILL_USE */
@@ -149,7 +151,7 @@ static bool consider(um_buffer *b, void *arg)
             s->pinned++;
         }
     }
-    pthread_mutex_unlock(&b->lock);
+    um__vt_mutex_unlock(&b->lock);
     return true;
 }
 
@@ -174,7 +176,7 @@ static bool evict_chosen(um_buffer *b, void *arg)
         j->done = j->st == UM_OK;
         j->size = b->size;
     }
-    pthread_mutex_unlock(&b->lock);
+    um__vt_mutex_unlock(&b->lock);
     return false;
 }
 
@@ -237,14 +239,13 @@ static bool reclaim_hook(um_context *ctx, int dev, size_t bytes)
      * other's only candidate both fail when the wait runs out; reclaim
      * itself only ever try-locks, so nothing deadlocks. */
     for (uint64_t pause_ns = 20000;; pause_ns = pause_ns < 1000000 ? 2 * pause_ns : pause_ns) {
-        pthread_mutex_lock(&rc->one);
+        um__vt_mutex_lock(&rc->one);
         freed = evict_one(rc, dev, &scan);
-        pthread_mutex_unlock(&rc->one);
+        um__vt_mutex_unlock(&rc->one);
         if (freed || !scan.busy || scan.failed[0] ||
             um__now_ns() - t0 > RECLAIM_BUSY_WAIT_NS)
             break;
-        struct timespec ts = {0, (long)pause_ns};
-        nanosleep(&ts, NULL);
+        um__sleep_until_ns(um__now_ns() + pause_ns);
     }
     in_reclaim = false;
     device_counters *c = &rc->dev[dev];
@@ -297,16 +298,16 @@ static void *reclaimer(void *arg)
 {
     um__reclaim *rc = arg;
     in_reclaim = true;
-    pthread_mutex_lock(&rc->lock);
+    um__vt_mutex_lock(&rc->lock);
     while (!rc->quit) {
         /* Usage changes only through um__reclaim_account, which nudges
          * when it crosses a high mark: no polling. */
         while (!rc->nudged && !rc->quit)
-            pthread_cond_wait(&rc->wake, &rc->lock);
+            um__cond_wait(&rc->wake, &rc->lock);
         rc->nudged = false;
         if (rc->quit)
             break;
-        pthread_mutex_unlock(&rc->lock);
+        um__vt_mutex_unlock(&rc->lock);
         for (int d = 0; d < rc->ctx->ndevices; d++) {
             size_t low, high;
             marks(rc, d, &low, &high);
@@ -318,17 +319,18 @@ static void *reclaimer(void *arg)
             uint64_t t0 = um__now_ns();
             size_t before = usage(rc, d);
             while (more && usage(rc, d) > low) {
-                pthread_mutex_lock(&rc->one);
+                um__vt_mutex_lock(&rc->one);
                 more = evict_one(rc, d, &scan);
-                pthread_mutex_unlock(&rc->one);
+                um__vt_mutex_unlock(&rc->one);
             }
             if (rc->ctx->events)
                 um__event_add(rc->ctx->events, UM_EVENT_RECLAIM_RUN, d, -1, t0,
                               um__now_ns() - t0, before, usage(rc, d));
         }
-        pthread_mutex_lock(&rc->lock);
+        um__vt_mutex_lock(&rc->lock);
     }
-    pthread_mutex_unlock(&rc->lock);
+    um__vt_mutex_unlock(&rc->lock);
+    um__vt_exit();
     return NULL;
 }
 
@@ -336,10 +338,10 @@ static void nudge(um__reclaim *rc)
 {
     if (!rc)
         return;
-    pthread_mutex_lock(&rc->lock);
+    um__vt_mutex_lock(&rc->lock);
     rc->nudged = true;
-    pthread_cond_signal(&rc->wake);
-    pthread_mutex_unlock(&rc->lock);
+    um__cond_signal(&rc->wake);
+    um__vt_mutex_unlock(&rc->lock);
 }
 
 /* ------------------------------------------------------------ lifetime */
@@ -353,7 +355,7 @@ um__reclaim *um__reclaim_create(um__xfer *x)
     rc->ctx = NULL;
     pthread_mutex_init(&rc->one, NULL);
     pthread_mutex_init(&rc->lock, NULL);
-    pthread_cond_init(&rc->wake, NULL);
+    um__cond_init(&rc->wake);
     return rc;
 }
 
@@ -362,7 +364,10 @@ void um__reclaim_start(um__reclaim *rc, um_context *ctx)
 {
     rc->ctx = ctx;
     atomic_store_explicit(&ctx->reclaim, reclaim_hook, memory_order_release);
+    um__vt_spawn();
     rc->thread_started = pthread_create(&rc->tid, NULL, reclaimer, rc) == 0;
+    if (!rc->thread_started)
+        um__vt_exit();
 }
 
 void um__reclaim_destroy(um__reclaim *rc)
@@ -370,13 +375,13 @@ void um__reclaim_destroy(um__reclaim *rc)
     if (!rc)
         return;
     if (rc->thread_started) {
-        pthread_mutex_lock(&rc->lock);
+        um__vt_mutex_lock(&rc->lock);
         rc->quit = true;
-        pthread_cond_signal(&rc->wake);
-        pthread_mutex_unlock(&rc->lock);
-        pthread_join(rc->tid, NULL);
+        um__cond_signal(&rc->wake);
+        um__vt_mutex_unlock(&rc->lock);
+        um__vt_join(rc->tid, NULL);
     }
-    pthread_cond_destroy(&rc->wake);
+    um__cond_destroy(&rc->wake);
     pthread_mutex_destroy(&rc->lock);
     pthread_mutex_destroy(&rc->one);
     free(rc);

@@ -27,6 +27,8 @@
  */
 #include "buffer.h"
 
+#include "../base/vtime.h"
+
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -234,7 +236,7 @@ um_status um__spill_alloc(um__spill *sp, size_t size, void **map, size_t *offset
 {
     *map = NULL;
     size_t len = extent_len(sp, size);
-    pthread_mutex_lock(&sp->lock);
+    um__vt_mutex_lock(&sp->lock);
     size_t off = take_extent(sp, len);
     int err = posix_fallocate(sp->fd, (off_t)off, (off_t)len);
     void *p = err ? MAP_FAILED
@@ -243,12 +245,12 @@ um_status um__spill_alloc(um__spill *sp, size_t size, void **map, size_t *offset
         if (!err)
             err = errno;
         (void)give_extent(sp, off, len);
-        pthread_mutex_unlock(&sp->lock);
+        um__vt_mutex_unlock(&sp->lock);
         char n[32];
         return um__fail(UM_ERR_NOMEM, "spill: no room for %s in the spill file in %s: %s",
                         um__format_bytes(n, sizeof n, size), sp->path, strerror(err));
     }
-    pthread_mutex_unlock(&sp->lock);
+    um__vt_mutex_unlock(&sp->lock);
     atomic_fetch_add(&sp->used, len);
     *map = p;
     *offset = off;
@@ -261,12 +263,12 @@ void um__spill_free(um__spill *sp, void *map, size_t offset, size_t size)
         return;
     size_t len = extent_len(sp, size);
     (void)munmap(map, len);
-    pthread_mutex_lock(&sp->lock);
+    um__vt_mutex_lock(&sp->lock);
     /* The blocks go back to the disk; the range stays in the file. */
     (void)fallocate(sp->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)offset,
                     (off_t)len);
     (void)give_extent(sp, offset, len);
-    pthread_mutex_unlock(&sp->lock);
+    um__vt_mutex_unlock(&sp->lock);
     atomic_fetch_sub(&sp->used, len);
 }
 

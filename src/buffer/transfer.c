@@ -9,6 +9,8 @@
  */
 #include "buffer.h"
 
+#include "../base/vtime.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,11 +57,12 @@ static bool is_gpu(um_context *ctx, int dev)
 }
 
 /* Whether copies to and from dev run on the engine's copy streams: a GPU's,
- * or a sim device's whose link is modelled (its copies take time); other
- * copies are done when issued. */
+ * or a sim device's whose link is modelled (its copies take time, in real
+ * or virtual time); other copies are done when issued. */
 static bool streamed(um_context *ctx, int dev)
 {
-    return is_gpu(ctx, dev) || ctx->devices[dev].backend->link_ns_per_byte > 0.0;
+    return is_gpu(ctx, dev) || ctx->devices[dev].backend->link_ns_per_byte > 0.0 ||
+           (ctx->opts.virtual_time && ctx->devices[dev].backend->kind == UM_DEVICE_SIM);
 }
 
 /* ------------------------------------------------------------- fences */
@@ -343,7 +346,12 @@ static void two_hop_routes(um__xfer *x)
 static void set_routes(um__xfer *x)
 {
     model_routes(x);
-    if (x->ctx->opts.links != UM_LINKS_MODEL) {
+    if (x->ctx->opts.virtual_time && x->ctx->opts.links != UM_LINKS_MODEL) {
+        /* The modelled links, timed in virtual time; never cached (the
+         * cache is the real machine's). */
+        measure_routes(x);
+        x->measured = true;
+    } else if (x->ctx->opts.links != UM_LINKS_MODEL) {
         uint64_t key = machine_key(x->ctx);
         if (!cache_read(x, key)) {
             measure_routes(x);
@@ -364,7 +372,7 @@ um_status um__xfer_get(um_context *ctx, um__xfer **out)
         *out = x;
         return UM_OK;
     }
-    pthread_mutex_lock(&ctx->buffers_lock);
+    um__vt_mutex_lock(&ctx->buffers_lock);
     x = atomic_load_explicit(&ctx->xfer, memory_order_relaxed);
     if (!x) {
         size_t n = (size_t)ctx->ndevices;
@@ -381,7 +389,7 @@ um_status um__xfer_get(um_context *ctx, um__xfer **out)
                 free(x->ns_per_byte);
             }
             free(x);
-            pthread_mutex_unlock(&ctx->buffers_lock);
+            um__vt_mutex_unlock(&ctx->buffers_lock);
             return um__fail(UM_ERR_NOMEM, "unified buffers: no host memory for the transfer "
                             "engine of %d devices", ctx->ndevices);
         }
@@ -405,7 +413,7 @@ um_status um__xfer_get(um_context *ctx, um__xfer **out)
         atomic_store_explicit(&ctx->xfer, x, memory_order_release);
         atomic_store_explicit(&ctx->collect, collect_held, memory_order_release);
     }
-    pthread_mutex_unlock(&ctx->buffers_lock);
+    um__vt_mutex_unlock(&ctx->buffers_lock);
     *out = x;
     return UM_OK;
 }
@@ -413,11 +421,11 @@ um_status um__xfer_get(um_context *ctx, um__xfer **out)
 um_buffer *um__xfer_record(um__xfer *x)
 {
     size_t bytes = sizeof(um_buffer) + (size_t)x->ndev * sizeof(um__replica);
-    pthread_mutex_lock(&x->lock);
+    um__vt_mutex_lock(&x->lock);
     um_buffer *b = x->spare;
     if (b)
         x->spare = b->next;
-    pthread_mutex_unlock(&x->lock);
+    um__vt_mutex_unlock(&x->lock);
     if (!b)
         b = malloc(bytes);
     if (b)
@@ -427,21 +435,21 @@ um_buffer *um__xfer_record(um__xfer *x)
 
 void um__xfer_recycle(um__xfer *x, um_buffer *b)
 {
-    pthread_mutex_lock(&x->lock);
+    um__vt_mutex_lock(&x->lock);
     b->next = x->spare;
     x->spare = b;
-    pthread_mutex_unlock(&x->lock);
+    um__vt_mutex_unlock(&x->lock);
 }
 
 void um__xfer_each_buffer(um__xfer *x, bool (*fn)(um_buffer *b, void *arg), void *arg)
 {
-    pthread_mutex_lock(&x->lock);
+    um__vt_mutex_lock(&x->lock);
     for (um_buffer *b = x->buffers, *nx; b; b = nx) {
         nx = b->next;
         if (!fn(b, arg))
             break;
     }
-    pthread_mutex_unlock(&x->lock);
+    um__vt_mutex_unlock(&x->lock);
 }
 
 uint64_t um__xfer_tick(um__xfer *x)
@@ -455,18 +463,18 @@ um_status um__xfer_spill(um__xfer *x, um__spill **out)
     const char *dir = x->ctx->opts.spill_dir;
     if (!*dir)
         return um__fail(UM_ERR_NOMEM, "no file tier (option spill_dir is not set)");
-    pthread_mutex_lock(&x->lock);
+    um__vt_mutex_lock(&x->lock);
     um_status st = x->spill ? UM_OK : um__spill_create(dir, &x->spill);
     *out = x->spill;
-    pthread_mutex_unlock(&x->lock);
+    um__vt_mutex_unlock(&x->lock);
     return st;
 }
 
 size_t um__xfer_spilled(um__xfer *x)
 {
-    pthread_mutex_lock(&x->lock);
+    um__vt_mutex_lock(&x->lock);
     size_t n = um__spill_used(x->spill);
-    pthread_mutex_unlock(&x->lock);
+    um__vt_mutex_unlock(&x->lock);
     return n;
 }
 
@@ -477,7 +485,7 @@ struct um__reclaim *um__xfer_reclaim(um__xfer *x)
 
 void um__xfer_track(um__xfer *x, um_buffer *b, bool add)
 {
-    pthread_mutex_lock(&x->lock);
+    um__vt_mutex_lock(&x->lock);
     if (add) {
         b->prev = NULL;
         b->next = x->buffers;
@@ -493,7 +501,7 @@ void um__xfer_track(um__xfer *x, um_buffer *b, bool add)
             b->next->prev = b->prev;
         b->prev = b->next = NULL;
     }
-    pthread_mutex_unlock(&x->lock);
+    um__vt_mutex_unlock(&x->lock);
 }
 
 um_stream um__xfer_stream(um__xfer *x, int dev, bool to)
@@ -501,7 +509,7 @@ um_stream um__xfer_stream(um__xfer *x, int dev, bool to)
     if (!streamed(x->ctx, dev))
         return NULL;
     um_stream *slot = to ? &x->to[dev] : &x->from[dev];
-    pthread_mutex_lock(&x->lock);
+    um__vt_mutex_lock(&x->lock);
     if (!*slot && um_stream_create(x->ctx, dev, slot) != UM_OK) {
         /* The default stream still orders the copies correctly, only with
          * less overlap. */
@@ -509,7 +517,7 @@ um_stream um__xfer_stream(um__xfer *x, int dev, bool to)
         *slot = x->ctx->devices[dev].default_stream;
     }
     um_stream s = *slot;
-    pthread_mutex_unlock(&x->lock);
+    um__vt_mutex_unlock(&x->lock);
     return s;
 }
 
@@ -778,7 +786,7 @@ static void *stage_helper(void *arg)
     stage_worker *w = arg;
     stage_pool *sp = w->pool;
     uint64_t seen = 0;
-    pthread_mutex_lock(&sp->lock);
+    um__vt_mutex_lock(&sp->lock);
     for (;;) {
         while (!sp->quit && sp->generation == seen)
             pthread_cond_wait(&sp->work, &sp->lock);
@@ -786,14 +794,14 @@ static void *stage_helper(void *arg)
             break;
         seen = sp->generation;
         bool mine = w->id < sp->job_workers;
-        pthread_mutex_unlock(&sp->lock);
+        um__vt_mutex_unlock(&sp->lock);
         if (mine)
             stage_run(w);
-        pthread_mutex_lock(&sp->lock);
+        um__vt_mutex_lock(&sp->lock);
         if (mine && --sp->active == 0)
             pthread_cond_signal(&sp->done);
     }
-    pthread_mutex_unlock(&sp->lock);
+    um__vt_mutex_unlock(&sp->lock);
     return NULL;
 }
 
@@ -802,10 +810,10 @@ static void stage_pool_destroy(um__xfer *x)
     stage_pool *sp = x->stage;
     if (!sp)
         return;
-    pthread_mutex_lock(&sp->lock);
+    um__vt_mutex_lock(&sp->lock);
     sp->quit = true;
     pthread_cond_broadcast(&sp->work);
-    pthread_mutex_unlock(&sp->lock);
+    um__vt_mutex_unlock(&sp->lock);
     for (int i = 1; i < sp->nworkers; i++)
         pthread_join(sp->w[i].tid, NULL);
     if (sp->slots)
@@ -821,15 +829,15 @@ static void stage_pool_destroy(um__xfer *x)
 /* The pool, made on first use; NULL after um__fail. */
 static stage_pool *stage_pool_get(um__xfer *x)
 {
-    pthread_mutex_lock(&x->lock);
+    um__vt_mutex_lock(&x->lock);
     stage_pool *sp = x->stage;
     if (sp) {
-        pthread_mutex_unlock(&x->lock);
+        um__vt_mutex_unlock(&x->lock);
         return sp;
     }
     sp = calloc(1, sizeof *sp);
     if (!sp) {
-        pthread_mutex_unlock(&x->lock);
+        um__vt_mutex_unlock(&x->lock);
         um__fail(UM_ERR_NOMEM, "transfer engine: no host memory for the staging workers");
         return NULL;
     }
@@ -837,7 +845,7 @@ static stage_pool *stage_pool_get(um__xfer *x)
     int want = stage_threads(x);
     void *slots = NULL;
     if (um_malloc(x->ctx, 0, (size_t)(STAGE_SLOTS * want) * sp->chunk, NULL, &slots) != UM_OK) {
-        pthread_mutex_unlock(&x->lock);
+        um__vt_mutex_unlock(&x->lock);
         free(sp);
         return NULL;
     }
@@ -854,7 +862,7 @@ static stage_pool *stage_pool_get(um__xfer *x)
          i++)
         sp->nworkers++;
     x->stage = sp;
-    pthread_mutex_unlock(&x->lock);
+    um__vt_mutex_unlock(&x->lock);
     return sp;
 }
 
@@ -866,14 +874,14 @@ static um_status staged_copy(um__xfer *x, const runner *r, char *dev, char *host
     stage_pool *sp = stage_pool_get(x);
     if (!sp)
         return UM_ERR_NOMEM;
-    pthread_mutex_lock(&sp->one_copy);
+    um__vt_mutex_lock(&sp->one_copy);
     stage_job j = {r->be, r->stream->ref.bstream, dev, host, n, sp->chunk, to_gpu, sp->slots,
                    0, false};
     size_t chunks = (n + j.chunk - 1) / j.chunk;
     int nw = sp->nworkers;
     if ((size_t)nw > (chunks + 1) / 2)
         nw = (int)((chunks + 1) / 2);
-    pthread_mutex_lock(&sp->lock);
+    um__vt_mutex_lock(&sp->lock);
     for (int i = 0; i < sp->nworkers; i++) {
         sp->w[i].job = &j;
         sp->w[i].st = UM_OK;
@@ -882,18 +890,18 @@ static um_status staged_copy(um__xfer *x, const runner *r, char *dev, char *host
     sp->active = nw - 1;
     sp->generation++;
     pthread_cond_broadcast(&sp->work);
-    pthread_mutex_unlock(&sp->lock);
+    um__vt_mutex_unlock(&sp->lock);
     stage_run(&sp->w[0]);
-    pthread_mutex_lock(&sp->lock);
+    um__vt_mutex_lock(&sp->lock);
     while (sp->active)
         pthread_cond_wait(&sp->done, &sp->lock);
-    pthread_mutex_unlock(&sp->lock);
+    um__vt_mutex_unlock(&sp->lock);
     um_status st = UM_OK;
     for (int i = 0; i < nw && st == UM_OK; i++)
         if (sp->w[i].st != UM_OK)
             st = um__fail(sp->w[i].st, "staged copy of %zu bytes %s the GPU: %s", n,
                           to_gpu ? "to" : "from", sp->w[i].error);
-    pthread_mutex_unlock(&sp->one_copy);
+    um__vt_mutex_unlock(&sp->one_copy);
     return st;
 }
 
@@ -917,7 +925,7 @@ static um_status two_hop_copy(um__xfer *x, int dd, char *dst, int sd, const char
         st = order_after(&in, after, nafter);
     if (st != UM_OK)
         return st;
-    pthread_mutex_lock(&sp->one_copy);
+    um__vt_mutex_lock(&sp->one_copy);
     int nslots = STAGE_SLOTS * sp->nworkers;
     um__bevent *hop1[STAGE_SLOTS * 64] = {0}, *hop2[STAGE_SLOTS * 64] = {0};
     size_t chunks = (n + sp->chunk - 1) / sp->chunk;
@@ -956,7 +964,7 @@ static um_status two_hop_copy(um__xfer *x, int dd, char *dst, int sd, const char
         if (hop2[k])
             um__be_event_destroy(in.be, hop2[k]);
     }
-    pthread_mutex_unlock(&sp->one_copy);
+    um__vt_mutex_unlock(&sp->one_copy);
     return st != UM_OK ? st : s2 != UM_OK ? s2 : s3;
 }
 
@@ -1048,12 +1056,12 @@ void um__xfer_free_later(um__xfer *x, int dev, void *ptr, um__fence *fences, int
         (void)um_free(x->ctx, ptr, NULL);
         return;
     }
-    pthread_mutex_lock(&x->lock);
+    um__vt_mutex_lock(&x->lock);
     if (x->nheld == x->held_cap) {
         size_t cap = x->held_cap ? x->held_cap * 2 : 16;
         held_memory *a = realloc(x->held, cap * sizeof *a);
         if (!a) {
-            pthread_mutex_unlock(&x->lock);
+            um__vt_mutex_unlock(&x->lock);
             /* No room to remember it: wait for its users here instead. */
             for (int i = 0; i < h.nfences; i++)
                 (void)um__fence_wait(x, &h.fences[i]);
@@ -1065,14 +1073,14 @@ void um__xfer_free_later(um__xfer *x, int dev, void *ptr, um__fence *fences, int
     }
     x->held[x->nheld++] = h;
     atomic_store_explicit(&x->nheld_pending, x->nheld, memory_order_release);
-    pthread_mutex_unlock(&x->lock);
+    um__vt_mutex_unlock(&x->lock);
 }
 
 void um__xfer_poll(um__xfer *x)
 {
     if (!atomic_load_explicit(&x->nheld_pending, memory_order_acquire))
         return;
-    pthread_mutex_lock(&x->lock);
+    um__vt_mutex_lock(&x->lock);
     size_t kept = 0;
     for (size_t i = 0; i < x->nheld; i++) {
         if (all_done(x, &x->held[i]))
@@ -1082,7 +1090,7 @@ void um__xfer_poll(um__xfer *x)
     }
     x->nheld = kept;
     atomic_store_explicit(&x->nheld_pending, kept, memory_order_release);
-    pthread_mutex_unlock(&x->lock);
+    um__vt_mutex_unlock(&x->lock);
 }
 
 /* um_trim's hook: the memory of destroyed buffers whose users are done. */

@@ -6,6 +6,8 @@
  */
 #include "core.h"
 #include "../backend/cuda_driver.h"
+#include "../backend/vdev.h"
+#include "../base/vtime.h"
 
 #include <errno.h>
 #include <zlib.h>
@@ -390,11 +392,11 @@ const um__stream_ref *um__stream_host_ref(um_context *ctx, um_stream s)
     if (atomic_load_explicit(&s->host_id, memory_order_acquire))
         return &s->host_ref;
     context_impl *impl = impl_of(ctx);
-    pthread_mutex_lock(&impl->lock);
+    um__vt_mutex_lock(&impl->lock);
     if (!atomic_load_explicit(&s->host_id, memory_order_relaxed)) {
         uint32_t id;
         if (!take_id_locked(ctx, impl, 0, &id)) {
-            pthread_mutex_unlock(&impl->lock);
+            um__vt_mutex_unlock(&impl->lock);
             um__fail(UM_ERR_NOMEM,
                      "stream %u of device %d orders host memory, but device 0 already has %u "
                      "streams",
@@ -406,7 +408,7 @@ const um__stream_ref *um__stream_host_ref(um_context *ctx, um_stream s)
         s->host_ref.backend = ctx->devices[s->dev].backend;
         atomic_store_explicit(&s->host_id, id, memory_order_release);
     }
-    pthread_mutex_unlock(&impl->lock);
+    um__vt_mutex_unlock(&impl->lock);
     return &s->host_ref;
 }
 
@@ -436,10 +438,10 @@ static um_status stream_new(um_context *ctx, int dev, bool wrap, void *native, u
      * ids (and the pools' per-stream state) stay as few as the streams
      * that exist at once. */
     context_impl *impl = impl_of(ctx);
-    pthread_mutex_lock(&impl->lock);
+    um__vt_mutex_lock(&impl->lock);
     uint32_t id;
     if (!take_id_locked(ctx, impl, dev, &id)) {
-        pthread_mutex_unlock(&impl->lock);
+        um__vt_mutex_unlock(&impl->lock);
         (void)um__be_stream_destroy(d->backend, bs);
         free(n);
         return um__fail(UM_ERR_NOMEM, "%s: device %d already has %u streams", what, dev,
@@ -451,7 +453,7 @@ static um_status stream_new(um_context *ctx, int dev, bool wrap, void *native, u
     n->s.ref.bstream = bs;
     n->s.magic = UM_STREAM_MAGIC;
     list_insert(impl, n);
-    pthread_mutex_unlock(&impl->lock);
+    um__vt_mutex_unlock(&impl->lock);
     *out = &n->s;
     return UM_OK;
 }
@@ -485,7 +487,7 @@ um_status um_stream_destroy(um_context *ctx, um_stream s)
     /* Looked up in the list before s is read, so a stream destroyed twice
      * is reported instead of read after it was freed. */
     stream_node *n = NULL;
-    pthread_mutex_lock(&impl->lock);
+    um__vt_mutex_lock(&impl->lock);
     for (stream_node *it = impl->streams.next; it != &impl->streams; it = it->next) {
         if (&it->s == s) {
             n = it;
@@ -493,7 +495,7 @@ um_status um_stream_destroy(um_context *ctx, um_stream s)
             break;
         }
     }
-    pthread_mutex_unlock(&impl->lock);
+    um__vt_mutex_unlock(&impl->lock);
     if (!n)
         return um__fail(UM_ERR_INVALID,
                         "um_stream_destroy: %p is not a live stream of this "
@@ -510,17 +512,17 @@ um_status um_stream_destroy(um_context *ctx, um_stream s)
     if (st != UM_OK) {
         /* The backend still has the stream: keep it valid so the program can
          * retry, and so um_shutdown destroys it. */
-        pthread_mutex_lock(&impl->lock);
+        um__vt_mutex_lock(&impl->lock);
         list_insert(impl, n);
-        pthread_mutex_unlock(&impl->lock);
+        um__vt_mutex_unlock(&impl->lock);
         return st;
     }
     s->magic = 0;
-    pthread_mutex_lock(&impl->lock);
+    um__vt_mutex_lock(&impl->lock);
     give_id_locked(impl, s->dev, s->ref.id);
     if (host_id)
         give_id_locked(impl, 0, host_id);
-    pthread_mutex_unlock(&impl->lock);
+    um__vt_mutex_unlock(&impl->lock);
     free(n);
     return UM_OK;
 }
@@ -879,6 +881,16 @@ static um_status check_spill_dir(const char *dir)
     return UM_OK;
 }
 
+/* After the context is gone: its streams and threads no longer use the
+ * clock. */
+static void end_virtual_time(bool on)
+{
+    if (on) {
+        um__vdev_stop();
+        um__vt_stop();
+    }
+}
+
 um_status um_init(const char *conf, um_context **out)
 {
     if (!out)
@@ -910,13 +922,23 @@ um_status um_init(const char *conf, um_context **out)
     st = parse_devices(opts.devices, specs, &nspecs);
     if (st != UM_OK)
         return st;
+    for (int i = 0; opts.virtual_time && i < nspecs; i++)
+        if (specs[i].kind != SPEC_SIM)
+            return um__fail(UM_ERR_BAD_OPTION,
+                            "option 'virtual_time': only sim devices run in virtual time, and "
+                            "'devices' names a GPU (%s)", opts.devices);
+    if (opts.virtual_time && (st = um__vt_start()) != UM_OK)
+        return st;
 
     context_impl *impl = calloc(1, sizeof *impl);
-    if (!impl)
+    if (!impl) {
+        end_virtual_time(opts.virtual_time);
         return um__fail(UM_ERR_NOMEM, "um_init: no memory for a context (%zu bytes)", sizeof *impl);
+    }
     int err = pthread_mutex_init(&impl->lock, NULL);
     if (err) {
         free(impl);
+        end_virtual_time(opts.virtual_time);
         return um__fail(UM_ERR_NOMEM, "um_init: pthread_mutex_init failed (error %d)", err);
     }
     impl->streams.next = impl->streams.prev = &impl->streams;
@@ -925,6 +947,7 @@ um_status um_init(const char *conf, um_context **out)
     if (err) {
         pthread_mutex_destroy(&impl->lock);
         free(impl);
+        end_virtual_time(opts.virtual_time);
         return um__fail(UM_ERR_NOMEM, "um_init: pthread_mutex_init failed (error %d)", err);
     }
     ctx->opts = opts;
@@ -933,6 +956,12 @@ um_status um_init(const char *conf, um_context **out)
     st = um__fault_plan_parse(opts.fault, opts.fault_seed, &ctx->fault);
     if (st == UM_OK)
         st = create_backends(ctx, specs, nspecs);
+    if (st == UM_OK && opts.virtual_time) {
+        um__backend *be[UM_MAX_DEVICES];
+        for (int i = 0; i < ctx->ndevices; i++)
+            be[i] = ctx->devices[i].backend;
+        st = um__vdev_start(be, ctx->ndevices);
+    }
     /* The recorder before the allocators: pools record their reserved
      * memory into it. */
     if (st == UM_OK && opts.trace_file[0] && !(ctx->events = um__events_open(opts.trace_file,
@@ -946,6 +975,7 @@ um_status um_init(const char *conf, um_context **out)
         st = create_allocators(ctx);
     if (st != UM_OK) {
         destroy_context(impl);
+        end_virtual_time(opts.virtual_time);
         return st;
     }
     um__log(UM_LOG_INFO, "um_init: %d device%s, allocator %s", ctx->ndevices,
@@ -972,5 +1002,7 @@ void um_shutdown(um_context *ctx)
         fprintf(stderr, "unimem: statistics at um_shutdown\n");
         um_stats_print(ctx, stderr);
     }
+    bool virtual_time = ctx->opts.virtual_time;
     destroy_context(impl_of(ctx));
+    end_virtual_time(virtual_time);
 }

@@ -71,6 +71,12 @@ struct um_context {
     struct um__run *_Atomic run;
     void (*run_fini)(um_context *ctx);
     bool (*_Atomic forget_buffer)(um_context *ctx, const struct um_buffer *b);
+    /* Virtual time (option virtual_time): how long a task takes on a sim
+     * device, in ns (its name, flops and largest buffer), when the caller
+     * models it; NULL: flops at sim_gflops. Set before the first task. */
+    uint64_t (*vt_task_ns)(void *arg, int dev, const char *name, double flops,
+                           size_t largest_buffer);
+    void *vt_task_arg;
 };
 
 /* The device structure for dev, or NULL after um__fail(UM_ERR_NO_DEVICE). */

@@ -1,6 +1,8 @@
 /* Placement policies and performance history; see place.h. */
 #include "place.h"
 
+#include "../base/vtime.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -113,7 +115,7 @@ static double estimate_locked(um__place *p, const um__place_task *t, int dev)
 
 void um__place_learn(um__place *p, const um__place_task *t, int dev, uint64_t ns)
 {
-    pthread_mutex_lock(&p->lock);
+    um__vt_mutex_lock(&p->lock);
     uint64_t key = history_key(t, dev);
     history_slot *s = history_find(p, key);
     if (s) {
@@ -130,7 +132,7 @@ void um__place_learn(um__place *p, const um__place_task *t, int dev, uint64_t ns
                                   ? p->ns_per_flop[dev] + LEARN_WEIGHT * (per - p->ns_per_flop[dev])
                                   : per;
     }
-    pthread_mutex_unlock(&p->lock);
+    um__vt_mutex_unlock(&p->lock);
 }
 
 /* ----------------------------------------------------------- policies */
@@ -240,7 +242,7 @@ int um__place_pick(um__place *p, const um__place_task *t, const um__place_device
                    double *est_ns)
 {
     int n = p->env.ndevices;
-    pthread_mutex_lock(&p->lock);
+    um__vt_mutex_lock(&p->lock);
     int dev;
     switch (p->policy) {
     case UM_SCHED_EAGER:
@@ -257,6 +259,6 @@ int um__place_pick(um__place *p, const um__place_task *t, const um__place_device
         break;
     }
     *est_ns = dev >= 0 ? estimate_locked(p, t, dev) : 0.0;
-    pthread_mutex_unlock(&p->lock);
+    um__vt_mutex_unlock(&p->lock);
     return dev;
 }

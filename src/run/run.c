@@ -1,6 +1,8 @@
 /* Tasks, dependencies and per-device workers; see run.h. */
 #include "run.h"
 
+#include "../base/vtime.h"
+
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -81,7 +83,7 @@ typedef struct worker {
     int dev;
     pthread_t tid;
     bool started;
-    pthread_cond_t wake;
+    um__cond wake;
     task *head, *tail;
     int queued;             /* queued and running */
     double queued_ns;
@@ -94,7 +96,7 @@ typedef struct worker {
 struct um__run {
     um_context *ctx;
     pthread_mutex_t lock;
-    pthread_cond_t finished; /* some task finished */
+    um__cond finished; /* some task finished */
     bool quit;
     um__place *place;
     worker w[UM_MAX_DEVICES];
@@ -317,7 +319,7 @@ static bool place_now(um__run *r, task *t)
     w->tail = t;
     w->queued++;
     w->queued_ns += t->est_ns;
-    pthread_cond_signal(&w->wake);
+    um__cond_signal(&w->wake);
     return true;
 }
 
@@ -480,28 +482,20 @@ static void retire(um__run *r, task *done)
         done = t->next;
         if (t->t.done)
             t->t.done(t->id, t->status, t->t.user);
-        pthread_mutex_lock(&r->lock);
+        um__vt_mutex_lock(&r->lock);
         r->outcome[t->id - 1] = outcome_of(t->status);
         r->unfinished--;
-        pthread_cond_broadcast(&r->finished);
+        um__cond_broadcast(&r->finished);
         /* Unsettled, it still orders the tasks submitted after it. */
         if (t->ndeps)
             t->retired = true;
         else
             free_task(r, t);
-        pthread_mutex_unlock(&r->lock);
+        um__vt_mutex_unlock(&r->lock);
     }
 }
 
 /* ------------------------------------------------------------- workers */
-
-static void sleep_until_ns(uint64_t t)
-{
-    for (uint64_t now = um__now_ns(); now < t; now = um__now_ns()) {
-        struct timespec ts = {(time_t)((t - now) / 1000000000u), (long)((t - now) % 1000000000u)};
-        nanosleep(&ts, NULL);
-    }
-}
 
 /* Queues copies of the inputs of the tasks after the running one, where
  * the device has room for them (a prefetch that evicts could push out
@@ -556,7 +550,7 @@ static um_status acquire_all(worker *w, um_stream s, task *t, void **ptrs, size_
                 st = um_buffer_acquire(ut->buffers[i], w->dev, ut->modes[i], s, &ptrs[i]);
                 if (st != UM_ERR_BUSY)
                     break;
-                sleep_until_ns(um__now_ns() + 1000000);
+                um__sleep_until_ns(um__now_ns() + 1000000);
             }
             held[i] = st == UM_OK;
         }
@@ -602,6 +596,31 @@ static void account(worker *w, task *t, uint64_t t1, uint64_t t2, um_status st)
     atomic_fetch_add(st == UM_OK ? &w->tasks : &w->failed, 1);
 }
 
+/* Whether dev's worker launches tasks ahead on streams: a GPU, or in
+ * virtual time a sim device that stands for one. */
+static bool launches_ahead(um_context *ctx, int dev)
+{
+    const um__backend *b = ctx->devices[dev].backend;
+    return b->kind == UM_DEVICE_CUDA || (ctx->opts.virtual_time && b->launches_ahead);
+}
+
+/* How long t takes on sim device dev: the context's model of it in
+ * virtual time, else its flops at sim_gflops (0: the task's own time). */
+static uint64_t modelled_ns(um_context *ctx, int dev, const task *t)
+{
+    const um_task *ut = &t->t;
+    if (ctx->vt_task_ns && ctx->opts.virtual_time) {
+        size_t largest = 0;
+        for (int i = 0; i < ut->nbuffers; i++)
+            if (um_buffer_size(ut->buffers[i]) > largest)
+                largest = um_buffer_size(ut->buffers[i]);
+        return ctx->vt_task_ns(ctx->vt_task_arg, dev, task_name(t), ut->flops, largest);
+    }
+    if (ctx->opts.sim_gflops > 0 && ut->flops > 0)
+        return (uint64_t)(ut->flops / (double)ctx->opts.sim_gflops);
+    return 0;
+}
+
 /* On the host and sim devices: acquires t's buffers, waits for them,
  * computes, releases. UM_OK or a failure with *why. */
 static um_status run_on_cpu(worker *w, task *t, char *why, size_t why_len)
@@ -630,8 +649,8 @@ static um_status run_on_cpu(worker *w, task *t, char *why, size_t why_len)
                      (unsigned long long)t->id, task_name(t), w->dev, rc);
         }
         /* A simulated device computes at its modelled speed. */
-        if (be->kind == UM_DEVICE_SIM && ctx->opts.sim_gflops > 0 && ut->flops > 0)
-            sleep_until_ns(t1 + (uint64_t)(ut->flops / (double)ctx->opts.sim_gflops));
+        if (be->kind == UM_DEVICE_SIM)
+            um__sleep_until_ns(t1 + modelled_ns(ctx, w->dev, t));
     }
     uint64_t t2 = um__now_ns();
     st = release_all(w, w->stream, t, held, ran, st, why, why_len);
@@ -658,7 +677,20 @@ static void launch_on_gpu(worker *w, um_stream s, task *t, in_flight *f)
     f->launched_ns = um__now_ns();
     f->st = acquire_all(w, s, t, ptrs, sizes, held, f->why, sizeof f->why);
     bool ran = f->st == UM_OK;
-    if (ran) {
+    um__backend *be = ctx->devices[w->dev].backend;
+    if (ran && be->kind != UM_DEVICE_CUDA) {
+        /* A modelled GPU (virtual time): the program's function, then the
+         * kernel's modelled time on the stream. */
+        um_task_exec e = {w->dev, be->kind, NULL, ptrs, sizes, ut->nbuffers, ut->user};
+        int rc = ut->cpu(&e);
+        um_status ks = um__sim_stream_kernel(be, s->ref.bstream, modelled_ns(ctx, w->dev, t));
+        if (rc != 0 || ks != UM_OK) {
+            f->st = UM_ERR_TASK;
+            snprintf(f->why, sizeof f->why, "task %llu (%s) on device %d: %s", 
+                     (unsigned long long)t->id, task_name(t), w->dev,
+                     rc != 0 ? "its function failed" : um_last_error());
+        }
+    } else if (ran) {
         um_task_exec e = {w->dev, UM_DEVICE_CUDA, um_stream_native(s), ptrs, sizes,
                           ut->nbuffers, ut->user};
         int rc = ut->cuda(&e);
@@ -720,9 +752,9 @@ static void ended(um__run *r, worker *w, task *t, um_status st, const char *why)
     task *done = NULL;
     finish(r, t, st, why, &done);
     dispatch(r);
-    pthread_mutex_unlock(&r->lock);
+    um__vt_mutex_unlock(&r->lock);
     retire(r, done);
-    pthread_mutex_lock(&r->lock);
+    um__vt_mutex_lock(&r->lock);
 }
 
 /* A worker: runs its device's queue in order. On a GPU up to GPU_IN_FLIGHT
@@ -735,7 +767,7 @@ static void *worker_main(void *arg)
 {
     worker *w = arg;
     um__run *r = w->r;
-    bool gpu = r->ctx->devices[w->dev].backend->kind == UM_DEVICE_CUDA;
+    bool gpu = launches_ahead(r->ctx, w->dev);
     um__xfer *x = NULL;
     char no_engine[200] = "";
     if (gpu && um__xfer_get(r->ctx, &x) != UM_OK)
@@ -750,7 +782,7 @@ static void *worker_main(void *arg)
     int nfl = 0;
     unsigned launches = 0;
     uint64_t prev_end = 0;
-    pthread_mutex_lock(&r->lock);
+    um__vt_mutex_lock(&r->lock);
     while (!r->quit || nfl) {
         /* Launched tasks that have ended, oldest first. */
         while (nfl && land(w, x, &fl[0], &prev_end, false)) {
@@ -762,14 +794,14 @@ static void *worker_main(void *arg)
         if (!t || (gpu && nfl == GPU_IN_FLIGHT)) {
             if (nfl) {
                 /* Nothing more to launch: wait for the oldest. */
-                pthread_mutex_unlock(&r->lock);
+                um__vt_mutex_unlock(&r->lock);
                 (void)land(w, x, &fl[0], &prev_end, true);
-                pthread_mutex_lock(&r->lock);
+                um__vt_mutex_lock(&r->lock);
                 in_flight f = fl[0];
                 memmove(fl, fl + 1, (size_t)--nfl * sizeof *fl);
                 ended(r, w, f.t, f.st, f.why);
             } else if (!r->quit) {
-                pthread_cond_wait(&w->wake, &r->lock);
+                um__cond_wait(&w->wake, &r->lock);
             }
             continue;
         }
@@ -779,26 +811,27 @@ static void *worker_main(void *arg)
         t->state = RUNNING;
         um_buffer *next[PREFETCH_AHEAD * UM_TASK_MAX_BUFFERS];
         int nnext = next_inputs(w, next);
-        pthread_mutex_unlock(&r->lock);
+        um__vt_mutex_unlock(&r->lock);
         /* The next tasks' inputs, copied while this one runs. */
         prefetch(w, next, nnext);
         if (gpu && !x) {
-            pthread_mutex_lock(&r->lock);
+            um__vt_mutex_lock(&r->lock);
             ended(r, w, t, UM_ERR_TASK, no_engine);
             continue;
         }
         if (gpu) {
             launch_on_gpu(w, w->streams[launches++ % (unsigned)w->nstreams], t, &fl[nfl]);
-            pthread_mutex_lock(&r->lock);
+            um__vt_mutex_lock(&r->lock);
             nfl++;
             continue;
         }
         char why[512] = "";
         um_status st = run_on_cpu(w, t, why, sizeof why);
-        pthread_mutex_lock(&r->lock);
+        um__vt_mutex_lock(&r->lock);
         ended(r, w, t, st, why);
     }
-    pthread_mutex_unlock(&r->lock);
+    um__vt_mutex_unlock(&r->lock);
+    um__vt_exit();
     return NULL;
 }
 
@@ -840,10 +873,10 @@ static um_status run_get(um_context *ctx, um__run **out)
         *out = r;
         return UM_OK;
     }
-    pthread_mutex_lock(&ctx->buffers_lock);
+    um__vt_mutex_lock(&ctx->buffers_lock);
     r = atomic_load_explicit(&ctx->run, memory_order_acquire);
     if (r) {
-        pthread_mutex_unlock(&ctx->buffers_lock);
+        um__vt_mutex_unlock(&ctx->buffers_lock);
         *out = r;
         return UM_OK;
     }
@@ -851,7 +884,7 @@ static um_status run_get(um_context *ctx, um__run **out)
      * every later task unrecorded. */
     FILE *trace = NULL;
     if (ctx->opts.task_trace[0] && !(trace = fopen(ctx->opts.task_trace, "w"))) {
-        pthread_mutex_unlock(&ctx->buffers_lock);
+        um__vt_mutex_unlock(&ctx->buffers_lock);
         return um__fail(UM_ERR_IO, "um_task_submit: task_trace=%s cannot be written: %s",
                         ctx->opts.task_trace, strerror(errno));
     }
@@ -866,32 +899,38 @@ static um_status run_get(um_context *ctx, um__run **out)
         free(r);
         if (trace)
             fclose(trace);
-        pthread_mutex_unlock(&ctx->buffers_lock);
+        um__vt_mutex_unlock(&ctx->buffers_lock);
         return um__fail(UM_ERR_NOMEM, "um_task_submit: no memory for the task runtime");
     }
     r->task_trace = trace;
     r->ctx = ctx;
     r->place = p;
     pthread_mutex_init(&r->lock, NULL);
-    pthread_cond_init(&r->finished, NULL);
+    um__cond_init(&r->finished);
     um_status st = UM_OK;
     for (int d = 0; d < ctx->ndevices && st == UM_OK; d++) {
         worker *w = &r->w[d];
         w->r = r;
         w->dev = d;
-        pthread_cond_init(&w->wake, NULL);
-        int want = ctx->devices[d].backend->kind == UM_DEVICE_CUDA ? GPU_IN_FLIGHT : 1;
+        um__cond_init(&w->wake);
+        int want = launches_ahead(ctx, d) ? GPU_IN_FLIGHT : 1;
         for (w->nstreams = 0; w->nstreams < want && st == UM_OK; w->nstreams++)
             st = um_stream_create(ctx, d, &w->streams[w->nstreams]);
         w->stream = w->streams[0];
-        if (st == UM_OK && pthread_create(&w->tid, NULL, worker_main, w) != 0)
-            st = um__fail(UM_ERR_NOMEM, "um_task_submit: no thread for device %d's worker", d);
+        if (st == UM_OK) {
+            um__vt_spawn();
+            if (pthread_create(&w->tid, NULL, worker_main, w) != 0) {
+                um__vt_exit();
+                st = um__fail(UM_ERR_NOMEM, "um_task_submit: no thread for device %d's worker",
+                              d);
+            }
+        }
         w->started = st == UM_OK;
     }
     atomic_store_explicit(&ctx->run, r, memory_order_release);
     ctx->run_fini = run_fini;
     atomic_store_explicit(&ctx->forget_buffer, forget_buffer, memory_order_release);
-    pthread_mutex_unlock(&ctx->buffers_lock);
+    um__vt_mutex_unlock(&ctx->buffers_lock);
     *out = r;
     return st;
 }
@@ -903,19 +942,19 @@ static void run_fini(um_context *ctx)
     if (!r)
         return;
     (void)um_wait_all(ctx);
-    pthread_mutex_lock(&r->lock);
+    um__vt_mutex_lock(&r->lock);
     r->quit = true;
     for (int d = 0; d < ctx->ndevices; d++)
-        pthread_cond_broadcast(&r->w[d].wake);
-    pthread_mutex_unlock(&r->lock);
+        um__cond_broadcast(&r->w[d].wake);
+    um__vt_mutex_unlock(&r->lock);
     for (int d = 0; d < ctx->ndevices; d++) {
         worker *w = &r->w[d];
         if (w->started)
-            pthread_join(w->tid, NULL);
+            um__vt_join(w->tid, NULL);
         for (int k = 0; k < w->nstreams; k++)
             if (w->streams[k])
                 (void)um_stream_destroy(ctx, w->streams[k]);
-        pthread_cond_destroy(&w->wake);
+        um__cond_destroy(&w->wake);
     }
     atomic_store_explicit(&ctx->forget_buffer, NULL, memory_order_release);
     for (size_t i = 0; i < r->recs_cap; i++)
@@ -928,7 +967,7 @@ static void run_fini(um_context *ctx)
         um__log(UM_LOG_WARN, "task_trace=%s: writing it failed; the trace is incomplete",
                 ctx->opts.task_trace);
     um__place_destroy(r->place);
-    pthread_cond_destroy(&r->finished);
+    um__cond_destroy(&r->finished);
     pthread_mutex_destroy(&r->lock);
     free(r);
     ctx->run = NULL;
@@ -940,14 +979,14 @@ static bool forget_buffer(um_context *ctx, const um_buffer *b)
     um__run *r = atomic_load_explicit(&ctx->run, memory_order_acquire);
     if (!r)
         return true;
-    pthread_mutex_lock(&r->lock);
+    um__vt_mutex_lock(&r->lock);
     access_rec *a = rec_find(r, b);
     bool ok = !a || !a->pending;
     if (a && ok) {
         free(a->readers);
         *a = (access_rec){TOMBSTONE, 0, NULL, 0, 0, 0, 0};
     }
-    pthread_mutex_unlock(&r->lock);
+    um__vt_mutex_unlock(&r->lock);
     return ok;
 }
 
@@ -1103,9 +1142,9 @@ um_status um_task_submit(um_context *ctx, const um_task *ut, um_task_id *id)
     t->t = *ut;
     for (int i = 0; i < ut->nbuffers; i++)
         t->bytes += um_buffer_size(ut->buffers[i]);
-    pthread_mutex_lock(&r->lock);
+    um__vt_mutex_lock(&r->lock);
     if (!ids_grow(r)) {
-        pthread_mutex_unlock(&r->lock);
+        um__vt_mutex_unlock(&r->lock);
         free(t);
         return um__fail(UM_ERR_NOMEM, "um_task_submit: no memory for task ids");
     }
@@ -1153,7 +1192,7 @@ um_status um_task_submit(um_context *ctx, const um_task *ut, um_task_id *id)
         make_ready(r, t);
     }
     um_task_id tid = t->id;
-    pthread_mutex_unlock(&r->lock);
+    um__vt_mutex_unlock(&r->lock);
     retire(r, done);
     if (id)
         *id = tid;
@@ -1178,10 +1217,10 @@ static um_status run_of(um_context *ctx, um_task_id id, const char *what, um__ru
         return um__fail(UM_ERR_INVALID, "%s: ctx is NULL", what);
     um__run *r = atomic_load_explicit(&ctx->run, memory_order_acquire);
     if (r)
-        pthread_mutex_lock(&r->lock);
+        um__vt_mutex_lock(&r->lock);
     if (!r || id == 0 || id > r->nids) {
         if (r)
-            pthread_mutex_unlock(&r->lock);
+            um__vt_mutex_unlock(&r->lock);
         return um__fail(UM_ERR_INVALID, "%s: %llu is not a task id of this context", what,
                         (unsigned long long)id);
     }
@@ -1196,9 +1235,9 @@ um_status um_task_wait(um_context *ctx, um_task_id id)
     if (st != UM_OK)
         return st;
     while (r->outcome[id - 1] == ID_PENDING)
-        pthread_cond_wait(&r->finished, &r->lock);
+        um__cond_wait(&r->finished, &r->lock);
     st = outcome_status(r, id);
-    pthread_mutex_unlock(&r->lock);
+    um__vt_mutex_unlock(&r->lock);
     return st;
 }
 
@@ -1213,7 +1252,7 @@ um_status um_task_cancel(um_context *ctx, um_task_id id)
         /* Read before unlocking: the worker may finish and free it then
          * (a race TSan found under the stress test). */
         const char *what = t && t->state == RUNNING ? "started" : "finished";
-        pthread_mutex_unlock(&r->lock);
+        um__vt_mutex_unlock(&r->lock);
         return um__fail(UM_ERR_BUSY, "um_task_cancel: task %llu has %s", (unsigned long long)id,
                         what);
     }
@@ -1239,7 +1278,7 @@ um_status um_task_cancel(um_context *ctx, um_task_id id)
     snprintf(why, sizeof why, "task %llu (%s) was cancelled", (unsigned long long)id,
              task_name(t));
     finish(r, t, UM_ERR_CANCELLED, why, &done);
-    pthread_mutex_unlock(&r->lock);
+    um__vt_mutex_unlock(&r->lock);
     retire(r, done);
     return UM_OK;
 }
@@ -1251,15 +1290,15 @@ um_status um_wait_all(um_context *ctx)
     um__run *r = atomic_load_explicit(&ctx->run, memory_order_acquire);
     if (!r)
         return UM_OK;
-    pthread_mutex_lock(&r->lock);
+    um__vt_mutex_lock(&r->lock);
     while (r->unfinished)
-        pthread_cond_wait(&r->finished, &r->lock);
+        um__cond_wait(&r->finished, &r->lock);
     um_status st = UM_OK;
     if (r->first_failed) {
         st = outcome_status(r, r->first_failed);
         r->first_failed = 0; /* reported once */
     }
-    pthread_mutex_unlock(&r->lock);
+    um__vt_mutex_unlock(&r->lock);
     return st;
 }
 

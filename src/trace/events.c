@@ -822,7 +822,8 @@ um__events *um__events_open(const char *path, int ndevices)
         return NULL;
     }
     e->writer_started = true;
-    e->tsc = tsc_invariant();
+    /* In virtual time every event's time is the virtual clock's. */
+    e->tsc = tsc_invariant() && !atomic_load(&um__vt_active);
     clock_pair(e, &e->t0_ticks, &e->t0_ns);
     /* A first estimate of the tick rate, for spans' start times; close
      * fits it again over the whole run. */

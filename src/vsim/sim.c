@@ -3,7 +3,7 @@
 
 #include "../base/options.h"
 #include "../place/place.h"
-#include "flow.h"
+#include "../base/flow.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -556,14 +556,29 @@ static um_status sim_init(sim *s, const um__vs_machine *m, const um__vs_dag *d, 
 /* The bound counts only the devices that run kernels (the host of the
  * built-ins runs none): `capable` maps the bound's devices to them. */
 typedef struct lb_view {
-    const sim *s;
+    const um__vs_machine *m;
     int capable[UM_VS_MAX_DEVICES];
 } lb_view;
 
 static double lb_time(const um__vs_task *t, int dev, void *arg)
 {
     const lb_view *v = arg;
-    return kernel_time(v->s, t, v->capable[dev]);
+    return um__vs_compute_time(v->m, v->capable[dev], t->kernel, t->tile, t->flops);
+}
+
+void um__vs_bounds(const um__vs_machine *m, const um__vs_dag *d, um__vs_result *out)
+{
+    lb_view v = {m, {0}};
+    int ncap = 0;
+    for (int dev = 0; dev < m->ndev; dev++) {
+        bool runs = false;
+        for (int k = 0; k < UM_VS_NKERNELS; k++)
+            runs |= isfinite(um__vs_compute_time(m, dev, k, d->tile, 1.0));
+        if (runs)
+            v.capable[ncap++] = dev;
+    }
+    out->lower_bound_s =
+        um__vs_lower_bound(d, ncap, lb_time, &v, &out->work_bound_s, &out->path_bound_s);
 }
 
 /* Copies every tile written back to the host once the last task ends. */
@@ -625,17 +640,7 @@ um_status um__vs_simulate(const um__vs_machine *m, const um__vs_dag *d, int poli
     }
     if (st == UM_OK) {
         out->home_s = s->now;
-        lb_view v = {s, {0}};
-        int ncap = 0;
-        for (int dev = 0; dev < m->ndev; dev++) {
-            bool runs = false;
-            for (int k = 0; k < UM_VS_NKERNELS; k++)
-                runs |= isfinite(um__vs_compute_time(m, dev, k, d->tile, 1.0));
-            if (runs)
-                v.capable[ncap++] = dev;
-        }
-        out->lower_bound_s =
-            um__vs_lower_bound(d, ncap, lb_time, &v, &out->work_bound_s, &out->path_bound_s);
+        um__vs_bounds(m, d, out);
     }
     sim_free(s);
     free(s);

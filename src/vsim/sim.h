@@ -40,4 +40,16 @@ typedef struct um__vs_result {
 um_status um__vs_simulate(const um__vs_machine *m, const um__vs_dag *d, int policy,
                           um__vs_result *out);
 
+/* The lower bound of d on m into out (lower_bound_s, work_bound_s,
+ * path_bound_s). */
+void um__vs_bounds(const um__vs_machine *m, const um__vs_dag *d, um__vs_result *out);
+
+/* Runs d on m with the library's own task runtime in virtual time
+ * (runtime.c): a context whose sim devices are m's, tasks submitted as a
+ * program would, the runtime's dependency tracking, placement, eviction
+ * and transfer routing unchanged. Fills out as um__vs_simulate does, and
+ * forced_steps with the clock's forced moves (0 in a sound run). */
+um_status um__vs_run_runtime(const um__vs_machine *m, const um__vs_dag *d, int policy,
+                             um__vs_result *out, uint64_t *forced_steps);
+
 #endif /* UM_VSIM_SIM_H */

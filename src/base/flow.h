@@ -1,5 +1,6 @@
 /*
- * flow: the network model of the virtual-time simulator (vsim). A net owns a
+ * flow: the network model of virtual time (the simulator, src/vsim, and the
+ * runtime run in virtual time, src/backend/vdev.c). A net owns a
  * set of link resources, each with a capacity in bytes per second, and the
  * flows (copies) in flight over routes of those resources. A flow first
  * spends a fixed latency taking no bandwidth, then transfers its bytes; the

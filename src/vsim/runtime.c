@@ -1,0 +1,228 @@
+/*
+ * The runtime engine of `unimem sim`: the graph runs on the library's own
+ * task runtime in virtual time (option virtual_time, base/vtime.h), with
+ * the machine's devices as sim devices that hold no data, its links as the
+ * device model's resources (backend/vdev.h) and its kernel tables as the
+ * tasks' durations. What the simulator's own loop (sim.c) re-implements,
+ * dependency tracking, queueing, prefetching, eviction, write-back and the
+ * choice of a copy's source, here is the runtime's code itself.
+ */
+#include "sim.h"
+
+#include "../backend/vdev.h"
+#include "../base/vtime.h"
+#include "../core/core.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int no_compute(const um_task_exec *e)
+{
+    UM_UNUSED(e);
+    return 0; /* the time is the model's; there is no data */
+}
+
+/* The kernel a task's name names (as a recorded trace's is read). */
+static int kernel_of(const char *name)
+{
+    for (int k = 0; k < UM_VS_OTHER; k++)
+        if (name && !strcmp(name, um__vs_kernel_name((um__vs_kernel)k)))
+            return k;
+    return UM_VS_OTHER;
+}
+
+/* The context's task time: the machine's table for the kernel on tiles of
+ * the order its largest buffer has in floats. */
+static uint64_t task_ns(void *arg, int dev, const char *name, double flops, size_t largest)
+{
+    const um__vs_machine *m = arg;
+    uint32_t tile = (uint32_t)llround(sqrt((double)largest / 4.0));
+    double s = um__vs_compute_time(m, dev, kernel_of(name), tile ? tile : 1, flops);
+    if (!isfinite(s) || s < 0)
+        s = 0; /* placement never sends a task where it cannot run */
+    return (uint64_t)llround(s * 1e9);
+}
+
+/* The machine's links as the device model's resources and routes. */
+static um_status install_links(const um__vs_machine *m)
+{
+    um__vdev_route *route = calloc((size_t)m->ndev * (size_t)m->ndev, sizeof *route);
+    if (!route)
+        return um__fail(UM_ERR_NOMEM, "sim: no memory for the routes");
+    for (int s = 0; s < m->ndev; s++)
+        for (int d = 0; d < m->ndev; d++) {
+            um__vdev_route *r = &route[s * m->ndev + d];
+            int res[4];
+            double lat = 0;
+            int n = s == d ? 0 : um__vs_route(m, s, d, res, &lat);
+            if (n < 0) {
+                free(route);
+                return um__fail(UM_ERR_INVALID, "sim: machine %s has no way from %s to %s",
+                                m->name, m->dev[s].name, m->dev[d].name);
+            }
+            r->n = n;
+            memcpy(r->res, res, (size_t)n * sizeof *res);
+            r->latency_s = lat;
+        }
+    um__vdev_links l = {m->ndev, m->nres, m->res_bandwidth, route};
+    um_status st = um__vdev_set_links(&l);
+    free(route);
+    return st;
+}
+
+/* The context's configuration for m: its GPUs as sim devices. */
+static um_status config(const um__vs_machine *m, const um__vs_dag *d, int policy, char *buf,
+                        size_t len)
+{
+    static const char *const sched[] = {"eager", "round_robin", "locality", "cost"};
+    if (m->ndev < 2 || !m->dev[0].host || m->ndev > UM_MAX_DEVICES)
+        return um__fail(UM_ERR_INVALID, "sim: machine %s needs a host and 1 to %d devices "
+                        "for the runtime engine", m->name, UM_MAX_DEVICES - 1);
+    if (policy < 0 || policy > 3)
+        return um__fail(UM_ERR_INVALID, "sim: policy %d is unknown", policy);
+    bool host_runs = false;
+    for (int k = 0; k < UM_VS_NKERNELS; k++)
+        host_runs |= isfinite(um__vs_compute_time(m, 0, k, d->tile, 1.0));
+    /* The host holds every tile at the start, and the pool keeps some
+     * room besides. */
+    uint64_t need = 0;
+    for (uint32_t i = 0; i < d->ntiles; i++)
+        need += um__vs_tile_size(d, i) + m->dev[0].granularity;
+    /* The host's memory is address space only; what the tiles need (twice,
+     * for room) keeps its page tables small. */
+    uint64_t host = m->dev[0].memory && m->dev[0].memory < 2 * need ? m->dev[0].memory
+                                                                      : 2 * need;
+    int n = snprintf(buf, len, "virtual_time=1,sched=%s,host_tasks=%d,host_capacity=%llu,"
+                     "host_granularity=%llu,sim_granularity=%llu,devices=",
+                     sched[policy], host_runs ? 1 : 0, (unsigned long long)host,
+                     (unsigned long long)m->dev[0].granularity,
+                     (unsigned long long)m->dev[1].granularity);
+    for (int dev = 1; dev < m->ndev && n > 0 && (size_t)n < len; dev++) {
+        if (m->dev[dev].granularity != m->dev[1].granularity)
+            return um__fail(UM_ERR_INVALID, "sim: the runtime engine needs one granularity "
+                            "for every device (%s has %llu, %s %llu)", m->dev[dev].name,
+                            (unsigned long long)m->dev[dev].granularity, m->dev[1].name,
+                            (unsigned long long)m->dev[1].granularity);
+        n += snprintf(buf + n, len - (size_t)n, "%ssim:%llu", dev > 1 ? "+" : "",
+                      (unsigned long long)m->dev[dev].memory);
+    }
+    if (n < 0 || (size_t)n >= len)
+        return um__fail(UM_ERR_INVALID, "sim: machine %s has too many devices for one "
+                        "configuration", m->name);
+    return UM_OK;
+}
+
+static const um_access mode_of[] = {
+    [UM_VS_READ] = UM_ACCESS_READ,
+    [UM_VS_WRITE] = UM_ACCESS_WRITE_DISCARD,
+    [UM_VS_READ_WRITE] = UM_ACCESS_READ_WRITE,
+};
+
+/* Submits every task, waits, brings the results home. */
+static um_status run(um_context *ctx, const um__vs_dag *d, um_buffer **tiles, double *makespan_s,
+                     double *home_s)
+{
+    uint64_t t0 = um__vt_now();
+    um_status st = UM_OK;
+    for (size_t i = 0; i < d->ntasks && st == UM_OK; i++) {
+        const um__vs_task *t = &d->tasks[i];
+        um_task ut = {.name = um__vs_kernel_name((um__vs_kernel)t->kernel),
+                      .cpu = no_compute,
+                      .nbuffers = t->naccess,
+                      .flops = t->flops,
+                      .device = -1};
+        for (int a = 0; a < t->naccess; a++) {
+            ut.buffers[a] = tiles[t->access[a].tile];
+            ut.modes[a] = mode_of[t->access[a].mode];
+        }
+        um_task_id id;
+        st = um_task_submit(ctx, &ut, &id);
+    }
+    if (st == UM_OK)
+        st = um_wait_all(ctx);
+    *makespan_s = (double)(um__vt_now() - t0) / 1e9;
+    /* Every written tile back on the host, as a program reading its
+     * result: all copies queued first, so that they share the links. */
+    for (uint32_t i = 0; i < d->ntiles && st == UM_OK; i++)
+        st = um_buffer_prefetch(tiles[i], 0);
+    for (uint32_t i = 0; i < d->ntiles && st == UM_OK; i++) {
+        void *p;
+        if ((st = um_buffer_acquire(tiles[i], 0, UM_ACCESS_READ, NULL, &p)) == UM_OK)
+            st = um_buffer_release(tiles[i], 0, NULL);
+    }
+    *home_s = (double)(um__vt_now() - t0) / 1e9;
+    return st;
+}
+
+static void collect(um_context *ctx, const um__vs_machine *m, um__vs_result *out)
+{
+    for (int dev = 0; dev < m->ndev; dev++) {
+        um_task_stats ts;
+        if (um_task_stats_get(ctx, dev, &ts) == UM_OK) {
+            out->busy_s[dev] = (double)ts.busy_ns / 1e9;
+            out->tasks_on[dev] = ts.tasks;
+        }
+        um_reclaim_stats rs;
+        if (um_reclaim_stats_get(ctx, dev, &rs) == UM_OK) {
+            out->evictions += rs.evictions;
+            out->writebacks += rs.written_back;
+        }
+        for (int to = 0; to < m->ndev; to++) {
+            um_link_stats ls;
+            if (to != dev && um_link_stats_get(ctx, dev, to, &ls) == UM_OK) {
+                out->link_bytes[dev][to] = (double)ls.bytes;
+                out->bytes_moved += (double)ls.bytes;
+                out->copies += ls.copies;
+            }
+        }
+    }
+}
+
+um_status um__vs_run_runtime(const um__vs_machine *m, const um__vs_dag *d, int policy,
+                             um__vs_result *out, uint64_t *forced_steps)
+{
+    memset(out, 0, sizeof *out);
+    *forced_steps = 0;
+    char conf[4096];
+    um_status st = config(m, d, policy, conf, sizeof conf);
+    if (st != UM_OK)
+        return st;
+    um_context *ctx = NULL;
+    if ((st = um_init(conf, &ctx)) != UM_OK)
+        return st;
+    ctx->vt_task_ns = task_ns;
+    ctx->vt_task_arg = (void *)m;
+    /* The placement's first estimates, before it has timed a kernel on a
+     * device, come from the device's speed: the machine's GEMM rate. */
+    double T = d->tile ? (double)d->tile : 1.0;
+    for (int dev = 0; dev < m->ndev; dev++) {
+        double s = um__vs_compute_time(m, dev, UM_VS_GEMM, d->tile ? d->tile : 1, 2 * T * T * T);
+        if (isfinite(s) && s > 0)
+            ctx->devices[dev].backend->nominal_gflops = 2 * T * T * T / s / 1e9;
+        /* A GPU of the machine works as the runtime drives a GPU. */
+        ctx->devices[dev].backend->launches_ahead = m->dev[dev].launches_ahead;
+    }
+    um_buffer **tiles = calloc(d->ntiles ? d->ntiles : 1, sizeof *tiles);
+    st = tiles ? install_links(m) : um__fail(UM_ERR_NOMEM, "sim: no memory for the tiles");
+    for (uint32_t i = 0; i < d->ntiles && st == UM_OK; i++)
+        st = um_buffer_create(ctx, um__vs_tile_size(d, i), &(um_buffer_opts){.device = 0},
+                              &tiles[i]);
+    if (st == UM_OK)
+        st = run(ctx, d, tiles, &out->makespan_s, &out->home_s);
+    if (st == UM_OK) {
+        collect(ctx, m, out);
+        um__vs_bounds(m, d, out);
+        um__vt_stats vs;
+        um__vt_stats_get(&vs);
+        out->events = vs.steps;
+        *forced_steps = vs.forced;
+    }
+    for (uint32_t i = 0; tiles && i < d->ntiles; i++)
+        if (tiles[i])
+            (void)um_buffer_destroy(tiles[i]);
+    free(tiles);
+    um_shutdown(ctx);
+    return st;
+}

@@ -1,0 +1,361 @@
+/* Tests of virtual time (src/base/vtime.c, src/backend/vdev.c) and of the
+ * task runtime run in it (option virtual_time, src/vsim/runtime.c):
+ * threads that sleep, signal and hand locks on see exact virtual times;
+ * tasks and copies take exactly their modelled times, copies sharing a
+ * link split it; random chains of tasks match a reference sum; the
+ * runtime engine agrees with the simulator's model on one GPU; bad
+ * configurations are named. None of it may need the watchdog. */
+#include "harness.h"
+#include "backend/vdev.h"
+#include "base/options.h"
+#include "base/vtime.h"
+#include "core/core.h"
+#include "vsim/sim.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MS 1000000ull
+
+static void check_no_forced(void)
+{
+    um__vt_stats st;
+    um__vt_stats_get(&st);
+    CHECK_EQ(st.forced, 0);
+    CHECK_EQ(st.stalls, 0);
+}
+
+/* ------------------------------------------------------ the clock alone */
+
+typedef struct relay {
+    pthread_mutex_t m;
+    um__cond turn;
+    int next;             /* whose turn it is */
+    uint64_t seen[8];     /* the clock each thread read when it ran */
+} relay;
+
+typedef struct runner_arg {
+    relay *r;
+    int id;
+} runner_arg;
+
+/* Thread i waits for its turn, sleeps (i + 1) ms of virtual time, then
+ * passes the turn on: the clock reads 1, 3, 6, 10 ... ms at the ends. */
+static void *runner(void *arg)
+{
+    runner_arg *a = arg;
+    relay *r = a->r;
+    um__vt_mutex_lock(&r->m);
+    while (r->next != a->id)
+        um__cond_wait(&r->turn, &r->m);
+    um__vt_mutex_unlock(&r->m);
+    um__sleep_until_ns(um__now_ns() + (uint64_t)(a->id + 1) * MS);
+    um__vt_mutex_lock(&r->m);
+    r->seen[a->id] = um__now_ns();
+    r->next++;
+    um__cond_broadcast(&r->turn);
+    um__vt_mutex_unlock(&r->m);
+    um__vt_exit();
+    return NULL;
+}
+
+static void test_relay(void)
+{
+    CHECK_OK(um__vt_start());
+    CHECK_STATUS(um__vt_start(), UM_ERR_BUSY);
+    CHECK_ERROR_MENTIONS("virtual_time", "one at a time", NULL);
+    relay r = {.next = 0};
+    pthread_mutex_init(&r.m, NULL);
+    um__cond_init(&r.turn);
+    enum { N = 6 };
+    pthread_t t[N];
+    runner_arg a[N];
+    for (int i = N - 1; i >= 0; i--) {
+        a[i] = (runner_arg){&r, i};
+        um__vt_spawn();
+        CHECK_EQ(pthread_create(&t[i], NULL, runner, &a[i]), 0);
+    }
+    um__vt_mutex_lock(&r.m);
+    while (r.next < N)
+        um__cond_wait(&r.turn, &r.m);
+    um__vt_mutex_unlock(&r.m);
+    for (int i = 0; i < N; i++)
+        CHECK_EQ(um__vt_join(t[i], NULL), 0);
+    uint64_t end = 0;
+    for (int i = 0; i < N; i++) {
+        end += (uint64_t)(i + 1) * MS;
+        CHECK_EQ(r.seen[i], end);
+    }
+    CHECK_EQ(um__now_ns(), end);
+    check_no_forced();
+    um__vt_stop();
+    um__cond_destroy(&r.turn);
+    pthread_mutex_destroy(&r.m);
+    /* Off again: the real clock, far from the virtual one's 21 ms. */
+    CHECK(!um__vt_on());
+}
+
+/* Threads that sleep side by side end at their own deadlines, and a lock
+ * held across a virtual sleep does not stop the clock for its waiters. */
+typedef struct holder_arg {
+    pthread_mutex_t *m;
+    uint64_t hold_ns, got_at;
+} holder_arg;
+
+static void *lock_holder(void *arg)
+{
+    holder_arg *h = arg;
+    um__vt_mutex_lock(h->m);
+    h->got_at = um__now_ns();
+    um__sleep_until_ns(um__now_ns() + h->hold_ns);
+    um__vt_mutex_unlock(h->m);
+    um__vt_exit();
+    return NULL;
+}
+
+static void test_lock_across_sleep(void)
+{
+    CHECK_OK(um__vt_start());
+    pthread_mutex_t m;
+    pthread_mutex_init(&m, NULL);
+    enum { N = 4 };
+    holder_arg h[N];
+    pthread_t t[N];
+    for (int i = 0; i < N; i++) {
+        h[i] = (holder_arg){&m, (uint64_t)(i + 1) * 2 * MS, 0};
+        um__vt_spawn();
+        CHECK_EQ(pthread_create(&t[i], NULL, lock_holder, &h[i]), 0);
+    }
+    for (int i = 0; i < N; i++)
+        CHECK_EQ(um__vt_join(t[i], NULL), 0);
+    /* One at a time, in whatever order they got the lock: the clock ends
+     * at the sum of the holds, and each got it when the one before let go. */
+    uint64_t total = 0;
+    for (int i = 0; i < N; i++)
+        total += h[i].hold_ns;
+    CHECK_EQ(um__now_ns(), total);
+    for (int i = 0; i < N; i++) {
+        bool after_another = h[i].got_at == 0;
+        for (int j = 0; j < N; j++)
+            if (j != i && h[j].got_at + h[j].hold_ns == h[i].got_at)
+                after_another = true;
+        CHECK(after_another);
+    }
+    check_no_forced();
+    um__vt_stop();
+    pthread_mutex_destroy(&m);
+}
+
+/* ----------------------------------------------- the runtime in it */
+
+static int no_compute(const um_task_exec *e)
+{
+    (void)e;
+    return 0;
+}
+
+static um_task_id submit(um_context *ctx, um_buffer *b, int dev, double flops)
+{
+    um_task t = {.name = "work", .cpu = no_compute, .nbuffers = 1, .flops = flops,
+                 .device = dev};
+    t.buffers[0] = b;
+    t.modes[0] = UM_ACCESS_READ_WRITE;
+    um_task_id id = 0;
+    CHECK_OK(um_task_submit(ctx, &t, &id));
+    return id;
+}
+
+/* A buffer of `size` on the host; the clock's time once it exists (the
+ * transfer engine's link timing runs at the first buffer). */
+static um_buffer *host_buffer(um_context *ctx, size_t size, uint64_t *t0)
+{
+    um_buffer *b = NULL;
+    CHECK_OK(um_buffer_create(ctx, size, &(um_buffer_opts){.device = 0}, &b));
+    *t0 = um__now_ns();
+    return b;
+}
+
+/* 1 GiB/s links, 100 GFLOP/s devices: a task of 100 GFLOP on a 1 GiB
+ * buffer that starts on the host takes 1 s to arrive and 1 s to run; the
+ * second task on the same device finds it there; reading it back is 1 s. */
+static void test_exact_times(void)
+{
+    um_context *ctx = NULL;
+    CHECK_OK(um_init("devices=sim:2x4G,virtual_time=1,sim_link_bandwidth=1G,sim_gflops=100,"
+                     "host_capacity=8G",
+                     &ctx));
+    if (!ctx)
+        return;
+    uint64_t t0;
+    um_buffer *b = host_buffer(ctx, 1u << 30, &t0);
+    submit(ctx, b, 1, 100e9);
+    submit(ctx, b, 1, 100e9);
+    CHECK_OK(um_wait_all(ctx));
+    CHECK_EQ(um__now_ns() - t0, 3000 * MS);
+    void *p;
+    CHECK_OK(um_buffer_acquire(b, 0, UM_ACCESS_READ, NULL, &p));
+    CHECK_OK(um_buffer_release(b, 0, NULL));
+    CHECK_EQ(um__now_ns() - t0, 4000 * MS);
+    um_task_stats ts;
+    CHECK_OK(um_task_stats_get(ctx, 1, &ts));
+    CHECK_EQ(ts.tasks, 2);
+    CHECK_EQ(ts.busy_ns, 2000 * MS);
+    um_link_stats ls;
+    CHECK_OK(um_link_stats_get(ctx, 0, 1, &ls));
+    CHECK_EQ(ls.bytes, 1u << 30);
+    CHECK_OK(um_link_stats_get(ctx, 1, 0, &ls));
+    CHECK_EQ(ls.bytes, 1u << 30);
+    check_no_forced();
+    CHECK_OK(um_buffer_destroy(b));
+    um_shutdown(ctx);
+}
+
+/* Two devices behind one shared 1 GiB/s host link (resource 0): their two
+ * 1 GiB inputs arrive together after 2 s, not one after 1 s; with a link
+ * each, both after 1 s. */
+static void test_shared_link(void)
+{
+    for (int shared = 0; shared < 2; shared++) {
+        um_context *ctx = NULL;
+        CHECK_OK(um_init("devices=sim:2x4G,virtual_time=1,sim_gflops=100,host_capacity=8G,"
+                         "links=model",
+                         &ctx));
+        if (!ctx)
+            return;
+        double cap[3] = {1073741824.0, 1073741824.0, 1073741824.0};
+        um__vdev_route route[9] = {{0}};
+        /* host -> dev1, host -> dev2; the way back uses resource 2. */
+        route[0 * 3 + 1] = (um__vdev_route){1, {0}, 0};
+        route[0 * 3 + 2] = (um__vdev_route){1, {shared ? 0 : 1}, 0};
+        route[1 * 3 + 0] = (um__vdev_route){1, {2}, 0};
+        route[2 * 3 + 0] = (um__vdev_route){1, {2}, 0};
+        um__vdev_links l = {3, 3, cap, route};
+        CHECK_OK(um__vdev_set_links(&l));
+        uint64_t t0;
+        um_buffer *a = host_buffer(ctx, 1u << 30, &t0), *b = NULL;
+        CHECK_OK(um_buffer_create(ctx, 1u << 30, &(um_buffer_opts){.device = 0}, &b));
+        submit(ctx, a, 1, 100e9);
+        submit(ctx, b, 2, 100e9);
+        CHECK_OK(um_wait_all(ctx));
+        CHECK_EQ(um__now_ns() - t0, (shared ? 3000 : 2000) * MS);
+        um_task_stats ts;
+        CHECK_OK(um_task_stats_get(ctx, 2, &ts));
+        CHECK_EQ(ts.waited_ns, (shared ? 2000 : 1000) * MS);
+        check_no_forced();
+        CHECK_OK(um_buffer_destroy(a));
+        CHECK_OK(um_buffer_destroy(b));
+        um_shutdown(ctx);
+    }
+}
+
+/* Random chains on one device: the first task brings the buffer over
+ * (size / bandwidth), then the tasks' times add up (flops / rate). */
+static void test_random_chains(uint64_t seed)
+{
+    uint64_t rng = seed ^ 0x7717;
+    for (int round = 0; round < 8; round++) {
+        um_context *ctx = NULL;
+        unsigned gflops = 1 + (unsigned)(harness_rand(&rng) % 500);
+        unsigned mib_s = 64 + (unsigned)(harness_rand(&rng) % 4096);
+        char conf[256];
+        snprintf(conf, sizeof conf,
+                 "devices=sim:3x1G,virtual_time=1,sim_link_bandwidth=%uM,sim_gflops=%u,"
+                 "host_capacity=2G",
+                 mib_s, gflops);
+        CHECK_OK(um_init(conf, &ctx));
+        if (!ctx)
+            return;
+        int dev = 1 + (int)(harness_rand(&rng) % 3);
+        size_t size = (size_t)(1 + harness_rand(&rng) % 64) << 20;
+        uint64_t t0;
+        um_buffer *b = host_buffer(ctx, size, &t0);
+        double want = (double)size / ((double)mib_s * 1048576.0) * 1e9;
+        int n = 1 + (int)(harness_rand(&rng) % 20);
+        for (int i = 0; i < n; i++) {
+            double flops = (double)(1 + harness_rand(&rng) % 1000000) * 1e3;
+            submit(ctx, b, dev, flops);
+            want += (double)(uint64_t)(flops / (double)gflops);
+        }
+        CHECK_OK(um_wait_all(ctx));
+        double got = (double)(um__now_ns() - t0);
+        /* Each copy and kernel rounds to a whole ns. */
+        CHECK_NEAR(got, want, 2.0 * (n + 2));
+        check_no_forced();
+        CHECK_OK(um_buffer_destroy(b));
+        um_shutdown(ctx);
+    }
+}
+
+/* One GPU: the runtime and the simulator's model of it agree on a GEMM
+ * (compute bound) to within 3%, with every task run and nothing forced. */
+static void test_engines_agree(void)
+{
+    um__vs_machine *m = malloc(sizeof *m);
+    um__vs_result *a = malloc(sizeof *a), *b = malloc(sizeof *b);
+    CHECK_OK(um__vs_machine_load("h200x1", m));
+    um__vs_dag d;
+    CHECK_EQ(um__vs_dag_gemm(16384, 4096, &d), 0);
+    uint64_t forced = 1;
+    CHECK_OK(um__vs_run_runtime(m, &d, UM_SCHED_COST, a, &forced));
+    CHECK_EQ(forced, 0);
+    CHECK_OK(um__vs_simulate(m, &d, UM_SCHED_COST, b));
+    CHECK_EQ(a->tasks_on[1], d.ntasks);
+    CHECK_NEAR(a->makespan_s / b->makespan_s, 1.0, 0.03);
+    CHECK(a->makespan_s >= a->lower_bound_s);
+    CHECK_NEAR(a->lower_bound_s, b->lower_bound_s, 1e-12);
+    /* A Cholesky on eight: every task runs, on the GPUs only. */
+    um__vs_dag c;
+    CHECK_OK(um__vs_machine_load("h200x8", m));
+    CHECK_EQ(um__vs_dag_cholesky(32768, 4096, &c), 0);
+    CHECK_OK(um__vs_run_runtime(m, &c, UM_SCHED_COST, a, &forced));
+    CHECK_EQ(forced, 0);
+    uint64_t ran = 0;
+    for (int dev = 1; dev < m->ndev; dev++)
+        ran += a->tasks_on[dev];
+    CHECK_EQ(ran, c.ntasks);
+    CHECK_EQ(a->tasks_on[0], 0);
+    CHECK(a->makespan_s >= a->lower_bound_s);
+    CHECK(a->home_s >= a->makespan_s);
+    um__vs_dag_free(&c);
+    um__vs_dag_free(&d);
+    free(a);
+    free(b);
+    free(m);
+}
+
+static void test_bad_config(void)
+{
+    um_context *ctx = NULL;
+    CHECK_STATUS(um_init("devices=cuda,virtual_time=1", &ctx), UM_ERR_BAD_OPTION);
+    CHECK_ERROR_MENTIONS("virtual_time", "sim devices", NULL);
+    CHECK(!um__vt_on());
+    /* One virtual context at a time. */
+    CHECK_OK(um_init("devices=sim:1G,virtual_time=1,host_capacity=1G", &ctx));
+    um_context *other = NULL;
+    CHECK_STATUS(um_init("devices=sim:1G,virtual_time=1,host_capacity=1G", &other),
+                 UM_ERR_BUSY);
+    CHECK_ERROR_MENTIONS("virtual_time", "one at a time", NULL);
+    um_shutdown(ctx);
+    CHECK(!um__vt_on());
+    /* A modelled kernel outside virtual time is refused, naming why. */
+    CHECK_OK(um_init("devices=sim:1G,host_capacity=1G", &ctx));
+    CHECK_STATUS(um__sim_stream_kernel(ctx->devices[1].backend, NULL, 10), UM_ERR_UNSUPPORTED);
+    CHECK_ERROR_MENTIONS("virtual time", NULL, NULL);
+    um_shutdown(ctx);
+}
+
+int main(void)
+{
+    uint64_t seed = harness_seed("test_vtime");
+    test_relay();
+    test_lock_across_sleep();
+    test_exact_times();
+    test_shared_link();
+    test_random_chains(seed);
+    test_engines_agree();
+    test_bad_config();
+    return harness_finish("test_vtime");
+}
