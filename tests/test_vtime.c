@@ -26,6 +26,7 @@ static void check_no_forced(void)
     um__vt_stats_get(&st);
     CHECK_EQ(st.forced, 0);
     CHECK_EQ(st.stalls, 0);
+    CHECK_EQ(st.early_moves, 0);
 }
 
 /* ------------------------------------------------------ the clock alone */

@@ -26,6 +26,8 @@ void um__lock_wait(um__lock *l)
     um__vt_blocked_end(l);
 }
 
+void um__lock_took(um__lock *l) { um__vt_took(l); }
+
 void um__lock_wake(um__lock *l)
 {
     syscall(SYS_futex, &l->state, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);

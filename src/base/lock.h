@@ -15,6 +15,7 @@
 #define UM_LOCK_H
 
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 typedef struct um__lock {
@@ -23,6 +24,10 @@ typedef struct um__lock {
 
 void um__lock_wait(um__lock *l);
 void um__lock_wake(um__lock *l);
+/* Virtual time (vtime.h): the lock was taken at once, ahead of sleepers a
+ * release had already counted as running; they count as waiting again. */
+void um__lock_took(um__lock *l);
+extern _Atomic bool um__vt_active;
 
 static inline void um__lock_init(um__lock *l) { atomic_init(&l->state, 0); }
 
@@ -32,8 +37,11 @@ static inline void um__lock_acquire(um__lock *l)
     if (__builtin_expect(atomic_compare_exchange_strong_explicit(&l->state, &expected, 1,
                                                                  memory_order_acquire,
                                                                  memory_order_relaxed),
-                         1))
+                         1)) {
+        if (__builtin_expect(atomic_load_explicit(&um__vt_active, memory_order_relaxed), 0))
+            um__lock_took(l);
         return;
+    }
     um__lock_wait(l);
 }
 

@@ -9,6 +9,9 @@
 
 _Atomic bool um__vt_active;
 
+/* The clock's steps when this thread last blocked on a lock. */
+static _Thread_local uint64_t block_steps;
+
 typedef struct lock_wait {
     const void *lock; /* NULL: a free entry */
     int waiters;      /* participants blocked on it */
@@ -60,7 +63,7 @@ static struct {
 /* Real time the clock waits for a participant that counts as running
  * before it moves anyway (a wait it cannot see). Far longer than any step
  * of the runtime takes. */
-#define WATCHDOG_NS 2000000000ull
+#define WATCHDOG_NS 500000000ull
 
 uint64_t um__vt_now(void)
 {
@@ -392,6 +395,7 @@ bool um__vt_blocked_begin(const void *lock, bool (*try_take)(const void *lock))
     lock_wait *e = lock_entry(lock, true);
     if (e)
         e->waiters++;
+    block_steps = vt.stats.steps;
     block_locked();
     pthread_mutex_unlock(&vt.lock);
     return false;
@@ -403,10 +407,14 @@ void um__vt_blocked_end(const void *lock)
         return;
     pthread_mutex_lock(&vt.lock);
     lock_wait *e = lock_entry(lock, false);
-    if (e && e->credits)
+    if (e && e->credits) {
         e->credits--; /* the release counted this thread running */
-    else
+    } else {
         credit_locked(1);
+        vt.stats.unseen_handoffs++;
+        if (vt.stats.steps != block_steps)
+            vt.stats.early_moves++;
+    }
     took_lock_locked(lock);
     if (e && --e->waiters == 0)
         e->lock = NULL;
@@ -426,6 +434,15 @@ void um__vt_unlocked(const void *lock)
     pthread_mutex_unlock(&vt.lock);
 }
 
+void um__vt_took(const void *lock)
+{
+    if (!um__vt_on())
+        return;
+    pthread_mutex_lock(&vt.lock);
+    took_lock_locked(lock);
+    pthread_mutex_unlock(&vt.lock);
+}
+
 static bool mutex_try(const void *lock)
 {
     return pthread_mutex_trylock((pthread_mutex_t *)lock) == 0;
@@ -438,9 +455,7 @@ void um__vt_mutex_lock(pthread_mutex_t *m)
         return;
     }
     if (pthread_mutex_trylock(m) == 0) {
-        pthread_mutex_lock(&vt.lock);
-        took_lock_locked(m);
-        pthread_mutex_unlock(&vt.lock);
+        um__vt_took(m);
         return;
     }
     if (um__vt_blocked_begin(m, mutex_try))

@@ -91,6 +91,9 @@ void um__vt_mutex_unlock(pthread_mutex_t *m);
 bool um__vt_blocked_begin(const void *lock, bool (*try_take)(const void *lock));
 void um__vt_blocked_end(const void *lock);
 void um__vt_unlocked(const void *lock);
+/* A lock was taken without waiting: the waiters a release counted as
+ * running, and that did not get it, count as waiting again. */
+void um__vt_took(const void *lock);
 
 /* A condition variable whose waits and wake-ups the clock sees. Signal
  * and broadcast must be called with the waiters' mutex held; in virtual
@@ -116,6 +119,11 @@ typedef struct um__vt_stats {
     uint64_t steps;  /* times the clock moved or the model was advanced */
     uint64_t forced; /* steps the watchdog forced (a wait the clock cannot see) */
     uint64_t stalls; /* times every participant waited with nothing scheduled */
+    /* Locks had with no release counting the taker running first (a
+     * release the clock cannot see): the clock may have moved early. */
+    uint64_t unseen_handoffs;
+    /* Of those, the ones during which the clock did move. */
+    uint64_t early_moves;
 } um__vt_stats;
 void um__vt_stats_get(um__vt_stats *out);
 

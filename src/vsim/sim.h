@@ -48,7 +48,8 @@ void um__vs_bounds(const um__vs_machine *m, const um__vs_dag *d, um__vs_result *
  * (runtime.c): a context whose sim devices are m's, tasks submitted as a
  * program would, the runtime's dependency tracking, placement, eviction
  * and transfer routing unchanged. Fills out as um__vs_simulate does, and
- * forced_steps with the clock's forced moves (0 in a sound run). */
+ * forced_steps with the clock's moves made while a thread it could not
+ * see was about to run (0 in a sound run). */
 um_status um__vs_run_runtime(const um__vs_machine *m, const um__vs_dag *d, int policy,
                              um__vs_result *out, uint64_t *forced_steps);
 
