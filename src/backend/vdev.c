@@ -84,6 +84,17 @@ static const um__vdev_route *route_of(int src, int dst)
     return &vd.route[src * vd.ndev + dst];
 }
 
+/* s's head work is done. */
+static void pop_head(um__bstream *s)
+{
+    vop *o = s->vt_head;
+    s->vt_head = o->next;
+    if (!s->vt_head)
+        s->vt_tail = NULL;
+    s->vt_done++;
+    free(o);
+}
+
 /* Starts s's head work at time t, completing at once what takes no time;
  * true when something completed. */
 static bool start_head(um__bstream *s, uint64_t t)
@@ -117,11 +128,7 @@ static bool start_head(um__bstream *s, uint64_t t)
         o->started = true;
         if (!done)
             break;
-        s->vt_head = o->next;
-        if (!s->vt_head)
-            s->vt_tail = NULL;
-        s->vt_done++;
-        free(o);
+        pop_head(s);
         any = true;
     }
     if (!s->vt_head)
@@ -131,14 +138,9 @@ static bool start_head(um__bstream *s, uint64_t t)
 
 static void complete_head(um__bstream *s, uint64_t t)
 {
-    vop *o = s->vt_head;
-    if (!o)
-        return;
-    s->vt_head = o->next;
     if (!s->vt_head)
-        s->vt_tail = NULL;
-    s->vt_done++;
-    free(o);
+        return;
+    pop_head(s);
     start_head(s, t);
 }
 
