@@ -684,11 +684,14 @@ static void launch_on_gpu(worker *w, um_stream s, task *t, in_flight *f)
         um_task_exec e = {w->dev, be->kind, NULL, ptrs, sizes, ut->nbuffers, ut->user};
         int rc = ut->cpu(&e);
         um_status ks = um__sim_stream_kernel(be, s->ref.bstream, modelled_ns(ctx, w->dev, t));
-        if (rc != 0 || ks != UM_OK) {
+        if (rc != 0) {
             f->st = UM_ERR_TASK;
-            snprintf(f->why, sizeof f->why, "task %llu (%s) on device %d: %s", 
-                     (unsigned long long)t->id, task_name(t), w->dev,
-                     rc != 0 ? "its function failed" : um_last_error());
+            snprintf(f->why, sizeof f->why, "task %llu (%s) on device %d returned %d",
+                     (unsigned long long)t->id, task_name(t), w->dev, rc);
+        } else if (ks != UM_OK) {
+            f->st = UM_ERR_TASK;
+            snprintf(f->why, sizeof f->why, "task %llu (%s) on device %d: %s",
+                     (unsigned long long)t->id, task_name(t), w->dev, um_last_error());
         }
     } else if (ran) {
         um_task_exec e = {w->dev, UM_DEVICE_CUDA, um_stream_native(s), ptrs, sizes,
