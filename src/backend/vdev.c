@@ -345,22 +345,6 @@ void um__vdev_stop(void)
     memset(&vd, 0, sizeof vd);
 }
 
-double um__vdev_resource_bytes(int res)
-{
-    um__vt_lock();
-    double v = vd.net ? um__vs_net_bytes(vd.net, res) : -1.0;
-    um__vt_unlock();
-    return v;
-}
-
-double um__vdev_resource_busy_s(int res)
-{
-    um__vt_lock();
-    double v = vd.net ? um__vs_net_busy(vd.net, res) : -1.0;
-    um__vt_unlock();
-    return v;
-}
-
 /* ------------------------------------------------------ stream calls */
 
 /* The device whose memory holds p; memory of no device is the host's. */

@@ -42,10 +42,6 @@ void um__vdev_stop(void);
 /* Replaces the links (copied). Bad routes (resource out of range) fail. */
 um_status um__vdev_set_links(const um__vdev_links *l);
 
-/* Bytes that crossed resource res so far, and seconds it carried a copy. */
-double um__vdev_resource_bytes(int res);
-double um__vdev_resource_busy_s(int res);
-
 /* Stream work, called by vmm_memfd in virtual time. s is a memfd stream. */
 void um__vdev_copy(um__backend *b, void *dst, const void *src, size_t n, um__bstream *s);
 void um__vdev_kernel(um__bstream *s, uint64_t ns);

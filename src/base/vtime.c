@@ -3,7 +3,6 @@
  */
 #include "vtime.h"
 
-#include <errno.h>
 #include <string.h>
 #include <time.h>
 
@@ -411,7 +410,6 @@ void um__vt_blocked_end(const void *lock)
         e->credits--; /* the release counted this thread running */
     } else {
         credit_locked(1);
-        vt.stats.unseen_handoffs++;
         if (vt.stats.steps != block_steps)
             vt.stats.early_moves++;
     }

@@ -120,9 +120,8 @@ typedef struct um__vt_stats {
     uint64_t forced; /* steps the watchdog forced (a wait the clock cannot see) */
     uint64_t stalls; /* times every participant waited with nothing scheduled */
     /* Locks had with no release counting the taker running first (a
-     * release the clock cannot see): the clock may have moved early. */
-    uint64_t unseen_handoffs;
-    /* Of those, the ones during which the clock did move. */
+     * release the clock cannot see) while the clock moved: it may have
+     * moved early. */
     uint64_t early_moves;
 } um__vt_stats;
 void um__vt_stats_get(um__vt_stats *out);
