@@ -150,6 +150,71 @@ static void test_lock_across_sleep(void)
     pthread_mutex_destroy(&m);
 }
 
+/* A device model of its own: an event every millisecond, counted. */
+static uint64_t ticks, tick_limit;
+
+static uint64_t tick_next(void *self)
+{
+    UM_UNUSED(self);
+    return ticks < tick_limit ? (ticks + 1) * MS : UINT64_MAX;
+}
+
+static void tick_advance(void *self, uint64_t t)
+{
+    UM_UNUSED(self);
+    while (ticks < tick_limit && (ticks + 1) * MS <= t)
+        ticks++;
+}
+
+typedef struct tick_waiter {
+    uint64_t until, seen_at, wakes;
+} tick_waiter;
+
+/* Waits on the model until it has counted `until` ticks. */
+static void *tick_wait(void *arg)
+{
+    tick_waiter *w = arg;
+    um__vt_lock();
+    while (ticks < w->until) {
+        um__vt_wait_model_locked();
+        w->wakes++;
+    }
+    w->seen_at = um__vt_now();
+    um__vt_unlock();
+    um__vt_exit();
+    return NULL;
+}
+
+/* Every thread waiting on the model when it changes is woken by that
+ * change, whatever the others do: waiters that go back to waiting at once
+ * must not take a wake-up meant for another (which left a task worker
+ * asleep for tens of virtual milliseconds after its kernel had ended). */
+static void test_model_wakes_everyone(void)
+{
+    CHECK_OK(um__vt_start());
+    ticks = 0;
+    tick_limit = 400;
+    um__vt_set_model(&(um__vt_model){tick_next, tick_advance, NULL});
+    enum { N = 6 };
+    tick_waiter w[N];
+    pthread_t t[N];
+    for (int i = 0; i < N; i++) {
+        /* Two wait for the end; the others for points along the way. */
+        w[i] = (tick_waiter){i < 2 ? tick_limit : 50 + 50 * (uint64_t)i, 0, 0};
+        um__vt_spawn();
+        CHECK_EQ(pthread_create(&t[i], NULL, tick_wait, &w[i]), 0);
+    }
+    for (int i = 0; i < N; i++)
+        CHECK_EQ(um__vt_join(t[i], NULL), 0);
+    for (int i = 0; i < N; i++) {
+        CHECK_EQ(w[i].seen_at, w[i].until * MS);
+        CHECK_EQ(w[i].wakes, w[i].until); /* once per tick, none missed */
+    }
+    check_no_forced();
+    um__vt_set_model(NULL);
+    um__vt_stop();
+}
+
 /* ----------------------------------------------- the runtime in it */
 
 static int no_compute(const um_task_exec *e)
@@ -210,6 +275,100 @@ static void test_exact_times(void)
     CHECK_OK(um_link_stats_get(ctx, 1, 0, &ls));
     CHECK_EQ(ls.bytes, 1u << 30);
     check_no_forced();
+    CHECK_OK(um_buffer_destroy(b));
+    um_shutdown(ctx);
+}
+
+/* Six kernels on six streams of one device read one buffer: releasing
+ * them never makes the host wait (the buffer layer merges the readers'
+ * fences on a stream when it has more than it keeps), and a write after
+ * them still waits for every one. */
+static void test_many_readers(void)
+{
+    um_context *ctx = NULL;
+    CHECK_OK(um_init("devices=sim:2x4G,virtual_time=1,sim_link_bandwidth=1G,host_capacity=8G",
+                     &ctx));
+    if (!ctx)
+        return;
+    uint64_t t0;
+    um_buffer *b = host_buffer(ctx, 1u << 20, &t0);
+    enum { N = 6 };
+    um_stream s[N + 1];
+    for (int i = 0; i <= N; i++)
+        CHECK_OK(um_stream_create(ctx, 1, &s[i]));
+    um__backend *be = ctx->devices[1].backend;
+    for (int i = 0; i < N; i++) {
+        void *p;
+        CHECK_OK(um_buffer_acquire(b, 1, UM_ACCESS_READ, s[i], &p));
+        CHECK_OK(um__sim_stream_kernel(be, s[i]->ref.bstream, 1000 * MS));
+        CHECK_OK(um_buffer_release(b, 1, s[i]));
+    }
+    /* The host queued it all at once: no kernel had ended. */
+    CHECK_EQ(um__now_ns(), t0);
+    void *p;
+    CHECK_OK(um_buffer_acquire(b, 1, UM_ACCESS_WRITE, s[N], &p));
+    CHECK_OK(um_buffer_release(b, 1, s[N]));
+    CHECK_OK(um_stream_synchronize(ctx, s[N]));
+    /* The copy in (1 MiB at 1 GiB/s, about 1 ms), then the six kernels
+     * one after another, then the write. */
+    CHECK(um__now_ns() - t0 >= 6000 * MS + MS / 2);
+    CHECK(um__now_ns() - t0 < 6000 * MS + 2 * MS);
+    check_no_forced();
+    for (int i = 0; i <= N; i++)
+        CHECK_OK(um_stream_destroy(ctx, s[i]));
+    CHECK_OK(um_buffer_destroy(b));
+    um_shutdown(ctx);
+}
+
+static void note_end(um_task_id id, um_status st, void *user)
+{
+    (void)id;
+    (void)st;
+    *(uint64_t *)user = um__now_ns();
+}
+
+/* On a device driven as a GPU (tasks launched ahead on streams), a task
+ * launched second that ends first is seen at its end: A waits 1 s for its
+ * 1 GiB input and runs 1 s, B (already there) runs 0.1 s at once, and C on
+ * the other device, which reads what B wrote, follows B, not A. */
+static void test_lands_in_any_order(void)
+{
+    um_context *ctx = NULL;
+    /* Eager: the cost policy would hold B back until the device had
+     * timed one such task (its calibration). */
+    CHECK_OK(um_init("devices=sim:2x4G,virtual_time=1,sim_link_bandwidth=1G,sim_gflops=100,"
+                     "host_capacity=8G,sched=eager",
+                     &ctx));
+    if (!ctx)
+        return;
+    for (int d = 1; d <= 2; d++)
+        ctx->devices[d].backend->launches_ahead = true;
+    um_buffer *a = NULL, *b = NULL;
+    CHECK_OK(um_buffer_create(ctx, 1u << 30, &(um_buffer_opts){.device = 0}, &a));
+    CHECK_OK(um_buffer_create(ctx, 1u << 20, &(um_buffer_opts){.device = 1}, &b));
+    void *p;
+    CHECK_OK(um_buffer_acquire(b, 1, UM_ACCESS_WRITE, NULL, &p));
+    CHECK_OK(um_buffer_release(b, 1, NULL));
+    uint64_t t0 = um__now_ns(), end[3] = {0, 0, 0};
+    um_buffer *bufs[3] = {a, b, b};
+    double flops[3] = {100e9, 10e9, 10e9};
+    int devs[3] = {1, 1, 2};
+    for (int i = 0; i < 3; i++) {
+        um_task t = {.name = "work", .cpu = no_compute, .nbuffers = 1, .flops = flops[i],
+                     .device = devs[i], .done = note_end, .user = &end[i]};
+        t.buffers[0] = bufs[i];
+        t.modes[0] = UM_ACCESS_READ_WRITE;
+        um_task_id id;
+        CHECK_OK(um_task_submit(ctx, &t, &id));
+    }
+    CHECK_OK(um_wait_all(ctx));
+    CHECK_EQ(end[0] - t0, 2000 * MS);
+    CHECK_EQ(end[1] - t0, 100 * MS);
+    /* B's 1 MiB to the other device (about 1 ms each way through the
+     * host), then 0.1 s. */
+    CHECK(end[2] - t0 > 200 * MS && end[2] - t0 < 205 * MS);
+    check_no_forced();
+    CHECK_OK(um_buffer_destroy(a));
     CHECK_OK(um_buffer_destroy(b));
     um_shutdown(ctx);
 }
@@ -353,7 +512,10 @@ int main(void)
     uint64_t seed = harness_seed("test_vtime");
     test_relay();
     test_lock_across_sleep();
+    test_model_wakes_everyone();
     test_exact_times();
+    test_many_readers();
+    test_lands_in_any_order();
     test_shared_link();
     test_random_chains(seed);
     test_engines_agree();

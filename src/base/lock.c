@@ -26,7 +26,15 @@ void um__lock_wait(um__lock *l)
     um__vt_blocked_end(l);
 }
 
-void um__lock_took(um__lock *l) { um__vt_took(l); }
+/* A waiter that a release had woken and counted running, and that this
+ * taker overtook, may not have marked the lock contended yet: marked here,
+ * so that this holder's release counts it running again. Without it the
+ * waiter ran uncounted and the clock could move early. */
+void um__lock_took(um__lock *l)
+{
+    if (um__vt_took(l))
+        atomic_store_explicit(&l->state, 2, memory_order_relaxed);
+}
 
 void um__lock_wake(um__lock *l)
 {

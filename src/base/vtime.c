@@ -24,6 +24,13 @@ typedef struct lock_wait {
  * when it gets the lock (the clock may move once before that). */
 #define MAX_LOCK_WAITS 256
 
+/* A thread waiting on the model; with `c`, also for a signal of c. */
+typedef struct model_waiter {
+    struct model_waiter *next;
+    const um__cond *c;
+    bool woken;
+} model_waiter;
+
 typedef struct sleeper {
     struct sleeper *next;
     uint64_t t;
@@ -45,7 +52,13 @@ static struct {
     int cond_waiters; /* participants in um__cond_wait */
     sleeper *sleepers;
     pthread_cond_t model_cv;
-    int model_waiters, model_credits;
+    /* The threads waiting on the model, each with its own record: a
+     * change wakes exactly the threads waiting when it happened, so one
+     * that waits again at once cannot take another's wake-up (a shared
+     * count of wake-ups did that, and left a task worker asleep for tens
+     * of virtual milliseconds after its kernel had ended). */
+    struct model_waiter *model_list;
+    int model_waiters;
     um__vt_model model;
     lock_wait locks[MAX_LOCK_WAITS];
     uint64_t activity; /* bumped by every call that blocks or wakes */
@@ -76,15 +89,25 @@ static uint64_t real_now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-static void wake_model_waiters(void)
+/* Counts the model's waiters running and wakes them: all of them, or
+ * (c given) up to n of those that also wait for c. */
+static int wake_waiters(const um__cond *c, uint64_t n)
 {
-    int n = vt.model_waiters - vt.model_credits;
-    if (n > 0) {
-        vt.model_credits += n;
-        vt.active += n;
+    int woken = 0;
+    for (model_waiter *w = vt.model_list; w && (uint64_t)woken < n; w = w->next)
+        if (!w->woken && (!c || w->c == c)) {
+            w->woken = true;
+            woken++;
+        }
+    if (woken) {
+        vt.active += woken;
+        vt.activity++;
         pthread_cond_broadcast(&vt.model_cv);
     }
+    return woken;
 }
+
+static void wake_model_waiters(void) { (void)wake_waiters(NULL, UINT64_MAX); }
 
 /* Moves the clock to the next event and wakes what it ends; false when
  * nothing is scheduled. Lock held; called when no participant can run (or
@@ -211,7 +234,8 @@ um_status um__vt_start(void)
     vt.joiners = vt.cond_waiters = 0;
     memset(vt.joined, 0, sizeof vt.joined);
     vt.sleepers = NULL;
-    vt.model_waiters = vt.model_credits = 0;
+    vt.model_list = NULL;
+    vt.model_waiters = 0;
     vt.model = (um__vt_model){0};
     memset(vt.locks, 0, sizeof vt.locks);
     vt.stats = (um__vt_stats){0};
@@ -253,18 +277,33 @@ void um__vt_set_model(const um__vt_model *m)
 void um__vt_lock(void) { pthread_mutex_lock(&vt.lock); }
 void um__vt_unlock(void) { pthread_mutex_unlock(&vt.lock); }
 
+static void model_wait_register(model_waiter *me, const um__cond *c)
+{
+    *me = (model_waiter){vt.model_list, c, false};
+    vt.model_list = me;
+    vt.model_waiters++;
+}
+
+/* Blocks until *me is woken, then unregisters it (lock held). A wake-up
+ * that came before this call counted it running twice, which blocking
+ * here evens out. */
+static void model_wait_finish(model_waiter *me)
+{
+    block_locked();
+    while (!me->woken)
+        pthread_cond_wait(&vt.model_cv, &vt.lock);
+    model_waiter **p = &vt.model_list;
+    while (*p != me)
+        p = &(*p)->next;
+    *p = me->next;
+    vt.model_waiters--;
+}
+
 void um__vt_wait_model_locked(void)
 {
-    vt.model_waiters++;
-    block_locked();
-    for (;;) {
-        if (vt.model_credits) {
-            vt.model_credits--;
-            break;
-        }
-        pthread_cond_wait(&vt.model_cv, &vt.lock);
-    }
-    vt.model_waiters--;
+    model_waiter me;
+    model_wait_register(&me, NULL);
+    model_wait_finish(&me);
 }
 
 void um__vt_model_changed_locked(void) { wake_model_waiters(); }
@@ -369,14 +408,15 @@ static lock_wait *lock_entry(const void *lock, bool make)
 }
 
 /* The caller holds the lock now, so the waiters an unlock counted running
- * but that did not get it are blocked again. */
-static void took_lock_locked(const void *lock)
+ * but that did not get it are blocked again; true when it has waiters. */
+static bool took_lock_locked(const void *lock)
 {
     lock_wait *e = lock_entry(lock, false);
     if (e) {
         vt.active -= e->credits;
         e->credits = 0;
     }
+    return e && e->waiters;
 }
 
 bool um__vt_blocked_begin(const void *lock, bool (*try_take)(const void *lock))
@@ -432,13 +472,14 @@ void um__vt_unlocked(const void *lock)
     pthread_mutex_unlock(&vt.lock);
 }
 
-void um__vt_took(const void *lock)
+bool um__vt_took(const void *lock)
 {
     if (!um__vt_on())
-        return;
+        return false;
     pthread_mutex_lock(&vt.lock);
-    took_lock_locked(lock);
+    bool waiters = took_lock_locked(lock);
     pthread_mutex_unlock(&vt.lock);
+    return waiters;
 }
 
 static bool mutex_try(const void *lock)
@@ -526,6 +567,29 @@ void um__cond_wait(um__cond *c, pthread_mutex_t *m)
     um__vt_mutex_lock(m);
 }
 
+void um__cond_wait_progress(um__cond *c, pthread_mutex_t *m, uint64_t poll_ns)
+{
+    if (!um__vt_on()) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        uint64_t ns = (uint64_t)ts.tv_nsec + poll_ns;
+        ts.tv_sec += (time_t)(ns / 1000000000u);
+        ts.tv_nsec = (long)(ns % 1000000000u);
+        (void)pthread_cond_timedwait(&c->c, m, &ts);
+        return;
+    }
+    /* Registered before m is let go: a signal sent from then on finds it. */
+    model_waiter me;
+    pthread_mutex_lock(&vt.lock);
+    model_wait_register(&me, c);
+    pthread_mutex_unlock(&vt.lock);
+    um__vt_mutex_unlock(m);
+    pthread_mutex_lock(&vt.lock);
+    model_wait_finish(&me);
+    pthread_mutex_unlock(&vt.lock);
+    um__vt_mutex_lock(m);
+}
+
 static void cond_wake(um__cond *c, bool all)
 {
     if (!um__vt_on()) {
@@ -545,6 +609,12 @@ static void cond_wake(um__cond *c, bool all)
         credit_locked((int)n);
         pthread_mutex_unlock(&vt.lock);
         pthread_cond_broadcast(&c->c);
+    }
+    if (n == 0 || all) {
+        /* Threads in um__cond_wait_progress wait on the model's side. */
+        pthread_mutex_lock(&vt.lock);
+        (void)wake_waiters(c, all ? UINT64_MAX : 1);
+        pthread_mutex_unlock(&vt.lock);
     }
     pthread_mutex_unlock(&c->inner);
 }

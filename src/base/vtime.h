@@ -92,8 +92,10 @@ bool um__vt_blocked_begin(const void *lock, bool (*try_take)(const void *lock));
 void um__vt_blocked_end(const void *lock);
 void um__vt_unlocked(const void *lock);
 /* A lock was taken without waiting: the waiters a release counted as
- * running, and that did not get it, count as waiting again. */
-void um__vt_took(const void *lock);
+ * running, and that did not get it, count as waiting again. True when
+ * threads wait for it: its release must then count one running again
+ * (through um__vt_unlocked), even if it found no sleeper to wake. */
+bool um__vt_took(const void *lock);
 
 /* A condition variable whose waits and wake-ups the clock sees. Signal
  * and broadcast must be called with the waiters' mutex held; in virtual
@@ -111,6 +113,12 @@ typedef struct um__cond {
 int um__cond_init(um__cond *c);
 void um__cond_destroy(um__cond *c);
 void um__cond_wait(um__cond *c, pthread_mutex_t *m);
+/* Waits until c is signalled or there may be progress elsewhere: in
+ * virtual time, until the device model changes (a copy or kernel ended,
+ * work was queued); in real time, at most poll_ns (the caller polls what
+ * no signal reports, a GPU's events). Returns with m held; callers loop on
+ * their condition. */
+void um__cond_wait_progress(um__cond *c, pthread_mutex_t *m, uint64_t poll_ns);
 void um__cond_signal(um__cond *c);
 void um__cond_broadcast(um__cond *c);
 

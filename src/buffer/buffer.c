@@ -90,7 +90,11 @@ static um__xfer *engine(const um_buffer *b)
 
 /* Adds f to the replica's users. A newer fence of the same stream covers
  * an older one; when the list is full, finished fences are dropped, and if
- * none has finished the oldest is waited for. */
+ * none has finished the two oldest become one (waited for on the host only
+ * where they cannot be merged on a stream). On eight GPUs a tile that all
+ * of them read had more users in flight than the list holds, and the host
+ * waited here for a kernel while it held the buffer's lock, stalling every
+ * task that used the tile. */
 static void add_use(um__xfer *x, um__replica *r, um__fence f)
 {
     if (!f.ev)
@@ -109,7 +113,8 @@ static void add_use(um__xfer *x, um__replica *r, um__fence f)
                 r->used[kept++] = r->used[i];
         r->nused = kept;
         if (kept == UM_REPLICA_USES) {
-            if (um__fence_wait(x, &r->used[0]) != UM_OK)
+            if (um__xfer_join(x, &r->used[1], &r->used[0]) != UM_OK &&
+                um__fence_wait(x, &r->used[0]) != UM_OK)
                 um__fence_drop(&r->used[0]);
             memmove(&r->used[0], &r->used[1], (UM_REPLICA_USES - 1) * sizeof r->used[0]);
             r->nused--;

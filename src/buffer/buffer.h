@@ -202,8 +202,15 @@ void um__reclaim_announced(struct um__reclaim *rc);
 void um__reclaim_refetched(struct um__reclaim *rc, int dev, size_t bytes);
 
 
+/* Makes *a a fence that completes once both a and b have (b becomes none),
+ * through a stream of a's device that waits for both, so the host does not
+ * wait. UM_ERR_UNSUPPORTED where a's device has no engine streams. */
+um_status um__xfer_join(um__xfer *x, um__fence *a, um__fence *b);
 /* True once f has completed (f becomes none then); queries the backend. */
 bool um__fence_done(um__xfer *x, um__fence *f);
+/* The same, telling a failed query apart: *done false and the backend's
+ * failure (f is dropped then, as the work it marks cannot be known). */
+um_status um__fence_check(um__xfer *x, um__fence *f, bool *done);
 /* Waits on the host until f has completed; f becomes none. */
 um_status um__fence_wait(um__xfer *x, um__fence *f);
 /* Forgets f (its event is released; the work it marks may still run, or

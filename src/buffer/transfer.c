@@ -34,6 +34,7 @@ struct um__xfer {
     pthread_mutex_t lock;         /* guards everything below but the counters */
     um_stream to[UM_MAX_DEVICES]; /* copy-in stream of each GPU, made on first use */
     um_stream from[UM_MAX_DEVICES];
+    um_stream join[UM_MAX_DEVICES]; /* where fences are merged (um__xfer_join) */
     link_counters *links;         /* ndev x ndev, from-major */
     double *lat_ns, *ns_per_byte; /* the route cost model, ndev x ndev */
     held_memory *held;            /* memory of destroyed buffers, still in use */
@@ -96,6 +97,25 @@ void um__fence_drop(um__fence *f)
     if (f->ev && f->xfer)
         count_busy(f->xfer, f);
     release_fence(f);
+}
+
+um_status um__fence_check(um__xfer *x, um__fence *f, bool *done)
+{
+    *done = !f->ev;
+    if (!f->ev)
+        return UM_OK;
+    int finished = 0;
+    um_status st = um__be_event_query(f->be, f->ev, &finished);
+    if (st != UM_OK) {
+        um__fence_drop(f);
+        return st;
+    }
+    if (finished) {
+        count_busy(x, f);
+        release_fence(f);
+        *done = true;
+    }
+    return UM_OK;
 }
 
 bool um__fence_done(um__xfer *x, um__fence *f)
@@ -504,11 +524,9 @@ void um__xfer_track(um__xfer *x, um_buffer *b, bool add)
     um__vt_mutex_unlock(&x->lock);
 }
 
-um_stream um__xfer_stream(um__xfer *x, int dev, bool to)
+/* The engine's stream of dev in *slot, made on first use. */
+static um_stream engine_stream(um__xfer *x, int dev, um_stream *slot)
 {
-    if (!streamed(x->ctx, dev))
-        return NULL;
-    um_stream *slot = to ? &x->to[dev] : &x->from[dev];
     um__vt_mutex_lock(&x->lock);
     if (!*slot && um_stream_create(x->ctx, dev, slot) != UM_OK) {
         /* The default stream still orders the copies correctly, only with
@@ -519,6 +537,36 @@ um_stream um__xfer_stream(um__xfer *x, int dev, bool to)
     um_stream s = *slot;
     um__vt_mutex_unlock(&x->lock);
     return s;
+}
+
+um_stream um__xfer_stream(um__xfer *x, int dev, bool to)
+{
+    if (!streamed(x->ctx, dev))
+        return NULL;
+    return engine_stream(x, dev, to ? &x->to[dev] : &x->from[dev]);
+}
+
+um_status um__xfer_join(um__xfer *x, um__fence *a, um__fence *b)
+{
+    um_stream as = (um_stream)a->stream;
+    if (!a->ev || !b->ev || !as || !streamed(x->ctx, as->dev))
+        return um__fail(UM_ERR_UNSUPPORTED, "transfer engine: these fences cannot be merged on "
+                        "a stream");
+    int dev = as->dev;
+    um__backend *be = x->ctx->devices[dev].backend;
+    um_stream js = engine_stream(x, dev, &x->join[dev]);
+    um__fence j;
+    um_status st = um__be_stream_wait(be, js->ref.bstream, a->be, a->ev);
+    if (st == UM_OK)
+        st = um__be_stream_wait(be, js->ref.bstream, b->be, b->ev);
+    if (st == UM_OK)
+        st = um__fence_record(x->ctx, dev, js, &j);
+    if (st != UM_OK)
+        return st;
+    um__fence_drop(a);
+    um__fence_drop(b);
+    *a = j;
+    return UM_OK;
 }
 
 double um__xfer_cost(const um__xfer *x, int from, int to, size_t n)
@@ -1165,6 +1213,8 @@ static void buffers_fini(um_context *ctx)
             (void)um_stream_destroy(ctx, x->to[d]);
         if (x->from[d] && x->from[d] != ctx->devices[d].default_stream)
             (void)um_stream_destroy(ctx, x->from[d]);
+        if (x->join[d] && x->join[d] != ctx->devices[d].default_stream)
+            (void)um_stream_destroy(ctx, x->join[d]);
     }
     while (x->spare) {
         um_buffer *b = x->spare;

@@ -712,27 +712,33 @@ static void launch_on_gpu(worker *w, um_stream s, task *t, in_flight *f)
     }
 }
 
-/* Waits (wait) or looks (!wait) for the oldest launched task's end; true
- * when it has ended, its compute accounted from the later of its launch
- * and the previous task's end. */
-static bool land(worker *w, um__xfer *x, in_flight *f, uint64_t *prev_end, bool wait)
+/* Looks whether a launched task has ended; true when it has, its compute
+ * accounted from the later of its launch and the previous task's end. */
+static bool land(worker *w, um__xfer *x, in_flight *f, uint64_t *prev_end)
 {
-    if (f->done.ev) {
-        if (!wait && !um__fence_done(x, &f->done))
-            return false;
-        if (wait && um__fence_wait(x, &f->done) != UM_OK && f->st == UM_OK) {
+    bool done;
+    if (um__fence_check(x, &f->done, &done) != UM_OK) {
+        if (f->st == UM_OK) {
             f->st = UM_ERR_TASK;
             snprintf(f->why, sizeof f->why, "task %llu (%s) on device %d: its GPU work failed: "
                      "%s", (unsigned long long)f->t->id, task_name(f->t), w->dev,
                      um_last_error());
         }
-        um__fence_drop(&f->done);
+    } else if (!done) {
+        return false;
     }
     uint64_t end = um__now_ns(), start = f->launched_ns > *prev_end ? f->launched_ns : *prev_end;
     account(w, f->t, start, end, f->st);
     *prev_end = end;
     return true;
 }
+
+/* How often a GPU worker with tasks in flight and nothing to launch looks
+ * at their events (real time): from the first interval, doubling up to the
+ * last, so a short wait is noticed soon and a long one costs few wake-ups.
+ * New work wakes it at once. */
+#define LAND_POLL_MIN_NS 5000ull
+#define LAND_POLL_MAX_NS 200000ull
 
 /* The buffers of the next tasks in w's queue that they read (locked). */
 static int next_inputs(worker *w, um_buffer **out)
@@ -784,30 +790,35 @@ static void *worker_main(void *arg)
     in_flight fl[GPU_IN_FLIGHT];
     int nfl = 0;
     unsigned launches = 0;
-    uint64_t prev_end = 0;
+    uint64_t prev_end = 0, poll_ns = LAND_POLL_MIN_NS;
     um__vt_mutex_lock(&r->lock);
     while (!r->quit || nfl) {
-        /* Launched tasks that have ended, oldest first. */
-        while (nfl && land(w, x, &fl[0], &prev_end, false)) {
-            in_flight f = fl[0];
-            memmove(fl, fl + 1, (size_t)--nfl * sizeof *fl);
+        /* Launched tasks that have ended, in whatever order they did: one
+         * launched later may end first (its inputs were there sooner), and
+         * the tasks waiting for it should not wait for the older ones too. */
+        for (int i = 0; i < nfl;) {
+            if (!land(w, x, &fl[i], &prev_end)) {
+                i++;
+                continue;
+            }
+            in_flight f = fl[i];
+            memmove(fl + i, fl + i + 1, (size_t)(--nfl - i) * sizeof *fl);
             ended(r, w, f.t, f.st, f.why);
+            poll_ns = LAND_POLL_MIN_NS;
         }
         task *t = w->head;
         if (!t || (gpu && nfl == GPU_IN_FLIGHT)) {
             if (nfl) {
-                /* Nothing more to launch: wait for the oldest. */
-                um__vt_mutex_unlock(&r->lock);
-                (void)land(w, x, &fl[0], &prev_end, true);
-                um__vt_mutex_lock(&r->lock);
-                in_flight f = fl[0];
-                memmove(fl, fl + 1, (size_t)--nfl * sizeof *fl);
-                ended(r, w, f.t, f.st, f.why);
+                /* Nothing more to launch: until a task ends or more work
+                 * comes (waiting for the oldest alone missed both). */
+                um__cond_wait_progress(&w->wake, &r->lock, poll_ns);
+                poll_ns = poll_ns * 2 < LAND_POLL_MAX_NS ? poll_ns * 2 : LAND_POLL_MAX_NS;
             } else if (!r->quit) {
                 um__cond_wait(&w->wake, &r->lock);
             }
             continue;
         }
+        poll_ns = LAND_POLL_MIN_NS;
         w->head = t->next;
         if (!w->head)
             w->tail = NULL;
