@@ -19,25 +19,34 @@ void um__lock_wait(um__lock *l)
      * gets it this way leaves it marked 2, so its release wakes the next
      * sleeper (at worst one wake-up too many). In virtual time a thread
      * asleep here is not running (vtime.h). */
-    if (take(l) || um__vt_blocked_begin(l, take))
+    if (take(l)) {
+        /* Taken at once, ahead of waiters a release may have counted. */
+        um__lock_took(l);
+        return;
+    }
+    if (um__vt_blocked_begin(l, take))
         return;
     while (!take(l))
         syscall(SYS_futex, &l->state, FUTEX_WAIT_PRIVATE, 2, NULL, NULL, 0);
     um__vt_blocked_end(l);
 }
 
-/* A waiter that a release had woken and counted running, and that this
- * taker overtook, may not have marked the lock contended yet: marked here,
- * so that this holder's release counts it running again. Without it the
- * waiter ran uncounted and the clock could move early. */
-void um__lock_took(um__lock *l)
-{
-    if (um__vt_took(l))
-        atomic_store_explicit(&l->state, 2, memory_order_relaxed);
-}
+void um__lock_took(um__lock *l) { um__vt_took(l); }
 
 void um__lock_wake(um__lock *l)
 {
     syscall(SYS_futex, &l->state, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
-    um__vt_unlocked(l);
 }
+
+static void release(const void *lock)
+{
+    um__lock *l = (um__lock *)(uintptr_t)lock;
+    if (atomic_exchange_explicit(&l->state, 0, memory_order_release) != 1)
+        um__lock_wake(l);
+}
+
+/* A waiter counted running only after the lock was free could be
+ * overtaken by a taker that then waited in virtual time holding it, with
+ * the woken waiter asleep again and still counted: the clock stood still
+ * until the watchdog moved it. */
+void um__lock_release_vt(um__lock *l) { um__vt_release(l, release); }

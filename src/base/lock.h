@@ -24,6 +24,9 @@ typedef struct um__lock {
 
 void um__lock_wait(um__lock *l);
 void um__lock_wake(um__lock *l);
+/* Virtual time (vtime.h): the release, counting a waiter running before
+ * the lock is free, as um__vt_mutex_unlock does. */
+void um__lock_release_vt(um__lock *l);
 /* Virtual time (vtime.h): the lock was taken at once, ahead of sleepers a
  * release had already counted as running; they count as waiting again. */
 void um__lock_took(um__lock *l);
@@ -47,6 +50,10 @@ static inline void um__lock_acquire(um__lock *l)
 
 static inline void um__lock_release(um__lock *l)
 {
+    if (__builtin_expect(atomic_load_explicit(&um__vt_active, memory_order_relaxed), 0)) {
+        um__lock_release_vt(l);
+        return;
+    }
     if (__builtin_expect(atomic_exchange_explicit(&l->state, 0, memory_order_release) != 1, 0))
         um__lock_wake(l);
 }

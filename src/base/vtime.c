@@ -11,6 +11,41 @@ _Atomic bool um__vt_active;
 /* The clock's steps when this thread last blocked on a lock. */
 static _Thread_local uint64_t block_steps;
 
+/* The mutexes this thread holds through um__vt_mutex_lock, with their
+ * depth: the transfer engine's lock is recursive, and an inner unlock
+ * that counted a waiter running left it counted while the lock was still
+ * held (the clock stood still until the watchdog moved it). */
+#define MAX_HELD 16
+static _Thread_local struct held_mutex {
+    const pthread_mutex_t *m;
+    int depth;
+} held[MAX_HELD];
+static _Thread_local int nheld;
+
+static void held_push(const pthread_mutex_t *m)
+{
+    for (int i = 0; i < nheld; i++)
+        if (held[i].m == m) {
+            held[i].depth++;
+            return;
+        }
+    if (nheld < MAX_HELD)
+        held[nheld++] = (struct held_mutex){m, 1};
+}
+
+/* True when this unlock lets m go (its outermost hold, or one not seen). */
+static bool held_pop(const pthread_mutex_t *m)
+{
+    for (int i = 0; i < nheld; i++)
+        if (held[i].m == m) {
+            if (--held[i].depth > 0)
+                return false;
+            held[i] = held[--nheld];
+            return true;
+        }
+    return true;
+}
+
 typedef struct lock_wait {
     const void *lock; /* NULL: a free entry */
     int waiters;      /* participants blocked on it */
@@ -408,15 +443,14 @@ static lock_wait *lock_entry(const void *lock, bool make)
 }
 
 /* The caller holds the lock now, so the waiters an unlock counted running
- * but that did not get it are blocked again; true when it has waiters. */
-static bool took_lock_locked(const void *lock)
+ * but that did not get it are blocked again. */
+static void took_lock_locked(const void *lock)
 {
     lock_wait *e = lock_entry(lock, false);
     if (e) {
         vt.active -= e->credits;
         e->credits = 0;
     }
-    return e && e->waiters;
 }
 
 bool um__vt_blocked_begin(const void *lock, bool (*try_take)(const void *lock))
@@ -459,27 +493,40 @@ void um__vt_blocked_end(const void *lock)
     pthread_mutex_unlock(&vt.lock);
 }
 
-void um__vt_unlocked(const void *lock)
+/* One waiter of lock counted running (lock held). */
+static void credit_waiter_locked(const void *lock)
 {
-    if (!um__vt_on())
-        return;
-    pthread_mutex_lock(&vt.lock);
     lock_wait *e = lock_entry(lock, false);
     if (e && e->waiters > e->credits) {
         e->credits++;
         credit_locked(1);
     }
+}
+
+void um__vt_release(const void *lock, void (*release)(const void *lock))
+{
+    if (!um__vt_on()) {
+        release(lock);
+        return;
+    }
+    pthread_mutex_lock(&vt.lock);
+    credit_waiter_locked(lock);
+    release(lock);
     pthread_mutex_unlock(&vt.lock);
 }
 
-bool um__vt_took(const void *lock)
+void um__vt_took(const void *lock)
 {
     if (!um__vt_on())
-        return false;
+        return;
     pthread_mutex_lock(&vt.lock);
-    bool waiters = took_lock_locked(lock);
+    took_lock_locked(lock);
     pthread_mutex_unlock(&vt.lock);
-    return waiters;
+}
+
+static void mutex_release(const void *lock)
+{
+    pthread_mutex_unlock((pthread_mutex_t *)(uintptr_t)lock);
 }
 
 static bool mutex_try(const void *lock)
@@ -495,31 +542,34 @@ void um__vt_mutex_lock(pthread_mutex_t *m)
     }
     if (pthread_mutex_trylock(m) == 0) {
         um__vt_took(m);
-        return;
+    } else if (!um__vt_blocked_begin(m, mutex_try)) {
+        pthread_mutex_lock(m);
+        um__vt_blocked_end(m);
     }
-    if (um__vt_blocked_begin(m, mutex_try))
-        return;
-    pthread_mutex_lock(m);
-    um__vt_blocked_end(m);
+    held_push(m);
+}
+
+bool um__vt_mutex_trylock(pthread_mutex_t *m)
+{
+    if (pthread_mutex_trylock(m) != 0)
+        return false;
+    if (um__vt_on()) {
+        um__vt_took(m);
+        held_push(m);
+    }
+    return true;
 }
 
 void um__vt_mutex_unlock(pthread_mutex_t *m)
 {
-    if (!um__vt_on()) {
+    if (!um__vt_on() || !held_pop(m)) {
         pthread_mutex_unlock(m);
         return;
     }
     /* The waiter is counted before the lock is free, under the clock's
      * lock, so that a thread that takes it first (and so blocks that
      * waiter again) can only uncount it after. */
-    pthread_mutex_lock(&vt.lock);
-    lock_wait *e = lock_entry(m, false);
-    if (e && e->waiters > e->credits) {
-        e->credits++;
-        credit_locked(1);
-    }
-    pthread_mutex_unlock(m);
-    pthread_mutex_unlock(&vt.lock);
+    um__vt_release(m, mutex_release);
 }
 
 /* ------------------------------------------------------ condition vars */

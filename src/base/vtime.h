@@ -84,18 +84,21 @@ int um__vt_join(pthread_t t, void **ret);
  * clock cannot move before it has the lock). */
 void um__vt_mutex_lock(pthread_mutex_t *m);
 void um__vt_mutex_unlock(pthread_mutex_t *m);
+/* pthread_mutex_trylock for such a lock: true when taken. */
+bool um__vt_mutex_trylock(pthread_mutex_t *m);
 /* The same for another kind of lock (the pool's futex lock): begin before
  * sleeping on it, with try_take trying once more to take it (true: taken,
- * do not sleep); end once it is had; unlocked after a release that may
- * wake a sleeper. No-ops (begin false) when virtual time is off. */
+ * do not sleep); end once it is had; release to let it go. No-ops (begin
+ * false) when virtual time is off. */
 bool um__vt_blocked_begin(const void *lock, bool (*try_take)(const void *lock));
 void um__vt_blocked_end(const void *lock);
-void um__vt_unlocked(const void *lock);
+/* Releases the lock through release(lock), having counted one of its
+ * waiters running first (under the clock's lock, so that a thread that
+ * takes it at once uncounts that waiter after, not before). */
+void um__vt_release(const void *lock, void (*release)(const void *lock));
 /* A lock was taken without waiting: the waiters a release counted as
- * running, and that did not get it, count as waiting again. True when
- * threads wait for it: its release must then count one running again
- * (through um__vt_unlocked), even if it found no sleeper to wake. */
-bool um__vt_took(const void *lock);
+ * running, and that did not get it, count as waiting again. */
+void um__vt_took(const void *lock);
 
 /* A condition variable whose waits and wake-ups the clock sees. Signal
  * and broadcast must be called with the waiters' mutex held; in virtual

@@ -128,7 +128,7 @@ static bool key_less(const uint64_t *a, const uint64_t *b)
 static bool consider(um_buffer *b, void *arg)
 {
     victim_scan *s = arg;
-    if (pthread_mutex_trylock(&b->lock) != 0) {
+    if (!um__vt_mutex_trylock(&b->lock)) {
         /* In use right now: not a victim, but perhaps once the call ends,
          * if it has memory here. */
         if (atomic_load_explicit(&b->has_memory, memory_order_relaxed) >> s->dev & 1)
@@ -169,7 +169,7 @@ static bool evict_chosen(um_buffer *b, void *arg)
     evict_job *j = arg;
     if (b != j->scan->best)
         return true;
-    if (pthread_mutex_trylock(&b->lock) != 0)
+    if (!um__vt_mutex_trylock(&b->lock))
         return false;
     if (b->magic == UM_BUFFER_MAGIC && um__buffer_evictable(b, j->scan->dev)) {
         j->st = um__buffer_evict(b, j->scan->dev, &j->written, &j->spilled);
