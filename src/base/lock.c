@@ -21,7 +21,7 @@ void um__lock_wait(um__lock *l)
      * asleep here is not running (vtime.h). */
     if (take(l)) {
         /* Taken at once, ahead of waiters a release may have counted. */
-        um__lock_took(l);
+        um__vt_took(l);
         return;
     }
     if (um__vt_blocked_begin(l, take))
@@ -31,22 +31,21 @@ void um__lock_wait(um__lock *l)
     um__vt_blocked_end(l);
 }
 
-void um__lock_took(um__lock *l) { um__vt_took(l); }
-
-void um__lock_wake(um__lock *l)
+void um__lock_took(um__lock *l)
 {
-    syscall(SYS_futex, &l->state, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+    um__vt_took(l);
+    atomic_store_explicit(&l->state, 2, memory_order_relaxed);
 }
 
 static void release(const void *lock)
 {
     um__lock *l = (um__lock *)(uintptr_t)lock;
     if (atomic_exchange_explicit(&l->state, 0, memory_order_release) != 1)
-        um__lock_wake(l);
+        syscall(SYS_futex, &l->state, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
 }
 
-/* A waiter counted running only after the lock was free could be
- * overtaken by a taker that then waited in virtual time holding it, with
- * the woken waiter asleep again and still counted: the clock stood still
- * until the watchdog moved it. */
-void um__lock_release_vt(um__lock *l) { um__vt_release(l, release); }
+/* In virtual time a waiter counted running only after the lock was free
+ * could be overtaken by a taker that then waited in virtual time holding
+ * it, with the woken waiter asleep again and still counted: the clock
+ * stood still until the watchdog moved it. */
+void um__lock_release_slow(um__lock *l) { um__vt_release(l, release); }

@@ -23,12 +23,13 @@ typedef struct um__lock {
 } um__lock;
 
 void um__lock_wait(um__lock *l);
-void um__lock_wake(um__lock *l);
-/* Virtual time (vtime.h): the release, counting a waiter running before
- * the lock is free, as um__vt_mutex_unlock does. */
-void um__lock_release_vt(um__lock *l);
+/* A release that finds the lock marked contended: wakes a sleeper, and
+ * in virtual time (vtime.h) counts a waiter running before the lock is
+ * free, as um__vt_mutex_unlock does. */
+void um__lock_release_slow(um__lock *l);
 /* Virtual time (vtime.h): the lock was taken at once, ahead of sleepers a
- * release had already counted as running; they count as waiting again. */
+ * release had already counted as running; they count as waiting again, and
+ * the lock is marked contended. */
 void um__lock_took(um__lock *l);
 extern _Atomic bool um__vt_active;
 
@@ -48,14 +49,18 @@ static inline void um__lock_acquire(um__lock *l)
     um__lock_wait(l);
 }
 
+/* A compare-exchange from 1, not an exchange: a lock marked contended
+ * stays held until the slow path has done what must come first (virtual
+ * time marks every hold contended, so its releases all go there). The
+ * same instruction count as an exchange. */
 static inline void um__lock_release(um__lock *l)
 {
-    if (__builtin_expect(atomic_load_explicit(&um__vt_active, memory_order_relaxed), 0)) {
-        um__lock_release_vt(l);
-        return;
-    }
-    if (__builtin_expect(atomic_exchange_explicit(&l->state, 0, memory_order_release) != 1, 0))
-        um__lock_wake(l);
+    uint32_t expected = 1;
+    if (__builtin_expect(!atomic_compare_exchange_strong_explicit(&l->state, &expected, 0,
+                                                                  memory_order_release,
+                                                                  memory_order_relaxed),
+                         0))
+        um__lock_release_slow(l);
 }
 
 #endif
