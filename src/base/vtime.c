@@ -265,6 +265,7 @@ um_status um__vt_start(void)
                                      "runs in virtual time (one at a time)");
     }
     atomic_store_explicit(&vt.now, 0, memory_order_relaxed);
+    nheld = 0; /* what an earlier virtual run may have left in this thread */
     vt.active = 1;
     vt.joiners = vt.cond_waiters = 0;
     memset(vt.joined, 0, sizeof vt.joined);
