@@ -99,35 +99,35 @@ void um__fence_drop(um__fence *f)
     release_fence(f);
 }
 
-um_status um__fence_check(um__xfer *x, um__fence *f, bool *done)
+/* Queries f's event: *done once it has completed, when f is counted and
+ * becomes none. A failed query leaves f as it was. */
+static um_status poll_fence(um__xfer *x, um__fence *f, bool *done)
 {
     *done = !f->ev;
     if (!f->ev)
         return UM_OK;
     int finished = 0;
     um_status st = um__be_event_query(f->be, f->ev, &finished);
-    if (st != UM_OK) {
-        um__fence_drop(f);
-        return st;
-    }
-    if (finished) {
+    if (st == UM_OK && finished) {
         count_busy(x, f);
         release_fence(f);
         *done = true;
     }
-    return UM_OK;
+    return st;
+}
+
+um_status um__fence_check(um__xfer *x, um__fence *f, bool *done)
+{
+    um_status st = poll_fence(x, f, done);
+    if (st != UM_OK)
+        um__fence_drop(f);
+    return st;
 }
 
 bool um__fence_done(um__xfer *x, um__fence *f)
 {
-    if (!f->ev)
-        return true;
-    int done = 0;
-    if (um__be_event_query(f->be, f->ev, &done) != UM_OK || !done)
-        return false;
-    count_busy(x, f);
-    release_fence(f);
-    return true;
+    bool done;
+    return poll_fence(x, f, &done) == UM_OK && done;
 }
 
 um_status um__fence_wait(um__xfer *x, um__fence *f)
