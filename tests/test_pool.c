@@ -585,6 +585,91 @@ static void test_second_fencer(void)
     a->ops->destroy(a);
 }
 
+/* Slots in the calling thread's bin of class cls. */
+static uint32_t tcache_bin_count(um__pool *p, unsigned cls)
+{
+    um__tcache *tc = pthread_getspecific(p->tkey);
+    return tc ? tc->bins[cls].n : 0;
+}
+
+/* Whether ptr is a large block's start in the pool's pointer map. */
+static bool ptr_map_has(um__pool *p, void *ptr)
+{
+    uintptr_t addr = (uintptr_t)ptr;
+    for (um__block *b = p->page_starts[(addr - p->va) >> p->page_shift]; b; b = b->start_next)
+        if (b->fi.addr == addr)
+            return true;
+    return false;
+}
+
+/* Requests of 32-256 KiB come from slabs while one stream fences and no
+ * plan learns; from the second stream's first large free they take the
+ * large path, and the medium slabs go once their slots are freed. */
+static void test_medium_slabs(void)
+{
+    const size_t K = 1024;
+    um__pool_config c = {.dev = 1, .thread_cache = 1, .va_factor = 4, .no_plan = 1};
+    um__allocator *a = make_pool_with(256 * MiB, &c);
+    um__pool *p = (um__pool *)a;
+    CHECK_EQ(p->slab_max, UM_MEDIUM_MAX);
+    void *m = xalloc(a, 100 * K, 1), *big = xalloc(a, 3 * MiB, 1);
+    CHECK(p->partial[um__class_of(100 * K)] != NULL);
+    CHECK_EQ(stats(a).requested_bytes, 100 * K + 3 * MiB);
+    CHECK_EQ(stats(a).active_bytes, (size_t)um__class_size[um__class_of(100 * K)] + 3 * MiB);
+    memset(m, 0x33, 100 * K);
+    /* The thread's bin: freed and taken again without the lock. */
+    uint32_t binned = tcache_bin_count(p, um__class_of(100 * K));
+    xfree(a, m, 1);
+    CHECK_EQ(tcache_bin_count(p, um__class_of(100 * K)), binned + 1);
+    void *m2 = xalloc(a, 98 * K, 1);
+    CHECK(m2 == m);
+    CHECK_STATUS(a->ops->free(a, (char *)m2 + 4096, NULL), UM_ERR_INVALID_POINTER);
+    CHECK_OK(a->ops->check(a));
+    /* A second stream's large free ends them. */
+    xfree(a, big, 1);
+    CHECK_EQ(p->slab_max, UM_MEDIUM_MAX);
+    void *other = xalloc(a, 3 * MiB, 2), *keep = xalloc(a, 5 * MiB, 2);
+    xfree(a, other, 2);
+    CHECK_EQ(p->fencer, UM_MIXED_FENCE);
+    CHECK_EQ(p->slab_max, UM_SMALL_MAX);
+    void *large = xalloc(a, 100 * K, 1);
+    CHECK(large != NULL && ptr_map_has(p, large));
+    CHECK_OK(a->ops->check(a));
+    /* The slot still out is freed as a slot; its slab then goes. */
+    unsigned cls = um__class_of(98 * K);
+    xfree(a, m2, 1);
+    CHECK_EQ(tcache_bin_count(p, cls), 0u);
+    CHECK_OK(a->ops->trim(a));
+    CHECK(p->partial[cls] == NULL);
+    CHECK_OK(a->ops->check(a));
+    xfree(a, large, 1);
+    xfree(a, keep, 2);
+    CHECK_EQ(stats(a).active_bytes, 0);
+    CHECK_OK(a->ops->trim(a));
+    CHECK_EQ(stats(a).reserved_bytes, 0);
+    a->ops->destroy(a);
+
+    /* With the planner learning (from the start), medium sizes are large
+     * blocks; medium_slabs=0 keeps them so. */
+    c.no_plan = 0;
+    a = make_pool_with(256 * MiB, &c);
+    p = (um__pool *)a;
+    CHECK_EQ(p->slab_max, UM_SMALL_MAX);
+    m = xalloc(a, 100 * K, 1);
+    CHECK(ptr_map_has(p, m));
+    xfree(a, m, 1);
+    a->ops->destroy(a);
+    c.no_plan = 1;
+    c.no_medium = 1;
+    a = make_pool_with(256 * MiB, &c);
+    p = (um__pool *)a;
+    CHECK_EQ(p->slab_max, UM_SMALL_MAX);
+    m = xalloc(a, 100 * K, 1);
+    CHECK(ptr_map_has(p, m));
+    xfree(a, m, 1);
+    a->ops->destroy(a);
+}
+
 /* Pages freed under in-flight work are never moved or reused elsewhere
  * before that work completes: under a tight limit the pool waits for it. */
 static void test_fenced_pages(void)
@@ -729,7 +814,8 @@ static void check_free_does_not_wait(um__allocator *a, uint32_t sid)
 static void test_deferred_frees(void)
 {
     const size_t K = 1024;
-    um__pool_config c = {.dev = 1, .thread_cache = 1, .va_factor = 4, .no_plan = 1};
+    um__pool_config c = {.dev = 1, .thread_cache = 1, .va_factor = 4, .no_plan = 1,
+                         .no_medium = 1 /* the sizes below are medium */};
     um__allocator *a = make_pool_with(1024 * MiB, &c);
     um__pool *p = (um__pool *)a;
     um__stream_ref ref1 = {1, s1, NULL};
@@ -952,9 +1038,12 @@ static void test_small_pages(void)
  * model, with the pool's own recount every check_every steps. With one
  * stream the placement's one-fencer shortcut is on throughout, and under
  * a memory limit pages move between the chains of the hole list. */
-static void test_random(uint64_t seed, int tc, uint32_t streams, size_t limit, int check_every)
+static void test_random(uint64_t seed, int tc, uint32_t streams, size_t limit, int check_every,
+                        int no_plan)
 {
-    um__allocator *a = make_pool(4096ull * MiB, limit, 0, tc);
+    um__pool_config c = {.dev = 1, .memory_limit = limit, .thread_cache = tc, .va_factor = 4,
+                         .no_plan = no_plan};
+    um__allocator *a = make_pool_with(4096ull * MiB, &c);
     enum { MAXLIVE = 600 };
     live_t live[MAXLIVE];
     int nlive = 0;
@@ -965,7 +1054,8 @@ static void test_random(uint64_t seed, int tc, uint32_t streams, size_t limit, i
         if (nlive < MAXLIVE && (r % 100 < 55 || nlive == 0)) {
             uint64_t kind = (r >> 8) % 10;
             size_t n = kind < 6   ? 1 + (r >> 16) % 4096
-                       : kind < 8 ? 1 + (r >> 16) % 65536
+                       : kind < 7 ? 1 + (r >> 16) % 65536
+                       : kind < 8 ? 32768 + (r >> 16) % (224 * 1024 + 1) /* medium */
                        : kind < 9 ? 1 + (r >> 16) % (4 * MiB)
                                   : 1 + (r >> 16) % (24 * MiB);
             uint32_t sid = (uint32_t)((r >> 40) % streams);
@@ -1109,9 +1199,14 @@ int main(void)
     for (int tc = 0; tc < 2; tc++) {
         test_basic(tc);
         test_stream_order(tc);
-        test_random(seed + (uint64_t)tc, tc, 3, 0, 5000);
+        test_random(seed + (uint64_t)tc, tc, 3, 0, 5000, 0);
     }
-    test_random(seed + 2, 1, 1, 2048 * MiB, 500);
+    test_random(seed + 2, 1, 1, 2048 * MiB, 500, 0);
+    /* Without the planner medium slabs are on from the start: for the
+     * whole run with one stream, until the second stream fences with three. */
+    test_random(seed + 3, 1, 1, 0, 5000, 1);
+    test_random(seed + 4, 1, 3, 2048 * MiB, 500, 1);
+    test_medium_slabs();
     test_deferred_frees();
     test_peak();
     test_stream_id_reuse();

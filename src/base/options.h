@@ -57,6 +57,10 @@
       "uncoalesced, for an allocation on its stream at most 1/16 smaller; up to 1/32 of "   \
       "the reserved bytes wait, and all go back before the pool would move or create a "    \
       "page (one stream fencing, no step plan)")                                              \
+    X(medium_slabs, UM_OPT_BOOL, "1",                                                         \
+      "requests of 32-256 KiB come from slabs (16 slots each, the thread caches' fast path) " \
+      "while the frees of one stream alone fence pages; from the first large free on a "     \
+      "second stream they take the large path, whose placement keeps less memory")           \
     X(host_memory, UM_OPT_ENUM, "auto",                                                       \
       "auto|pinned|pageable: host pool memory; auto pins it (CUDA VMM host pages) when "      \
       "devices lists a GPU and the driver can, else pageable")                                \
@@ -132,6 +136,7 @@ typedef struct um__options {
     int fence_wait_us;
     int plan;
     int defer_frees;
+    int medium_slabs;
     int host_memory;        /* um__host_memory */
     int cuda_vmm;
     int copy_threads;

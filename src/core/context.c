@@ -811,6 +811,7 @@ static um_status create_allocators(um_context *ctx)
             .recycle = o->recycle_pages,
             .no_plan = !o->plan,
             .no_defer = !o->defer_frees,
+            .no_medium = !o->medium_slabs,
             .events = ctx->events,
         };
         um_status st;

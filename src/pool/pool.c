@@ -32,11 +32,16 @@
 const uint32_t um__class_size[UM_NCLASSES] = {
     256,  512,   768,   1024,  1280,  1536,  1792,  2048,  2304,  2560,
     2816, 3072,  3328,  3584,  3840,  4096,  5120,  6144,  7168,  8192,
-    10240, 12288, 14336, 16384, 20480, 24576, 28672, 32768};
+    10240, 12288, 14336, 16384, 20480, 24576, 28672, 32768,
+    /* medium classes (pool.c, slabs) */
+    40960, 49152, 57344, 65536, 81920, 98304, 114688, 131072,
+    163840, 196608, 229376, 262144};
 
-static uint8_t class_lut[UM_SMALL_MAX / 256 + 1];
+static uint8_t class_lut[UM_MEDIUM_MAX / 256 + 1];
 static uint64_t class_recip[UM_NCLASSES]; /* ceil(2^40 / size): slot = off * r >> 40 */
 static uint32_t class_nslots[UM_NCLASSES]; /* slots of one slab of the class */
+/* Slots a thread's bin of the class holds: up to 2 MiB, 4-UM_TC_MAX. */
+static uint32_t class_bin_max[UM_NCLASSES];
 static pthread_once_t class_once = PTHREAD_ONCE_INIT;
 static _Atomic uint64_t pool_generations = 1;
 
@@ -49,15 +54,18 @@ static size_t slab_bytes(unsigned cls)
 static void class_init(void)
 {
     unsigned c = 0;
-    for (unsigned i = 0; i <= UM_SMALL_MAX / 256; i++) {
+    for (unsigned i = 0; i <= UM_MEDIUM_MAX / 256; i++) {
         while (um__class_size[c] < i * 256u)
             c++;
         class_lut[i] = (uint8_t)c;
     }
     for (unsigned k = 0; k < UM_NCLASSES; k++)
         class_recip[k] = ((1ull << 40) + um__class_size[k] - 1) / um__class_size[k];
-    for (unsigned k = 0; k < UM_NCLASSES; k++)
+    for (unsigned k = 0; k < UM_NCLASSES; k++) {
         class_nslots[k] = (uint32_t)(slab_bytes(k) / um__class_size[k]);
+        uint32_t n = (uint32_t)((2u << 20) / um__class_size[k]);
+        class_bin_max[k] = n < 4 ? 4 : n > UM_TC_MAX ? UM_TC_MAX : n;
+    }
 }
 
 unsigned um__class_of(size_t size) { return class_lut[(size + 255) / 256]; }
@@ -780,6 +788,14 @@ static bool pending_push(um__pending_vec *v, void *ptr, uint64_t epoch)
 
 static void slot_return(um__pool *p, void *ptr);
 
+/* Whether class cls's slabs serve allocations (medium ones only while
+ * medium slabs are on). */
+static inline bool medium_class_on(um__pool *p, unsigned cls)
+{
+    return cls < UM_NSMALL_CLASSES ||
+           atomic_load_explicit(&p->slab_max, memory_order_relaxed) == UM_MEDIUM_MAX;
+}
+
 /* Everything freed on ss with epoch <= upto is now safe on every stream. */
 static void migrate(um__pool *p, um__stream_state *ss, uint64_t upto)
 {
@@ -904,10 +920,11 @@ static bool page_fence_done(um__pool *p, size_t pg)
 /* Notes that stream sid's frees fence pages (see um__pool's fencer). */
 static inline void note_fencer(um__pool *p, uint32_t sid)
 {
-    if (p->fencer == UM_NO_FENCE)
+    if (p->fencer == UM_NO_FENCE) {
         p->fencer = sid;
-    else if (p->fencer != sid)
+    } else if (p->fencer != sid) {
         p->fencer = UM_MIXED_FENCE;
+    }
 }
 
 /* True when no page holds a fence that stream sid (UM_NO_FENCE: the host)
@@ -1023,18 +1040,18 @@ static void unpin_fenced(um__pool *p, um__stream_state *ss, uint32_t sid, uint64
 /* ------------------------------------------------------------------ slabs */
 
 /* A slab map entry (0: no slab) is the slab's record, aligned to
- * SLAB_ALIGN, with the slab's class in bits 0-4 and which of its 64 KiB
- * units the entry's is in bits 5-7: a small free computes its slot and the
- * slot's word (at a fixed offset in the record, slab_words) from the entry
- * alone, without first loading the record (a cache miss once many blocks
- * are live). */
-#define SLAB_ALIGN 256u
+ * SLAB_ALIGN, with the slab's class in bits 0-5 and which of its 64 KiB
+ * units the entry's is in bits 6-11: a small free computes its slot and
+ * the slot's word (at a fixed offset in the record, slab_words) from the
+ * entry alone, without first loading the record (a cache miss once many
+ * blocks are live). */
+#define SLAB_ALIGN 4096u
 #define SLAB_HDR (((sizeof(um__slab) + 63) / 64) * 64)
-#define ENTRY_CLASS(e) ((unsigned)((e) & 31u))
-#define ENTRY_UNIT(e) ((uintptr_t)(((e) >> 5) & 7u))
+#define ENTRY_CLASS(e) ((unsigned)((e) & 63u))
+#define ENTRY_UNIT(e) ((uintptr_t)(((e) >> 6) & 63u))
 #define ENTRY_SLAB(e) ((um__slab *)((e) & ~(uintptr_t)(SLAB_ALIGN - 1)))
-_Static_assert(UM_NCLASSES <= 32, "a class fits the entry's 5 bits");
-_Static_assert(16u * 32768u / UM_SLAB_UNIT <= 8, "a slab's units fit the entry's 3 bits");
+_Static_assert(UM_NCLASSES <= 64, "a class fits the entry's 6 bits");
+_Static_assert(16u * UM_MEDIUM_MAX / UM_SLAB_UNIT <= 64, "a slab's units fit the entry's 6 bits");
 
 static inline um__slot_word *slab_words(um__slab *s)
 {
@@ -1093,7 +1110,7 @@ static bool slab_map_set(um__pool *p, um__slab *s, uintptr_t base, size_t bytes)
         if (s)
             atomic_fetch_or_explicit(&p->slab_granules[g / 64], 1ull << (g % 64),
                                      memory_order_release);
-        uintptr_t e = s ? (uintptr_t)s | s->cls | (uintptr_t)((a - base) / UM_SLAB_UNIT) << 5 : 0;
+        uintptr_t e = s ? (uintptr_t)s | s->cls | (uintptr_t)((a - base) / UM_SLAB_UNIT) << 6 : 0;
         atomic_store_explicit(&p->slab_map[top][unit % SLAB_MAP_LEAF], e, memory_order_release);
     }
     if (!s) {
@@ -1168,7 +1185,7 @@ static void slot_return(um__pool *p, void *ptr)
         um__slab *other = p->partial[s->cls];
         if (other == s)
             other = s->next;
-        if (other) {
+        if (other || !medium_class_on(p, s->cls)) {
             slab_destroy(p, s);
             return;
         }
@@ -1717,6 +1734,49 @@ static um__tcache *own_cache(um__pool *p)
     return pthread_getspecific(p->tkey);
 }
 
+/* One stream fencing, and no step plan learning or running. */
+static inline bool defer_on_rules(um__pool *p)
+{
+    return p->fencer != UM_MIXED_FENCE &&
+           (!p->plan_on || (p->plan.state == UM_PLAN_RECORDING && !um__plan_learning(&p->plan)));
+}
+
+/* Medium slabs end (see slabs): later requests of their sizes take the
+ * large path. The slots still out stay in their slabs until freed; freed
+ * ones no longer stay in the thread caches, and empty slabs go. */
+static __attribute__((noinline)) void medium_slabs_off(um__pool *p)
+{
+    atomic_store_explicit(&p->slab_max, UM_SMALL_MAX, memory_order_relaxed);
+    for (unsigned c = UM_NSMALL_CLASSES; c < UM_NCLASSES; c++)
+        atomic_store_explicit(&p->bin_max[c], 0, memory_order_relaxed);
+    um__tcache *tc = own_cache(p);
+    for (unsigned c = UM_NSMALL_CLASSES; tc && c < UM_NCLASSES; c++)
+        if (tc->bins[c].n)
+            flush_bin_locked(p, &tc->bins[c], c, tc->bins[c].n);
+    if (!p->taking)
+        release_spare_slabs(p);
+}
+
+/* Medium slabs start as deferred frees would (defer_on): with one stream
+ * fencing and no step plan learning or running. They then stay on until a
+ * second stream fences: the planner, should it learn again, must see the
+ * same sequence of large allocations as the one it learns from. Called
+ * after each large allocation and free, which is where those change. */
+static inline void sync_medium_slabs(um__pool *p)
+{
+    bool was = atomic_load_explicit(&p->slab_max, memory_order_relaxed) == UM_MEDIUM_MAX;
+    bool on = p->medium && (was ? p->fencer != UM_MIXED_FENCE : defer_on_rules(p));
+    if (on == was)
+        return;
+    if (!on) {
+        medium_slabs_off(p);
+        return;
+    }
+    for (unsigned c = UM_NSMALL_CLASSES; c < UM_NCLASSES; c++)
+        atomic_store_explicit(&p->bin_max[c], class_bin_max[c], memory_order_relaxed);
+    atomic_store_explicit(&p->slab_max, UM_MEDIUM_MAX, memory_order_relaxed);
+}
+
 /* Bins fill to this many slots at a time; bigger classes move fewer. */
 static uint32_t refill_count(unsigned cls)
 {
@@ -1925,11 +1985,7 @@ static void release_range(um__pool *p, um__block *b, um__stream_state *ss, uint3
 #define DEFER_BLOCK_SHIFT 6   /* the largest block deferred: budget / 64 */
 #define DEFER_SLACK_SHIFT 4   /* a block taken is at most 1/16 larger than asked */
 
-static bool defer_on(um__pool *p)
-{
-    return p->defer && p->fencer != UM_MIXED_FENCE &&
-           (!p->plan_on || (p->plan.state == UM_PLAN_RECORDING && !um__plan_learning(&p->plan)));
-}
+static bool defer_on(um__pool *p) { return p->defer && defer_on_rules(p); }
 
 static size_t defer_budget(const um__pool *p) { return p->reserved >> DEFER_BUDGET_SHIFT; }
 
@@ -2335,6 +2391,7 @@ static __attribute__((noinline)) um_status large_alloc_locked(um__pool *p, size_
             um__plan_note_free(&p->plan, seq, bytes);
         st = fail_locked(p, st, size);
     }
+    sync_medium_slabs(p);
     um__lock_release(&p->lock);
     return st;
 }
@@ -2360,7 +2417,7 @@ static um_status pool_alloc(um__allocator *a, size_t size, const um__stream_ref 
         um__lock_release(&p->lock);
         return st;
     }
-    if (size <= UM_SMALL_MAX)
+    if (size <= atomic_load_explicit(&p->slab_max, memory_order_relaxed))
         return small_alloc(p, size, s, ptr);
     return large_alloc(p, size, s, ptr);
 }
@@ -2385,11 +2442,12 @@ static __attribute__((noinline)) um_status small_free_locked(um__pool *p, unsign
     bool parked = false;
     if (tc) {
         um__tc_bin *bin = &tc->bins[cls];
+        uint32_t max = atomic_load_explicit(&p->bin_max[cls], memory_order_relaxed);
         if (bin->n && bin->stream != sid)
             flush_bin_locked(p, bin, cls, bin->n);
-        else if (bin->n == UM_TC_MAX)
-            flush_bin_locked(p, bin, cls, UM_TC_MAX / 2);
-        if (bin->n < UM_TC_MAX && (!bin->n || bin->stream == sid)) {
+        else if (bin->n >= max)
+            flush_bin_locked(p, bin, cls, bin->n - max / 2);
+        if (bin->n < max && (!bin->n || bin->stream == sid)) {
             bin->stream = sid;
             bin->words[bin->n] = w;
             bin->items[bin->n++] = (void *)addr;
@@ -2443,7 +2501,9 @@ static inline um_status small_free(um__pool *p, uintptr_t e, uintptr_t addr, con
                                               memory_order_acquire) >> (sid % 64)) & 1;
     if (UM_LIKELY(tc && known_stream) && UM_LIKELY(tc_enter(tc))) {
         um__tc_bin *bin = &tc->bins[cls];
-        bool cached = UM_LIKELY((!bin->n || bin->stream == sid) && bin->n < UM_TC_MAX);
+        bool cached = UM_LIKELY((!bin->n || bin->stream == sid) &&
+                                bin->n < atomic_load_explicit(&p->bin_max[cls],
+                                                              memory_order_relaxed));
         if (cached) {
             bin->stream = sid;
             bin->words[bin->n] = w;
@@ -2544,6 +2604,7 @@ static __attribute__((noinline)) um_status large_free_locked(um__pool *p, uintpt
         um__plan_note_free(&p->plan, b->seq, plan_bytes(b));
     free_range(p, b, ss, ref.id);
     enforce_cache_limit(p);
+    sync_medium_slabs(p);
     um__lock_release(&p->lock);
     return UM_OK;
 }
@@ -3215,6 +3276,11 @@ um_status um__pool_create(um__backend *b, const um__pool_config *c, um__allocato
     p->recycle = c->recycle;
     p->plan_on = !c->no_plan;
     p->defer = !c->no_defer;
+    p->medium = !c->no_medium;
+    /* Medium slabs start off; sync_medium_slabs below decides. */
+    atomic_init(&p->slab_max, UM_SMALL_MAX);
+    for (unsigned k = 0; k < UM_NCLASSES; k++)
+        atomic_init(&p->bin_max[k], k < UM_NSMALL_CLASSES ? class_bin_max[k] : 0);
     p->page = page;
     p->page_shift = (unsigned)__builtin_ctzll(page);
     p->npages = va_size / page;
@@ -3274,6 +3340,7 @@ um_status um__pool_create(um__backend *b, const um__pool_config *c, um__allocato
         p->pages[pg] = (um__page){.fence_stream = UM_NO_FENCE, .hole_prev = NO_PAGE,
                                   .hole_next = NO_PAGE};
     p->fencer = UM_NO_FENCE;
+    sync_medium_slabs(p);
     /* The default stream is known from the start. */
     um__stream_ref def = {0, NULL, NULL};
     if (!stream_state(p, &def)) {

@@ -52,6 +52,7 @@ typedef struct um__pool_config {
     int recycle;           /* um__recycle: the recycle_pages option */
     int no_plan;           /* the plan option, negated (0: step planning on) */
     int no_defer;          /* the defer_frees option, negated (0: deferred frees on) */
+    int no_medium;         /* the medium_slabs option, negated (0: medium slabs on) */
     struct um__events *events; /* trace_file's recorder: reserved memory goes there; or NULL */
 } um__pool_config;
 

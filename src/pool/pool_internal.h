@@ -6,7 +6,8 @@
  *   one reservation of address space, covered in address order by range
  *   records ("blocks") that are live, free ("ready", coalesced at once) or
  *   hold a slab: a 64 KiB-aligned range cut into equal slots of one size
- *   class (requests up to UM_SMALL_MAX bytes). Blocks and slabs share the
+ *   class (requests up to UM_SMALL_MAX bytes, and up to UM_MEDIUM_MAX while
+ *   medium slabs are on: pool.c, slabs). Blocks and slabs share the
  *   range, so slabs fill gaps between large blocks. Placement is best fit
  *   with split and coalesce.
  *
@@ -33,8 +34,10 @@
 #include <pthread.h>
 
 #define UM_SMALL_MAX (32u * 1024u)
+#define UM_MEDIUM_MAX (256u * 1024u)
 #define UM_SLAB_UNIT (64u * 1024u)
-#define UM_NCLASSES 28
+#define UM_NSMALL_CLASSES 28 /* the classes up to UM_SMALL_MAX */
+#define UM_NCLASSES 40
 #define UM_TC_MAX 64
 
 enum um__block_state {
@@ -227,6 +230,14 @@ typedef struct um__pool {
      * fences retired meanwhile may return slots, and a slab that empties
      * then is kept rather than destroyed (pool.c, slot_return). */
     bool taking;
+    /* Requests up to this many bytes come from slabs: UM_MEDIUM_MAX while
+     * medium slabs are on, else UM_SMALL_MAX (pool.c, slabs). Read without
+     * the lock by the allocation's fast path. */
+    _Atomic size_t slab_max;
+    bool medium;                  /* the medium_slabs option */
+    /* Slots a thread's bin of each class may hold (0 for the medium
+     * classes once medium slabs are off); read by the free's fast path. */
+    _Atomic uint32_t bin_max[UM_NCLASSES];
 
     uintptr_t va;                 /* the whole reservation */
     size_t va_size;
