@@ -9,6 +9,12 @@
 // Each figure is the median of --reps timed calls (CUDA events around each
 // call on one stream) after two warm-up calls; the inputs are in GPU memory.
 // The POTRF tile is made positive definite (A A^T + t I) before each call.
+// With --streams K, GEMM, TRSM and SYRK are also timed packed: K
+// streams (a cuBLAS handle and an output tile each, as the task runtime's
+// GPU worker keeps up to four tasks in flight on its streams) each run
+// --reps calls at once; the figure is the whole span over K x reps, the
+// time one call adds when others run beside it (K = 1: calls back to back,
+// without the alone figure's wait after each).
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <cusolverDn.h>
@@ -60,10 +66,75 @@ static double op_flops(op_kind k, double t)
     }
 }
 
+// One call of k on tile order t, reading a and b and updating c, on h's stream.
+static void launch(cublasHandle_t h, op_kind k, int t, const float *a, const float *b, float *c)
+{
+    const float one = 1.0f, minus_one = -1.0f;
+    switch (k) {
+    case GEMM:
+        STATUS_CHECK(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, t, t, t, &one, a, t, b, t, &one, c, t));
+        break;
+    case TRSM:
+        STATUS_CHECK(cublasStrsm(h, CUBLAS_SIDE_RIGHT, CUBLAS_FILL_MODE_LOWER, CUBLAS_OP_T,
+                                 CUBLAS_DIAG_NON_UNIT, t, t, &one, b, t, c, t));
+        break;
+    default:
+        STATUS_CHECK(cublasSsyrk(h, CUBLAS_FILL_MODE_LOWER, CUBLAS_OP_N, t, t, &minus_one, a, t,
+                                 &one, c, t));
+        break;
+    }
+}
+
+// The packed time of one call (see the header), in ms.
+static double packed_ms(op_kind k, int t, int nstreams, int reps, const float *a, const float *b)
+{
+    size_t n = (size_t)t * t;
+    std::vector<cudaStream_t> st(nstreams);
+    std::vector<cublasHandle_t> hs(nstreams);
+    std::vector<float *> cs(nstreams);
+    for (int i = 0; i < nstreams; i++) {
+        CUDA_CHECK(cudaStreamCreate(&st[i]));
+        STATUS_CHECK(cublasCreate(&hs[i]));
+        STATUS_CHECK(cublasSetStream(hs[i], st[i]));
+        CUDA_CHECK(cudaMalloc(&cs[i], n * sizeof(float)));
+        CUDA_CHECK(cudaMemcpy(cs[i], b, n * sizeof(float), cudaMemcpyDeviceToDevice));
+        launch(hs[i], k, t, a, b, cs[i]); // warm-up, each handle
+    }
+    CUDA_CHECK(cudaDeviceSynchronize());
+    cudaEvent_t e0, e1;
+    CUDA_CHECK(cudaEventCreate(&e0));
+    CUDA_CHECK(cudaEventCreate(&e1));
+    CUDA_CHECK(cudaEventRecord(e0, st[0]));
+    for (int i = 1; i < nstreams; i++)
+        CUDA_CHECK(cudaStreamWaitEvent(st[i], e0, 0));
+    for (int r = 0; r < reps; r++)
+        for (int i = 0; i < nstreams; i++)
+            launch(hs[i], k, t, a, b, cs[i]);
+    for (int i = 1; i < nstreams; i++) {
+        cudaEvent_t done;
+        CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+        CUDA_CHECK(cudaEventRecord(done, st[i]));
+        CUDA_CHECK(cudaStreamWaitEvent(st[0], done, 0));
+        CUDA_CHECK(cudaEventDestroy(done));
+    }
+    CUDA_CHECK(cudaEventRecord(e1, st[0]));
+    CUDA_CHECK(cudaEventSynchronize(e1));
+    float m = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&m, e0, e1));
+    CUDA_CHECK(cudaEventDestroy(e0));
+    CUDA_CHECK(cudaEventDestroy(e1));
+    for (int i = 0; i < nstreams; i++) {
+        CUDA_CHECK(cudaFree(cs[i]));
+        STATUS_CHECK(cublasDestroy(hs[i]));
+        CUDA_CHECK(cudaStreamDestroy(st[i]));
+    }
+    return m / (double)(reps * nstreams);
+}
+
 int main(int argc, char **argv)
 {
     std::vector<int> tiles = {1024, 2048, 4096, 8192};
-    int reps = 10;
+    int reps = 10, nstreams = 0; // 0: no packed timing
     const char *json = nullptr;
     for (int i = 1; i < argc; i++) {
         if (!std::strcmp(argv[i], "--tiles") && i + 1 < argc) {
@@ -77,15 +148,18 @@ int main(int argc, char **argv)
             }
         } else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) {
             reps = std::atoi(argv[++i]);
+        } else if (!std::strcmp(argv[i], "--streams") && i + 1 < argc) {
+            nstreams = std::atoi(argv[++i]);
         } else if (!std::strcmp(argv[i], "--json") && i + 1 < argc) {
             json = argv[++i];
         } else {
-            std::fprintf(stderr, "usage: tile_times [--tiles T1,T2,...] [--reps N] [--json FILE]\n");
+            std::fprintf(stderr, "usage: tile_times [--tiles T1,T2,...] [--reps N] [--streams K] "
+                                 "[--json FILE]\n");
             return 2;
         }
     }
-    if (tiles.empty() || reps < 1 || reps > 1000) {
-        std::fprintf(stderr, "tile_times: --tiles needs sizes and --reps 1..1000\n");
+    if (tiles.empty() || reps < 1 || reps > 1000 || nstreams < 0 || nstreams > 16) {
+        std::fprintf(stderr, "tile_times: --tiles needs sizes, --reps 1..1000, --streams 0..16\n");
         return 2;
     }
     FILE *js = json ? std::fopen(json, "w") : nullptr;
@@ -183,6 +257,17 @@ int main(int argc, char **argv)
                              "{\"gpu\":\"%s\",\"op\":\"%s\",\"tile\":%d,\"ms\":%.5f,\"min_ms\":%.5f,"
                              "\"max_ms\":%.5f,\"tflops\":%.3f,\"reps\":%d}\n",
                              prop.name, op_names[k], t, med, ms.front(), ms.back(), tflops, reps);
+            if (nstreams > 0 && k != POTRF) {
+                double packed = packed_ms((op_kind)k, t, nstreams, reps, a, b);
+                std::printf("%-6s %6d %12.4f %10.2f  packed on %d streams (%.3fx the alone median)\n",
+                            op_names[k], t, packed, op_flops((op_kind)k, t) / (packed * 1e-3) / 1e12,
+                            nstreams, packed / med);
+                if (js)
+                    std::fprintf(js,
+                                 "{\"gpu\":\"%s\",\"op\":\"%s\",\"tile\":%d,\"packed_ms\":%.5f,"
+                                 "\"streams\":%d,\"alone_ms\":%.5f,\"reps\":%d}\n",
+                                 prop.name, op_names[k], t, packed, nstreams, med, reps);
+            }
         }
         CUDA_CHECK(cudaFree(a));
         CUDA_CHECK(cudaFree(b));
