@@ -60,6 +60,8 @@ static void test_h200x8(void)
 
     /* The measured points themselves, the power law between and beyond. */
     CHECK_NEAR(um__vs_compute_time(m, 1, UM_VS_GEMM, 8192, 0), 21.7199e-3, 1e-12);
+    CHECK_NEAR(um__vs_packed_time(m, 1, UM_VS_GEMM, 8192, 0), 20.9372e-3, 1e-12);
+    CHECK_NEAR(um__vs_packed_time(m, 1, UM_VS_POTRF, 8192, 0), 7.6912e-3, 1e-12);
     CHECK_NEAR(um__vs_compute_time(m, 8, UM_VS_POTRF, 1024, 0), 0.3374e-3, 1e-12);
     double e = log(21.7199 / 2.7716) / log(2.0);
     CHECK_NEAR(um__vs_compute_time(m, 1, UM_VS_GEMM, 6000, 0), 2.7716e-3 * pow(6000 / 4096.0, e),
@@ -107,7 +109,9 @@ static void test_forms(void)
                        "link from=acc to=host bandwidth=8G latency=0.5s\n"
                        "compute model=cpu kernel=gemm gflops=500\n"
                        "compute model=acc kernel=gemm fit=1e-12,3,0.001\n"
-                       "compute model=acc kernel=syrk tile=1000 seconds=2ms\n";
+                       "compute model=acc kernel=syrk tile=1000 seconds=2ms\n"
+                       "compute model=acc kernel=trsm tile=1000 seconds=2ms packed=1ms\n"
+                       "compute model=acc kernel=trsm tile=2000 seconds=16ms\n";
     um__vs_machine *m = machine();
     CHECK_OK(um__vs_machine_parse(text, "tiny.machine", m));
     CHECK(!strcmp(m->name, "tiny") && !strcmp(m->dev[1].name, "acc"));
@@ -123,6 +127,14 @@ static void test_forms(void)
     /* One point: the time grows as tile^3. */
     CHECK_NEAR(um__vs_compute_time(m, 1, UM_VS_SYRK, 2000, 0), 16e-3, 1e-12);
     CHECK(isinf(um__vs_compute_time(m, 1, UM_VS_POTRF, 1000, 0)));
+    /* packed=: its own points (seconds= where a point has none), and the
+     * time alone elsewhere. */
+    CHECK_NEAR(um__vs_packed_time(m, 1, UM_VS_TRSM, 1000, 0), 1e-3, 1e-12);
+    CHECK_NEAR(um__vs_compute_time(m, 1, UM_VS_TRSM, 1000, 0), 2e-3, 1e-12);
+    CHECK_NEAR(um__vs_packed_time(m, 1, UM_VS_TRSM, 2000, 0), 16e-3, 1e-12);
+    CHECK_NEAR(um__vs_packed_time(m, 1, UM_VS_TRSM, 4000, 0), 16e-3 * 16.0, 1e-12);
+    CHECK_NEAR(um__vs_packed_time(m, 1, UM_VS_SYRK, 2000, 0), 16e-3, 1e-12);
+    CHECK_NEAR(um__vs_packed_time(m, 1, UM_VS_GEMM, 1000, 0), 1e-12 * 1e9 + 0.001, 1e-12);
     free(m);
 
     /* A description file, and a name that is neither. */
@@ -173,6 +185,8 @@ static void test_errors(void)
          "line 4", "given twice"},
         {"compute model=g kernel=gemm gflops=1 fit=1,2,3\n", "line 3", "compute line"},
         {"compute model=g kernel=gemm fit=1,x\n", "line 3", "fit"},
+        {"compute model=g kernel=gemm tile=8 seconds=1s packed=0\n", "line 3", "packed"},
+        {"compute model=g kernel=gemm gflops=1 packed=1s\n", "line 3", "measured point"},
         {"compute model=g kernel=gemm gflops=1\ncompute model=g kernel=gemm tile=8 "
          "seconds=1s\n",
          "line 4", "two forms"},

@@ -300,7 +300,7 @@ static void test_many_readers(void)
     for (int i = 0; i < N; i++) {
         void *p;
         CHECK_OK(um_buffer_acquire(b, 1, UM_ACCESS_READ, s[i], &p));
-        CHECK_OK(um__sim_stream_kernel(be, s[i]->ref.bstream, 1000 * MS));
+        CHECK_OK(um__sim_stream_kernel(be, s[i]->ref.bstream, 1000 * MS, 500 * MS));
         CHECK_OK(um_buffer_release(b, 1, s[i]));
     }
     /* The host queued it all at once: no kernel had ended. */
@@ -310,9 +310,15 @@ static void test_many_readers(void)
     CHECK_OK(um_buffer_release(b, 1, s[N]));
     CHECK_OK(um_stream_synchronize(ctx, s[N]));
     /* The copy in (1 MiB at 1 GiB/s, about 1 ms), then the six kernels
-     * one after another, then the write. */
-    CHECK(um__now_ns() - t0 >= 6000 * MS + MS / 2);
-    CHECK(um__now_ns() - t0 < 6000 * MS + 2 * MS);
+     * one after another (the first alone, 1 s; the five behind it packed,
+     * 0.5 s each), then the write. */
+    CHECK(um__now_ns() - t0 >= 3500 * MS + MS / 2);
+    CHECK(um__now_ns() - t0 < 3500 * MS + 2 * MS);
+    /* On an idle device a kernel takes its time alone. */
+    uint64_t t1 = um__now_ns();
+    CHECK_OK(um__sim_stream_kernel(be, s[0]->ref.bstream, 1000 * MS, 500 * MS));
+    CHECK_OK(um_stream_synchronize(ctx, s[0]));
+    CHECK_EQ(um__now_ns() - t1, 1000 * MS);
     check_no_forced();
     for (int i = 0; i <= N; i++)
         CHECK_OK(um_stream_destroy(ctx, s[i]));
@@ -535,7 +541,7 @@ static void test_bad_config(void)
     CHECK(!um__vt_on());
     /* A modelled kernel outside virtual time is refused, naming why. */
     CHECK_OK(um_init("devices=sim:1G,host_capacity=1G", &ctx));
-    CHECK_STATUS(um__sim_stream_kernel(ctx->devices[1].backend, NULL, 10), UM_ERR_UNSUPPORTED);
+    CHECK_STATUS(um__sim_stream_kernel(ctx->devices[1].backend, NULL, 10, 10), UM_ERR_UNSUPPORTED);
     CHECK_ERROR_MENTIONS("virtual time", NULL, NULL);
     um_shutdown(ctx);
 }

@@ -169,8 +169,9 @@ uint64_t um__fault_leaks_total(void);
 um_status um__sim_stream_launch(um__backend *b, um__bstream *s, unsigned n);
 um_status um__sim_stream_complete(um__backend *b, um__bstream *s, unsigned n);
 /* Virtual time only: a kernel of `ns` nanoseconds queued on a sim stream
- * (it runs when the stream's earlier work is done). */
-um_status um__sim_stream_kernel(um__backend *b, um__bstream *s, uint64_t ns);
+ * (it runs when the stream's earlier work is done); packed_ns when it
+ * starts as the device's previous kernel ends (others ran beside it). */
+um_status um__sim_stream_kernel(um__backend *b, um__bstream *s, uint64_t ns, uint64_t packed_ns);
 
 /* The argument checks every backend's copies share: NULL pointers, and a
  * direction (0: to the device, 1: to the host; -1: any, for copy_async).

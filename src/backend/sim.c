@@ -65,7 +65,7 @@ um_status um__sim_stream_complete(um__backend *b, um__bstream *s, unsigned n)
     }
 }
 
-um_status um__sim_stream_kernel(um__backend *b, um__bstream *s, uint64_t ns)
+um_status um__sim_stream_kernel(um__backend *b, um__bstream *s, uint64_t ns, uint64_t packed_ns)
 {
     um__bstream *st = NULL;
     um_status rc = sim_stream(b, s, "sim_stream_kernel", &st);
@@ -74,6 +74,6 @@ um_status um__sim_stream_kernel(um__backend *b, um__bstream *s, uint64_t ns)
     if (!um__vt_on())
         return um__fail(UM_ERR_UNSUPPORTED, "%s: sim_stream_kernel: modelled kernels run only "
                         "in virtual time (option virtual_time)", b->name);
-    um__vdev_kernel(st, ns);
+    um__vdev_kernel(st, ns, packed_ns);
     return UM_OK;
 }

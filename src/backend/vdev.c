@@ -23,7 +23,8 @@ typedef struct um__vdev_op {
     op_kind kind;
     bool started;
     uint64_t end_ns;       /* a started kernel's end */
-    uint64_t ns;           /* a kernel's duration */
+    uint64_t ns;           /* a kernel's duration alone on the device */
+    uint64_t packed_ns;    /* and behind another kernel (vdev.h) */
     double bytes;          /* a copy's */
     int src, dst;          /* a copy's devices */
     um__bstream *other;    /* a wait's stream and mark */
@@ -42,7 +43,8 @@ static struct {
     um__vs_net *net;
     um__bstream *busy; /* streams with work */
     /* When each device's compute is free: its kernels run one at a time,
-     * in the order they reach the heads of its streams. */
+     * in the order they reach the heads of its streams, each behind
+     * another taking its packed time. */
     uint64_t compute_free[MAX_DEV];
 } vd;
 
@@ -104,8 +106,12 @@ static bool start_head(um__bstream *s, uint64_t t)
         bool done = false;
         if (o->kind == OP_KERNEL) {
             int dev = ((um__memfd_backend *)s->owner)->vt_dev;
-            uint64_t start = t > vd.compute_free[dev] ? t : vd.compute_free[dev];
-            o->end_ns = start + o->ns;
+            /* A kernel that waits for the device's previous one would
+             * have run beside it on a GPU's streams: it adds its packed
+             * time (machine.h). */
+            bool behind = vd.compute_free[dev] > t;
+            uint64_t start = behind ? vd.compute_free[dev] : t;
+            o->end_ns = start + (behind ? o->packed_ns : o->ns);
             vd.compute_free[dev] = o->end_ns;
             done = o->end_ns == t;
         } else if (o->kind == OP_COPY) {
@@ -383,12 +389,13 @@ void um__vdev_copy(um__backend *b, void *dst, const void *src, size_t n, um__bst
     um__vt_unlock();
 }
 
-void um__vdev_kernel(um__bstream *s, uint64_t ns)
+void um__vdev_kernel(um__bstream *s, uint64_t ns, uint64_t packed_ns)
 {
     vop *o = new_op(OP_KERNEL);
     if (!o)
         return;
     o->ns = ns;
+    o->packed_ns = packed_ns;
     um__vt_lock();
     enqueue(s, o);
     um__vt_unlock();

@@ -3,7 +3,9 @@
  * (the host and sim devices). While virtual time is on, their streams run
  * queued work in virtual time instead of at once: a copy is a flow over
  * the machine's link resources (base/flow.h: latency, then a max-min fair
- * share of every link it crosses), a modelled kernel takes its duration,
+ * share of every link it crosses), a modelled kernel takes its duration
+ * (its packed one when it waited for the device's previous kernel: on a
+ * GPU the two would have run side by side on their streams),
  * a stream wait holds the stream until another stream's mark is done. No
  * data moves: memory is address space only (the memfd's pages are never
  * touched), so machines far larger than this one can be modelled.
@@ -44,7 +46,7 @@ um_status um__vdev_set_links(const um__vdev_links *l);
 
 /* Stream work, called by vmm_memfd in virtual time. s is a memfd stream. */
 void um__vdev_copy(um__backend *b, void *dst, const void *src, size_t n, um__bstream *s);
-void um__vdev_kernel(um__bstream *s, uint64_t ns);
+void um__vdev_kernel(um__bstream *s, uint64_t ns, uint64_t packed_ns);
 /* Orders s's later work after es's work up to its mark. */
 void um__vdev_stream_wait(um__bstream *s, um__bstream *es, uint64_t mark);
 /* The mark of everything queued on s so far; whether it is done; waiting

@@ -73,9 +73,10 @@ struct um_context {
     bool (*_Atomic forget_buffer)(um_context *ctx, const struct um_buffer *b);
     /* Virtual time (option virtual_time): how long a task takes on a sim
      * device, in ns (its name, flops and largest buffer), when the caller
-     * models it; NULL: flops at sim_gflops. Set before the first task. */
+     * models it, alone on the device and (*packed_ns) while other kernels
+     * run beside it; NULL: flops at sim_gflops. Set before the first task. */
     uint64_t (*vt_task_ns)(void *arg, int dev, const char *name, double flops,
-                           size_t largest_buffer);
+                           size_t largest_buffer, uint64_t *packed_ns);
     void *vt_task_arg;
 };
 

@@ -605,8 +605,9 @@ static bool launches_ahead(um_context *ctx, int dev)
 }
 
 /* How long t takes on sim device dev: the context's model of it in
- * virtual time, else its flops at sim_gflops (0: the task's own time). */
-static uint64_t modelled_ns(um_context *ctx, int dev, const task *t)
+ * virtual time, else its flops at sim_gflops (0: the task's own time);
+ * *packed_ns, the same while other kernels run beside it. */
+static uint64_t modelled_ns(um_context *ctx, int dev, const task *t, uint64_t *packed_ns)
 {
     const um_task *ut = &t->t;
     if (ctx->vt_task_ns && ctx->opts.virtual_time) {
@@ -614,11 +615,13 @@ static uint64_t modelled_ns(um_context *ctx, int dev, const task *t)
         for (int i = 0; i < ut->nbuffers; i++)
             if (um_buffer_size(ut->buffers[i]) > largest)
                 largest = um_buffer_size(ut->buffers[i]);
-        return ctx->vt_task_ns(ctx->vt_task_arg, dev, task_name(t), ut->flops, largest);
+        return ctx->vt_task_ns(ctx->vt_task_arg, dev, task_name(t), ut->flops, largest,
+                               packed_ns);
     }
+    *packed_ns = 0;
     if (ctx->opts.sim_gflops > 0 && ut->flops > 0)
-        return (uint64_t)(ut->flops / (double)ctx->opts.sim_gflops);
-    return 0;
+        *packed_ns = (uint64_t)(ut->flops / (double)ctx->opts.sim_gflops);
+    return *packed_ns;
 }
 
 /* On the host and sim devices: acquires t's buffers, waits for them,
@@ -649,8 +652,10 @@ static um_status run_on_cpu(worker *w, task *t, char *why, size_t why_len)
                      (unsigned long long)t->id, task_name(t), w->dev, rc);
         }
         /* A simulated device computes at its modelled speed. */
-        if (be->kind == UM_DEVICE_SIM)
-            um__sleep_until_ns(t1 + modelled_ns(ctx, w->dev, t));
+        if (be->kind == UM_DEVICE_SIM) {
+            uint64_t packed; /* one task at a time: alone */
+            um__sleep_until_ns(t1 + modelled_ns(ctx, w->dev, t, &packed));
+        }
     }
     uint64_t t2 = um__now_ns();
     st = release_all(w, w->stream, t, held, ran, st, why, why_len);
@@ -683,7 +688,8 @@ static void launch_on_gpu(worker *w, um_stream s, task *t, in_flight *f)
          * kernel's modelled time on the stream. */
         um_task_exec e = {w->dev, be->kind, NULL, ptrs, sizes, ut->nbuffers, ut->user};
         int rc = ut->cpu(&e);
-        um_status ks = um__sim_stream_kernel(be, s->ref.bstream, modelled_ns(ctx, w->dev, t));
+        uint64_t packed, alone = modelled_ns(ctx, w->dev, t, &packed);
+        um_status ks = um__sim_stream_kernel(be, s->ref.bstream, alone, packed);
         if (rc != 0) {
             f->st = UM_ERR_TASK;
             snprintf(f->why, sizeof f->why, "task %llu (%s) on device %d returned %d",

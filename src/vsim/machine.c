@@ -14,20 +14,21 @@
 
 /* The H200's tile times (ms) measured by bench/gpu/tile_times.cu on the
  * GPU machine (docs/BENCHMARKS.md, "Compute time of one tile on the
- * H200"): cuBLAS SGEMM, STRSM, SSYRK and cuSOLVER SPOTRF. */
+ * H200"): cuBLAS SGEMM, STRSM, SSYRK and cuSOLVER SPOTRF; packed, with
+ * --streams 4 (the mean of two runs, 2026-12-03), where measured. */
 #define H200_COMPUTE                                                                     \
     "compute model=h200 kernel=gemm tile=1024 seconds=0.0745ms\n"                        \
     "compute model=h200 kernel=gemm tile=2048 seconds=0.3613ms\n"                        \
-    "compute model=h200 kernel=gemm tile=4096 seconds=2.7716ms\n"                        \
-    "compute model=h200 kernel=gemm tile=8192 seconds=21.7199ms\n"                       \
+    "compute model=h200 kernel=gemm tile=4096 seconds=2.7716ms packed=2.6375ms\n"        \
+    "compute model=h200 kernel=gemm tile=8192 seconds=21.7199ms packed=20.9372ms\n"      \
     "compute model=h200 kernel=trsm tile=1024 seconds=0.3195ms\n"                        \
     "compute model=h200 kernel=trsm tile=2048 seconds=0.7712ms\n"                        \
-    "compute model=h200 kernel=trsm tile=4096 seconds=2.7689ms\n"                        \
-    "compute model=h200 kernel=trsm tile=8192 seconds=14.0668ms\n"                       \
+    "compute model=h200 kernel=trsm tile=4096 seconds=2.7689ms packed=2.1055ms\n"        \
+    "compute model=h200 kernel=trsm tile=8192 seconds=14.0668ms packed=13.2626ms\n"      \
     "compute model=h200 kernel=syrk tile=1024 seconds=0.0736ms\n"                        \
     "compute model=h200 kernel=syrk tile=2048 seconds=0.2252ms\n"                        \
-    "compute model=h200 kernel=syrk tile=4096 seconds=1.6451ms\n"                        \
-    "compute model=h200 kernel=syrk tile=8192 seconds=10.5929ms\n"                       \
+    "compute model=h200 kernel=syrk tile=4096 seconds=1.6451ms packed=1.5421ms\n"        \
+    "compute model=h200 kernel=syrk tile=8192 seconds=10.5929ms packed=10.4205ms\n"      \
     "compute model=h200 kernel=potrf tile=1024 seconds=0.3374ms\n"                       \
     "compute model=h200 kernel=potrf tile=2048 seconds=0.6617ms\n"                       \
     "compute model=h200 kernel=potrf tile=4096 seconds=1.5190ms\n"                       \
@@ -336,6 +337,7 @@ static um_status compute_line(parser *ps, kv *kvs, int n)
     um__vs_cost *c = &m->model[mi].kernel[k];
     const char *tile = get(kvs, n, "tile"), *secs = get(kvs, n, "seconds");
     const char *rate = get(kvs, n, "gflops"), *fit = get(kvs, n, "fit");
+    const char *packed = get(kvs, n, "packed");
     int forms = (tile || secs) + !!rate + !!fit;
     if (forms != 1)
         return bad(ps, "a compute line gives tile= and seconds=, or gflops=, or fit=");
@@ -343,6 +345,8 @@ static um_status compute_line(parser *ps, kv *kvs, int n)
     if (c->kind != UM_VS_COST_NONE && c->kind != kind)
         return bad(ps, "model %s gives kernel %s in two forms", model, kernel);
     c->kind = kind;
+    if (packed && kind != UM_VS_COST_POINTS)
+        return bad(ps, "packed= goes with tile= and seconds= (a measured point)");
     if (rate) {
         if (!parse_number(rate, false, &c->gflops) || c->gflops <= 0)
             return bad(ps, "gflops '%s' is not a positive rate", rate);
@@ -364,6 +368,9 @@ static um_status compute_line(parser *ps, kv *kvs, int n)
             return bad(ps, "tile '%s' is not a tile size", tile);
         if (!parse_number(secs, true, &s) || s <= 0)
             return bad(ps, "seconds '%s' is not a positive time", secs);
+        double p = s;
+        if (packed && (!parse_number(packed, true, &p) || p <= 0))
+            return bad(ps, "packed '%s' is not a positive time", packed);
         if (c->npoints == UM_VS_MAX_POINTS)
             return bad(ps, "more than 16 points for kernel %s of model %s", kernel, model);
         int i = c->npoints;
@@ -374,7 +381,7 @@ static um_status compute_line(parser *ps, kv *kvs, int n)
             c->point[i] = c->point[i - 1];
             i--;
         }
-        c->point[i] = (um__vs_point){(uint32_t)t, s};
+        c->point[i] = (um__vs_point){(uint32_t)t, s, p};
         c->npoints++;
     }
     return UM_OK;
@@ -514,24 +521,31 @@ um_status um__vs_machine_load(const char *name_or_path, um__vs_machine *m)
 
 /* ------------------------------------------------------------- questions */
 
-static double points_time(const um__vs_cost *c, uint32_t tile)
+static double point_seconds(const um__vs_point *p, bool packed)
+{
+    return packed ? p->packed_seconds : p->seconds;
+}
+
+static double points_time(const um__vs_cost *c, uint32_t tile, bool packed)
 {
     if (c->npoints == 1)
-        return c->point[0].seconds * pow((double)tile / c->point[0].tile, 3.0);
+        return point_seconds(&c->point[0], packed) * pow((double)tile / c->point[0].tile, 3.0);
     /* The two points around the tile, or the nearest two outside. */
     int i = 1;
     while (i < c->npoints - 1 && c->point[i].tile < tile)
         i++;
     const um__vs_point *a = &c->point[i - 1], *b = &c->point[i];
+    double sa = point_seconds(a, packed), sb = point_seconds(b, packed);
     if (tile == a->tile)
-        return a->seconds;
+        return sa;
     if (tile == b->tile)
-        return b->seconds;
-    double e = log(b->seconds / a->seconds) / log((double)b->tile / a->tile);
-    return a->seconds * pow((double)tile / a->tile, e);
+        return sb;
+    double e = log(sb / sa) / log((double)b->tile / a->tile);
+    return sa * pow((double)tile / a->tile, e);
 }
 
-double um__vs_compute_time(const um__vs_machine *m, int dev, int k, uint32_t tile, double flops)
+static double compute_time(const um__vs_machine *m, int dev, int k, uint32_t tile, double flops,
+                           bool packed)
 {
     if (dev < 0 || dev >= m->ndev || k < 0 || k >= UM_VS_NKERNELS || m->dev[dev].model < 0)
         return INFINITY;
@@ -539,13 +553,13 @@ double um__vs_compute_time(const um__vs_machine *m, int dev, int k, uint32_t til
     /* A recorded task the description gives no time for runs at the
      * device's gemm rate on tiles of its order. */
     if (k == UM_VS_OTHER && c->kind == UM_VS_COST_NONE) {
-        double t = um__vs_compute_time(m, dev, UM_VS_GEMM, tile ? tile : 1, 0);
+        double t = compute_time(m, dev, UM_VS_GEMM, tile ? tile : 1, 0, packed);
         double gemm_flops = 2.0 * pow(tile ? (double)tile : 1.0, 3.0);
         return isfinite(t) ? flops * t / gemm_flops : INFINITY;
     }
     switch (c->kind) {
     case UM_VS_COST_POINTS:
-        return points_time(c, tile);
+        return points_time(c, tile, packed);
     case UM_VS_COST_RATE:
         return flops / (c->gflops * 1e9);
     case UM_VS_COST_FIT:
@@ -554,6 +568,16 @@ double um__vs_compute_time(const um__vs_machine *m, int dev, int k, uint32_t til
         break;
     }
     return INFINITY;
+}
+
+double um__vs_compute_time(const um__vs_machine *m, int dev, int k, uint32_t tile, double flops)
+{
+    return compute_time(m, dev, k, tile, flops, false);
+}
+
+double um__vs_packed_time(const um__vs_machine *m, int dev, int k, uint32_t tile, double flops)
+{
+    return compute_time(m, dev, k, tile, flops, true);
 }
 
 int um__vs_route(const um__vs_machine *m, int src, int dst, int route[4], double *latency_s)

@@ -10,7 +10,7 @@
  *   machine name=NAME
  *   device name=NAME [count=N] kind=host|gpu|sim memory=SIZE [granularity=SIZE] [model=M]
  *   link from=DEV to=DEV bandwidth=RATE [latency=SECONDS] [shared=NAME] [switched=1]
- *   compute model=M kernel=K (tile=T seconds=S | gflops=R | fit=A,B,C)
+ *   compute model=M kernel=K (tile=T seconds=S [packed=S] | gflops=R | fit=A,B,C)
  *
  * The first device line must be the host (device 0). A gpu launches the
  * tasks it holds ahead on its streams, fetching their inputs as it does;
@@ -30,6 +30,11 @@
  * host (two links). compute gives a kernel's time on a model's devices:
  * measured points (time between two points and beyond them follows the
  * power law through the nearest two), a rate, or a fit a*T^b + c seconds.
+ * A point's packed= is the time one kernel adds while others of the
+ * device run beside it (a GPU's streams overlap kernels; tile_times.cu
+ * --streams measures it); the simulators use it for a kernel that starts
+ * as soon as the device's previous one ends, and seconds= for one that
+ * starts on an idle device. Without it, packed is seconds.
  * A device whose model has no entry for a kernel cannot run it, except
  * `other` (a recorded task of another name), which then runs at the
  * model's gemm rate for its flops.
@@ -53,6 +58,7 @@
 typedef struct um__vs_point {
     uint32_t tile;
     double seconds;
+    double packed_seconds;           /* see packed= above */
 } um__vs_point;
 
 typedef enum um__vs_cost_kind { UM_VS_COST_NONE, UM_VS_COST_POINTS, UM_VS_COST_RATE, UM_VS_COST_FIT } um__vs_cost_kind;
@@ -111,6 +117,8 @@ const char *um__vs_builtin_text(const char *name);
 /* Seconds kernel k takes on a tile of `tile` (flops of it) on device dev;
  * INFINITY where dev cannot run it. */
 double um__vs_compute_time(const um__vs_machine *m, int dev, int k, uint32_t tile, double flops);
+/* The same while other kernels of the device run beside it (packed=). */
+double um__vs_packed_time(const um__vs_machine *m, int dev, int k, uint32_t tile, double flops);
 /* The resources a copy from src to dst crosses (up to 4: two links
  * through the host when there is no direct one), into route[]; returns
  * their number (0 when src == dst), -1 when there is no way. *latency_s

@@ -33,16 +33,22 @@ static int kernel_of(const char *name)
     return UM_VS_OTHER;
 }
 
+static uint64_t seconds_ns(double s)
+{
+    return !isfinite(s) || s < 0 ? 0 /* placement never sends a task where it cannot run */
+                                 : (uint64_t)llround(s * 1e9);
+}
+
 /* The context's task time: the machine's table for the kernel on tiles of
- * the order its largest buffer has in floats. */
-static uint64_t task_ns(void *arg, int dev, const char *name, double flops, size_t largest)
+ * the order its largest buffer has in floats, alone and packed. */
+static uint64_t task_ns(void *arg, int dev, const char *name, double flops, size_t largest,
+                        uint64_t *packed_ns)
 {
     const um__vs_machine *m = arg;
     uint32_t tile = (uint32_t)llround(sqrt((double)largest / 4.0));
-    double s = um__vs_compute_time(m, dev, kernel_of(name), tile ? tile : 1, flops);
-    if (!isfinite(s) || s < 0)
-        s = 0; /* placement never sends a task where it cannot run */
-    return (uint64_t)llround(s * 1e9);
+    int k = kernel_of(name);
+    *packed_ns = seconds_ns(um__vs_packed_time(m, dev, k, tile ? tile : 1, flops));
+    return seconds_ns(um__vs_compute_time(m, dev, k, tile ? tile : 1, flops));
 }
 
 /* The machine's links as the device model's resources and routes. */

@@ -385,9 +385,14 @@ static void pump(sim *s, int dev)
     uint32_t ti = v->queue[0];
     if (!s->t[ti].staged || !inputs_here(s, ti))
         return;
+    /* A GPU's task that starts as its previous one ends was launched
+     * beside it on the streams: it adds its packed time (machine.h). */
+    bool behind = ahead && v->compute_start < v->compute_end && v->compute_end == s->now;
+    const um__vs_task *t = &s->d->tasks[ti];
     v->computing = true;
     v->compute_start = s->now;
-    v->compute_end = s->now + kernel_time(s, &s->d->tasks[ti], dev);
+    v->compute_end = s->now + (behind ? um__vs_packed_time(s->m, dev, t->kernel, t->tile, t->flops)
+                                      : kernel_time(s, t, dev));
 }
 
 static void task_done(sim *s, int dev)
@@ -554,21 +559,25 @@ static um_status sim_init(sim *s, const um__vs_machine *m, const um__vs_dag *d, 
 }
 
 /* The bound counts only the devices that run kernels (the host of the
- * built-ins runs none): `capable` maps the bound's devices to them. */
+ * built-ins runs none): `capable` maps the bound's devices to them. The
+ * work bound takes the packed times (a device's throughput with its
+ * streams full), the critical path the times alone. */
 typedef struct lb_view {
     const um__vs_machine *m;
+    bool packed;
     int capable[UM_VS_MAX_DEVICES];
 } lb_view;
 
 static double lb_time(const um__vs_task *t, int dev, void *arg)
 {
     const lb_view *v = arg;
-    return um__vs_compute_time(v->m, v->capable[dev], t->kernel, t->tile, t->flops);
+    return (v->packed ? um__vs_packed_time : um__vs_compute_time)(v->m, v->capable[dev], t->kernel,
+                                                                  t->tile, t->flops);
 }
 
 void um__vs_bounds(const um__vs_machine *m, const um__vs_dag *d, um__vs_result *out)
 {
-    lb_view v = {m, {0}};
+    lb_view v = {m, false, {0}};
     int ncap = 0;
     for (int dev = 0; dev < m->ndev; dev++) {
         bool runs = false;
@@ -577,8 +586,13 @@ void um__vs_bounds(const um__vs_machine *m, const um__vs_dag *d, um__vs_result *
         if (runs)
             v.capable[ncap++] = dev;
     }
-    out->lower_bound_s =
-        um__vs_lower_bound(d, ncap, lb_time, &v, &out->work_bound_s, &out->path_bound_s);
+    out->work_bound_s = out->path_bound_s = 0;
+    double alone = um__vs_lower_bound(d, ncap, lb_time, &v, NULL, &out->path_bound_s);
+    v.packed = true;
+    double packed = um__vs_lower_bound(d, ncap, lb_time, &v, &out->work_bound_s, NULL);
+    out->lower_bound_s = alone < 0 || packed < 0 ? -1
+                         : out->work_bound_s > out->path_bound_s ? out->work_bound_s
+                                                                 : out->path_bound_s;
 }
 
 /* Copies every tile written back to the host once the last task ends. */
