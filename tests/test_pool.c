@@ -651,23 +651,18 @@ static void test_medium_slabs(void)
 
     /* With the planner learning (from the start), medium sizes are large
      * blocks; medium_slabs=0 keeps them so. */
-    c.no_plan = 0;
-    a = make_pool_with(256 * MiB, &c);
-    p = (um__pool *)a;
-    CHECK_EQ(p->slab_max, UM_SMALL_MAX);
-    m = xalloc(a, 100 * K, 1);
-    CHECK(ptr_map_has(p, m));
-    xfree(a, m, 1);
-    a->ops->destroy(a);
-    c.no_plan = 1;
-    c.no_medium = 1;
-    a = make_pool_with(256 * MiB, &c);
-    p = (um__pool *)a;
-    CHECK_EQ(p->slab_max, UM_SMALL_MAX);
-    m = xalloc(a, 100 * K, 1);
-    CHECK(ptr_map_has(p, m));
-    xfree(a, m, 1);
-    a->ops->destroy(a);
+    const um__pool_config off[] = {{.dev = 1, .thread_cache = 1, .va_factor = 4},
+                                   {.dev = 1, .thread_cache = 1, .va_factor = 4, .no_plan = 1,
+                                    .no_medium = 1}};
+    for (int i = 0; i < 2; i++) {
+        a = make_pool_with(256 * MiB, &off[i]);
+        p = (um__pool *)a;
+        CHECK_EQ(p->slab_max, UM_SMALL_MAX);
+        m = xalloc(a, 100 * K, 1);
+        CHECK(ptr_map_has(p, m));
+        xfree(a, m, 1);
+        a->ops->destroy(a);
+    }
 }
 
 /* Pages freed under in-flight work are never moved or reused elsewhere

@@ -920,11 +920,10 @@ static bool page_fence_done(um__pool *p, size_t pg)
 /* Notes that stream sid's frees fence pages (see um__pool's fencer). */
 static inline void note_fencer(um__pool *p, uint32_t sid)
 {
-    if (p->fencer == UM_NO_FENCE) {
+    if (p->fencer == UM_NO_FENCE)
         p->fencer = sid;
-    } else if (p->fencer != sid) {
+    else if (p->fencer != sid)
         p->fencer = UM_MIXED_FENCE;
-    }
 }
 
 /* True when no page holds a fence that stream sid (UM_NO_FENCE: the host)
