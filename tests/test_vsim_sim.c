@@ -222,11 +222,39 @@ static void test_sim_kind(void)
     free(r);
 }
 
+/* Eight gemms of 1024-tiles on one GPU with a fast link: the first runs
+ * alone (0.5 s); those that start as the one before ends take their packed
+ * time (0.25 s), and a task that waited for its C tile's first step may
+ * start a moment later, alone: 2.25-2.5 s, where times alone give 4 s.
+ * The work bound counts 8 packed times, the critical path (two steps into
+ * each C tile) times alone. */
+static void test_packed(void)
+{
+    um__vs_machine *m = load("device name=host kind=host memory=1T\n"
+                             "device name=gpu kind=gpu memory=1G model=g\n"
+                             "link from=host to=gpu bandwidth=1T latency=0us\n"
+                             "link from=gpu to=host bandwidth=1T latency=0us\n"
+                             "compute model=g kernel=gemm tile=1024 seconds=0.5 packed=0.25\n");
+    um__vs_dag d;
+    CHECK_EQ(um__vs_dag_gemm(2048, 1024, &d), 0);
+    CHECK_EQ(d.ntasks, 8u);
+    um__vs_result *r = malloc(sizeof *r);
+    CHECK_OK(um__vs_simulate(m, &d, UM_SCHED_COST, r));
+    CHECK(r->makespan_s > 0.5 + 7 * 0.25 - 1e-3 && r->makespan_s < 2 * 0.5 + 6 * 0.25 + 1e-3);
+    CHECK_NEAR(r->work_bound_s, 8 * 0.25, 1e-12);
+    CHECK_NEAR(r->path_bound_s, 2 * 0.5, 1e-12);
+    CHECK_NEAR(r->lower_bound_s, 2.0, 1e-12);
+    free(r);
+    um__vs_dag_free(&d);
+    free(m);
+}
+
 int main(void)
 {
     uint64_t seed = harness_seed("test_vsim_sim");
     test_sim_kind();
     test_one_task();
+    test_packed();
     test_eviction();
     test_random(seed);
     return harness_finish("test_vsim_sim");
