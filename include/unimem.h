@@ -432,6 +432,10 @@ typedef struct um_task {
     /* Called on the worker when the task has finished (its GPU work too),
      * failed or been cancelled. */
     void (*done)(um_task_id id, um_status st, void *user);
+    /* Among ready tasks, and those queued on a device and not started, a
+     * higher priority goes first (0 by default; equal ones in the order
+     * they became ready). */
+    int priority;
 } um_task;
 
 /* Submits *t (copied; its buffers must live until it is done). *id names

@@ -585,9 +585,70 @@ static void test_nominal_rates(void)
     um_shutdown(ctx);
 }
 
+/* -------------------------------------------------------------- priorities */
+
+static _Atomic int ran_count;
+static int ran_order[32];
+
+static int record_fn(const um_task_exec *e)
+{
+    ran_order[atomic_fetch_add(&ran_count, 1)] = (int)(intptr_t)e->user;
+    return 0;
+}
+
+/* One device, held by a task while twelve independent ones are submitted
+ * (six fill its queue, six wait unplaced): once it is free they run by
+ * priority, equal priorities in the order of submission, however the
+ * two lists split them. */
+static void test_priority_order(void)
+{
+    um_context *ctx = NULL;
+    CHECK_OK(um_init("devices=sim:64M,host_tasks=0,links=model", &ctx));
+    if (!ctx)
+        return;
+    enum { N = 12 };
+    static const int prio[N] = {1, 5, 3, 5, 0, 3, 9, -2, 5, 0, 7, 1};
+    um_buffer *hold, *b[N];
+    CHECK_OK(um_buffer_create(ctx, 4096, NULL, &hold));
+    _Atomic int gate = 0;
+    probe holder = {0};
+    holder.gate = &gate;
+    um_task_id ih = submit_probe(ctx, &holder, hold, UM_ACCESS_WRITE_DISCARD, NULL, 0);
+    while (!atomic_load(&holder.ran))
+        usleep(1000);
+    atomic_store(&ran_count, 0);
+    for (int i = 0; i < N; i++) {
+        CHECK_OK(um_buffer_create(ctx, 4096, NULL, &b[i]));
+        um_task t = {.name = "record", .cpu = record_fn, .nbuffers = 1, .device = -1,
+                     .user = (void *)(intptr_t)i, .priority = prio[i]};
+        t.buffers[0] = b[i];
+        t.modes[0] = UM_ACCESS_WRITE_DISCARD;
+        um_task_id id;
+        CHECK_OK(um_task_submit(ctx, &t, &id));
+    }
+    atomic_store(&gate, 1);
+    CHECK_OK(um_task_wait(ctx, ih));
+    CHECK_OK(um_wait_all(ctx));
+    CHECK_EQ(atomic_load(&ran_count), N);
+    /* A stable sort of the submission order, highest first. */
+    int want[N], n = 0;
+    for (int p = 9; p >= -2; p--)
+        for (int i = 0; i < N; i++)
+            if (prio[i] == p)
+                want[n++] = i;
+    CHECK_EQ(n, N);
+    for (int i = 0; i < N; i++)
+        CHECK_EQ(ran_order[i], want[i]);
+    for (int i = 0; i < N; i++)
+        CHECK_OK(um_buffer_destroy(b[i]));
+    CHECK_OK(um_buffer_destroy(hold));
+    um_shutdown(ctx);
+}
+
 int main(void)
 {
     uint64_t seed = harness_seed("test_task");
+    test_priority_order();
     test_nominal_rates();
     test_bad_input();
     test_failure_and_cancel();

@@ -382,6 +382,79 @@ static void test_reference(uint64_t seed)
     }
 }
 
+/* -------------------------------------------------------------- priorities */
+
+/* The bottom level of task t by its definition (the most flops on a path
+ * from t's start to the end), over the dependents found by scanning. */
+static double bottom_level_ref(const um__vs_dag *d, size_t t, double *memo)
+{
+    if (memo[t] >= 0)
+        return memo[t];
+    double most = 0;
+    for (size_t u = t + 1; u < d->ntasks; u++)
+        for (uint32_t i = 0; i < d->tasks[u].ndeps; i++)
+            if (d->deps[d->tasks[u].first_dep + i] == t) {
+                double b = bottom_level_ref(d, u, memo);
+                most = b > most ? b : most;
+            }
+    double flops = d->tasks[t].flops;
+    return memo[t] = (flops > 0 ? flops : 1.0) + most;
+}
+
+static void test_priorities(uint64_t seed)
+{
+    /* A Cholesky of 2 x 2 tiles is one chain: potrf (T^3/3), trsm (T^3),
+     * syrk (T^3), potrf; its levels are 8/3, 7/3, 4/3 and 1/3 T^3. */
+    um__vs_dag d;
+    int prio[4];
+    CHECK_EQ(um__vs_dag_cholesky(2048, 1024, &d), 0);
+    CHECK_EQ(d.ntasks, 4u);
+    CHECK_EQ(um__vs_dag_priorities(&d, prio), 0);
+    CHECK_EQ(prio[0], UM_VS_PRIORITY_MAX);
+    CHECK_EQ(prio[1], 875000000);
+    CHECK_EQ(prio[2], 500000000);
+    CHECK_EQ(prio[3], 125000000);
+    CHECK_EQ(um__vs_dag_priorities(NULL, prio), -1);
+    CHECK_EQ(um__vs_dag_priorities(&d, NULL), -1);
+    um__vs_dag_free(&d);
+
+    /* Random graphs, some tasks without flops, against the definition. */
+    uint64_t rng = seed ^ 0x9e3779b9u;
+    for (int round = 0; round < 100; round++) {
+        size_t n = 1 + harness_rand(&rng) % 120;
+        uint32_t ntiles = 1 + (uint32_t)(harness_rand(&rng) % 6);
+        um__vs_task *tasks = calloc(n, sizeof *tasks);
+        for (size_t t = 0; t < n; t++) {
+            tasks[t].naccess = (uint8_t)(1 + harness_rand(&rng) % 3);
+            tasks[t].flops = harness_rand(&rng) % 4 ? (double)(harness_rand(&rng) % 1000) : 0;
+            for (int a = 0; a < tasks[t].naccess; a++) {
+                tasks[t].access[a].tile = (uint32_t)(harness_rand(&rng) % ntiles);
+                tasks[t].access[a].mode = harness_rand(&rng) % 2 ? UM_VS_READ : UM_VS_READ_WRITE;
+            }
+        }
+        um__vs_dag r = {.tasks = tasks, .ntasks = n, .ntiles = ntiles};
+        CHECK_EQ(um__vs_dag_derive_deps(&r), 0);
+        int *got = malloc(n * sizeof *got);
+        double *memo = malloc(n * sizeof *memo), top = 0;
+        for (size_t t = 0; t < n; t++)
+            memo[t] = -1;
+        for (size_t t = 0; t < n; t++) {
+            double b = bottom_level_ref(&r, t, memo);
+            top = b > top ? b : top;
+        }
+        CHECK_EQ(um__vs_dag_priorities(&r, got), 0);
+        for (size_t t = 0; t < n; t++) {
+            CHECK_EQ(got[t], (int)llround(memo[t] / top * UM_VS_PRIORITY_MAX));
+            /* A task goes before everything that waits for it. */
+            for (uint32_t i = 0; i < r.tasks[t].ndeps; i++)
+                CHECK(got[r.deps[r.tasks[t].first_dep + i]] >= got[t]);
+        }
+        free(got);
+        free(memo);
+        um__vs_dag_free(&r);
+    }
+}
+
 /* ------------------------------------------------------------- lower bound */
 
 /* Per-device rates (flops per second) by kernel; 0 means "cannot run". */
@@ -650,6 +723,7 @@ int main(void)
     test_bad_input();
     test_reference(seed);
     test_lower_bound(seed);
+    test_priorities(seed);
     test_large();
     test_trace_file();
     return harness_finish("test_vsim_dag");

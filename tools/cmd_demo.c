@@ -15,10 +15,13 @@
  * matrix. Each task has an OpenBLAS implementation (the host and simulated
  * devices) and, but for POTRF, a cuBLAS one for GPUs (demo_blas.c). The
  * run prints its makespan, GFLOP/s and what each device did, and checks
- * the result against a reference. Uses only include/unimem.h.
+ * the result against a reference. Uses include/unimem.h, and for the
+ * tasks' priorities the simulator's graph of the same workload
+ * (src/vsim/dag.h), so that `unimem sim` orders the tasks as this does.
  */
 #include "demo_blas.h"
 #include "tool.h"
+#include "vsim/dag.h"
 
 #include <cblas.h>
 #include <errno.h>
@@ -120,6 +123,8 @@ typedef struct demo_run {
     demo_op op_gemm_first, op_gemm_acc, op_chol_gemm, op_trsm, op_syrk, op_potrf;
     um_buffer *potrf_work; /* cuSOLVER's workspace for GPU potrf tasks (NULL: host only) */
     progress prog;
+    int *priority;     /* each task's, in submission order (vsim/dag.h) */
+    size_t nsubmitted;
     bool submitted;
     bool reported; /* the failure has been described on stderr already */
 } demo_run;
@@ -567,11 +572,30 @@ static um_status submit(demo_run *r, const char *name, um_task_fn cpu, um_task_f
     t.device = -1;
     t.user = op;
     t.done = task_done;
+    t.priority = r->priority[r->nsubmitted];
     um_task_id id;
     um_status st = um_task_submit(r->ctx, &t, &id);
-    if (st == UM_OK)
+    if (st == UM_OK) {
         r->submitted = true;
+        r->nsubmitted++;
+    }
     return st;
+}
+
+/* The priorities of the workload's tasks (vsim/dag.h): the same graph,
+ * built by the simulator, in the order the submit functions below go. */
+static um_status make_priorities(demo_run *r)
+{
+    const demo_cfg *c = r->c;
+    um__vs_dag d;
+    int bad = c->workload == DEMO_GEMM ? um__vs_dag_gemm((uint32_t)c->n, (uint32_t)c->tile, &d)
+                                       : um__vs_dag_cholesky((uint32_t)c->n, (uint32_t)c->tile, &d);
+    if (!bad && (r->priority = malloc((d.ntasks ? d.ntasks : 1) * sizeof *r->priority)) != NULL)
+        bad = um__vs_dag_priorities(&d, r->priority);
+    else
+        bad = -1;
+    um__vs_dag_free(&d);
+    return bad ? host_nomem(r, "the tasks' priorities") : UM_OK;
 }
 
 static um_status submit_gemm(demo_run *r)
@@ -923,6 +947,9 @@ static void close_run(demo_run *r)
             (void)um_buffer_destroy(r->tiles[k]);
     free(r->tiles);
     r->tiles = NULL;
+    free(r->priority);
+    r->priority = NULL;
+    r->nsubmitted = 0;
     if (r->ctx)
         um_shutdown(r->ctx);
     r->ctx = NULL;
@@ -1136,6 +1163,8 @@ static int run_one(demo_cfg *c, const char *sched, run_result *x)
     r.op_gemm_acc = (demo_op){t, false, 1.0f, 1.0f, &r.prog};
     r.op_chol_gemm = (demo_op){t, true, -1.0f, 1.0f, &r.prog};
     st = make_tiles(&r);
+    if (st == UM_OK)
+        st = make_priorities(&r);
     if (st != UM_OK)
         return run_fail(&r, st, NULL);
 

@@ -292,6 +292,26 @@ static int device_to_fail_on(const um__run *r, const task *t)
     return -1;
 }
 
+/* Puts t in the list *head..*tail after every task of its priority or a
+ * higher one, so a list runs by priority and, within one, in order. */
+static void enqueue(task **head, task **tail, task *t)
+{
+    t->next = NULL;
+    if (!*tail || (*tail)->t.priority >= t->t.priority) {
+        if (*tail)
+            (*tail)->next = t;
+        else
+            *head = t;
+        *tail = t;
+        return;
+    }
+    task **pp = head;
+    while ((*pp)->t.priority >= t->t.priority)
+        pp = &(*pp)->next;
+    t->next = *pp;
+    *pp = t;
+}
+
 /* Tries to place t (ready) now: true when it went to a device's queue,
  * false when its device should be one whose queue is full (locked). */
 static bool place_now(um__run *r, task *t)
@@ -311,12 +331,7 @@ static bool place_now(um__run *r, task *t)
         return false;
     worker *w = &r->w[t->dev];
     t->state = READY;
-    t->next = NULL;
-    if (w->tail)
-        w->tail->next = t;
-    else
-        w->head = t;
-    w->tail = t;
+    enqueue(&w->head, &w->tail, t);
     w->queued++;
     w->queued_ns += t->est_ns;
     um__cond_signal(&w->wake);
@@ -370,12 +385,7 @@ static void make_ready(um__run *r, task *t)
         (void)um_buffer_hint(t->t.buffers[i], UM_HINT_WILL_USE);
     t->state = READY;
     t->dev = -1;
-    t->next = NULL;
-    if (r->ready_tail)
-        r->ready_tail->next = t;
-    else
-        r->ready_head = t;
-    r->ready_tail = t;
+    enqueue(&r->ready_head, &r->ready_tail, t);
     dispatch(r);
 }
 

@@ -359,3 +359,35 @@ double um__vs_lower_bound(const um__vs_dag *d, int ndev,
         *path_s = path;
     return work > path ? work : path;
 }
+
+int um__vs_dag_priorities(const um__vs_dag *d, int *prio)
+{
+    if (!d || !prio || (d->ntasks && !d->tasks))
+        return -1;
+    /* Task order is topological, so one backward pass: a task's level is
+     * its cost plus the largest of its dependents', which are all later. */
+    double *below = calloc(d->ntasks ? d->ntasks : 1, sizeof *below);
+    if (!below)
+        return -1;
+    double top = 0;
+    for (size_t t = d->ntasks; t-- > 0;) {
+        const um__vs_task *task = &d->tasks[t];
+        double level = below[t] + (task->flops > 0 ? task->flops : 1.0);
+        below[t] = level;
+        if (level > top)
+            top = level;
+        for (uint32_t i = 0; i < task->ndeps; i++) {
+            uint32_t p = d->deps[task->first_dep + i];
+            if (p >= t) {
+                free(below);
+                return -1;
+            }
+            if (level > below[p])
+                below[p] = level;
+        }
+    }
+    for (size_t t = 0; t < d->ntasks; t++)
+        prio[t] = (int)llround(below[t] / top * UM_VS_PRIORITY_MAX);
+    free(below);
+    return 0;
+}

@@ -120,4 +120,15 @@ double um__vs_lower_bound(const um__vs_dag *d, int ndev,
                           double (*time)(const um__vs_task *t, int dev, void *arg), void *arg,
                           double *work_s, double *path_s);
 
+/* The highest priority um__vs_dag_priorities gives. */
+#define UM_VS_PRIORITY_MAX 1000000000
+/* Each task's priority for the task runtime (um_task's priority): its
+ * bottom level, the most flops on a path from its start to the graph's
+ * end (its own included; a task without a flops figure counts one),
+ * scaled to 0..UM_VS_PRIORITY_MAX in the same order. The tasks that the
+ * rest of the graph waits on longest go first, as in HEFT's upward rank;
+ * flops, not a machine's times, so that a program and the simulator of
+ * it give the same order. prio has d->ntasks entries. Returns 0, or -1
+ * (no memory, or dependencies not in task order). */
+int um__vs_dag_priorities(const um__vs_dag *d, int *prio);
 #endif /* UM_VSIM_DAG_H */

@@ -128,10 +128,16 @@ static const um_access mode_of[] = {
     [UM_VS_READ_WRITE] = UM_ACCESS_READ_WRITE,
 };
 
-/* Submits every task, waits, brings the results home. */
+/* Submits every task, with its priority (dag.h), waits, brings the
+ * results home. */
 static um_status run(um_context *ctx, const um__vs_dag *d, um_buffer **tiles, double *makespan_s,
                      double *home_s)
 {
+    int *prio = malloc((d->ntasks ? d->ntasks : 1) * sizeof *prio);
+    if (!prio || um__vs_dag_priorities(d, prio) != 0) {
+        free(prio);
+        return um__fail(UM_ERR_NOMEM, "sim: no memory for the tasks' priorities");
+    }
     uint64_t t0 = um__vt_now();
     um_status st = UM_OK;
     for (size_t i = 0; i < d->ntasks && st == UM_OK; i++) {
@@ -140,7 +146,8 @@ static um_status run(um_context *ctx, const um__vs_dag *d, um_buffer **tiles, do
                       .cpu = no_compute,
                       .nbuffers = t->naccess,
                       .flops = t->flops,
-                      .device = -1};
+                      .device = -1,
+                      .priority = prio[i]};
         for (int a = 0; a < t->naccess; a++) {
             ut.buffers[a] = tiles[t->access[a].tile];
             ut.modes[a] = mode_of[t->access[a].mode];
@@ -148,6 +155,7 @@ static um_status run(um_context *ctx, const um__vs_dag *d, um_buffer **tiles, do
         um_task_id id;
         st = um_task_submit(ctx, &ut, &id);
     }
+    free(prio);
     if (st == UM_OK)
         st = um_wait_all(ctx);
     *makespan_s = (double)(um__vt_now() - t0) / 1e9;

@@ -21,6 +21,7 @@ typedef struct vtask {
     int dev;
     uint32_t waiting;     /* dependencies not done */
     double est_ns;
+    int priority;         /* dag.h's, as the runtime engine submits it */
     um_access modes[UM_VS_MAX_ACCESS];
 } vtask;
 
@@ -52,7 +53,8 @@ typedef struct sim {
     double *last_use;
     /* Dependents: rdeps[rfirst[i] .. rfirst[i+1]) wait for task i. */
     uint32_t *rfirst, *rdeps;
-    /* Tasks made ready and not placed yet, in the order they became ready. */
+    /* Tasks made ready and not placed yet, by priority and, within one, in
+     * the order they became ready. */
     uint32_t *ready;
     size_t nready, done;
     double now;
@@ -181,7 +183,38 @@ static void place_view(const sim *s, uint32_t ti, um__place_task *pt)
         pt->eligible[d] = isfinite(kernel_time(s, t, d));
 }
 
-/* Places ready tasks, oldest first, where the policy says, as the
+/* As the runtime orders its lists: after every task of ti's priority or a
+ * higher one, at index `from` or later. */
+static int insert_at(const sim *s, const uint32_t *list, int n, int from, uint32_t ti)
+{
+    int at = n;
+    while (at > from && s->t[list[at - 1]].priority < s->t[ti].priority)
+        at--;
+    return at;
+}
+
+static void ready_add(sim *s, uint32_t ti)
+{
+    int at = insert_at(s, s->ready, (int)s->nready, 0, ti);
+    memmove(s->ready + at + 1, s->ready + at, (s->nready - (size_t)at) * sizeof *s->ready);
+    s->ready[at] = ti;
+    s->nready++;
+}
+
+/* Into dev's queue: not before a task it has staged (the runtime's
+ * launched ones), which keeps their order. */
+static void queue_add(sim *s, vdev *v, uint32_t ti)
+{
+    int from = 0;
+    while (from < v->nqueue && (from == 0 || s->t[v->queue[from]].staged))
+        from++;
+    int at = insert_at(s, v->queue, v->nqueue, from, ti);
+    memmove(v->queue + at + 1, v->queue + at, (size_t)(v->nqueue - at) * sizeof v->queue[0]);
+    v->queue[at] = ti;
+    v->nqueue++;
+}
+
+/* Places ready tasks, by priority and then oldest first, where the policy says, as the
  * runtime's dispatch does (src/run/run.c): it stops when no device has
  * room, and after DISPATCH_MISSES tasks in a row that had a choice of
  * devices and waited for a full one. */
@@ -220,7 +253,7 @@ static void dispatch(sim *s)
         }
         misses = 0;
         vdev *v = &s->dev[dev];
-        v->queue[v->nqueue++] = ti;
+        queue_add(s, v, ti);
         v->queued_ns += est;
         s->t[ti].dev = dev;
         s->t[ti].est_ns = est;
@@ -432,7 +465,7 @@ static void task_done(sim *s, int dev)
     for (uint32_t k = s->rfirst[ti]; k < s->rfirst[ti + 1]; k++) {
         uint32_t dep = s->rdeps[k];
         if (--s->t[dep].waiting == 0)
-            s->ready[s->nready++] = dep;
+            ready_add(s, dep);
     }
 }
 
@@ -508,6 +541,14 @@ static um_status sim_init(sim *s, const um__vs_machine *m, const um__vs_dag *d, 
     /* Every tile starts on the host, where the program made it. */
     for (uint32_t tile = 0; tile < d->ntiles; tile++)
         s->valid[tile] = s->alloc[tile] = 1;
+    int *prio = malloc((nt ? nt : 1) * sizeof *prio);
+    if (!prio || um__vs_dag_priorities(d, prio) != 0) {
+        free(prio);
+        return um__fail(UM_ERR_NOMEM, "sim: no memory for the tasks' priorities");
+    }
+    for (size_t i = 0; i < nt; i++)
+        s->t[i].priority = prio[i];
+    free(prio);
     for (size_t i = 0; i < nt; i++) {
         const um__vs_task *t = &d->tasks[i];
         s->t[i].waiting = t->ndeps;
@@ -536,7 +577,7 @@ static um_status sim_init(sim *s, const um__vs_machine *m, const um__vs_dag *d, 
             s->rdeps[s->rfirst[dep] + fill[dep]++] = (uint32_t)i;
         }
         if (!t->ndeps)
-            s->ready[s->nready++] = (uint32_t)i;
+            ready_add(s, (uint32_t)i);
     }
     free(fill);
     /* A task whose tiles fit on no device that runs it would stall the run:
