@@ -602,7 +602,7 @@ static bool ptr_map_has(um__pool *p, void *ptr)
     return false;
 }
 
-/* Requests of 32-256 KiB come from slabs while one stream fences and no
+/* Requests of 32 KiB-1 MiB come from slabs while one stream fences and no
  * plan learns; from the second stream's first large free they take the
  * large path, and the medium slabs go once their slots are freed. */
 static void test_medium_slabs(void)
@@ -624,6 +624,13 @@ static void test_medium_slabs(void)
     void *m2 = xalloc(a, 98 * K, 1);
     CHECK(m2 == m);
     CHECK_STATUS(a->ops->free(a, (char *)m2 + 4096, NULL), UM_ERR_INVALID_POINTER);
+    /* Up to 1 MiB (above 256 KiB, 4 slots a slab: `check` verifies the
+     * count); one byte more is a large block. */
+    void *h = xalloc(a, 700 * K, 1), *over = xalloc(a, MiB + 1, 1);
+    CHECK(!ptr_map_has(p, h) && ptr_map_has(p, over));
+    CHECK_EQ(um__class_size[um__class_of(UM_MEDIUM_MAX)], UM_MEDIUM_MAX);
+    xfree(a, h, 1);
+    xfree(a, over, 1);
     CHECK_OK(a->ops->check(a));
     /* A second stream's large free ends them. */
     xfree(a, big, 1);
@@ -764,7 +771,9 @@ static void test_fit_beyond_best(void)
  * all its mapped bytes fails naming fragmentation. */
 static void test_largest_free_is_contiguous(void)
 {
-    um__pool_config c = {.dev = 1, .thread_cache = 0, .va_factor = 4, .no_plan = 1};
+    /* Blocks of 1 MiB are large ones here, not medium slots. */
+    um__pool_config c = {.dev = 1, .thread_cache = 0, .va_factor = 4, .no_plan = 1,
+                         .no_medium = 1};
     um__allocator *a = make_pool_with(256 * MiB, &c);
     char *x = xalloc(a, MiB, 0);     /* page 0, first half */
     char *y = xalloc(a, 4 * MiB, 0); /* the rest of page 0, page 1, half of page 2 */

@@ -58,7 +58,8 @@
       "the reserved bytes wait, and all go back before the pool would move or create a "    \
       "page (one stream fencing, no step plan)")                                              \
     X(medium_slabs, UM_OPT_BOOL, "1",                                                         \
-      "requests of 32-256 KiB come from slabs (16 slots each, the thread caches' fast path) " \
+      "requests of 32 KiB-1 MiB come from slabs (16 slots each, 4 above 256 KiB; the "     \
+      "thread caches' fast path) "                                                            \
       "while the frees of one stream alone fence pages; from the first large free on a "     \
       "second stream they take the large path, whose placement keeps less memory")           \
     X(host_memory, UM_OPT_ENUM, "auto",                                                       \

@@ -35,7 +35,8 @@ const uint32_t um__class_size[UM_NCLASSES] = {
     10240, 12288, 14336, 16384, 20480, 24576, 28672, 32768,
     /* medium classes (pool.c, slabs) */
     40960, 49152, 57344, 65536, 81920, 98304, 114688, 131072,
-    163840, 196608, 229376, 262144};
+    163840, 196608, 229376, 262144, 327680, 393216, 458752, 524288,
+    655360, 786432, 917504, 1048576};
 
 static uint8_t class_lut[UM_MEDIUM_MAX / 256 + 1];
 static uint64_t class_recip[UM_NCLASSES]; /* ceil(2^40 / size): slot = off * r >> 40 */
@@ -47,7 +48,7 @@ static _Atomic uint64_t pool_generations = 1;
 
 static size_t slab_bytes(unsigned cls)
 {
-    size_t want = 16u * um__class_size[cls];
+    size_t want = (um__class_size[cls] > 262144u ? 4u : 16u) * um__class_size[cls];
     return um__align_up(want < UM_SLAB_UNIT ? UM_SLAB_UNIT : want, UM_SLAB_UNIT);
 }
 
@@ -1050,7 +1051,7 @@ static void unpin_fenced(um__pool *p, um__stream_state *ss, uint32_t sid, uint64
 #define ENTRY_UNIT(e) ((uintptr_t)(((e) >> 6) & 63u))
 #define ENTRY_SLAB(e) ((um__slab *)((e) & ~(uintptr_t)(SLAB_ALIGN - 1)))
 _Static_assert(UM_NCLASSES <= 64, "a class fits the entry's 6 bits");
-_Static_assert(16u * UM_MEDIUM_MAX / UM_SLAB_UNIT <= 64, "a slab's units fit the entry's 6 bits");
+_Static_assert(4u * UM_MEDIUM_MAX / UM_SLAB_UNIT <= 64, "a slab's units fit the entry's 6 bits");
 
 static inline um__slot_word *slab_words(um__slab *s)
 {

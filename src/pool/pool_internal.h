@@ -34,10 +34,10 @@
 #include <pthread.h>
 
 #define UM_SMALL_MAX (32u * 1024u)
-#define UM_MEDIUM_MAX (256u * 1024u)
+#define UM_MEDIUM_MAX (1024u * 1024u)
 #define UM_SLAB_UNIT (64u * 1024u)
 #define UM_NSMALL_CLASSES 28 /* the classes up to UM_SMALL_MAX */
-#define UM_NCLASSES 40
+#define UM_NCLASSES 48
 #define UM_TC_MAX 64
 
 enum um__block_state {
