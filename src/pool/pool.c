@@ -46,9 +46,16 @@ static uint32_t class_bin_max[UM_NCLASSES];
 static pthread_once_t class_once = PTHREAD_ONCE_INIT;
 static _Atomic uint64_t pool_generations = 1;
 
+/* A slab has 16 slots, or 4 for the classes above 256 KiB, so that no
+ * slab spans more than the 64 units a map entry can name (below). */
+#define SLAB_SLOTS 16u
+#define WIDE_SLAB_SLOTS 4u
+#define WIDE_CLASS_MIN (256u * 1024u)
+
 static size_t slab_bytes(unsigned cls)
 {
-    size_t want = (um__class_size[cls] > 262144u ? 4u : 16u) * um__class_size[cls];
+    size_t want = (um__class_size[cls] > WIDE_CLASS_MIN ? WIDE_SLAB_SLOTS : SLAB_SLOTS) *
+                  (size_t)um__class_size[cls];
     return um__align_up(want < UM_SLAB_UNIT ? UM_SLAB_UNIT : want, UM_SLAB_UNIT);
 }
 
@@ -1051,7 +1058,9 @@ static void unpin_fenced(um__pool *p, um__stream_state *ss, uint32_t sid, uint64
 #define ENTRY_UNIT(e) ((uintptr_t)(((e) >> 6) & 63u))
 #define ENTRY_SLAB(e) ((um__slab *)((e) & ~(uintptr_t)(SLAB_ALIGN - 1)))
 _Static_assert(UM_NCLASSES <= 64, "a class fits the entry's 6 bits");
-_Static_assert(4u * UM_MEDIUM_MAX / UM_SLAB_UNIT <= 64, "a slab's units fit the entry's 6 bits");
+_Static_assert(SLAB_SLOTS * WIDE_CLASS_MIN / UM_SLAB_UNIT <= 64 &&
+                   WIDE_SLAB_SLOTS * UM_MEDIUM_MAX / UM_SLAB_UNIT <= 64,
+               "a slab's units fit the entry's 6 bits");
 
 static inline um__slot_word *slab_words(um__slab *s)
 {
