@@ -44,7 +44,7 @@
       "live memory); 0 creates pages instead while under the memory limit, as a caching "    \
       "allocator does (no page moves on a GPU, more memory); auto recycles while the step "  \
       "planner learns (the first 16384 large allocations, and after a plan stops), then "    \
-      "caches, recycling at the memory limit")                                                \
+      "caches, recycling at the memory limit; with plan=0, always")                          \
     X(fence_wait_us, UM_OPT_INT, "0",                                                         \
       "before growing past its peak, a pool waits for stream fences at least this many "     \
       "microseconds old (the device is still busy behind them); 0 never waits")              \
