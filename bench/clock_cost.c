@@ -2,7 +2,9 @@
  * clock_gettime(CLOCK_MONOTONIC) (and its _COARSE variant), each called
  * 10 million times in a loop; ns per call. The trace recorder (issue 8)
  * reads one clock per event. Usage: clock_cost */
+#ifndef _GNU_SOURCE /* the project's build defines it */
 #define _GNU_SOURCE
+#endif
 #include <stdint.h>
 #include <stdio.h>
 #include <time.h>

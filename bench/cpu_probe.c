@@ -19,7 +19,9 @@
  *   cc -O2 bench/cpu_probe.c -o cpu_probe
  *   cpu_probe CORE SECONDS > probe.txt
  */
+#ifndef _GNU_SOURCE /* the project's build defines it */
 #define _GNU_SOURCE
+#endif
 #include <sched.h>
 #include <stdint.h>
 #include <stdio.h>

@@ -6,6 +6,7 @@
  * backend calls and reserved bytes, so that a change can be checked to
  * keep every placement while it is timed.
  *
+ * The build makes it (build/bench/live_mixed); by hand:
  *   cc -O2 -g -Iinclude bench/live_mixed.c build/libunimem.a -lz -lpthread -ldl -lm -o live_mixed
  *   live_mixed [CONF [ROUNDS [PAIRS [SPLIT]]]]   (defaults: devices=sim:40G, 5, 200000)
  *
