@@ -994,7 +994,7 @@ static void print_header(const bench *b)
 
 static void print_row(const bench *b, const row *r)
 {
-    tool_status(NULL);
+    tool_progress_clear();
     if (b->o.json) {
         printf("{\"scenario\":\"%s\",\"live_blocks\":%zu,\"threads\":%d,\"device\":\"%s\","
                "\"allocator\":\"%s\",\"online_cpus\":%ld,\"touches_memory\":false,",
@@ -1148,24 +1148,35 @@ static int bench_run(bench *b)
                      {"small", &b->small, NULL},
                      {"large", &b->large, NULL},
                      {"trace-pattern", &b->all, &b->ops}};
-    for (size_t k = 0; k < sizeof scenarios / sizeof scenarios[0]; k++) {
-        if (b->o.scenario && strcmp(b->o.scenario, scenarios[k].name))
-            continue;
-        for (size_t i = 0; i < sizeof lives / sizeof lives[0]; i++) {
-            if (b->o.live && b->o.live != lives[i])
+    bool threads = !b->o.scenario || !strcmp(b->o.scenario, "threads");
+    /* Progress: the measurements done (a scenario at one ring size, or
+     * the threads) of all that were asked for. */
+    int done = 0, total = threads;
+    for (int count = 1; count >= 0; count--) {
+        for (size_t k = 0; k < sizeof scenarios / sizeof scenarios[0]; k++) {
+            if (b->o.scenario && strcmp(b->o.scenario, scenarios[k].name))
                 continue;
-            tool_status("measuring %s with %zu live blocks (unimem, then glibc)...",
-                        scenarios[k].name, lives[i]);
-            if ((rc = run_scenario(b, scenarios[k].name, scenarios[k].sizes, scenarios[k].ops,
-                                   lives[i])) != 0)
-                return rc;
+            for (size_t i = 0; i < sizeof lives / sizeof lives[0]; i++) {
+                if (b->o.live && b->o.live != lives[i])
+                    continue;
+                if (count) {
+                    total++;
+                    continue;
+                }
+                char what[48];
+                snprintf(what, sizeof what, "%s, %zu live", scenarios[k].name, lives[i]);
+                tool_progress(what, (double)done++ / (double)total);
+                if ((rc = run_scenario(b, scenarios[k].name, scenarios[k].sizes,
+                                       scenarios[k].ops, lives[i])) != 0)
+                    return rc;
+            }
         }
     }
-    if (b->o.scenario && strcmp(b->o.scenario, "threads"))
+    if (!threads)
         return 0;
-    tool_status("measuring 1, 2 and 4 threads...");
+    tool_progress("1, 2 and 4 threads", (double)done / (double)total);
     rc = run_thread_scenarios(b);
-    tool_status(NULL);
+    tool_progress_clear();
     return rc;
 }
 

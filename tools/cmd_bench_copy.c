@@ -38,6 +38,9 @@ typedef struct copy_bench {
     um_context *ctx;
     int dev;
     bool gpu;
+    /* Progress: timed figures done of all, and what is being timed. */
+    int done, total;
+    char what[48];
 } copy_bench;
 
 static void copy_usage(FILE *f)
@@ -134,16 +137,23 @@ static um_status step_raw(copy_bench *cb, void *arg, uint64_t *ns)
 }
 
 /* Median ns of the repeats (one untimed warm-up first). */
+static void step_progress(copy_bench *cb)
+{
+    tool_progress(cb->what, (double)cb->done / (double)cb->total);
+}
+
 static um_status time_steps(copy_bench *cb, copy_step f, void *arg, uint64_t *out)
 {
     uint64_t v[64];
     int n = cb->o.repeats;
     uint64_t ns;
+    step_progress(cb);
     um_status st = f(cb, arg, &ns);
     for (int i = 0; i < n && st == UM_OK; i++)
         st = f(cb, arg, &v[i]);
     if (st == UM_OK)
         *out = median(v, n);
+    cb->done++;
     return st;
 }
 
@@ -151,6 +161,7 @@ static void print_row(copy_bench *cb, const char *dir, const char *mem, size_t n
                       double base, double pageable)
 {
     char b[32];
+    tool_progress_clear();
     if (cb->o.json) {
         printf("{\"direction\":\"%s\",\"memory\":\"%s\",\"bytes\":%zu,\"unimem_gbps\":%.3f,"
                "\"baseline_gbps\":%.3f,\"pageable_gbps\":%.3f,\"ratio\":%.4f}\n",
@@ -225,6 +236,8 @@ static um_status bench_size(copy_bench *cb, size_t n)
         return UM_ERR_NOMEM;
     }
     memset(user, 0x5a, n); /* touched: no page faults in the timed copies */
+    char nb[32];
+    snprintf(cb->what, sizeof cb->what, "copies of %s", tool_bytes(nb, n));
     um_status st = um_buffer_create(ctx, n, NULL, &b);
     if (st == UM_OK)
         st = um_buffer_write(b, 0, user, n);
@@ -276,6 +289,8 @@ static um_status bench_acquire(copy_bench *cb, int dev)
     um_buffer *b[ACQUIRE_BUFFERS] = {0};
     um_status st = UM_OK;
     uint64_t acq[64], rel[64];
+    snprintf(cb->what, sizeof cb->what, "acquires on device %d", dev);
+    step_progress(cb);
     for (int i = 0; i < ACQUIRE_BUFFERS && st == UM_OK; i++)
         st = um_buffer_create(cb->ctx, 4096, &(um_buffer_opts){.device = dev}, &b[i]);
     for (int r = 0; r <= cb->o.repeats && st == UM_OK; r++) {
@@ -292,6 +307,8 @@ static um_status bench_acquire(copy_bench *cb, int dev)
             rel[r - 1] = t2 - t1;
         }
     }
+    cb->done++;
+    tool_progress_clear();
     if (st == UM_OK) {
         double a = (double)median(acq, cb->o.repeats) / ACQUIRE_BUFFERS;
         double r = (double)median(rel, cb->o.repeats) / ACQUIRE_BUFFERS;
@@ -378,12 +395,15 @@ int um_cmd_bench_copy(int argc, char **argv)
     static const size_t sizes[] = {(size_t)1 << 20, (size_t)16 << 20, (size_t)256 << 20,
                                    (size_t)1 << 30};
     int nsizes = cb.o.quick ? 3 : 4;
+    /* Four timed figures a direction and size, then two of acquires. */
+    cb.total = nsizes * 8 + 2;
     for (int i = 0; i < nsizes && st == UM_OK; i++)
         st = bench_size(&cb, sizes[i]);
     if (st == UM_OK)
         st = bench_acquire(&cb, cb.dev);
     if (st == UM_OK)
         st = bench_acquire(&cb, 0);
+    tool_progress_clear();
     rc = st == UM_OK ? 0 : tool_fail(COPY_CMD, st);
     if (!rc && !cb.o.json) {
         printf("\nunimem at the end (um_stats_print):\n");

@@ -47,6 +47,18 @@ typedef struct oversub_opts {
     size_t sim_bandwidth; /* a sim device's modelled link, bytes/s */
 } oversub_opts;
 
+/* Progress over the command's runs: runs done of all, and this run's name. */
+static struct {
+    int done, total;
+    char what[48];
+} progress;
+
+/* Draws the progress, `within` (0-1) of the current run done. */
+static void run_progress(double within)
+{
+    tool_progress(progress.what, ((double)progress.done + within) / (double)progress.total);
+}
+
 static void oversub_usage(FILE *f)
 {
     fprintf(f,
@@ -223,12 +235,14 @@ static void close_run(run *r)
  * stream s (NULL: the default streams, every device's synchronized at the
  * end; a thread of --all-devices waits for its own stream only). */
 static um_status play(run *r, int dev, um_buffer **in, um_buffer *result, um_stream s,
-                      const int *seq, size_t len, size_t pass_len)
+                      const int *seq, size_t len, size_t pass_len, bool show_progress)
 {
     um_status st = UM_OK;
     for (size_t t = 0; t < len && t < LOOKAHEAD && st == UM_OK; t++)
         st = um_buffer_hint(in[seq[t]], UM_HINT_WILL_USE);
     for (size_t t = 0; t < len && st == UM_OK; t++) {
+        if (show_progress && t % 8 == 0)
+            run_progress((double)t / (double)len);
         if (t + LOOKAHEAD < len)
             st = um_buffer_hint(in[seq[t + LOOKAHEAD]], UM_HINT_WILL_USE);
         void *p;
@@ -354,6 +368,8 @@ static int bench_one(const oversub_opts *o, const char *workload, double factor,
         rng = rng * 6364136223846793005ull + 1442695040888963407ull;
         seq[t] = stream ? (int)(t % (size_t)n) : (int)((rng >> 33) % (uint64_t)n);
     }
+    snprintf(progress.what, sizeof progress.what, "%s %.1fx %s", workload, factor, policy);
+    run_progress(0);
     run r;
     um_status st = open_run(o, policy, size, n, &r);
     double h2d = 0, d2h = 0;
@@ -362,7 +378,7 @@ static int bench_one(const oversub_opts *o, const char *workload, double factor,
     uint64_t up0 = link_bytes(r.ctx, 0, 1), down0 = link_bytes(r.ctx, 1, 0);
     uint64_t t0 = tool_now_ns();
     if (st == UM_OK)
-        st = play(&r, 1, r.in, r.result[0], NULL, seq, len, stream ? (size_t)n : 0);
+        st = play(&r, 1, r.in, r.result[0], NULL, seq, len, stream ? (size_t)n : 0, true);
     uint64_t t1 = tool_now_ns();
     if (st != UM_OK) {
         int rc = tool_fail(OVERSUB_CMD, st);
@@ -380,7 +396,9 @@ static int bench_one(const oversub_opts *o, const char *workload, double factor,
         x.window_min_bytes = window_misses(seq, len, n, slots, LOOKAHEAD) * size;
     double t_up = (double)min_up / (h2d * 1e9), t_down = (double)min_down / (d2h * 1e9);
     x.bound_seconds = t_up > t_down ? t_up : t_down;
+    tool_progress_clear();
     print_result(o, &x);
+    progress.done++;
     close_run(&r);
     free(seq);
     return 0;
@@ -425,7 +443,7 @@ static void *share_main(void *arg)
     pthread_barrier_wait(s->go);
     if (s->st == UM_OK)
         s->st = play(r, s->dev, r->in + (size_t)(s->dev - 1) * (size_t)r->n, res, s->stream,
-                     s->seq, s->len, s->pass_len);
+                     s->seq, s->len, s->pass_len, s->dev == 1); /* one thread draws */
     /* The last pass's result must be home too: its bytes are in the bound. */
     void *p;
     if (s->st == UM_OK)
@@ -554,6 +572,8 @@ static int bench_all(const oversub_opts *o, double factor, const char *policy, b
     int passes = o->quick ? 2 : 3;
     size_t len = (size_t)n * (size_t)passes;
     int *seq = malloc(len * sizeof *seq);
+    snprintf(progress.what, sizeof progress.what, "all devices %.1fx %s", factor, policy);
+    run_progress(0);
     run r;
     um_status st = open_run(o, policy, size, n, &r);
     int nd = r.ndev;
@@ -626,6 +646,8 @@ static int bench_all(const oversub_opts *o, double factor, const char *policy, b
                 rc = 1;
             }
     }
+    tool_progress_clear();
+    progress.done++;
     if (!rc) {
         /* The result keeps one slot; its read-back is the bytes down. */
         uint64_t misses = min_misses(seq, len, n, slots - 1);
@@ -726,6 +748,7 @@ int um_cmd_bench_oversub(int argc, char **argv)
     if (o.all) {
         static const double all_factors[] = {1.5, 2.0};
         bool described = false;
+        progress.total = 2 * (o.quick ? 1 : 2);
         /* Filling every device's share of the inputs dominates a quick run
          * on sim devices, so --quick leaves LRU out. */
         for (int f = 0; f < 2 && !rc; f++)
@@ -749,6 +772,7 @@ int um_cmd_bench_oversub(int argc, char **argv)
                "d2h_GB/s");
     }
     static const double factors[] = {1.5, 2.0, 4.0};
+    progress.total = (o.quick ? 2 : 3) * 2 + 2;
     for (int f = 0; f < (o.quick ? 2 : 3) && !rc; f++)
         for (int p = 0; p < 2 && !rc; p++)
             rc = bench_one(&o, "stream", factors[f], policies[p]);

@@ -89,9 +89,6 @@ typedef struct progress {
     atomic_bool stop;
     uint64_t total;
     uint64_t start_ns;
-    bool tty;
-    int quarters; /* quarters of the tasks reported so far, when not a terminal */
-    int shown;    /* the last count drawn on a terminal (-1: none) */
 } progress;
 
 typedef struct dev_result {
@@ -487,30 +484,14 @@ static um_status make_tiles(demo_run *r)
 
 /* ------------------------------------------------------------ progress */
 
+/* The bar's label carries the count and the time (tool_progress). */
 static void progress_draw(progress *p)
 {
     uint64_t done = atomic_load(&p->done);
-    if (p->tty) {
-        if ((int64_t)done == p->shown)
-            return;
-        p->shown = (int)done;
-        char bar[41];
-        int k = p->total ? (int)(done * 40 / p->total) : 40;
-        memset(bar, '#', (size_t)k);
-        memset(bar + k, '.', (size_t)(40 - k));
-        bar[40] = '\0';
-        fprintf(stderr, "\r  tasks [%s] %llu/%llu  %.1f s", bar, (unsigned long long)done,
-                (unsigned long long)p->total, (double)(tool_now_ns() - p->start_ns) / 1e9);
-        fflush(stderr);
-        return;
-    }
-    /* Not a terminal (a log): a line when another quarter is done. */
-    int q = p->total ? (int)(done * 4 / p->total) : 4;
-    if (q > p->quarters) {
-        p->quarters = q;
-        fprintf(stderr, "  tasks: %llu/%llu done after %.1f s\n", (unsigned long long)done,
-                (unsigned long long)p->total, (double)(tool_now_ns() - p->start_ns) / 1e9);
-    }
+    char what[48];
+    snprintf(what, sizeof what, "tasks %llu/%llu, %.1f s", (unsigned long long)done,
+             (unsigned long long)p->total, (double)(tool_now_ns() - p->start_ns) / 1e9);
+    tool_progress(what, p->total ? (double)done / (double)p->total : 1.0);
 }
 
 /* Draws the progress every 100 ms until told to stop. */
@@ -523,10 +504,7 @@ static void *progress_main(void *arg)
         nanosleep(&tick, NULL);
     }
     progress_draw(p);
-    if (p->tty) {
-        fputs("\r\033[K", stderr);
-        fflush(stderr);
-    }
+    tool_progress_clear();
     return NULL;
 }
 
@@ -1197,11 +1175,9 @@ static int run_one(demo_cfg *c, const char *sched, run_result *x)
     atomic_init(&r.prog.failed, 0);
     atomic_init(&r.prog.stop, false);
     r.prog.total = x->tasks;
-    r.prog.tty = isatty(STDERR_FILENO) == 1;
-    r.prog.shown = -1;
     r.prog.start_ns = tool_now_ns();
     pthread_t bar;
-    bool bar_on = pthread_create(&bar, NULL, progress_main, &r.prog) == 0;
+    bool bar_on = tool_progress_on() && pthread_create(&bar, NULL, progress_main, &r.prog) == 0;
     uint64_t t0 = tool_now_ns();
     st = c->workload == DEMO_GEMM ? submit_gemm(&r) : submit_cholesky(&r);
     char message[512] = "";

@@ -13,7 +13,6 @@
 
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #define REPLAY_CMD "replay"
 #define REPLAY_DEFAULT_DEVICE "sim:141G"
@@ -54,7 +53,6 @@ typedef struct rp_opts {
     uint64_t limit; /* 0: none */
     bool json;
     bool min_limit;
-    bool progress; /* stderr is a terminal */
     uint64_t lag;  /* sim only: each stream's simulated work trails by this many events */
 } rp_opts;
 
@@ -79,50 +77,6 @@ static void usage(FILE *f)
             "                  device finishes N events later (a GPU trailing its program), so\n"
             "                  memory freed in the last N events is still fenced\n"
             "  --json          one JSON object on stdout instead of the table\n");
-}
-
-/* ------------------------------------------------------------ progress */
-
-typedef struct rp_bar {
-    bool on;
-    const char *what;
-    int shown; /* percent last drawn, -1 at first */
-} rp_bar;
-
-static void bar_start(rp_bar *b, bool on, const char *what)
-{
-    b->on = on;
-    b->what = what;
-    b->shown = -1;
-}
-
-static void bar_update(rp_bar *b, double fraction)
-{
-    if (!b->on)
-        return;
-    int pct = (int)(fraction * 100.0);
-    if (pct < 0)
-        pct = 0;
-    if (pct > 100)
-        pct = 100;
-    if (pct == b->shown)
-        return;
-    b->shown = pct;
-    char fill[41];
-    int k = pct * 40 / 100;
-    memset(fill, '#', (size_t)k);
-    memset(fill + k, '.', (size_t)(40 - k));
-    fill[40] = '\0';
-    fprintf(stderr, "\r%-28s [%s] %3d%%", b->what, fill, pct);
-    fflush(stderr);
-}
-
-static void bar_end(rp_bar *b)
-{
-    if (b->on && b->shown >= 0) {
-        fputs("\r\033[K", stderr);
-        fflush(stderr);
-    }
 }
 
 /* --------------------------------------------------------------- trace */
@@ -175,8 +129,6 @@ static int trace_load(const rp_opts *o, rp_trace *t)
     um_status s = um_trace_open(o->file, &tr);
     if (s != UM_OK)
         return tool_fail(REPLAY_CMD, s);
-    rp_bar bar;
-    bar_start(&bar, o->progress, "reading trace");
     uint64_t live = 0;
     uint32_t last = 0;
     um_trace_event ev;
@@ -186,7 +138,7 @@ static int trace_load(const rp_opts *o, rp_trace *t)
             size_t cap = t->cap ? t->cap * 2 : 65536;
             rp_event *e = realloc(t->ev, cap * sizeof *e);
             if (!e) {
-                bar_end(&bar);
+                tool_progress_clear();
                 fprintf(stderr, "unimem replay: %s: no memory for %zu events (%zu bytes)\n",
                         o->file, cap, cap * sizeof *e);
                 um_trace_close(tr);
@@ -198,7 +150,7 @@ static int trace_load(const rp_opts *o, rp_trace *t)
         }
         uint32_t si;
         if (ev.slot >= UINT32_MAX || stream_index(t, ev.stream, &last, &si) != 0) {
-            bar_end(&bar);
+            tool_progress_clear();
             fprintf(stderr, "unimem replay: %s:%llu: too many %s for the replay\n", o->file,
                     (unsigned long long)ev.line, ev.slot >= UINT32_MAX ? "blocks" : "streams");
             um_trace_close(tr);
@@ -216,9 +168,9 @@ static int trace_load(const rp_opts *o, rp_trace *t)
             live -= ev.size;
         }
         if ((t->n & 4095) == 0)
-            bar_update(&bar, um_trace_progress(tr));
+            tool_progress("reading trace", um_trace_progress(tr));
     }
-    bar_end(&bar);
+    tool_progress_clear();
     t->slots = um_trace_slots(tr);
     um_trace_close(tr);
     if (s != UM_OK) {
@@ -357,8 +309,6 @@ static int replay_once(const rp_opts *o, const rp_trace *t, const char *alloc, u
         rc = 1;
         goto out;
     }
-    rp_bar bar;
-    bar_start(&bar, o->progress, what);
     uint64_t t0 = tool_now_ns(), last = t0;
     for (size_t i = 0; i < t->n; i++) {
         const rp_event *e = &t->ev[i];
@@ -371,13 +321,13 @@ static int replay_once(const rp_opts *o, const rp_trace *t, const char *alloc, u
                 if (stop_on_fail)
                     break;
             } else if (s != UM_OK || (s = driver_watch_sample(&dw, false)) != UM_OK) {
-                bar_end(&bar);
+                tool_progress_clear();
                 rc = tool_fail(REPLAY_CMD, s);
                 goto out;
             }
         } else if (ptrs[e->slot]) {
             if ((s = um_free(ctx, ptrs[e->slot], st)) != UM_OK) {
-                bar_end(&bar);
+                tool_progress_clear();
                 rc = tool_fail(REPLAY_CMD, s);
                 goto out;
             }
@@ -391,7 +341,7 @@ static int replay_once(const rp_opts *o, const rp_trace *t, const char *alloc, u
             unsigned done = queued[k] >= o->lag;
             queued[k] += 1 - done;
             if ((s = um_sim_stream_work(ctx, dev, st, 1, done)) != UM_OK) {
-                bar_end(&bar);
+                tool_progress_clear();
                 rc = tool_fail(REPLAY_CMD, s);
                 goto out;
             }
@@ -403,10 +353,10 @@ static int replay_once(const rp_opts *o, const rp_trace *t, const char *alloc, u
             out->max_event_ns = now - last;
         last = now;
         if ((i & 1023) == 0)
-            bar_update(&bar, (double)i / (double)t->n);
+            tool_progress(what, (double)i / (double)t->n);
     }
     out->ns = tool_now_ns() - t0;
-    bar_end(&bar);
+    tool_progress_clear();
     if ((s = driver_watch_sample(&dw, true)) != UM_OK) {
         rc = tool_fail(REPLAY_CMD, s);
         goto out;
@@ -665,7 +615,6 @@ static int parse_args(int argc, char **argv, rp_opts *o)
         usage(stderr);
         return 2;
     }
-    o->progress = isatty(STDERR_FILENO) == 1;
     return -1;
 }
 

@@ -11,10 +11,81 @@
 #include "vsim/sim.h"
 
 #include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define SIM_CMD "sim"
+
+/* The progress of the runs, drawn from a thread of its own every 100 ms
+ * while an engine runs (the runtime engine's clock is virtual, and its
+ * threads are not the tool's to interrupt). */
+typedef struct sim_progress {
+    pthread_t thread;
+    pthread_mutex_t lock;
+    pthread_cond_t wake;
+    bool stop;
+    _Atomic uint64_t tasks;  /* tasks ended in the current run */
+    uint64_t per_run;        /* the graph's tasks */
+    int done, runs;          /* runs done, and to do */
+    char what[48];
+} sim_progress;
+
+static void *progress_main(void *arg)
+{
+    sim_progress *sp = arg;
+    pthread_mutex_lock(&sp->lock);
+    while (!sp->stop) {
+        uint64_t t = atomic_load_explicit(&sp->tasks, memory_order_relaxed);
+        double within = sp->per_run ? (double)(t < sp->per_run ? t : sp->per_run) /
+                                          (double)sp->per_run
+                                    : 0.0;
+        tool_progress(sp->what, ((double)sp->done + within) / (double)sp->runs);
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_nsec += 100 * 1000 * 1000;
+        if (until.tv_nsec >= 1000000000L) {
+            until.tv_sec++;
+            until.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&sp->wake, &sp->lock, &until);
+    }
+    pthread_mutex_unlock(&sp->lock);
+    return NULL;
+}
+
+/* Starts drawing the progress of run `what` (false: not drawn, or no
+ * thread). */
+static bool progress_start(sim_progress *sp, const char *what)
+{
+    if (!tool_progress_on())
+        return false;
+    snprintf(sp->what, sizeof sp->what, "%s", what);
+    atomic_store(&sp->tasks, 0);
+    sp->stop = false;
+    um__vs_count_tasks(&sp->tasks);
+    if (pthread_create(&sp->thread, NULL, progress_main, sp) != 0) {
+        um__vs_count_tasks(NULL);
+        return false;
+    }
+    return true;
+}
+
+static void progress_stop(sim_progress *sp, bool started)
+{
+    if (started) {
+        pthread_mutex_lock(&sp->lock);
+        sp->stop = true;
+        pthread_cond_signal(&sp->wake);
+        pthread_mutex_unlock(&sp->lock);
+        pthread_join(sp->thread, NULL);
+        um__vs_count_tasks(NULL);
+        tool_progress_clear();
+    }
+    sp->done++;
+}
 
 static void sim_usage(FILE *f)
 {
@@ -218,15 +289,22 @@ int um_cmd_sim(int argc, char **argv)
                workload, n, tile, d.ntasks, d.ntiles, (double)d.tile_bytes / 1048576.0, m->name);
     int rc = 0;
     um__vs_result *r = malloc(sizeof *r);
+    sim_progress sp = {.per_run = d.ntasks, .runs = only >= 0 ? 1 : 4};
+    pthread_mutex_init(&sp.lock, NULL);
+    pthread_cond_init(&sp.wake, NULL);
     for (int p = 0; p < 4 && r && !rc; p++) {
         if (only >= 0 && p != only)
             continue;
         static const int sched[] = {UM_SCHED_EAGER, UM_SCHED_ROUND_ROBIN, UM_SCHED_LOCALITY,
                                     UM_SCHED_COST};
+        char what[48];
+        snprintf(what, sizeof what, "%s, %s engine", policy_names[p], engine_name);
+        bool drawn = progress_start(&sp, what);
         uint64_t t0 = tool_now_ns(), forced = 0;
         st = runtime ? um__vs_run_runtime(m, &d, sched[p], r, &forced)
                      : um__vs_simulate(m, &d, sched[p], r);
         double wall = (double)(tool_now_ns() - t0) / 1e9;
+        progress_stop(&sp, drawn);
         if (st != UM_OK) {
             rc = tool_fail(SIM_CMD, st);
             break;
@@ -237,6 +315,8 @@ int um_cmd_sim(int argc, char **argv)
                     (unsigned long long)forced);
         (json ? print_json : print_text)(m, &d, policy_names[p], r, wall);
     }
+    pthread_cond_destroy(&sp.wake);
+    pthread_mutex_destroy(&sp.lock);
     if (!r)
         rc = tool_fail(SIM_CMD, UM_ERR_NOMEM);
     free(r);

@@ -17,6 +17,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -92,6 +93,9 @@ typedef struct tl_model {
     int64_t tmin, tmax; /* ns, over every time seen */
     bool have_time;
     uint64_t seq;
+    /* Progress while reading: the file, its size, events read. */
+    gzFile gz;
+    uint64_t file_bytes, events_read;
 } tl_model;
 
 typedef struct tl_opts {
@@ -452,6 +456,8 @@ static bool is(const char *s, const char *word)
 static int on_event(void *arg, const json_value *ev, char *why, size_t why_len)
 {
     tl_model *m = arg;
+    if ((++m->events_read & 4095) == 0 && m->file_bytes)
+        tool_progress("reading events", (double)gzoffset(m->gz) / (double)m->file_bytes);
     const char *ph = json_str(json_get(ev, "ph"));
     const char *name = json_str(json_get(ev, "name"));
     const char *cat = json_str(json_get(ev, "cat"));
@@ -520,8 +526,13 @@ static int read_chrome_trace(const char *path, tl_model *m)
         return 1;
     }
     gzbuffer(gz, 256u * 1024u);
+    struct stat st;
+    m->gz = gz;
+    m->file_bytes = stat(path, &st) == 0 ? (uint64_t)st.st_size : 0;
     char err[600];
     int rc = json_read_trace(gz, TL_MAX_JSON_BYTES, on_event, m, err, sizeof err);
+    tool_progress_clear();
+    m->gz = NULL;
     gzclose(gz);
     if (rc != 0) {
         fprintf(stderr, "unimem %s: %s: malformed Chrome trace: %s\n", TL_CMD, path, err);
@@ -592,7 +603,10 @@ static int replay_to_chrome_trace(const tl_opts *o, const char *json_path)
             break;
         }
         ev[n++] = (tl_replay_event){e.size, (uint32_t)e.slot, (uint32_t)si, e.op == UM_TRACE_ALLOC};
+        if ((n & 4095) == 0)
+            tool_progress("reading trace", um_trace_progress(tr));
     }
+    tool_progress_clear();
     uint64_t slots = um_trace_slots(tr);
     um_trace_close(tr);
     if (rc == 0 && s != UM_OK)
@@ -640,6 +654,8 @@ static int replay_to_chrome_trace(const tl_opts *o, const char *json_path)
         }
     }
     for (size_t i = 0; i < n; i++) {
+        if ((i & 4095) == 0)
+            tool_progress("replaying trace", (double)i / (double)n);
         um_stream st = streams[ev[i].stream];
         void **p = &ptrs[ev[i].slot];
         if (ev[i].alloc) {
@@ -659,6 +675,7 @@ static int replay_to_chrome_trace(const tl_opts *o, const char *json_path)
             *p = NULL;
         }
     }
+    tool_progress_clear();
     if (failed)
         fprintf(stderr, "unimem %s: %llu of the trace's allocations failed on %s (out of memory)\n",
                 TL_CMD, (unsigned long long)failed, o->device);

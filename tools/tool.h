@@ -25,9 +25,17 @@ int tool_fail(const char *cmd, um_status s);
 /* "1.50 GiB" into buf (at least 32 bytes). */
 const char *tool_bytes(char *buf, uint64_t bytes);
 uint64_t tool_now_ns(void);
-/* On a terminal, replaces the status line on stderr with the text (what a
- * long command is doing now); NULL clears it. Nothing when piped. */
-void tool_status(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* The progress of a command that may run longer than a second, on a
+ * status line of stderr: "WHAT [#######.............]  35%", redrawn only when
+ * the label or the whole percentage changes; nothing when stderr is not
+ * a terminal. tool_progress_clear takes the line away before the command
+ * prints results to the terminal; the next tool_progress draws it again.
+ * One thread of a command draws. */
+void tool_progress(const char *what, double fraction);
+void tool_progress_clear(void);
+/* Whether progress is drawn at all (stderr is a terminal): a command that
+ * would start a thread only to draw it asks first. */
+bool tool_progress_on(void);
 /* An argument a command does not take: -h/--help prints the usage and
  * gives 0; anything else is reported with the usage on stderr and gives 2. */
 int tool_other_arg(const char *cmd, const char *arg, void (*usage)(FILE *));

@@ -1,7 +1,6 @@
 /* `unimem`: entry point; dispatches to the subcommands. */
 #include "tool.h"
 
-#include <stdarg.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -67,6 +66,7 @@ int main(int argc, char **argv)
 int tool_fail(const char *cmd, um_status s)
 {
     const char *detail = um_last_error();
+    tool_progress_clear(); /* the message gets a line of its own */
     fprintf(stderr, "unimem %s: %s\n", cmd, *detail ? detail : um_strerror(s));
     return 1;
 }
@@ -105,19 +105,50 @@ int tool_other_arg(const char *cmd, const char *arg, void (*print_usage)(FILE *)
     return 2;
 }
 
-void tool_status(const char *fmt, ...)
+/* The status line of tool_progress: drawn only on a terminal. */
+static struct {
+    int tty;            /* -1: not asked yet */
+    bool shown;         /* something is on the line */
+    int pct;            /* the bar's percentage drawn, -1: none */
+    char what[48];      /* the bar's label drawn */
+} status_line = {-1, false, -1, ""};
+
+static bool status_tty(void)
 {
-    static int tty = -1;
-    if (tty < 0)
-        tty = isatty(STDERR_FILENO) == 1;
-    if (!tty)
+    if (status_line.tty < 0)
+        status_line.tty = isatty(STDERR_FILENO) == 1;
+    return status_line.tty;
+}
+
+void tool_progress(const char *what, double fraction)
+{
+    if (!status_tty())
         return;
-    fputs("\r\033[K", stderr);
-    if (fmt) {
-        va_list ap;
-        va_start(ap, fmt);
-        vfprintf(stderr, fmt, ap);
-        va_end(ap);
-    }
+    int pct = fraction > 0 ? (int)(fraction * 100.0) : 0;
+    pct = pct > 100 ? 100 : pct;
+    if (pct == status_line.pct && !strncmp(what, status_line.what, sizeof status_line.what - 1))
+        return;
+    status_line.pct = pct;
+    snprintf(status_line.what, sizeof status_line.what, "%s", what);
+    char fill[41];
+    int k = pct * 40 / 100;
+    memset(fill, '#', (size_t)k);
+    memset(fill + k, '.', (size_t)(40 - k));
+    fill[40] = '\0';
+    fprintf(stderr, "\r\033[K%-28s [%s] %3d%%", status_line.what, fill, pct);
+    status_line.shown = true;
     fflush(stderr);
+}
+
+bool tool_progress_on(void) { return status_tty(); }
+
+void tool_progress_clear(void)
+{
+    if (status_line.shown) {
+        fputs("\r\033[K", stderr);
+        fflush(stderr);
+    }
+    status_line.shown = false;
+    status_line.pct = -1;
+    status_line.what[0] = '\0';
 }

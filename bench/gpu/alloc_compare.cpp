@@ -31,6 +31,7 @@
 #include <cuda_runtime_api.h>
 #include <sched.h>
 #include <unimem.h>
+#include <unistd.h>
 
 #include "../mixed_sizes.h"
 
@@ -941,6 +942,32 @@ void threads_scenario(A &a, int nthreads, const std::vector<std::vector<size_t>>
 
 /* ---------------------------------------------------------------- output */
 
+/* The progress line, as the unimem command draws it: on stderr, in place,
+ * only when stderr is a terminal; the steps are the scenarios' parts. */
+constexpr int kProgressSteps =
+    int(sizeof kPairSizes / sizeof kPairSizes[0]) + 2 + int(sizeof kThreadCounts / sizeof kThreadCounts[0]);
+int g_progress_step = 0;
+const bool g_progress_tty = isatty(STDERR_FILENO) == 1;
+
+void progress(const std::string &what)
+{
+    if (!g_progress_tty)
+        return;
+    int pct = g_progress_step++ * 100 / kProgressSteps;
+    std::string bar(40, '.');
+    std::fill(bar.begin(), bar.begin() + pct * 40 / 100, '#');
+    fprintf(stderr, "\r\033[K%-28s [%s] %3d%%", what.c_str(), bar.c_str(), pct);
+    fflush(stderr);
+}
+
+void progress_clear()
+{
+    if (g_progress_tty) {
+        fputs("\r\033[K", stderr);
+        fflush(stderr);
+    }
+}
+
 const Row *find_row(const Row &like, const char *allocator)
 {
     for (const Row &r : g_rows)
@@ -1183,11 +1210,12 @@ int main(int argc, char **argv)
     }
 
     for (size_t size : kPairSizes) {
-        fprintf(stderr, "pair-by-size %s...\n", size_text(size).c_str());
+        progress("pair-by-size " + size_text(size));
         each([&](auto &a) { pair_by_size(a, size, o); });
     }
 
     Mix mix = make_mix();
+    progress_clear();
     printf("live-10k-mixed: %zu live blocks, %.2f GiB live at the start\n", kLiveBlocks,
            double(mix.initial_bytes) / kGiB);
     if (mix.initial_bytes > kLiveBytesCap) {
@@ -1195,7 +1223,7 @@ int main(int argc, char **argv)
                 double(mix.initial_bytes) / kGiB, double(kLiveBytesCap) / kGiB);
         g_failed = true;
     } else {
-        fprintf(stderr, "live-10k-mixed...\n");
+        progress("live-10k-mixed");
         each([&](auto &a) { live_mixed(a, mix, o); });
 #ifndef UM_NO_TORCH
         if (use_torch) {
@@ -1204,9 +1232,10 @@ int main(int argc, char **argv)
             size_t need = mix.initial_bytes / 2 * 5, free_now = 0, total_now = 0;
             cudaMemGetInfo(&free_now, &total_now);
             if (free_now >= need) {
-                fprintf(stderr, "live-10k-mixed-paired...\n");
+                progress("live-10k-mixed-paired");
                 live_mixed_paired(torch_alloc, um, mix, o);
             } else {
+                progress_clear();
                 printf("live-10k-mixed-paired: skipped: both live sets need about %.1f GiB, "
                        "%.1f GiB free\n",
                        double(need) / kGiB, double(free_now) / kGiB);
@@ -1229,7 +1258,7 @@ int main(int argc, char **argv)
             n = mix_log_uniform(&state, kSmallMin, kSmallMax);
     }
     for (int n : kThreadCounts) {
-        fprintf(stderr, "threads %d...\n", n);
+        progress(format("threads %d", n));
         each([&](auto &a) {
             const Row *one = nullptr;
             for (const Row &r : g_rows)
@@ -1240,6 +1269,7 @@ int main(int argc, char **argv)
         });
     }
 
+    progress_clear();
     print_table();
     if (o.verify)
         printf("\nverify: %llu unimem blocks, %.1f MiB written and read back: %s\n",

@@ -21,6 +21,7 @@
 static int no_compute(const um_task_exec *e)
 {
     UM_UNUSED(e);
+    um__vs_task_ended();
     return 0; /* the time is the model's; there is no data */
 }
 

@@ -461,6 +461,7 @@ static void task_done(sim *s, int dev)
     v->nqueue--;
     v->computing = false;
     s->done++;
+    um__vs_task_ended();
     s->out->makespan_s = s->now;
     for (uint32_t k = s->rfirst[ti]; k < s->rfirst[ti + 1]; k++) {
         uint32_t dep = s->rdeps[k];
@@ -700,4 +701,19 @@ um_status um__vs_simulate(const um__vs_machine *m, const um__vs_dag *d, int poli
     sim_free(s);
     free(s);
     return st;
+}
+
+/* Where tasks that end are counted (um__vs_count_tasks). */
+static _Atomic(_Atomic uint64_t *) task_counter;
+
+void um__vs_count_tasks(_Atomic uint64_t *counter)
+{
+    atomic_store_explicit(&task_counter, counter, memory_order_release);
+}
+
+void um__vs_task_ended(void)
+{
+    _Atomic uint64_t *c = atomic_load_explicit(&task_counter, memory_order_acquire);
+    if (c)
+        atomic_fetch_add_explicit(c, 1, memory_order_relaxed);
 }

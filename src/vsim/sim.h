@@ -24,6 +24,8 @@
 #include "dag.h"
 #include "machine.h"
 
+#include <stdatomic.h>
+
 typedef struct um__vs_result {
     double makespan_s;     /* until the last task ended (what `unimem demo` reports) */
     double home_s;         /* until the last result tile is back on the host */
@@ -52,5 +54,13 @@ void um__vs_bounds(const um__vs_machine *m, const um__vs_dag *d, um__vs_result *
  * see was about to run (0 in a sound run). */
 um_status um__vs_run_runtime(const um__vs_machine *m, const um__vs_dag *d, int policy,
                              um__vs_result *out, uint64_t *forced_steps);
+
+/* While counter is set, both engines add one to it as each task ends (the
+ * runtime engine from its executor threads), so that a tool can show a
+ * run's progress from a thread of its own. Process-wide: set it before a
+ * run and back to NULL after. */
+void um__vs_count_tasks(_Atomic uint64_t *counter);
+/* A task ended: counted where um__vs_count_tasks says, if anywhere. */
+void um__vs_task_ended(void);
 
 #endif /* UM_VSIM_SIM_H */
