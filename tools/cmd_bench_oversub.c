@@ -53,6 +53,23 @@ static struct {
     char what[48];
 } progress;
 
+/* Each run's statistics table (um_stats_print), gathered in memory while
+ * the results table is printed and printed after it (text output only). */
+static struct {
+    FILE *f;
+    char *buf;
+    size_t len;
+} run_stats;
+
+/* Adds the statistics of the run now ending, named as its progress is. */
+static void note_run_stats(um_context *ctx)
+{
+    if (!run_stats.f)
+        return;
+    fprintf(run_stats.f, "\n%s:\n", progress.what);
+    um_stats_print(ctx, run_stats.f);
+}
+
 /* Draws the progress, `within` (0-1) of the current run done. */
 static void run_progress(double within)
 {
@@ -398,6 +415,7 @@ static int bench_one(const oversub_opts *o, const char *workload, double factor,
     x.bound_seconds = t_up > t_down ? t_up : t_down;
     tool_progress_clear();
     print_result(o, &x);
+    note_run_stats(r.ctx);
     progress.done++;
     close_run(&r);
     free(seq);
@@ -691,6 +709,7 @@ static int bench_all(const oversub_opts *o, double factor, const char *policy, b
                 printf("        (%s copied between devices)\n", tool_bytes(b, between));
             }
             fflush(stdout);
+            note_run_stats(r.ctx);
         }
     }
     for (int d = 0; sh && d < nd; d++)
@@ -700,6 +719,22 @@ static int bench_all(const oversub_opts *o, double factor, const char *policy, b
     free(seq);
     free(sh);
     free(x);
+    return rc;
+}
+
+/* Prints the runs' statistics after the results (when every run went
+ * well) and passes the command's exit code through. */
+static int print_run_stats(int rc)
+{
+    if (!run_stats.f)
+        return rc;
+    fclose(run_stats.f);
+    run_stats.f = NULL;
+    if (!rc && run_stats.len)
+        printf("\nunimem at the end of each run, its buffers still there (um_stats_print):\n%s",
+               run_stats.buf);
+    free(run_stats.buf);
+    run_stats.buf = NULL;
     return rc;
 }
 
@@ -745,6 +780,8 @@ int um_cmd_bench_oversub(int argc, char **argv)
         o.limit = strncmp(o.device, "cuda", 4) == 0 ? (size_t)8 << 30 : (size_t)512 << 20;
     static const char *const policies[] = {"cost", "lru"};
     int rc = 0;
+    if (!o.json)
+        run_stats.f = open_memstream(&run_stats.buf, &run_stats.len);
     if (o.all) {
         static const double all_factors[] = {1.5, 2.0};
         bool described = false;
@@ -754,7 +791,7 @@ int um_cmd_bench_oversub(int argc, char **argv)
         for (int f = 0; f < 2 && !rc; f++)
             for (int p = 0; p < (o.quick ? 1 : 2) && !rc; p++)
                 rc = bench_all(&o, all_factors[f], policies[p], &described);
-        return rc;
+        return print_run_stats(rc);
     }
     char lim[32];
     if (!o.json) {
@@ -778,5 +815,5 @@ int um_cmd_bench_oversub(int argc, char **argv)
             rc = bench_one(&o, "stream", factors[f], policies[p]);
     for (int p = 0; p < 2 && !rc; p++)
         rc = bench_one(&o, "random", 2.0, policies[p]);
-    return rc;
+    return print_run_stats(rc);
 }
