@@ -22,12 +22,14 @@
  */
 #include "tool.h"
 
+#include <errno.h>
 #include <limits.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define BENCH_CMD "bench alloc"
@@ -88,6 +90,7 @@ typedef struct bench {
     op_seq ops;
     long cpus;
     char trace_path[PATH_MAX];
+    char conf[512];       /* the context's configuration */
 } bench;
 
 /* One timed measurement: how many pairs, how long. */
@@ -140,7 +143,11 @@ static void bench_usage(FILE *f)
             "  --max-seconds S   a measurement stops after S seconds even if its pairs are not\n"
             "                    done (default 2, quick 0.25)\n"
             "  --scenario NAME   only this scenario: trace-sizes, small, large, trace-pattern\n"
-            "                    or threads\n"
+            "                    or threads; or record (not run by default, as it writes a\n"
+            "                    trace): the small sizes' ring (100 blocks, or --live) in two\n"
+            "                    contexts taking turns, one of them recording a trace\n"
+            "                    (trace_file, in $TMPDIR, deleted after): what a recorded\n"
+            "                    event costs, and the ratio of a recorded pair to a plain one\n"
             "  --live N          only the rings (or trace-pattern runs) of N live blocks (10, 100,\n"
             "                    1000 or 10000)\n",
             BENCH_DEFAULT_DEVICE, BENCH_TRACE_NAME);
@@ -199,10 +206,10 @@ static int bench_parse_args(int argc, char **argv, bench_opts *o)
             o->scenario = argv[++i];
             if (strcmp(o->scenario, "trace-sizes") && strcmp(o->scenario, "small") &&
                 strcmp(o->scenario, "large") && strcmp(o->scenario, "trace-pattern") &&
-                strcmp(o->scenario, "threads")) {
+                strcmp(o->scenario, "threads") && strcmp(o->scenario, "record")) {
                 fprintf(stderr,
                         "unimem " BENCH_CMD ": --scenario is trace-sizes, small, large, "
-                        "trace-pattern or threads, "
+                        "trace-pattern, threads or record, "
                         "not '%s'\n",
                         o->scenario);
                 return 2;
@@ -1114,19 +1121,132 @@ static int run_thread_scenarios(bench *b)
     return 0;
 }
 
+/* ------------------------------------------------------------- record */
+
+/* Rounds of the record scenario, and pairs a round at most (the trace
+ * holds two events a pair: 30 rounds of 20,000 pairs make about 300 MB of
+ * JSON). */
+#define RECORD_ROUNDS 30
+#define RECORD_QUICK_ROUNDS 10
+#define RECORD_PAIRS 20000
+
+static double median_of(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return v[n / 2];
+}
+
+/* The record scenario: b's context and a second one recording a trace
+ * take turns on the same ring (the order alternating by round), so both
+ * figures of a round meet the same host speed. A round's cost per event
+ * is half the difference of its two pairs (a pair records two events). */
+static int run_record(bench *b)
+{
+    const char *dir = getenv("TMPDIR");
+    dir = dir && *dir ? dir : "/tmp";
+    static const char name[] = "/unimem-bench-record-XXXXXX.json";
+    char path[PATH_MAX], conf[sizeof b->conf + 16 + PATH_MAX];
+    size_t dl = strlen(dir);
+    if (dl + sizeof name > sizeof path) {
+        fprintf(stderr, "unimem " BENCH_CMD ": TMPDIR is too long for a file name\n");
+        return 2;
+    }
+    memcpy(path, dir, dl);
+    memcpy(path + dl, name, sizeof name);
+    int fd = mkstemps(path, 5);
+    if (fd < 0) {
+        fprintf(stderr, "unimem " BENCH_CMD ": cannot make a trace file %s: %s\n", path,
+                strerror(errno));
+        return 1;
+    }
+    close(fd);
+    snprintf(conf, sizeof conf, "%s,trace_file=%s", b->conf, path);
+    um_context *rec = NULL;
+    um_status st = um_init(conf, &rec);
+    if (st != UM_OK) {
+        unlink(path);
+        return bench_fail(st);
+    }
+    size_t live = b->o.live ? b->o.live : 100;
+    int rounds = b->o.quick ? RECORD_QUICK_ROUNDS : RECORD_ROUNDS;
+    uint64_t pairs = b->o.pairs < RECORD_PAIRS ? b->o.pairs : RECORD_PAIRS;
+    workload k[2]; /* 0 plain, 1 recording */
+    memset(k, 0, sizeof k);
+    ring_init(&k[0].r, b->ctx, b->dev, &b->small, live, 0);
+    ring_init(&k[1].r, rec, b->dev, &b->small, live, 0);
+    double ns[2][RECORD_ROUNDS], per_event[RECORD_ROUNDS], ratio[RECORD_ROUNDS];
+    int rc = 0;
+    sample smp;
+    for (int w = 0; w < 2 && !rc; w++)
+        if (!work_fill(&k[w], WHICH_UNIMEM) ||
+            !work_time(&k[w], WHICH_UNIMEM, warm_pairs(&k[w]), b->o.budget_ns, &smp))
+            rc = ring_fail(b, &k[w].r, WHICH_UNIMEM, w ? "record (recording)" : "record (plain)");
+    for (int r = 0; r < rounds && !rc; r++) {
+        tool_progress("record, in turns", (double)r / (double)rounds);
+        for (int i = 0; i < 2 && !rc; i++) {
+            int w = (r & 1) ? 1 - i : i;
+            if (!work_time(&k[w], WHICH_UNIMEM, pairs, b->o.budget_ns, &smp))
+                rc = ring_fail(b, &k[w].r, WHICH_UNIMEM,
+                               w ? "record (recording)" : "record (plain)");
+            else
+                ns[w][r] = (double)smp.ns / (double)smp.pairs;
+        }
+        if (!rc) {
+            per_event[r] = (ns[1][r] - ns[0][r]) / 2.0;
+            ratio[r] = ns[1][r] / ns[0][r];
+        }
+    }
+    tool_progress_clear();
+    for (int w = 0; w < 2; w++)
+        if (!work_drain(&k[w], WHICH_UNIMEM) && !rc)
+            rc = ring_fail(b, &k[w].r, WHICH_UNIMEM, w ? "record (recording)" : "record (plain)");
+    um_shutdown(rec); /* writes the trace */
+    struct stat sb;
+    long long trace_bytes = stat(path, &sb) == 0 ? (long long)sb.st_size : -1;
+    unlink(path);
+    if (rc)
+        return rc;
+    double low = per_event[0], high = per_event[0];
+    for (int r = 1; r < rounds; r++) {
+        low = per_event[r] < low ? per_event[r] : low;
+        high = per_event[r] > high ? per_event[r] : high;
+    }
+    double plain = median_of(ns[0], rounds), recording = median_of(ns[1], rounds);
+    double event = median_of(per_event, rounds), pair_ratio = median_of(ratio, rounds);
+    if (b->o.json) {
+        printf("{\"scenario\":\"record\",\"live_blocks\":%zu,\"threads\":1,\"device\":\"%s\","
+               "\"rounds\":%d,\"pairs_per_round\":%llu,\"plain_ns\":%.2f,"
+               "\"recording_ns\":%.2f,\"ns_per_event\":%.2f,\"ns_per_event_low\":%.2f,"
+               "\"ns_per_event_high\":%.2f,\"ratio\":%.4f,\"trace_bytes\":%lld}\n",
+               live, b->o.device, rounds, (unsigned long long)pairs, plain, recording, event,
+               low, high, pair_ratio, trace_bytes);
+    } else {
+        char tb[32];
+        printf("unimem bench alloc: record: device %d (%s), the small sizes' ring of %zu blocks "
+               "in two contexts, one recording (trace_file), %d rounds of %llu pairs each, in "
+               "turns\n",
+               b->dev, b->info.name, live, rounds, (unsigned long long)pairs);
+        printf("pair, median of the rounds: %.1f ns plain, %.1f ns recording (ratio %.2f)\n",
+               plain, recording, pair_ratio);
+        printf("a recorded event (half a round's difference): %.1f ns, median of the rounds "
+               "(%.1f to %.1f); trace of %s written\n",
+               event, low, high, trace_bytes >= 0 ? tool_bytes(tb, (uint64_t)trace_bytes) : "?");
+    }
+    return 0;
+}
+
 static int bench_run(bench *b)
 {
     static const size_t lives[] = {10, 100, 1000, 10000};
     int rc;
-    char conf[512];
     bool host = !strcmp(b->o.device, "host");
-    int n = snprintf(conf, sizeof conf, "devices=%s%s%s", host ? "" : b->o.device,
+    int n = snprintf(b->conf, sizeof b->conf, "devices=%s%s%s", host ? "" : b->o.device,
                      b->o.allocator ? ",allocator=" : "", b->o.allocator ? b->o.allocator : "");
-    if (n < 0 || (size_t)n >= sizeof conf) {
+    if (n < 0 || (size_t)n >= sizeof b->conf - PATH_MAX / 4) {
         fprintf(stderr, "unimem " BENCH_CMD ": --device/--allocator values are too long\n");
         return 2;
     }
-    um_status s = um_init(conf, &b->ctx);
+    um_status s = um_init(b->conf, &b->ctx);
     if (s != UM_OK)
         return bench_fail(s);
     b->dev = host ? 0 : 1;
@@ -1138,6 +1258,8 @@ static int bench_run(bench *b)
     s = um_device_info_get(b->ctx, b->dev, &b->info);
     if (s != UM_OK)
         return bench_fail(s);
+    if (b->o.scenario && !strcmp(b->o.scenario, "record"))
+        return run_record(b);
     if (!b->o.json)
         print_header(b);
     const struct {
