@@ -1174,20 +1174,20 @@ static int run_record(bench *b)
     memset(k, 0, sizeof k);
     ring_init(&k[0].r, b->ctx, b->dev, &b->small, live, 0);
     ring_init(&k[1].r, rec, b->dev, &b->small, live, 0);
+    static const char *const names[2] = {"record (plain)", "record (recording)"};
     double ns[2][RECORD_ROUNDS], per_event[RECORD_ROUNDS], ratio[RECORD_ROUNDS];
     int rc = 0;
     sample smp;
     for (int w = 0; w < 2 && !rc; w++)
         if (!work_fill(&k[w], WHICH_UNIMEM) ||
             !work_time(&k[w], WHICH_UNIMEM, warm_pairs(&k[w]), b->o.budget_ns, &smp))
-            rc = ring_fail(b, &k[w].r, WHICH_UNIMEM, w ? "record (recording)" : "record (plain)");
+            rc = ring_fail(b, &k[w].r, WHICH_UNIMEM, names[w]);
     for (int r = 0; r < rounds && !rc; r++) {
         tool_progress("record, in turns", (double)r / (double)rounds);
         for (int i = 0; i < 2 && !rc; i++) {
             int w = (r & 1) ? 1 - i : i;
             if (!work_time(&k[w], WHICH_UNIMEM, pairs, b->o.budget_ns, &smp))
-                rc = ring_fail(b, &k[w].r, WHICH_UNIMEM,
-                               w ? "record (recording)" : "record (plain)");
+                rc = ring_fail(b, &k[w].r, WHICH_UNIMEM, names[w]);
             else
                 ns[w][r] = (double)smp.ns / (double)smp.pairs;
         }
@@ -1199,7 +1199,7 @@ static int run_record(bench *b)
     tool_progress_clear();
     for (int w = 0; w < 2; w++)
         if (!work_drain(&k[w], WHICH_UNIMEM) && !rc)
-            rc = ring_fail(b, &k[w].r, WHICH_UNIMEM, w ? "record (recording)" : "record (plain)");
+            rc = ring_fail(b, &k[w].r, WHICH_UNIMEM, names[w]);
     um_shutdown(rec); /* writes the trace */
     struct stat sb;
     long long trace_bytes = stat(path, &sb) == 0 ? (long long)sb.st_size : -1;
@@ -1242,7 +1242,7 @@ static int bench_run(bench *b)
     bool host = !strcmp(b->o.device, "host");
     int n = snprintf(b->conf, sizeof b->conf, "devices=%s%s%s", host ? "" : b->o.device,
                      b->o.allocator ? ",allocator=" : "", b->o.allocator ? b->o.allocator : "");
-    if (n < 0 || (size_t)n >= sizeof b->conf - PATH_MAX / 4) {
+    if (n < 0 || (size_t)n >= sizeof b->conf) {
         fprintf(stderr, "unimem " BENCH_CMD ": --device/--allocator values are too long\n");
         return 2;
     }
