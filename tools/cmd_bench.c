@@ -763,6 +763,7 @@ static int cmp_double(const void *a, const void *b)
 /* Prints a failed ring's message and returns the exit code 1. */
 static int ring_fail(const bench *b, const ring *r, which w, const char *scenario)
 {
+    tool_progress_clear();
     fflush(stdout);
     fprintf(stderr, "unimem " BENCH_CMD ": %s, %s, %zu live blocks: %s\n", scenario,
             w == WHICH_UNIMEM ? "unimem" : "malloc", r->live, r->error);

@@ -232,6 +232,7 @@ static um_status bench_size(copy_bench *cb, size_t n)
     void *dev_raw = NULL, *host_raw = NULL;
     unsigned char *user = malloc(n);
     if (!user) {
+        tool_progress_clear();
         fprintf(stderr, "unimem " COPY_CMD ": no host memory for %zu bytes\n", n);
         return UM_ERR_NOMEM;
     }

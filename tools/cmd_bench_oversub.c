@@ -598,6 +598,7 @@ static int bench_all(const oversub_opts *o, double factor, const char *policy, b
     share *sh = calloc((size_t)nd, sizeof *sh);
     share_result *x = calloc((size_t)nd + 1, sizeof *x);
     if (st == UM_OK && (!seq || !sh || !x)) {
+        tool_progress_clear();
         fprintf(stderr, "unimem " OVERSUB_CMD ": no memory for the run's figures\n");
         st = UM_ERR_NOMEM;
     } else if (st != UM_OK) {
@@ -635,6 +636,7 @@ static int bench_all(const oversub_opts *o, double factor, const char *policy, b
             sh[d - 1].go = &go;
             int e = pthread_create(&sh[d - 1].tid, NULL, share_main, &sh[d - 1]);
             if (e != 0) {
+                tool_progress_clear();
                 fprintf(stderr, "unimem " OVERSUB_CMD ": cannot create the thread of device %d: "
                         "%s\n", d, strerror(e));
                 rc = 1;
@@ -659,6 +661,7 @@ static int bench_all(const oversub_opts *o, double factor, const char *policy, b
         }
         for (int d = 1; d <= nd && !rc; d++)
             if (sh[d - 1].st != UM_OK) {
+                tool_progress_clear();
                 fprintf(stderr, "unimem " OVERSUB_CMD ": device %d: %s\n", d,
                         *sh[d - 1].why ? sh[d - 1].why : um_strerror(sh[d - 1].st));
                 rc = 1;

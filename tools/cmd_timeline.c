@@ -582,6 +582,7 @@ static int replay_to_chrome_trace(const tl_opts *o, const char *json_path)
     int done = 0, rc = 0;
     while ((s = um_trace_next(tr, &e, &done)) == UM_OK && !done) {
         if (n == TL_MAX_REPLAY_EVENTS) {
+            tool_progress_clear();
             fprintf(stderr, "unimem %s: %s: more than %zu events, the most the timeline replays\n",
                     TL_CMD, o->trace, TL_MAX_REPLAY_EVENTS);
             rc = 1;
@@ -598,6 +599,7 @@ static int replay_to_chrome_trace(const tl_opts *o, const char *json_path)
         if (si == nstreams)
             stream_values[nstreams++] = e.stream;
         if (!grow((void **)&ev, &cap, n, sizeof *ev)) {
+            tool_progress_clear();
             fprintf(stderr, "unimem %s: no memory for %zu trace events\n", TL_CMD, n + 1);
             rc = 1;
             break;
