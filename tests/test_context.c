@@ -869,6 +869,16 @@ static void test_trace_counters(void)
     CHECK_OK(um_free(ctx, a, NULL));
     CHECK_OK(um_free(ctx, b, NULL));
     CHECK_STATUS(um_free(ctx, b, NULL), UM_ERR_DOUBLE_FREE); /* not an event */
+    /* The checked paths record too: host memory ordered by device 1's
+     * stream, freed with it; calls that fail record nothing. */
+    um_stream s1 = NULL;
+    void *h = NULL, *none = NULL;
+    CHECK_OK(um_stream_create(ctx, 1, &s1));
+    CHECK_OK(um_malloc(ctx, 0, 4096, s1, &h));
+    CHECK_STATUS(um_malloc(ctx, 1, 0, NULL, &none), UM_ERR_INVALID);
+    CHECK_STATUS(um_free(ctx, (char *)h + 1, NULL), UM_ERR_INVALID_POINTER);
+    CHECK_OK(um_free(ctx, h, s1));
+    CHECK_OK(um_stream_destroy(ctx, s1));
     um_shutdown(ctx);
     FILE *f = fopen(path, "r");
     CHECK(f != NULL);
@@ -882,10 +892,13 @@ static void test_trace_counters(void)
                  st.reserved_bytes);
         CHECK(strstr(text, want) != NULL);
         CHECK(strstr(text, "\"name\":\"free\",\"cat\":\"memory\"") != NULL);
-        int frees = 0;
+        int frees = 0, allocs = 0;
         for (const char *c = text; (c = strstr(c, "\"name\":\"free\"")); c++)
             frees++;
-        CHECK_EQ(frees, 2);
+        for (const char *c = text; (c = strstr(c, "\"name\":\"alloc\"")); c++)
+            allocs++;
+        CHECK_EQ(frees, 3);
+        CHECK_EQ(allocs, 3);
         /* At the end nothing is live or reserved (the pool gave it all back). */
         const char *last = NULL;
         for (const char *c = text; (c = strstr(c, "\"pid\":1,\"args\":{\"live\":")); c++)

@@ -850,6 +850,8 @@ static um_status create_allocators(um_context *ctx)
             (st = um__debug_allocator_wrap(d->alloc, &d->alloc)) != UM_OK)
             return st;
 #endif
+        if (ctx->events && (st = um__allocator_record(d->alloc, ctx->events)) != UM_OK)
+            return st;
         ctx->owner_range[i].lo = d->alloc->range_lo;
         ctx->owner_range[i].size = d->alloc->range_size;
         d->default_stream = calloc(1, sizeof *d->default_stream);

@@ -59,39 +59,6 @@ static inline bool stream_on(um_context *ctx, um_stream s, int dev)
     return s->magic == UM_STREAM_MAGIC && s->ctx == ctx && s->dev == dev;
 }
 
-/* Records an allocation that succeeded, while a trace is recorded. */
-static inline void record_alloc(um_context *ctx, int dev, size_t size, um_status st, void *p)
-{
-    if (UM_UNLIKELY(ctx->events != NULL) && st == UM_OK)
-        um__event_instant(ctx->events, UM_EVENT_ALLOC, dev, size, (uint64_t)(uintptr_t)p);
-}
-
-/* um_malloc's allocation while a trace is recorded: out of line, so that
- * the common call keeps no frame. */
-static __attribute__((noinline)) um_status malloc_recorded(um_context *ctx, int dev, size_t size,
-                                                           um_stream s, void **ptr)
-{
-    um_device *d = &ctx->devices[dev];
-    *ptr = NULL;
-    um_status st = d->alloc->ops->alloc(d->alloc, size, s ? &s->ref : &d->default_stream->ref,
-                                        ptr);
-    record_alloc(ctx, dev, size, st, *ptr);
-    return st;
-}
-
-/* Frees ptr, of device dev, and records the free (a trace is being
- * recorded). Its time is taken before the block can be reused, so that it
- * precedes the next allocation at its address whichever thread makes it. */
-static um_status free_recorded(um_context *ctx, int dev, void *ptr, const um__stream_ref *ref)
-{
-    um__allocator *a = ctx->devices[dev].alloc;
-    uint64_t t = um__events_clock(ctx->events);
-    um_status st = a->ops->free(a, ptr, ref);
-    if (st == UM_OK)
-        um__event_instant_at(ctx->events, UM_EVENT_FREE, dev, t, 0, (uint64_t)(uintptr_t)ptr);
-    return st;
-}
-
 /* um_malloc with every check and the retry after reclaim. */
 static __attribute__((noinline)) um_status malloc_checked(um_context *ctx, int dev, size_t size,
                                                           um_stream s, void **ptr)
@@ -131,27 +98,21 @@ static __attribute__((noinline)) um_status malloc_checked(um_context *ctx, int d
     um_status st = d->alloc->ops->alloc(d->alloc, size, ref, ptr);
     if (UM_UNLIKELY(st == UM_ERR_NOMEM))
         st = alloc_after_reclaim(ctx, dev, size, ref, ptr);
-    record_alloc(ctx, dev, size, st, *ptr);
     return st;
 }
 
-/* um_malloc's and um_free's common calls (valid arguments, no trace being
- * recorded and, for um_malloc, no buffer layer that could evict for a
- * retry) end in a tail call to the allocator, so they need no frame of
- * their own. While a trace is recorded, um_malloc's such calls go to
- * malloc_recorded, which allocates and records as the checked path would,
- * without repeating its checks; a recorded free takes the checked path,
- * since a branch for it in um_free cost every unrecorded free two
- * instructions. Every other call takes the checked path, which says what
- * is wrong. */
+/* um_malloc's and um_free's common calls (valid arguments and, for
+ * um_malloc, no buffer layer that could evict for a retry) end in a tail
+ * call to the allocator, so they need no frame of their own. While a trace
+ * is recorded, the allocator's operations record (pool/record.c), so these
+ * calls test for no recorder. Every other call takes the checked path,
+ * which says what is wrong. */
 um_status um_malloc(um_context *ctx, int dev, size_t size, um_stream s, void **ptr)
 {
     if (UM_LIKELY(ctx != NULL && ptr != NULL && size != 0) &&
         UM_LIKELY((unsigned)dev < (unsigned)ctx->ndevices) &&
         UM_LIKELY(!atomic_load_explicit(&ctx->reclaim, memory_order_relaxed))) {
         if (UM_LIKELY(!s || stream_on(ctx, s, dev))) {
-            if (UM_UNLIKELY(ctx->events != NULL))
-                return malloc_recorded(ctx, dev, size, s, ptr);
             um_device *d = &ctx->devices[dev];
             *ptr = NULL;
             return d->alloc->ops->alloc(d->alloc, size, s ? &s->ref : &d->default_stream->ref,
@@ -195,7 +156,7 @@ static inline int owner_of(um_context *ctx, const void *ptr, int first)
     return -1;
 }
 
-/* um_free with every check, and the recording of the free. */
+/* um_free with every check. */
 static __attribute__((noinline)) um_status free_checked(um_context *ctx, void *ptr, um_stream s)
 {
     if (UM_UNLIKELY(!ctx))
@@ -221,15 +182,13 @@ static __attribute__((noinline)) um_status free_checked(um_context *ctx, void *p
         if (!(ref = um__stream_host_ref(ctx, s)))
             return UM_ERR_NOMEM;
     }
-    if (UM_UNLIKELY(ctx->events != NULL))
-        return free_recorded(ctx, dev, ptr, ref);
     um__allocator *a = ctx->devices[dev].alloc;
     return a->ops->free(a, ptr, ref);
 }
 
 um_status um_free(um_context *ctx, void *ptr, um_stream s)
 {
-    if (UM_LIKELY(ctx != NULL && ptr != NULL && ctx->events == NULL)) {
+    if (UM_LIKELY(ctx != NULL && ptr != NULL)) {
         /* Only the context's table of address ranges: an allocator that
          * asks to be called for ownership takes the checked path. */
         int dev = owner_by_range(ctx, ptr);

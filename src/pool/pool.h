@@ -111,4 +111,9 @@ um_status um__bufcache_create(um__backend *b, const um__pool_config *c, um__allo
  * shadow kept in step with the pool. Owns inner from here on. */
 um_status um__debug_allocator_wrap(um__allocator *inner, um__allocator **out);
 
+/* Gives a's operations a copy whose alloc and free also record an event
+ * into events (record.c), until a is destroyed. Called once, before any
+ * allocation. */
+um_status um__allocator_record(um__allocator *a, struct um__events *events);
+
 #endif /* UM_POOL_H */
