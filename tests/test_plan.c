@@ -244,9 +244,13 @@ static void test_plan_layers(void)
     s->n = n;
     um__plan pl;
     CHECK(um__plan_init(&pl));
-    serve_shape(&pl, s, 5);
+    uint64_t started = serve_shape(&pl, s, 5);
     CHECK_EQ(pl.period, 120);
     CHECK_EQ(pl.plans, 1);
+    /* Proposed 8 allocations into the second step, planned one whole
+     * period later (every life is noted while learning), it starts at the
+     * first step boundary after that: the fourth step's start. */
+    CHECK_EQ(started, 3 * n);
     um__plan_fini(&pl);
     /* The same steps served by the pool with no backend call: no plan. */
     CHECK(um__plan_init(&pl));

@@ -11,9 +11,12 @@
  * SIG_WINDOW allocations were seen in the same order before. */
 #define SIG_WINDOW 8u
 #define SIG_BASE 0x100000001b3ull
-/* A candidate period must repeat this many allocations, and at least two
- * whole periods, before it is planned: a loop inside a step repeats a few
- * times and then breaks, and a plan that breaks costs page moves. */
+/* A candidate period must repeat this many allocations, and at least a
+ * whole period, before it is planned: a loop inside a step repeats a few
+ * times and then breaks, and a plan that breaks costs page moves. The
+ * period planned is the one before the repeat, whose lives must all be
+ * known: while learning every life is noted, so that is one period after
+ * the proposal; a period proposed after learning needs two (follow_candidates). */
 #define MIN_RUN 64u
 /* The planner learns (the pool keeps memory tight) for up to this many
  * allocations after it starts or abandons a plan; ... */
@@ -52,7 +55,7 @@ bool um__plan_init(um__plan *pl)
     }
     pl->learn_until = LEARN_ALLOCS;
     pl->sample_at = UINT64_MAX;
-    pl->lives_from = UINT64_MAX;
+    pl->lives_from = 0; /* learning: every life is noted */
     pl->span_slack = 1;
     pl->need_work = true;
     pl->base_pow = 1;
@@ -89,7 +92,7 @@ static void forget_plan(um__plan *pl)
     pl->nlive = 0;
     pl->period = pl->arena_bytes = pl->cycle_peak = 0;
     pl->ncand = 0;
-    pl->lives_from = UINT64_MAX;
+    pl->lives_from = pl->next; /* learning again */
     pl->learn_until = pl->next + (LEARN_ALLOCS >> pl->short_plans);
     pl->learn_from = pl->next;
     pl->repeats = 0;
@@ -394,8 +397,12 @@ static __attribute__((noinline)) void follow_candidates(um__plan *pl, uint64_t o
             continue;
         }
         uint64_t run = ++pl->cand[i].run;
-        if (run >= 2 * period && run >= MIN_RUN && o + 1 >= 2 * period &&
-            e->live == entry(pl, o - period)->live && o >= pl->quiet_until) {
+        /* build plans the period before the last, from its lives: they
+         * are noted from lives_from on (every life while learning; after
+         * it, from the proposal on, which makes this two whole periods). */
+        if (run >= period && run >= MIN_RUN && o + 1 >= 2 * period &&
+            o + 1 - 2 * period >= pl->lives_from && e->live == entry(pl, o - period)->live &&
+            o >= pl->quiet_until) {
             /* The pool served the last period without a backend call:
              * nothing to gain. */
             if (pl->need_work && e->work == entry(pl, o - period)->work) {
@@ -415,7 +422,7 @@ static __attribute__((noinline)) void follow_candidates(um__plan *pl, uint64_t o
         }
         i++;
     }
-    if (!pl->ncand)
+    if (!pl->ncand && o >= pl->learn_until)
         pl->lives_from = UINT64_MAX;
 }
 
@@ -443,8 +450,12 @@ static inline void detect(um__plan *pl, uint64_t o)
     if (o + 1 < SIG_WINDOW)
         return;
     bool learning = o < pl->learn_until;
-    if (learning)
+    if (learning) {
         count_repeats(pl, o);
+        /* Learning ends here: lives are noted only for candidates now. */
+        if (o + 1 >= pl->learn_until && !pl->ncand)
+            pl->lives_from = UINT64_MAX;
+    }
     /* The live bytes go into the signature: a layer repeated inside a step
      * has the same sizes but more live bytes each time (the step keeps its
      * activations), so only whole steps propose themselves. An odd
@@ -462,7 +473,7 @@ static inline void detect(um__plan *pl, uint64_t o)
         for (int i = 0; i < pl->ncand; i++)
             known |= pl->cand[i].period == period;
         if (!known && period <= UM_PLAN_MAX_PERIOD && pl->ncand < UM_PLAN_CANDIDATES) {
-            if (!pl->ncand)
+            if (pl->lives_from > o + 1)
                 pl->lives_from = o + 1;
             pl->cand[pl->ncand++] = (um__plan_cand){period, 0};
         }
@@ -492,13 +503,12 @@ uint64_t um__plan_note_alloc(um__plan *pl, uint64_t bytes, uint32_t stream, uint
 void um__plan_note_free(um__plan *pl, uint64_t ordinal, uint64_t bytes)
 {
     pl->live_bytes -= bytes;
-    /* Only build reads lives, and only of allocations made after its
-     * candidate was proposed (it plans the period before the last, and a
-     * candidate is planned after two whole periods): a free of an
-     * allocation made while no candidate was being followed leaves its
-     * entry alone, as does a longer life, which is never planned. Either
-     * way a cold line of the ring is spared, on most frees of a program
-     * with no period. */
+    /* Only build reads lives, and only of allocations made from
+     * lives_from on: while learning, or after a candidate was proposed. A
+     * free of an allocation made outside both leaves its entry alone, as
+     * does a longer life, which is never planned. Either way a cold line
+     * of the ring is spared, on most frees of a program with no period
+     * once learning is over. */
     if (ordinal >= pl->lives_from && ordinal < pl->next && pl->next - ordinal <= UM_PLAN_MAX_PERIOD)
         entry(pl, ordinal)->life = (uint32_t)(pl->next - ordinal);
 }

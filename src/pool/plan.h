@@ -50,8 +50,8 @@ typedef struct um__plan_entry {
     uint64_t live;      /* large live bytes just before the allocation */
     /* Allocations made between this one and its free, at most
      * UM_PLAN_MAX_PERIOD; UM_PLAN_LONG_LIFE: live, freed later (a plan
-     * never places a block that outlives its period), or allocated before
-     * `lives_from` (no plan reads it). */
+     * never places a block that outlives its period), or allocated outside
+     * `lives_from`'s stretch (no plan reads it). */
     uint32_t life;
     uint32_t stream;
 } um__plan_entry;
@@ -88,7 +88,8 @@ typedef struct um__plan {
     uint64_t roll, base_pow;      /* rolling hash of the last keys; SIG_BASE^SIG_WINDOW */
     um__plan_cand cand[UM_PLAN_CANDIDATES];
     int ncand;
-    uint64_t lives_from;          /* frees note lives from this ordinal on (plan.c, note_free) */
+    uint64_t lives_from;          /* frees note lives from this ordinal on (plan.c, note_free):
+                                   * where learning started, else where a candidate was proposed */
     uint64_t quiet_until;         /* no plan is made before this ordinal (after a refusal) */
     unsigned refusals;            /* plans refused or broken early since one ran well */
     unsigned short_plans;         /* plans stopped early since one ran a learning window */
