@@ -359,6 +359,10 @@ static void test_plan_short_plans(uint64_t seed)
             long_run_done = true;
         }
         CHECK_EQ(um__plan_learning(&pl), window > 0);
+        /* Lives are noted while learning, and with no learning left only
+         * once a candidate is proposed (each noted life writes a cold line
+         * of the ring). */
+        CHECK_EQ(pl.lives_from, window > 0 ? pl.learn_from : UINT64_MAX);
     }
     CHECK(long_run_done);
     if (!long_run_done)

@@ -92,8 +92,9 @@ static void forget_plan(um__plan *pl)
     pl->nlive = 0;
     pl->period = pl->arena_bytes = pl->cycle_peak = 0;
     pl->ncand = 0;
-    pl->lives_from = pl->next; /* learning again */
     pl->learn_until = pl->next + (LEARN_ALLOCS >> pl->short_plans);
+    /* Learning again notes every life; with no learning left, none. */
+    pl->lives_from = pl->learn_until > pl->next ? pl->next : UINT64_MAX;
     pl->learn_from = pl->next;
     pl->repeats = 0;
 }
