@@ -47,6 +47,10 @@ int main(int argc, char **argv)
     int dev = um_device_count(ctx) > 1 ? 1 : 0;
     size_t cap = 1 << 16;
     void **ptr = calloc(cap, sizeof *ptr);
+    if (!ptr) {
+        fprintf(stderr, "step_calls: no memory for block pointers\n");
+        return 1;
+    }
     char line[256];
     long large = 0, queued = 0, step = 0, lineno = 0;
     unsigned long long last_calls = 0;
@@ -68,7 +72,13 @@ int main(int argc, char **argv)
             }
             large += size > LARGE;
             while (id >= cap) {
-                ptr = realloc(ptr, 2 * cap * sizeof *ptr);
+                void **grown = realloc(ptr, 2 * cap * sizeof *ptr);
+                if (!grown) {
+                    fprintf(stderr, "step_calls: line %ld: no memory for block id %llu\n", lineno,
+                            id);
+                    return 1;
+                }
+                ptr = grown;
                 memset(ptr + cap, 0, cap * sizeof *ptr);
                 cap *= 2;
             }
