@@ -39,9 +39,12 @@ static void make_shape(step_shape *s, uint64_t *rng, size_t n, uint64_t max_byte
 
 /* A training step: each layer's forward keeps an activation until its
  * backward and makes temporaries; the backward makes temporaries and a
- * gradient that lives into the next step (until the optimizer of that
- * step, two allocations in). Lifetimes nest, as real steps' do. */
-static void make_training_shape(step_shape *s, uint64_t *rng, uint64_t max_bytes)
+ * gradient. With carry, the gradient lives into the next step (until the
+ * optimizer of that step, two allocations in); without, it is freed as
+ * the next step begins (PyTorch's zero_grad(set_to_none=True) first), so
+ * nothing of the step lives across its boundary. Lifetimes nest, as real
+ * steps' do. */
+static void make_training_shape(step_shape *s, uint64_t *rng, uint64_t max_bytes, bool carry)
 {
     size_t layers = 3 + harness_rand(rng) % 6, n = 0, act[8];
 #define SHAPE_BLOCK(life_)                                                                   \
@@ -66,7 +69,7 @@ static void make_training_shape(step_shape *s, uint64_t *rng, uint64_t max_bytes
     }
     s->n = n;
     for (size_t l = 0; l < layers; l++)
-        s->life[grads[l]] = n - grads[l] + 2;
+        s->life[grads[l]] = n - grads[l] + (carry ? 2 : 0);
     /* A temporary near the end may not outlive the step by more than a
      * step. */
     for (size_t i = 0; i < n; i++)
@@ -174,7 +177,7 @@ static void test_plan_random(uint64_t seed)
         step_shape *s = malloc(sizeof *s);
         bool training = round % 2;
         if (training)
-            make_training_shape(s, &rng, 64 * MiB);
+            make_training_shape(s, &rng, 64 * MiB, true);
         else
             make_shape(s, &rng, 2 + harness_rand(&rng) % 200, 64 * MiB);
         um__plan pl;
@@ -287,7 +290,7 @@ static void test_plan_mismatch(uint64_t seed)
     um__plan_fini(&pl);
 
     step_shape *s = malloc(sizeof *s);
-    make_training_shape(s, &rng, 4 * MiB);
+    make_training_shape(s, &rng, 4 * MiB, true);
     CHECK(um__plan_init(&pl));
     pl.span_slack = 16; /* see test_plan_random */
     serve_shape(&pl, s, 6);
@@ -312,7 +315,7 @@ static void test_plan_short_plans(uint64_t seed)
 {
     uint64_t rng = seed ^ 0x5a5a;
     step_shape *s = malloc(sizeof *s);
-    make_training_shape(s, &rng, 4 * MiB);
+    make_training_shape(s, &rng, 4 * MiB, true);
     size_t n = s->n, cap = 64 * 1024;
     uint64_t *ord = malloc(cap * sizeof *ord), *off = malloc(cap * sizeof *off);
     um__plan pl;
@@ -522,7 +525,7 @@ static void test_pool_plan(uint64_t seed)
 {
     uint64_t rng = seed ^ 0x5ca1ab1e;
     step_shape *s = malloc(sizeof *s);
-    make_training_shape(s, &rng, 12 * MiB);
+    make_training_shape(s, &rng, 12 * MiB, false);
     for (int ending = 0; ending < 3; ending++) {
         program pg;
         prog_start(&pg, s, 25, 200);
@@ -598,7 +601,7 @@ static void test_pool_plan_breaking(uint64_t seed)
 {
     uint64_t rng = seed ^ 0xb4ea;
     step_shape *s = malloc(sizeof *s);
-    make_training_shape(s, &rng, 3 * MiB); /* small enough to check every byte quickly */
+    make_training_shape(s, &rng, 3 * MiB, false); /* small enough to check every byte quickly */
     program pg;
     prog_start(&pg, s, 25, 400);
     um__pool *p = (um__pool *)pg.a;
@@ -633,7 +636,7 @@ static void test_pool_plan_limit(uint64_t seed)
 {
     uint64_t rng = seed ^ 0x1157;
     step_shape *s = malloc(sizeof *s);
-    make_training_shape(s, &rng, 8 * MiB);
+    make_training_shape(s, &rng, 8 * MiB, false);
     program pg;
     prog_start(&pg, s, 10, 200);
     um__pool *p = (um__pool *)pg.a;
@@ -739,11 +742,47 @@ static void *churn(void *arg)
     return NULL;
 }
 
+/* A FIFO of blocks (every block lives the same number of allocations,
+ * half a period, as a ring of tensors does): the planner finds the
+ * period, but every block lives across any start the plan could take,
+ * so its arena would come on top of the live blocks. The pool declines
+ * the plan (see plan_open) and stays a caching pool: no plan runs, the
+ * learning that follows each decline shrinks, and peak reserved stays
+ * at 1.14-1.28x the live peak at this scale (whole 2 MiB pages under
+ * blocks of up to 8 MiB), where starting the plan took it to 1.81-2.12x
+ * (seeds 1-8, before the pool declined such plans). */
+static void test_pool_plan_fifo(uint64_t seed)
+{
+    uint64_t rng = seed ^ 0xf1f0;
+    step_shape *s = malloc(sizeof *s);
+    make_shape(s, &rng, 40 + harness_rand(&rng) % 40, 8 * MiB);
+    for (size_t i = 0; i < s->n; i++)
+        s->life[i] = s->n / 2;
+    program pg;
+    prog_start(&pg, s, 10, 60);
+    um__pool *p = (um__pool *)pg.a;
+    prog_steps(&pg, 59);
+    um_stats st = pool_stats(pg.a);
+    double ratio = (double)st.peak_reserved_bytes / (double)st.peak_active_bytes;
+    printf("test_pool_plan_fifo: period %zu, %" PRIu64 " plans made, %" PRIu64
+           " declined, %" PRIu64 " allocations planned; peak reserved / peak live %.4f\n",
+           s->n, p->plan.plans, p->plan.rejected, p->plan.served, ratio);
+    CHECK(p->plan.plans >= 1);
+    CHECK_EQ(p->plan.rejected, p->plan.plans);
+    CHECK_EQ(p->plan.served, 0);
+    CHECK(p->plan.short_plans >= 1);
+    CHECK(ratio < 1.5);
+    CHECK_OK(pg.a->ops->check(pg.a));
+    prog_free_all(&pg);
+    prog_end(&pg);
+    free(s);
+}
+
 static void test_pool_plan_threads(uint64_t seed)
 {
     uint64_t rng = seed ^ 0x7472;
     step_shape *s = malloc(sizeof *s);
-    make_training_shape(s, &rng, 4 * MiB);
+    make_training_shape(s, &rng, 4 * MiB, false);
     program pg;
     prog_start(&pg, s, 0, 40);
     churner c = {.a = pg.a, .seed = seed ^ 0xc4};
@@ -779,5 +818,6 @@ int main(void)
     test_pool_plan_breaking(seed);
     test_pool_plan_limit(seed);
     test_pool_plan_threads(seed);
+    test_pool_plan_fifo(seed);
     return harness_finish("test_plan");
 }

@@ -531,6 +531,14 @@ void um__plan_reject(um__plan *pl)
     back_off(pl, period);
 }
 
+void um__plan_decline(um__plan *pl)
+{
+    /* Before forget_plan, which sizes the next learning window from it. */
+    if (pl->short_plans < LEARN_SHRINK_MAX)
+        pl->short_plans++;
+    um__plan_reject(pl);
+}
+
 /* The first live span that ends after lo (spans do not overlap). */
 static size_t first_after(const um__plan *pl, uint64_t lo)
 {

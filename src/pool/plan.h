@@ -143,6 +143,11 @@ static inline bool um__plan_starts_at(const um__plan *pl, uint64_t ordinal)
 }
 void um__plan_activate(um__plan *pl);
 void um__plan_reject(um__plan *pl);
+/* The pool will not start the plan because its arena would raise peak
+ * reserved memory (the blocks live when it starts keep their places): a
+ * reject that counts as a plan that broke at once, so the next learning
+ * window is shorter and the next proposal waits longer. */
+void um__plan_decline(um__plan *pl);
 
 /* ACTIVE: the planned offset for allocation `ordinal` (bytes on stream);
  * UM_PLAN_NO_OFFSET when it is not planned or its range is still occupied

@@ -2296,6 +2296,26 @@ static void plan_open(um__pool *p)
         p->nplan_spare++;
     }
     poll_all(p, true);
+    /* The blocks live now keep their places until they are freed, so the
+     * arena comes on top of them. Those of the period that live across
+     * the plan's start (as in a FIFO of tensors, where every block does)
+     * would take their bytes twice during the first period: 1.6x the live
+     * bytes at the peak on such a ring of GPT-2's sizes. When the live
+     * bytes now and the period's peak would together exceed both peaks so
+     * far by more than 1/64 of the peak live bytes, the pool stays a
+     * caching pool. (The arena's packing over the period's peak is
+     * build's to bound, as before.) */
+    size_t live = active_total(p);
+    size_t peak_live = (size_t)atomic_load_explicit(&p->peak_active, memory_order_relaxed);
+    size_t bound = p->peak_reserved > peak_live ? p->peak_reserved : peak_live;
+    if (live + pl->cycle_peak > bound + peak_live / 64) {
+        um__log(UM_LOG_INFO, "device %d (%s): no step plan of %" PRIu64 " allocations: its "
+                "live peak of %" PRIu64 " bytes over the %zu bytes live now would raise peak "
+                "reserved above %zu bytes", p->base.dev, dev_name(p), pl->period,
+                pl->cycle_peak, live, bound);
+        um__plan_decline(pl);
+        return;
+    }
     um__block *a = NULL;
     um_status s = take_range(p, pl->arena_bytes, p->page, pl->stream, &a);
     if (s != UM_OK) {
