@@ -299,7 +299,24 @@ struct UnimemAllocator {
         return format("%s: %s", um_status_name(t_um_status), um_last_error());
     }
     bool trim() { return um_trim(ctx, dev) == UM_OK; }
+    /* The device's backend calls so far (driver calls on cuda:0), or -1. */
+    long long backend_calls() const
+    {
+        um_stats st;
+        return um_stats_get(ctx, dev, &st) == UM_OK ? (long long)st.num_backend_calls : -1;
+    }
 };
+
+/* The backend calls of allocator a so far; -1 for the allocators that do
+ * not count them. */
+template <class A>
+long long backend_calls_of(const A &a)
+{
+    if constexpr (A::is_unimem)
+        return a.backend_calls();
+    else
+        return -1;
+}
 
 #ifndef UM_NO_TORCH
 /* PyTorch's caching allocator through c10 alone (no libtorch). raw_alloc
@@ -375,6 +392,11 @@ struct Row {
     double ns_per_pair = 0;  /* per thread in "threads" */
     double pairs_per_s = 0;  /* all threads together */
     uint64_t pairs = 0;      /* pairs timed by the median measurement */
+    /* The fastest and slowest measurement's ns per pair, and (unimem) the
+     * backend calls made while they ran (-1: not counted): a measurement
+     * that met the pool growing shows both. */
+    double ns_low = 0, ns_high = 0;
+    long long backend_calls = -1;
     double scaling = 0;      /* threads: pairs_per_s / pairs_per_s of 1 thread */
     /* live-10k-mixed-paired: the median, lowest and highest of the rounds'
      * ratios (pairs/s over the other allocator's, measured in turns) */
@@ -405,6 +427,11 @@ void set_median(Row &r, const std::vector<Sample> &samples)
     r.ns_per_pair = m.ns_per_pair();
     r.pairs_per_s = 1e9 / r.ns_per_pair;
     r.pairs = m.pairs;
+    r.ns_low = r.ns_high = m.ns_per_pair();
+    for (const Sample &x : samples) {
+        r.ns_low = std::min(r.ns_low, x.ns_per_pair());
+        r.ns_high = std::max(r.ns_high, x.ns_per_pair());
+    }
 }
 
 void fail_row(Row r, const std::string &what)
@@ -505,15 +532,19 @@ Verifier *g_verify = nullptr; /* non-NULL in --verify mode */
 
 /* ------------------------------------------------------------ scenarios */
 
-/* A warm-up run, then kRepeats timed runs into samples; false when a pair
- * failed. */
-template <class F>
-bool warm_and_time(F &pairs, const Options &o, std::vector<Sample> &samples)
+/* A warm-up run, then kRepeats timed runs into samples, counting a's
+ * backend calls during them into *calls; false when a pair failed. */
+template <class A, class F>
+bool warm_and_time(const A &a, F &pairs, const Options &o, std::vector<Sample> &samples,
+                   long long *calls)
 {
     Sample warm;
     bool ok = run_timed(pairs, o.warmup_s, &warm);
+    long long before = backend_calls_of(a);
     for (size_t k = 0; ok && k < samples.size(); k++)
         ok = run_timed(pairs, o.budget_s, &samples[k]);
+    long long after = backend_calls_of(a);
+    *calls = before >= 0 && after >= 0 ? after - before : -1;
     return ok;
 }
 
@@ -546,7 +577,7 @@ void pair_by_size(A &a, size_t size, const Options &o)
         return true;
     };
     std::vector<Sample> samples(kRepeats);
-    bool ok = warm_and_time(pairs, o, samples);
+    bool ok = warm_and_time(a, pairs, o, samples, &r.backend_calls);
     if (!ok) {
         fail_row(r, format("alloc+free of %s (%zu bytes) failed: %s", size_text(size).c_str(), size,
                            a.error().c_str()));
@@ -677,7 +708,7 @@ void live_mixed(A &a, const Mix &mix, const Options &o)
         g_verify->check(live_sample(run.live, run.live_size), "live-10k-mixed after the fill");
     auto pairs = [&](uint64_t n) { return run.pairs(n); };
     std::vector<Sample> samples(kRepeats);
-    if (!warm_and_time(pairs, o, samples)) {
+    if (!warm_and_time(a, pairs, o, samples, &r.backend_calls)) {
         fail_row(r, run.pair_error());
         run.free_all();
         return;
@@ -720,12 +751,23 @@ void live_mixed_paired(A &a, B &b, const Mix &mix, const Options &o)
         err_b = run_b.pair_error();
     std::vector<Sample> sa(kPairedRounds), sb(kPairedRounds);
     std::vector<double> ratio;
+    long long calls_a = 0, calls_b = 0;
+    /* Adds what allocator x called while one timed run ran to *sum (which
+     * stays -1 once x is found not to count). */
+    auto counted = [](auto &x, long long *sum, auto &&timed) {
+        long long before = backend_calls_of(x);
+        bool ok = timed();
+        long long after = backend_calls_of(x);
+        *sum = *sum >= 0 && before >= 0 && after >= 0 ? *sum + (after - before) : -1;
+        return ok;
+    };
     for (int k = 0; k < kPairedRounds && err_a.empty() && err_b.empty(); k++) {
         for (int turn = 0; turn < 2 && err_a.empty() && err_b.empty(); turn++) {
             if ((turn == 0) == (k % 2 == 0)) {
-                if (!run_timed(pairs_a, o.budget_s, &sa[k]))
+                if (!counted(a, &calls_a, [&] { return run_timed(pairs_a, o.budget_s, &sa[k]); }))
                     err_a = run_a.pair_error();
-            } else if (!run_timed(pairs_b, o.budget_s, &sb[k])) {
+            } else if (!counted(b, &calls_b,
+                                [&] { return run_timed(pairs_b, o.budget_s, &sb[k]); })) {
                 err_b = run_b.pair_error();
             }
         }
@@ -739,6 +781,8 @@ void live_mixed_paired(A &a, B &b, const Mix &mix, const Options &o)
     } else {
         set_median(ra, sa);
         set_median(rb, sb);
+        ra.backend_calls = calls_a;
+        rb.backend_calls = calls_b;
         std::sort(ratio.begin(), ratio.end());
         rb.paired_ratio = ratio[ratio.size() / 2];
         rb.paired_low = ratio.front();
@@ -1022,6 +1066,12 @@ void print_table()
                 printf(" %s%.2fx", threads ? "  " : "", ratio);
             if (r.paired_ratio > 0)
                 printf(" (rounds %.2f-%.2fx)", r.paired_low, r.paired_high);
+            if (r.size == 0 && !threads) {
+                printf("  [measurements %.1f-%.1f ns", r.ns_low, r.ns_high);
+                if (r.backend_calls >= 0)
+                    printf("; %lld backend calls in them", r.backend_calls);
+                printf("]");
+            }
             printf("\n");
         }
     }
@@ -1061,6 +1111,14 @@ bool write_json(const char *path)
         }
         if (r.scenario == "live-10k-mixed")
             fprintf(f, ", \"live_bytes\": %zu", r.live_bytes);
+        if (r.error.empty() && r.scenario != "threads") {
+            fprintf(f, ", \"ns_low\": %.3f, \"ns_high\": %.3f, \"backend_calls\": ", r.ns_low,
+                    r.ns_high);
+            if (r.backend_calls >= 0)
+                fprintf(f, "%lld", r.backend_calls);
+            else
+                fprintf(f, "null");
+        }
         if (r.scenario == "threads" && r.error.empty())
             fprintf(f, ", \"scaling_vs_1_thread\": %.4f", r.scaling);
         if (r.allocator == "unimem") {
