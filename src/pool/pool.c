@@ -2279,23 +2279,13 @@ static void plan_stop(um__pool *p)
     um__plan_abandon(pl);
 }
 
-/* The plan starts: one range of the arena's size, mapped once. Every fence
- * is waited for first (once), so that the pages the last period used can
- * move into the arena instead of new ones being created. */
+/* The plan starts, unless it is declined (below): one range of the
+ * arena's size, mapped once. Every fence is waited for first (once), so
+ * that the pages the last period used can move into the arena instead of
+ * new ones being created. */
 static void plan_open(um__pool *p)
 {
     um__plan *pl = &p->plan;
-    while (p->nplan_spare < pl->period + 1) {
-        um__block *r = block_alloc();
-        if (!r) {
-            um__plan_reject(pl);
-            return;
-        }
-        r->next = p->plan_spare;
-        p->plan_spare = r;
-        p->nplan_spare++;
-    }
-    poll_all(p, true);
     /* The blocks live now keep their places until they are freed, so the
      * arena comes on top of them. Those of the period that live across
      * the plan's start (as in a FIFO of tensors, where every block does)
@@ -2304,7 +2294,8 @@ static void plan_open(um__pool *p)
      * bytes now and the period's peak would together exceed both peaks so
      * far by more than 1/64 of the peak live bytes, the pool stays a
      * caching pool. (The arena's packing over the period's peak is
-     * build's to bound, as before.) */
+     * build's to bound, as before.) Decided before the fences are waited
+     * for, which a declined plan does not need. */
     size_t live = active_total(p);
     size_t peak_live = (size_t)atomic_load_explicit(&p->peak_active, memory_order_relaxed);
     size_t bound = p->peak_reserved > peak_live ? p->peak_reserved : peak_live;
@@ -2316,6 +2307,17 @@ static void plan_open(um__pool *p)
         um__plan_decline(pl);
         return;
     }
+    while (p->nplan_spare < pl->period + 1) {
+        um__block *r = block_alloc();
+        if (!r) {
+            um__plan_reject(pl);
+            return;
+        }
+        r->next = p->plan_spare;
+        p->plan_spare = r;
+        p->nplan_spare++;
+    }
+    poll_all(p, true);
     um__block *a = NULL;
     um_status s = take_range(p, pl->arena_bytes, p->page, pl->stream, &a);
     if (s != UM_OK) {
