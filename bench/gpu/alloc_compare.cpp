@@ -751,23 +751,16 @@ void live_mixed_paired(A &a, B &b, const Mix &mix, const Options &o)
         err_b = run_b.pair_error();
     std::vector<Sample> sa(kPairedRounds), sb(kPairedRounds);
     std::vector<double> ratio;
-    long long calls_a = 0, calls_b = 0;
-    /* Adds what allocator x called while one timed run ran to *sum (which
-     * stays -1 once x is found not to count). */
-    auto counted = [](auto &x, long long *sum, auto &&timed) {
-        long long before = backend_calls_of(x);
-        bool ok = timed();
-        long long after = backend_calls_of(x);
-        *sum = *sum >= 0 && before >= 0 && after >= 0 ? *sum + (after - before) : -1;
-        return ok;
-    };
+    /* Read around all the rounds, not each turn: the count walks the
+     * pool's records, which would warm them for the turn that follows. An
+     * allocator calls its backend only in its own turns. */
+    long long calls_a = backend_calls_of(a), calls_b = backend_calls_of(b);
     for (int k = 0; k < kPairedRounds && err_a.empty() && err_b.empty(); k++) {
         for (int turn = 0; turn < 2 && err_a.empty() && err_b.empty(); turn++) {
             if ((turn == 0) == (k % 2 == 0)) {
-                if (!counted(a, &calls_a, [&] { return run_timed(pairs_a, o.budget_s, &sa[k]); }))
+                if (!run_timed(pairs_a, o.budget_s, &sa[k]))
                     err_a = run_a.pair_error();
-            } else if (!counted(b, &calls_b,
-                                [&] { return run_timed(pairs_b, o.budget_s, &sb[k]); })) {
+            } else if (!run_timed(pairs_b, o.budget_s, &sb[k])) {
                 err_b = run_b.pair_error();
             }
         }
@@ -781,8 +774,9 @@ void live_mixed_paired(A &a, B &b, const Mix &mix, const Options &o)
     } else {
         set_median(ra, sa);
         set_median(rb, sb);
-        ra.backend_calls = calls_a;
-        rb.backend_calls = calls_b;
+        long long end_a = backend_calls_of(a), end_b = backend_calls_of(b);
+        ra.backend_calls = calls_a >= 0 && end_a >= 0 ? end_a - calls_a : -1;
+        rb.backend_calls = calls_b >= 0 && end_b >= 0 ? end_b - calls_b : -1;
         std::sort(ratio.begin(), ratio.end());
         rb.paired_ratio = ratio[ratio.size() / 2];
         rb.paired_low = ratio.front();
