@@ -533,9 +533,9 @@ void um__plan_reject(um__plan *pl)
 
 void um__plan_decline(um__plan *pl)
 {
-    /* Before forget_plan, which sizes the next learning window from it. */
-    if (pl->short_plans < LEARN_SHRINK_MAX)
-        pl->short_plans++;
+    /* Before forget_plan, which sizes the next learning window from it:
+     * none. */
+    pl->short_plans = LEARN_SHRINK_MAX;
     um__plan_reject(pl);
 }
 

@@ -145,8 +145,9 @@ void um__plan_activate(um__plan *pl);
 void um__plan_reject(um__plan *pl);
 /* The pool will not start the plan because its arena would raise peak
  * reserved memory (the blocks live when it starts keep their places): a
- * reject that counts as a plan that broke at once, so the next learning
- * window is shorter and the next proposal waits longer. */
+ * reject that also ends learning, as the shortest plans do, since keeping
+ * memory tight serves only a plan (a later one that serves a whole
+ * learning window brings learning back); the next proposal waits longer. */
 void um__plan_decline(um__plan *pl);
 
 /* ACTIVE: the planned offset for allocation `ordinal` (bytes on stream);
