@@ -656,6 +656,30 @@ static void test_medium_slabs(void)
     CHECK_EQ(stats(a).reserved_bytes, 0);
     a->ops->destroy(a);
 
+    /* Under a limit too tight for a medium slab (16 slots of 256 KiB are
+     * 4 MiB; the limit is 3 MiB), the block takes the large path: found
+     * by unimem demo gemm --gpu-only, whose 256 KiB tiles failed with
+     * UM_ERR_NOMEM at 0 bytes live. A slab that fits is still used. */
+    c.memory_limit = 3 * MiB;
+    a = make_pool_with(256 * MiB, &c);
+    p = (um__pool *)a;
+    CHECK_EQ(p->slab_max, UM_MEDIUM_MAX);
+    void *t1 = xalloc(a, 256 * K, 1), *t2 = xalloc(a, 256 * K, 1);
+    CHECK(t1 && t2 && ptr_map_has(p, t1) && ptr_map_has(p, t2));
+    CHECK(p->partial[um__class_of(256 * K)] == NULL);
+    void *small = xalloc(a, 40 * K, 1); /* 16 x 40 KiB: a slab of 640 KiB fits */
+    CHECK(small && !ptr_map_has(p, small));
+    memset(t1, 0x11, 256 * K);
+    memset(t2, 0x22, 256 * K);
+    CHECK_EQ(stats(a).requested_bytes, 512 * K + 40 * K);
+    CHECK_OK(a->ops->check(a));
+    xfree(a, t1, 1);
+    xfree(a, t2, 1);
+    xfree(a, small, 1);
+    CHECK_EQ(stats(a).active_bytes, 0);
+    CHECK_OK(a->ops->check(a));
+    a->ops->destroy(a);
+
     /* With the planner learning (from the start), medium sizes are large
      * blocks; medium_slabs=0 keeps them so. */
     const um__pool_config off[] = {{.dev = 1, .thread_cache = 1, .va_factor = 4},

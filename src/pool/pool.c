@@ -1848,6 +1848,9 @@ static inline void mark_live_slot(um__pool *p, um__tcache *tc, um__slot_word *w,
 /* small_alloc when the thread's bin cannot serve: under the lock. Out of
  * line, as are the other locked paths, so that the fast paths do not
  * carry their code. */
+static um_status large_alloc_locked(um__pool *p, size_t size, size_t bytes,
+                                    const um__stream_ref *s, um__tcache *tc, void **ptr);
+
 static __attribute__((noinline)) um_status small_alloc_locked(um__pool *p, unsigned cls,
                                                               size_t size,
                                                               const um__stream_ref *s,
@@ -1911,6 +1914,13 @@ static __attribute__((noinline)) um_status small_alloc_locked(um__pool *p, unsig
             counter_inc(&tc->allocs);
         mark_live_slot(p, tc, w, cls, size, s->id);
         *ptr = x;
+    } else if (st == UM_ERR_NOMEM && cls >= UM_NSMALL_CLASSES && ss) {
+        /* A medium slab is 4-16 blocks of its class: under a tight limit
+         * it may not fit where the block alone does (a 4 MiB slab for a
+         * 256 KiB block under a 3 MiB limit). The block then takes the
+         * large path, which frees find by its address as any large one. */
+        um__lock_release(&p->lock);
+        return large_alloc_locked(p, size, um__align_up(size, UM_ALIGN), s, tc, ptr);
     } else {
         st = fail_locked(p, st, size);
     }
