@@ -1845,12 +1845,12 @@ static inline void mark_live_slot(um__pool *p, um__tcache *tc, um__slot_word *w,
     account(p, tc, um__class_size[cls]);
 }
 
-/* small_alloc when the thread's bin cannot serve: under the lock. Out of
- * line, as are the other locked paths, so that the fast paths do not
- * carry their code. */
 static um_status large_alloc_locked(um__pool *p, size_t size, size_t bytes,
                                     const um__stream_ref *s, um__tcache *tc, void **ptr);
 
+/* small_alloc when the thread's bin cannot serve: under the lock. Out of
+ * line, as are the other locked paths, so that the fast paths do not
+ * carry their code. */
 static __attribute__((noinline)) um_status small_alloc_locked(um__pool *p, unsigned cls,
                                                               size_t size,
                                                               const um__stream_ref *s,
