@@ -23,6 +23,19 @@ SKIP_ALLOCATIONS = 3000  # GPT-2's first two steps: the model's and Adam's state
 MAX_BYTES = 256 << 20
 
 
+def gpt2_sizes(count, source=DEFAULT_SOURCE):
+    """The sizes of `count` allocations of a training trace (bytes), from its
+    third step on (the first two allocate the model's and the optimizer's
+    long-lived state), cycled, each capped at MAX_BYTES. Also used by
+    bench/gpu/torch_alloc_cost.py, so that its ring is this one."""
+    with gzip.open(source, "rt") as f:
+        sizes = [int(line.split()[2]) for line in f if line.startswith("a ")]
+    sizes = sizes[SKIP_ALLOCATIONS:]
+    if not sizes:
+        sys.exit(f"ring_trace: {source} has no allocations after its first {SKIP_ALLOCATIONS}")
+    return [min(sizes[i % len(sizes)], MAX_BYTES) for i in range(count)]
+
+
 def main():
     if len(sys.argv) < 2:
         sys.exit(__doc__)
@@ -32,22 +45,14 @@ def main():
     source = sys.argv[4] if len(sys.argv) > 4 else DEFAULT_SOURCE
     if steps < 1 or ring < 1:
         sys.exit("ring_trace: STEPS and RING must be at least 1")
-    with gzip.open(source, "rt") as f:
-        sizes = [int(line.split()[2]) for line in f if line.startswith("a ")]
-    sizes = sizes[SKIP_ALLOCATIONS:]
-    if not sizes:
-        sys.exit(f"ring_trace: {source} has no allocations after its first {SKIP_ALLOCATIONS}")
-
-    def size(i):
-        return min(sizes[i % len(sizes)], MAX_BYTES)
-
+    sizes = gpt2_sizes(ring + steps, source)
     with open(out, "w") as f:
         f.write(f"# workload ring of {ring} (sizes of {os.path.basename(source)}); synthetic\n")
         f.write("# a <id> <size> <stream> | f <id>\n")
         for i in range(ring):
-            f.write(f"a {i} {size(i)} 0\n")
+            f.write(f"a {i} {sizes[i]} 0\n")
         for i in range(steps):
-            f.write(f"f {i}\na {ring + i} {size(ring + i)} 0\n")
+            f.write(f"f {i}\na {ring + i} {sizes[ring + i]} 0\n")
     print(f"ring_trace: {ring + steps} allocations, {steps} frees in {out}")
 
 

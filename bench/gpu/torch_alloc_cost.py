@@ -30,7 +30,6 @@ report gives the median and the fastest round of each.
 
 import argparse
 import ctypes
-import gzip
 import json
 import os
 import statistics
@@ -41,33 +40,19 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.normpath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, os.path.join(HERE, ".."))
+from ring_trace import gpt2_sizes  # noqa: E402  (bench/: the ring's sizes)
+
 ALLOCATORS = ("torch", "unimem", "null")
 SIZES = (512, 65536, 4 << 20)
 RING = 1000
 WARM_RING = 60000           # past unimem's learning phase (about 40,000 here)
-SKIP_ALLOCATIONS = 3000     # the GPT-2 trace's first two steps
 
 
 def resolve(path):
     if os.path.isabs(path) or os.path.exists(path):
         return os.path.abspath(path)
     return os.path.join(REPO, path)
-
-
-def gpt2_sizes(count):
-    """The sizes of `count` allocations of the GPT-2 trace (bytes), from its
-    third step on (the first two allocate the model's and the optimizer's
-    long-lived state), cycled; a fixed spread when the trace is not there.
-    Sizes are capped at 256 MiB (the vocabulary's logits)."""
-    trace = os.path.join(REPO, "data", "gpt2_train.trace.gz")
-    sizes = []
-    if os.path.exists(trace):
-        with gzip.open(trace, "rt") as f:
-            sizes = [int(line.split()[2]) for line in f if line.startswith("a ")]
-        sizes = sizes[SKIP_ALLOCATIONS:]
-    if not sizes:
-        sizes = [512 << (i % 14) for i in range(4096)]
-    return [min(sizes[i % len(sizes)], 256 << 20) for i in range(count)]
 
 
 class UnimemClock:
