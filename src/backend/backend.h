@@ -139,11 +139,13 @@ um_status um__sim_backend_create(const char *name, size_t capacity, size_t granu
 
 /* CUDA (cuda.c). um__cuda_backend_create makes the backend of one GPU
  * (pages from cuMemCreate on that GPU, or cuMemAlloc segments when vmm is
- * 0); um__cuda_host_backend_create makes page-locked host memory through
- * the same VMM calls, located on the host, that every GPU can reach.
+ * 0; page_size: its physical page, 0 for the driver's minimum, else a
+ * power of two at least that); um__cuda_host_backend_create makes
+ * page-locked host memory through the same VMM calls, located on the
+ * host, that every GPU can reach.
  * Both fail with UM_ERR_UNSUPPORTED and the reason when the driver or the
  * feature is missing. */
-um_status um__cuda_backend_create(int ordinal, int vmm, um__backend **out);
+um_status um__cuda_backend_create(int ordinal, int vmm, size_t page_size, um__backend **out);
 um_status um__cuda_host_backend_create(size_t capacity, um__backend **out);
 /* The link from GPU `from` to GPU `to` (ordinals) as the driver reports it. */
 um_status um__cuda_link(int from, int to, um_link_info *out);

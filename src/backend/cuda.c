@@ -613,7 +613,7 @@ static void add_gpu_access(cuda_backend *c, int owner)
     }
 }
 
-um_status um__cuda_backend_create(int ordinal, int vmm, um__backend **out)
+um_status um__cuda_backend_create(int ordinal, int vmm, size_t page_size, um__backend **out)
 {
     char what[48];
     snprintf(what, sizeof what, "cuda%d", ordinal);
@@ -664,6 +664,19 @@ um_status um__cuda_backend_create(int ordinal, int vmm, um__backend **out)
     if ((st = set_granularity(c, what)) != UM_OK) {
         cuda_destroy(b);
         return st;
+    }
+    /* A page of several of the driver's: one cuMemCreate, cuMemMap and
+     * cuMemSetAccess where the minimum page needs one each per 2 MiB. */
+    if (page_size) {
+        if (!um__is_pow2(page_size) || page_size < b->granularity) {
+            size_t g = b->granularity;
+            cuda_destroy(b);
+            return um__fail(UM_ERR_BAD_OPTION,
+                            "%s: option 'cuda_page_size' is %zu bytes: not a power of two at "
+                            "least the driver's granularity of %zu bytes",
+                            what, page_size, g);
+        }
+        b->granularity = page_size;
     }
     add_gpu_access(c, ordinal);
     *out = b;

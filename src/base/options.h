@@ -68,6 +68,10 @@
     X(cuda_vmm, UM_OPT_BOOL, "1",                                                             \
       "GPU pages through CUDA virtual memory management; 0 (or a GPU without it) uses "      \
       "cuMemAlloc segments under the buffer cache allocator instead of the pool")            \
+    X(cuda_page_size, UM_OPT_SIZE, "0",                                                       \
+      "physical page size of GPU memory through VMM: 0 = the driver's minimum granularity "  \
+      "(2M on an H200), else a power of two at least that; larger pages take fewer driver "  \
+      "calls as the pool grows or moves pages, and recycle memory more coarsely")            \
     X(copy_threads, UM_OPT_INT, "0",                                                          \
       "host threads that copy program (pageable) memory through pinned staging buffers "     \
       "for a GPU copy; 0 = half the online CPUs, at most 8")                                  \
@@ -140,6 +144,7 @@ typedef struct um__options {
     int medium_slabs;
     int host_memory;        /* um__host_memory */
     int cuda_vmm;
+    size_t cuda_page_size;
     int copy_threads;
     size_t copy_chunk;
     int peer_copies;

@@ -736,7 +736,7 @@ static um_status create_cuda(um_context *ctx, const device_spec *spec)
                             "um_init: option 'devices' makes more than %d devices (with the host)",
                             UM_MAX_DEVICES);
         um__backend *b = NULL;
-        um_status st = um__cuda_backend_create(g, ctx->opts.cuda_vmm, &b);
+        um_status st = um__cuda_backend_create(g, ctx->opts.cuda_vmm, ctx->opts.cuda_page_size, &b);
         if (st != UM_OK) {
             char where[64];
             snprintf(where, sizeof where, "um_init: device %d (cuda%d)", ctx->ndevices, g);

@@ -388,6 +388,70 @@ static void check_pinned_copies(gpu *g)
     CHECK_ERROR_MENTIONS("destination", NULL, NULL);
 }
 
+/* cuda_page_size: pages of several driver pages. A block is backed by
+ * fewer, larger pages (fewer driver calls), its data survive, the driver
+ * sees what the statistics say, and a size that is not a power of two at
+ * least the driver's page is refused with the option's name. */
+static void check_page_size(void)
+{
+    um_context *ctx = NULL;
+    CHECK_STATUS(um_init("devices=cuda:0,cuda_page_size=3M", &ctx), UM_ERR_BAD_OPTION);
+    CHECK_ERROR_MENTIONS("cuda_page_size", "power of two", NULL);
+    CHECK(ctx == NULL);
+    CHECK_STATUS(um_init("devices=cuda:0,cuda_page_size=64K", &ctx), UM_ERR_BAD_OPTION);
+    CHECK_ERROR_MENTIONS("cuda_page_size", "granularity", NULL);
+    CHECK(ctx == NULL);
+
+    /* The calls that back one 40 MiB block on a fresh context, per page size. */
+    const size_t size = 40 * MIB + 4096;
+    const char *confs[2] = {"devices=cuda:0", "devices=cuda:0,cuda_page_size=8M"};
+    uint64_t calls[2] = {0, 0};
+    unsigned char *buf = malloc(size), *back = malloc(size);
+    CHECK(buf && back);
+    for (int k = 0; k < 2 && buf && back; k++) {
+        ctx = NULL;
+        CHECK_OK(um_init(confs[k], &ctx));
+        if (!ctx)
+            continue;
+        um_device_info info;
+        CHECK_OK(um_device_info_get(ctx, 1, &info));
+        if (k == 1)
+            CHECK_EQ(info.granularity, 8 * MIB);
+        size_t free0, free1, total;
+        um_stats st;
+        CHECK_OK(um_device_memory_get(ctx, 1, &free0, &total));
+        CHECK_OK(um_stats_get(ctx, 1, &st));
+        uint64_t before = st.num_backend_calls;
+        void *p = NULL;
+        CHECK_OK(um_malloc(ctx, 1, size, NULL, &p));
+        CHECK_OK(um_stats_get(ctx, 1, &st));
+        calls[k] = st.num_backend_calls - before;
+        CHECK_OK(um_device_memory_get(ctx, 1, &free1, &total));
+        CHECK_EQ(st.reserved_bytes % info.granularity, 0);
+        CHECK(st.reserved_bytes >= size && st.reserved_bytes < size + 2 * info.granularity);
+        double driver = (double)(free0 - free1), ours = (double)st.reserved_bytes;
+        printf("page size %zu MiB: a %zu MiB block took %" PRIu64 " backend calls, %.1f MiB "
+               "reserved, the driver's used memory grew %.1f MiB\n",
+               info.granularity / MIB, size / MIB, calls[k], ours / MIB, driver / MIB);
+        CHECK(driver >= ours * 0.999 && driver <= ours * 1.02 + 4.0 * MIB);
+        harness_pattern_fill(buf, size, 77 + (uint64_t)k);
+        CHECK_OK(um_memcpy(ctx, p, buf, size));
+        memset(back, 0, size);
+        CHECK_OK(um_memcpy(ctx, back, p, size));
+        unsigned char got, want;
+        CHECK_EQ(harness_pattern_find_bad(back, size, 77 + (uint64_t)k, &got, &want), SIZE_MAX);
+        CHECK_OK(um_free(ctx, p, NULL));
+        CHECK_OK(um_trim(ctx, 1));
+        CHECK_OK(um_stats_get(ctx, 1, &st));
+        CHECK_EQ(st.reserved_bytes, 0);
+        um_shutdown(ctx);
+    }
+    /* 21 pages of 2 MiB against 6 of 8 MiB: a create and a map each. */
+    CHECK(calls[1] > 0 && calls[1] * 3 <= calls[0]);
+    free(buf);
+    free(back);
+}
+
 /* cuda_vmm=0: the GPU is served from cuMemAlloc segments by the buffer
  * cache. Data survive, freed buffers are reused, the driver sees what the
  * statistics say, and a trim gives the segments back. */
@@ -1222,6 +1286,7 @@ int main(void)
     check_memory_limit(&g);
     check_pinned_copies(&g);
     check_segments(&g);
+    check_page_size();
     check_two_gpus(&g, gpus);
     check_buffer_round_trips(&g, fake);
     if (g.spin_fill) {
