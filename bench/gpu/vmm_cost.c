@@ -3,7 +3,8 @@
  * (how often it may move a page) rests on measured numbers. Times each
  * driver call the CUDA backend makes, on 2 MiB pages inside one large
  * reservation, and checks that one cuMemUnmap and one cuMemSetAccess can
- * cover a run of separately created pages. Prints microseconds per call.
+ * cover a run of separately created pages; then the same memory in
+ * handles of 4 and 16 pages (cuda_page_size). Prints microseconds per call.
  * Build: cc -O2 -Isrc -Iinclude bench/gpu/vmm_cost.c BUILD/libunimem.a -lz -lpthread -ldl
  */
 #include "driver_open.h"
@@ -107,6 +108,38 @@ int main(void)
     for (int i = 0; i < PAGES; i++)
         CK(cu->MemRelease(h[i]));
     printf("cuMemRelease (2 MiB):           %8.1f us\n", us_since(t0, PAGES));
+    /* The same 512 MiB in handles of 1, 4 and 16 driver pages
+     * (cuda_page_size): whether a call costs by the call or by the page. */
+    printf("handle size: create / map / set-access / unmap / release, us per call (per 2 MiB)\n");
+    for (size_t k = 1; k <= 16; k *= 4) {
+        size_t size = k * g;
+        int n = (int)((size_t)PAGES * g / size);
+        uint64_t t[5] = {0};
+        for (int i = 0; i < n; i++) {
+            um_cuDeviceptr at = va + (size_t)i * 2 * size; /* holes between, as the pool's */
+            t0 = um__now_ns();
+            CK(cu->MemCreate(&h[i], size, &prop, 0));
+            t[0] += um__now_ns() - t0;
+            t0 = um__now_ns();
+            CK(cu->MemMap(at, size, 0, h[i], 0));
+            t[1] += um__now_ns() - t0;
+            t0 = um__now_ns();
+            CK(cu->MemSetAccess(at, size, &acc, 1));
+            t[2] += um__now_ns() - t0;
+        }
+        for (int i = 0; i < n; i++) {
+            t0 = um__now_ns();
+            CK(cu->MemUnmap(va + (size_t)i * 2 * size, size));
+            t[3] += um__now_ns() - t0;
+            t0 = um__now_ns();
+            CK(cu->MemRelease(h[i]));
+            t[4] += um__now_ns() - t0;
+        }
+        printf("  %4zu MiB x %3d:", size >> 20, n);
+        for (int c = 0; c < 5; c++)
+            printf(" %7.1f (%5.1f)", (double)t[c] / 1e3 / n, (double)t[c] / 1e3 / n / (double)k);
+        printf("\n");
+    }
     CK(cu->MemAddressFree(va, va_size));
     return 0;
 }
