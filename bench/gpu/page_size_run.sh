@@ -39,4 +39,34 @@ except Exception as e:
 EOF
   done
 done
+# Where the ring's time goes: unimem alone (bench/step_calls, no lag) with
+# its backend calls recorded as spans, summed by call.
+if [ -f "$OUT/ring40k.trace" ]; then
+  for ps in 0 8M; do
+    t0=$(date +%s.%N)
+    build-dev/bench/step_calls "$OUT/ring40k.trace" 0 4000 0 \
+      "devices=cuda:0,cuda_page_size=$ps,trace_file=$OUT/ring_$ps.json" > "$OUT/ring_steps_$ps.txt" 2>&1
+    t1=$(date +%s.%N)
+    python3 - "$OUT/ring_$ps.json" "$ps" "$t0" "$t1" <<'EOF'
+import collections, json, sys
+path, ps, t0, t1 = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
+try:
+    events = json.load(open(path))
+    events = events["traceEvents"] if isinstance(events, dict) else events
+except Exception as e:
+    sys.exit(f"ring page {ps}: no trace: {e}")
+sums, counts = collections.Counter(), collections.Counter()
+for ev in events:
+    if ev.get("cat") == "backend":
+        sums[ev["name"]] += ev.get("dur", 0)
+        counts[ev["name"]] += 1
+total = sum(sums.values()) / 1e6
+print(f"ring page {ps}: {t1 - t0:.2f} s in all, {total:.2f} s in backend memory calls")
+for name, us in sums.most_common():
+    print(f"  {name:18s} {counts[name]:7d} calls {us / 1e6:7.3f} s {us / counts[name]:8.1f} us each")
+EOF
+    tail -3 "$OUT/ring_steps_$ps.txt"
+    rm -f "$OUT/ring_$ps.json"
+  done
+fi
 rm -f "$OUT/ring40k.trace"
