@@ -670,8 +670,12 @@ static void test_medium_slabs(void)
     void *small = xalloc(a, 40 * K, 1); /* 16 x 40 KiB: a slab of 640 KiB fits */
     CHECK(small && !ptr_map_has(p, small));
     if (t1 && t2) { /* NULL only after a failure, reported above */
-        memset(t1, 0x11, 256 * K);
-        memset(t2, 0x22, 256 * K);
+        /* Both blocks whole and apart: each keeps its own bytes. */
+        harness_pattern_fill(t1, 256 * K, 11);
+        harness_pattern_fill(t2, 256 * K, 22);
+        unsigned char got, want;
+        CHECK_EQ(harness_pattern_find_bad(t1, 256 * K, 11, &got, &want), SIZE_MAX);
+        CHECK_EQ(harness_pattern_find_bad(t2, 256 * K, 22, &got, &want), SIZE_MAX);
     }
     CHECK_EQ(stats(a).requested_bytes, 512 * K + 40 * K);
     CHECK_OK(a->ops->check(a));
