@@ -382,6 +382,10 @@ def merge_rounds(runs):
 
 
 def run_child(args, allocator):
+    # A control run puts PyTorch's allocator in unimem's slot too: the
+    # ratio it reports is what the comparison reads when nothing differs.
+    if args.control:
+        allocator = "torch"
     fd, path = tempfile.mkstemp(prefix=f"gpt2_e2e_{allocator}_", suffix=".json")
     os.close(fd)
     os.unlink(path)
@@ -421,6 +425,8 @@ def run_compare(args):
     results = {a: merge_rounds(runs[a]) for a in ALLOCATORS}
     if args.unimem_conf is not None:
         results["unimem"]["unimem_conf"] = args.unimem_conf
+    if args.control:
+        print("gpt2_e2e: control run: both columns ran PyTorch's allocator")
 
     comparison = compare(results)
     comparison.update(paired_ratios(runs))
@@ -451,6 +457,8 @@ def main():
                         help="runs per allocator in --compare, in ABBA order (default 2)")
     parser.add_argument("--unimem-conf", default=None,
                         help="UNIMEM_CONF for the unimem runs of --compare (default: inherited)")
+    parser.add_argument("--control", action="store_true",
+                        help="in --compare, run PyTorch's allocator in unimem's slot too (an A/A run)")
     parser.add_argument("--timeout", type=float, default=110.0,
                         help="seconds each run may take in --compare (default 110: both within 4 minutes)")
     args = parser.parse_args()
