@@ -650,6 +650,9 @@ um_status um__cuda_backend_create(int ordinal, int vmm, size_t page_size, um__ba
     if (!has_vmm || !vmm) {
         um__log(UM_LOG_INFO, "%s: %s: memory comes in cuMemAlloc segments", what,
                 has_vmm ? "cuda_vmm=0" : "the GPU has no virtual memory management");
+        if (page_size)
+            um__log(UM_LOG_WARN, "%s: option 'cuda_page_size' applies to VMM pages only; "
+                    "the segments ignore it", what);
         b->ops = &cuda_segment_ops;
         b->vmm = 0;
         b->granularity = (size_t)2 << 20;

@@ -450,6 +450,18 @@ static void check_page_size(void)
     CHECK(calls[1] > 0 && calls[1] * 3 <= calls[0]);
     free(buf);
     free(back);
+
+    /* cuMemAlloc segments have no pages: the option is ignored with a
+     * warning, not an error. */
+    ctx = NULL;
+    CHECK_OK(um_init("devices=cuda:0,cuda_vmm=0,cuda_page_size=8M", &ctx));
+    if (ctx) {
+        um_device_info info;
+        CHECK_OK(um_device_info_get(ctx, 1, &info));
+        CHECK_EQ(info.vmm, 0);
+        CHECK_EQ(info.granularity, 2 * MIB);
+        um_shutdown(ctx);
+    }
 }
 
 /* cuda_vmm=0: the GPU is served from cuMemAlloc segments by the buffer
