@@ -207,6 +207,14 @@ static void test_bad_specs(const char *alloc)
     CHECK_ERROR_MENTIONS("um_init: device 2 (sim2, 1.00 MiB)", NULL, NULL);
 
     CHECK_STATUS(um_init("devices=sim:1M", NULL), UM_ERR_INVALID);
+
+    /* Large pages must be a power of two: the pool says so, naming the
+     * option, and nothing is left behind. */
+    if (strcmp(alloc, "pool") == 0) {
+        CHECK_STATUS(um_init("devices=sim:64M,large_page=12M", &ctx), UM_ERR_BAD_OPTION);
+        CHECK(ctx == NULL);
+        CHECK_ERROR_MENTIONS("large_page", "power of two", NULL);
+    }
 }
 
 static void test_bad_inputs(const char *alloc)

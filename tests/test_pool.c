@@ -294,6 +294,103 @@ static void test_page_recycling(void)
     a->ops->destroy(a);
 }
 
+/* The large_page option, 8 MiB over 2 MiB pages: a large block's aligned
+ * runs of four pages are one chunk each (one create and one map), a block
+ * too short for large pages gets single pages, a freed large page moves
+ * whole (one unmap and one map), and at the memory limit an idle large
+ * page goes back so that single pages can be made. */
+static void test_large_pages(void)
+{
+    um__pool_config c = {.dev = 1, .thread_cache = 1, .va_factor = 4, .large_page = 8 * MiB};
+    um__allocator *a = make_pool_with(512 * MiB, &c);
+    um__pool *p = (um__pool *)a;
+    CHECK_EQ(p->big, 4);
+    CHECK_EQ(p->big_min_pages, 16);
+    size_t base = (size_t)(p->region.lo - p->va) / p->page;
+    CHECK_EQ(base % 4, 0); /* the region starts on a large page's boundary */
+    uint64_t calls = stats(a).num_backend_calls;
+    void *x = xalloc(a, 64 * MiB, 0);
+    CHECK_EQ((uintptr_t)x, p->region.lo);
+    /* Eight large pages: a create and a map each. */
+    CHECK_EQ(stats(a).num_backend_calls - calls, 16);
+    CHECK_EQ(stats(a).reserved_bytes, 64 * MiB);
+    CHECK_EQ(p->compound[base / 64] >> (base % 64) & 0xffffffffull, 0xffffffffull);
+    harness_pattern_fill(x, 64 * MiB, 1);
+    /* 20 MiB is less than four large pages: single pages. */
+    calls = stats(a).num_backend_calls;
+    void *y = xalloc(a, 20 * MiB, 0);
+    CHECK_EQ(stats(a).num_backend_calls - calls, 20);
+    size_t ypg = ((uintptr_t)y - p->va) / p->page;
+    for (size_t pg = ypg; pg < ypg + 10; pg++)
+        CHECK(!((p->compound[pg / 64] >> (pg % 64)) & 1));
+    CHECK_OK(a->ops->check(a));
+    /* x's large pages move under a larger block above y: 32 of z's 36
+     * pages in eight moves, the rest new single pages. */
+    unsigned char got, want;
+    CHECK_EQ(harness_pattern_find_bad(x, 64 * MiB, 1, &got, &want), SIZE_MAX);
+    xfree(a, x, 0);
+    calls = stats(a).num_backend_calls;
+    void *z = xalloc(a, 72 * MiB, 0);
+    CHECK((uintptr_t)z > (uintptr_t)y);
+    um_stats st = stats(a);
+    CHECK_EQ(st.reserved_bytes, 92 * MiB);
+    CHECK(st.num_backend_calls - calls <= 8 * 2 + 4 * 2 + 3);
+    harness_pattern_fill(z, 72 * MiB, 2);
+    CHECK_OK(a->ops->check(a));
+    CHECK_OK(a->ops->trim(a)); /* nothing idle to give back */
+    CHECK_EQ(stats(a).reserved_bytes, 92 * MiB);
+    CHECK_EQ(harness_pattern_find_bad(z, 72 * MiB, 2, &got, &want), SIZE_MAX);
+    xfree(a, y, 0);
+    xfree(a, z, 0);
+    CHECK_OK(a->ops->trim(a));
+    CHECK_EQ(stats(a).reserved_bytes, 0);
+    CHECK_EQ(atomic_load(&backend->physical_bytes), 0);
+    CHECK_OK(a->ops->check(a));
+    a->ops->destroy(a);
+
+    /* At a limit of 64 MiB, eight blocks of one large page each fill it.
+     * With every other one freed, a 10 MiB block fits only at the top,
+     * over the last freed large page and one unmapped page: no single
+     * page is idle, so a large page elsewhere goes back to make room. */
+    c.memory_limit = 64 * MiB;
+    a = make_pool_with(512 * MiB, &c);
+    p = (um__pool *)a;
+    p->big_min_pages = 4;
+    void *b[8];
+    for (int i = 0; i < 8; i++) {
+        b[i] = xalloc(a, 8 * MiB, 0);
+        harness_pattern_fill(b[i], 8 * MiB, 10 + (uint64_t)i);
+    }
+    CHECK_EQ(stats(a).reserved_bytes, 64 * MiB);
+    for (int i = 1; i < 8; i += 2)
+        xfree(a, b[i], 0);
+    void *w = xalloc(a, 10 * MiB, 0);
+    CHECK(w == b[7]);
+    harness_pattern_fill(w, 10 * MiB, 20);
+    CHECK_EQ(stats(a).reserved_bytes, 58 * MiB); /* 64 - 8 + 2 */
+    CHECK_OK(a->ops->check(a));
+    for (int i = 0; i < 8; i += 2) {
+        CHECK_EQ(harness_pattern_find_bad(b[i], 8 * MiB, 10 + (uint64_t)i, &got, &want), SIZE_MAX);
+        xfree(a, b[i], 0);
+    }
+    CHECK_EQ(harness_pattern_find_bad(w, 10 * MiB, 20, &got, &want), SIZE_MAX);
+    xfree(a, w, 0);
+    CHECK_OK(a->ops->trim(a));
+    CHECK_EQ(stats(a).reserved_bytes, 0);
+    CHECK_OK(a->ops->check(a));
+    a->ops->destroy(a);
+
+    /* A size that is not a power of two, or more than 64 pages, is refused. */
+    um__allocator *bad = NULL;
+    c.memory_limit = 0;
+    c.large_page = 12 * MiB;
+    CHECK_STATUS(um__pool_create(backend, &c, &bad), UM_ERR_BAD_OPTION);
+    CHECK_ERROR_MENTIONS("large_page", "power of two", NULL);
+    c.large_page = 256 * MiB;
+    CHECK_STATUS(um__pool_create(backend, &c, &bad), UM_ERR_BAD_OPTION);
+    CHECK(bad == NULL);
+}
+
 /* recycle_pages=0: the same steps create pages instead of moving x's,
  * until the memory limit leaves no room; then x's pages move after all. */
 static void test_no_page_recycling(void)
@@ -1073,11 +1170,15 @@ static void test_small_pages(void)
  * stream the placement's one-fencer shortcut is on throughout, and under
  * a memory limit pages move between the chains of the hole list. */
 static void test_random(uint64_t seed, int tc, uint32_t streams, size_t limit, int check_every,
-                        int no_plan)
+                        int no_plan, size_t large_page)
 {
     um__pool_config c = {.dev = 1, .memory_limit = limit, .thread_cache = tc, .va_factor = 4,
-                         .no_plan = no_plan};
+                         .no_plan = no_plan, .large_page = large_page};
     um__allocator *a = make_pool_with(4096ull * MiB, &c);
+    /* Large pages under any block that holds one, so that they come and
+     * go often at this test's sizes. */
+    ((um__pool *)a)->big_min_pages = ((um__pool *)a)->big;
+    size_t large_seen = 0;
     enum { MAXLIVE = 600 };
     live_t live[MAXLIVE];
     int nlive = 0;
@@ -1124,7 +1225,15 @@ static void test_random(uint64_t seed, int tc, uint32_t streams, size_t limit, i
             CHECK_EQ(st.active_blocks, (uint64_t)nlive);
             CHECK(st.reserved_bytes >= st.active_bytes);
             CHECK_OK(a->ops->check(a));
+            um__pool *p = (um__pool *)a;
+            for (size_t w = 0; large_page && w < (p->npages + 63) / 64; w++)
+                large_seen += (size_t)__builtin_popcountll(p->compound[w]);
         }
+    }
+    if (large_page) {
+        printf("test_random: large pages of %zu MiB covered %zu pages over the checks\n",
+               large_page / MiB, large_seen);
+        CHECK(large_seen > 0);
     }
     /* No two live blocks overlap. */
     for (int i = 0; i < nlive; i++)
@@ -1147,9 +1256,9 @@ static void test_random(uint64_t seed, int tc, uint32_t streams, size_t limit, i
  * failure is a status, the pool stays consistent, and once the backend
  * works again everything can be freed and nothing leaks. Returns the calls
  * the script made. */
-static long pool_script(flaky *f, long k)
+static long pool_script(flaky *f, long k, size_t large_page)
 {
-    um__pool_config c = {.dev = 1, .thread_cache = 1, .va_factor = 4};
+    um__pool_config c = {.dev = 1, .thread_cache = 1, .va_factor = 4, .large_page = large_page};
     um__allocator *a = NULL;
     uint64_t calls0 = atomic_load(&f->base.calls);
     f->countdown = k;
@@ -1159,6 +1268,7 @@ static long pool_script(flaky *f, long k)
         f->countdown = 0;
         return 0;
     }
+    ((um__pool *)a)->big_min_pages = ((um__pool *)a)->big;
     um__stream_ref ref = {0, NULL, NULL};
     size_t sizes[6] = {3 * MiB, 1 * MiB, 1000, 5 * MiB, 6 * MiB, 20000};
     void *p[6] = {NULL};
@@ -1204,11 +1314,14 @@ static void test_backend_failures(void)
     CHECK_OK(um__sim_backend_create("sim1", 64 * MiB, 2 * MiB, 0, &inner));
     flaky f;
     flaky_init(&f, inner);
-    long total = pool_script(&f, 0);
-    CHECK(total > 20);
-    for (long k = 1; k <= total; k++)
-        pool_script(&f, k);
-    CHECK_EQ(atomic_load(&inner->physical_bytes), 0);
+    /* With 2 MiB pages, then with large pages of two. */
+    for (size_t large = 0; large <= 4 * MiB; large += 4 * MiB) {
+        long total = pool_script(&f, 0, large);
+        CHECK(total > 20);
+        for (long k = 1; k <= total; k++)
+            pool_script(&f, k, large);
+        CHECK_EQ(atomic_load(&inner->physical_bytes), 0);
+    }
     um__backend_destroy(inner);
     um__log_set_level(UM_LOG_WARN);
 }
@@ -1233,13 +1346,16 @@ int main(void)
     for (int tc = 0; tc < 2; tc++) {
         test_basic(tc);
         test_stream_order(tc);
-        test_random(seed + (uint64_t)tc, tc, 3, 0, 5000, 0);
+        test_random(seed + (uint64_t)tc, tc, 3, 0, 5000, 0, 0);
     }
-    test_random(seed + 2, 1, 1, 2048 * MiB, 500, 0);
+    test_random(seed + 2, 1, 1, 2048 * MiB, 500, 0, 0);
     /* Without the planner medium slabs are on from the start: for the
      * whole run with one stream, until the second stream fences with three. */
-    test_random(seed + 3, 1, 1, 0, 5000, 1);
-    test_random(seed + 4, 1, 3, 2048 * MiB, 500, 1);
+    test_random(seed + 3, 1, 1, 0, 5000, 1, 0);
+    test_random(seed + 4, 1, 3, 2048 * MiB, 500, 1, 0);
+    test_random(seed + 5, 1, 3, 0, 500, 0, 8 * MiB);
+    test_random(seed + 6, 1, 1, 2048 * MiB, 500, 1, 4 * MiB);
+    test_large_pages();
     test_medium_slabs();
     test_deferred_frees();
     test_peak();

@@ -72,6 +72,11 @@
       "physical page size of GPU memory through VMM: 0 = the driver's minimum granularity "  \
       "(2M on an H200), else a power of two at least that; larger pages take fewer driver "  \
       "calls as the pool grows or moves pages, and recycle memory more coarsely")            \
+    X(large_page, UM_OPT_SIZE, "0",                                                           \
+      "0 = off, else a power of two up to 64 of a device's pages: one chunk of this size "   \
+      "backs each aligned run of that many pages inside an allocation, taking one create "   \
+      "and one map where pages take one each, and moving or going back only whole; single " \
+      "pages fill the rest, so recycling stays fine where it is needed")                     \
     X(copy_threads, UM_OPT_INT, "0",                                                          \
       "host threads that copy program (pageable) memory through pinned staging buffers "     \
       "for a GPU copy; 0 = half the online CPUs, at most 8")                                  \
@@ -145,6 +150,7 @@ typedef struct um__options {
     int host_memory;        /* um__host_memory */
     int cuda_vmm;
     size_t cuda_page_size;
+    size_t large_page;
     int copy_threads;
     size_t copy_chunk;
     int peer_copies;

@@ -812,6 +812,7 @@ static um_status create_allocators(um_context *ctx)
             .no_plan = !o->plan,
             .no_defer = !o->defer_frees,
             .no_medium = !o->medium_slabs,
+            .large_page = o->large_page,
             .events = ctx->events,
         };
         um_status st;

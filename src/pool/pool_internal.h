@@ -255,8 +255,21 @@ typedef struct um__pool {
      * touches one cache line per two pages, not one per array. */
     um__page *pages;
     uint64_t *mapped;             /* bit per page: pages[pg].phys != 0 */
-    um__phys *parked;             /* pages the backend failed to take back */
-    size_t nparked, parked_cap;
+    /* Chunks the backend failed to take back, each of `pages` pages (one,
+     * or a large page's). */
+    struct um__parked {
+        um__phys phys;
+        uint32_t pages;
+    } *parked;
+    size_t nparked, parked_cap, parked_pages;
+    /* Large pages (the large_page option): 1, or the pages each large page
+     * spans, a power of two up to 64. A large page is one backend chunk
+     * mapped over that many pages from an index that is a multiple of it,
+     * so it lies in one word of `compound`, whose bit per page marks the
+     * pages large pages cover. It moves, and goes back, only as a whole. */
+    uint32_t big;
+    uint32_t big_min_pages;       /* the shortest range large pages back (pool.c) */
+    uint64_t *compound;
     uint64_t fence_wait_ns;       /* wait for fences this old before growing; 0: never */
     int recycle;                  /* um__recycle; see recycling() */
     bool plan_on;                 /* the plan option */
