@@ -380,6 +380,28 @@ static void test_large_pages(void)
     CHECK_OK(a->ops->check(a));
     a->ops->destroy(a);
 
+    /* Large pages freed under work still queued: before it grows, the pool
+     * waits for that work (fence_wait_ns 1, as while the planner learns)
+     * and then moves them rather than make new ones. */
+    um__pool_config cw = {.dev = 1, .thread_cache = 0, .va_factor = 4, .fence_wait_ns = 1,
+                          .no_plan = 1, .large_page = 8 * MiB};
+    a = make_pool_with(512 * MiB, &cw);
+    p = (um__pool *)a;
+    void *fx = xalloc(a, 64 * MiB, 1);
+    CHECK_OK(um__sim_stream_launch(backend, s1, 1));
+    xfree(a, fx, 1);
+    void *fy = xalloc(a, 40 * MiB, 2); /* not on x's pages: stream 1 may still use them */
+    CHECK((uintptr_t)fy >= (uintptr_t)fx + 64 * MiB);
+    CHECK_EQ(stats(a).reserved_bytes, 64 * MiB);
+    size_t fpg = ((uintptr_t)fy - p->va) / p->page;
+    CHECK_EQ(fpg % 4, 0);
+    for (size_t pg = fpg; pg < fpg + 20; pg++)
+        CHECK((p->compound[pg / 64] >> (pg % 64)) & 1);
+    CHECK_OK(um__sim_stream_complete(backend, s1, 1));
+    xfree(a, fy, 2);
+    CHECK_OK(a->ops->check(a));
+    a->ops->destroy(a);
+
     /* A size that is not a power of two, or more than 64 pages, is refused. */
     um__allocator *bad = NULL;
     c.memory_limit = 0;

@@ -801,24 +801,25 @@ static um_status map_and_pin(um__pool *p, uintptr_t addr, size_t len, bool may_c
          * room for a new page. */
         bool room = p->reserved + p->page <= p->base.memory_limit;
         bool moves = recycling(p) || !may_create || !room;
-        um_status s;
-        if (n > 1 && (moves || p->reserved + n * p->page > p->base.memory_limit)) {
-            uint32_t c = compound_outside(p, first, last);
-            if (c != NO_PAGE) {
-                if ((s = move_compound(p, c, pg)) != UM_OK)
-                    return s;
-                pg += n;
-                continue;
-            }
-        }
-        uint32_t h = moves ? hole_outside(p, first, last) : NO_PAGE;
+        bool move_large = n > 1 && (moves || p->reserved + n * p->page > p->base.memory_limit);
+        uint32_t c = move_large ? compound_outside(p, first, last) : NO_PAGE;
+        uint32_t h = moves && c == NO_PAGE ? hole_outside(p, first, last) : NO_PAGE;
         /* Rather than grow past the peak while holes wait for fences,
          * wait for the old fences: cheap, as the device is past them or
          * has work queued behind them. */
         uint64_t wait_ns = fence_wait_ns(p);
-        if (h == NO_PAGE && may_create && wait_ns && p->holes &&
-            p->reserved + p->page > p->peak_reserved && wait_old_fences(p, wait_ns))
-            h = hole_outside(p, first, last);
+        if (c == NO_PAGE && h == NO_PAGE && may_create && wait_ns && p->holes &&
+            p->reserved + n * p->page > p->peak_reserved && wait_old_fences(p, wait_ns)) {
+            c = move_large ? compound_outside(p, first, last) : NO_PAGE;
+            h = c == NO_PAGE ? hole_outside(p, first, last) : NO_PAGE;
+        }
+        um_status s;
+        if (c != NO_PAGE) {
+            if ((s = move_compound(p, c, pg)) != UM_OK)
+                return s;
+            pg += n;
+            continue;
+        }
         if (h != NO_PAGE) {
             s = move_holes(p, h, first, &pg, last);
             if (s != UM_OK)
@@ -830,7 +831,7 @@ static um_status map_and_pin(um__pool *p, uintptr_t addr, size_t len, bool may_c
         if (!room) {
             /* Single pages are needed here: an idle large page elsewhere
              * goes back to make room for them. */
-            uint32_t c = compound_outside(p, first, last);
+            c = compound_outside(p, first, last);
             if (c == NO_PAGE)
                 return UM_ERR_NOMEM;
             if ((s = release_hole(p, c)) != UM_OK)
