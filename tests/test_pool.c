@@ -410,7 +410,15 @@ static void test_large_pages(void)
     CHECK_ERROR_MENTIONS("large_page", "power of two", NULL);
     c.large_page = 256 * MiB;
     CHECK_STATUS(um__pool_create(backend, &c, &bad), UM_ERR_BAD_OPTION);
+    c.large_page = 3 * MiB / 2; /* below the page, but still not a power of two */
+    CHECK_STATUS(um__pool_create(backend, &c, &bad), UM_ERR_BAD_OPTION);
     CHECK(bad == NULL);
+    /* Not larger than the page: no large pages, and no error. */
+    c.large_page = 2 * MiB;
+    CHECK_OK(um__pool_create(backend, &c, &bad));
+    CHECK(bad && ((um__pool *)bad)->big == 1);
+    if (bad)
+        bad->ops->destroy(bad);
 }
 
 /* recycle_pages=0: the same steps create pages instead of moving x's,
