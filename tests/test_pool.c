@@ -729,6 +729,34 @@ static bool ptr_map_has(um__pool *p, void *ptr)
     return false;
 }
 
+/* A small request where no slab fits but the block alone does: the only
+ * page (the limit) holds a block all but its last 8 KiB, so no 64 KiB slab
+ * has room, and the 4 KiB block takes the large path into that gap. */
+static void test_small_without_slab_room(void)
+{
+    um__pool_config c = {.dev = 1, .thread_cache = 1, .va_factor = 4, .no_plan = 1,
+                         .memory_limit = 2 * MiB};
+    um__allocator *a = make_pool_with(256 * MiB, &c);
+    um__pool *p = (um__pool *)a;
+    void *big = xalloc(a, 2 * MiB - 8192, 1);
+    harness_pattern_fill(big, 2 * MiB - 8192, 5);
+    void *small = xalloc(a, 4096, 1);
+    CHECK(small && ptr_map_has(p, small));
+    CHECK((uintptr_t)small >= (uintptr_t)big + 2 * MiB - 8192);
+    CHECK_EQ(stats(a).reserved_bytes, 2 * MiB);
+    if (small) {
+        harness_pattern_fill(small, 4096, 6);
+        unsigned char got, want;
+        CHECK_EQ(harness_pattern_find_bad(big, 2 * MiB - 8192, 5, &got, &want), SIZE_MAX);
+        CHECK_EQ(harness_pattern_find_bad(small, 4096, 6, &got, &want), SIZE_MAX);
+        xfree(a, small, 1);
+    }
+    xfree(a, big, 1);
+    CHECK_EQ(stats(a).active_bytes, 0);
+    CHECK_OK(a->ops->check(a));
+    a->ops->destroy(a);
+}
+
 /* Requests of 32 KiB-1 MiB come from slabs while one stream fences and no
  * plan learns; from the second stream's first large free they take the
  * large path, and the medium slabs go once their slots are freed. */
@@ -1387,6 +1415,7 @@ int main(void)
     test_random(seed + 6, 1, 1, 2048 * MiB, 500, 1, 4 * MiB);
     test_large_pages();
     test_medium_slabs();
+    test_small_without_slab_room();
     test_deferred_frees();
     test_peak();
     test_stream_id_reuse();
