@@ -2082,11 +2082,10 @@ static __attribute__((noinline)) um_status small_alloc_locked(um__pool *p, unsig
     } else if (st == UM_ERR_NOMEM && ss) {
         /* A slab is 4-16 blocks of its class, and 64 KiB at least: under a
          * tight limit it may not fit where the block alone does (a 4 MiB
-         * slab for a 256 KiB block under a 3 MiB limit; a 4 KiB block when
-         * a plan's arena dissolves at the limit and leaves its free bytes
-         * in gaps between planned blocks, found by test_plan). The block
-         * then takes the large path, which frees find by its address as
-         * any large one. */
+         * slab for a 256 KiB block under a 3 MiB limit; a 64 KiB slab for
+         * a 4 KiB block where the limit leaves only an 8 KiB gap). The
+         * block then takes the large path, which frees find by its address
+         * as any large one. */
         um__lock_release(&p->lock);
         return large_alloc_locked(p, size, um__align_up(size, UM_ALIGN), s, tc, ptr);
     } else {
