@@ -191,6 +191,17 @@ UM_API um_status um_malloc(um_context *ctx, int dev, size_t size, um_stream s, v
  * has completed. s is of the block's device, or any device's for host
  * memory, as for um_malloc. */
 UM_API um_status um_free(um_context *ctx, void *ptr, um_stream s);
+/* The live block at ptr (from um_malloc) is also used on stream s (NULL:
+ * the default stream of the block's device), as PyTorch's
+ * Tensor.record_stream says: once it is freed, no stream reuses its memory
+ * until the work queued on s before that um_free has completed, besides
+ * what the free's own stream order asks. The um_free returns at once and
+ * waits for nothing; the block counts as live until it goes back to the
+ * pool (at a later um_malloc or um_free of its device, or um_trim, or as
+ * soon as an allocation there would otherwise fail). s is of the block's
+ * device, or of any device for host memory. Recording a stream twice is
+ * recording it once. */
+UM_API um_status um_record_stream(um_context *ctx, void *ptr, um_stream s);
 /* The device that owns ptr, or -1. Reads no device memory. */
 UM_API int um_pointer_device(um_context *ctx, const void *ptr);
 

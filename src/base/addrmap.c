@@ -58,6 +58,15 @@ bool um__addrmap_put(um__addrmap *m, uint64_t key, uint64_t value)
     return true;
 }
 
+bool um__addrmap_get(const um__addrmap *m, uint64_t key, uint64_t *value)
+{
+    size_t j = find(m, key);
+    if (j == SIZE_MAX)
+        return false;
+    *value = m->slots[j].value;
+    return true;
+}
+
 bool um__addrmap_take(um__addrmap *m, uint64_t key, uint64_t *value)
 {
     size_t j = find(m, key);

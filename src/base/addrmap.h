@@ -25,6 +25,8 @@ typedef struct um__addrmap {
 /* Sets key's value (replacing one there); false when there is no memory
  * to grow the table (nothing changed). */
 bool um__addrmap_put(um__addrmap *m, uint64_t key, uint64_t value);
+/* Key's value in *value; false when it is not there. */
+bool um__addrmap_get(const um__addrmap *m, uint64_t key, uint64_t *value);
 /* Removes key, giving its value; false when it is not there. */
 bool um__addrmap_take(um__addrmap *m, uint64_t key, uint64_t *value);
 void um__addrmap_free(um__addrmap *m);

@@ -502,6 +502,7 @@ um_status um_stream_destroy(um_context *ctx, um_stream s)
                         "context (destroyed already, or made by another context)",
                         (void *)s);
     um_device *d = &ctx->devices[s->dev];
+    um__uses_stream_gone(ctx, s);
     d->alloc->ops->stream_forget(d->alloc, &s->ref);
     uint32_t host_id = atomic_load_explicit(&s->host_id, memory_order_acquire);
     if (host_id) {
@@ -591,6 +592,7 @@ static void destroy_context(context_impl *impl)
         ctx->run_fini(ctx);
     if (ctx->buffers_fini)
         ctx->buffers_fini(ctx);
+    um__uses_fini(ctx);
     for (int i = 0; i < ctx->ndevices; i++) {
         um_device *d = &ctx->devices[i];
         if (d->alloc)

@@ -20,6 +20,12 @@ typedef struct um_device {
     um__allocator *alloc;
     struct um_stream_s *default_stream;
     _Atomic uint32_t next_stream_id; /* 0 is the default stream */
+    /* The device's blocks that um_record_stream marked (stream_use.c),
+     * made at the first one; and how many there are, and how many of them
+     * wait for other streams before going back to the allocator. While
+     * both counts are 0, um_free and um_malloc pass straight through. */
+    struct um__stream_uses *uses;
+    _Atomic uint32_t marked, deferred;
 } um_device;
 
 struct um_stream_s {
@@ -86,5 +92,20 @@ um_device *um__device(um_context *ctx, int dev, const char *what);
 /* s (a stream of an accelerator) as device 0's allocator sees it, made on
  * first use; NULL after um__fail when no host stream id is left. */
 const um__stream_ref *um__stream_host_ref(um_context *ctx, um_stream s);
+
+/* Blocks used on more streams than their own (stream_use.c, um_record_stream).
+ * um_free of a marked block: *taken is true when the free is the module's
+ * (deferred until the marked streams' work is done, or refused); else the
+ * block is not marked and the caller frees it. ref is the free's stream as
+ * the allocator sees it (NULL: the allocation stream), s the public one. */
+um_status um__uses_free(um_context *ctx, int dev, void *ptr, um_stream s, bool *taken);
+/* Gives the deferred blocks of dev whose streams are done back to the
+ * allocator: those that are done now, or every one (waiting) when wait. */
+void um__uses_collect(um_context *ctx, int dev, bool wait);
+/* Stream s is about to be destroyed: no marked block names it any more,
+ * and the deferred frees that need it are done first. */
+void um__uses_stream_gone(um_context *ctx, um_stream s);
+/* um_shutdown: forgets every marked block (before the allocators go). */
+void um__uses_fini(um_context *ctx);
 
 #endif /* UM_CORE_H */

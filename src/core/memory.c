@@ -2,7 +2,8 @@
  * memory: the public calls on pooled memory (um_malloc, um_free,
  * um_pointer_device) and memory control (limits, trim, statistics). It owns
  * no state: it validates arguments and forwards to the allocator of the
- * device, which context.c created. um_malloc and um_free are the hot path:
+ * device, which context.c created, or for blocks marked by
+ * um_record_stream to stream_use.c. um_malloc and um_free are the hot path:
  * on success they take no lock, allocate nothing and format nothing.
  */
 #include "core.h"
@@ -95,25 +96,35 @@ static __attribute__((noinline)) um_status malloc_checked(um_context *ctx, int d
                 return UM_ERR_NOMEM;
         }
     }
+    /* Blocks whose frees waited for other streams go back first, so that
+     * their memory is reused before the pool grows. */
+    um__uses_collect(ctx, dev, false);
     um_status st = d->alloc->ops->alloc(d->alloc, size, ref, ptr);
+    if (UM_UNLIKELY(st == UM_ERR_NOMEM) &&
+        atomic_load_explicit(&d->deferred, memory_order_acquire)) {
+        um__uses_collect(ctx, dev, true);
+        st = d->alloc->ops->alloc(d->alloc, size, ref, ptr);
+    }
     if (UM_UNLIKELY(st == UM_ERR_NOMEM))
         st = alloc_after_reclaim(ctx, dev, size, ref, ptr);
     return st;
 }
 
 /* um_malloc's and um_free's common calls (valid arguments and, for
- * um_malloc, no buffer layer that could evict for a retry) end in a tail
- * call to the allocator, so they need no frame of their own. While a trace
- * is recorded, the allocator's operations record (pool/record.c), so these
- * calls test for no recorder. Every other call takes the checked path,
- * which says what is wrong. */
+ * um_malloc, no buffer layer that could evict for a retry, and no free
+ * waiting for other streams; for um_free, no block of the device marked by
+ * um_record_stream) end in a tail call to the allocator, so they need no
+ * frame of their own. While a trace is recorded, the allocator's
+ * operations record (pool/record.c), so these calls test for no recorder.
+ * Every other call takes the checked path, which says what is wrong. */
 um_status um_malloc(um_context *ctx, int dev, size_t size, um_stream s, void **ptr)
 {
     if (UM_LIKELY(ctx != NULL && ptr != NULL && size != 0) &&
         UM_LIKELY((unsigned)dev < (unsigned)ctx->ndevices) &&
         UM_LIKELY(!atomic_load_explicit(&ctx->reclaim, memory_order_relaxed))) {
-        if (UM_LIKELY(!s || stream_on(ctx, s, dev))) {
-            um_device *d = &ctx->devices[dev];
+        um_device *d = &ctx->devices[dev];
+        if (UM_LIKELY(!s || stream_on(ctx, s, dev)) &&
+            UM_LIKELY(!atomic_load_explicit(&d->deferred, memory_order_relaxed))) {
             *ptr = NULL;
             return d->alloc->ops->alloc(d->alloc, size, s ? &s->ref : &d->default_stream->ref,
                                         ptr);
@@ -183,6 +194,13 @@ static __attribute__((noinline)) um_status free_checked(um_context *ctx, void *p
             return UM_ERR_NOMEM;
     }
     um__allocator *a = ctx->devices[dev].alloc;
+    if (atomic_load_explicit(&ctx->devices[dev].marked, memory_order_acquire)) {
+        bool taken = false;
+        um_status st = um__uses_free(ctx, dev, ptr, s, &taken);
+        um__uses_collect(ctx, dev, false);
+        if (taken)
+            return st;
+    }
     return a->ops->free(a, ptr, ref);
 }
 
@@ -192,7 +210,8 @@ um_status um_free(um_context *ctx, void *ptr, um_stream s)
         /* Only the context's table of address ranges: an allocator that
          * asks to be called for ownership takes the checked path. */
         int dev = owner_by_range(ctx, ptr);
-        if (UM_LIKELY(dev >= 0) && (!s || stream_on(ctx, s, dev))) {
+        if (UM_LIKELY(dev >= 0) && (!s || stream_on(ctx, s, dev)) &&
+            UM_LIKELY(!atomic_load_explicit(&ctx->devices[dev].marked, memory_order_relaxed))) {
             um__allocator *a = ctx->devices[dev].alloc;
             return a->ops->free(a, ptr, s ? &s->ref : NULL);
         }
@@ -246,6 +265,7 @@ um_status um_trim(um_context *ctx, int dev)
     void (*collect)(um_context *) = atomic_load_explicit(&ctx->collect, memory_order_acquire);
     if (collect)
         collect(ctx);
+    um__uses_collect(ctx, dev, false);
     return a->ops->trim(a);
 }
 

@@ -90,6 +90,12 @@ static um_status d_alloc(um__allocator *a, size_t size, const um__stream_ref *s,
     return UM_OK;
 }
 
+static um_status d_block_live(um__allocator *a, const void *ptr)
+{
+    um__allocator *in = D(a)->inner;
+    return in->ops->block_live ? in->ops->block_live(in, ptr) : UM_OK;
+}
+
 static um_status d_free(um__allocator *a, void *ptr, const um__stream_ref *s)
 {
     dbg_alloc *d = D(a);
@@ -180,6 +186,7 @@ static const um__allocator_ops debug_ops = {
     .alloc = d_alloc,
     .free = d_free,
     .owns = d_owns,
+    .block_live = d_block_live,
     .trim = d_trim,
     .set_memory_limit = d_set_memory_limit,
     .set_cache_limit = d_set_cache_limit,

@@ -2677,8 +2677,9 @@ static __attribute__((noinline)) um_status small_free_locked(um__pool *p, unsign
     return parked ? UM_OK : um__fail(UM_ERR_NOMEM, "out of host memory for free records");
 }
 
-/* Frees the small block at addr, whose slab map entry is e (not 0). */
-static inline um_status small_free(um__pool *p, uintptr_t e, uintptr_t addr, const um__stream_ref *s)
+/* The word of the slot that starts at addr, in the slab whose map entry
+ * is e (not 0), or NULL when addr is inside a slot instead. */
+static inline um__slot_word *slot_word_at(um__pool *p, uintptr_t e, uintptr_t addr)
 {
     unsigned cls = ENTRY_CLASS(e);
     uintptr_t unit = addr - (addr - p->slab_base) % UM_SLAB_UNIT;
@@ -2686,10 +2687,24 @@ static inline um_status small_free(um__pool *p, uintptr_t e, uintptr_t addr, con
     uint32_t slot = (uint32_t)(((uint64_t)(addr - base) * class_recip[cls]) >> 40);
     if (UM_UNLIKELY(slot >= class_nslots[cls] ||
                     base + (uintptr_t)slot * um__class_size[cls] != addr))
-        return um__fail(UM_ERR_INVALID_POINTER,
-                        "device %d (%s): %p points inside a block, not at its start",
-                        p->base.dev, dev_name(p), (void *)addr);
-    um__slot_word *w = slab_words(ENTRY_SLAB(e)) + slot;
+        return NULL;
+    return slab_words(ENTRY_SLAB(e)) + slot;
+}
+
+static um_status inside_block(um__pool *p, uintptr_t addr)
+{
+    return um__fail(UM_ERR_INVALID_POINTER,
+                    "device %d (%s): %p points inside a block, not at its start", p->base.dev,
+                    dev_name(p), (void *)addr);
+}
+
+/* Frees the small block at addr, whose slab map entry is e (not 0). */
+static inline um_status small_free(um__pool *p, uintptr_t e, uintptr_t addr, const um__stream_ref *s)
+{
+    unsigned cls = ENTRY_CLASS(e);
+    um__slot_word *w = slot_word_at(p, e, addr);
+    if (UM_UNLIKELY(!w))
+        return inside_block(p, addr);
     /* A load and a store, not a compare-exchange: the locked instruction
      * was about a tenth of a warm pair. Any double free in one thread, or
      * in threads the program orders, still finds the word CACHED; only two
@@ -2727,21 +2742,31 @@ static inline um_status small_free(um__pool *p, uintptr_t e, uintptr_t addr, con
     return small_free_locked(p, cls, addr, w, word, sid, tc, s);
 }
 
-/* Why addr, inside this pool's range, is no live block start: walks the
- * block records, which is fine on this error path only. Under the lock. */
+/* The live large block whose bytes include addr, or NULL: walks the
+ * block records, which is fine on error paths only. Under the lock. */
+static um__block *live_block_around_locked(um__pool *p, uintptr_t addr)
+{
+    for (um__block *b = p->region.first; b; b = b->next)
+        if (addr >= b->fi.addr && addr < b->fi.addr + b->fi.size)
+            return b->state == UM_BLOCK_LIVE ? b : NULL;
+    return NULL;
+}
+
+static um_status inside_live_block(um__pool *p, uintptr_t addr, const um__block *b)
+{
+    return um__fail(UM_ERR_INVALID_POINTER,
+                    "device %d (%s): %p points inside the live block %p (%zu bytes), not at "
+                    "its start",
+                    p->base.dev, dev_name(p), (void *)addr, (void *)b->fi.addr, b->fi.size);
+}
+
+/* Why addr, inside this pool's range, is no live block start. Under the
+ * lock. */
 static um_status bad_free_locked(um__pool *p, uintptr_t addr)
 {
-    for (um__block *b = p->region.first; b; b = b->next) {
-        if (addr < b->fi.addr || addr >= b->fi.addr + b->fi.size)
-            continue;
-        if (b->state == UM_BLOCK_LIVE)
-            return um__fail(UM_ERR_INVALID_POINTER,
-                            "device %d (%s): %p points inside the live block %p (%zu bytes), "
-                            "not at its start",
-                            p->base.dev, dev_name(p), (void *)addr, (void *)b->fi.addr,
-                            b->fi.size);
-        break;
-    }
+    um__block *b = live_block_around_locked(p, addr);
+    if (b)
+        return inside_live_block(p, addr, b);
     return um__fail(UM_ERR_DOUBLE_FREE,
                     "device %d (%s): %p is not a live allocation (freed already, or never "
                     "returned by um_malloc)",
@@ -2833,6 +2858,36 @@ static um_status pool_free(um__allocator *a, void *ptr, const um__stream_ref *s)
     if (e)
         return small_free(p, e, addr, s);
     return large_free(p, addr, s);
+}
+
+/* UM_OK for a live block's start; a block freed into a thread's bounce
+ * cache or bin is not live. */
+static um_status pool_block_live(um__allocator *a, const void *ptr)
+{
+    um__pool *p = P(a);
+    uintptr_t addr = (uintptr_t)ptr;
+    uintptr_t e = slab_entry(p, addr);
+    if (e) {
+        um__slot_word *w = slot_word_at(p, e, addr);
+        if (!w)
+            return inside_block(p, addr);
+        if (UM_SLOT_STATE(atomic_load_explicit(&w->w, memory_order_acquire)) == UM_SLOT_LIVE)
+            return UM_OK;
+    } else if (addr >= p->va && addr - p->va < p->va_size) {
+        um__lock_acquire(&p->lock);
+        um__block *b = ptr_map_find(p, addr);
+        bool live = b && !atomic_load_explicit(&b->tc_held, memory_order_acquire) &&
+                    b->state == UM_BLOCK_LIVE;
+        um__block *around = b ? NULL : live_block_around_locked(p, addr);
+        um_status st = around ? inside_live_block(p, addr, around) : UM_OK;
+        um__lock_release(&p->lock);
+        if (live || around)
+            return st;
+    }
+    return um__fail(UM_ERR_INVALID_POINTER,
+                    "device %d (%s): %p is not a live allocation (freed already, or never "
+                    "returned by um_malloc)",
+                    p->base.dev, dev_name(p), ptr);
 }
 
 static bool pool_owns(um__allocator *a, const void *ptr)
@@ -3448,6 +3503,7 @@ static const um__allocator_ops pool_ops = {
     .alloc = pool_alloc,
     .free = pool_free,
     .owns = pool_owns,
+    .block_live = pool_block_live,
     .trim = pool_trim,
     .set_memory_limit = pool_set_memory_limit,
     .set_cache_limit = pool_set_cache_limit,

@@ -1,0 +1,389 @@
+/*
+ * stream_use: blocks used on more streams than the one they are freed on
+ * (um_record_stream, PyTorch's Tensor.record_stream). Owns, per device, the
+ * marked blocks with the streams each was marked for, and the frees of
+ * marked blocks that wait for those streams.
+ *
+ * A marked block's um_free records an event on each marked stream and
+ * keeps the block out of the allocator until every event has completed;
+ * then it frees the block on the free's own stream, whose order the pool
+ * already keeps. The free's stream is never made to wait for the others
+ * (PyTorch's allocator defers the same way): a communication stream that
+ * frees a tensor the compute stream still reads must not stall behind it.
+ * While a device has no marked block, um_free and um_malloc test one word
+ * each and pass straight through (memory.c).
+ */
+#include "core.h"
+#include "../base/addrmap.h"
+#include "../base/vtime.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct use {
+    void *ptr;
+    um_stream *streams; /* the marked streams, each once */
+    uint32_t n, cap;
+    /* Freed: the free's stream (NULL: the allocation stream), one event
+     * per marked stream (NULL where recording failed and the stream was
+     * synchronized instead), and the next deferred free, oldest first. */
+    bool freeing;
+    um_stream free_stream;
+    um__bevent **events;
+    struct use *next;
+    /* Every use of the device, for a stream that goes away. */
+    struct use *all_prev, *all_next;
+} use;
+
+typedef struct um__stream_uses {
+    pthread_mutex_t lock;
+    um__addrmap by_ptr; /* block -> its use */
+    use *deferred_head, *deferred_tail;
+    use all; /* the list head of every use */
+} um__stream_uses;
+
+static um__backend *backend_of(um_context *ctx, um_stream s)
+{
+    return ctx->devices[s->dev].backend;
+}
+
+/* The device's uses, made on first need (set once, by a compare-exchange,
+ * so two threads that mark blocks at once make one). */
+static um__stream_uses *uses_of(um_context *ctx, int dev, bool make)
+{
+    um_device *d = &ctx->devices[dev];
+    um__stream_uses *u = __atomic_load_n(&d->uses, __ATOMIC_ACQUIRE);
+    if (u || !make)
+        return u;
+    um__stream_uses *fresh = calloc(1, sizeof *fresh);
+    if (!fresh)
+        return NULL;
+    pthread_mutex_init(&fresh->lock, NULL);
+    fresh->all.all_prev = fresh->all.all_next = &fresh->all;
+    if (__atomic_compare_exchange_n(&d->uses, &u, fresh, false, __ATOMIC_ACQ_REL,
+                                    __ATOMIC_ACQUIRE))
+        return fresh;
+    pthread_mutex_destroy(&fresh->lock);
+    free(fresh);
+    return u;
+}
+
+static void use_free(um_context *ctx, use *x)
+{
+    for (uint32_t i = 0; x->events && i < x->n; i++)
+        if (x->events[i])
+            um__be_event_destroy(backend_of(ctx, x->streams[i]), x->events[i]);
+    free(x->events);
+    free(x->streams);
+    free(x);
+}
+
+um_status um_record_stream(um_context *ctx, void *ptr, um_stream s)
+{
+    const char *what = "um_record_stream";
+    if (!ctx || !ptr)
+        return um__fail(UM_ERR_INVALID, "%s: %s is NULL", what, ctx ? "ptr" : "ctx");
+    if (s && (s->magic != UM_STREAM_MAGIC || s->ctx != ctx))
+        return um__fail(UM_ERR_INVALID, "%s: %p is not a live stream of this context", what,
+                        (void *)s);
+    int dev = um_pointer_device(ctx, ptr);
+    if (dev < 0)
+        return um__fail(UM_ERR_INVALID_POINTER,
+                        "%s: pointer %p is not memory of any of the %d devices of this context "
+                        "(not returned by um_malloc)",
+                        what, ptr, ctx->ndevices);
+    um_device *d = &ctx->devices[dev];
+    if (!s)
+        s = d->default_stream;
+    if (s->dev != dev && dev != 0)
+        return um__fail(UM_ERR_WRONG_DEVICE,
+                        "%s: pointer %p belongs to device %d (%s) but stream %u is on device "
+                        "%d (%s)",
+                        what, ptr, dev, d->backend->name, s->ref.id, s->dev,
+                        backend_of(ctx, s)->name);
+    um__allocator *a = d->alloc;
+    if (a->ops->block_live) {
+        um_status st = a->ops->block_live(a, ptr);
+        if (st != UM_OK)
+            return st;
+    }
+    um__stream_uses *u = uses_of(ctx, dev, true);
+    if (!u)
+        return um__fail(UM_ERR_NOMEM, "%s: no host memory for the stream uses of device %d",
+                        what, dev);
+    um__vt_mutex_lock(&u->lock);
+    uint64_t found = 0;
+    use *x = NULL;
+    um_status st = UM_OK;
+    if (um__addrmap_get(&u->by_ptr, (uintptr_t)ptr, &found)) {
+        x = (use *)(uintptr_t)found;
+        if (x->freeing)
+            st = um__fail(UM_ERR_INVALID_POINTER,
+                          "%s: %p was freed already (its free waits for the streams it was "
+                          "recorded on)",
+                          what, ptr);
+    } else if ((x = calloc(1, sizeof *x))) {
+        x->ptr = ptr;
+        if (um__addrmap_put(&u->by_ptr, (uintptr_t)ptr, (uint64_t)(uintptr_t)x)) {
+            x->all_next = u->all.all_next;
+            x->all_prev = &u->all;
+            u->all.all_next->all_prev = x;
+            u->all.all_next = x;
+            atomic_fetch_add_explicit(&d->marked, 1, memory_order_relaxed);
+        } else {
+            free(x);
+            x = NULL;
+        }
+    }
+    if (st == UM_OK && !x)
+        st = um__fail(UM_ERR_NOMEM, "%s: no host memory to mark %p", what, ptr);
+    bool known = false;
+    for (uint32_t i = 0; st == UM_OK && i < x->n; i++)
+        known |= x->streams[i] == s;
+    if (st == UM_OK && !known) {
+        if (x->n == x->cap) {
+            uint32_t cap = x->cap ? 2 * x->cap : 2;
+            um_stream *grown = realloc(x->streams, cap * sizeof *grown);
+            if (grown) {
+                x->streams = grown;
+                x->cap = cap;
+            }
+        }
+        if (x->n < x->cap)
+            x->streams[x->n++] = s;
+        else
+            st = um__fail(UM_ERR_NOMEM, "%s: no host memory to mark %p", what, ptr);
+    }
+    um__vt_mutex_unlock(&u->lock);
+    return st;
+}
+
+/* Forgets use x of device dev: out of the map and the list, not freed.
+ * Under the lock. */
+static void forget_locked(um_context *ctx, int dev, um__stream_uses *u, use *x)
+{
+    (void)um__addrmap_take(&u->by_ptr, (uintptr_t)x->ptr, NULL);
+    x->all_prev->all_next = x->all_next;
+    x->all_next->all_prev = x->all_prev;
+    atomic_fetch_sub_explicit(&ctx->devices[dev].marked, 1, memory_order_relaxed);
+}
+
+um_status um__uses_free(um_context *ctx, int dev, void *ptr, um_stream s, bool *taken)
+{
+    *taken = false;
+    um__stream_uses *u = uses_of(ctx, dev, false);
+    if (!u)
+        return UM_OK;
+    um__vt_mutex_lock(&u->lock);
+    uint64_t found = 0;
+    use *x = um__addrmap_get(&u->by_ptr, (uintptr_t)ptr, &found) ? (use *)(uintptr_t)found : NULL;
+    if (x && !x->freeing && !x->n) {
+        /* Every stream it was marked for is gone, and their work is done. */
+        forget_locked(ctx, dev, u, x);
+        use_free(ctx, x);
+        x = NULL;
+    }
+    if (!x) {
+        um__vt_mutex_unlock(&u->lock);
+        return UM_OK;
+    }
+    *taken = true;
+    if (x->freeing) {
+        um__vt_mutex_unlock(&u->lock);
+        return um__fail(UM_ERR_DOUBLE_FREE,
+                        "um_free: %p was freed already (its free waits for the streams it was "
+                        "recorded on)",
+                        ptr);
+    }
+    um_status st = UM_OK;
+    x->events = x->n ? calloc(x->n, sizeof *x->events) : NULL;
+    for (uint32_t i = 0; i < x->n; i++) {
+        um_stream m = x->streams[i];
+        um__backend *b = backend_of(ctx, m);
+        /* Without an event the stream's work is waited for now: slower,
+         * never unsafe. */
+        if (!x->events || um__be_event_record(b, m->ref.bstream, &x->events[i]) != UM_OK) {
+            if (x->events)
+                x->events[i] = NULL;
+            um_status w = um__be_stream_sync(b, m->ref.bstream);
+            if (w != UM_OK && st == UM_OK)
+                st = w;
+        }
+    }
+    if (st != UM_OK) {
+        /* Neither an event nor a wait: the block stays live and marked, and
+         * the program may free it again. */
+        for (uint32_t i = 0; x->events && i < x->n; i++)
+            if (x->events[i])
+                um__be_event_destroy(backend_of(ctx, x->streams[i]), x->events[i]);
+        free(x->events);
+        x->events = NULL;
+        um__vt_mutex_unlock(&u->lock);
+        return st;
+    }
+    x->freeing = true;
+    x->free_stream = s;
+    x->next = NULL;
+    if (u->deferred_tail)
+        u->deferred_tail->next = x;
+    else
+        u->deferred_head = x;
+    u->deferred_tail = x;
+    atomic_fetch_add_explicit(&ctx->devices[dev].deferred, 1, memory_order_release);
+    um__vt_mutex_unlock(&u->lock);
+    return UM_OK;
+}
+
+/* Whether every event of the deferred free x has completed (waiting for
+ * them when wait). */
+static bool use_done(um_context *ctx, use *x, bool wait)
+{
+    for (uint32_t i = 0; i < x->n; i++) {
+        if (!x->events || !x->events[i])
+            continue;
+        um__backend *b = backend_of(ctx, x->streams[i]);
+        int done = 0;
+        um_status st = wait ? um__be_event_sync(b, x->events[i])
+                            : um__be_event_query(b, x->events[i], &done);
+        if (st == UM_OK && wait)
+            done = 1;
+        if (st != UM_OK) {
+            /* An event that cannot be asked: its stream's work is waited
+             * for instead. */
+            if (um__be_stream_sync(b, x->streams[i]->ref.bstream) != UM_OK)
+                return false;
+            done = 1;
+        }
+        if (!done)
+            return false;
+        um__be_event_destroy(b, x->events[i]);
+        x->events[i] = NULL;
+    }
+    return true;
+}
+
+/* Frees the block of a finished deferred free on its free's stream. */
+static void give_back(um_context *ctx, int dev, use *x)
+{
+    um__allocator *a = ctx->devices[dev].alloc;
+    um_stream s = x->free_stream;
+    const um__stream_ref *ref = s ? &s->ref : NULL;
+    if (s && s->dev != dev)
+        ref = um__stream_host_ref(ctx, s); /* made when the free was checked */
+    um_status st = a->ops->free(a, x->ptr, ref);
+    if (st != UM_OK)
+        um__log(UM_LOG_WARN, "a free that waited for recorded streams failed: %s",
+                um_last_error());
+}
+
+/* Takes the deferred frees that are done (all, waiting, when wait; else
+ * oldest first up to the first not done) out of u, into a list. Under the
+ * lock. */
+static use *take_done_locked(um_context *ctx, int dev, um__stream_uses *u, bool wait,
+                             um_stream only)
+{
+    use *done = NULL, **tail = &done;
+    use **link = &u->deferred_head;
+    use *prev = NULL;
+    while (*link) {
+        use *x = *link;
+        bool wanted = !only || x->free_stream == only;
+        for (uint32_t i = 0; !wanted && i < x->n; i++)
+            wanted = x->streams[i] == only;
+        if (!wanted) {
+            prev = x;
+            link = &x->next;
+            continue;
+        }
+        if (!use_done(ctx, x, wait)) {
+            if (!only)
+                break;
+            prev = x;
+            link = &x->next;
+            continue;
+        }
+        *link = x->next;
+        if (u->deferred_tail == x)
+            u->deferred_tail = prev;
+        forget_locked(ctx, dev, u, x);
+        x->next = NULL;
+        *tail = x;
+        tail = &x->next;
+        atomic_fetch_sub_explicit(&ctx->devices[dev].deferred, 1, memory_order_relaxed);
+    }
+    return done;
+}
+
+/* Frees the blocks of a list from take_done_locked (outside the lock: the
+ * allocator takes its own). */
+static void give_back_all(um_context *ctx, int dev, use *done)
+{
+    while (done) {
+        use *next = done->next;
+        give_back(ctx, dev, done);
+        use_free(ctx, done);
+        done = next;
+    }
+}
+
+void um__uses_collect(um_context *ctx, int dev, bool wait)
+{
+    um__stream_uses *u = uses_of(ctx, dev, false);
+    if (!u || !atomic_load_explicit(&ctx->devices[dev].deferred, memory_order_acquire))
+        return;
+    um__vt_mutex_lock(&u->lock);
+    use *done = take_done_locked(ctx, dev, u, wait, NULL);
+    um__vt_mutex_unlock(&u->lock);
+    give_back_all(ctx, dev, done);
+}
+
+/* Stream s goes away on device dev's uses: deferred frees that need it are
+ * finished now, and live marked blocks forget it. */
+static void stream_gone_on(um_context *ctx, int dev, um_stream s)
+{
+    um__stream_uses *u = uses_of(ctx, dev, false);
+    if (!u)
+        return;
+    um__vt_mutex_lock(&u->lock);
+    use *done = take_done_locked(ctx, dev, u, true, s);
+    for (use *x = u->all.all_next; x != &u->all; x = x->all_next) {
+        if (x->freeing)
+            continue; /* a free that needs s went above; others keep their events */
+        for (uint32_t i = 0; i < x->n; i++) {
+            if (x->streams[i] == s) {
+                x->streams[i] = x->streams[--x->n];
+                break;
+            }
+        }
+    }
+    um__vt_mutex_unlock(&u->lock);
+    give_back_all(ctx, dev, done);
+}
+
+void um__uses_stream_gone(um_context *ctx, um_stream s)
+{
+    stream_gone_on(ctx, s->dev, s);
+    if (s->dev != 0)
+        stream_gone_on(ctx, 0, s); /* host blocks may be marked for any stream */
+}
+
+void um__uses_fini(um_context *ctx)
+{
+    for (int dev = 0; dev < ctx->ndevices; dev++) {
+        um_device *d = &ctx->devices[dev];
+        um__stream_uses *u = d->uses;
+        if (!u)
+            continue;
+        while (u->all.all_next != &u->all) {
+            use *x = u->all.all_next;
+            u->all.all_next = x->all_next;
+            use_free(ctx, x);
+        }
+        um__addrmap_free(&u->by_ptr);
+        pthread_mutex_destroy(&u->lock);
+        free(u);
+        d->uses = NULL;
+        atomic_store(&d->marked, 0);
+        atomic_store(&d->deferred, 0);
+    }
+}

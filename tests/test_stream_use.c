@@ -1,0 +1,398 @@
+/* Tests of um_record_stream (src/core/stream_use.c): a block marked for
+ * another stream is reused by no stream until the work queued there before
+ * its free is done; its misuse gets a clear error; at the memory limit the
+ * allocation waits for such frees instead of failing; destroying a marked
+ * stream finishes what waits for it; a random run against a model of the
+ * sim streams' work; and threads marking and freeing at once. Sim devices:
+ * um_sim_stream_work holds a stream busy as a kernel holds a GPU's. */
+#include "backend/vmm_memfd.h"
+#include "core/core.h"
+#include "harness.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define MB ((size_t)1 << 20)
+
+static um_context *init_ctx(const char *conf)
+{
+    um_context *ctx = NULL;
+    CHECK_OK(um_init(conf, &ctx));
+    return ctx;
+}
+
+static size_t active_bytes(um_context *ctx, int dev)
+{
+    um_stats st = {.version = UM_STATS_VERSION};
+    CHECK_OK(um_stats_get(ctx, dev, &st));
+    return st.active_bytes;
+}
+
+/* A block freed on its own stream is reused there at once; marked for a
+ * busy stream, it is reused by no stream until that stream's work is done,
+ * and the free itself waits for nothing. */
+static void test_reuse_waits(void)
+{
+    um_context *ctx = init_ctx("devices=sim:64M");
+    um_stream a = NULL, b = NULL;
+    CHECK_OK(um_stream_create(ctx, 1, &a));
+    CHECK_OK(um_stream_create(ctx, 1, &b));
+    void *p = NULL, *q = NULL, *r = NULL;
+
+    /* Unmarked: the same stream takes the block straight back. */
+    CHECK_OK(um_malloc(ctx, 1, 3 * MB, a, &p));
+    CHECK_OK(um_sim_stream_work(ctx, 1, b, 2, 0));
+    CHECK_OK(um_free(ctx, p, a));
+    CHECK_OK(um_malloc(ctx, 1, 3 * MB, a, &q));
+    CHECK(q == p);
+
+    /* Marked for b, whose two units of work are queued. */
+    CHECK_OK(um_record_stream(ctx, q, b));
+    CHECK_OK(um_record_stream(ctx, q, b)); /* twice is once */
+    CHECK_EQ(ctx->devices[1].marked, 1);
+    size_t live = active_bytes(ctx, 1);
+    CHECK_OK(um_free(ctx, q, a));
+    CHECK_EQ(ctx->devices[1].deferred, 1);
+    CHECK_EQ(active_bytes(ctx, 1), live); /* still counted: not back in the pool */
+    CHECK_STATUS(um_free(ctx, q, a), UM_ERR_DOUBLE_FREE);
+    CHECK_ERROR_MENTIONS("freed already", "recorded on", NULL);
+    CHECK_STATUS(um_record_stream(ctx, q, a), UM_ERR_INVALID_POINTER);
+    CHECK_ERROR_MENTIONS("freed already", NULL, NULL);
+    CHECK_OK(um_malloc(ctx, 1, 3 * MB, a, &r));
+    CHECK(r != q);
+    CHECK_OK(um_free(ctx, r, a));
+    CHECK_OK(um_sim_stream_work(ctx, 1, b, 0, 1));
+    CHECK_OK(um_malloc(ctx, 1, 3 * MB, a, &r)); /* one unit of b's is still queued */
+    CHECK(r != q);
+    CHECK_EQ(ctx->devices[1].deferred, 1);
+    CHECK_OK(um_free(ctx, r, a));
+    CHECK_OK(um_sim_stream_work(ctx, 1, b, 0, 1));
+    /* b is done: the next allocation gives the block back to the pool
+     * first, on its free's stream a, which then reuses it. */
+    CHECK_OK(um_malloc(ctx, 1, 3 * MB, a, &r));
+    CHECK(r == q);
+    CHECK_EQ(ctx->devices[1].deferred, 0);
+    CHECK_EQ(ctx->devices[1].marked, 0);
+    CHECK_OK(um_free(ctx, r, a));
+    CHECK_EQ(active_bytes(ctx, 1), 0);
+
+    /* NULL marks the device's default stream; um_trim collects. */
+    CHECK_OK(um_malloc(ctx, 1, 5 * MB, a, &p));
+    CHECK_OK(um_record_stream(ctx, p, NULL));
+    CHECK_OK(um_sim_stream_work(ctx, 1, NULL, 1, 0));
+    CHECK_OK(um_free(ctx, p, NULL));
+    CHECK_EQ(ctx->devices[1].deferred, 1);
+    CHECK_OK(um_sim_stream_work(ctx, 1, NULL, 0, 1));
+    CHECK_OK(um_trim(ctx, 1));
+    CHECK_EQ(ctx->devices[1].deferred, 0);
+    CHECK_EQ(active_bytes(ctx, 1), 0);
+
+    /* Small blocks (slab slots) too. */
+    CHECK_OK(um_malloc(ctx, 1, 1000, a, &p));
+    CHECK_OK(um_record_stream(ctx, p, b));
+    CHECK_OK(um_sim_stream_work(ctx, 1, b, 1, 0));
+    CHECK_OK(um_free(ctx, p, a));
+    CHECK_OK(um_malloc(ctx, 1, 1000, a, &q));
+    CHECK(q != p);
+    CHECK_OK(um_free(ctx, q, a));
+    CHECK_OK(um_sim_stream_work(ctx, 1, b, 0, 1));
+    CHECK_OK(um_trim(ctx, 1));
+    CHECK_EQ(ctx->devices[1].deferred, 0);
+    CHECK_OK(um_stream_destroy(ctx, a));
+    CHECK_OK(um_stream_destroy(ctx, b));
+    CHECK_OK(ctx->devices[1].alloc->ops->check(ctx->devices[1].alloc));
+    um_shutdown(ctx);
+}
+
+/* Every misuse is refused, saying what is wrong, and changes nothing. */
+static void test_bad_calls(void)
+{
+    um_context *ctx = init_ctx("devices=sim:64M+sim:64M");
+    um_stream s1 = NULL, s2 = NULL;
+    CHECK_OK(um_stream_create(ctx, 1, &s1));
+    CHECK_OK(um_stream_create(ctx, 2, &s2));
+    void *p = NULL, *small = NULL, *host = NULL;
+    CHECK_OK(um_malloc(ctx, 1, 4 * MB, s1, &p));
+    CHECK_OK(um_malloc(ctx, 1, 512, s1, &small));
+    int local = 0;
+
+    CHECK_STATUS(um_record_stream(NULL, p, s1), UM_ERR_INVALID);
+    CHECK_STATUS(um_record_stream(ctx, NULL, s1), UM_ERR_INVALID);
+    CHECK_ERROR_MENTIONS("ptr", "NULL", NULL);
+    CHECK_STATUS(um_record_stream(ctx, &local, s1), UM_ERR_INVALID_POINTER);
+    CHECK_ERROR_MENTIONS("not memory of any", NULL, NULL);
+    CHECK_STATUS(um_record_stream(ctx, (char *)p + 4096, s1), UM_ERR_INVALID_POINTER);
+    CHECK_ERROR_MENTIONS("inside", NULL, NULL);
+    CHECK_STATUS(um_record_stream(ctx, (char *)small + 256, s1), UM_ERR_INVALID_POINTER);
+    CHECK_ERROR_MENTIONS("inside", NULL, NULL);
+    CHECK_STATUS(um_record_stream(ctx, p, s2), UM_ERR_WRONG_DEVICE);
+    CHECK_ERROR_MENTIONS("device 1", "device 2", NULL);
+    struct um_stream_s forged = *s1;
+    forged.magic = 0; /* as a destroyed stream's */
+    CHECK_STATUS(um_record_stream(ctx, p, &forged), UM_ERR_INVALID);
+    CHECK_ERROR_MENTIONS("not a live stream", NULL, NULL);
+    CHECK_OK(um_stream_destroy(ctx, s1));
+    CHECK_EQ(ctx->devices[1].marked, 0);
+
+    /* A freed block, large or small, is no live allocation. */
+    CHECK_OK(um_free(ctx, p, NULL));
+    CHECK_STATUS(um_record_stream(ctx, p, NULL), UM_ERR_INVALID_POINTER);
+    CHECK_ERROR_MENTIONS("not a live allocation", NULL, NULL);
+    CHECK_OK(um_free(ctx, small, NULL));
+    CHECK_STATUS(um_record_stream(ctx, small, NULL), UM_ERR_INVALID_POINTER);
+    CHECK_ERROR_MENTIONS("not a live allocation", NULL, NULL);
+    CHECK_EQ(ctx->devices[1].marked, 0);
+
+    /* Host memory may be marked for any device's stream. */
+    CHECK_OK(um_malloc(ctx, 0, 2 * MB, NULL, &host));
+    CHECK_OK(um_record_stream(ctx, host, s2));
+    CHECK_OK(um_sim_stream_work(ctx, 2, s2, 1, 0));
+    CHECK_OK(um_free(ctx, host, NULL));
+    CHECK_EQ(ctx->devices[0].deferred, 1);
+    void *again = NULL;
+    CHECK_OK(um_malloc(ctx, 0, 2 * MB, NULL, &again));
+    CHECK(again != host);
+    CHECK_OK(um_sim_stream_work(ctx, 2, s2, 0, 1));
+    CHECK_OK(um_free(ctx, again, NULL));
+    CHECK_EQ(ctx->devices[0].deferred, 0);
+    CHECK_EQ(active_bytes(ctx, 0), 0);
+    CHECK_OK(um_stream_destroy(ctx, s2));
+    um_shutdown(ctx);
+}
+
+/* At the memory limit an allocation waits for the frees of marked blocks
+ * instead of failing; a stream that goes away first finishes what waits
+ * for it; um_shutdown with frees still waiting loses nothing (ASan). */
+static void test_limit_and_stream_destroy(void)
+{
+    um_context *ctx = init_ctx("devices=sim:64M,memory_limit=16M");
+    um_stream a = NULL, b = NULL;
+    CHECK_OK(um_stream_create(ctx, 1, &a));
+    CHECK_OK(um_stream_create(ctx, 1, &b));
+    void *p = NULL, *q = NULL;
+    CHECK_OK(um_malloc(ctx, 1, 12 * MB, a, &p));
+    CHECK_OK(um_record_stream(ctx, p, b));
+    CHECK_OK(um_sim_stream_work(ctx, 1, b, 3, 0));
+    CHECK_OK(um_free(ctx, p, a));
+    CHECK_OK(um_malloc(ctx, 1, 12 * MB, a, &q)); /* waited for b's three units */
+    CHECK(q == p);
+    CHECK_EQ(ctx->devices[1].deferred, 0);
+
+    /* b goes away while q's free waits for it. */
+    CHECK_OK(um_record_stream(ctx, q, b));
+    CHECK_OK(um_sim_stream_work(ctx, 1, b, 2, 0));
+    CHECK_OK(um_free(ctx, q, a));
+    CHECK_EQ(ctx->devices[1].deferred, 1);
+    CHECK_OK(um_stream_destroy(ctx, b));
+    CHECK_EQ(ctx->devices[1].deferred, 0);
+    CHECK_EQ(ctx->devices[1].marked, 0);
+    CHECK_EQ(active_bytes(ctx, 1), 0);
+
+    /* A live block marked for a stream that is then destroyed is freed as
+     * any other (its stream's work is done). */
+    CHECK_OK(um_stream_create(ctx, 1, &b));
+    CHECK_OK(um_malloc(ctx, 1, 4 * MB, a, &p));
+    CHECK_OK(um_record_stream(ctx, p, b));
+    CHECK_OK(um_stream_destroy(ctx, b));
+    CHECK_OK(um_free(ctx, p, a));
+    CHECK_EQ(ctx->devices[1].deferred, 0);
+    CHECK_EQ(ctx->devices[1].marked, 0);
+
+    /* The free's own stream goes away while its free waits. */
+    CHECK_OK(um_stream_create(ctx, 1, &b));
+    CHECK_OK(um_malloc(ctx, 1, 4 * MB, a, &p));
+    CHECK_OK(um_record_stream(ctx, p, NULL));
+    CHECK_OK(um_sim_stream_work(ctx, 1, NULL, 1, 0));
+    CHECK_OK(um_free(ctx, p, b));
+    CHECK_OK(um_stream_destroy(ctx, b));
+    CHECK_EQ(ctx->devices[1].deferred, 0);
+    CHECK_EQ(active_bytes(ctx, 1), 0);
+
+    /* Left waiting at shutdown. */
+    CHECK_OK(um_malloc(ctx, 1, 4 * MB, a, &p));
+    CHECK_OK(um_record_stream(ctx, p, NULL));
+    CHECK_OK(um_sim_stream_work(ctx, 1, NULL, 1, 0));
+    CHECK_OK(um_free(ctx, p, a));
+    CHECK_OK(um_malloc(ctx, 1, 4 * MB, a, &q)); /* a live one, marked */
+    CHECK_OK(um_record_stream(ctx, q, a));
+    um_shutdown(ctx);
+}
+
+/* Random allocations, marks, frees and simulated work on four streams
+ * (the default one too), checked against the sim streams' own counts of
+ * queued and completed work: no allocation may overlap a freed block one
+ * of whose marked streams has not completed the work queued there before
+ * the free. (The counts are read, not modelled: on a sim device any wait,
+ * the pool's for its own fences too, completes the work it waits for.) */
+enum { NSTREAMS = 4, MAXLIVE = 200, MAXWAIT = 400 };
+typedef struct {
+    char *p;
+    size_t n;
+    uint32_t marks; /* bit k: marked for stream k */
+} live_blk;
+typedef struct {
+    char *p;
+    size_t n;
+    uint32_t marks;
+    uint64_t target[NSTREAMS]; /* stream k's queued units at the free */
+} waiting_blk;
+
+static um__bstream *sim_stream(um_context *ctx, um_stream s)
+{
+    um__backend *b = ctx->devices[1].backend;
+    return um__memfd_stream(b, s ? s->ref.bstream : NULL, "test_stream_use");
+}
+
+static void test_random(uint64_t seed)
+{
+    um_context *ctx = init_ctx("devices=sim:2G");
+    um_stream st[NSTREAMS] = {NULL};
+    for (int k = 1; k < NSTREAMS; k++)
+        CHECK_OK(um_stream_create(ctx, 1, &st[k]));
+    static live_blk live[MAXLIVE];
+    static waiting_blk waiting[MAXWAIT];
+    int nlive = 0, nwait = 0;
+    uint64_t rng = seed;
+    long overlaps = 0, deferred_frees = 0, recreated = 0;
+    for (int step = 0; step < 20000; step++) {
+        uint64_t r = harness_rand(&rng);
+        int k = (int)((r >> 8) % NSTREAMS);
+        unsigned op = (unsigned)(r % 100);
+        /* Freed blocks whose marked streams are done are reusable. */
+        for (int i = 0; i < nwait; i++) {
+            bool done = true;
+            for (int m = 0; m < NSTREAMS; m++)
+                done &= !(waiting[i].marks >> m & 1) ||
+                        atomic_load(&sim_stream(ctx, st[m])->completed) >= waiting[i].target[m];
+            if (done)
+                waiting[i--] = waiting[--nwait];
+        }
+        if (op < 35 && nlive < MAXLIVE) {
+            size_t n = (r >> 20) % 4 ? 256 + (r >> 24) % 60000 : MB + (r >> 24) % (6 * MB);
+            char *p = NULL;
+            CHECK_OK(um_malloc(ctx, 1, n, st[k], (void **)&p));
+            if (!p)
+                break;
+            for (int i = 0; i < nwait; i++) {
+                bool o = p < waiting[i].p + waiting[i].n && waiting[i].p < p + n;
+                if (o && !overlaps)
+                    printf("test_stream_use: step %d: %zu bytes at %p on stream %d overlap "
+                           "the freed block %p (%zu bytes) whose streams are not done\n",
+                           step, n, (void *)p, k, (void *)waiting[i].p, waiting[i].n);
+                overlaps += o;
+            }
+            live[nlive++] = (live_blk){p, n, 0};
+        } else if (op < 55 && nlive) {
+            live_blk *b = &live[(r >> 20) % (uint64_t)nlive];
+            CHECK_OK(um_record_stream(ctx, b->p, st[k]));
+            b->marks |= 1u << k;
+        } else if (op < 85 && nlive && nwait < MAXWAIT) {
+            int i = (int)((r >> 20) % (uint64_t)nlive);
+            live_blk b = live[i];
+            live[i] = live[--nlive];
+            CHECK_OK(um_free(ctx, b.p, (r >> 40) % 2 ? st[k] : NULL));
+            if (b.marks) {
+                waiting_blk *w = &waiting[nwait++];
+                *w = (waiting_blk){b.p, b.n, b.marks, {0}};
+                for (int m = 0; m < NSTREAMS; m++)
+                    w->target[m] = atomic_load(&sim_stream(ctx, st[m])->submitted);
+                deferred_frees++;
+            }
+        } else if (op < 97) {
+            CHECK_OK(um_sim_stream_work(ctx, 1, st[k], (unsigned)(r >> 32) % 3,
+                                        (unsigned)(r >> 40) % 3));
+        } else if (k > 0) {
+            /* The stream goes, its work done, and another takes its place. */
+            CHECK_OK(um_stream_destroy(ctx, st[k]));
+            for (int i = 0; i < nlive; i++)
+                live[i].marks &= ~(1u << k);
+            for (int i = 0; i < nwait; i++)
+                waiting[i].marks &= ~(1u << k);
+            CHECK_OK(um_stream_create(ctx, 1, &st[k]));
+            recreated++;
+        }
+    }
+    CHECK_EQ(overlaps, 0);
+    CHECK(deferred_frees > 1000);
+    printf("test_stream_use: random run: %ld deferred frees, %ld streams recreated\n",
+           deferred_frees, recreated);
+    for (int i = 0; i < nlive; i++)
+        CHECK_OK(um_free(ctx, live[i].p, NULL));
+    for (int m = 0; m < NSTREAMS; m++)
+        CHECK_OK(um_stream_synchronize(ctx, st[m]));
+    CHECK_OK(um_trim(ctx, 1));
+    CHECK_EQ(ctx->devices[1].deferred, 0);
+    CHECK_EQ(ctx->devices[1].marked, 0);
+    CHECK_EQ(active_bytes(ctx, 1), 0);
+    CHECK_OK(ctx->devices[1].alloc->ops->check(ctx->devices[1].alloc));
+    for (int k = 1; k < NSTREAMS; k++)
+        CHECK_OK(um_stream_destroy(ctx, st[k]));
+    um_shutdown(ctx);
+}
+
+/* Threads mark blocks for their own and each other's streams, free them
+ * and hold the streams busy, all at once (for ThreadSanitizer). */
+enum { NTHREADS = 4 };
+typedef struct {
+    um_context *ctx;
+    um_stream streams[NTHREADS];
+    uint64_t seed;
+} shared_state;
+
+static void *thread_main(void *arg)
+{
+    harness_thread *t = arg;
+    shared_state *sh = t->shared;
+    uint64_t rng = sh->seed + (uint64_t)t->id;
+    um_stream own = sh->streams[t->id];
+    void *blocks[16] = {NULL};
+    for (int i = 0; i < 3000; i++) {
+        uint64_t r = harness_rand(&rng);
+        int j = (int)(r % 16);
+        if (blocks[j]) {
+            CHECK_OK(um_free(sh->ctx, blocks[j], own));
+            blocks[j] = NULL;
+        } else {
+            size_t n = (r >> 8) % 3 ? 128 + (r >> 12) % 8000 : MB + (r >> 12) % MB;
+            CHECK_OK(um_malloc(sh->ctx, 1, n, own, &blocks[j]));
+            if (blocks[j] && (r >> 40) % 2)
+                CHECK_OK(um_record_stream(sh->ctx, blocks[j],
+                                          sh->streams[(r >> 44) % NTHREADS]));
+        }
+        if (i % 50 == 0)
+            CHECK_OK(um_sim_stream_work(sh->ctx, 1, own, 1, 1));
+    }
+    for (int j = 0; j < 16; j++)
+        if (blocks[j])
+            CHECK_OK(um_free(sh->ctx, blocks[j], own));
+    return NULL;
+}
+
+static void test_threads(uint64_t seed)
+{
+    shared_state sh = {.ctx = init_ctx("devices=sim:512M"), .seed = seed};
+    for (int i = 0; i < NTHREADS; i++)
+        CHECK_OK(um_stream_create(sh.ctx, 1, &sh.streams[i]));
+    harness_run_threads(NTHREADS, thread_main, &sh);
+    for (int i = 0; i < NTHREADS; i++)
+        CHECK_OK(um_stream_synchronize(sh.ctx, sh.streams[i]));
+    CHECK_OK(um_trim(sh.ctx, 1));
+    CHECK_EQ(sh.ctx->devices[1].deferred, 0);
+    CHECK_EQ(sh.ctx->devices[1].marked, 0);
+    CHECK_EQ(active_bytes(sh.ctx, 1), 0);
+    for (int i = 0; i < NTHREADS; i++)
+        CHECK_OK(um_stream_destroy(sh.ctx, sh.streams[i]));
+    um_shutdown(sh.ctx);
+}
+
+int main(void)
+{
+    unsetenv("UNIMEM_CONF");
+    uint64_t seed = harness_seed("test_stream_use");
+    test_reuse_waits();
+    test_bad_calls();
+    test_limit_and_stream_destroy();
+    test_random(seed);
+    test_threads(seed + 1);
+    return harness_finish("test_stream_use");
+}
