@@ -394,6 +394,32 @@ UMT_EXPORT void unimem_torch_free(void *ptr, size_t size, int device, void *stre
     }
 }
 
+/* Marks ptr as used on `stream` too (PyTorch's Tensor.record_stream):
+ * unimem then reuses it on no stream until the work queued there before its
+ * free is done. */
+UMT_EXPORT int unimem_torch_record_stream(void *ptr, void *stream)
+{
+    char why[UMT_MESSAGE_LEN];
+    um_context *ctx = get_context();
+    if (!ctx) {
+        record_error(context_error);
+        return (int)context_status;
+    }
+    um_status st = UM_ERR_INVALID_POINTER;
+    int dev = um_pointer_device(ctx, ptr);
+    um_stream s = NULL;
+    if (dev < 0)
+        snprintf(why, sizeof why,
+                 "unimem_torch: record_stream of %p: not memory that unimem allocated", ptr);
+    else if ((st = stream_for(ctx, dev, stream, &s, why, sizeof why)) == UM_OK &&
+             (st = um_record_stream(ctx, ptr, s)) != UM_OK)
+        snprintf(why, sizeof why, "unimem_torch: record_stream(%p, stream %p) failed: %s", ptr,
+                 stream, um_last_error());
+    if (st != UM_OK)
+        report_once(st, why);
+    return (int)st;
+}
+
 /* ------------------------------------------------------- statistics */
 
 /* The unimem device of a torch ordinal for the stats calls, or -1 with the
@@ -455,6 +481,42 @@ UMT_EXPORT int unimem_torch_trim(int device)
     if (dev < 0)
         return (int)st;
     return control_result(um_trim(context, dev), "um_trim", device);
+}
+
+UMT_EXPORT int unimem_torch_empty_cache(void)
+{
+    if (!get_context()) {
+        record_error(context_error);
+        return (int)context_status;
+    }
+    int first_failure = 0;
+    for (int ordinal = 0; ordinal < UMT_MAX_ORDINALS; ordinal++) {
+        int rc = device_of_ordinal[ordinal] < 0 ? 0 : unimem_torch_trim(ordinal);
+        if (!first_failure)
+            first_failure = rc;
+    }
+    return first_failure;
+}
+
+UMT_EXPORT int unimem_torch_set_memory_fraction(double fraction, int device)
+{
+    um_status st;
+    int dev = control_device(device, &st);
+    if (dev < 0)
+        return (int)st;
+    if (!(fraction > 0.0 && fraction <= 1.0)) {
+        char why[UMT_MESSAGE_LEN];
+        snprintf(why, sizeof why,
+                 "unimem_torch: memory fraction %g for cuda:%d is not in (0, 1]", fraction,
+                 device);
+        record_error(why);
+        return UM_ERR_INVALID;
+    }
+    size_t free_bytes = 0, total = 0;
+    st = um_device_memory_get(context, dev, &free_bytes, &total);
+    if (st == UM_OK)
+        st = um_set_memory_limit(context, dev, (size_t)(fraction * (double)total));
+    return control_result(st, "set_memory_fraction", device);
 }
 
 UMT_EXPORT size_t unimem_torch_stats_size(void)

@@ -33,6 +33,22 @@ void unimem_torch_free(void *ptr, size_t size, int device, void *stream);
 int unimem_torch_stats(int device, um_stats *out);
 int unimem_torch_reset_peak(int device);
 int unimem_torch_trim(int device);
+/* Marks ptr (from unimem_torch_alloc) as used on `stream` (a cudaStream_t)
+ * too, like PyTorch's Tensor.record_stream: no stream reuses it until the
+ * work queued on `stream` before its free has completed. 0 or a status. */
+int unimem_torch_record_stream(void *ptr, void *stream);
+/* Gives every device's cached memory back to the driver (um_trim), as
+ * torch.cuda.empty_cache() asks. 0 or the first failure's status. */
+int unimem_torch_empty_cache(void);
+/* Caps the device's reserved memory at `fraction` (0 < fraction <= 1) of
+ * its total memory, as torch.cuda.set_per_process_memory_fraction asks. */
+int unimem_torch_set_memory_fraction(double fraction, int device);
+/* Where the library was built with PyTorch's C++ headers: makes PyTorch's
+ * current allocator (the CUDAPluggableAllocator that loaded this library)
+ * pass Tensor.record_stream, torch.cuda.empty_cache and
+ * set_per_process_memory_fraction to the three calls above. 1 when done, 0
+ * when the current allocator is not a pluggable one. Absent otherwise. */
+int unimem_torch_connect(void);
 /* sizeof(um_stats) as this library was built, so a ctypes mirror can check
  * that it matches. */
 size_t unimem_torch_stats_size(void);

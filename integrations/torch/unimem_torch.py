@@ -14,6 +14,7 @@ Only ctypes and torch are needed.
 
 import ctypes
 import os
+import warnings
 
 __all__ = [
     "UmStats",
@@ -54,6 +55,7 @@ class UmStats(ctypes.Structure):
 
 _lib = None
 _lib_path = None
+_connected = False
 
 
 def _candidates():
@@ -145,11 +147,34 @@ def install(path=None):
             "it must run before any CUDA allocation"
         ) from err
     _lib, _lib_path = lib, path
+    # Tensor.record_stream, torch.cuda.empty_cache and
+    # set_per_process_memory_fraction reach unimem only through PyTorch's C++
+    # API, which the library has where it was built against PyTorch.
+    global _connected
+    connect = getattr(lib, "unimem_torch_connect", None)
+    if connect is not None:
+        connect.argtypes = []
+        connect.restype = ctypes.c_int
+    _connected = connect is not None and connect() == 1
+    if not _connected:
+        warnings.warn(
+            f"unimem_torch: {path} was built without PyTorch's C++ API: Tensor.record_stream() "
+            "does nothing (synchronize a tensor's other streams before freeing it), and "
+            "torch.cuda.empty_cache() and set_per_process_memory_fraction() do not reach unimem "
+            "(use unimem_torch.empty_cache() and UNIMEM_CONF=memory_limit=...)",
+            stacklevel=2,
+        )
     return path
 
 
 def is_installed():
     return _lib is not None
+
+
+def connected():
+    """True when Tensor.record_stream, torch.cuda.empty_cache and
+    torch.cuda.set_per_process_memory_fraction reach unimem."""
+    return _connected
 
 
 def library_path():

@@ -171,6 +171,31 @@ def main():
     check(bool((y == 7.0).all()), "the other stream's block was not overwritten")
     del y, x_sum
 
+    # Tensor.record_stream: x is made on s1 and read by a long kernel on s2,
+    # marked for s2 and freed while s2 still reads it; s1 then writes 9s
+    # into a new tensor of the same size. Handed back at once (as without
+    # the mark), x's block would take the 9s before s2's sum reads it.
+    check(
+        unimem_torch.connected(),
+        "the library passes record_stream, empty_cache and the memory fraction to unimem "
+        "(built against PyTorch's C++ API)",
+    )
+    with torch.cuda.stream(s1):
+        x = torch.ones(n, dtype=torch.float32, device="cuda")
+    s2.wait_stream(s1)
+    with torch.cuda.stream(s2):
+        torch.cuda._sleep(200_000_000)
+        x_sum = x.sum()
+    x.record_stream(s2)
+    x_ptr = x.data_ptr()
+    del x
+    with torch.cuda.stream(s1):
+        z = torch.full((n,), 9.0, dtype=torch.float32, device="cuda")
+    torch.cuda.synchronize()
+    check(x_sum.item() == n, f"record_stream: the marked stream read its data (sum {x_sum.item()} == {n})")
+    check(z.data_ptr() != x_ptr, "record_stream: the block was not reused while the marked stream ran")
+    del z, x_sum
+
     # Autograd frees and allocates on its own thread.
     w = torch.randn(300, 300, device="cuda", requires_grad=True)
     (w * w).sum().backward()
@@ -219,13 +244,15 @@ def main():
         reset["allocated_bytes.all.peak"] == reset["allocated_bytes.all.current"],
         "reset_peak_memory_stats() restarts the peak from the current value",
     )
-    unimem_torch.empty_cache()
+    torch.cuda.empty_cache()  # reaches unimem through the connected allocator
     trimmed = unimem_torch.memory_stats()
     check(
-        trimmed["reserved_bytes.all.current"] <= reset["reserved_bytes.all.current"]
+        reset["reserved_bytes.all.current"] > reset["allocated_bytes.all.current"]
+        and trimmed["reserved_bytes.all.current"] < reset["reserved_bytes.all.current"]
         and trimmed["reserved_bytes.all.current"] >= trimmed["allocated_bytes.all.current"],
-        f"empty_cache() gives memory back ({reset['reserved_bytes.all.current']} -> "
-        f"{trimmed['reserved_bytes.all.current']} reserved bytes)",
+        f"torch.cuda.empty_cache() gives cached memory back ({reset['reserved_bytes.all.current']} -> "
+        f"{trimmed['reserved_bytes.all.current']} reserved bytes, "
+        f"{trimmed['allocated_bytes.all.current']} live)",
     )
 
     # Too large for the device: PyTorch's OOM error, and the pool still works.
@@ -245,6 +272,21 @@ def main():
     oom_stats = unimem_torch.memory_stats()
     check(oom_stats["num_ooms"] > trimmed["num_ooms"], f"the OOM was counted ({oom_stats['num_ooms']})")
     check(torch.ones(1000, device="cuda").sum().item() == 1000, "allocation works after an OOM")
+
+    # torch.cuda.set_per_process_memory_fraction caps unimem's memory.
+    over_quarter = total_bytes // 4 + (256 << 20)
+    torch.cuda.set_per_process_memory_fraction(0.25)
+    try:
+        t = torch.empty(over_quarter, dtype=torch.uint8, device="cuda")
+        capped = False
+        del t
+    except oom_type:
+        capped = True
+    torch.cuda.set_per_process_memory_fraction(1.0)
+    t = torch.empty(over_quarter, dtype=torch.uint8, device="cuda")
+    check(capped and t.numel() == over_quarter,
+          "set_per_process_memory_fraction(0.25) refuses a third of the GPU, 1.0 allows it")
+    del t
 
     print(f"{passes} passed, {len(failures)} failed")
     return 1 if failures else 0
