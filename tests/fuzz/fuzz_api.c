@@ -10,7 +10,8 @@
  * is an opcode byte and its argument bytes: um_malloc / um_free (sizes 0
  * to huge, any stream), um_buffer_create (with or without a first device)
  * / um_buffer_wrap / acquire (every mode, any device, any stream) /
- * release / write / read / prefetch / hint / destroy, um_trim,
+ * release / write / read / prefetch / hint / destroy, um_record_stream
+ * before some frees, um_trim,
  * um_set_memory_limit, um_set_cache_limit, simulated stream work, stream
  * synchronisation and re-creation, and misuse: double free, foreign and
  * interior pointers, release without acquire, stale (destroyed) buffer
@@ -323,7 +324,8 @@ static void check_stats(world *w, int dev)
         if (m->b->rep[dev].ptr && !(dev == 0 && m->home))
             want += m->size, nwant++;
     }
-    if (w->pending)
+    /* Freed blocks marked for a busy stream stay live until it is done. */
+    if (w->pending || atomic_load(&w->ctx->devices[dev].deferred))
         FUZZ_CHECK(s.requested_bytes >= want && s.active_blocks >= nwant,
                    "op %u: device %d: %zu bytes in %llu blocks live, the model has %zu in %llu",
                    op, dev, s.requested_bytes, (unsigned long long)s.active_blocks, want,
@@ -550,6 +552,21 @@ static void op_free(world *w)
         um_status sw = um_free(w->ctx, b.p, w->streams[other]);
         FUZZ_CHECK(sw == UM_ERR_WRONG_DEVICE, "op %u: free with another device's stream gave %s",
                    w->op, um_status_name(sw));
+    }
+    if (how & 64) {
+        /* Marked for a stream first (um_record_stream): the free then
+         * waits for that stream's simulated work before the memory goes
+         * back. An accelerator's block refuses another device's stream. */
+        int sd = b.dev == 0 ? (how >> 1) % NDEV : b.dev;
+        um_status sm = um_record_stream(w->ctx, b.p, how & 128 ? NULL : w->streams[sd]);
+        FUZZ_CHECK(sm == UM_OK, "op %u: um_record_stream(%p) gave %s", w->op, b.p,
+                   um_status_name(sm));
+        if (b.dev != 0) {
+            sm = um_record_stream(w->ctx, b.p, w->streams[b.dev == 1 ? 2 : 1]);
+            FUZZ_CHECK(sm == UM_ERR_WRONG_DEVICE && fuzz_error_names(sm),
+                       "op %u: um_record_stream with another device's stream gave %s", w->op,
+                       um_status_name(sm));
+        }
     }
     um_status st = um_free(w->ctx, b.p, s);
     FUZZ_CHECK(st == UM_OK, "op %u: um_free(%p) gave %s", w->op, b.p, um_status_name(st));
