@@ -18,7 +18,6 @@
 #include "../base/vtime.h"
 
 #include <stdlib.h>
-#include <string.h>
 
 typedef struct use {
     void *ptr;
@@ -276,9 +275,9 @@ static void give_back(um_context *ctx, int dev, use *x)
                 um_last_error());
 }
 
-/* Takes the deferred frees that are done (all, waiting, when wait; else
- * oldest first up to the first not done) out of u, into a list. Under the
- * lock. */
+/* Takes the deferred frees that are done out of u, into a list: oldest
+ * first up to the first not done; or, with `only`, every one whose free or
+ * marks name that stream (waiting, when wait). Under the lock. */
 static use *take_done_locked(um_context *ctx, int dev, um__stream_uses *u, bool wait,
                              um_stream only)
 {
