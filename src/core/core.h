@@ -96,8 +96,8 @@ const um__stream_ref *um__stream_host_ref(um_context *ctx, um_stream s);
 /* Blocks used on more streams than their own (stream_use.c, um_record_stream).
  * um_free of a marked block: *taken is true when the free is the module's
  * (deferred until the marked streams' work is done, or refused); else the
- * block is not marked and the caller frees it. ref is the free's stream as
- * the allocator sees it (NULL: the allocation stream), s the public one. */
+ * block is not marked and the caller frees it. s is the free's stream
+ * (NULL: the block's allocation stream), already checked by the caller. */
 um_status um__uses_free(um_context *ctx, int dev, void *ptr, um_stream s, bool *taken);
 /* Gives the deferred blocks of dev whose streams are done back to the
  * allocator: those that are done now, or every one (waiting) when wait. */

@@ -67,12 +67,19 @@ static um__stream_uses *uses_of(um_context *ctx, int dev, bool make)
     return u;
 }
 
-static void use_free(um_context *ctx, use *x)
+/* Destroys the events of x's free that are left, and their array. */
+static void drop_events(um_context *ctx, use *x)
 {
     for (uint32_t i = 0; x->events && i < x->n; i++)
         if (x->events[i])
             um__be_event_destroy(backend_of(ctx, x->streams[i]), x->events[i]);
     free(x->events);
+    x->events = NULL;
+}
+
+static void use_free(um_context *ctx, use *x)
+{
+    drop_events(ctx, x);
     free(x->streams);
     free(x);
 }
@@ -212,11 +219,7 @@ um_status um__uses_free(um_context *ctx, int dev, void *ptr, um_stream s, bool *
     if (st != UM_OK) {
         /* Neither an event nor a wait: the block stays live and marked, and
          * the program may free it again. */
-        for (uint32_t i = 0; x->events && i < x->n; i++)
-            if (x->events[i])
-                um__be_event_destroy(backend_of(ctx, x->streams[i]), x->events[i]);
-        free(x->events);
-        x->events = NULL;
+        drop_events(ctx, x);
         um__vt_mutex_unlock(&u->lock);
         return st;
     }
