@@ -1175,17 +1175,18 @@ int main(int argc, char **argv)
                 um_status_name(s), um_last_error());
         return 1;
     }
-    um_device_info info;
+    um_device_info info{};
     if (um_device_count(um.ctx) < 2 || (s = um_device_info_get(um.ctx, 1, &info)) != UM_OK ||
         info.kind != UM_DEVICE_CUDA || info.ordinal != 0) {
         fprintf(stderr,
                 "alloc_compare: unimem device 1 is not CUDA device 0 (%d devices; %s): "
                 "the comparison needs them to be the same GPU\n",
                 um_device_count(um.ctx),
-                s != UM_OK ? um_last_error()
-                           : format("kind %s, ordinal %d", um_device_kind_name(info.kind),
-                                    info.ordinal)
-                                 .c_str());
+                um_device_count(um.ctx) < 2 ? "unimem found no GPU"
+                : s != UM_OK                ? um_last_error()
+                                            : format("kind %s, ordinal %d",
+                                                     um_device_kind_name(info.kind), info.ordinal)
+                                                  .c_str());
         um_shutdown(um.ctx);
         return 1;
     }
