@@ -8,7 +8,7 @@ JOBS        ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_FLAGS ?=
 PREFIX      ?= /usr/local
 
-.PHONY: all deps build run test asan tsan sanitize debug-check fuzz ci-extra install clean
+.PHONY: all deps build run test asan tsan sanitize debug-check fuzz analyze ci-extra install clean
 
 all: build
 
@@ -54,6 +54,14 @@ debug-check: deps
 fuzz:
 	sh scripts/fuzz.sh 30; rc=$$?; [ $$rc -eq 77 ] && echo "fuzz: skipped" && exit 0; exit $$rc
 
+# Clang's static analyzer over every target (scan-build, Debian's
+# clang-tools package); fails on any report, which it keeps in
+# build-analyze/report.
+analyze: deps
+	@command -v scan-build >/dev/null || { echo "analyze: scan-build not found (Debian: apt-get install clang-tools)"; exit 1; }
+	scan-build -o build-analyze/report cmake -S . -B build-analyze/tree -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_COMPILER=clang
+	scan-build -o build-analyze/report --status-bugs cmake --build build-analyze/tree -j $(JOBS)
+
 # What .ci/run adds to `make test`: the suite under ASan+UBSan and under
 # TSan (but test_sim_link, whose bounds are wall-clock times that TSan's
 # slowdown breaks), the debug allocator's checks, and the fuzzers.
@@ -66,4 +74,4 @@ install: build
 	cmake --install $(BUILD)
 
 clean:
-	rm -rf $(BUILD) build-asan build-tsan build-debug-asan build-fuzz
+	rm -rf $(BUILD) build-asan build-tsan build-debug-asan build-fuzz build-analyze

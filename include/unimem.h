@@ -200,7 +200,10 @@ UM_API um_status um_free(um_context *ctx, void *ptr, um_stream s);
  * pool (at a later um_malloc or um_free of its device, or um_trim, or as
  * soon as an allocation there would otherwise fail). s is of the block's
  * device, or of any device for host memory. Recording a stream twice is
- * recording it once. */
+ * recording it once. Where the driver can record no event on a marked
+ * stream, um_free waits for that stream's work instead; where it can do
+ * neither, um_free fails with the driver's status and the block stays live
+ * and marked, to be freed again. */
 UM_API um_status um_record_stream(um_context *ctx, void *ptr, um_stream s);
 /* The device that owns ptr, or -1. Reads no device memory. */
 UM_API int um_pointer_device(um_context *ctx, const void *ptr);

@@ -2,8 +2,10 @@
  * another stream is reused by no stream until the work queued there before
  * its free is done; its misuse gets a clear error; at the memory limit the
  * allocation waits for such frees instead of failing; destroying a marked
- * stream finishes what waits for it; a random run against a model of the
- * sim streams' work; and threads marking and freeing at once. Sim devices:
+ * stream finishes what waits for it; a free whose events fail waits
+ * instead, or fails whole; a random run against a model of the sim
+ * streams' work, also with a third of the events failing; and threads
+ * marking and freeing at once. Sim devices:
  * um_sim_stream_work holds a stream busy as a kernel holds a GPU's. */
 #include "backend/vmm_memfd.h"
 #include "core/core.h"
@@ -240,12 +242,31 @@ typedef struct {
 static um__bstream *sim_stream(um_context *ctx, um_stream s)
 {
     um__backend *b = ctx->devices[1].backend;
+    while (b->wrapped) /* the fault-injection wrapper */
+        b = b->wrapped;
     return um__memfd_stream(b, s ? s->ref.bstream : NULL, "test_stream_use");
 }
 
-static void test_random(uint64_t seed)
+/* Drops the freed blocks whose marked streams are done (reusable now);
+ * returns how many are left. */
+static int drop_done(um_context *ctx, um_stream *st, waiting_blk *waiting, int nwait)
 {
-    um_context *ctx = init_ctx("devices=sim:2G");
+    for (int i = 0; i < nwait; i++) {
+        bool done = true;
+        for (int m = 0; m < NSTREAMS; m++)
+            done &= !(waiting[i].marks >> m & 1) ||
+                    atomic_load(&sim_stream(ctx, st[m])->completed) >= waiting[i].target[m];
+        if (done)
+            waiting[i--] = waiting[--nwait];
+    }
+    return nwait;
+}
+
+/* conf: the context's; with failing events the frees wait for the marked
+ * streams instead, and the same check holds. */
+static void test_random(uint64_t seed, const char *conf)
+{
+    um_context *ctx = init_ctx(conf);
     um_stream st[NSTREAMS] = {NULL};
     for (int k = 1; k < NSTREAMS; k++)
         CHECK_OK(um_stream_create(ctx, 1, &st[k]));
@@ -258,21 +279,16 @@ static void test_random(uint64_t seed)
         uint64_t r = harness_rand(&rng);
         int k = (int)((r >> 8) % NSTREAMS);
         unsigned op = (unsigned)(r % 100);
-        /* Freed blocks whose marked streams are done are reusable. */
-        for (int i = 0; i < nwait; i++) {
-            bool done = true;
-            for (int m = 0; m < NSTREAMS; m++)
-                done &= !(waiting[i].marks >> m & 1) ||
-                        atomic_load(&sim_stream(ctx, st[m])->completed) >= waiting[i].target[m];
-            if (done)
-                waiting[i--] = waiting[--nwait];
-        }
+        nwait = drop_done(ctx, st, waiting, nwait);
         if (op < 35 && nlive < MAXLIVE) {
             size_t n = (r >> 20) % 4 ? 256 + (r >> 24) % 60000 : MB + (r >> 24) % (6 * MB);
             char *p = NULL;
             CHECK_OK(um_malloc(ctx, 1, n, st[k], (void **)&p));
             if (!p)
                 break;
+            /* Work the allocation itself waited for was done before it
+             * returned (a failed event query waits for its stream). */
+            nwait = drop_done(ctx, st, waiting, nwait);
             for (int i = 0; i < nwait; i++) {
                 bool o = p < waiting[i].p + waiting[i].n && waiting[i].p < p + n;
                 if (o && !overlaps)
@@ -314,8 +330,9 @@ static void test_random(uint64_t seed)
     }
     CHECK_EQ(overlaps, 0);
     CHECK(deferred_frees > 1000);
-    printf("test_stream_use: random run: %ld deferred frees, %ld streams recreated\n",
-           deferred_frees, recreated);
+    printf("test_stream_use: random run (%s): %ld deferred frees, %ld streams recreated, "
+           "%llu injected failures\n",
+           conf, deferred_frees, recreated, (unsigned long long)um__fault_fired(ctx->fault));
     for (int i = 0; i < nlive; i++)
         CHECK_OK(um_free(ctx, live[i].p, NULL));
     for (int m = 0; m < NSTREAMS; m++)
@@ -385,6 +402,40 @@ static void test_threads(uint64_t seed)
     um_shutdown(sh.ctx);
 }
 
+/* The driver fails the events of a free (fault injection): the free waits
+ * for the marked stream instead; failing that too, the free fails, the
+ * block stays live and marked, and a second free succeeds. */
+static void test_event_failures(void)
+{
+    /* Every event call of device 1 fails, and its first stream call. */
+    um_context *ctx = init_ctx("devices=sim:64M,fault=1:event~1+1:stream@1");
+    void *p = NULL, *q = NULL;
+    CHECK_OK(um_malloc(ctx, 1, 3 * MB, NULL, &p));
+    CHECK_OK(um_record_stream(ctx, p, NULL));
+    CHECK_OK(um_sim_stream_work(ctx, 1, NULL, 2, 0));
+    um__bstream *def = sim_stream(ctx, NULL);
+    size_t live = active_bytes(ctx, 1);
+
+    CHECK_STATUS(um_free(ctx, p, NULL), UM_ERR_BACKEND);
+    CHECK_ERROR_MENTIONS("fault", NULL, NULL);
+    CHECK_EQ(ctx->devices[1].deferred, 0);
+    CHECK_EQ(ctx->devices[1].marked, 1);
+    CHECK_EQ(active_bytes(ctx, 1), live);
+    CHECK_EQ(atomic_load(&def->completed), 0); /* nothing was waited for */
+    CHECK_STATUS(um_record_stream(ctx, p, NULL), UM_OK); /* still live, still marked */
+
+    /* The second free waits for the stream (no event) and succeeds. */
+    CHECK_OK(um_free(ctx, p, NULL));
+    CHECK_EQ(atomic_load(&def->completed), 2);
+    CHECK_OK(um_malloc(ctx, 1, 3 * MB, NULL, &q));
+    CHECK(q == p);
+    CHECK_EQ(ctx->devices[1].deferred, 0);
+    CHECK_EQ(ctx->devices[1].marked, 0);
+    CHECK_OK(um_free(ctx, q, NULL));
+    CHECK(um__fault_fired(ctx->fault) >= 2);
+    um_shutdown(ctx);
+}
+
 int main(void)
 {
     unsetenv("UNIMEM_CONF");
@@ -392,7 +443,12 @@ int main(void)
     test_reuse_waits();
     test_bad_calls();
     test_limit_and_stream_destroy();
-    test_random(seed);
+    test_event_failures();
+    test_random(seed, "devices=sim:2G");
+    char conf[128];
+    snprintf(conf, sizeof conf, "devices=sim:2G,fault=1:event~0.3,fault_seed=%d",
+             (int)(seed % 1000000));
+    test_random(seed + 2, conf);
     test_threads(seed + 1);
     return harness_finish("test_stream_use");
 }
