@@ -877,6 +877,12 @@ static void test_trace_counters(void)
     CHECK_OK(um_free(ctx, a, NULL));
     CHECK_OK(um_free(ctx, b, NULL));
     CHECK_STATUS(um_free(ctx, b, NULL), UM_ERR_DOUBLE_FREE); /* not an event */
+    /* A trim is a span on device 1 with the bytes it gave back. */
+    um_stats before, after;
+    CHECK_OK(um_stats_get(ctx, 1, &before));
+    CHECK_OK(um_trim(ctx, 1));
+    CHECK_OK(um_stats_get(ctx, 1, &after));
+    CHECK(after.reserved_bytes < before.reserved_bytes);
     /* The checked paths record too: host memory ordered by device 1's
      * stream, freed with it; calls that fail record nothing. */
     um_stream s1 = NULL;
@@ -907,6 +913,12 @@ static void test_trace_counters(void)
             allocs++;
         CHECK_EQ(frees, 3);
         CHECK_EQ(allocs, 3);
+        const char *trim = strstr(text, "{\"name\":\"trim\",\"cat\":\"trim\",\"ph\":\"X\"");
+        CHECK(trim != NULL);
+        snprintf(want, sizeof want, "\"pid\":1,\"tid\":5,\"args\":{\"bytes\":%zu,\"device\":1}}",
+                 before.reserved_bytes - after.reserved_bytes);
+        const char *record_end = trim ? strstr(trim, "}}") + 2 : NULL; /* this record's */
+        CHECK(trim && strstr(trim, want) == record_end - strlen(want));
         /* At the end nothing is live or reserved (the pool gave it all back). */
         const char *last = NULL;
         for (const char *c = text; (c = strstr(c, "\"pid\":1,\"args\":{\"live\":")); c++)
