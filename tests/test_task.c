@@ -599,6 +599,49 @@ static int record_fn(const um_task_exec *e)
     return 0;
 }
 
+/* A task that fails on each accelerator (its function, or its GPU
+ * function, returns non-zero) fails with a message naming the device and
+ * the value, its reader fails with it, and the device runs the next task. */
+static void test_device_failure(void)
+{
+    const char *devs = getenv("UM_TEST_TASK_DEVICES");
+    char conf[256];
+    snprintf(conf, sizeof conf, "devices=%s,links=model", devs && *devs ? devs : "sim:2x64M");
+    um_context *ctx = NULL;
+    CHECK_OK(um_init(conf, &ctx));
+    if (!ctx)
+        return;
+    for (int dev = 1; dev < um_device_count(ctx); dev++) {
+        um_buffer *x;
+        CHECK_OK(um_buffer_create(ctx, 4096, NULL, &x));
+        probe bad = {.result = 5}, reader = {0}, good = {0};
+        um_task t = {.name = "probe", .cpu = probe_fn, .cuda = probe_fn, .nbuffers = 1,
+                     .device = dev, .user = &bad, .done = probe_done};
+        t.buffers[0] = x;
+        t.modes[0] = UM_ACCESS_WRITE_DISCARD;
+        um_task_id ibad = 0, igood = 0;
+        CHECK_OK(um_task_submit(ctx, &t, &ibad));
+        um_task_id iread = submit_probe(ctx, &reader, x, UM_ACCESS_READ, NULL, 0);
+        CHECK_STATUS(um_task_wait(ctx, ibad), UM_ERR_TASK);
+        char want[64];
+        snprintf(want, sizeof want, "on device %d returned 5", dev);
+        CHECK_ERROR_MENTIONS(want, NULL, NULL);
+        CHECK_STATUS(um_task_wait(ctx, iread), UM_ERR_TASK);
+        CHECK_ERROR_MENTIONS("depends on task", "failed", NULL);
+        CHECK_EQ(atomic_load(&bad.ran), 1);
+        CHECK_EQ(atomic_load(&bad.done_status), UM_ERR_TASK);
+        CHECK_EQ(atomic_load(&reader.ran), 0);
+        t.user = &good;
+        CHECK_OK(um_task_submit(ctx, &t, &igood));
+        CHECK_OK(um_task_wait(ctx, igood));
+        CHECK_EQ(atomic_load(&good.ran), 1);
+        CHECK_STATUS(um_wait_all(ctx), UM_ERR_TASK); /* the first failure, reported once */
+        CHECK_OK(um_wait_all(ctx));
+        CHECK_OK(um_buffer_destroy(x));
+    }
+    um_shutdown(ctx);
+}
+
 /* One device, held by a task while twelve independent ones are submitted
  * (six fill its queue, six wait unplaced): once it is free they run by
  * priority, equal priorities in the order of submission, however the
@@ -655,6 +698,7 @@ int main(void)
     test_nominal_rates();
     test_bad_input();
     test_failure_and_cancel();
+    test_device_failure();
     test_long_chain_failure();
     test_policies();
     test_no_host_tasks();

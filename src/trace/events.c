@@ -798,7 +798,8 @@ um__events *um__events_open(const char *path, int ndevices)
     }
     e->f = fopen(path, "w");
     if (!e->f) {
-        um__fail(UM_ERR_IO, "trace_file: cannot open '%s' for writing", path);
+        um__fail(UM_ERR_IO, "trace_file: cannot open '%s' for writing (%s)", path,
+                 strerror(errno));
         events_free(e);
         return NULL;
     }
