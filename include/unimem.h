@@ -147,7 +147,9 @@ UM_API int um_device_count(um_context *ctx);
 UM_API um_status um_device_info_get(um_context *ctx, int dev, um_device_info *out);
 
 UM_API um_status um_stream_create(um_context *ctx, int dev, um_stream *out);
-/* Waits for the stream's work, then destroys it. */
+/* Waits for the stream's work, then destroys it. Where that work cannot be
+ * waited for (the driver fails) and blocks freed while marked for the
+ * stream (um_record_stream) wait for it, it fails and the stream stays. */
 UM_API um_status um_stream_destroy(um_context *ctx, um_stream s);
 UM_API um_status um_stream_synchronize(um_context *ctx, um_stream s);
 /* The device a stream belongs to, or -1 for an invalid handle. */

@@ -436,6 +436,47 @@ static void test_event_failures(void)
     um_shutdown(ctx);
 }
 
+/* A stream whose marked block's free cannot be waited for (its event and
+ * then the stream fail) is not destroyed: the block stays out of the pool,
+ * the stream stays valid, and a retry once it can be waited for succeeds. */
+static void test_destroy_wait_fails(void)
+{
+    /* Device 1's third event call (the wait at the destroy; the second is
+     * the free's own look) and third stream call (the stream's wait after
+     * it; the first two make a and b) fail. */
+    um_context *ctx = init_ctx("devices=sim:64M,fault=1:event@3+1:stream@3");
+    um_stream a = NULL, b = NULL;
+    CHECK_OK(um_stream_create(ctx, 1, &a));
+    CHECK_OK(um_stream_create(ctx, 1, &b));
+    void *p = NULL, *q = NULL;
+    CHECK_OK(um_malloc(ctx, 1, 3 * MB, a, &p));
+    CHECK_OK(um_record_stream(ctx, p, b));
+    CHECK_OK(um_sim_stream_work(ctx, 1, b, 2, 0));
+    size_t live = active_bytes(ctx, 1);
+    CHECK_OK(um_free(ctx, p, a));
+    CHECK_EQ(ctx->devices[1].deferred, 1);
+
+    CHECK_STATUS(um_stream_destroy(ctx, b), UM_ERR_BACKEND);
+    CHECK_ERROR_MENTIONS("1 freed block", "cannot be waited for", "fault");
+    CHECK_EQ(um__fault_fired(ctx->fault), 2);
+    CHECK_EQ(ctx->devices[1].deferred, 1);
+    CHECK_EQ(ctx->devices[1].marked, 1);
+    CHECK_EQ(active_bytes(ctx, 1), live);
+    CHECK_EQ(atomic_load(&sim_stream(ctx, b)->completed), 0);
+
+    /* b is still a stream: it can be waited for now, and then go. */
+    CHECK_OK(um_stream_synchronize(ctx, b));
+    CHECK_EQ(atomic_load(&sim_stream(ctx, b)->completed), 2);
+    CHECK_OK(um_stream_destroy(ctx, b));
+    CHECK_EQ(ctx->devices[1].deferred, 0);
+    CHECK_EQ(ctx->devices[1].marked, 0);
+    CHECK_OK(um_malloc(ctx, 1, 3 * MB, a, &q));
+    CHECK(q == p);
+    CHECK_OK(um_free(ctx, q, a));
+    CHECK_OK(um_stream_destroy(ctx, a));
+    um_shutdown(ctx);
+}
+
 int main(void)
 {
     unsetenv("UNIMEM_CONF");
@@ -444,6 +485,7 @@ int main(void)
     test_bad_calls();
     test_limit_and_stream_destroy();
     test_event_failures();
+    test_destroy_wait_fails();
     test_random(seed, "devices=sim:2G");
     char conf[128];
     snprintf(conf, sizeof conf, "devices=sim:2G,fault=1:event~0.3,fault_seed=%d",

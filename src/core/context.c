@@ -502,14 +502,21 @@ um_status um_stream_destroy(um_context *ctx, um_stream s)
                         "context (destroyed already, or made by another context)",
                         (void *)s);
     um_device *d = &ctx->devices[s->dev];
-    um__uses_stream_gone(ctx, s);
+    um_status st = um__uses_stream_gone(ctx, s);
+    if (st != UM_OK) {
+        /* Blocks still wait for its work: it stays valid, for a retry. */
+        um__vt_mutex_lock(&impl->lock);
+        list_insert(impl, n);
+        um__vt_mutex_unlock(&impl->lock);
+        return st;
+    }
     d->alloc->ops->stream_forget(d->alloc, &s->ref);
     uint32_t host_id = atomic_load_explicit(&s->host_id, memory_order_acquire);
     if (host_id) {
         um__allocator *host = ctx->devices[0].alloc;
         host->ops->stream_forget(host, &s->host_ref);
     }
-    um_status st = um__be_stream_destroy(d->backend, s->ref.bstream);
+    st = um__be_stream_destroy(d->backend, s->ref.bstream);
     if (st != UM_OK) {
         /* The backend still has the stream: keep it valid so the program can
          * retry, and so um_shutdown destroys it. */

@@ -102,9 +102,10 @@ um_status um__uses_free(um_context *ctx, int dev, void *ptr, um_stream s, bool *
 /* Gives the deferred blocks of dev whose streams are done back to the
  * allocator: those that are done now, or every one (waiting) when wait. */
 void um__uses_collect(um_context *ctx, int dev, bool wait);
-/* Stream s is about to be destroyed: no marked block names it any more,
- * and the deferred frees that need it are done first. */
-void um__uses_stream_gone(um_context *ctx, um_stream s);
+/* Stream s is about to be destroyed: the deferred frees that need it are
+ * done first, and no marked block names it any more. Fails, s still named,
+ * where such a free cannot be waited for (s must then stay). */
+um_status um__uses_stream_gone(um_context *ctx, um_stream s);
 /* um_shutdown: forgets every marked block (before the allocators go). */
 void um__uses_fini(um_context *ctx);
 

@@ -17,6 +17,7 @@
 #include "../base/addrmap.h"
 #include "../base/vtime.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 
 typedef struct use {
@@ -280,9 +281,10 @@ static void give_back(um_context *ctx, int dev, use *x)
 
 /* Takes the deferred frees that are done out of u, into a list: oldest
  * first up to the first not done; or, with `only`, every one whose free or
- * marks name that stream (waiting, when wait). Under the lock. */
+ * marks name that stream (waiting, when wait), counting in *left those
+ * that are not done. Under the lock. */
 static use *take_done_locked(um_context *ctx, int dev, um__stream_uses *u, bool wait,
-                             um_stream only)
+                             um_stream only, size_t *left)
 {
     use *done = NULL, **tail = &done;
     use **link = &u->deferred_head;
@@ -300,6 +302,7 @@ static use *take_done_locked(um_context *ctx, int dev, um__stream_uses *u, bool 
         if (!use_done(ctx, x, wait)) {
             if (!only)
                 break;
+            ++*left;
             prev = x;
             link = &x->next;
             continue;
@@ -334,23 +337,17 @@ void um__uses_collect(um_context *ctx, int dev, bool wait)
     if (!u || !atomic_load_explicit(&ctx->devices[dev].deferred, memory_order_acquire))
         return;
     um__vt_mutex_lock(&u->lock);
-    use *done = take_done_locked(ctx, dev, u, wait, NULL);
+    use *done = take_done_locked(ctx, dev, u, wait, NULL, NULL);
     um__vt_mutex_unlock(&u->lock);
     give_back_all(ctx, dev, done);
 }
 
-/* Stream s goes away on device dev's uses: deferred frees that need it are
- * finished now, and live marked blocks forget it. */
-static void stream_gone_on(um_context *ctx, int dev, um_stream s)
+/* The live marked blocks of u forget stream s. Under the lock. */
+static void forget_stream_locked(um__stream_uses *u, um_stream s)
 {
-    um__stream_uses *u = uses_of(ctx, dev, false);
-    if (!u)
-        return;
-    um__vt_mutex_lock(&u->lock);
-    use *done = take_done_locked(ctx, dev, u, true, s);
     for (use *x = u->all.all_next; x != &u->all; x = x->all_next) {
         if (x->freeing)
-            continue; /* a free that needs s went above; others keep their events */
+            continue; /* a free that needs s was finished first; others keep their events */
         for (uint32_t i = 0; i < x->n; i++) {
             if (x->streams[i] == s) {
                 x->streams[i] = x->streams[--x->n];
@@ -358,15 +355,43 @@ static void stream_gone_on(um_context *ctx, int dev, um_stream s)
             }
         }
     }
-    um__vt_mutex_unlock(&u->lock);
-    give_back_all(ctx, dev, done);
 }
 
-void um__uses_stream_gone(um_context *ctx, um_stream s)
+/* On s's device and on the host (whose blocks may be marked for any
+ * stream), both locked at once (the only place that holds two, the
+ * device's first), so that a failure changes nothing: where a free that
+ * needs s cannot be waited for, its block is not reusable and still names
+ * s, so s must stay, and the blocks keep their marks for it. */
+um_status um__uses_stream_gone(um_context *ctx, um_stream s)
 {
-    stream_gone_on(ctx, s->dev, s);
-    if (s->dev != 0)
-        stream_gone_on(ctx, 0, s); /* host blocks may be marked for any stream */
+    int devs[2] = {s->dev, 0}, n = s->dev != 0 ? 2 : 1;
+    um__stream_uses *u[2] = {NULL, NULL};
+    use *done[2] = {NULL, NULL};
+    size_t left = 0;
+    for (int i = 0; i < n; i++)
+        if ((u[i] = uses_of(ctx, devs[i], false)))
+            um__vt_mutex_lock(&u[i]->lock);
+    for (int i = 0; i < n; i++)
+        if (u[i])
+            done[i] = take_done_locked(ctx, devs[i], u[i], true, s, &left);
+    char why[256] = "";
+    if (left)
+        snprintf(why, sizeof why, "%s", um_last_error());
+    for (int i = n - 1; i >= 0; i--) {
+        if (!u[i])
+            continue;
+        if (!left)
+            forget_stream_locked(u[i], s);
+        um__vt_mutex_unlock(&u[i]->lock);
+    }
+    for (int i = 0; i < n; i++)
+        give_back_all(ctx, devs[i], done[i]);
+    if (left)
+        return um__fail(UM_ERR_BACKEND,
+                        "stream %u of device %d: %zu freed block%s marked for it wait%s for its "
+                        "work, which cannot be waited for (%s)",
+                        s->ref.id, s->dev, left, left == 1 ? "" : "s", left == 1 ? "s" : "", why);
+    return UM_OK;
 }
 
 void um__uses_fini(um_context *ctx)
