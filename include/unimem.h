@@ -163,7 +163,8 @@ UM_API um_status um_sim_stream_work(um_context *ctx, int dev, um_stream s, unsig
                              unsigned complete);
 /* A um_stream for a stream the program already has: a CUstream (or
  * cudaStream_t) on a CUDA device, NULL for its legacy default stream. The
- * context never destroys `native`; um_stream_destroy forgets the wrapper.
+ * context never destroys `native`; um_stream_destroy waits for its work,
+ * as for any stream, and forgets the wrapper.
  * UM_ERR_UNSUPPORTED on host and sim devices. */
 UM_API um_status um_stream_wrap(um_context *ctx, int dev, void *native, um_stream *out);
 /* The backend's handle (CUstream on CUDA; NULL for default and sim streams). */

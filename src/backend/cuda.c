@@ -212,14 +212,18 @@ static um_status cuda_stream_destroy(um__backend *b, um__bstream *bs)
     cuda_stream *s = (cuda_stream *)bs;
     if (!s)
         return UM_OK;
-    if (s->owned) {
-        um_cuResult r;
-        CUDA_IN_CTX(c, r, c->cu->StreamSynchronize(s->native));
-        if (r == UM_CU_SUCCESS)
-            CUDA_IN_CTX(c, r, c->cu->StreamDestroy(s->native));
-        if (r != UM_CU_SUCCESS)
-            return um__cuda_fail(UM_ERR_BACKEND, r, "%s: destroying a stream", b->name);
-    }
+    /* A wrapped stream's work is waited for too, though the stream stays
+     * the program's: fences recorded on it must be complete once the
+     * wrapper is gone and its memory may name another stream (a replica
+     * keeps one fence per stream, and merges unfinished ones on theirs). */
+    um_cuResult r;
+    CUDA_IN_CTX(c, r, c->cu->StreamSynchronize(s->native));
+    if (r == UM_CU_SUCCESS && s->owned)
+        CUDA_IN_CTX(c, r, c->cu->StreamDestroy(s->native));
+    if (r != UM_CU_SUCCESS)
+        return um__cuda_fail(UM_ERR_BACKEND, r, "%s: %s", b->name,
+                             s->owned ? "destroying a stream"
+                                      : "waiting for a wrapped stream's work before forgetting it");
     free(s);
     return UM_OK;
 }

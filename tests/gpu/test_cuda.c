@@ -278,7 +278,8 @@ static void check_stream_order(gpu *g)
 }
 
 /* A wrapped stream is the program's CUDA stream; destroying the wrapper
- * leaves the stream usable. */
+ * waits for its work (the fences recorded on it must be complete once the
+ * wrapper's memory may name another stream) and leaves the stream usable. */
 static void check_wrapped_stream(gpu *g)
 {
     um_stream s = NULL, w = NULL;
@@ -295,6 +296,23 @@ static void check_wrapped_stream(gpu *g)
     CHECK_OK(um_free(g->ctx, f, w));
     CHECK_OK(um_stream_destroy(g->ctx, w));
     CHECK_EQ(g->cu->StreamSynchronize((um_cuStream)um_stream_native(s)), UM_CU_SUCCESS);
+    if (g->spin_fill) {
+        const size_t words = MIB / 4;
+        void *p = NULL;
+        CHECK_OK(um_stream_wrap(g->ctx, g->dev, um_stream_native(s), &w));
+        CHECK_OK(um_malloc(g->ctx, g->dev, words * 4, w, &p));
+        uint64_t t0 = um__now_ns();
+        CHECK(p && launch_spin_fill(g, p, words, 300000000ull, 3, w)); /* 0.3 s */
+        CHECK_OK(um_free(g->ctx, p, w));
+        CHECK_OK(um_stream_destroy(g->ctx, w));
+        uint64_t waited = um__now_ns() - t0;
+        if (waited < 250000000ull)
+            harness_report(__FILE__, __LINE__,
+                           "destroying a wrapper took %.3f s while its stream ran 0.3 s of work",
+                           (double)waited / 1e9);
+        else
+            harness_checks++;
+    }
     CHECK_OK(um_stream_destroy(g->ctx, s));
     /* A NULL native stream is the legacy default stream, wrapped too. */
     CHECK_OK(um_stream_wrap(g->ctx, g->dev, NULL, &w));
