@@ -162,19 +162,28 @@ static void test_bad_calls(void)
     um_shutdown(ctx);
 }
 
+/* A context of conf with streams a and b on device 1, and a block of
+ * `size` bytes allocated on a, marked for b, where `units` of work wait. */
+static um_context *marked_block(const char *conf, size_t size, unsigned units, um_stream *a,
+                                um_stream *b, void **p)
+{
+    um_context *ctx = init_ctx(conf);
+    CHECK_OK(um_stream_create(ctx, 1, a));
+    CHECK_OK(um_stream_create(ctx, 1, b));
+    CHECK_OK(um_malloc(ctx, 1, size, *a, p));
+    CHECK_OK(um_record_stream(ctx, *p, *b));
+    CHECK_OK(um_sim_stream_work(ctx, 1, *b, units, 0));
+    return ctx;
+}
+
 /* At the memory limit an allocation waits for the frees of marked blocks
  * instead of failing; a stream that goes away first finishes what waits
  * for it; um_shutdown with frees still waiting loses nothing (ASan). */
 static void test_limit_and_stream_destroy(void)
 {
-    um_context *ctx = init_ctx("devices=sim:64M,memory_limit=16M");
     um_stream a = NULL, b = NULL;
-    CHECK_OK(um_stream_create(ctx, 1, &a));
-    CHECK_OK(um_stream_create(ctx, 1, &b));
     void *p = NULL, *q = NULL;
-    CHECK_OK(um_malloc(ctx, 1, 12 * MB, a, &p));
-    CHECK_OK(um_record_stream(ctx, p, b));
-    CHECK_OK(um_sim_stream_work(ctx, 1, b, 3, 0));
+    um_context *ctx = marked_block("devices=sim:64M,memory_limit=16M", 12 * MB, 3, &a, &b, &p);
     CHECK_OK(um_free(ctx, p, a));
     CHECK_OK(um_malloc(ctx, 1, 12 * MB, a, &q)); /* waited for b's three units */
     CHECK(q == p);
@@ -444,14 +453,10 @@ static void test_destroy_wait_fails(void)
     /* Device 1's third event call (the wait at the destroy; the second is
      * the free's own look) and third stream call (the stream's wait after
      * it; the first two make a and b) fail. */
-    um_context *ctx = init_ctx("devices=sim:64M,fault=1:event@3+1:stream@3");
     um_stream a = NULL, b = NULL;
-    CHECK_OK(um_stream_create(ctx, 1, &a));
-    CHECK_OK(um_stream_create(ctx, 1, &b));
     void *p = NULL, *q = NULL;
-    CHECK_OK(um_malloc(ctx, 1, 3 * MB, a, &p));
-    CHECK_OK(um_record_stream(ctx, p, b));
-    CHECK_OK(um_sim_stream_work(ctx, 1, b, 2, 0));
+    um_context *ctx =
+        marked_block("devices=sim:64M,fault=1:event@3+1:stream@3", 3 * MB, 2, &a, &b, &p);
     size_t live = active_bytes(ctx, 1);
     CHECK_OK(um_free(ctx, p, a));
     CHECK_EQ(ctx->devices[1].deferred, 1);
