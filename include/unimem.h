@@ -302,7 +302,9 @@ typedef struct um_buffer_opts {
     int device; /* make the first replica (zeros) here at once; -1: when first used */
 } um_buffer_opts;
 
-/* o NULL: no replica until first use. size 0 is UM_ERR_INVALID. */
+/* o NULL: no replica until first use. size 0 is UM_ERR_INVALID; a size
+ * larger than every device's memory (a replica is whole on one device) is
+ * UM_ERR_NOMEM. */
 UM_API um_status um_buffer_create(um_context *ctx, size_t size, const um_buffer_opts *o,
                                   um_buffer **out);
 /* A buffer whose host replica is the program's memory at host_ptr (not

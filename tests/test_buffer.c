@@ -270,8 +270,18 @@ static void test_bad_input(void)
     CHECK_STATUS(um_buffer_create(ctx, 16, &(um_buffer_opts){.device = 9}, &b), UM_ERR_NO_DEVICE);
     CHECK(b == NULL);
     /* Larger than the device: the pool says so, and nothing is left. */
-    CHECK_STATUS(um_buffer_create(ctx, (size_t)1 << 40, &(um_buffer_opts){.device = 1}, &b),
-                 UM_ERR_NOMEM);
+    um_device_info d1, d0;
+    CHECK_OK(um_device_info_get(ctx, 1, &d1));
+    CHECK_OK(um_device_info_get(ctx, 0, &d0));
+    if (d0.capacity > d1.capacity) {
+        CHECK_STATUS(um_buffer_create(ctx, d1.capacity + 1, &(um_buffer_opts){.device = 1}, &b),
+                     UM_ERR_NOMEM);
+        CHECK(b == NULL);
+    }
+    /* Larger than every device: refused at once, naming the largest. */
+    CHECK_STATUS(um_buffer_create(ctx, SIZE_MAX, NULL, &b), UM_ERR_NOMEM);
+    CHECK_ERROR_MENTIONS("more than any device", "the largest", NULL);
+    CHECK(b == NULL);
     CHECK_STATUS(um_buffer_wrap(ctx, NULL, 16, &b), UM_ERR_INVALID);
     CHECK_OK(um_buffer_create(ctx, 64, NULL, &b));
     void *p = (void *)1;

@@ -364,6 +364,23 @@ um_status um_buffer_create(um_context *ctx, size_t size, const um_buffer_opts *o
 {
     if (!out)
         return um__fail(UM_ERR_INVALID, "um_buffer_create: out is NULL");
+    /* A replica is whole on one device: a buffer larger than every
+     * device's memory could never be used, so it is refused now rather
+     * than at its first acquire. */
+    int largest = 0;
+    for (int d = 1; ctx && d < ctx->ndevices; d++)
+        if (ctx->devices[d].backend->capacity > ctx->devices[largest].backend->capacity)
+            largest = d;
+    const um__backend *lb = ctx ? ctx->devices[largest].backend : NULL;
+    if (lb && lb->capacity && size > lb->capacity) {
+        *out = NULL;
+        char want[32], has[32];
+        return um__fail(UM_ERR_NOMEM,
+                        "um_buffer_create: %s is more than any device of this context holds "
+                        "(the largest, device %d (%s), has %s)",
+                        um__format_bytes(want, sizeof want, size), largest, lb->name,
+                        um__format_bytes(has, sizeof has, lb->capacity));
+    }
     um_buffer *b;
     um_status st = buffer_new(ctx, size, "um_buffer_create", &b);
     *out = st == UM_OK && (!o || o->device == -1) ? b : NULL;
