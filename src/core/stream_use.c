@@ -359,9 +359,10 @@ static void forget_stream_locked(um__stream_uses *u, um_stream s)
 
 /* On s's device and on the host (whose blocks may be marked for any
  * stream), both locked at once (the only place that holds two, the
- * device's first), so that a failure changes nothing: where a free that
- * needs s cannot be waited for, its block is not reusable and still names
- * s, so s must stay, and the blocks keep their marks for it. */
+ * device's first), so that a failure leaves every mark as it was: where a
+ * free that needs s cannot be waited for, its block is not reusable and
+ * still names s, so s must stay, and the blocks keep their marks for it.
+ * (The frees that did finish go back either way.) */
 um_status um__uses_stream_gone(um_context *ctx, um_stream s)
 {
     int devs[2] = {s->dev, 0}, n = s->dev != 0 ? 2 : 1;
