@@ -917,8 +917,8 @@ static void test_trace_counters(void)
         CHECK(trim != NULL);
         snprintf(want, sizeof want, "\"pid\":1,\"tid\":5,\"args\":{\"bytes\":%zu,\"device\":1}}",
                  before.reserved_bytes - after.reserved_bytes);
-        const char *record_end = trim ? strstr(trim, "}}") + 2 : NULL; /* this record's */
-        CHECK(trim && strstr(trim, want) == record_end - strlen(want));
+        const char *record_end = trim ? strstr(trim, "}}") : NULL; /* this record's */
+        CHECK(record_end && strstr(trim, want) == record_end + 2 - strlen(want));
         /* At the end nothing is live or reserved (the pool gave it all back). */
         const char *last = NULL;
         for (const char *c = text; (c = strstr(c, "\"pid\":1,\"args\":{\"live\":")); c++)
