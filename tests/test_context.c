@@ -7,8 +7,11 @@
 #include "harness.h"
 
 #include <pthread.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #define MB (1024u * 1024u)
@@ -1064,11 +1067,62 @@ static void test_trace_threads(void)
     remove(path);
 }
 
+/* The recorder's spill file stops taking writes (a full disk, here the
+ * file size limit) after a short run of events went to it: the events
+ * that did not reach it are dropped with a warning and the context closes.
+ * Before the spill file was unbuffered, the short run was counted while it
+ * sat in stdio's buffer, the failed write threw it away, and closing
+ * mapped past the file's end (SIGBUS). The limit applies to the process,
+ * so the case runs in a child. */
+static void test_trace_spill_full(void)
+{
+    char path[] = "/tmp/unimem_test_context_trace_full_XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    if (fd < 0)
+        return;
+    close(fd);
+    fflush(NULL);
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        char conf[160];
+        snprintf(conf, sizeof conf, "devices=sim:256M,log_level=error,trace_file=%s", path);
+        um_context *ctx = NULL;
+        if (um_init(conf, &ctx) != UM_OK)
+            _exit(2);
+        /* A thread's exit hands its few events over as a short run. */
+        trace_worker w = {ctx, 5, 99, 0};
+        pthread_t th;
+        if (pthread_create(&th, NULL, trace_worker_main, &w) != 0)
+            _exit(3);
+        pthread_join(th, NULL);
+        usleep(100000); /* the writer takes the run (either order fails the same) */
+        signal(SIGXFSZ, SIG_IGN);
+        struct rlimit rl = {0, RLIM_INFINITY};
+        if (setrlimit(RLIMIT_FSIZE, &rl) != 0)
+            _exit(4);
+        w.pairs = 20000; /* more than a chunk of events: a write that fails */
+        trace_worker_main(&w);
+        um_shutdown(ctx);
+        _exit(w.failures ? 5 : 0);
+    }
+    int status = 0;
+    if (pid > 0)
+        CHECK(waitpid(pid, &status, 0) == pid);
+    if (WIFSIGNALED(status))
+        printf("test_trace_spill_full: the child died of signal %d\n", WTERMSIG(status));
+    CHECK(WIFEXITED(status));
+    CHECK_EQ(WIFEXITED(status) ? WEXITSTATUS(status) : -1, 0);
+    remove(path);
+}
+
 int main(void)
 {
     unsetenv("UNIMEM_CONF");
     test_trace_counters();
     test_trace_threads();
+    test_trace_spill_full();
     test_stats_json_and_table();
     test_option_current();
     for (int i = 0; i < NALLOCATORS; i++) {

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -813,6 +814,12 @@ um__events *um__events_open(const char *path, int ndevices)
         if (!e->spill)
             close(fd);
     }
+    /* Unbuffered: a run is counted only once fwrite has handed all of its
+     * bytes to the kernel. Buffered, a short run (a thread's exit
+     * hand-over) was counted while it sat in stdio's buffer, a later
+     * failed flush dropped it, and close mapped past the file's end. */
+    if (e->spill)
+        setvbuf(e->spill, NULL, _IONBF, 0);
     if (!e->spill) {
         um__fail(UM_ERR_IO, "trace_file: cannot create the spill file '%s' (%s)", e->spill_path,
                  strerror(errno));
@@ -873,13 +880,23 @@ void um__events_close(um__events *e)
 
     const event_rec *recs = NULL;
     size_t bytes = (size_t)e->spilled * sizeof(event_rec);
-    if (bytes && fflush(e->spill) == 0) {
+    struct stat sb;
+    if (bytes && (fstat(fileno(e->spill), &sb) != 0 || (uint64_t)sb.st_size < bytes)) {
+        /* Mapping past the file's end would fault at the first read. */
+        um__log(UM_LOG_WARN, "trace_file: the spill file holds fewer than the %llu events "
+                             "written to it; no events written", (unsigned long long)e->spilled);
+        e->dropped += e->spilled;
+        bytes = 0;
+    }
+    if (bytes) {
         void *m = mmap(NULL, bytes, PROT_READ, MAP_SHARED, fileno(e->spill), 0);
-        if (m != MAP_FAILED)
+        if (m != MAP_FAILED) {
             recs = m;
-        else
+        } else {
             um__log(UM_LOG_WARN, "trace_file: cannot map the spill file (%s); no events written",
                     strerror(errno));
+            e->dropped += e->spilled;
+        }
     }
     if (recs) {
         write_merged(e, recs);
