@@ -15,6 +15,7 @@
 #include "harness.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -364,6 +365,177 @@ static void test_failed_copy(void)
     um_shutdown(ctx);
 }
 
+/* um_buffer_write into a device's owner replica, with each event call of
+ * the sequence failed in turn on a modelled link (its copies carry
+ * fences): a write that fails leaves every valid replica holding the same
+ * bytes, the old ones where another copy held them, and gives back every
+ * event. Before the fix the host read the old bytes while device 1 held
+ * the new, and the failed wait's event leaked. */
+static void test_failed_write(void)
+{
+    const size_t n = 1 * MB;
+    unsigned char *buf = malloc(3 * n), *out = buf + 2 * n;
+    if (!buf)
+        return;
+    int failed_writes = 0;
+    for (int k = 1; k < 80; k++) {
+        char conf[160];
+        snprintf(conf, sizeof conf, "devices=sim:64M,sim_link_bandwidth=100G,links=model,"
+                                    "log_level=error,fault=event@%d", k);
+        uint64_t leaks = um__fault_leaks_total();
+        um_context *ctx = NULL;
+        if (um_init(conf, &ctx) != UM_OK)
+            continue;
+        um_buffer *b = NULL;
+        void *p = NULL;
+        memset(buf, 'B', n);
+        memset(buf + n, 'C', n);
+        /* Device 1 owns 'B', the host shares it; then 'C' is written. */
+        bool set = um_buffer_create(ctx, n, NULL, &b) == UM_OK &&
+                   um_buffer_acquire(b, 1, UM_ACCESS_WRITE_DISCARD, NULL, &p) == UM_OK;
+        if (set) {
+            memcpy(p, buf, n);
+            set = um_buffer_release(b, 1, NULL) == UM_OK && um_buffer_prefetch(b, 0) == UM_OK &&
+                  um_buffer_replica_state(b, 0) == UM_REPLICA_SHARED;
+        }
+        if (set && um_buffer_write(b, 0, buf + n, n) != UM_OK) {
+            failed_writes++;
+            /* The old data, in every valid replica. */
+            char want = 'B';
+            for (int d = 0; d < 2; d++) {
+                if (um_buffer_replica_state(b, d) == UM_REPLICA_INVALID)
+                    continue;
+                if (um_buffer_acquire(b, d, UM_ACCESS_READ, NULL, &p) != UM_OK)
+                    continue;
+                memcpy(out, p, n);
+                CHECK_OK(um_buffer_release(b, d, NULL));
+                size_t bad = 0;
+                while (bad < n && out[bad] == want)
+                    bad++;
+                if (bad < n)
+                    printf("test_failed_write: event@%d: device %d's byte %zu is '%c', not '%c'\n",
+                           k, d, bad, out[bad], want);
+                CHECK_EQ(bad, n);
+            }
+        }
+        if (b)
+            (void)um_buffer_destroy(b);
+        bool fired = um__fault_fired(ctx->fault) > 0;
+        um_shutdown(ctx);
+        CHECK_EQ(um__fault_leaks_total(), leaks);
+        if (!fired)
+            break;
+    }
+    printf("test_failed_write: %d writes failed\n", failed_writes);
+    CHECK(failed_writes > 0);
+    free(buf);
+}
+
+/* A WRITE_DISCARD acquisition given back unused (its task did not run)
+ * leaves the buffer's data as it was, even where reclaim needed the memory
+ * of the copy being replaced meanwhile: that copy, the only valid one, is
+ * written back (device 2) or kept (the host, with no spill tier), never
+ * dropped. Before the fix both cases read back zeros. */
+static void test_discard_given_back(void)
+{
+    um_context *ctx = open_ctx();
+    if (!ctx)
+        return;
+    const size_t size = 2 * MB;
+    unsigned char *h = malloc(size);
+    CHECK(h != NULL);
+    for (int where = 2; h && where >= 0; where -= 2) {
+        um_buffer *b = patterned(ctx, where, size, 23);
+        void *p = NULL, *blk = NULL;
+        CHECK_OK(um_buffer_acquire(b, 1, UM_ACCESS_WRITE_DISCARD, NULL, &p));
+        um_reclaim_stats before, after;
+        CHECK_OK(um_reclaim_stats_get(ctx, where, &before));
+        /* Room for the allocation only if b's copy there goes. */
+        um_stats ms;
+        CHECK_OK(um_trim(ctx, where));
+        CHECK_OK(um_stats_get(ctx, where, &ms));
+        CHECK_OK(um_set_memory_limit(ctx, where, ms.reserved_bytes + 1 * MB));
+        um_status st = um_malloc(ctx, where, 2 * MB, NULL, &blk);
+        CHECK_OK(um_reclaim_stats_get(ctx, where, &after));
+        if (where == 2) {
+            /* Written back (to the host or device 3, not to the
+             * acquisition's device 1), then dropped. */
+            CHECK_OK(st);
+            CHECK_EQ(after.evictions - before.evictions, 1ull);
+            CHECK_EQ(after.written_back_bytes - before.written_back_bytes, (uint64_t)size);
+        } else {
+            /* The host is the data's home: nothing may be evicted. */
+            CHECK_STATUS(st, UM_ERR_NOMEM);
+            CHECK_EQ(after.evictions, before.evictions);
+        }
+        if (blk)
+            CHECK_OK(um_free(ctx, blk, NULL));
+        CHECK_OK(um_set_memory_limit(ctx, where, 0));
+        CHECK_OK(um__buffer_release(b, 1, NULL, false));
+        memset(h, 0xAA, size);
+        CHECK_OK(um_buffer_read(b, 0, h, size));
+        unsigned char got, want;
+        size_t bad = harness_pattern_find_bad(h, size, 23, &got, &want);
+        if (bad != SIZE_MAX)
+            printf("test_discard_given_back: old copy on device %d: byte %zu is %u, not %u\n",
+                   where, bad, got, want);
+        CHECK_EQ(bad, SIZE_MAX);
+        /* The acquisition's replica never became valid, and one copy
+         * other than it owns the data. */
+        int owners = 0;
+        for (int d = 0; d < um_device_count(ctx); d++)
+            owners += um_buffer_replica_state(b, d) == UM_REPLICA_OWNER;
+        CHECK_EQ(um_buffer_replica_state(b, 1), UM_REPLICA_INVALID);
+        CHECK_EQ(owners, 1);
+        CHECK_OK(um_buffer_destroy(b));
+    }
+    free(h);
+    um_shutdown(ctx);
+}
+
+/* refetched_bytes counts copies back in of what reclaim dropped, and only
+ * those: a replica that became valid again through a WRITE_DISCARD is no
+ * longer "evicted", so its next fill (after a write elsewhere) is an
+ * ordinary copy. Before the fix it counted 2 MiB here. */
+static void test_refetch_count(void)
+{
+    um_context *ctx = NULL;
+    CHECK_OK(um_init("devices=sim:2x64M,links=model,watermark_high=100", &ctx));
+    if (!ctx)
+        return;
+    CHECK_OK(um_set_memory_limit(ctx, 1, 2 * MB));
+    um_buffer *a = NULL;
+    void *p = NULL, *blk = NULL;
+    CHECK_OK(um_buffer_create(ctx, 2 * MB, NULL, &a));
+    CHECK_OK(um_buffer_acquire(a, 1, UM_ACCESS_WRITE_DISCARD, NULL, &p));
+    CHECK_OK(um_buffer_release(a, 1, NULL));
+    CHECK_OK(um_malloc(ctx, 1, 2 * MB, NULL, &blk)); /* evicts a's replica (written back) */
+    CHECK_OK(um_free(ctx, blk, NULL));
+    um_reclaim_stats s0, s1, s2;
+    CHECK_OK(um_reclaim_stats_get(ctx, 1, &s0));
+    CHECK_EQ(s0.evictions, 1ull);
+    /* Rewritten whole on device 1 (no copy in), then written on device 2. */
+    CHECK_OK(um_buffer_acquire(a, 1, UM_ACCESS_WRITE_DISCARD, NULL, &p));
+    CHECK_OK(um_buffer_release(a, 1, NULL));
+    CHECK_OK(um_buffer_acquire(a, 2, UM_ACCESS_READ_WRITE, NULL, &p));
+    CHECK_OK(um_buffer_release(a, 2, NULL));
+    /* A copy in because of device 2's write, not of the eviction. */
+    CHECK_OK(um_buffer_acquire(a, 1, UM_ACCESS_READ, NULL, &p));
+    CHECK_OK(um_buffer_release(a, 1, NULL));
+    CHECK_OK(um_reclaim_stats_get(ctx, 1, &s1));
+    CHECK_EQ(s1.refetched_bytes, s0.refetched_bytes);
+    /* Whereas a read after an eviction is a re-fetch. */
+    CHECK_OK(um_malloc(ctx, 1, 2 * MB, NULL, &blk));
+    CHECK_OK(um_free(ctx, blk, NULL));
+    CHECK_OK(um_buffer_acquire(a, 1, UM_ACCESS_READ, NULL, &p));
+    CHECK_OK(um_buffer_release(a, 1, NULL));
+    CHECK_OK(um_reclaim_stats_get(ctx, 1, &s2));
+    CHECK_EQ(s2.evictions, 2ull);
+    CHECK_EQ(s2.refetched_bytes - s1.refetched_bytes, (uint64_t)(2 * MB));
+    CHECK_OK(um_buffer_destroy(a));
+    um_shutdown(ctx);
+}
+
 /* ---------------------------------------------------------------- wrap */
 
 static void test_wrap(void)
@@ -405,6 +577,71 @@ static void test_wrap(void)
 /* Reads and writes of program memory large enough to be staged through
  * pinned buffers (on a GPU) in many small chunks and several threads, at
  * odd offsets and lengths. */
+/* Wrapping while another thread's allocations make reclaim scan the
+ * host's buffers: the wrapped record is set up under its lock, so reclaim
+ * never takes the program's memory for a replica of its own (found by
+ * ThreadSanitizer, which make tsan runs this under). */
+typedef struct wrap_race {
+    um_context *ctx;
+    atomic_int stop;
+    int bad;
+} wrap_race;
+
+static void *wrap_race_alloc(void *arg)
+{
+    wrap_race *w = arg;
+    while (!atomic_load(&w->stop)) {
+        void *p = NULL;
+        um_status st = um_malloc(w->ctx, 0, 5 * MB, NULL, &p);
+        if (st == UM_OK)
+            st = um_free(w->ctx, p, NULL);
+        if (st != UM_OK && st != UM_ERR_NOMEM)
+            w->bad++;
+    }
+    return NULL;
+}
+
+static void test_wrap_while_reclaiming(void)
+{
+    wrap_race w = {.ctx = NULL};
+    CHECK_OK(um_init("devices=sim:64M,log_level=error", &w.ctx));
+    if (!w.ctx)
+        return;
+    um_buffer *bs[4] = {0};
+    for (int i = 0; i < 4; i++) {
+        char c = 1;
+        CHECK_OK(um_buffer_create(w.ctx, 1 * MB, NULL, &bs[i]));
+        CHECK_OK(um_buffer_write(bs[i], 0, &c, 1));
+        CHECK_OK(um_buffer_prefetch(bs[i], 1));
+    }
+    CHECK_OK(um_set_memory_limit(w.ctx, 0, 6 * MB));
+    /* With this held, every 5 MiB allocation makes reclaim scan. */
+    void *hold = NULL;
+    CHECK_OK(um_malloc(w.ctx, 0, 2 * MB, NULL, &hold));
+    static unsigned char mem[64 * KB];
+    memset(mem, 0x5c, sizeof mem);
+    pthread_t th;
+    CHECK(pthread_create(&th, NULL, wrap_race_alloc, &w) == 0);
+    int failed = 0;
+    for (int i = 0; i < 20000; i++) {
+        um_buffer *b = NULL;
+        if (um_buffer_wrap(w.ctx, mem, sizeof mem, &b) != UM_OK || um_buffer_destroy(b) != UM_OK)
+            failed++;
+    }
+    atomic_store(&w.stop, 1);
+    pthread_join(th, NULL);
+    CHECK_EQ(failed, 0);
+    CHECK_EQ(w.bad, 0);
+    size_t k = 0;
+    while (k < sizeof mem && mem[k] == 0x5c)
+        k++;
+    CHECK_EQ(k, sizeof mem);
+    CHECK_OK(um_free(w.ctx, hold, NULL));
+    for (int i = 0; i < 4; i++)
+        CHECK_OK(um_buffer_destroy(bs[i]));
+    um_shutdown(w.ctx);
+}
+
 static void test_staging(void)
 {
     um_context *ctx = open_ctx_with(",copy_chunk=64K,copy_threads=3");
@@ -807,7 +1044,11 @@ int main(void)
     test_protocol();
     test_bad_input();
     test_failed_copy();
+    test_failed_write();
+    test_discard_given_back();
+    test_refetch_count();
     test_wrap();
+    test_wrap_while_reclaiming();
     test_staging();
     test_trace_file();
     test_random(seed);

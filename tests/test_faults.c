@@ -1,7 +1,8 @@
 /* Fault injection through the `fault` option: for each sequence of public
  * operations below, every backend call in turn is made to fail (fault=
  * any@N for N = 1, 2, ... until the sequence makes fewer calls than N),
- * then random fractions with seeds. After each run: every failed call
+ * then random fractions with seeds; the buffers' sequence again on
+ * modelled links, whose copies carry fences. After each run: every failed call
  * returned a status and a message, every block and buffer holds the data
  * last written to it, the statistics equal a recount of the blocks the
  * test holds, the pools pass their consistency check, and at shutdown the
@@ -271,11 +272,17 @@ static void seq_buffers(um_context *ctx, run_result *r)
 
 typedef void (*sequence)(um_context *ctx, run_result *r);
 
+/* Options added to every run's devices: with a modelled link, sim copies
+ * take time and carry fences, so the paths that wait for a copy (and can
+ * fail there) run too. */
+static const char *g_links = "";
+
 static bool run_once(const char *name, sequence seq, const char *fault, run_result *r)
 {
     memset(r, 0, sizeof *r);
     char conf[256];
-    snprintf(conf, sizeof conf, "devices=sim:64M+sim:64M,fault=%s,log_level=%s", fault, getenv("FAULT_LOG") ? getenv("FAULT_LOG") : "error");
+    snprintf(conf, sizeof conf, "devices=sim:64M+sim:64M%s,fault=%s,log_level=%s", g_links, fault,
+             getenv("FAULT_LOG") ? getenv("FAULT_LOG") : "error");
     uint64_t leaks = um__fault_leaks_total();
     um_context *ctx = NULL;
     um_status st = um_init(conf, &ctx);
@@ -382,5 +389,8 @@ int main(void)
     every_position("buffers", seq_buffers);
     random_faults("pool", seq_pool);
     random_faults("buffers", seq_buffers);
+    g_links = ",sim_link_bandwidth=100G,links=model";
+    every_position("buffers on modelled links", seq_buffers);
+    random_faults("buffers on modelled links", seq_buffers);
     return harness_finish("test_faults");
 }

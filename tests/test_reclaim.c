@@ -3,8 +3,10 @@
  * order, with every byte checked against a reference model and no
  * allocation failing while the data fits in all memories; an operation
  * that cannot fit gets a clear error; pins and hints steer the victims;
- * the background reclaimer keeps a device under its watermarks; and a
- * write-back that fails never loses the only valid copy. A watchdog ends a
+ * the background reclaimer keeps a device under its watermarks; a
+ * write-back that fails never loses the only valid copy, nor keeps the
+ * next candidate from going; and an allocation counts as one wait however
+ * many evictions it took. A watchdog ends a
  * run that stops making progress, printing where each thread was. */
 #include "buffer/buffer.h"
 #include "flaky.h"
@@ -12,6 +14,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -557,6 +560,180 @@ static void test_failed_write_back(void)
     um_shutdown(ctx);
 }
 
+/* ------------------------------------------------ a victim that cannot go */
+
+/* Device 1 holds the only valid copy of *a, first in the policy's order
+ * (older, or WONT_USE), and a clean copy of *c; the host and device 2 are
+ * full of the program's blocks (blocks[0], blocks[1]) and there is no file
+ * tier, so a's write-back fails. NULL with fewer than two devices. */
+static um_context *stuck_victim_ctx(const char *policy, bool wont_use, um_buffer **a,
+                                    um_buffer **c, void **blocks)
+{
+    char conf[128];
+    snprintf(conf, sizeof conf, ",watermark_high=100,evict_policy=%s", policy);
+    um_context *ctx = open_ctx(4 * MB, conf);
+    if (ctx && um_device_count(ctx) < 3) {
+        um_shutdown(ctx);
+        return NULL;
+    }
+    if (!ctx)
+        return NULL;
+    CHECK_OK(um_set_memory_limit(ctx, 2, 2 * MB));
+    CHECK_OK(um_set_memory_limit(ctx, 0, 4 * MB));
+    void *p;
+    CHECK_OK(um_buffer_create(ctx, 2 * MB, NULL, a));
+    CHECK_OK(um_buffer_create(ctx, 2 * MB, NULL, c));
+    CHECK_OK(um_buffer_acquire(*a, 1, UM_ACCESS_WRITE_DISCARD, NULL, &p));
+    void *v = harness_dev_map(ctx, 1, p, 2 * MB);
+    if (v)
+        harness_pattern_fill(v, 2 * MB, 120);
+    harness_dev_unmap(ctx, 1, p, v, 2 * MB, true);
+    CHECK_OK(um_buffer_release(*a, 1, NULL));
+    unsigned char *h = malloc(2 * MB);
+    harness_pattern_fill(h, 2 * MB, 121);
+    CHECK_OK(um_buffer_write(*c, 0, h, 2 * MB));
+    free(h);
+    CHECK_OK(um_buffer_acquire(*c, 1, UM_ACCESS_READ, NULL, &p));
+    CHECK_OK(um_buffer_release(*c, 1, NULL));
+    if (wont_use)
+        CHECK_OK(um_buffer_hint(*a, UM_HINT_WONT_USE));
+    CHECK_OK(um_malloc(ctx, 0, 2 * MB, NULL, &blocks[0]));
+    CHECK_OK(um_malloc(ctx, 2, 2 * MB, NULL, &blocks[1]));
+    return ctx;
+}
+
+/* After c's copy on device 1 made room: a is where it was, and both keep
+ * their data. Frees the blocks, the buffers and the context. */
+static void check_stuck_victim(um_context *ctx, um_buffer *a, um_buffer *c, void **blocks)
+{
+    CHECK_EQ(um_buffer_replica_state(a, 1), UM_REPLICA_OWNER);
+    CHECK_EQ(um_buffer_replica_state(c, 1), UM_REPLICA_INVALID);
+    CHECK(um_buffer_replica_state(c, 0) != UM_REPLICA_INVALID);
+    um_reclaim_stats s;
+    CHECK_OK(um_reclaim_stats_get(ctx, 1, &s));
+    CHECK_EQ(s.evictions, 1);
+    CHECK_EQ(s.written_back, 0);
+    CHECK_OK(um_free(ctx, blocks[0], NULL));
+    CHECK_OK(um_free(ctx, blocks[1], NULL));
+    unsigned char *h = malloc(2 * MB);
+    CHECK_OK(um_buffer_read(a, 0, h, 2 * MB));
+    CHECK(same_pattern(h, 2 * MB, 120));
+    CHECK_OK(um_buffer_read(c, 0, h, 2 * MB));
+    CHECK(same_pattern(h, 2 * MB, 121));
+    free(h);
+    CHECK_OK(um_buffer_destroy(a));
+    CHECK_OK(um_buffer_destroy(c));
+    um_shutdown(ctx);
+}
+
+/* A victim whose write-back fails is passed over for the next candidate,
+ * by an allocation and by the background reclaimer; only when none is left
+ * does the allocation fail, saying why. */
+static void test_stuck_victim(void)
+{
+    static const struct {
+        const char *policy;
+        bool wont_use;
+    } cases[] = {{"cost", true}, {"lru", false}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        um_buffer *a, *c;
+        void *blocks[2], *block = NULL, *more = NULL;
+        um_context *ctx = stuck_victim_ctx(cases[i].policy, cases[i].wont_use, &a, &c, blocks);
+        if (!ctx)
+            return;
+        CHECK_OK(um_malloc(ctx, 1, 2 * MB, NULL, &block));
+        CHECK(block != NULL);
+        /* Now a is the only candidate, and it cannot go. */
+        CHECK_STATUS(um_malloc(ctx, 1, 2 * MB, NULL, &more), UM_ERR_NOMEM);
+        CHECK_ERROR_MENTIONS("evicting failed", "has nowhere to go", "spill_dir");
+        um_reclaim_stats s;
+        CHECK_OK(um_reclaim_stats_get(ctx, 1, &s));
+        CHECK_EQ(s.sync_reclaims, 2);
+        CHECK_EQ(s.failed, 1);
+        CHECK_OK(um_free(ctx, block, NULL));
+        check_stuck_victim(ctx, a, c, blocks);
+
+        /* The background reclaimer, asked to bring the device under 2 MiB,
+         * drops c rather than stop at a. */
+        ctx = stuck_victim_ctx(cases[i].policy, cases[i].wont_use, &a, &c, blocks);
+        if (!ctx)
+            return;
+        CHECK_OK(um_set_watermarks(ctx, 1, 2 * MB, 3 * MB));
+        for (int waited = 0; waited < 5000; waited++) {
+            CHECK_OK(um_reclaim_stats_get(ctx, 1, &s));
+            if (s.evictions)
+                break;
+            usleep(1000);
+        }
+        CHECK_OK(um_reclaim_stats_get(ctx, 1, &s));
+        CHECK_EQ(s.sync_reclaims, 0);
+        check_stuck_victim(ctx, a, c, blocks);
+    }
+}
+
+/* ------------------------------------------------ one wait per allocation */
+
+/* The start and length in microseconds of the n-th span named `name` in a
+ * trace; false when it has fewer. */
+static bool span_of(const char *text, const char *name, int n, double *ts, double *dur)
+{
+    char key[64];
+    snprintf(key, sizeof key, "\"name\":\"%s\"", name);
+    for (const char *s = strstr(text, key); s; s = strstr(s + 1, key))
+        if (n-- == 0)
+            return sscanf(s + strlen(key), ",\"cat\":\"%*[^\"]\",\"ph\":\"X\",\"ts\":%lf,\"dur\":%lf",
+                          ts, dur) == 2;
+    return false;
+}
+
+/* An allocation that needs three evictions waits once: one sync reclaim,
+ * one trace event that spans every eviction, as long as wait_ns says. */
+static void test_alloc_waits_once(void)
+{
+    char trace[] = "/tmp/unimem_test_reclaim_XXXXXX", extra[128];
+    trace_option(trace, ",watermark_high=100", extra, sizeof extra);
+    um_context *ctx = open_ctx(8 * MB, extra);
+    if (!ctx)
+        return;
+    um_buffer *b[4];
+    void *p, *block = NULL;
+    for (int i = 0; i < 4; i++) {
+        CHECK_OK(um_buffer_create(ctx, 2 * MB, NULL, &b[i]));
+        CHECK_OK(um_buffer_acquire(b[i], 1, UM_ACCESS_WRITE_DISCARD, NULL, &p));
+        CHECK_OK(um_buffer_release(b[i], 1, NULL));
+    }
+    CHECK_OK(um_malloc(ctx, 1, 6 * MB, NULL, &block));
+    um_reclaim_stats s;
+    CHECK_OK(um_reclaim_stats_get(ctx, 1, &s));
+    CHECK(s.evictions >= 3);
+    CHECK_EQ(s.sync_reclaims, 1);
+    CHECK_EQ(s.failed, 0);
+    CHECK(s.wait_ns > 0);
+    CHECK_OK(um_free(ctx, block, NULL));
+    for (int i = 0; i < 4; i++)
+        CHECK_OK(um_buffer_destroy(b[i]));
+    um_shutdown(ctx);
+    const char *text = read_trace(trace);
+    double ts, dur, ets, edur;
+    if (text && span_of(text, "alloc waits for room", 0, &ts, &dur)) {
+        CHECK(!span_of(text, "alloc waits for room", 1, &ets, &edur));
+        CHECK(strstr(text, "\"bytes\":6291456,\"made_room\":1") != NULL);
+        CHECK_NEAR(dur * 1000.0, (double)s.wait_ns, 1e-6);
+        /* Starts are placed from the trace's clock, within a little of
+         * the span's length. */
+        double slack = dur / 20;
+        int evicts = 0;
+        for (; span_of(text, "evict", evicts, &ets, &edur); evicts++) {
+            CHECK(ets >= ts - slack);
+            CHECK(ets + edur <= ts + dur + slack);
+        }
+        CHECK_EQ(evicts, s.evictions);
+    } else {
+        harness_report(__FILE__, __LINE__, "no \"alloc waits for room\" span in the trace");
+    }
+    remove(trace);
+}
+
 /* ---------------------------------------------------------- spill file */
 
 static void test_spill_bad_dir(void)
@@ -790,6 +967,8 @@ int main(void)
     test_hints();
     test_watermarks();
     test_failed_write_back();
+    test_stuck_victim();
+    test_alloc_waits_once();
     for (int factor = 2; factor <= 8; factor *= 2)
         test_oversubscribe(seed, factor, NULL);
     char dir[] = "/tmp/unimem-spill-test-XXXXXX";

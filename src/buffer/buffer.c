@@ -303,6 +303,9 @@ static void take_ownership(um_buffer *b, int dev)
         if (d != dev)
             b->rep[d].state = UM_REPLICA_INVALID;
     b->rep[dev].state = UM_REPLICA_OWNER;
+    /* Valid again without a copy in (a WRITE_DISCARD): a later fill is
+     * not a re-fetch of what reclaim dropped. */
+    b->rep[dev].evicted = false;
 }
 
 /* Hands the replica's memory back once its users are done. */
@@ -415,10 +418,15 @@ um_status um_buffer_wrap(um_context *ctx, void *host_ptr, size_t size, um_buffer
     um_status st = buffer_new(ctx, size, "um_buffer_wrap", &b);
     if (st != UM_OK)
         return st;
+    /* Under the lock, as in um_buffer_create: reclaim may already look at
+     * the buffer, and must never see the program's memory as a replica
+     * of the pool's (it would free it). */
+    um__vt_mutex_lock(&b->lock);
     b->wrapped = true;
     b->rep[0].ptr = host_ptr;
     note_memory(b, 0, true);
     b->rep[0].state = UM_REPLICA_OWNER;
+    um__vt_mutex_unlock(&b->lock);
     *out = b;
     return UM_OK;
 }
@@ -600,8 +608,8 @@ um_status um_buffer_read(um_buffer *b, size_t offset, void *dst, size_t n)
         um__fence done;
         st = um__xfer_copy(x, 0, dst, src, (char *)b->rep[src].ptr + offset, n,
                            &b->rep[src].ready, 1, &done);
-        if (st == UM_OK)
-            st = um__fence_wait(x, &done);
+        if (st == UM_OK && (st = um__fence_wait(x, &done)) != UM_OK)
+            um__fence_drop(&done);
     }
     um__vt_mutex_unlock(&b->lock);
     return st;
@@ -631,12 +639,24 @@ um_status um_buffer_write(um_buffer *b, size_t offset, const void *src, size_t n
         um__fence after[UM_REPLICA_USES + 1], done;
         int na = write_hazards(r, after);
         st = um__xfer_copy(x, dev, (char *)r->ptr + offset, 0, src, n, after, na, &done);
-        if (st == UM_OK)
-            st = um__fence_wait(x, &done);
+        um_status waited = st == UM_OK ? um__fence_wait(x, &done) : st;
         if (st == UM_OK) {
+            /* The copy was issued: r's bytes are no longer what the other
+             * replicas hold, and its end (done) orders every later use. */
             drop_uses(r);
             um__fence_drop(&r->ready);
-            take_ownership(b, dev);
+            r->ready = waited == UM_OK ? UM_FENCE_NONE : done;
+            int other = best_source(b, dev, dev);
+            if (waited == UM_OK || (other < 0 && !b->spill_valid)) {
+                take_ownership(b, dev);
+            } else {
+                /* A failed write leaves the old data where another copy
+                 * holds it, rather than r's unknown mix. */
+                if (other >= 0)
+                    b->rep[other].state = UM_REPLICA_OWNER;
+                r->state = UM_REPLICA_INVALID;
+            }
+            st = waited;
         }
     }
     um__vt_mutex_unlock(&b->lock);
@@ -746,7 +766,9 @@ typedef struct target_arg {
 static bool write_back_ok(const um_buffer *b, int d, const void *arg)
 {
     const target_arg *t = arg;
-    if (d == t->dev || t->skip[d])
+    /* A replica a WRITE_DISCARD holds is the program's to write: a copy
+     * into it would race with those writes. */
+    if (d == t->dev || t->skip[d] || b->rep[d].writer)
         return false;
     if (d == 0 || b->rep[d].ptr)
         return true;
@@ -776,8 +798,8 @@ bool um__buffer_evictable(const um_buffer *b, int dev)
 {
     const um__replica *r = &b->rep[dev];
     return r->ptr && !r->readers && !r->writer && !b->pinned && !(dev == 0 && b->wrapped) &&
-           (dev != 0 || r->state == UM_REPLICA_INVALID || b->discarding ||
-            um__buffer_valid_elsewhere(b, dev) || b->ctx->opts.spill_dir[0]);
+           (dev != 0 || r->state == UM_REPLICA_INVALID || um__buffer_valid_elsewhere(b, dev) ||
+            b->ctx->opts.spill_dir[0]);
 }
 
 /* Writes the only valid copy, dev's replica, to b's spill extent (made on
@@ -797,8 +819,8 @@ static um_status spill_out(um_buffer *b, int dev)
     um__fence done;
     if (st == UM_OK)
         st = um__xfer_copy(x, 0, b->spill, dev, r->ptr, b->size, &r->ready, 1, &done);
-    if (st == UM_OK)
-        st = um__fence_wait(x, &done);
+    if (st == UM_OK && (st = um__fence_wait(x, &done)) != UM_OK)
+        um__fence_drop(&done);
     if (st == UM_OK) {
         um__spill_seal(b->spill, b->size, b->spill_sums);
         b->spill_valid = true;
@@ -814,12 +836,10 @@ um_status um__buffer_evict(um_buffer *b, int dev, size_t *bytes_written, bool *s
     if (!um__buffer_evictable(b, dev))
         return UM_ERR_BUSY;
     um__xfer *x = engine(b);
-    if (r->state != UM_REPLICA_INVALID && b->discarding) {
-        /* Data a WRITE_DISCARD is replacing: dropped, not written back. */
-        int other = best_source(b, dev, dev);
-        if (r->state == UM_REPLICA_OWNER && other >= 0)
-            b->rep[other].state = UM_REPLICA_OWNER;
-    } else if (r->state != UM_REPLICA_INVALID) {
+    /* Data a WRITE_DISCARD acquisition is replacing is written back like
+     * any other only copy: the acquisition may be given back unused (its
+     * task did not run), and then that copy is the buffer's data. */
+    if (r->state != UM_REPLICA_INVALID) {
         int other = best_source(b, dev, dev);
         bool skip[UM_MAX_DEVICES] = {false};
         while (other < 0 && !b->spill_valid) {
@@ -857,20 +877,17 @@ um_status um__buffer_evict(um_buffer *b, int dev, size_t *bytes_written, bool *s
     um__fence f[UM_REPLICA_USES + 1];
     int n = write_hazards(r, f);
     um_stream in = um__xfer_stream(x, dev, true);
-    um_status st = UM_OK;
     for (int i = 0; i < n; i++) {
-        if (in && f[i].ev && !um__fence_done(x, &f[i]))
-            st = um__be_stream_wait(b->ctx->devices[dev].backend, in->ref.bstream, f[i].be,
-                                    f[i].ev);
-        if (!in || st != UM_OK) {
-            /* No stream (or it failed): wait here instead. */
-            if (um__fence_wait(x, &f[i]) != UM_OK)
-                um__fence_drop(&f[i]);
-        } else {
+        bool ordered = in && (!f[i].ev || um__fence_done(x, &f[i]) ||
+                              um__be_stream_wait(b->ctx->devices[dev].backend, in->ref.bstream,
+                                                 f[i].be, f[i].ev) == UM_OK);
+        /* Where the stream could not wait, the host does. */
+        if (ordered || um__fence_wait(x, &f[i]) != UM_OK)
             um__fence_drop(&f[i]);
-        }
     }
-    (void)um_free(b->ctx, r->ptr, in && st == UM_OK ? in : NULL);
+    /* On `in` whenever there is one: a fence it waited for stands only
+     * there, even where a later one had to be waited for here. */
+    (void)um_free(b->ctx, r->ptr, in);
     um__reclaim_account(um__xfer_reclaim(x), dev, -(int64_t)b->size);
     r->ptr = NULL;
     note_memory(b, dev, false);

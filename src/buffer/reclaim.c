@@ -11,9 +11,11 @@
  * Two ways in. An allocation that fails at the memory limit calls the
  * context's reclaim hook, which evicts one replica and lets it retry, until
  * it fits or nothing is left to evict (then the allocation fails, saying
- * what holds the memory). The background thread wakes when the bytes of
- * replicas on a device pass its high watermark and evicts until they are
- * below the low one, so that allocations find room without waiting.
+ * what holds the memory); then it tells the hook it is over, so that it
+ * counts as one wait however many evictions it took. The background
+ * thread wakes when the bytes of replicas on a device pass its high
+ * watermark and evicts until they are below the low one, so that
+ * allocations find room without waiting.
  *
  * A victim is chosen by scanning the buffers under the engine's lock and
  * only trying (never waiting for) their locks: a thread that holds one
@@ -62,23 +64,61 @@ static _Thread_local bool in_reclaim;
 
 /* -------------------------------------------------------------- policy */
 
+/* The buffers whose eviction failed (a write-back with nowhere to go)
+ * during one reclaim: an allocation's call of the hook, or a background
+ * pass over a device. The policy is deterministic, so without this it
+ * would choose the same one again and never try the next. A record
+ * recycled meanwhile for a new buffer is passed over too, until the
+ * reclaim ends. */
+typedef struct failed_set {
+    um_buffer **b;
+    size_t n, cap;
+    char why[320]; /* why the last one failed ("" none) */
+} failed_set;
+
+static bool failed_has(const failed_set *f, const um_buffer *b)
+{
+    for (size_t i = 0; i < f->n; i++)
+        if (f->b[i] == b)
+            return true;
+    return false;
+}
+
+/* Adds b, with the error its eviction failed with; false when there is no
+ * memory to remember it (the reclaim then stops). */
+static bool failed_add(failed_set *f, um_buffer *b)
+{
+    snprintf(f->why, sizeof f->why, "%s", um_last_error());
+    if (f->n == f->cap) {
+        size_t cap = f->cap ? 2 * f->cap : 8;
+        um_buffer **v = realloc(f->b, cap * sizeof *v);
+        if (!v)
+            return false;
+        f->b = v;
+        f->cap = cap;
+    }
+    f->b[f->n++] = b;
+    return true;
+}
+
 typedef struct victim_scan {
     um__reclaim *rc;
     int dev;
     int policy;
     bool announcing;    /* the program announces uses (WILL_USE seen) */
+    const failed_set *failed; /* not candidates any more */
     um_buffer *best;
     uint64_t key[KEY_LEN];
     /* Why nothing may be evicted, for the error message; `busy`: buffers
      * with memory there whose lock another call held. */
     uint32_t acquired, pinned, busy;
     uint64_t acquired_bytes;
-    char failed[320]; /* why the last eviction tried failed ("" none) */
 } victim_scan;
 
 /* The eviction order of b's replica on scan->dev, smallest first (b locked
  * and evictable). cost: free memory of invalid replicas (and of data a
- * WRITE_DISCARD acquisition is replacing) first; then
+ * WRITE_DISCARD acquisition is replacing, where it is valid elsewhere)
+ * first; then
  * buffers no announced use needs (WONT_USE first, clean before dirty,
  * larger first, then by recency); then announced buffers, the farthest
  * next use first (what Belady's MIN does). Recency is least recently used
@@ -92,7 +132,11 @@ static void key_of(const um_buffer *b, const um__replica *r, int policy, bool an
                    uint64_t *k)
 {
     memset(k, 0, KEY_LEN * sizeof *k);
-    bool invalid = r->state == UM_REPLICA_INVALID || b->discarding;
+    /* A copy a WRITE_DISCARD is replacing costs nothing to drop only where
+     * another copy is valid; otherwise it is the buffer's data until the
+     * acquisition is released used. */
+    bool invalid = r->state == UM_REPLICA_INVALID ||
+                   (b->discarding && um__buffer_valid_elsewhere(b, (int)(r - b->rep)));
     if (policy == UM_EVICT_LRU) {
         k[0] = !invalid;
         k[1] = r->last_use;
@@ -135,7 +179,7 @@ static bool consider(um_buffer *b, void *arg)
             s->busy++;
         return true;
     }
-    if (b->magic == UM_BUFFER_MAGIC) {
+    if (b->magic == UM_BUFFER_MAGIC && !failed_has(s->failed, b)) {
         const um__replica *r = &b->rep[s->dev];
         if (um__buffer_evictable(b, s->dev)) {
             uint64_t k[KEY_LEN];
@@ -180,16 +224,15 @@ static bool evict_chosen(um_buffer *b, void *arg)
     return false;
 }
 
-/* Evicts one replica from dev; false when there was none to evict (scan
- * holds why). Under rc->one. */
-static bool evict_one(um__reclaim *rc, int dev, victim_scan *scan)
+/* Evicts one replica from dev, the best candidate not in `failed`; false
+ * when there was none to evict (scan and failed hold why). A candidate
+ * whose eviction fails joins `failed` and the next is tried. Under
+ * rc->one. */
+static bool evict_one(um__reclaim *rc, int dev, victim_scan *scan, failed_set *failed)
 {
-    for (int attempt = 0; attempt < 8; attempt++) {
-        char failed[sizeof scan->failed];
-        snprintf(failed, sizeof failed, "%s", attempt ? scan->failed : "");
-        *scan = (victim_scan){rc,   dev, rc->ctx->opts.evict_policy,
-                              atomic_load(&rc->announcing), NULL, {0}, 0, 0, 0, 0, ""};
-        memcpy(scan->failed, failed, sizeof failed);
+    for (int raced = 0; raced < 8;) {
+        *scan = (victim_scan){rc, dev, rc->ctx->opts.evict_policy, atomic_load(&rc->announcing),
+                              failed, NULL, {0}, 0, 0, 0, 0};
         um__xfer_each_buffer(rc->x, consider, scan);
         if (!scan->best)
             return false;
@@ -212,52 +255,90 @@ static bool evict_one(um__reclaim *rc, int dev, victim_scan *scan)
             atomic_fetch_add(&c->evictions, 1); /* last: readers see the rest first */
             return true;
         }
-        /* Taken meanwhile, or its write-back found no room: look again. */
-        if (j.st != UM_OK)
-            snprintf(scan->failed, sizeof scan->failed, "%s", um_last_error());
+        /* Its write-back found no room: another candidate may need none (a
+         * clean copy). Taken meanwhile: look again, a few times. */
+        if (j.st != UM_OK) {
+            if (!failed_add(failed, scan->best))
+                return false;
+        } else {
+            raced++;
+        }
     }
     return false;
 }
 
 /* ---------------------------------------------------------------- hook */
 
-/* The context's reclaim hook: one eviction on dev for a failed allocation. */
+/* The allocation this thread is making room for (memory.c calls the hook
+ * once per eviction, then with 0 bytes once the allocation is over): it
+ * is counted once, with its whole wait and one trace event. rc NULL: none. */
+typedef struct alloc_wait {
+    um__reclaim *rc;
+    int dev;
+    size_t bytes;
+    uint64_t t0;
+    bool freed; /* the last call made room */
+} alloc_wait;
+
+static _Thread_local alloc_wait making_room;
+
+static void allocation_over(um__reclaim *rc, int dev)
+{
+    if (making_room.rc != rc || making_room.dev != dev)
+        return;
+    device_counters *c = &rc->dev[dev];
+    uint64_t waited = um__now_ns() - making_room.t0;
+    atomic_fetch_add(&c->sync, 1);
+    atomic_fetch_add(&c->wait_ns, waited);
+    if (rc->ctx->events)
+        um__event_add(rc->ctx->events, UM_EVENT_RECLAIM_WAIT, dev, -1, making_room.t0, waited,
+                      making_room.bytes, making_room.freed);
+    making_room.rc = NULL;
+}
+
+/* The context's reclaim hook: one eviction on dev for a failed allocation
+ * of `bytes`; 0 bytes: that allocation is over. */
 static bool reclaim_hook(um_context *ctx, int dev, size_t bytes)
 {
     um__xfer *x = atomic_load_explicit(&ctx->xfer, memory_order_acquire);
     um__reclaim *rc = x ? um__xfer_reclaim(x) : NULL;
     if (!rc || in_reclaim)
         return false;
+    if (!bytes) {
+        allocation_over(rc, dev);
+        return false;
+    }
     uint64_t t0 = um__now_ns();
+    if (making_room.rc != rc || making_room.dev != dev)
+        making_room = (alloc_wait){rc, dev, bytes, t0, false};
     in_reclaim = true;
     victim_scan scan;
+    failed_set failed = {NULL, 0, 0, ""};
     bool freed = false;
     /* Candidates locked by calls in progress (a copy, a read, another
      * allocation) may be evictable once those end: wait for them a while,
      * letting go of rc->one, rather than fail with evictable data there
      * (found by the stress test). Two allocations that each hold the
      * other's only candidate both fail when the wait runs out; reclaim
-     * itself only ever try-locks, so nothing deadlocks. */
+     * itself only ever try-locks, so nothing deadlocks. Candidates whose
+     * eviction failed are not tried again meanwhile. */
     for (uint64_t pause_ns = 20000;; pause_ns = pause_ns < 1000000 ? 2 * pause_ns : pause_ns) {
         um__vt_mutex_lock(&rc->one);
-        freed = evict_one(rc, dev, &scan);
+        freed = evict_one(rc, dev, &scan, &failed);
         um__vt_mutex_unlock(&rc->one);
-        if (freed || !scan.busy || scan.failed[0] ||
-            um__now_ns() - t0 > RECLAIM_BUSY_WAIT_NS)
+        if (freed || !scan.busy || um__now_ns() - t0 > RECLAIM_BUSY_WAIT_NS)
             break;
         um__sleep_until_ns(um__now_ns() + pause_ns);
     }
+    free(failed.b);
     in_reclaim = false;
+    making_room.freed = freed;
     device_counters *c = &rc->dev[dev];
     uint64_t waited = um__now_ns() - t0;
-    atomic_fetch_add(&c->sync, 1);
-    atomic_fetch_add(&c->wait_ns, waited);
-    if (ctx->events)
-        um__event_add(ctx->events, UM_EVENT_RECLAIM_WAIT, dev, -1, t0, waited, bytes, freed);
-    if (!freed && scan.failed[0]) {
+    if (!freed && failed.why[0]) {
         atomic_fetch_add(&c->failed, 1);
         um__fail(UM_ERR_NOMEM, "device %d: no room for %zu bytes: evicting failed: %s", dev, bytes,
-                 scan.failed);
+                 failed.why);
     } else if (!freed) {
         atomic_fetch_add(&c->failed, 1);
         char held[32];
@@ -315,14 +396,18 @@ static void *reclaimer(void *arg)
                 continue;
             atomic_fetch_add(&rc->dev[d].runs, 1);
             victim_scan scan;
+            /* One set for the pass: a victim that cannot go is passed
+             * over, not tried before every other eviction. */
+            failed_set failed = {NULL, 0, 0, ""};
             bool more = true;
             uint64_t t0 = um__now_ns();
             size_t before = usage(rc, d);
             while (more && usage(rc, d) > low) {
                 um__vt_mutex_lock(&rc->one);
-                more = evict_one(rc, d, &scan);
+                more = evict_one(rc, d, &scan, &failed);
                 um__vt_mutex_unlock(&rc->one);
             }
+            free(failed.b);
             if (rc->ctx->events)
                 um__event_add(rc->ctx->events, UM_EVENT_RECLAIM_RUN, d, -1, t0,
                               um__now_ns() - t0, before, usage(rc, d));

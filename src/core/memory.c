@@ -22,8 +22,10 @@ static const char *dev_name(um_context *ctx, int dev)
     return ctx->devices[dev].backend->name;
 }
 
-/* At the memory limit: room is made (buffer replicas evicted) and the
- * allocation retried, for as long as making room frees something. */
+/* At the memory limit: room is made (buffer replicas evicted, one per call
+ * of the hook) and the allocation retried, for as long as making room
+ * frees something. A last call for 0 bytes tells the hook the allocation
+ * is over, so that it counts it once, with its whole wait. */
 static um_status alloc_after_reclaim(um_context *ctx, int dev, size_t size,
                                      const um__stream_ref *ref, void **ptr)
 {
@@ -42,13 +44,16 @@ static um_status alloc_after_reclaim(um_context *ctx, int dev, size_t size,
         if (!reclaim(ctx, dev, size))
             break;
         st = a->ops->alloc(a, size, ref, ptr);
-        if (st != UM_ERR_NOMEM)
+        if (st != UM_ERR_NOMEM) {
+            (void)reclaim(ctx, dev, 0);
             return st;
+        }
     }
     /* The pool's figures, then what holds the memory (copied: um__fail
      * writes the buffer um_last_error points into). */
     char reclaim_says[512];
     snprintf(reclaim_says, sizeof reclaim_says, "%s", um_last_error());
+    (void)reclaim(ctx, dev, 0);
     const char *pool = strchr(pool_says, ':'), *why = strchr(reclaim_says, ':');
     return um__fail(UM_ERR_NOMEM, "%s;%s", pool ? pool + 2 : pool_says, why ? why + 1 : "");
 }
