@@ -824,8 +824,12 @@ struct stage_pool {
     int nworkers;               /* including the caller */
     int job_workers;
     bool quit;
-    char *slots;                /* STAGE_SLOTS chunks per worker */
+    /* STAGE_SLOTS chunks per worker, guarded by one_copy; NULL until the
+     * first staged copy takes them, and again after a failed copy whose
+     * DMA may still be running into them left them in use (leaked). */
+    char *slots;
     size_t chunk;
+    size_t slot_bytes;          /* the size of slots */
     stage_worker w[64];
 };
 
@@ -874,7 +878,8 @@ static void stage_pool_destroy(um__xfer *x)
     x->stage = NULL;
 }
 
-/* The pool, made on first use; NULL after um__fail. */
+/* The pool, made on first use without its slots (stage_take allocates
+ * them, outside x->lock); NULL after um__fail. */
 static stage_pool *stage_pool_get(um__xfer *x)
 {
     um__vt_mutex_lock(&x->lock);
@@ -891,13 +896,7 @@ static stage_pool *stage_pool_get(um__xfer *x)
     }
     sp->chunk = x->ctx->opts.copy_chunk;
     int want = stage_threads(x);
-    void *slots = NULL;
-    if (um_malloc(x->ctx, 0, (size_t)(STAGE_SLOTS * want) * sp->chunk, NULL, &slots) != UM_OK) {
-        um__vt_mutex_unlock(&x->lock);
-        free(sp);
-        return NULL;
-    }
-    sp->slots = slots;
+    sp->slot_bytes = (size_t)(STAGE_SLOTS * want) * sp->chunk;
     pthread_mutex_init(&sp->one_copy, NULL);
     pthread_mutex_init(&sp->lock, NULL);
     pthread_cond_init(&sp->work, NULL);
@@ -914,15 +913,82 @@ static stage_pool *stage_pool_get(um__xfer *x)
     return sp;
 }
 
+/* The pool for one staged copy, with sp->one_copy held and slots to use;
+ * the allocator's status after um__fail. The slots are allocated with no
+ * engine lock held: at the host memory limit the allocation waits (up to a
+ * second) in the reclaim hook for buffers that other calls hold, and those
+ * calls need x->lock to finish, so holding it there made the allocation
+ * fail for nothing and stalled every other copy meanwhile. */
+static um_status stage_take(um__xfer *x, stage_pool **out)
+{
+    *out = NULL;
+    stage_pool *sp = stage_pool_get(x);
+    if (!sp)
+        return UM_ERR_NOMEM;
+    um__vt_mutex_lock(&sp->one_copy);
+    if (!sp->slots) {
+        um__vt_mutex_unlock(&sp->one_copy);
+        void *slots = NULL;
+        um_status st = um_malloc(x->ctx, 0, sp->slot_bytes, NULL, &slots);
+        if (st != UM_OK) {
+            /* The allocator's own status (a failed map is not a full
+             * memory), with its message; copied, as um__fail writes the
+             * buffer um_last_error reads. */
+            char why[512];
+            snprintf(why, sizeof why, "%s", um_last_error());
+            return um__fail(st,
+                            "transfer engine: no staging buffers (%zu bytes of host memory): %s",
+                            sp->slot_bytes, why);
+        }
+        um__vt_mutex_lock(&sp->one_copy);
+        if (sp->slots) /* another copy gave the pool slots meanwhile: ours are spare */
+            (void)um_free(x->ctx, slots, NULL);
+        else
+            sp->slots = slots;
+    }
+    *out = sp;
+    return UM_OK;
+}
+
+/* Leaves the slots in use (leaked) rather than reused, after a failed
+ * copy whose DMA may still be running into them because even waiting for
+ * its stream failed (err: why); the next staged copy takes new ones.
+ * Under sp->one_copy; appends what happened to why. */
+static void stage_leak(stage_pool *sp, const char *err, char *why, size_t len)
+{
+    size_t used = strlen(why);
+    snprintf(why + used, len - used,
+             "%swaiting for the copy's stream failed%s (%s), so the %zu bytes of staging "
+             "buffers it may still be using are leaked, not reused",
+             used ? "; " : "", used ? " too" : "", err, sp->slot_bytes);
+    um__log(UM_LOG_WARN, "transfer engine: %zu bytes of staging buffers leaked after a failed "
+            "copy whose stream could not be waited for", sp->slot_bytes);
+    sp->slots = NULL;
+}
+
+/* After a failed staged copy, whose chunks may still be in flight (a chunk
+ * whose event could not be recorded, or whose wait failed, has no one
+ * waiting for it): waits for the stream that runs them before the slots
+ * are used again, since a stale copy out of the GPU could otherwise land in
+ * a slot that the next copy (on any GPU's stream) has just filled. */
+static void stage_settle(stage_pool *sp, um__backend *be, um__bstream *s, char *why, size_t len)
+{
+    if (um__be_stream_sync(be, s) != UM_OK) {
+        char err[512];
+        snprintf(err, sizeof err, "%s", um_last_error());
+        stage_leak(sp, err, why, len);
+    }
+}
+
 /* Copies n bytes between program memory and the GPU r runs on; waits for
  * the whole copy. */
 static um_status staged_copy(um__xfer *x, const runner *r, char *dev, char *host, size_t n,
                              bool to_gpu)
 {
-    stage_pool *sp = stage_pool_get(x);
-    if (!sp)
-        return UM_ERR_NOMEM;
-    um__vt_mutex_lock(&sp->one_copy);
+    stage_pool *sp;
+    um_status st = stage_take(x, &sp);
+    if (st != UM_OK)
+        return st;
     stage_job j = {r->be, r->stream->ref.bstream, dev, host, n, sp->chunk, to_gpu, sp->slots,
                    0, false};
     size_t chunks = (n + j.chunk - 1) / j.chunk;
@@ -944,11 +1010,15 @@ static um_status staged_copy(um__xfer *x, const runner *r, char *dev, char *host
     while (sp->active)
         pthread_cond_wait(&sp->done, &sp->lock);
     um__vt_mutex_unlock(&sp->lock);
-    um_status st = UM_OK;
-    for (int i = 0; i < nw && st == UM_OK; i++)
-        if (sp->w[i].st != UM_OK)
+    for (int i = 0; i < nw && st == UM_OK; i++) {
+        if (sp->w[i].st != UM_OK) {
+            char why[768];
+            snprintf(why, sizeof why, "%s", sp->w[i].error);
+            stage_settle(sp, j.gpu, j.stream, why, sizeof why);
             st = um__fail(sp->w[i].st, "staged copy of %zu bytes %s the GPU: %s", n,
-                          to_gpu ? "to" : "from", sp->w[i].error);
+                          to_gpu ? "to" : "from", why);
+        }
+    }
     um__vt_mutex_unlock(&sp->one_copy);
     return st;
 }
@@ -961,9 +1031,6 @@ static um_status staged_copy(um__xfer *x, const runner *r, char *dev, char *host
 static um_status two_hop_copy(um__xfer *x, int dd, char *dst, int sd, const char *src, size_t n,
                               const um__fence *after, int nafter)
 {
-    stage_pool *sp = stage_pool_get(x);
-    if (!sp)
-        return UM_ERR_NOMEM;
     um_context *ctx = x->ctx;
     runner out = {ctx->devices[sd].backend, um__xfer_stream(x, sd, false)};
     runner in = {ctx->devices[dd].backend, um__xfer_stream(x, dd, true)};
@@ -973,7 +1040,10 @@ static um_status two_hop_copy(um__xfer *x, int dd, char *dst, int sd, const char
         st = order_after(&in, after, nafter);
     if (st != UM_OK)
         return st;
-    um__vt_mutex_lock(&sp->one_copy);
+    stage_pool *sp;
+    st = stage_take(x, &sp);
+    if (st != UM_OK)
+        return st;
     int nslots = STAGE_SLOTS * sp->nworkers;
     um__bevent *hop1[STAGE_SLOTS * 64] = {0}, *hop2[STAGE_SLOTS * 64] = {0};
     size_t chunks = (n + sp->chunk - 1) / sp->chunk;
@@ -1003,9 +1073,23 @@ static um_status two_hop_copy(um__xfer *x, int dd, char *dst, int sd, const char
         if (st == UM_OK)
             st = um__be_event_record(in.be, is, &hop2[k]);
     }
-    /* The slots are free again once both streams are past them. */
+    /* The slots are free again once both streams are past them; on a
+     * failure (st), the streams are waited for all the same. */
+    char why[768] = "", err[512] = "";
+    if (st != UM_OK)
+        snprintf(why, sizeof why, "%s", um_last_error());
     um_status s2 = um__be_stream_sync(out.be, os);
+    if (s2 != UM_OK)
+        snprintf(err, sizeof err, "%s", um_last_error());
     um_status s3 = um__be_stream_sync(in.be, is);
+    if (s3 != UM_OK && s2 == UM_OK)
+        snprintf(err, sizeof err, "%s", um_last_error());
+    if (s2 != UM_OK || s3 != UM_OK) {
+        /* A hop may still be running into or out of a slot. */
+        if (st == UM_OK)
+            st = s2 != UM_OK ? s2 : s3;
+        stage_leak(sp, err, why, sizeof why);
+    }
     for (int k = 0; k < nslots; k++) {
         if (hop1[k])
             um__be_event_destroy(out.be, hop1[k]);
@@ -1013,7 +1097,10 @@ static um_status two_hop_copy(um__xfer *x, int dd, char *dst, int sd, const char
             um__be_event_destroy(in.be, hop2[k]);
     }
     um__vt_mutex_unlock(&sp->one_copy);
-    return st != UM_OK ? st : s2 != UM_OK ? s2 : s3;
+    if (st != UM_OK)
+        st = um__fail(st, "two-hop copy of %zu bytes from device %d to device %d: %s", n, sd, dd,
+                      why);
+    return st;
 }
 
 static bool peer_access(um_context *ctx, int from, int to)

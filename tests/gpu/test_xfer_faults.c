@@ -1,0 +1,559 @@
+/*
+ * The transfer engine's staging paths (src/buffer/transfer.c) when a GPU
+ * call fails, on two stand-in GPUs (fake_cuda.c). The stand-in driver does
+ * its copies when they are queued, so stale DMA could never show there:
+ * this test puts a layer over the two GPUs' backends that keeps every
+ * queued copy pending until something waits for it, and then also runs
+ * whatever other streams still have queued, after it (a legal order: those
+ * streams run on their own). A copy left running against a staging slot
+ * therefore lands just after the next copy has filled that slot, as it
+ * could on a real GPU. The layer can also fail the next event records and
+ * stream waits. Checked:
+ *  - a staged copy whose event record fails waits for its stream before
+ *    the slots are reused: nothing of it is left queued, and the next
+ *    staged copy, from the other GPU, reads back its own bytes;
+ *  - when that wait fails as well, the slots are leaked (never reused) and
+ *    the error says so, for a staged copy and for a two-hop copy;
+ *  - a failed staging allocation reports the allocator's status, not
+ *    always UM_ERR_NOMEM;
+ *  - the staging allocation at the host memory limit, waiting in reclaim
+ *    for a buffer another call holds, does not hold the engine's lock:
+ *    other calls into the engine go on meanwhile, and the allocation
+ *    succeeds once the buffer is let go.
+ * Skips (77) unless UM_TEST_FAKE_CUDA is set and there are two GPUs.
+ */
+#include "buffer/buffer.h"
+#include "harness.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define KB ((size_t)1024)
+#define CHUNK (64 * KB)
+
+/* ------------------------------------------------- the deferring layer */
+
+typedef struct pending {
+    int kind; /* 0: copy, 1: wait for an event, 2: memset */
+    um__backend *b;
+    um__bstream *s;
+    const void *key; /* the stream: s, or b for its default stream */
+    void *dst;
+    const void *src;
+    size_t n;
+    int value;
+    const void *wkey; /* a wait: the event's stream and position */
+    size_t wupto;
+    bool done;
+} pending;
+
+typedef struct recorded {
+    um__bevent *e;
+    const void *key;
+    size_t upto; /* the event completes once ops[0..upto) of key have run */
+} recorded;
+
+static struct {
+    pthread_mutex_t mu;
+    um__backend *be[4];
+    const um__backend_ops *real[4];
+    pending ops[8192];
+    size_t nops;
+    recorded ev[1024];
+    size_t nev;
+    int fail_records; /* the next this many event records fail */
+    int fail_syncs;   /* the next this many stream syncs fail */
+} L = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static um__backend_ops layer_ops;
+
+static const um__backend_ops *real_of(um__backend *b)
+{
+    for (int i = 0; i < 4; i++)
+        if (L.be[i] == b)
+            return L.real[i];
+    abort();
+}
+
+static const void *key_of(um__backend *b, um__bstream *s)
+{
+    return s ? (const void *)s : (const void *)b;
+}
+
+static void run_op(pending *p);
+
+/* Runs what stream key queued before position upto (and what it waited
+ * for), in order. */
+static void run_upto(const void *key, size_t upto)
+{
+    for (size_t i = 0; i < upto && i < L.nops; i++)
+        if (!L.ops[i].done && L.ops[i].key == key)
+            run_op(&L.ops[i]);
+}
+
+static void run_op(pending *p)
+{
+    p->done = true;
+    if (p->kind == 1)
+        run_upto(p->wkey, p->wupto);
+    else if (p->kind == 0)
+        (void)real_of(p->b)->copy_async(p->b, p->dst, p->src, p->n, p->s);
+    else
+        (void)real_of(p->b)->memset_async(p->b, p->dst, p->value, p->n, p->s);
+}
+
+/* Everything still queued on any stream: it runs after what was waited for. */
+static void run_rest(void)
+{
+    for (size_t i = 0; i < L.nops; i++)
+        if (!L.ops[i].done)
+            run_op(&L.ops[i]);
+    L.nops = 0;
+}
+
+static size_t queued(void)
+{
+    pthread_mutex_lock(&L.mu);
+    size_t n = 0;
+    for (size_t i = 0; i < L.nops; i++)
+        n += !L.ops[i].done;
+    pthread_mutex_unlock(&L.mu);
+    return n;
+}
+
+static recorded *find_event(um__bevent *e)
+{
+    for (size_t i = 0; i < L.nev; i++)
+        if (L.ev[i].e == e)
+            return &L.ev[i];
+    return NULL;
+}
+
+static void push(pending p)
+{
+    if (L.nops == sizeof L.ops / sizeof L.ops[0])
+        abort();
+    L.ops[L.nops++] = p;
+}
+
+static um_status l_copy_async(um__backend *b, void *dst, const void *src, size_t n, um__bstream *s)
+{
+    pthread_mutex_lock(&L.mu);
+    push((pending){0, b, s, key_of(b, s), dst, src, n, 0, NULL, 0, false});
+    pthread_mutex_unlock(&L.mu);
+    return UM_OK;
+}
+
+static um_status l_memset_async(um__backend *b, void *dst, int value, size_t n, um__bstream *s)
+{
+    pthread_mutex_lock(&L.mu);
+    push((pending){2, b, s, key_of(b, s), dst, NULL, n, value, NULL, 0, false});
+    pthread_mutex_unlock(&L.mu);
+    return UM_OK;
+}
+
+static um_status l_event_record(um__backend *b, um__bstream *s, um__bevent **out)
+{
+    pthread_mutex_lock(&L.mu);
+    if (L.fail_records > 0) {
+        L.fail_records--;
+        pthread_mutex_unlock(&L.mu);
+        return um__fail(UM_ERR_BACKEND, "test layer: injected event record failure");
+    }
+    um_status st = real_of(b)->event_record(b, s, out);
+    if (st == UM_OK) {
+        recorded *r = find_event(*out);
+        if (!r) {
+            if (L.nev == sizeof L.ev / sizeof L.ev[0])
+                abort();
+            r = &L.ev[L.nev++];
+        }
+        *r = (recorded){*out, key_of(b, s), L.nops};
+    }
+    pthread_mutex_unlock(&L.mu);
+    return st;
+}
+
+static void l_event_destroy(um__backend *b, um__bevent *e)
+{
+    pthread_mutex_lock(&L.mu);
+    recorded *r = find_event(e);
+    if (r)
+        *r = L.ev[--L.nev];
+    pthread_mutex_unlock(&L.mu);
+    real_of(b)->event_destroy(b, e);
+}
+
+/* An event completes: what it stands for runs, then the rest. */
+static void complete(um__bevent *e)
+{
+    pthread_mutex_lock(&L.mu);
+    recorded *r = find_event(e);
+    if (r)
+        run_upto(r->key, r->upto);
+    run_rest();
+    pthread_mutex_unlock(&L.mu);
+}
+
+static um_status l_event_sync(um__backend *b, um__bevent *e)
+{
+    complete(e);
+    return real_of(b)->event_sync(b, e);
+}
+
+static um_status l_event_query(um__backend *b, um__bevent *e, int *done)
+{
+    complete(e);
+    return real_of(b)->event_query(b, e, done);
+}
+
+static um_status l_stream_wait(um__backend *b, um__bstream *s, um__backend *eb, um__bevent *e)
+{
+    pthread_mutex_lock(&L.mu);
+    recorded *r = find_event(e);
+    if (r)
+        push((pending){1, b, s, key_of(b, s), NULL, NULL, 0, 0, r->key, r->upto, false});
+    pthread_mutex_unlock(&L.mu);
+    return real_of(b)->stream_wait(b, s, eb, e);
+}
+
+static um_status l_stream_sync(um__backend *b, um__bstream *s)
+{
+    pthread_mutex_lock(&L.mu);
+    if (L.fail_syncs > 0) {
+        L.fail_syncs--;
+        pthread_mutex_unlock(&L.mu);
+        return um__fail(UM_ERR_BACKEND, "test layer: injected stream sync failure");
+    }
+    run_upto(key_of(b, s), L.nops);
+    run_rest();
+    pthread_mutex_unlock(&L.mu);
+    return real_of(b)->stream_sync(b, s);
+}
+
+/* Puts the layer over GPUs 1 and 2. */
+static void layer_install(um_context *ctx)
+{
+    layer_ops = *ctx->devices[1].backend->ops;
+    layer_ops.copy_async = l_copy_async;
+    layer_ops.memset_async = l_memset_async;
+    layer_ops.event_record = l_event_record;
+    layer_ops.event_destroy = l_event_destroy;
+    layer_ops.event_sync = l_event_sync;
+    layer_ops.event_query = l_event_query;
+    layer_ops.stream_wait = l_stream_wait;
+    layer_ops.stream_sync = l_stream_sync;
+    for (int d = 1; d <= 2; d++) {
+        L.be[d] = ctx->devices[d].backend;
+        L.real[d] = L.be[d]->ops;
+        L.be[d]->ops = &layer_ops;
+    }
+}
+
+static void layer_remove(um_context *ctx)
+{
+    pthread_mutex_lock(&L.mu);
+    run_rest();
+    L.nev = 0;
+    L.fail_records = L.fail_syncs = 0;
+    pthread_mutex_unlock(&L.mu);
+    for (int d = 1; d <= 2; d++) {
+        ctx->devices[d].backend->ops = L.real[d];
+        L.be[d] = NULL;
+    }
+}
+
+static void arm(int records, int syncs)
+{
+    pthread_mutex_lock(&L.mu);
+    L.fail_records = records;
+    L.fail_syncs = syncs;
+    pthread_mutex_unlock(&L.mu);
+}
+
+/* ------------------------------------------------------------- helpers */
+
+static um_context *open_two_gpus(const char *extra)
+{
+    char conf[256];
+    /* One staging worker (3 slots), 64 KiB chunks, the model's links (no
+     * measuring), no background eviction. */
+    snprintf(conf, sizeof conf,
+             "devices=cuda,copy_chunk=64K,copy_threads=1,links=model,link_cache=none,"
+             "watermark_high=100,watermark_low=100%s",
+             extra);
+    um_context *ctx = NULL;
+    CHECK_OK(um_init(conf, &ctx));
+    if (ctx && (um_device_count(ctx) < 3 || !ctx->devices[0].backend->pinned)) {
+        harness_report(__FILE__, __LINE__, "needs two GPUs and pinned host memory");
+        um_shutdown(ctx);
+        return NULL;
+    }
+    return ctx;
+}
+
+/* n bytes of GPU dev's memory holding `byte` everywhere. */
+static void *gpu_filled(um_context *ctx, int dev, size_t n, int byte)
+{
+    void *p = NULL;
+    CHECK_OK(um_malloc(ctx, dev, n, NULL, &p));
+    if (p)
+        memset(p, byte, n); /* the stand-in's GPU memory is host memory */
+    return p;
+}
+
+static size_t count_not(const unsigned char *p, size_t n, unsigned char byte)
+{
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++)
+        bad += p[i] != byte;
+    return bad;
+}
+
+static size_t host_active(um_context *ctx)
+{
+    um_stats s;
+    CHECK_OK(um_stats_get(ctx, 0, &s));
+    return s.active_bytes;
+}
+
+/* --------------------------------------------------------------- tests */
+
+/* A staged copy out of GPU 1 whose first chunk's event record fails, then
+ * a staged copy out of GPU 2 through the same slots. syncs: stream syncs
+ * that fail too (0: the failed copy's stream can be waited for). */
+static void test_stale_chunk(int syncs)
+{
+    um_context *ctx = open_two_gpus("");
+    if (!ctx)
+        return;
+    const size_t n = 6 * CHUNK;
+    um__xfer *x;
+    CHECK_OK(um__xfer_get(ctx, &x));
+    layer_install(ctx);
+    void *g1 = gpu_filled(ctx, 1, n, 0xA1), *g2 = gpu_filled(ctx, 2, n, 0xB2);
+    unsigned char *h1 = malloc(n), *h2 = malloc(n);
+    memset(h1, 0, n);
+    memset(h2, 0, n);
+    um__fence done;
+
+    /* A first copy, successful, takes the slots. */
+    size_t active_pre = host_active(ctx);
+    CHECK_OK(um__xfer_copy(x, 0, h2, 2, g2, n, NULL, 0, &done));
+    um__fence_drop(&done);
+    CHECK_EQ(count_not(h2, n, 0xB2), 0);
+    size_t active0 = host_active(ctx), slots = active0 - active_pre;
+    CHECK(slots >= 3 * CHUNK);
+
+    arm(1, syncs);
+    CHECK_STATUS(um__xfer_copy(x, 0, h1, 1, g1, n, NULL, 0, &done), UM_ERR_BACKEND);
+    CHECK_ERROR_MENTIONS("staged copy", "injected event record failure", NULL);
+    if (syncs) {
+        /* The wait failed: the slots the stale chunk may write are left
+         * alone, and the error says so. */
+        CHECK_ERROR_MENTIONS("injected stream sync failure", "leaked", NULL);
+        CHECK_EQ(queued(), 1);
+    } else {
+        /* The failed copy's stream was waited for: nothing of it is left
+         * running against a slot. */
+        CHECK_EQ(queued(), 0);
+    }
+    arm(0, 0);
+
+    /* The next copy, out of the other GPU, reads its own bytes, whatever
+     * the failed copy left queued. */
+    memset(h2, 0, n);
+    CHECK_OK(um__xfer_copy(x, 0, h2, 2, g2, n, NULL, 0, &done));
+    um__fence_drop(&done);
+    CHECK_EQ(count_not(h2, n, 0xB2), 0);
+    /* Leaked slots stay allocated and new ones were taken; otherwise the
+     * same slots serve. */
+    CHECK_EQ(host_active(ctx) - active0, syncs ? slots : 0);
+
+    layer_remove(ctx);
+    CHECK_OK(um_free(ctx, g1, NULL));
+    CHECK_OK(um_free(ctx, g2, NULL));
+    free(h1);
+    free(h2);
+    um_shutdown(ctx);
+}
+
+/* A two-hop copy (GPU 1 to GPU 2 with peer_copies=0) whose first hop's
+ * event record fails and whose streams cannot be waited for: its slots are
+ * leaked, and a staged copy out of GPU 2 afterwards reads its own bytes. */
+static void test_two_hop_leak(void)
+{
+    um_context *ctx = open_two_gpus(",peer_copies=0");
+    if (!ctx)
+        return;
+    const size_t n = 6 * CHUNK;
+    um__xfer *x;
+    CHECK_OK(um__xfer_get(ctx, &x));
+    layer_install(ctx);
+    void *g1 = gpu_filled(ctx, 1, n, 0xA1), *g2 = gpu_filled(ctx, 2, n, 0xB2);
+    void *g2b = gpu_filled(ctx, 2, n, 0x00);
+    unsigned char *h = malloc(n);
+    um__fence done;
+
+    /* Successful first: both hops in chunks through the slots. */
+    size_t active_pre = host_active(ctx);
+    CHECK_OK(um__xfer_copy(x, 2, g2b, 1, g1, n, NULL, 0, &done));
+    CHECK_OK(um__fence_wait(x, &done));
+    CHECK_EQ(count_not(g2b, n, 0xA1), 0);
+    size_t active0 = host_active(ctx), slots = active0 - active_pre;
+    CHECK(slots >= 3 * CHUNK);
+
+    arm(1, 2);
+    CHECK_STATUS(um__xfer_copy(x, 2, g2b, 1, g1, n, NULL, 0, &done), UM_ERR_BACKEND);
+    CHECK_ERROR_MENTIONS("two-hop copy", "injected event record failure", "leaked");
+    arm(0, 0);
+
+    memset(h, 0, n);
+    CHECK_OK(um__xfer_copy(x, 0, h, 2, g2, n, NULL, 0, &done));
+    um__fence_drop(&done);
+    CHECK_EQ(count_not(h, n, 0xB2), 0);
+    CHECK_EQ(host_active(ctx) - active0, slots);
+
+    layer_remove(ctx);
+    CHECK_OK(um_free(ctx, g1, NULL));
+    CHECK_OK(um_free(ctx, g2, NULL));
+    CHECK_OK(um_free(ctx, g2b, NULL));
+    free(h);
+    um_shutdown(ctx);
+}
+
+/* The staging allocation fails with the allocator's status: here a failed
+ * map of host memory, UM_ERR_BACKEND, for a staged copy and a two-hop one. */
+static void test_alloc_status(void)
+{
+    for (int two_hop = 0; two_hop < 2; two_hop++) {
+        um_context *ctx =
+            open_two_gpus(two_hop ? ",peer_copies=0,fault=0:map@1" : ",fault=0:map@1");
+        if (!ctx)
+            return;
+        const size_t n = 6 * CHUNK;
+        um__xfer *x;
+        CHECK_OK(um__xfer_get(ctx, &x));
+        void *g1 = gpu_filled(ctx, 1, n, 0xA1), *g2 = gpu_filled(ctx, 2, n, 0);
+        unsigned char *h = malloc(n);
+        um__fence done;
+        um_status st = two_hop ? um__xfer_copy(x, 2, g2, 1, g1, n, NULL, 0, &done)
+                               : um__xfer_copy(x, 0, h, 1, g1, n, NULL, 0, &done);
+        CHECK_EQ(st, UM_ERR_BACKEND);
+        CHECK_ERROR_MENTIONS("staging buffers", "injected failure", NULL);
+        /* The next try maps and copies. */
+        st = two_hop ? um__xfer_copy(x, 2, g2, 1, g1, n, NULL, 0, &done)
+                     : um__xfer_copy(x, 0, h, 1, g1, n, NULL, 0, &done);
+        CHECK_OK(st);
+        CHECK_OK(um__fence_wait(x, &done));
+        CHECK_EQ(count_not(two_hop ? g2 : (void *)h, n, 0xA1), 0);
+        CHECK_OK(um_free(ctx, g1, NULL));
+        CHECK_OK(um_free(ctx, g2, NULL));
+        free(h);
+        um_shutdown(ctx);
+    }
+}
+
+static uint64_t now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
+typedef struct copier {
+    um__xfer *x;
+    void *dst, *src;
+    size_t n;
+    um_status st;
+    char error[512];
+} copier;
+
+static void *copy_thread(void *arg)
+{
+    copier *c = arg;
+    um__fence done;
+    c->st = um__xfer_copy(c->x, 0, c->dst, 1, c->src, c->n, NULL, 0, &done);
+    snprintf(c->error, sizeof c->error, "%s", um_last_error());
+    if (c->st == UM_OK)
+        um__fence_drop(&done);
+    return NULL;
+}
+
+/* The host at its memory limit, its only evictable replica's buffer held
+ * by another call (here: its lock, taken by the test). The first staged
+ * copy's slot allocation waits in reclaim for it; meanwhile this thread
+ * asks the engine for a stream, which takes the engine's lock: that must
+ * not wait for the allocation. Then the buffer is let go, its host replica
+ * (valid on GPU 1 too) is dropped, and the copy goes through. */
+static void test_alloc_unlocked(void)
+{
+    um_context *ctx = open_two_gpus("");
+    if (!ctx)
+        return;
+    const size_t page = 2 * 1024 * KB, n = 6 * CHUNK;
+    um__xfer *x;
+    CHECK_OK(um__xfer_get(ctx, &x));
+    um_buffer *b = NULL;
+    void *p;
+    CHECK_OK(um_buffer_create(ctx, page, NULL, &b));
+    if (!b) {
+        um_shutdown(ctx);
+        return;
+    }
+    CHECK_OK(um_buffer_acquire(b, 0, UM_ACCESS_WRITE, NULL, &p));
+    memset(p, 0x5C, page);
+    CHECK_OK(um_buffer_release(b, 0, NULL));
+    CHECK_OK(um_buffer_acquire(b, 1, UM_ACCESS_READ, NULL, &p));
+    CHECK_OK(um_buffer_release(b, 1, NULL));
+    /* The host replica owns the data, which GPU 1 holds too: evicting it
+     * drops it, with no write-back. */
+    CHECK_EQ(um_buffer_replica_state(b, 0), UM_REPLICA_OWNER);
+    CHECK_EQ(um_buffer_replica_state(b, 1), UM_REPLICA_SHARED);
+    um_stats s;
+    CHECK_OK(um_stats_get(ctx, 0, &s));
+    CHECK_OK(um_set_memory_limit(ctx, 0, s.reserved_bytes));
+
+    void *g1 = gpu_filled(ctx, 1, n, 0xA1);
+    unsigned char *h = calloc(1, n);
+    copier c = {x, h, g1, n, UM_OK, ""};
+    pthread_mutex_lock(&b->lock); /* a call in progress holds b */
+    pthread_t t;
+    pthread_create(&t, NULL, copy_thread, &c);
+    usleep(150 * 1000); /* the copy is now waiting in reclaim */
+    uint64_t t0 = now_ns();
+    um_stream st2 = um__xfer_stream(x, 2, true);
+    double waited_ms = (double)(now_ns() - t0) / 1e6;
+    pthread_mutex_unlock(&b->lock);
+    pthread_join(t, NULL);
+    printf("test_xfer_faults: the engine's stream came after %.1f ms; the copy: %s\n", waited_ms,
+           c.st == UM_OK ? "done" : c.error);
+    CHECK(st2 != NULL);
+    CHECK(waited_ms < 300.0);
+    CHECK_STATUS(c.st, UM_OK);
+    CHECK_EQ(count_not(h, n, 0xA1), 0);
+    CHECK_EQ(um_buffer_replica_state(b, 0), UM_REPLICA_INVALID);
+
+    CHECK_OK(um_free(ctx, g1, NULL));
+    CHECK_OK(um_buffer_destroy(b));
+    free(h);
+    um_shutdown(ctx);
+}
+
+int main(void)
+{
+    const char *g = getenv("FAKE_CUDA_GPUS");
+    if (!getenv("UM_TEST_FAKE_CUDA") || !g || atoi(g) < 2) {
+        printf("test_xfer_faults: SKIPPED: needs the stand-in driver with FAKE_CUDA_GPUS=2\n");
+        return 77;
+    }
+    test_stale_chunk(0);
+    test_stale_chunk(1);
+    test_two_hop_leak();
+    test_alloc_status();
+    test_alloc_unlocked();
+    return harness_finish("test_xfer_faults");
+}
