@@ -5,13 +5,17 @@
  * stream finishes what waits for it; a free whose events fail waits
  * instead, or fails whole; a random run against a model of the sim
  * streams' work, also with 30% of event calls failing; and threads
- * marking and freeing at once while private streams come and go. Sim
- * devices: um_sim_stream_work holds a stream busy as a kernel holds a
- * GPU's. */
+ * marking and freeing at once while private streams come and go; a
+ * destroy waits for a give-back in flight on its stream, and one that
+ * fails (the backend's destroy, or the wait for a fence and the stream)
+ * keeps the stream, its marks and its fences. Sim devices:
+ * um_sim_stream_work holds a stream busy as a kernel holds a GPU's. */
 #include "backend/vmm_memfd.h"
+#include "base/vtime.h"
 #include "core/core.h"
 #include "harness.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -505,6 +509,195 @@ static void test_destroy_wait_fails(void)
     um_shutdown(ctx);
 }
 
+/* The gate of gated_free: the allocator's free of `gated` waits there
+ * until `open`, so that a give-back is caught between leaving the deferred
+ * list and reaching the allocator. */
+static struct {
+    pthread_mutex_t m;
+    pthread_cond_t c;
+    const um__allocator_ops *real;
+    void *gated;
+    bool entered, open;
+} gate = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, NULL, false, false};
+
+static um_status gated_free(um__allocator *a, void *ptr, const um__stream_ref *s)
+{
+    pthread_mutex_lock(&gate.m);
+    if (ptr == gate.gated) {
+        gate.entered = true;
+        pthread_cond_broadcast(&gate.c);
+        while (!gate.open)
+            pthread_cond_wait(&gate.c, &gate.m);
+    }
+    pthread_mutex_unlock(&gate.m);
+    return gate.real->free(a, ptr, s);
+}
+
+typedef struct {
+    um_context *ctx;
+    um_stream s;
+    void *got;
+    um_status st;
+    _Atomic bool done;
+} race_arg;
+
+/* An allocation that collects the deferred frees first (give_back). */
+static void *collect_main(void *arg)
+{
+    race_arg *r = arg;
+    r->st = um_malloc(r->ctx, 1, 4096, NULL, &r->got);
+    atomic_store(&r->done, true);
+    return NULL;
+}
+
+static void *destroy_main(void *arg)
+{
+    race_arg *r = arg;
+    r->st = um_stream_destroy(r->ctx, r->s);
+    atomic_store(&r->done, true);
+    return NULL;
+}
+
+/* A deferred free that another thread has taken out of the list and is
+ * giving back on its free's stream s still needs s: destroying s waits for
+ * it, instead of freeing s under it (the give-back then read the freed
+ * stream: heap-use-after-free, found by an audit). */
+static void test_destroy_waits_for_give_back(void)
+{
+    um_stream s = NULL, b = NULL;
+    void *p = NULL;
+    um_context *ctx = init_ctx("devices=sim:64M");
+    CHECK_OK(um_stream_create(ctx, 1, &s));
+    CHECK_OK(um_stream_create(ctx, 1, &b));
+    CHECK_OK(um_malloc(ctx, 1, 3 * MB, s, &p));
+    CHECK_OK(um_record_stream(ctx, p, b));
+    CHECK_OK(um_sim_stream_work(ctx, 1, b, 1, 0));
+    CHECK_OK(um_free(ctx, p, s));
+    CHECK_EQ(ctx->devices[1].deferred, 1);
+    CHECK_OK(um_sim_stream_work(ctx, 1, b, 0, 1)); /* p's free is ready to go back */
+
+    um__allocator *a = ctx->devices[1].alloc;
+    um__allocator_ops ops = *a->ops;
+    ops.free = gated_free;
+    gate.real = a->ops;
+    gate.gated = p;
+    gate.entered = gate.open = false;
+    a->ops = &ops;
+
+    race_arg collector = {.ctx = ctx}, destroyer = {.ctx = ctx, .s = s};
+    pthread_t tc, td;
+    CHECK_EQ(pthread_create(&tc, NULL, collect_main, &collector), 0);
+    pthread_mutex_lock(&gate.m);
+    while (!gate.entered)
+        pthread_cond_wait(&gate.c, &gate.m);
+    pthread_mutex_unlock(&gate.m);
+    CHECK_EQ(ctx->devices[1].deferred, 0); /* taken out, not given back yet */
+    CHECK_EQ(pthread_create(&td, NULL, destroy_main, &destroyer), 0);
+    /* The destroy has nothing else to wait for: 200 ms is ample for it to
+     * return if it does not wait for the give-back. */
+    um__sleep_until_ns(um__now_ns() + 200 * 1000 * 1000);
+    CHECK(!atomic_load(&destroyer.done));
+    pthread_mutex_lock(&gate.m);
+    gate.open = true;
+    pthread_cond_broadcast(&gate.c);
+    pthread_mutex_unlock(&gate.m);
+    pthread_join(tc, NULL);
+    pthread_join(td, NULL);
+    a->ops = gate.real;
+    CHECK_OK(collector.st);
+    CHECK_OK(destroyer.st);
+    CHECK_EQ(ctx->devices[1].marked, 0);
+    CHECK_OK(um_free(ctx, collector.got, NULL));
+    CHECK_EQ(active_bytes(ctx, 1), 0);
+    CHECK_OK(a->ops->check(a));
+    CHECK_OK(um_stream_destroy(ctx, b));
+    um_shutdown(ctx);
+}
+
+/* A destroy that the backend fails keeps the stream and its marks: a
+ * marked block's next free still waits for the stream's queued work
+ * (before, the marks were dropped first and the block was reused while
+ * that work still read it). A retry then succeeds. */
+static void test_destroy_fails_keeps_marks(void)
+{
+    /* Device 1's third stream call, the backend's destroy of b, fails. */
+    um_stream a = NULL, b = NULL;
+    void *p = NULL, *q = NULL;
+    um_context *ctx = marked_block("devices=sim:64M,fault=1:stream@3", 3 * MB, 1, &a, &b, &p);
+    CHECK_STATUS(um_stream_destroy(ctx, b), UM_ERR_BACKEND);
+    CHECK_ERROR_MENTIONS("fault", NULL, NULL);
+    CHECK_EQ(um__fault_fired(ctx->fault), 1);
+    CHECK_EQ(um_stream_device(b), 1);
+    CHECK_EQ(ctx->devices[1].marked, 1);
+    CHECK_OK(um_free(ctx, p, a));
+    CHECK_EQ(ctx->devices[1].deferred, 1);
+    CHECK_OK(um_malloc(ctx, 1, 3 * MB, a, &q));
+    CHECK(q != p);
+    CHECK_OK(um_free(ctx, q, a));
+    CHECK_EQ(atomic_load(&sim_stream(ctx, b)->completed), 0);
+
+    /* The retry waits for b's work, gives p back, and forgets the mark. */
+    CHECK_OK(um_stream_destroy(ctx, b));
+    CHECK_EQ(ctx->devices[1].deferred, 0);
+    CHECK_EQ(ctx->devices[1].marked, 0);
+    CHECK_OK(um_malloc(ctx, 1, 3 * MB, a, &q));
+    CHECK(q == p);
+    CHECK_OK(um_free(ctx, q, a));
+    CHECK_OK(um_stream_destroy(ctx, a));
+    um_shutdown(ctx);
+}
+
+static size_t reserved_bytes(um_context *ctx, int dev)
+{
+    um_stats st = {.version = UM_STATS_VERSION};
+    CHECK_OK(um_stats_get(ctx, dev, &st));
+    return st.reserved_bytes;
+}
+
+/* A host block freed on a device's stream is fenced by that device's
+ * backend. When the fence cannot be waited for at the stream's destroy,
+ * the destroy waits for the stream instead; failing that too, it fails and
+ * the stream stays, its fence still the device backend's to answer.
+ * Before, the pool forgot the stream anyway and then asked the host's
+ * backend about the device's event: it was refused, the fence never
+ * retired, and the host's memory stayed reserved and the event leaked. */
+static void test_destroy_fence_wait_fails(void)
+{
+    uint64_t leaks = um__fault_leaks_total();
+    for (int both = 0; both < 2; both++) {
+        /* Device 1's second event call, the wait for the host pool's fence,
+         * fails; with both, its second stream call, the wait for the
+         * stream after it, too. */
+        um_context *ctx = init_ctx(both ? "devices=sim:64M,fault=1:event@2+1:stream@2"
+                                        : "devices=sim:64M,fault=1:event@2");
+        um_stream s = NULL;
+        void *h = NULL, *h2 = NULL;
+        CHECK_OK(um_stream_create(ctx, 1, &s));
+        CHECK_OK(um_malloc(ctx, 0, 3 * MB, s, &h));
+        CHECK_OK(um_free(ctx, h, s));
+        if (both) {
+            CHECK_STATUS(um_stream_destroy(ctx, s), UM_ERR_BACKEND);
+            CHECK_ERROR_MENTIONS("cannot be waited for", "stream stays", "fault");
+            CHECK_EQ(um__fault_fired(ctx->fault), 2);
+            CHECK_EQ(um_stream_device(s), 1);
+        } else {
+            CHECK_OK(um_stream_destroy(ctx, s));
+            CHECK_EQ(um__fault_fired(ctx->fault), 1);
+        }
+        /* The fence retires: the block is reused and the memory can go. */
+        CHECK_OK(um_malloc(ctx, 0, 3 * MB, NULL, &h2));
+        CHECK(h2 == h);
+        CHECK_OK(um_free(ctx, h2, NULL));
+        CHECK_OK(um_trim(ctx, 0));
+        CHECK_EQ(reserved_bytes(ctx, 0), 0);
+        if (both)
+            CHECK_OK(um_stream_destroy(ctx, s));
+        CHECK_OK(ctx->devices[0].alloc->ops->check(ctx->devices[0].alloc));
+        um_shutdown(ctx);
+    }
+    CHECK_EQ(um__fault_leaks_total(), leaks); /* no event left behind */
+}
+
 int main(void)
 {
     unsetenv("UNIMEM_CONF");
@@ -514,6 +707,9 @@ int main(void)
     test_limit_and_stream_destroy();
     test_event_failures();
     test_destroy_wait_fails();
+    test_destroy_waits_for_give_back();
+    test_destroy_fails_keeps_marks();
+    test_destroy_fence_wait_fails();
     test_random(seed, "devices=sim:2G");
     char conf[128];
     snprintf(conf, sizeof conf, "devices=sim:2G,fault=1:event~0.3,fault_seed=%d",

@@ -502,24 +502,22 @@ um_status um_stream_destroy(um_context *ctx, um_stream s)
                         "context (destroyed already, or made by another context)",
                         (void *)s);
     um_device *d = &ctx->devices[s->dev];
-    um_status st = um__uses_stream_gone(ctx, s);
-    if (st != UM_OK) {
-        /* Blocks still wait for its work: it stays valid, for a retry. */
-        um__vt_mutex_lock(&impl->lock);
-        list_insert(impl, n);
-        um__vt_mutex_unlock(&impl->lock);
-        return st;
-    }
-    d->alloc->ops->stream_forget(d->alloc, &s->ref);
+    /* Each step that fails leaves the stream valid, for a retry (and for
+     * um_shutdown): blocks may still wait for its work (a free that needs
+     * it, or an allocator's fences, that cannot be waited for), or the
+     * backend still has it. The frees that wait for s go back before the
+     * allocators forget s, and the marks go only with the backend's stream. */
+    um_status st = um__uses_stream_drain(ctx, s);
+    if (st == UM_OK)
+        st = d->alloc->ops->stream_forget(d->alloc, &s->ref);
     uint32_t host_id = atomic_load_explicit(&s->host_id, memory_order_acquire);
-    if (host_id) {
+    if (st == UM_OK && host_id) {
         um__allocator *host = ctx->devices[0].alloc;
-        host->ops->stream_forget(host, &s->host_ref);
+        st = host->ops->stream_forget(host, &s->host_ref);
     }
-    st = um__be_stream_destroy(d->backend, s->ref.bstream);
+    if (st == UM_OK)
+        st = um__uses_stream_destroy(ctx, s);
     if (st != UM_OK) {
-        /* The backend still has the stream: keep it valid so the program can
-         * retry, and so um_shutdown destroys it. */
         um__vt_mutex_lock(&impl->lock);
         list_insert(impl, n);
         um__vt_mutex_unlock(&impl->lock);

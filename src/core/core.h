@@ -104,10 +104,14 @@ um_status um__uses_free(um_context *ctx, int dev, void *ptr, um_stream s, bool *
 /* Gives the deferred blocks of dev whose streams are done back to the
  * allocator: those that are done now, or every one (waiting) when wait. */
 void um__uses_collect(um_context *ctx, int dev, bool wait);
-/* Stream s is about to be destroyed: the deferred frees that need it are
- * done first, and no marked block names it any more. Fails, s still named,
- * where such a free cannot be waited for (s must then stay). */
-um_status um__uses_stream_gone(um_context *ctx, um_stream s);
+/* Stream s is about to be destroyed, in two steps. Drain, before the
+ * allocators forget s: the deferred frees that need s are done and given
+ * back, those other threads are giving back too; the marks stay. Destroy:
+ * destroys s's backend stream, and only then no marked block names s any
+ * more. Either fails, every mark as it was, where a free that needs s
+ * cannot be waited for or the backend fails (s must then stay). */
+um_status um__uses_stream_drain(um_context *ctx, um_stream s);
+um_status um__uses_stream_destroy(um_context *ctx, um_stream s);
 /* um_shutdown: forgets every marked block (before the allocators go). */
 void um__uses_fini(um_context *ctx);
 

@@ -26,8 +26,11 @@ typedef struct use {
     uint32_t n, cap;
     /* Freed: the free's stream (NULL: the allocation stream), one event
      * per marked stream (NULL where recording failed and the stream was
-     * synchronized instead), and the next deferred free, oldest first. */
-    bool freeing;
+     * synchronized instead), and the next deferred free, oldest first.
+     * giving: done and out of the map, its block being given back outside
+     * the lock; it stays on the `all` list until then, so that destroying
+     * its free's stream waits for it. */
+    bool freeing, giving;
     um_stream free_stream;
     um__bevent **events;
     struct use *next;
@@ -40,6 +43,9 @@ typedef struct um__stream_uses {
     um__addrmap by_ptr; /* block -> its use */
     use *deferred_head, *deferred_tail;
     use all; /* the list head of every use */
+    /* Uses being given back (`giving`), and the signal that some were. */
+    size_t giving;
+    um__cond gave;
 } um__stream_uses;
 
 static um__backend *backend_of(um_context *ctx, um_stream s)
@@ -58,11 +64,16 @@ static um__stream_uses *uses_of(um_context *ctx, int dev, bool make)
     um__stream_uses *fresh = calloc(1, sizeof *fresh);
     if (!fresh)
         return NULL;
+    if (um__cond_init(&fresh->gave) != 0) {
+        free(fresh);
+        return NULL;
+    }
     pthread_mutex_init(&fresh->lock, NULL);
     fresh->all.all_prev = fresh->all.all_next = &fresh->all;
     if (__atomic_compare_exchange_n(&d->uses, &u, fresh, false, __ATOMIC_ACQ_REL,
                                     __ATOMIC_ACQUIRE))
         return fresh;
+    um__cond_destroy(&fresh->gave);
     pthread_mutex_destroy(&fresh->lock);
     free(fresh);
     return u;
@@ -165,14 +176,26 @@ um_status um_record_stream(um_context *ctx, void *ptr, um_stream s)
     return st;
 }
 
+/* Takes use x of device dev out of the map (its block is no longer
+ * marked), not off the list. Under the lock. */
+static void unmark_locked(um_context *ctx, int dev, um__stream_uses *u, use *x)
+{
+    (void)um__addrmap_take(&u->by_ptr, (uintptr_t)x->ptr, NULL);
+    atomic_fetch_sub_explicit(&ctx->devices[dev].marked, 1, memory_order_relaxed);
+}
+
+static void unlink_locked(use *x)
+{
+    x->all_prev->all_next = x->all_next;
+    x->all_next->all_prev = x->all_prev;
+}
+
 /* Forgets use x of device dev: out of the map and the list, not freed.
  * Under the lock. */
 static void forget_locked(um_context *ctx, int dev, um__stream_uses *u, use *x)
 {
-    (void)um__addrmap_take(&u->by_ptr, (uintptr_t)x->ptr, NULL);
-    x->all_prev->all_next = x->all_next;
-    x->all_next->all_prev = x->all_prev;
-    atomic_fetch_sub_explicit(&ctx->devices[dev].marked, 1, memory_order_relaxed);
+    unmark_locked(ctx, dev, u, x);
+    unlink_locked(x);
 }
 
 um_status um__uses_free(um_context *ctx, int dev, void *ptr, um_stream s, bool *taken)
@@ -282,7 +305,8 @@ static void give_back(um_context *ctx, int dev, use *x)
 /* Takes the deferred frees that are done out of u, into a list: oldest
  * first up to the first not done; or, with `only`, every one whose free or
  * marks name that stream (waiting, when wait), counting in *left those
- * that are not done. Under the lock. */
+ * that are not done. Each taken one is unmarked but stays on the `all`
+ * list, `giving`, until give_back_all is done with it. Under the lock. */
 static use *take_done_locked(um_context *ctx, int dev, um__stream_uses *u, bool wait,
                              um_stream only, size_t *left)
 {
@@ -310,7 +334,9 @@ static use *take_done_locked(um_context *ctx, int dev, um__stream_uses *u, bool 
         *link = x->next;
         if (u->deferred_tail == x)
             u->deferred_tail = prev;
-        forget_locked(ctx, dev, u, x);
+        unmark_locked(ctx, dev, u, x);
+        x->giving = true;
+        u->giving++;
         x->next = NULL;
         *tail = x;
         tail = &x->next;
@@ -320,15 +346,39 @@ static use *take_done_locked(um_context *ctx, int dev, um__stream_uses *u, bool 
 }
 
 /* Frees the blocks of a list from take_done_locked (outside the lock: the
- * allocator takes its own). */
-static void give_back_all(um_context *ctx, int dev, use *done)
+ * allocator takes its own), then takes the uses off the list under the
+ * lock and tells a destroy of their free's stream, which may wait for
+ * them (um__uses_stream_drain), that they are done. */
+static void give_back_all(um_context *ctx, int dev, um__stream_uses *u, use *done)
 {
+    if (!done)
+        return;
+    for (use *x = done; x; x = x->next)
+        give_back(ctx, dev, x);
+    um__vt_mutex_lock(&u->lock);
+    for (use *x = done; x; x = x->next) {
+        unlink_locked(x);
+        u->giving--;
+    }
+    um__cond_broadcast(&u->gave);
+    um__vt_mutex_unlock(&u->lock);
     while (done) {
         use *next = done->next;
-        give_back(ctx, dev, done);
         use_free(ctx, done);
         done = next;
     }
+}
+
+/* Whether another thread is giving back a free on stream s. Under the
+ * lock. */
+static bool giving_on_locked(um__stream_uses *u, um_stream s)
+{
+    if (!u->giving)
+        return false;
+    for (use *x = u->all.all_next; x != &u->all; x = x->all_next)
+        if (x->giving && x->free_stream == s)
+            return true;
+    return false;
 }
 
 void um__uses_collect(um_context *ctx, int dev, bool wait)
@@ -339,7 +389,7 @@ void um__uses_collect(um_context *ctx, int dev, bool wait)
     um__vt_mutex_lock(&u->lock);
     use *done = take_done_locked(ctx, dev, u, wait, NULL, NULL);
     um__vt_mutex_unlock(&u->lock);
-    give_back_all(ctx, dev, done);
+    give_back_all(ctx, dev, u, done);
 }
 
 /* The live marked blocks of u forget stream s. Under the lock. */
@@ -357,13 +407,52 @@ static void forget_stream_locked(um__stream_uses *u, um_stream s)
     }
 }
 
+/* The error of a destroy of s that `left` deferred frees wait for. */
+static um_status fail_left(um_stream s, size_t left, const char *why)
+{
+    return um__fail(UM_ERR_BACKEND,
+                    "stream %u of device %d: %zu freed block%s marked for it wait%s for its "
+                    "work, which cannot be waited for (%s)",
+                    s->ref.id, s->dev, left, left == 1 ? "" : "s", left == 1 ? "s" : "", why);
+}
+
 /* On s's device and on the host (whose blocks may be marked for any
- * stream), both locked at once (the only place that holds two, the
- * device's first), so that a failure leaves every mark as it was: where a
- * free that needs s cannot be waited for, its block is not reusable and
- * still names s, so s must stay, and the blocks keep their marks for it.
- * (The frees that did finish go back either way.) */
-um_status um__uses_stream_gone(um_context *ctx, um_stream s)
+ * stream), one at a time: first waits until no other thread is giving
+ * back a free on s (one taken out of the deferred list just before would
+ * otherwise reach s's pool state after the stream was freed), then
+ * finishes and gives back the deferred frees that need s. The marks stay:
+ * the stream may yet fail to go. */
+um_status um__uses_stream_drain(um_context *ctx, um_stream s)
+{
+    int devs[2] = {s->dev, 0}, n = s->dev != 0 ? 2 : 1;
+    size_t left = 0;
+    char why[256] = "";
+    for (int i = 0; i < n; i++) {
+        um__stream_uses *u = uses_of(ctx, devs[i], false);
+        if (!u)
+            continue;
+        um__vt_mutex_lock(&u->lock);
+        while (giving_on_locked(u, s))
+            um__cond_wait(&u->gave, &u->lock);
+        size_t before = left;
+        use *done = take_done_locked(ctx, devs[i], u, true, s, &left);
+        if (left != before && !why[0])
+            snprintf(why, sizeof why, "%s", um_last_error());
+        um__vt_mutex_unlock(&u->lock);
+        give_back_all(ctx, devs[i], u, done);
+    }
+    return left ? fail_left(s, left, why) : UM_OK;
+}
+
+/* Both uses locked at once (the only place that holds two, the device's
+ * first), so that no free records an event on s while its backend stream
+ * goes, and so that a failure leaves every mark as it was: a free made
+ * since the drain that needs s is waited for again, and the marks are
+ * forgotten only once the backend destroyed the stream. Where the stream
+ * stays (a free that cannot be waited for, or the backend's failure), its
+ * marked blocks must still wait for its work. (The frees that did finish
+ * go back either way.) */
+um_status um__uses_stream_destroy(um_context *ctx, um_stream s)
 {
     int devs[2] = {s->dev, 0}, n = s->dev != 0 ? 2 : 1;
     um__stream_uses *u[2] = {NULL, NULL};
@@ -376,23 +465,22 @@ um_status um__uses_stream_gone(um_context *ctx, um_stream s)
         if (u[i])
             done[i] = take_done_locked(ctx, devs[i], u[i], true, s, &left);
     char why[256] = "";
+    um_status st = UM_OK;
     if (left)
         snprintf(why, sizeof why, "%s", um_last_error());
+    else
+        st = um__be_stream_destroy(backend_of(ctx, s), s->ref.bstream);
     for (int i = n - 1; i >= 0; i--) {
         if (!u[i])
             continue;
-        if (!left)
+        if (!left && st == UM_OK)
             forget_stream_locked(u[i], s);
         um__vt_mutex_unlock(&u[i]->lock);
     }
     for (int i = 0; i < n; i++)
-        give_back_all(ctx, devs[i], done[i]);
-    if (left)
-        return um__fail(UM_ERR_BACKEND,
-                        "stream %u of device %d: %zu freed block%s marked for it wait%s for its "
-                        "work, which cannot be waited for (%s)",
-                        s->ref.id, s->dev, left, left == 1 ? "" : "s", left == 1 ? "s" : "", why);
-    return UM_OK;
+        if (u[i])
+            give_back_all(ctx, devs[i], u[i], done[i]);
+    return left ? fail_left(s, left, why) : st;
 }
 
 void um__uses_fini(um_context *ctx)
@@ -408,6 +496,7 @@ void um__uses_fini(um_context *ctx)
             use_free(ctx, x);
         }
         um__addrmap_free(&u->by_ptr);
+        um__cond_destroy(&u->gave);
         pthread_mutex_destroy(&u->lock);
         free(u);
         d->uses = NULL;

@@ -787,11 +787,11 @@ static void bl_reset_peak(um__allocator *a)
 /* The stream goes away: live blocks allocated on it are freed later as if
  * on no particular stream, and cached blocks freed on it become reusable
  * everywhere once its work is done. */
-static void bl_stream_forget(um__allocator *a, const um__stream_ref *sr)
+static um_status bl_stream_forget(um__allocator *a, const um__stream_ref *sr)
 {
     baseline *bl = (baseline *)a;
     if (!sr)
-        return;
+        return UM_OK;
     pthread_mutex_lock(&bl->lock);
     bool pending = false;
     for (size_t i = 0; i < bl->nbuckets; i++)
@@ -827,6 +827,7 @@ static void bl_stream_forget(um__allocator *a, const um__stream_ref *sr)
         b = next;
     }
     pthread_mutex_unlock(&bl->lock);
+    return UM_OK; /* what it could not wait for was released above */
 }
 
 /* Checks the AVL shape and order of a subtree; returns its node count or

@@ -161,9 +161,9 @@ static void d_stats(um__allocator *a, um_stats *out)
     out->requested_bytes -= guards <= out->requested_bytes ? guards : out->requested_bytes;
 }
 static void d_reset_peak(um__allocator *a) { D(a)->inner->ops->reset_peak(D(a)->inner); }
-static void d_stream_forget(um__allocator *a, const um__stream_ref *s)
+static um_status d_stream_forget(um__allocator *a, const um__stream_ref *s)
 {
-    D(a)->inner->ops->stream_forget(D(a)->inner, s);
+    return D(a)->inner->ops->stream_forget(D(a)->inner, s);
 }
 static um_status d_check(um__allocator *a)
 {

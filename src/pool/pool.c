@@ -2974,7 +2974,34 @@ static um_status pool_set_cache_limit(um__allocator *a, size_t bytes)
     return s;
 }
 
-static void pool_stream_forget(um__allocator *a, const um__stream_ref *s)
+/* Waits for everything freed on the stream (pool_stream_forget). Where a
+ * fence cannot be waited for, or one cannot be recorded, waits for the
+ * stream itself instead, which covers every fence and every free on it so
+ * far. False when that fails too: the fences stay, still answered by the
+ * stream's own backend. */
+static bool drain_stream(um__pool *p, um__stream_state *ss)
+{
+    if (poll_stream(p, ss, true))
+        return true;
+    um__backend *b = fence_backend(p, ss);
+    if (um__be_stream_sync(b, ss->bstream) != UM_OK)
+        return false;
+    while (ss->fence_n) {
+        migrate(p, ss, ss->fences[ss->fence_head].epoch);
+        um__be_event_destroy(b, ss->fences[ss->fence_head].event);
+        ss->fence_head = (ss->fence_head + 1) % UM_FENCE_RING;
+        ss->fence_n--;
+    }
+    /* The frees no fence covers are done too: their epoch closes, as a
+     * fence's would (later frees get the next one). */
+    if (ss->open_frees) {
+        migrate(p, ss, ss->epoch++);
+        ss->open_frees = false;
+    }
+    return !stream_has_pending(ss);
+}
+
+static um_status pool_stream_forget(um__allocator *a, const um__stream_ref *s)
 {
     um__pool *p = P(a);
     um__lock_acquire(&p->lock);
@@ -3000,7 +3027,22 @@ static void pool_stream_forget(um__allocator *a, const um__stream_ref *s)
     }
     if (s->id < p->nstreams && p->streams[s->id]) {
         um__stream_state *ss = p->streams[s->id];
-        poll_stream(p, ss, true);
+        if (!drain_stream(p, ss)) {
+            /* Its fences are still the stream's backend's to answer (on
+             * another device's stream, for host memory), and what they cover
+             * must not be reused before its work is done: the stream stays,
+             * known as it was. */
+            char why[256];
+            snprintf(why, sizeof why, "%s", um_last_error());
+            uint32_t left = ss->fence_n;
+            um__lock_release(&p->lock);
+            return um__fail(UM_ERR_BACKEND,
+                            "device %d (%s): stream %u: the work of the frees on it (%u "
+                            "fence%s left) cannot be waited for, nor the stream itself (%s); "
+                            "the stream stays",
+                            p->base.dev, p->base.backend->name, s->id, left,
+                            left == 1 ? "" : "s", why);
+        }
         /* The context may hand this id to a new stream: its first use goes
          * through the locked path again and registers the new backend
          * stream. Until then fences go to the default stream. */
@@ -3013,6 +3055,7 @@ static void pool_stream_forget(um__allocator *a, const um__stream_ref *s)
     }
     enforce_cache_limit(p);
     um__lock_release(&p->lock);
+    return UM_OK;
 }
 
 /* -------------------------------------------------------------- statistics */

@@ -79,8 +79,10 @@ typedef struct um__allocator_ops {
     void (*stats)(um__allocator *a, um_stats *out);
     void (*reset_peak)(um__allocator *a);
     /* The stream is going away: wait for its work and make its pending
-     * blocks reusable everywhere. */
-    void (*stream_forget)(um__allocator *a, const um__stream_ref *s);
+     * blocks reusable everywhere. Fails where its work cannot be waited
+     * for: the allocator still needs the stream (its fences), so the
+     * caller must keep it and may retry. */
+    um_status (*stream_forget)(um__allocator *a, const um__stream_ref *s);
     /* Recounts everything and checks every structural invariant; UM_OK when
      * consistent, else UM_ERR_INTERNAL with a message saying what differs.
      * Only meaningful while no other thread uses the allocator. */
