@@ -35,7 +35,11 @@ typedef struct um__backend_ops {
     um_status (*create)(um__backend *b, size_t size, um__phys *out);
     um_status (*release)(um__backend *b, um__phys h, size_t size);
     /* Maps all of chunk h (size bytes) at va, readable and writable by the
-     * device. va and size are multiples of the granularity. */
+     * device. va and size are multiples of the granularity. The one
+     * failure that changes something (CUDA): UM_ERR_BUSY, a map that could
+     * not be undone, whose range stays mapped; the backend keeps it, tries
+     * to unmap it at the next map there, and refuses to release h until
+     * then. */
     um_status (*map)(um__backend *b, uintptr_t va, size_t size, um__phys h);
     um_status (*unmap)(um__backend *b, uintptr_t va, size_t size);
 

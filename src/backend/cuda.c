@@ -13,9 +13,11 @@
  * restores the caller's context afterwards (um__cuda_enter/leave), because
  * programs such as PyTorch keep their own notion of the current device.
  *
- * Owns: the primary-context reference, the backend streams it created, a
+ * Owns: the primary-context reference, the backend streams it created or
+ * wrapped (their records, until destroyed or until the backend is), a
  * small cache of events (recording a fence should not cost an event
- * creation each time).
+ * creation each time), and the mappings the driver would not unmap after a
+ * failed map (see cuda_map), until an unmap of them succeeds.
  */
 #include "backend.h"
 #include "cuda_driver.h"
@@ -32,7 +34,16 @@
 typedef struct cuda_stream {
     um_cuStream native;
     bool owned; /* created here, so destroyed here */
+    struct cuda_stream *prev, *next; /* the backend's list of live records */
 } cuda_stream;
+
+/* A chunk mapped by a cuda_map that then failed, whose cleanup unmap the
+ * driver refused twice: the mapping (and the chunk's memory) stays. */
+typedef struct cuda_stuck_map {
+    uintptr_t va;
+    size_t size;
+    um__phys h;
+} cuda_stuck_map;
 
 typedef struct cuda_backend {
     um__backend base;
@@ -42,9 +53,16 @@ typedef struct cuda_backend {
     um_cuMemAllocationProp prop;
     um_cuMemAccessDesc access[CUDA_MAX_ACCESS];
     size_t naccess;
-    pthread_mutex_t lock; /* guards the event cache */
+    pthread_mutex_t lock; /* guards the event cache and the stream list */
     um_cuEvent events[CUDA_EVENT_CACHE];
     int nevents;
+    cuda_stream streams; /* head of the circular list of live stream records */
+    /* Stuck mappings, under stuck_lock; nstuck is also read without it, so
+     * that the usual case (none) costs map and release no lock. */
+    pthread_mutex_t stuck_lock;
+    cuda_stuck_map *stuck;
+    size_t stuck_cap;
+    _Atomic size_t nstuck;
 } cuda_backend;
 
 static cuda_backend *cb(um__backend *b)
@@ -53,39 +71,168 @@ static cuda_backend *cb(um__backend *b)
 }
 
 /* Runs `call` (a driver call yielding a um_cuResult) inside the device's
- * primary context and stores its result in `r`. */
-#define CUDA_IN_CTX(c, r, call)                                                                   \
+ * primary context and stores its result in `r`. `ctx_failed` (a const char
+ * *) is set to the context call that failed ("cuCtxSetCurrent", ...), in
+ * which case `call` did not run, or to NULL; cuda_fail takes it. */
+#define CUDA_IN_CTX(c, r, ctx_failed, call)                                                       \
     do {                                                                                          \
         um_cuContext saved_ = NULL;                                                               \
-        (r) = um__cuda_enter((c)->cu, (c)->ctx, &saved_);                                         \
+        (ctx_failed) = NULL;                                                                      \
+        (r) = um__cuda_enter((c)->cu, (c)->ctx, &saved_, &(ctx_failed));                          \
         if ((r) == UM_CU_SUCCESS)                                                                 \
             (r) = (call);                                                                         \
         um__cuda_leave((c)->cu, (c)->ctx, saved_);                                                \
     } while (0)
+
+/* Fails with st, naming the backend and the call that failed: the call fmt
+ * describes ("cuMemCreate of 2097152 bytes"), or, when ctx_failed is not
+ * NULL, the context call that kept it from running, so that a failed
+ * context switch is never reported as a failure of the wrapped call. */
+static um_status cuda_fail(um__backend *b, um_status st, um_cuResult r, const char *ctx_failed,
+                           const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+static um_status cuda_fail(um__backend *b, um_status st, um_cuResult r, const char *ctx_failed,
+                           const char *fmt, ...)
+{
+    char call[224];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(call, sizeof call, fmt, ap);
+    va_end(ap);
+    if (ctx_failed)
+        return um__cuda_fail(st, r, "%s: %s, making the GPU's context current for %s", b->name,
+                             ctx_failed, call);
+    return um__cuda_fail(st, r, "%s: %s", b->name, call);
+}
 
 static um_status cuda_reserve(um__backend *b, size_t size, uintptr_t *va)
 {
     cuda_backend *c = cb(b);
     um_cuDeviceptr p = 0;
     um_cuResult r;
-    CUDA_IN_CTX(c, r, c->cu->MemAddressReserve(&p, size, b->granularity, 0, 0));
+    const char *ctx_failed;
+    CUDA_IN_CTX(c, r, ctx_failed, c->cu->MemAddressReserve(&p, size, b->granularity, 0, 0));
     if (r != UM_CU_SUCCESS) {
         char bytes[32];
-        return um__cuda_fail(um__cuda_status(r), r, "%s: cuMemAddressReserve of %s", b->name,
-                             um__format_bytes(bytes, sizeof bytes, size));
+        return cuda_fail(b, um__cuda_status(r), r, ctx_failed, "cuMemAddressReserve of %s",
+                         um__format_bytes(bytes, sizeof bytes, size));
     }
     *va = (uintptr_t)p;
     return UM_OK;
 }
 
+/* ------------------------------------------------------ stuck mappings */
+
+/* Whether stuck mapping m is one of those stuck_retry is asked about: those
+ * overlapping [va, va+size) when size is not 0, else those of chunk h, or
+ * all of them when h is 0 too. */
+static bool stuck_matches(const cuda_stuck_map *m, uintptr_t va, size_t size, um__phys h)
+{
+    if (size)
+        return m->va < va + size && va < m->va + m->size;
+    return !h || m->h == h;
+}
+
+/* Tries again to unmap the stuck mappings that stuck_matches selects, and
+ * forgets each one the driver unmaps now. Runs inside the GPU's context.
+ * UM_CU_SUCCESS when none of them is left; otherwise the driver's result,
+ * with *left (when not NULL) a mapping that stays. */
+static um_cuResult stuck_retry(cuda_backend *c, uintptr_t va, size_t size, um__phys h,
+                               cuda_stuck_map *left)
+{
+    um_cuResult first = UM_CU_SUCCESS;
+    pthread_mutex_lock(&c->stuck_lock);
+    size_t n = atomic_load(&c->nstuck), kept = 0;
+    for (size_t i = 0; i < n; i++) {
+        cuda_stuck_map m = c->stuck[i];
+        if (stuck_matches(&m, va, size, h)) {
+            um_cuResult r = c->cu->MemUnmap((um_cuDeviceptr)m.va, m.size);
+            if (r == UM_CU_SUCCESS)
+                continue;
+            if (first == UM_CU_SUCCESS) {
+                first = r;
+                if (left)
+                    *left = m;
+            }
+        }
+        c->stuck[kept++] = m;
+    }
+    atomic_store(&c->nstuck, kept);
+    pthread_mutex_unlock(&c->stuck_lock);
+    return first;
+}
+
+/* Records a mapping the driver would not unmap; false when there is no
+ * memory for the record. */
+static bool stuck_add(cuda_backend *c, uintptr_t va, size_t size, um__phys h)
+{
+    pthread_mutex_lock(&c->stuck_lock);
+    size_t n = atomic_load(&c->nstuck);
+    bool ok = true;
+    if (n == c->stuck_cap) {
+        size_t cap = c->stuck_cap ? 2 * c->stuck_cap : 4;
+        cuda_stuck_map *a = realloc(c->stuck, cap * sizeof *a);
+        if (a) {
+            c->stuck = a;
+            c->stuck_cap = cap;
+        } else {
+            ok = false;
+        }
+    }
+    if (ok) {
+        c->stuck[n] = (cuda_stuck_map){va, size, h};
+        atomic_store(&c->nstuck, n + 1);
+    }
+    pthread_mutex_unlock(&c->stuck_lock);
+    return ok;
+}
+
+/* Forgets the stuck mappings inside [va, va+size), which a successful
+ * unmap of that range took away with the rest. */
+static void stuck_forget(cuda_backend *c, uintptr_t va, size_t size)
+{
+    pthread_mutex_lock(&c->stuck_lock);
+    size_t n = atomic_load(&c->nstuck), kept = 0;
+    for (size_t i = 0; i < n; i++)
+        if (!(c->stuck[i].va >= va && c->stuck[i].va + c->stuck[i].size <= va + size))
+            c->stuck[kept++] = c->stuck[i];
+    atomic_store(&c->nstuck, kept);
+    pthread_mutex_unlock(&c->stuck_lock);
+}
+
+static const char *result_name(const cuda_backend *c, um_cuResult r)
+{
+    const char *name = NULL;
+    if (c->cu->GetErrorName(r, &name) != UM_CU_SUCCESS || !name)
+        return "an unknown CUDA error";
+    return name;
+}
+
+/* ------------------------------------------------------------ VMM calls */
+
 static um_status cuda_unreserve(um__backend *b, uintptr_t va, size_t size)
 {
     cuda_backend *c = cb(b);
-    um_cuResult r;
-    CUDA_IN_CTX(c, r, c->cu->MemAddressFree((um_cuDeviceptr)va, size));
+    um_cuContext saved = NULL;
+    const char *ctx_failed = NULL;
+    cuda_stuck_map left = {0};
+    bool mapped = false;
+    um_cuResult r = um__cuda_enter(c->cu, c->ctx, &saved, &ctx_failed);
+    /* A stuck mapping in the range is unmapped first: the driver does not
+     * free a reservation with a live mapping in it. */
+    if (r == UM_CU_SUCCESS && atomic_load(&c->nstuck))
+        mapped = (r = stuck_retry(c, va, size, 0, &left)) != UM_CU_SUCCESS;
+    if (r == UM_CU_SUCCESS)
+        r = c->cu->MemAddressFree((um_cuDeviceptr)va, size);
+    um__cuda_leave(c->cu, c->ctx, saved);
+    if (mapped)
+        return um__cuda_fail(UM_ERR_BUSY, r,
+                             "%s: cuMemAddressFree of %zu bytes at 0x%lx not attempted: %zu bytes "
+                             "at 0x%lx stay mapped in it after a failed map (cuMemUnmap failed "
+                             "again)",
+                             b->name, size, (unsigned long)va, left.size, (unsigned long)left.va);
     if (r != UM_CU_SUCCESS)
-        return um__cuda_fail(UM_ERR_BACKEND, r, "%s: cuMemAddressFree of %zu bytes at 0x%lx",
-                             b->name, size, (unsigned long)va);
+        return cuda_fail(b, UM_ERR_BACKEND, r, ctx_failed, "cuMemAddressFree of %zu bytes at 0x%lx",
+                         size, (unsigned long)va);
     return UM_OK;
 }
 
@@ -94,9 +241,10 @@ static um_status cuda_create(um__backend *b, size_t size, um__phys *out)
     cuda_backend *c = cb(b);
     um_cuMemHandle h = 0;
     um_cuResult r;
-    CUDA_IN_CTX(c, r, c->cu->MemCreate(&h, size, &c->prop, 0));
+    const char *ctx_failed;
+    CUDA_IN_CTX(c, r, ctx_failed, c->cu->MemCreate(&h, size, &c->prop, 0));
     if (r != UM_CU_SUCCESS)
-        return um__cuda_fail(um__cuda_status(r), r, "%s: cuMemCreate of %zu bytes", b->name, size);
+        return cuda_fail(b, um__cuda_status(r), r, ctx_failed, "cuMemCreate of %zu bytes", size);
     if (h == 0) {
         /* 0 means "no chunk" to the pool; the driver has never returned it,
          * but a silent mix-up would lose a page. */
@@ -110,11 +258,28 @@ static um_status cuda_create(um__backend *b, size_t size, um__phys *out)
 static um_status cuda_release(um__backend *b, um__phys h, size_t size)
 {
     cuda_backend *c = cb(b);
-    um_cuResult r;
-    CUDA_IN_CTX(c, r, c->cu->MemRelease((um_cuMemHandle)h));
+    um_cuContext saved = NULL;
+    const char *ctx_failed = NULL;
+    cuda_stuck_map left = {0};
+    bool mapped = false;
+    um_cuResult r = um__cuda_enter(c->cu, c->ctx, &saved, &ctx_failed);
+    /* A chunk whose mapping stuck is released only once that mapping is
+     * gone. The driver would take the handle and keep the memory while it
+     * stays mapped, so the caller would count memory as returned that is
+     * not; refused, the pool keeps the chunk counted and tries again. */
+    if (r == UM_CU_SUCCESS && atomic_load(&c->nstuck))
+        mapped = (r = stuck_retry(c, 0, 0, h, &left)) != UM_CU_SUCCESS;
+    if (r == UM_CU_SUCCESS)
+        r = c->cu->MemRelease((um_cuMemHandle)h);
+    um__cuda_leave(c->cu, c->ctx, saved);
+    if (mapped)
+        return um__cuda_fail(UM_ERR_BUSY, r,
+                             "%s: cuMemRelease of a %zu-byte chunk not attempted: it stays mapped "
+                             "at 0x%lx after a failed map (cuMemUnmap failed again)",
+                             b->name, size, (unsigned long)left.va);
     if (r != UM_CU_SUCCESS)
-        return um__cuda_fail(UM_ERR_BACKEND, r, "%s: cuMemRelease of a %zu-byte chunk", b->name,
-                             size);
+        return cuda_fail(b, UM_ERR_BACKEND, r, ctx_failed, "cuMemRelease of a %zu-byte chunk",
+                         size);
     atomic_fetch_sub(&b->physical_bytes, size);
     return UM_OK;
 }
@@ -123,24 +288,54 @@ static um_status cuda_map(um__backend *b, uintptr_t va, size_t size, um__phys h)
 {
     cuda_backend *c = cb(b);
     um_cuContext saved = NULL;
-    um_cuResult r = um__cuda_enter(c->cu, c->ctx, &saved);
-    const char *what = "cuCtxSetCurrent";
-    if (r == UM_CU_SUCCESS) {
-        what = "cuMemMap";
+    const char *ctx_failed = NULL;
+    cuda_stuck_map left = {0};
+    bool blocked = false;
+    um_cuResult unmap = UM_CU_SUCCESS;
+    um_cuResult r = um__cuda_enter(c->cu, c->ctx, &saved, &ctx_failed);
+    const char *what = "cuMemMap";
+    /* The pool counts a range unmapped once its map failed, so a mapping
+     * that stuck there (below) meets the next map of the range: it is
+     * unmapped now if the driver lets it, else the range stays unusable. */
+    if (r == UM_CU_SUCCESS && atomic_load(&c->nstuck))
+        blocked = (r = stuck_retry(c, va, size, 0, &left)) != UM_CU_SUCCESS;
+    if (r == UM_CU_SUCCESS)
         r = c->cu->MemMap((um_cuDeviceptr)va, size, 0, (um_cuMemHandle)h, 0);
-    }
     if (r == UM_CU_SUCCESS) {
         /* A new mapping starts with no access at all. */
         r = c->cu->MemSetAccess((um_cuDeviceptr)va, size, c->access, c->naccess);
         if (r != UM_CU_SUCCESS) {
             what = "cuMemSetAccess";
-            (void)c->cu->MemUnmap((um_cuDeviceptr)va, size);
+            /* The map must be undone: the caller, told it failed, treats
+             * the range as unmapped and the chunk as free to release. A
+             * refused unmap is tried once more; a mapping that still stays
+             * is recorded, and the failure says so. */
+            unmap = c->cu->MemUnmap((um_cuDeviceptr)va, size);
+            if (unmap != UM_CU_SUCCESS)
+                unmap = c->cu->MemUnmap((um_cuDeviceptr)va, size);
         }
     }
     um__cuda_leave(c->cu, c->ctx, saved);
+    if (blocked)
+        return um__cuda_fail(UM_ERR_BUSY, r,
+                             "%s: cuMemMap of %zu bytes at 0x%lx not attempted: %zu bytes at "
+                             "0x%lx stay mapped there after an earlier failed map (cuMemUnmap "
+                             "failed again)",
+                             b->name, size, (unsigned long)va, left.size, (unsigned long)left.va);
+    if (unmap != UM_CU_SUCCESS) {
+        /* Recorded, the mapping is tried again at the next map of the
+         * range, at the chunk's release (refused until then) and at
+         * teardown. */
+        bool kept = stuck_add(c, va, size, h);
+        return um__cuda_fail(UM_ERR_BUSY, unmap,
+                             "%s: cuMemSetAccess of %zu bytes at 0x%lx failed (%s), and the range "
+                             "stays mapped%s: cuMemUnmap, undoing the map, failed twice",
+                             b->name, size, (unsigned long)va, result_name(c, r),
+                             kept ? "" : " and its chunk is lost (no memory to record it)");
+    }
     if (r != UM_CU_SUCCESS)
-        return um__cuda_fail(um__cuda_status(r), r, "%s: %s of %zu bytes at 0x%lx", b->name, what,
-                             size, (unsigned long)va);
+        return cuda_fail(b, um__cuda_status(r), r, ctx_failed, "%s of %zu bytes at 0x%lx", what,
+                         size, (unsigned long)va);
     return UM_OK;
 }
 
@@ -148,7 +343,8 @@ static um_status cuda_unmap(um__backend *b, uintptr_t va, size_t size)
 {
     cuda_backend *c = cb(b);
     um_cuContext saved = NULL;
-    um_cuResult r = um__cuda_enter(c->cu, c->ctx, &saved);
+    const char *ctx_failed = NULL;
+    um_cuResult r = um__cuda_enter(c->cu, c->ctx, &saved, &ctx_failed);
     /* One call for a run of pages, each its own mapping: the driver
      * unmaps a range of whole mappings (measured on the H200; the stand-in
      * driver of the tests keeps the same rule). A failure changes nothing,
@@ -158,8 +354,11 @@ static um_status cuda_unmap(um__backend *b, uintptr_t va, size_t size)
         r = c->cu->MemUnmap((um_cuDeviceptr)va, size);
     um__cuda_leave(c->cu, c->ctx, saved);
     if (r != UM_CU_SUCCESS)
-        return um__cuda_fail(UM_ERR_BACKEND, r, "%s: cuMemUnmap of %zu bytes at 0x%lx", b->name,
-                             size, (unsigned long)va);
+        return cuda_fail(b, um__cuda_status(r), r, ctx_failed, "cuMemUnmap of %zu bytes at 0x%lx",
+                         size, (unsigned long)va);
+    /* A stuck mapping inside the range went with it. */
+    if (atomic_load(&c->nstuck))
+        stuck_forget(c, va, size);
     return UM_OK;
 }
 
@@ -170,6 +369,26 @@ static um_cuStream native_of(um__bstream *s)
     return s ? ((cuda_stream *)s)->native : NULL;
 }
 
+/* Links a new record into the backend's list, whence cuda_destroy frees
+ * those never destroyed (a failed destroy at shutdown forgets them). */
+static void stream_link(cuda_backend *c, cuda_stream *s)
+{
+    pthread_mutex_lock(&c->lock);
+    s->next = c->streams.next;
+    s->prev = &c->streams;
+    c->streams.next->prev = s;
+    c->streams.next = s;
+    pthread_mutex_unlock(&c->lock);
+}
+
+static void stream_unlink(cuda_backend *c, cuda_stream *s)
+{
+    pthread_mutex_lock(&c->lock);
+    s->prev->next = s->next;
+    s->next->prev = s->prev;
+    pthread_mutex_unlock(&c->lock);
+}
+
 static um_status cuda_stream_create(um__backend *b, um__bstream **out)
 {
     cuda_backend *c = cb(b);
@@ -177,14 +396,16 @@ static um_status cuda_stream_create(um__backend *b, um__bstream **out)
     if (!s)
         return um__fail(UM_ERR_NOMEM, "%s: no memory for a stream record", b->name);
     um_cuResult r;
+    const char *ctx_failed;
     /* Non-blocking, like PyTorch's and RMM's streams: work on it does not
      * wait for the legacy default stream. */
-    CUDA_IN_CTX(c, r, c->cu->StreamCreate(&s->native, UM_CU_STREAM_NON_BLOCKING));
+    CUDA_IN_CTX(c, r, ctx_failed, c->cu->StreamCreate(&s->native, UM_CU_STREAM_NON_BLOCKING));
     if (r != UM_CU_SUCCESS) {
         free(s);
-        return um__cuda_fail(um__cuda_status(r), r, "%s: cuStreamCreate", b->name);
+        return cuda_fail(b, um__cuda_status(r), r, ctx_failed, "cuStreamCreate");
     }
     s->owned = true;
+    stream_link(c, s);
     *out = (um__bstream *)s;
     return UM_OK;
 }
@@ -196,6 +417,7 @@ static um_status cuda_stream_wrap(um__backend *b, void *native, um__bstream **ou
         return um__fail(UM_ERR_NOMEM, "%s: no memory for a stream record", b->name);
     s->native = (um_cuStream)native;
     s->owned = false;
+    stream_link(cb(b), s);
     *out = (um__bstream *)s;
     return UM_OK;
 }
@@ -206,24 +428,36 @@ static void *cuda_stream_native(um__backend *b, um__bstream *s)
     return (void *)native_of(s);
 }
 
+/* On failure the stream stays as it was, record and all, as backend.h
+ * promises: um_stream_destroy keeps it valid for a retry. A caller that
+ * gives up on it (um_shutdown) leaves the record to cuda_destroy. */
 static um_status cuda_stream_destroy(um__backend *b, um__bstream *bs)
 {
     cuda_backend *c = cb(b);
     cuda_stream *s = (cuda_stream *)bs;
     if (!s)
         return UM_OK;
+    um_cuContext saved = NULL;
+    const char *ctx_failed = NULL;
+    um_cuResult r = um__cuda_enter(c->cu, c->ctx, &saved, &ctx_failed);
     /* A wrapped stream's work is waited for too, though the stream stays
      * the program's: fences recorded on it must be complete once the
      * wrapper is gone and its memory may name another stream (a replica
      * keeps one fence per stream, and merges unfinished ones on theirs). */
-    um_cuResult r;
-    CUDA_IN_CTX(c, r, c->cu->StreamSynchronize(s->native));
-    if (r == UM_CU_SUCCESS && s->owned)
-        CUDA_IN_CTX(c, r, c->cu->StreamDestroy(s->native));
+    const char *what = s->owned ? "cuStreamSynchronize, waiting for a stream's work before "
+                                  "destroying it"
+                                : "cuStreamSynchronize, waiting for a wrapped stream's work "
+                                  "before forgetting it";
+    if (r == UM_CU_SUCCESS)
+        r = c->cu->StreamSynchronize(s->native);
+    if (r == UM_CU_SUCCESS && s->owned) {
+        what = "cuStreamDestroy of a stream whose work is done";
+        r = c->cu->StreamDestroy(s->native);
+    }
+    um__cuda_leave(c->cu, c->ctx, saved);
     if (r != UM_CU_SUCCESS)
-        return um__cuda_fail(UM_ERR_BACKEND, r, "%s: %s", b->name,
-                             s->owned ? "destroying a stream"
-                                      : "waiting for a wrapped stream's work before forgetting it");
+        return cuda_fail(b, UM_ERR_BACKEND, r, ctx_failed, "%s", what);
+    stream_unlink(c, s);
     free(s);
     return UM_OK;
 }
@@ -232,9 +466,10 @@ static um_status cuda_stream_sync(um__backend *b, um__bstream *s)
 {
     cuda_backend *c = cb(b);
     um_cuResult r;
-    CUDA_IN_CTX(c, r, c->cu->StreamSynchronize(native_of(s)));
+    const char *ctx_failed;
+    CUDA_IN_CTX(c, r, ctx_failed, c->cu->StreamSynchronize(native_of(s)));
     if (r != UM_CU_SUCCESS)
-        return um__cuda_fail(UM_ERR_BACKEND, r, "%s: cuStreamSynchronize", b->name);
+        return cuda_fail(b, UM_ERR_BACKEND, r, ctx_failed, "cuStreamSynchronize");
     return UM_OK;
 }
 
@@ -243,15 +478,22 @@ static um_status cuda_stream_sync(um__backend *b, um__bstream *s)
 static um_status cuda_event_record(um__backend *b, um__bstream *s, um__bevent **out)
 {
     cuda_backend *c = cb(b);
+    um_cuContext saved = NULL;
+    const char *ctx_failed = NULL;
+    /* The context first: an event taken from the cache before a failed
+     * context switch would be in neither the cache nor the caller's hands. */
+    um_cuResult r = um__cuda_enter(c->cu, c->ctx, &saved, &ctx_failed);
+    if (r != UM_CU_SUCCESS) {
+        um__cuda_leave(c->cu, c->ctx, saved);
+        return cuda_fail(b, um__cuda_status(r), r, ctx_failed, "cuEventRecord");
+    }
     um_cuEvent e = NULL;
     pthread_mutex_lock(&c->lock);
     if (c->nevents)
         e = c->events[--c->nevents];
     pthread_mutex_unlock(&c->lock);
-    um_cuContext saved = NULL;
-    um_cuResult r = um__cuda_enter(c->cu, c->ctx, &saved);
     const char *what = "cuEventCreate";
-    if (r == UM_CU_SUCCESS && !e)
+    if (!e)
         r = c->cu->EventCreate(&e, UM_CU_EVENT_DISABLE_TIMING);
     if (r == UM_CU_SUCCESS) {
         what = "cuEventRecord";
@@ -261,7 +503,7 @@ static um_status cuda_event_record(um__backend *b, um__bstream *s, um__bevent **
     }
     um__cuda_leave(c->cu, c->ctx, saved);
     if (r != UM_CU_SUCCESS)
-        return um__cuda_fail(UM_ERR_BACKEND, r, "%s: %s", b->name, what);
+        return cuda_fail(b, um__cuda_status(r), r, NULL, "%s", what);
     *out = (um__bevent *)e;
     return UM_OK;
 }
@@ -270,20 +512,22 @@ static um_status cuda_event_query(um__backend *b, um__bevent *e, int *done)
 {
     cuda_backend *c = cb(b);
     um_cuResult r;
-    CUDA_IN_CTX(c, r, c->cu->EventQuery((um_cuEvent)e));
+    const char *ctx_failed;
+    CUDA_IN_CTX(c, r, ctx_failed, c->cu->EventQuery((um_cuEvent)e));
     *done = r == UM_CU_SUCCESS;
-    if (r == UM_CU_SUCCESS || r == UM_CU_ERROR_NOT_READY)
+    if (r == UM_CU_SUCCESS || (r == UM_CU_ERROR_NOT_READY && !ctx_failed))
         return UM_OK;
-    return um__cuda_fail(UM_ERR_BACKEND, r, "%s: cuEventQuery", b->name);
+    return cuda_fail(b, UM_ERR_BACKEND, r, ctx_failed, "cuEventQuery");
 }
 
 static um_status cuda_event_sync(um__backend *b, um__bevent *e)
 {
     cuda_backend *c = cb(b);
     um_cuResult r;
-    CUDA_IN_CTX(c, r, c->cu->EventSynchronize((um_cuEvent)e));
+    const char *ctx_failed;
+    CUDA_IN_CTX(c, r, ctx_failed, c->cu->EventSynchronize((um_cuEvent)e));
     if (r != UM_CU_SUCCESS)
-        return um__cuda_fail(UM_ERR_BACKEND, r, "%s: cuEventSynchronize", b->name);
+        return cuda_fail(b, UM_ERR_BACKEND, r, ctx_failed, "cuEventSynchronize");
     return UM_OK;
 }
 
@@ -297,9 +541,12 @@ static void cuda_event_destroy(um__backend *b, um__bevent *e)
     pthread_mutex_unlock(&c->lock);
     if (!kept) {
         um_cuResult r;
-        CUDA_IN_CTX(c, r, c->cu->EventDestroy((um_cuEvent)e));
+        const char *ctx_failed;
+        CUDA_IN_CTX(c, r, ctx_failed, c->cu->EventDestroy((um_cuEvent)e));
         if (r != UM_CU_SUCCESS)
-            um__log(UM_LOG_WARN, "%s: cuEventDestroy failed (%d)", b->name, r);
+            um__log(UM_LOG_WARN, "%s: %s failed (%d)%s", b->name,
+                    ctx_failed ? ctx_failed : "cuEventDestroy", r,
+                    ctx_failed ? ", so an event was not destroyed" : "");
     }
 }
 
@@ -312,11 +559,12 @@ static um_status cuda_copy(um__backend *b, void *dst, const void *src, size_t n,
     if (st != UM_OK || n == 0)
         return st;
     um_cuResult r;
+    const char *ctx_failed;
     /* Unified addressing: the driver tells host from device by address. */
-    CUDA_IN_CTX(c, r, c->cu->Memcpy((um_cuDeviceptr)dst, (um_cuDeviceptr)src, n));
+    CUDA_IN_CTX(c, r, ctx_failed, c->cu->Memcpy((um_cuDeviceptr)dst, (um_cuDeviceptr)src, n));
     if (r != UM_CU_SUCCESS)
-        return um__cuda_fail(um__cuda_status(r), r, "%s: cuMemcpy of %zu bytes from %p to %p",
-                             b->name, n, src, dst);
+        return cuda_fail(b, um__cuda_status(r), r, ctx_failed,
+                         "cuMemcpy of %zu bytes from %p to %p", n, src, dst);
     return UM_OK;
 }
 
@@ -330,12 +578,12 @@ static um_status cuda_copy_async(um__backend *b, void *dst, const void *src, siz
     if (n == 0)
         return UM_OK;
     um_cuResult r;
-    CUDA_IN_CTX(c, r,
+    const char *ctx_failed;
+    CUDA_IN_CTX(c, r, ctx_failed,
                 c->cu->MemcpyAsync((um_cuDeviceptr)dst, (um_cuDeviceptr)src, n, native_of(s)));
     if (r != UM_CU_SUCCESS)
-        return um__cuda_fail(um__cuda_status(r), r,
-                             "%s: cuMemcpyAsync of %zu bytes from %p to %p", b->name, n, src,
-                             dst);
+        return cuda_fail(b, um__cuda_status(r), r, ctx_failed,
+                         "cuMemcpyAsync of %zu bytes from %p to %p", n, src, dst);
     return UM_OK;
 }
 
@@ -347,9 +595,10 @@ static um_status cuda_stream_wait(um__backend *b, um__bstream *s, um__backend *e
         return eb->ops->event_sync(eb, e);
     cuda_backend *c = cb(b);
     um_cuResult r;
-    CUDA_IN_CTX(c, r, c->cu->StreamWaitEvent(native_of(s), (um_cuEvent)e, 0));
+    const char *ctx_failed;
+    CUDA_IN_CTX(c, r, ctx_failed, c->cu->StreamWaitEvent(native_of(s), (um_cuEvent)e, 0));
     if (r != UM_CU_SUCCESS)
-        return um__cuda_fail(UM_ERR_BACKEND, r, "%s: cuStreamWaitEvent", b->name);
+        return cuda_fail(b, UM_ERR_BACKEND, r, ctx_failed, "cuStreamWaitEvent");
     return UM_OK;
 }
 
@@ -363,11 +612,13 @@ static um_status cuda_memset_async(um__backend *b, void *dst, int value, size_t 
     if (!n)
         return UM_OK;
     um_cuResult r;
-    CUDA_IN_CTX(c, r, c->cu->MemsetD8Async((um_cuDeviceptr)dst, (unsigned char)value, n,
-                                           native_of(s)));
+    const char *ctx_failed;
+    CUDA_IN_CTX(c, r, ctx_failed,
+                c->cu->MemsetD8Async((um_cuDeviceptr)dst, (unsigned char)value, n,
+                                     native_of(s)));
     if (r != UM_CU_SUCCESS)
-        return um__cuda_fail(um__cuda_status(r), r, "%s: cuMemsetD8Async of %zu bytes at %p",
-                             b->name, n, dst);
+        return cuda_fail(b, um__cuda_status(r), r, ctx_failed, "cuMemsetD8Async of %zu bytes at %p",
+                         n, dst);
     return UM_OK;
 }
 
@@ -392,10 +643,48 @@ static um_status cuda_mem_info(um__backend *b, size_t *free_bytes, size_t *total
         return UM_OK;
     }
     um_cuResult r;
-    CUDA_IN_CTX(c, r, c->cu->MemGetInfo(free_bytes, total));
+    const char *ctx_failed;
+    CUDA_IN_CTX(c, r, ctx_failed, c->cu->MemGetInfo(free_bytes, total));
     if (r != UM_CU_SUCCESS)
-        return um__cuda_fail(UM_ERR_BACKEND, r, "%s: cuMemGetInfo", b->name);
+        return cuda_fail(b, UM_ERR_BACKEND, r, ctx_failed, "cuMemGetInfo");
     return UM_OK;
+}
+
+/* Last tries for what the layers above could not give back: stuck
+ * mappings (unmapped, and their chunks released, which their users could
+ * not do) and stream records whose destruction failed at shutdown (the
+ * program's own streams are only forgotten). Runs inside the context. */
+static void destroy_leftovers(cuda_backend *c)
+{
+    um__backend *b = &c->base;
+    size_t streams = 0, stuck = 0;
+    for (cuda_stream *s = c->streams.next, *nx; s != &c->streams; s = nx) {
+        nx = s->next;
+        /* cuStreamDestroy does not wait: the driver frees the stream once
+         * its work is done. */
+        if (s->owned && c->cu->StreamDestroy(s->native) != UM_CU_SUCCESS)
+            streams++;
+        free(s);
+    }
+    c->streams.next = c->streams.prev = &c->streams;
+    size_t n = atomic_load(&c->nstuck);
+    for (size_t i = 0; i < n; i++) {
+        cuda_stuck_map *m = &c->stuck[i];
+        if (c->cu->MemUnmap((um_cuDeviceptr)m->va, m->size) != UM_CU_SUCCESS ||
+            c->cu->MemRelease((um_cuMemHandle)m->h) != UM_CU_SUCCESS) {
+            stuck++;
+            continue;
+        }
+        atomic_fetch_sub(&b->physical_bytes, m->size);
+    }
+    atomic_store(&c->nstuck, 0);
+    if (streams)
+        um__log(UM_LOG_WARN, "%s: at teardown %zu stream%s could not be destroyed", b->name,
+                streams, streams == 1 ? "" : "s");
+    if (stuck)
+        um__log(UM_LOG_ERROR, "%s: at teardown %zu mapping%s left by failed maps could still not "
+                "be unmapped and released: their memory stays the driver's", b->name, stuck,
+                stuck == 1 ? "" : "s");
 }
 
 static void cuda_destroy(um__backend *b)
@@ -405,12 +694,21 @@ static void cuda_destroy(um__backend *b)
         return;
     if (c->ctx) {
         um_cuContext saved = NULL;
-        if (um__cuda_enter(c->cu, c->ctx, &saved) == UM_CU_SUCCESS)
+        if (um__cuda_enter(c->cu, c->ctx, &saved, NULL) == UM_CU_SUCCESS) {
             for (int i = 0; i < c->nevents; i++)
                 (void)c->cu->EventDestroy(c->events[i]);
+            destroy_leftovers(c);
+        }
         um__cuda_leave(c->cu, c->ctx, saved);
         (void)c->cu->DevicePrimaryCtxRelease(c->dev);
     }
+    /* Records only, where the context could not be entered. */
+    for (cuda_stream *s = c->streams.next, *nx; s && s != &c->streams; s = nx) {
+        nx = s->next;
+        free(s);
+    }
+    free(c->stuck);
+    pthread_mutex_destroy(&c->stuck_lock);
     pthread_mutex_destroy(&c->lock);
     free(c);
 }
@@ -431,11 +729,12 @@ static um_status segment_reserve(um__backend *b, size_t size, uintptr_t *va)
     cuda_backend *c = cb(b);
     um_cuDeviceptr p = 0;
     um_cuResult r;
-    CUDA_IN_CTX(c, r, c->cu->MemAlloc(&p, size));
+    const char *ctx_failed;
+    CUDA_IN_CTX(c, r, ctx_failed, c->cu->MemAlloc(&p, size));
     if (r != UM_CU_SUCCESS) {
         char bytes[32];
-        return um__cuda_fail(um__cuda_status(r), r, "%s: cuMemAlloc of %s", b->name,
-                             um__format_bytes(bytes, sizeof bytes, size));
+        return cuda_fail(b, um__cuda_status(r), r, ctx_failed, "cuMemAlloc of %s",
+                         um__format_bytes(bytes, sizeof bytes, size));
     }
     atomic_fetch_add(&b->physical_bytes, size);
     *va = (uintptr_t)p;
@@ -446,11 +745,12 @@ static um_status segment_unreserve(um__backend *b, uintptr_t va, size_t size)
 {
     cuda_backend *c = cb(b);
     um_cuResult r;
+    const char *ctx_failed;
     /* cuMemFree waits for the work that may still use the segment. */
-    CUDA_IN_CTX(c, r, c->cu->MemFree((um_cuDeviceptr)va));
+    CUDA_IN_CTX(c, r, ctx_failed, c->cu->MemFree((um_cuDeviceptr)va));
     if (r != UM_CU_SUCCESS)
-        return um__cuda_fail(UM_ERR_BACKEND, r, "%s: cuMemFree of %zu bytes at 0x%lx", b->name,
-                             size, (unsigned long)va);
+        return cuda_fail(b, UM_ERR_BACKEND, r, ctx_failed, "cuMemFree of %zu bytes at 0x%lx", size,
+                         (unsigned long)va);
     atomic_fetch_sub(&b->physical_bytes, size);
     return UM_OK;
 }
@@ -543,6 +843,9 @@ static um_status cuda_new(const um__cuda_api *cu, int ordinal, const char *what,
     atomic_init(&c->base.physical_bytes, 0);
     um__backend_no_driver_info(&c->base);
     pthread_mutex_init(&c->lock, NULL);
+    pthread_mutex_init(&c->stuck_lock, NULL);
+    c->streams.next = c->streams.prev = &c->streams;
+    atomic_init(&c->nstuck, 0);
     um_cuResult r = cu->DeviceGet(&c->dev, ordinal);
     if (r == UM_CU_SUCCESS)
         r = cu->DevicePrimaryCtxRetain(&c->ctx, c->dev);
@@ -581,9 +884,15 @@ static um_status set_granularity(cuda_backend *c, const char *what)
 {
     size_t g = 0;
     um_cuResult r;
-    CUDA_IN_CTX(c, r,
+    const char *ctx_failed;
+    CUDA_IN_CTX(c, r, ctx_failed,
                 c->cu->MemGetAllocationGranularity(&g, &c->prop,
                                                    UM_CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+    if (r != UM_CU_SUCCESS && ctx_failed)
+        return um__cuda_fail(um__cuda_status(r), r,
+                             "%s: %s, making the GPU's context current for "
+                             "cuMemGetAllocationGranularity",
+                             what, ctx_failed);
     if (r != UM_CU_SUCCESS)
         return um__cuda_fail(um__cuda_status(r), r, "%s: cuMemGetAllocationGranularity", what);
     if (!um__is_pow2(g))

@@ -94,14 +94,25 @@ um_status um__cuda_fail(um_status st, um_cuResult r, const char *fmt, ...)
     return um__fail(st, "%s: CUDA error %d", what, r);
 }
 
-um_cuResult um__cuda_enter(const um__cuda_api *cu, um_cuContext c, um_cuContext *saved)
+um_cuResult um__cuda_enter(const um__cuda_api *cu, um_cuContext c, um_cuContext *saved,
+                           const char **failed)
 {
     um_cuResult r = cu->CtxGetCurrent(saved);
     if (r != UM_CU_SUCCESS) {
         *saved = c; /* so um__cuda_leave changes nothing */
+        if (failed)
+            *failed = "cuCtxGetCurrent";
         return r;
     }
-    return *saved == c ? UM_CU_SUCCESS : cu->CtxSetCurrent(c);
+    if (*saved == c)
+        return UM_CU_SUCCESS;
+    r = cu->CtxSetCurrent(c);
+    if (r != UM_CU_SUCCESS) {
+        *saved = c; /* the caller's context is still current: nothing to restore */
+        if (failed)
+            *failed = "cuCtxSetCurrent";
+    }
+    return r;
 }
 
 void um__cuda_leave(const um__cuda_api *cu, um_cuContext c, um_cuContext saved)

@@ -165,8 +165,12 @@ um_status um__cuda_status(um_cuResult r);
 
 /* Makes the primary context `c` current on this thread and returns the one
  * that was, for um__cuda_leave. Every backend operation runs between the
- * two, so a program's own current context (PyTorch's) is left as it was. */
-um_cuResult um__cuda_enter(const um__cuda_api *cu, um_cuContext c, um_cuContext *saved);
+ * two, so a program's own current context (PyTorch's) is left as it was.
+ * On failure *failed (when failed is not NULL) names the call that failed,
+ * "cuCtxGetCurrent" or "cuCtxSetCurrent", so that a message names it rather
+ * than the call the context was entered for. */
+um_cuResult um__cuda_enter(const um__cuda_api *cu, um_cuContext c, um_cuContext *saved,
+                           const char **failed);
 void um__cuda_leave(const um__cuda_api *cu, um_cuContext c, um_cuContext saved);
 
 #endif /* UM_CUDA_DRIVER_H */

@@ -17,6 +17,18 @@
  * FAKE_CUDA_FAIL_EVERY=N makes every Nth call of cuMemCreate, cuMemMap,
  * cuMemSetAccess, cuMemUnmap, cuMemRelease and cuEventRecord fail (each
  * counted on its own), for the backend's and the pool's error paths.
+ *
+ * A test can also fail chosen calls, by name, through entry points only
+ * this driver has (found with dlsym): fake_cuda_fail("cuMemUnmap", skip,
+ * times, result) makes the calls of cuMemUnmap after the next `skip` fail
+ * `times` times with `result` (rules add up; fake_cuda_fail_clear drops
+ * them), and fake_cuda_live("mappings") counts what is live: "mappings",
+ * "chunks" (not released, or released but still mapped), "streams",
+ * "events" or "reservations".
+ *
+ * As on CUDA, releasing a chunk that is still mapped keeps its memory until
+ * its last unmap, and a reservation with a mapping in it is not freed.
+ *
  * FAKE_CUDA_OPAQUE=1 makes GPU memory unreachable from the host, as a real
  * GPU's is: a GPU's mapping stays PROT_NONE at its device address (a host
  * access faults) and the driver's copies and memsets reach it through a
@@ -41,16 +53,19 @@
 #define MAX_RES 256
 #define PAGE ((size_t)2 << 20)
 
+typedef struct chunk {
+    size_t off, size; /* in the memfd */
+    int gpu;          /* -1: host */
+    size_t maps;      /* mappings of it */
+    int released;     /* cuMemRelease'd while mapped: freed by its last unmap */
+} chunk;
+
 typedef struct mapping {
     uintptr_t va;
     size_t size;
     char *shadow; /* FAKE_CUDA_OPAQUE: the host's way to a GPU's mapping */
+    chunk *c;
 } mapping;
-
-typedef struct chunk {
-    size_t off, size; /* in the memfd */
-    int gpu;          /* -1: host */
-} chunk;
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static int fd = -1;
@@ -66,6 +81,7 @@ static size_t used[64]; /* bytes created or cuMemAlloc'ed per GPU */
 static __thread um_cuContext current;
 static unsigned fail_every;
 static int opaque;
+static size_t live_chunks; /* under lock */
 
 enum { F_CREATE, F_MAP, F_ACCESS, F_UNMAP, F_RELEASE, F_RECORD, F_COUNT };
 static _Atomic unsigned fail_calls[F_COUNT];
@@ -75,6 +91,75 @@ static int injected(int op)
 {
     return fail_every && (atomic_fetch_add(&fail_calls[op], 1) + 1) % fail_every == 0;
 }
+
+/* fake_cuda_fail's rules, under their own lock (the driver's lock may be
+ * held by the caller of forced()). */
+#define MAX_RULES 32
+typedef struct rule {
+    char call[48];
+    unsigned skip, times;
+    um_cuResult result;
+} rule;
+static pthread_mutex_t rules_lock = PTHREAD_MUTEX_INITIALIZER;
+static rule rules[MAX_RULES];
+static _Atomic int nrules;
+static _Atomic long live_streams, live_events;
+
+EXPORT int fake_cuda_fail(const char *call, unsigned skip, unsigned times, int result)
+{
+    pthread_mutex_lock(&rules_lock);
+    int n = atomic_load(&nrules);
+    if (n == MAX_RULES || strlen(call) >= sizeof rules[0].call) {
+        pthread_mutex_unlock(&rules_lock);
+        return -1;
+    }
+    rules[n] = (rule){"", skip, times, result};
+    strcpy(rules[n].call, call);
+    atomic_store(&nrules, n + 1);
+    pthread_mutex_unlock(&rules_lock);
+    return 0;
+}
+
+EXPORT void fake_cuda_fail_clear(void)
+{
+    pthread_mutex_lock(&rules_lock);
+    atomic_store(&nrules, 0);
+    pthread_mutex_unlock(&rules_lock);
+}
+
+/* The result a rule forces on this call of `call`, or UM_CU_SUCCESS. */
+static um_cuResult forced(const char *call)
+{
+    if (!atomic_load_explicit(&nrules, memory_order_relaxed))
+        return UM_CU_SUCCESS;
+    um_cuResult r = UM_CU_SUCCESS;
+    pthread_mutex_lock(&rules_lock);
+    int n = atomic_load(&nrules), kept = 0;
+    for (int i = 0; i < n; i++) {
+        rule *x = &rules[i];
+        if (r == UM_CU_SUCCESS && strcmp(x->call, call) == 0) {
+            if (x->skip)
+                x->skip--;
+            else if (x->times) {
+                x->times--;
+                r = x->result;
+            }
+        }
+        if (x->times)
+            rules[kept++] = *x;
+    }
+    atomic_store(&nrules, kept);
+    pthread_mutex_unlock(&rules_lock);
+    return r;
+}
+
+/* Returns the forced result of this call of `call`, if any. */
+#define FORCED(call)                                                                              \
+    do {                                                                                          \
+        um_cuResult forced_ = forced(call);                                                       \
+        if (forced_ != UM_CU_SUCCESS)                                                             \
+            return forced_;                                                                       \
+    } while (0)
 static char ctx_tokens[64];
 
 static int setup(void)
@@ -119,6 +204,7 @@ EXPORT um_cuResult cuGetErrorName(um_cuResult r, const char **s)
     case UM_CU_ERROR_INVALID_VALUE: *s = "CUDA_ERROR_INVALID_VALUE"; break;
     case UM_CU_ERROR_OUT_OF_MEMORY: *s = "CUDA_ERROR_OUT_OF_MEMORY"; break;
     case UM_CU_ERROR_NOT_SUPPORTED: *s = "CUDA_ERROR_NOT_SUPPORTED"; break;
+    case 201: *s = "CUDA_ERROR_INVALID_CONTEXT"; break;
     default: *s = NULL; return UM_CU_ERROR_INVALID_VALUE;
     }
     return UM_CU_SUCCESS;
@@ -213,12 +299,14 @@ EXPORT um_cuResult cuDevicePrimaryCtxRelease_v2(um_cuDevice d)
 
 EXPORT um_cuResult cuCtxGetCurrent(um_cuContext *c)
 {
+    FORCED("cuCtxGetCurrent");
     *c = current;
     return UM_CU_SUCCESS;
 }
 
 EXPORT um_cuResult cuCtxSetCurrent(um_cuContext c)
 {
+    FORCED("cuCtxSetCurrent");
     current = c;
     return UM_CU_SUCCESS;
 }
@@ -230,6 +318,7 @@ static int current_gpu(void)
 
 EXPORT um_cuResult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
 {
+    FORCED("cuMemGetInfo");
     int g = current_gpu();
     if (g < 0)
         return UM_CU_ERROR_INVALID_VALUE;
@@ -253,6 +342,7 @@ EXPORT um_cuResult cuMemGetAllocationGranularity(size_t *g, const um_cuMemAlloca
 EXPORT um_cuResult cuMemAddressReserve(um_cuDeviceptr *p, size_t size, size_t align,
                                        um_cuDeviceptr addr, unsigned long long flags)
 {
+    FORCED("cuMemAddressReserve");
     if (!size || size % PAGE || (align && align % PAGE) || addr || flags)
         return UM_CU_ERROR_INVALID_VALUE;
     void *m = mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -264,17 +354,23 @@ EXPORT um_cuResult cuMemAddressReserve(um_cuDeviceptr *p, size_t size, size_t al
         munmap(m, size);
         return UM_CU_ERROR_OUT_OF_MEMORY;
     }
-    res[nres++] = (mapping){(uintptr_t)m, size, NULL};
+    res[nres++] = (mapping){(uintptr_t)m, size, NULL, NULL};
     pthread_mutex_unlock(&lock);
     *p = (um_cuDeviceptr)(uintptr_t)m;
     return UM_CU_SUCCESS;
 }
 
+static int overlaps_mapping(uintptr_t va, size_t size);
+
 EXPORT um_cuResult cuMemAddressFree(um_cuDeviceptr p, size_t size)
 {
+    FORCED("cuMemAddressFree");
     pthread_mutex_lock(&lock);
     for (size_t i = 0; i < nres; i++) {
         if (res[i].va == (uintptr_t)p && res[i].size == size) {
+            /* A mapping must be unmapped first. */
+            if (overlaps_mapping((uintptr_t)p, size))
+                break;
             res[i] = res[--nres];
             pthread_mutex_unlock(&lock);
             munmap((void *)(uintptr_t)p, size);
@@ -288,6 +384,7 @@ EXPORT um_cuResult cuMemAddressFree(um_cuDeviceptr p, size_t size)
 EXPORT um_cuResult cuMemCreate(um_cuMemHandle *h, size_t size,
                                const um_cuMemAllocationProp *prop, unsigned long long flags)
 {
+    FORCED("cuMemCreate");
     if (!vmm || flags || !size || size % PAGE)
         return UM_CU_ERROR_INVALID_VALUE;
     if (injected(F_CREATE))
@@ -306,8 +403,9 @@ EXPORT um_cuResult cuMemCreate(um_cuMemHandle *h, size_t size,
         free(c);
         return UM_CU_ERROR_OUT_OF_MEMORY;
     }
-    *c = (chunk){fd_end, size, gpu};
+    *c = (chunk){fd_end, size, gpu, 0, 0};
     fd_end += size;
+    live_chunks++;
     if (gpu >= 0)
         used[gpu] += size;
     pthread_mutex_unlock(&lock);
@@ -315,20 +413,32 @@ EXPORT um_cuResult cuMemCreate(um_cuMemHandle *h, size_t size,
     return UM_CU_SUCCESS;
 }
 
-EXPORT um_cuResult cuMemRelease(um_cuMemHandle h)
+/* Gives chunk c's memory back (under the lock). */
+static void chunk_free(chunk *c)
 {
-    chunk *c = (chunk *)(uintptr_t)h;
-    if (!c)
-        return UM_CU_ERROR_INVALID_VALUE;
-    if (injected(F_RELEASE))
-        return UM_CU_ERROR_INVALID_VALUE;
-    pthread_mutex_lock(&lock);
     if (c->gpu >= 0)
         used[c->gpu] -= c->size;
     (void)fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)c->off,
                     (off_t)c->size);
-    pthread_mutex_unlock(&lock);
+    live_chunks--;
     free(c);
+}
+
+EXPORT um_cuResult cuMemRelease(um_cuMemHandle h)
+{
+    chunk *c = (chunk *)(uintptr_t)h;
+    FORCED("cuMemRelease");
+    if (!c || c->released)
+        return UM_CU_ERROR_INVALID_VALUE;
+    if (injected(F_RELEASE))
+        return UM_CU_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    /* Like CUDA: a mapped chunk's memory stays until its last unmap. */
+    if (c->maps)
+        c->released = 1;
+    else
+        chunk_free(c);
+    pthread_mutex_unlock(&lock);
     return UM_CU_SUCCESS;
 }
 
@@ -353,7 +463,9 @@ EXPORT um_cuResult cuMemMap(um_cuDeviceptr p, size_t size, size_t offset, um_cuM
 {
     chunk *c = (chunk *)(uintptr_t)h;
     uintptr_t va = (uintptr_t)p;
-    if (!c || flags || offset + size > c->size || size % PAGE || va % PAGE || injected(F_MAP))
+    FORCED("cuMemMap");
+    if (!c || c->released || flags || offset + size > c->size || size % PAGE || va % PAGE ||
+        injected(F_MAP))
         return UM_CU_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&lock);
     if (!in_reservation(va, size) || overlaps_mapping(va, size) || nmaps == MAX_MAPS) {
@@ -375,7 +487,8 @@ EXPORT um_cuResult cuMemMap(um_cuDeviceptr p, size_t size, size_t offset, um_cuM
         pthread_mutex_unlock(&lock);
         return UM_CU_ERROR_OUT_OF_MEMORY;
     }
-    maps[nmaps++] = (mapping){va, size, shadow};
+    maps[nmaps++] = (mapping){va, size, shadow, c};
+    c->maps++;
     pthread_mutex_unlock(&lock);
     return UM_CU_SUCCESS;
 }
@@ -384,6 +497,7 @@ EXPORT um_cuResult cuMemMap(um_cuDeviceptr p, size_t size, size_t offset, um_cuM
 EXPORT um_cuResult cuMemUnmap(um_cuDeviceptr p, size_t size)
 {
     uintptr_t va = (uintptr_t)p;
+    FORCED("cuMemUnmap");
     if (injected(F_UNMAP))
         return UM_CU_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&lock);
@@ -405,6 +519,9 @@ EXPORT um_cuResult cuMemUnmap(um_cuDeviceptr p, size_t size)
         if (maps[i].va >= va && maps[i].va < va + size) {
             if (maps[i].shadow)
                 munmap(maps[i].shadow, maps[i].size);
+            chunk *c = maps[i].c;
+            if (--c->maps == 0 && c->released)
+                chunk_free(c);
             maps[i] = maps[--nmaps];
         } else {
             i++;
@@ -420,6 +537,7 @@ EXPORT um_cuResult cuMemSetAccess(um_cuDeviceptr p, size_t size, const um_cuMemA
                                   size_t count)
 {
     uintptr_t va = (uintptr_t)p;
+    FORCED("cuMemSetAccess");
     if (!count || !desc || injected(F_ACCESS))
         return UM_CU_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&lock);
@@ -434,6 +552,7 @@ EXPORT um_cuResult cuMemSetAccess(um_cuDeviceptr p, size_t size, const um_cuMemA
 /* cuMemAlloc segments: a size header in front, so cuMemFree knows it. */
 EXPORT um_cuResult cuMemAlloc_v2(um_cuDeviceptr *p, size_t size)
 {
+    FORCED("cuMemAlloc");
     int g = current_gpu();
     if (g < 0 || !size)
         return UM_CU_ERROR_INVALID_VALUE;
@@ -456,6 +575,7 @@ EXPORT um_cuResult cuMemAlloc_v2(um_cuDeviceptr *p, size_t size)
 
 EXPORT um_cuResult cuMemFree_v2(um_cuDeviceptr p)
 {
+    FORCED("cuMemFree");
     char *m = (char *)(uintptr_t)p - PAGE;
     size_t rounded = ((size_t *)m)[0], g = ((size_t *)m)[1];
     pthread_mutex_lock(&lock);
@@ -517,6 +637,7 @@ static void set_bytes(uintptr_t dst, unsigned char v, size_t n)
 
 EXPORT um_cuResult cuMemcpy(um_cuDeviceptr dst, um_cuDeviceptr src, size_t n)
 {
+    FORCED("cuMemcpy");
     copy_bytes((uintptr_t)dst, (uintptr_t)src, n);
     return UM_CU_SUCCESS;
 }
@@ -524,12 +645,15 @@ EXPORT um_cuResult cuMemcpy(um_cuDeviceptr dst, um_cuDeviceptr src, size_t n)
 EXPORT um_cuResult cuMemcpyAsync(um_cuDeviceptr dst, um_cuDeviceptr src, size_t n, um_cuStream s)
 {
     (void)s;
-    return cuMemcpy(dst, src, n);
+    FORCED("cuMemcpyAsync");
+    copy_bytes((uintptr_t)dst, (uintptr_t)src, n);
+    return UM_CU_SUCCESS;
 }
 
 EXPORT um_cuResult cuMemsetD8Async(um_cuDeviceptr dst, unsigned char v, size_t n, um_cuStream s)
 {
     (void)s;
+    FORCED("cuMemsetD8Async");
     set_bytes((uintptr_t)dst, v, n);
     return UM_CU_SUCCESS;
 }
@@ -537,19 +661,28 @@ EXPORT um_cuResult cuMemsetD8Async(um_cuDeviceptr dst, unsigned char v, size_t n
 EXPORT um_cuResult cuStreamCreate(um_cuStream *s, unsigned flags)
 {
     (void)flags;
+    FORCED("cuStreamCreate");
     *s = malloc(1);
-    return *s ? UM_CU_SUCCESS : UM_CU_ERROR_OUT_OF_MEMORY;
+    if (!*s)
+        return UM_CU_ERROR_OUT_OF_MEMORY;
+    live_streams++;
+    return UM_CU_SUCCESS;
 }
 
 EXPORT um_cuResult cuStreamDestroy_v2(um_cuStream s)
 {
+    FORCED("cuStreamDestroy");
+    if (!s)
+        return UM_CU_ERROR_INVALID_VALUE;
     free(s);
+    live_streams--;
     return UM_CU_SUCCESS;
 }
 
 EXPORT um_cuResult cuStreamSynchronize(um_cuStream s)
 {
     (void)s;
+    FORCED("cuStreamSynchronize");
     return current ? UM_CU_SUCCESS : UM_CU_ERROR_INVALID_VALUE;
 }
 
@@ -558,25 +691,35 @@ EXPORT um_cuResult cuStreamWaitEvent(um_cuStream s, um_cuEvent e, unsigned flags
     (void)s;
     (void)e;
     (void)flags;
+    FORCED("cuStreamWaitEvent");
     return UM_CU_SUCCESS;
 }
 
 EXPORT um_cuResult cuEventCreate(um_cuEvent *e, unsigned flags)
 {
     (void)flags;
+    FORCED("cuEventCreate");
     *e = malloc(1);
-    return *e ? UM_CU_SUCCESS : UM_CU_ERROR_OUT_OF_MEMORY;
+    if (!*e)
+        return UM_CU_ERROR_OUT_OF_MEMORY;
+    live_events++;
+    return UM_CU_SUCCESS;
 }
 
 EXPORT um_cuResult cuEventDestroy_v2(um_cuEvent e)
 {
+    FORCED("cuEventDestroy");
+    if (!e)
+        return UM_CU_ERROR_INVALID_VALUE;
     free(e);
+    live_events--;
     return UM_CU_SUCCESS;
 }
 
 EXPORT um_cuResult cuEventRecord(um_cuEvent e, um_cuStream s)
 {
     (void)s;
+    FORCED("cuEventRecord");
     if (injected(F_RECORD))
         return UM_CU_ERROR_INVALID_VALUE;
     return e && current ? UM_CU_SUCCESS : UM_CU_ERROR_INVALID_VALUE;
@@ -584,11 +727,13 @@ EXPORT um_cuResult cuEventRecord(um_cuEvent e, um_cuStream s)
 
 EXPORT um_cuResult cuEventQuery(um_cuEvent e)
 {
+    FORCED("cuEventQuery");
     return e ? UM_CU_SUCCESS : UM_CU_ERROR_INVALID_VALUE;
 }
 
 EXPORT um_cuResult cuEventSynchronize(um_cuEvent e)
 {
+    FORCED("cuEventSynchronize");
     return e ? UM_CU_SUCCESS : UM_CU_ERROR_INVALID_VALUE;
 }
 
@@ -620,4 +765,24 @@ EXPORT um_cuResult cuLaunchKernel(um_cuFunction f, unsigned gx, unsigned gy, uns
     (void)f, (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shared;
     (void)s, (void)params, (void)extra;
     return UM_CU_ERROR_NOT_SUPPORTED;
+}
+
+/* How many of `what` are live: "mappings", "chunks", "streams", "events"
+ * or "reservations"; -1 for another word. */
+EXPORT long fake_cuda_live(const char *what)
+{
+    long n = -1;
+    pthread_mutex_lock(&lock);
+    if (strcmp(what, "mappings") == 0)
+        n = (long)nmaps;
+    else if (strcmp(what, "chunks") == 0)
+        n = (long)live_chunks;
+    else if (strcmp(what, "reservations") == 0)
+        n = (long)nres;
+    else if (strcmp(what, "streams") == 0)
+        n = atomic_load(&live_streams);
+    else if (strcmp(what, "events") == 0)
+        n = atomic_load(&live_events);
+    pthread_mutex_unlock(&lock);
+    return n;
 }

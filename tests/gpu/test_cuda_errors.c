@@ -1,0 +1,288 @@
+/*
+ * The CUDA backend's answers to chosen driver failures, through the
+ * stand-in driver (fake_cuda.c), whose fake_cuda_fail makes given calls of
+ * a named driver function fail and whose fake_cuda_live counts what the
+ * driver still holds:
+ *   - a map whose cuMemSetAccess fails and whose cleanup cuMemUnmap fails
+ *     twice says the range stays mapped (UM_ERR_BUSY), keeps the mapping
+ *     recorded, refuses to release its chunk while it stays, unmaps it at
+ *     the next map of the range, and at teardown: nothing is lost, in the
+ *     backend and under the pool;
+ *   - a failed context switch is named (cuCtxGetCurrent, cuCtxSetCurrent)
+ *     rather than the call it was for, and loses no cached event;
+ *   - a failed stream destroy names cuStreamSynchronize or cuStreamDestroy,
+ *     keeps the stream for a retry, and the backend frees what is never
+ *     destroyed (um_shutdown gives up on it);
+ *   - CUDA_ERROR_OUT_OF_MEMORY is UM_ERR_NOMEM for cuEventRecord,
+ *     cuEventCreate and cuMemUnmap too.
+ * Skips (77) without the stand-in driver.
+ */
+#include "backend/backend.h"
+#include "backend/cuda_driver.h"
+#include "core/core.h"
+#include "harness.h"
+
+#include <dlfcn.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MIB ((size_t)1 << 20)
+#define INVALID_CONTEXT 201 /* CUDA_ERROR_INVALID_CONTEXT */
+
+static void *lib; /* the stand-in driver */
+static int (*fail_call)(const char *call, unsigned skip, unsigned times, int result);
+static void (*fail_clear)(void);
+static long (*live)(const char *what);
+
+/* The next `times` calls of `call` fail with `result`. */
+static void fail(const char *call, unsigned times, int result)
+{
+    CHECK_EQ(fail_call(call, 0, times, result), 0);
+}
+
+static um__backend *new_gpu(void)
+{
+    um__backend *b = NULL;
+    CHECK_OK(um__cuda_backend_create(0, 1, 0, &b));
+    return b;
+}
+
+/* A map that fails and cannot be undone, in the backend alone. */
+static void test_stuck_map(void)
+{
+    um__backend *b = new_gpu();
+    if (!b)
+        return;
+    size_t g = b->granularity;
+    long maps0 = live("mappings"), chunks0 = live("chunks");
+    uintptr_t va = 0;
+    um__phys h = 0, h2 = 0;
+    CHECK_OK(b->ops->reserve(b, 4 * g, &va));
+    CHECK_OK(b->ops->create(b, g, &h));
+    fail("cuMemSetAccess", 1, UM_CU_ERROR_INVALID_VALUE);
+    fail("cuMemUnmap", 2, UM_CU_ERROR_INVALID_VALUE);
+    CHECK_STATUS(b->ops->map(b, va, g, h), UM_ERR_BUSY);
+    CHECK_ERROR_MENTIONS("cuMemSetAccess", "stays mapped", "cuMemUnmap");
+    CHECK_EQ(live("mappings"), maps0 + 1);
+    /* Its chunk is not released while the mapping stays: the memory is
+     * still the driver's, and the caller keeps counting it. */
+    fail("cuMemUnmap", 1, UM_CU_ERROR_INVALID_VALUE);
+    CHECK_STATUS(b->ops->release(b, h, g), UM_ERR_BUSY);
+    CHECK_ERROR_MENTIONS("cuMemRelease", "stays mapped", NULL);
+    CHECK_EQ(live("chunks"), chunks0 + 1);
+    CHECK_EQ(atomic_load(&b->physical_bytes), g);
+    /* The next map of the range tries the unmap again: refused, the range
+     * is named as mapped; then it goes and the map succeeds. */
+    CHECK_OK(b->ops->create(b, g, &h2));
+    fail("cuMemUnmap", 1, UM_CU_ERROR_INVALID_VALUE);
+    CHECK_STATUS(b->ops->map(b, va, g, h2), UM_ERR_BUSY);
+    CHECK_ERROR_MENTIONS("cuMemMap", "stay mapped there", NULL);
+    CHECK_OK(b->ops->map(b, va, g, h2));
+    CHECK_EQ(live("mappings"), maps0 + 1);
+    CHECK_OK(b->ops->release(b, h, g));
+    CHECK_OK(b->ops->unmap(b, va, g));
+    CHECK_OK(b->ops->release(b, h2, g));
+    CHECK_EQ(live("mappings"), maps0);
+    CHECK_EQ(live("chunks"), chunks0);
+
+    /* A mapping that stays to the end: the reservation is not freed under
+     * it (UM_ERR_BUSY), and the backend's teardown unmaps it and releases
+     * its chunk, which no one else could. */
+    CHECK_OK(b->ops->create(b, g, &h));
+    fail("cuMemSetAccess", 1, UM_CU_ERROR_INVALID_VALUE);
+    fail("cuMemUnmap", 3, UM_CU_ERROR_INVALID_VALUE);
+    CHECK_STATUS(b->ops->map(b, va + g, g, h), UM_ERR_BUSY);
+    CHECK_STATUS(b->ops->unreserve(b, va, 4 * g), UM_ERR_BUSY);
+    CHECK_ERROR_MENTIONS("cuMemAddressFree", "stay mapped in it", NULL);
+    CHECK_EQ(live("mappings"), maps0 + 1);
+    um__backend_destroy(b);
+    CHECK_EQ(live("mappings"), maps0);
+    CHECK_EQ(live("chunks"), chunks0);
+    /* The reservation the backend could not free. */
+    um_cuResult (*address_free)(um_cuDeviceptr, size_t);
+    *(void **)&address_free = dlsym(lib, "cuMemAddressFree");
+    CHECK(address_free && address_free((um_cuDeviceptr)va, 4 * g) == UM_CU_SUCCESS);
+    fail_clear();
+}
+
+/* The same under the pool: the failed allocation says the range stays
+ * mapped, the next one there succeeds, and the driver ends up holding
+ * exactly what unimem says it reserves, then nothing. */
+static void test_stuck_map_pool(void)
+{
+    long maps0 = live("mappings"), chunks0 = live("chunks");
+    um_context *ctx = NULL;
+    CHECK_OK(um_init("devices=cuda:0", &ctx));
+    if (!ctx)
+        return;
+    um__allocator *pool = ctx->devices[1].alloc;
+    size_t free0, free_now, total;
+    CHECK_OK(um_device_memory_get(ctx, 1, &free0, &total));
+    void *p = NULL, *q = NULL;
+    fail("cuMemSetAccess", 1, UM_CU_ERROR_INVALID_VALUE);
+    fail("cuMemUnmap", 2, UM_CU_ERROR_INVALID_VALUE);
+    CHECK_STATUS(um_malloc(ctx, 1, MIB, NULL, &p), UM_ERR_BUSY);
+    CHECK_ERROR_MENTIONS("cuMemSetAccess", "stays mapped", NULL);
+    CHECK(p == NULL);
+    CHECK_OK(pool->ops->check(pool));
+    CHECK_OK(um_malloc(ctx, 1, MIB, NULL, &p));
+    CHECK_OK(um_malloc(ctx, 1, 3 * MIB, NULL, &q));
+    CHECK_OK(pool->ops->check(pool));
+    um_stats s;
+    CHECK_OK(um_stats_get(ctx, 1, &s));
+    CHECK_OK(um_device_memory_get(ctx, 1, &free_now, &total));
+    CHECK_EQ(s.reserved_bytes, free0 - free_now);
+    CHECK_OK(um_free(ctx, p, NULL));
+    CHECK_OK(um_free(ctx, q, NULL));
+    CHECK_OK(um_trim(ctx, 1));
+    CHECK_OK(um_stats_get(ctx, 1, &s));
+    CHECK_OK(um_device_memory_get(ctx, 1, &free_now, &total));
+    CHECK_EQ(s.reserved_bytes, 0);
+    CHECK_EQ(free0 - free_now, 0);
+    um_shutdown(ctx);
+    CHECK_EQ(live("mappings"), maps0);
+    CHECK_EQ(live("chunks"), chunks0);
+    fail_clear();
+}
+
+/* A failed context switch is named, and costs no cached event. */
+static void test_context_switch(void)
+{
+    um__backend *b = new_gpu();
+    if (!b)
+        return;
+    long events0 = live("events");
+    um__bevent *e = NULL;
+    CHECK_OK(b->ops->event_record(b, NULL, &e));
+    b->ops->event_destroy(b, e); /* now in the cache */
+    CHECK_EQ(live("events"), events0 + 1);
+    fail("cuCtxSetCurrent", 1, INVALID_CONTEXT);
+    e = NULL;
+    CHECK_STATUS(b->ops->event_record(b, NULL, &e), UM_ERR_BACKEND);
+    CHECK_ERROR_MENTIONS("cuCtxSetCurrent", "CUDA_ERROR_INVALID_CONTEXT", "for cuEventRecord");
+    CHECK(strstr(um_last_error(), "cuEventCreate") == NULL);
+    /* The cached event is still there: no new one is created. */
+    CHECK_OK(b->ops->event_record(b, NULL, &e));
+    CHECK_EQ(live("events"), events0 + 1);
+    b->ops->event_destroy(b, e);
+
+    uintptr_t va = 0;
+    fail("cuCtxGetCurrent", 1, INVALID_CONTEXT);
+    CHECK_STATUS(b->ops->reserve(b, b->granularity, &va), UM_ERR_BACKEND);
+    CHECK_ERROR_MENTIONS("cuCtxGetCurrent", "for cuMemAddressReserve", NULL);
+    um__phys h = 0;
+    fail("cuCtxSetCurrent", 1, INVALID_CONTEXT);
+    CHECK_STATUS(b->ops->create(b, b->granularity, &h), UM_ERR_BACKEND);
+    CHECK_ERROR_MENTIONS("cuCtxSetCurrent", "for cuMemCreate", NULL);
+    fail("cuCtxSetCurrent", 1, INVALID_CONTEXT);
+    CHECK_STATUS(b->ops->unmap(b, 0, b->granularity), UM_ERR_BACKEND);
+    CHECK_ERROR_MENTIONS("cuCtxSetCurrent", "for cuMemUnmap", NULL);
+    um__bstream *s = NULL;
+    fail("cuCtxSetCurrent", 1, INVALID_CONTEXT);
+    CHECK_STATUS(b->ops->stream_create(b, &s), UM_ERR_BACKEND);
+    CHECK_ERROR_MENTIONS("cuCtxSetCurrent", "for cuStreamCreate", NULL);
+    um__backend_destroy(b);
+    CHECK_EQ(live("events"), events0);
+    fail_clear();
+}
+
+/* CUDA_ERROR_OUT_OF_MEMORY is UM_ERR_NOMEM, as for cuMemCreate. */
+static void test_out_of_memory(void)
+{
+    um__backend *b = new_gpu();
+    if (!b)
+        return;
+    um__bevent *e = NULL;
+    fail("cuEventCreate", 1, UM_CU_ERROR_OUT_OF_MEMORY);
+    CHECK_STATUS(b->ops->event_record(b, NULL, &e), UM_ERR_NOMEM);
+    CHECK_ERROR_MENTIONS("cuEventCreate", "CUDA_ERROR_OUT_OF_MEMORY", NULL);
+    fail("cuEventRecord", 1, UM_CU_ERROR_OUT_OF_MEMORY);
+    CHECK_STATUS(b->ops->event_record(b, NULL, &e), UM_ERR_NOMEM);
+    CHECK_ERROR_MENTIONS("cuEventRecord", "CUDA_ERROR_OUT_OF_MEMORY", NULL);
+    size_t g = b->granularity;
+    uintptr_t va = 0;
+    um__phys h = 0;
+    CHECK_OK(b->ops->reserve(b, g, &va));
+    CHECK_OK(b->ops->create(b, g, &h));
+    CHECK_OK(b->ops->map(b, va, g, h));
+    fail("cuMemUnmap", 1, UM_CU_ERROR_OUT_OF_MEMORY);
+    CHECK_STATUS(b->ops->unmap(b, va, g), UM_ERR_NOMEM);
+    CHECK_ERROR_MENTIONS("cuMemUnmap", "CUDA_ERROR_OUT_OF_MEMORY", NULL);
+    CHECK_OK(b->ops->unmap(b, va, g));
+    CHECK_OK(b->ops->release(b, h, g));
+    CHECK_OK(b->ops->unreserve(b, va, g));
+    um__backend_destroy(b);
+    fail_clear();
+}
+
+/* A failed stream destroy names its call and keeps the stream; what is
+ * never destroyed, the backend's teardown frees. */
+static void test_stream_destroy(void)
+{
+    um__backend *b = new_gpu();
+    if (!b)
+        return;
+    long streams0 = live("streams");
+    um__bstream *s = NULL;
+    CHECK_OK(b->ops->stream_create(b, &s));
+    void *native = b->ops->stream_native(b, s);
+    fail("cuStreamSynchronize", 1, UM_CU_ERROR_INVALID_VALUE);
+    CHECK_STATUS(b->ops->stream_destroy(b, s), UM_ERR_BACKEND);
+    CHECK_ERROR_MENTIONS("cuStreamSynchronize", "destroying it", NULL);
+    CHECK(strstr(um_last_error(), "cuStreamDestroy") == NULL);
+    fail("cuStreamDestroy", 1, UM_CU_ERROR_INVALID_VALUE);
+    CHECK_STATUS(b->ops->stream_destroy(b, s), UM_ERR_BACKEND);
+    CHECK_ERROR_MENTIONS("cuStreamDestroy", NULL, NULL);
+    CHECK(b->ops->stream_native(b, s) == native); /* still there, for a retry */
+    CHECK_OK(b->ops->stream_destroy(b, s));
+    CHECK_EQ(live("streams"), streams0);
+    /* Given up on (as um_shutdown does after a failure): the backend's
+     * teardown destroys the stream and frees both records (a wrapper's
+     * stream is the program's, only forgotten). */
+    um__bstream *w = NULL;
+    CHECK_OK(b->ops->stream_create(b, &s));
+    CHECK_OK(b->ops->stream_wrap(b, b->ops->stream_native(b, s), &w));
+    CHECK_EQ(live("streams"), streams0 + 1);
+    um__backend_destroy(b);
+    CHECK_EQ(live("streams"), streams0);
+    fail_clear();
+
+    /* Through um_shutdown, whose destroy of a stream fails. */
+    um_context *ctx = NULL;
+    CHECK_OK(um_init("devices=cuda:0", &ctx));
+    if (!ctx)
+        return;
+    streams0 = live("streams");
+    um_stream us = NULL;
+    CHECK_OK(um_stream_create(ctx, 1, &us));
+    CHECK_EQ(live("streams"), streams0 + 1);
+    fail("cuStreamSynchronize", 1000, UM_CU_ERROR_INVALID_VALUE);
+    CHECK_STATUS(um_stream_destroy(ctx, us), UM_ERR_BACKEND);
+    CHECK_ERROR_MENTIONS("cuStreamSynchronize", NULL, NULL);
+    um_shutdown(ctx);
+    fail_clear();
+    CHECK_EQ(live("streams"), streams0);
+}
+
+int main(void)
+{
+    const um__cuda_api *cu = getenv("UM_TEST_FAKE_CUDA") ? um__cuda_load(NULL, 0) : NULL;
+    lib = cu ? dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD) : NULL;
+    if (lib) {
+        *(void **)&fail_call = dlsym(lib, "fake_cuda_fail");
+        *(void **)&fail_clear = dlsym(lib, "fake_cuda_fail_clear");
+        *(void **)&live = dlsym(lib, "fake_cuda_live");
+    }
+    if (!fail_call || !fail_clear || !live) {
+        printf("test_cuda_errors: SKIPPED: needs the stand-in driver (UM_TEST_FAKE_CUDA=1, "
+               "LD_LIBRARY_PATH to its libcuda.so.1)\n");
+        return 77;
+    }
+    test_stuck_map();
+    test_stuck_map_pool();
+    test_context_switch();
+    test_out_of_memory();
+    test_stream_destroy();
+    dlclose(lib);
+    return harness_finish("test_cuda_errors");
+}
