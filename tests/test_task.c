@@ -7,17 +7,87 @@
  * ones, where the tasks compute on copies of the GPU's data). */
 #include "harness.h"
 
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #define WORDS 1024 /* uint32 per buffer: 4 KiB */
 
 static const char *const policies[] = {"eager", "round_robin", "locality", "cost"};
+
+/* ---------------------------------------------------------- watchdog */
+
+/* A wait that used to hang ends the test with a message instead of
+ * holding ctest until its timeout: watch() arms a deadline, unwatch()
+ * clears it, and a thread started in main exits the program past it. */
+static _Atomic long long watch_deadline_ns; /* 0: nothing watched */
+static const char *_Atomic watch_what = "";
+
+static long long mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000000ll + ts.tv_nsec;
+}
+
+static void watch(const char *what, int seconds)
+{
+    atomic_store(&watch_what, what);
+    /* Sanitized builds run several times slower. */
+    long long s = (long long)seconds * (HARNESS_SANITIZED ? 5 : 1);
+    atomic_store(&watch_deadline_ns, mono_ns() + s * 1000000000ll);
+}
+
+static void unwatch(void)
+{
+    atomic_store(&watch_deadline_ns, 0);
+}
+
+static void *watchdog_main(void *arg)
+{
+    (void)arg;
+    for (;;) {
+        usleep(50000);
+        long long d = atomic_load(&watch_deadline_ns);
+        if (d && mono_ns() > d) {
+            fprintf(stderr, "test_task: FAILED: %s did not return (a hang)\n",
+                    atomic_load(&watch_what));
+            _exit(1);
+        }
+    }
+    return NULL;
+}
+
+/* ------------------------------------------- allocation failure (realloc) */
+
+/* The run layer's dependency records grow with realloc; this test program
+ * (only it: each test is its own executable) replaces realloc to fail the
+ * Nth call made by the thread that armed it, and forwards every other call
+ * to the next definition (libc's, or a sanitizer's). Per thread, so the
+ * workers' and other threads' allocations are never failed. */
+static _Thread_local int realloc_fail_in; /* 0: fail none */
+
+/* Not instrumented by ThreadSanitizer: libc calls it while TSan sets a new
+ * thread up, before that thread's TSan state exists (the instrumented
+ * function entry crashed there). */
+__attribute__((no_sanitize_thread)) void *realloc(void *ptr, size_t size)
+{
+    static void *(*_Atomic next)(void *, size_t);
+    if (realloc_fail_in > 0 && --realloc_fail_in == 0)
+        return NULL;
+    void *(*fn)(void *, size_t) = atomic_load(&next);
+    if (!fn) {
+        *(void **)&fn = dlsym(RTLD_NEXT, "realloc");
+        atomic_store(&next, fn);
+    }
+    return fn(ptr, size);
+}
 
 /* ------------------------------------------------- random task graphs */
 
@@ -691,9 +761,263 @@ static void test_priority_order(void)
     um_shutdown(ctx);
 }
 
+/* ------------------------------------------------------- audit findings */
+
+static int nap_fn(const um_task_exec *e)
+{
+    probe *p = e->user;
+    atomic_fetch_add(&p->ran, 1);
+    usleep(1000); /* a measurable time, so placement learns it */
+    return 0;
+}
+
+static _Atomic int in_callback, callback_gate;
+
+/* A done callback that holds its worker (callbacks run on it, outside the
+ * lock) until callback_gate opens. */
+static void holding_done(um_task_id id, um_status st, void *user)
+{
+    probe_done(id, st, user);
+    atomic_store(&in_callback, 1);
+    while (!atomic_load(&callback_gate))
+        usleep(1000);
+}
+
+/* A task cancelled in a device's queue frees room there, and a ready task
+ * waiting for that device is placed at once. Here B ("b", never run on
+ * device 1) waits because the cost policy gives a device one unmeasured
+ * task at a time and A is queued there; A is cancelled while the worker
+ * is held in the previous task's callback, so no task end follows to
+ * place B. B used to wait for ever (and um_shutdown with it). */
+static void test_cancel_frees_queue(void)
+{
+    um_context *ctx = NULL;
+    CHECK_OK(um_init("devices=sim:2x64M,links=model,sched=cost", &ctx));
+    if (!ctx)
+        return;
+    _Atomic int gate = 0;
+    probe first = {0}, g = {0}, a = {0}, b = {0};
+    g.gate = &gate;
+    /* "a" measured on device 1, so the next ones queue there. */
+    um_task t = {.name = "a", .cpu = nap_fn, .device = 1, .user = &first};
+    um_task_id id0, ig, ia, ib;
+    CHECK_OK(um_task_submit(ctx, &t, &id0));
+    CHECK_OK(um_task_wait(ctx, id0));
+    t.cpu = probe_fn;
+    t.user = &g;
+    t.done = holding_done;
+    atomic_store(&in_callback, 0);
+    atomic_store(&callback_gate, 0);
+    CHECK_OK(um_task_submit(ctx, &t, &ig));
+    while (!atomic_load(&g.ran))
+        usleep(1000);
+    t.user = &a;
+    t.done = probe_done;
+    CHECK_OK(um_task_submit(ctx, &t, &ia));
+    t.name = "b";
+    t.user = &b;
+    CHECK_OK(um_task_submit(ctx, &t, &ib));
+    atomic_store(&gate, 1);
+    while (!atomic_load(&in_callback))
+        usleep(1000);
+    /* The worker is in g's callback: A is still queued, B still waits. */
+    CHECK_OK(um_task_cancel(ctx, ia));
+    atomic_store(&callback_gate, 1);
+    watch("um_task_wait for a task waiting on a device freed by um_task_cancel", 30);
+    CHECK_OK(um_task_wait(ctx, ib));
+    unwatch();
+    CHECK_OK(um_task_wait(ctx, ig));
+    CHECK_STATUS(um_task_wait(ctx, ia), UM_ERR_CANCELLED);
+    CHECK_EQ(atomic_load(&a.ran), 0);
+    CHECK_EQ(atomic_load(&b.ran), 1);
+    CHECK_EQ(atomic_load(&b.done_status), UM_OK);
+    CHECK_STATUS(um_wait_all(ctx), UM_ERR_CANCELLED);
+    um_shutdown(ctx);
+}
+
+/* The runtime starts at the first submission; when a device's worker
+ * cannot start (its stream fails here), that submission fails naming the
+ * device and the cause, and the next one starts it whole. It used to
+ * publish the half-made runtime: later submissions succeeded, and tasks
+ * that only the devices without a worker could run waited for ever. */
+static void test_runtime_start_failure(void)
+{
+    um_context *ctx = NULL;
+    CHECK_OK(um_init("devices=sim:2x64M,links=model,host_tasks=0,fault=1:stream@1", &ctx));
+    if (!ctx)
+        return;
+    _Atomic int dev = -1;
+    um_task t = {.name = "where", .cpu = where_fn, .device = -1, .user = (void *)&dev};
+    um_task_id id = 99;
+    CHECK_STATUS(um_task_submit(ctx, &t, &id), UM_ERR_BACKEND);
+    CHECK_ERROR_MENTIONS("could not start", "device 1's worker has no stream",
+                         "injected failure");
+    CHECK_EQ(id, 0);
+    for (int d = 1; d <= 2; d++) {
+        t.device = d;
+        atomic_store(&dev, -1);
+        CHECK_OK(um_task_submit(ctx, &t, &id));
+        watch("um_task_wait after a failed start of the runtime", 30);
+        CHECK_OK(um_task_wait(ctx, id));
+        unwatch();
+        CHECK_EQ(atomic_load(&dev), d);
+    }
+    watch("um_shutdown after a failed start of the runtime", 30);
+    um_shutdown(ctx);
+    unwatch();
+}
+
+/* A submission that runs out of memory for its dependency records fails
+ * whole (UM_ERR_NOMEM, naming the task) and leaves no trace: here B reads
+ * z (its reader list grows: the first realloc) and x (A's list of
+ * dependents grows: the second, which fails). It used to create B failed
+ * with x's `pending` count never raised, and B's end then lowered it,
+ * taking A's count: x could be destroyed while A was queued to use it. */
+static void test_submit_out_of_memory(void)
+{
+    um_context *ctx = NULL;
+    CHECK_OK(um_init("devices=sim:64M,links=model,sched=eager", &ctx));
+    if (!ctx)
+        return;
+    um_buffer *x, *y, *z;
+    CHECK_OK(um_buffer_create(ctx, 4096, NULL, &x));
+    CHECK_OK(um_buffer_create(ctx, 4096, NULL, &y));
+    CHECK_OK(um_buffer_create(ctx, 4096, NULL, &z));
+    _Atomic int gate = 0;
+    probe h = {0}, a = {0}, b = {0};
+    h.gate = &gate;
+    /* h holds device 1, so A stays queued behind it. */
+    um_task t = {.name = "hold", .cpu = probe_fn, .device = 1, .nbuffers = 1, .user = &h};
+    t.buffers[0] = y;
+    t.modes[0] = UM_ACCESS_READ_WRITE;
+    um_task_id ih, ia, ib = 99;
+    CHECK_OK(um_task_submit(ctx, &t, &ih));
+    while (!atomic_load(&h.ran))
+        usleep(1000);
+    t.name = "a";
+    t.user = &a;
+    t.buffers[0] = x;
+    CHECK_OK(um_task_submit(ctx, &t, &ia));
+    um_task bt = {.name = "b", .cpu = probe_fn, .device = 1, .nbuffers = 2, .user = &b};
+    bt.buffers[0] = z;
+    bt.modes[0] = UM_ACCESS_READ;
+    bt.buffers[1] = x;
+    bt.modes[1] = UM_ACCESS_READ;
+    realloc_fail_in = 2;
+    um_status st = um_task_submit(ctx, &bt, &ib);
+    int left = realloc_fail_in;
+    realloc_fail_in = 0;
+    CHECK_EQ(left, 0); /* the injected failure was reached */
+    CHECK_STATUS(st, UM_ERR_NOMEM);
+    CHECK_ERROR_MENTIONS("'b'", "dependency records", "not submitted");
+    CHECK_EQ(ib, 0);
+    /* A, queued, still holds x. */
+    CHECK_STATUS(um_buffer_destroy(x), UM_ERR_BUSY);
+    atomic_store(&gate, 1);
+    CHECK_OK(um_task_wait(ctx, ih));
+    CHECK_OK(um_task_wait(ctx, ia));
+    CHECK_EQ(atomic_load(&a.ran), 1);
+    CHECK_EQ(atomic_load(&b.ran), 0);
+    /* B never existed: the next task takes the next id, and runs. */
+    CHECK_OK(um_task_submit(ctx, &bt, &ib));
+    CHECK_EQ(ib, ia + 1);
+    CHECK_OK(um_task_wait(ctx, ib));
+    CHECK_EQ(atomic_load(&b.ran), 1);
+    CHECK_OK(um_wait_all(ctx));
+    CHECK_OK(um_buffer_destroy(x));
+    CHECK_OK(um_buffer_destroy(y));
+    CHECK_OK(um_buffer_destroy(z));
+    um_shutdown(ctx);
+}
+
+/* No policy places a task on a device whose memory limit is below its
+ * working set: with device 1 limited to 1 MiB and the host kept out, a
+ * task on 1.5 MiB of buffers runs on device 2 under each. eager,
+ * round_robin and locality used to place it on device 1, where its
+ * buffers could not be had and it failed. */
+static void test_policies_respect_limits(void)
+{
+    for (int p = 0; p < 4; p++) {
+        char conf[200];
+        snprintf(conf, sizeof conf,
+                 "devices=sim:2x64M,links=model,sim_granularity=64K,host_tasks=0,sched=%s",
+                 policies[p]);
+        um_context *ctx = NULL;
+        CHECK_OK(um_init(conf, &ctx));
+        if (!ctx)
+            continue;
+        CHECK_OK(um_set_memory_limit(ctx, 1, 1u << 20));
+        um_buffer *b[3];
+        for (int i = 0; i < 3; i++)
+            CHECK_OK(um_buffer_create(ctx, 512u << 10, NULL, &b[i]));
+        for (int k = 0; k < 4; k++) {
+            _Atomic int dev = -1;
+            um_task t = {.name = "big", .cpu = where_fn, .device = -1, .nbuffers = 3,
+                         .user = (void *)&dev};
+            for (int i = 0; i < 3; i++) {
+                t.buffers[i] = b[i];
+                t.modes[i] = UM_ACCESS_READ_WRITE;
+            }
+            um_task_id id;
+            CHECK_OK(um_task_submit(ctx, &t, &id));
+            CHECK_OK(um_task_wait(ctx, id));
+            CHECK_EQ(atomic_load(&dev), 2);
+        }
+        um_task_stats ts;
+        CHECK_OK(um_task_stats_get(ctx, 1, &ts));
+        CHECK_EQ(ts.tasks + ts.failed, 0);
+        for (int i = 0; i < 3; i++)
+            CHECK_OK(um_buffer_destroy(b[i]));
+        um_shutdown(ctx);
+    }
+}
+
+/* A buffer of another context is refused at submission, naming its index:
+ * its devices are not this context's (it failed on a device number the
+ * other lacks, or ran against the wrong context's memory). */
+static void test_foreign_buffer(void)
+{
+    um_context *c1 = NULL, *c2 = NULL;
+    CHECK_OK(um_init("devices=sim:2x64M,links=model", &c1));
+    CHECK_OK(um_init("devices=sim:64M,links=model", &c2));
+    if (!c1 || !c2) {
+        um_shutdown(c1);
+        um_shutdown(c2);
+        return;
+    }
+    um_buffer *mine, *theirs;
+    CHECK_OK(um_buffer_create(c1, 4096, NULL, &mine));
+    CHECK_OK(um_buffer_create(c2, 4096, NULL, &theirs));
+    um_task t = {.name = "mixed", .cpu = noop, .device = -1, .nbuffers = 2};
+    t.buffers[0] = mine;
+    t.modes[0] = UM_ACCESS_READ_WRITE;
+    t.buffers[1] = theirs;
+    t.modes[1] = UM_ACCESS_READ;
+    um_task_id id = 99;
+    for (int d = -1; d <= 1; d++) {
+        t.device = d;
+        CHECK_STATUS(um_task_submit(c1, &t, &id), UM_ERR_INVALID);
+        CHECK_ERROR_MENTIONS("'mixed'", "buffer 1", "another context");
+        CHECK_EQ(id, 0);
+    }
+    CHECK_OK(um_wait_all(c1));
+    CHECK_OK(um_buffer_destroy(mine));
+    CHECK_OK(um_buffer_destroy(theirs));
+    um_shutdown(c1);
+    um_shutdown(c2);
+}
+
 int main(void)
 {
     uint64_t seed = harness_seed("test_task");
+    pthread_t wd;
+    CHECK_EQ(pthread_create(&wd, NULL, watchdog_main, NULL), 0);
+    pthread_detach(wd);
+    test_cancel_frees_queue();
+    test_runtime_start_failure();
+    test_submit_out_of_memory();
+    test_policies_respect_limits();
+    test_foreign_buffer();
     test_priority_order();
     test_nominal_rates();
     test_bad_input();

@@ -137,12 +137,30 @@ void um__place_learn(um__place *p, const um__place_task *t, int dev, uint64_t ns
 
 /* ----------------------------------------------------------- policies */
 
-static int eager(const um__place_task *t, const um__place_device *devs, int n)
+/* Whether every policy may place t on dev: t may run there (an
+ * implementation, not forced elsewhere) and its working set fits under
+ * the device's memory limit (the host's memory is not limited). Placed
+ * where it cannot fit, its acquisition fails; only cost checked this, and
+ * eager, round_robin and locality put such tasks on an accelerator while
+ * the host could run them. */
+static bool placeable(const um__place *p, const um__place_task *t, int dev)
+{
+    if (!t->eligible[dev])
+        return false;
+    if (dev == 0)
+        return true;
+    size_t limit, used;
+    p->env.room(p->env.arg, dev, &limit, &used);
+    return t->bytes <= limit;
+}
+
+static int eager(const um__place *p, const um__place_task *t, const um__place_device *devs,
+                 int n)
 {
     int best = -1;
     for (int d = 1; d <= n; d++) {
         int dev = d % n; /* accelerators first, the host last */
-        if (!t->eligible[dev] || devs[dev].full)
+        if (!placeable(p, t, dev) || devs[dev].full)
             continue;
         if (devs[dev].queued == 0)
             return dev;
@@ -157,7 +175,7 @@ static int round_robin(um__place *p, const um__place_task *t, const um__place_de
 {
     for (int i = 0; i < n; i++) {
         int dev = (p->next + i) % n;
-        if (t->eligible[dev] && !devs[dev].full) {
+        if (placeable(p, t, dev) && !devs[dev].full) {
             p->next = (dev + 1) % n;
             return dev;
         }
@@ -189,7 +207,7 @@ static int locality(const um__place *p, const um__place_task *t, const um__place
     size_t best_bytes = 0;
     for (int d = 1; d <= n; d++) {
         int dev = d % n;
-        if (!t->eligible[dev])
+        if (!placeable(p, t, dev))
             continue;
         double ns;
         size_t bytes = resident(p, t, dev, &ns);
@@ -209,12 +227,10 @@ static int cost(um__place *p, const um__place_task *t, const um__place_device *d
     double best_finish = 0.0;
     for (int d = 1; d <= n; d++) {
         int dev = d % n;
-        if (!t->eligible[dev])
-            continue;
+        if (!placeable(p, t, dev))
+            continue; /* it could never fit there */
         size_t limit, used;
         p->env.room(p->env.arg, dev, &limit, &used);
-        if (dev != 0 && t->bytes > limit)
-            continue; /* it could never fit there */
         double fetch_ns;
         size_t have = resident(p, t, dev, &fetch_ns);
         size_t missing = t->bytes - (have < t->bytes ? have : t->bytes);
@@ -246,7 +262,7 @@ int um__place_pick(um__place *p, const um__place_task *t, const um__place_device
     int dev;
     switch (p->policy) {
     case UM_SCHED_EAGER:
-        dev = eager(t, devs, n);
+        dev = eager(p, t, devs, n);
         break;
     case UM_SCHED_ROUND_ROBIN:
         dev = round_robin(p, t, devs, n);

@@ -15,10 +15,12 @@
  *   cost         the earliest estimated finish: queued work + the missing
  *                inputs' transfer time (the link costs) + the compute time
  *                (history), plus the cost of making room when the device
- *                lacks it; a device whose memory limit is below the task's
- *                working set is never chosen, and one that has not run
- *                such a task yet gets one at a time until it has, its
- *                time guessed from its nominal rate (backend.h).
+ *                lacks it; a device that has not run such a task yet gets
+ *                one at a time until it has, its time guessed from its
+ *                nominal rate (backend.h).
+ *
+ * No policy chooses an accelerator whose memory limit is below the task's
+ * working set (placeable() in place.c).
  */
 #ifndef UM_PLACE_H
 #define UM_PLACE_H
@@ -63,7 +65,8 @@ typedef struct um__place_env {
 /* env is copied. */
 um__place *um__place_create(const um__place_env *env, int policy);
 void um__place_destroy(um__place *p);
-/* The device for t: one where t->eligible holds and that is not full;
+/* The device for t: one where t->eligible holds, its working set fits
+ * under the memory limit (the host's is not limited), and that is not full;
  * *est_ns is the estimated compute time there (for a device that has not
  * run such a task yet: flops at its nominal rate, else the mean of those
  * that have). -1 when t

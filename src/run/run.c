@@ -51,6 +51,7 @@ struct task {
     int dev;                /* where it runs, once ready */
     double est_ns;          /* its estimated compute time there */
     size_t bytes;           /* its working set */
+    int reserved;           /* edges a task being submitted will add (0 otherwise) */
     um_task_id failed_dep;  /* a dependency that failed before it was submitted */
     task *next;             /* in a worker's queue, the ready list, or a list of finished tasks */
     bool retired;           /* its callback ran; freed once settled */
@@ -176,18 +177,24 @@ static access_rec *rec_get(um__run *r, const um_buffer *b)
     return &r->recs[i];
 }
 
-static bool add_reader(access_rec *a, um_task_id id)
+/* Room in a's reader list for one more; false when no memory. */
+static bool reserve_reader(access_rec *a)
 {
-    if (a->nreaders == a->readers_cap) {
-        uint32_t cap = a->readers_cap ? 2 * a->readers_cap : 4;
-        um_task_id *n = realloc(a->readers, cap * sizeof *n);
-        if (!n)
-            return false;
-        a->readers = n;
-        a->readers_cap = cap;
-    }
-    a->readers[a->nreaders++] = id;
+    if (a->nreaders < a->readers_cap)
+        return true;
+    uint32_t cap = a->readers_cap ? 2 * a->readers_cap : 4;
+    um_task_id *n = realloc(a->readers, cap * sizeof *n);
+    if (!n)
+        return false;
+    a->readers = n;
+    a->readers_cap = cap;
     return true;
+}
+
+/* Appends a reader; the room was reserved (reserve_reader). */
+static void add_reader(access_rec *a, um_task_id id)
+{
+    a->readers[a->nreaders++] = id;
 }
 
 /* --------------------------------------------------------- ids, failures */
@@ -869,6 +876,8 @@ static void *worker_main(void *arg)
 
 static void run_fini(um_context *ctx);
 static bool forget_buffer(um_context *ctx, const um_buffer *b);
+static void stop_workers(um__run *r);
+static void free_run(um__run *r);
 
 /* Placement's view of the world (place.h): the context's devices and the
  * buffer layer's replicas. */
@@ -938,31 +947,94 @@ static um_status run_get(um_context *ctx, um__run **out)
     pthread_mutex_init(&r->lock, NULL);
     um__cond_init(&r->finished);
     um_status st = UM_OK;
+    char why[400] = "";
     for (int d = 0; d < ctx->ndevices && st == UM_OK; d++) {
         worker *w = &r->w[d];
-        w->r = r;
+        w->r = r; /* its condition is made: stop_workers destroys it */
         w->dev = d;
         um__cond_init(&w->wake);
         int want = launches_ahead(ctx, d) ? GPU_IN_FLIGHT : 1;
-        for (w->nstreams = 0; w->nstreams < want && st == UM_OK; w->nstreams++)
+        /* nstreams counts the streams made, the ones stop_workers destroys. */
+        for (w->nstreams = 0; w->nstreams < want; w->nstreams++) {
             st = um_stream_create(ctx, d, &w->streams[w->nstreams]);
+            if (st != UM_OK) {
+                snprintf(why, sizeof why, "device %d's worker has no stream: %s", d,
+                         um_last_error());
+                break;
+            }
+        }
         w->stream = w->streams[0];
         if (st == UM_OK) {
             um__vt_spawn();
-            if (pthread_create(&w->tid, NULL, worker_main, w) != 0) {
+            int err = pthread_create(&w->tid, NULL, worker_main, w);
+            if (err != 0) {
                 um__vt_exit();
-                st = um__fail(UM_ERR_NOMEM, "um_task_submit: no thread for device %d's worker",
-                              d);
+                st = UM_ERR_NOMEM;
+                snprintf(why, sizeof why, "no thread for device %d's worker: %s", d,
+                         strerror(err));
             }
         }
         w->started = st == UM_OK;
+    }
+    if (st != UM_OK) {
+        /* Not published: a runtime without a worker on some device took
+         * tasks that only that device could run and waited for them for
+         * ever (um_task_wait, um_shutdown). The next submission tries
+         * again. Torn down without the context's lock, which a starting
+         * GPU worker may take (um__xfer_get). */
+        um__vt_mutex_unlock(&ctx->buffers_lock);
+        stop_workers(r);
+        free_run(r);
+        return um__fail(st, "um_task_submit: the task runtime could not start: %s", why);
     }
     atomic_store_explicit(&ctx->run, r, memory_order_release);
     ctx->run_fini = run_fini;
     atomic_store_explicit(&ctx->forget_buffer, forget_buffer, memory_order_release);
     um__vt_mutex_unlock(&ctx->buffers_lock);
     *out = r;
-    return st;
+    return UM_OK;
+}
+
+/* Stops r's workers and joins them, and destroys their streams and
+ * conditions: every worker made, started or not. */
+static void stop_workers(um__run *r)
+{
+    um_context *ctx = r->ctx;
+    um__vt_mutex_lock(&r->lock);
+    r->quit = true;
+    for (int d = 0; d < ctx->ndevices; d++)
+        if (r->w[d].r)
+            um__cond_broadcast(&r->w[d].wake);
+    um__vt_mutex_unlock(&r->lock);
+    for (int d = 0; d < ctx->ndevices; d++) {
+        worker *w = &r->w[d];
+        if (!w->r)
+            continue;
+        if (w->started)
+            um__vt_join(w->tid, NULL);
+        for (int k = 0; k < w->nstreams; k++)
+            if (w->streams[k])
+                (void)um_stream_destroy(ctx, w->streams[k]);
+        um__cond_destroy(&w->wake);
+    }
+}
+
+/* Frees r, its workers stopped. */
+static void free_run(um__run *r)
+{
+    for (size_t i = 0; i < r->recs_cap; i++)
+        free(r->recs[i].readers);
+    free(r->recs);
+    free(r->outcome);
+    free(r->live);
+    free(r->failures);
+    if (r->task_trace && (ferror(r->task_trace) | fclose(r->task_trace)))
+        um__log(UM_LOG_WARN, "task_trace=%s: writing it failed; the trace is incomplete",
+                r->ctx->opts.task_trace);
+    um__place_destroy(r->place);
+    um__cond_destroy(&r->finished);
+    pthread_mutex_destroy(&r->lock);
+    free(r);
 }
 
 /* At um_shutdown: the tasks submitted run to their end first. */
@@ -972,34 +1044,9 @@ static void run_fini(um_context *ctx)
     if (!r)
         return;
     (void)um_wait_all(ctx);
-    um__vt_mutex_lock(&r->lock);
-    r->quit = true;
-    for (int d = 0; d < ctx->ndevices; d++)
-        um__cond_broadcast(&r->w[d].wake);
-    um__vt_mutex_unlock(&r->lock);
-    for (int d = 0; d < ctx->ndevices; d++) {
-        worker *w = &r->w[d];
-        if (w->started)
-            um__vt_join(w->tid, NULL);
-        for (int k = 0; k < w->nstreams; k++)
-            if (w->streams[k])
-                (void)um_stream_destroy(ctx, w->streams[k]);
-        um__cond_destroy(&w->wake);
-    }
+    stop_workers(r);
     atomic_store_explicit(&ctx->forget_buffer, NULL, memory_order_release);
-    for (size_t i = 0; i < r->recs_cap; i++)
-        free(r->recs[i].readers);
-    free(r->recs);
-    free(r->outcome);
-    free(r->live);
-    free(r->failures);
-    if (r->task_trace && (ferror(r->task_trace) | fclose(r->task_trace)))
-        um__log(UM_LOG_WARN, "task_trace=%s: writing it failed; the trace is incomplete",
-                ctx->opts.task_trace);
-    um__place_destroy(r->place);
-    um__cond_destroy(&r->finished);
-    pthread_mutex_destroy(&r->lock);
-    free(r);
+    free_run(r);
     ctx->run = NULL;
     ctx->run_fini = NULL;
 }
@@ -1049,6 +1096,12 @@ static um_status check_task(um_context *ctx, const um_task *t)
         if (!t->buffers[i] || um_buffer_size(t->buffers[i]) == 0)
             return um__fail(UM_ERR_INVALID, "%s: task '%s': buffer %d is not a live buffer",
                             what, name, i);
+        /* Another context's buffer has other devices (and numbers them
+         * differently): acquiring it failed on a device it lacks, or ran
+         * on a device of the wrong context. */
+        if (t->buffers[i]->ctx != ctx)
+            return um__fail(UM_ERR_INVALID, "%s: task '%s': buffer %d belongs to another "
+                            "context", what, name, i);
         if (m != UM_ACCESS_READ && m != UM_ACCESS_WRITE && m != UM_ACCESS_READ_WRITE &&
             m != UM_ACCESS_WRITE_DISCARD)
             return um__fail(UM_ERR_INVALID, "%s: task '%s': buffer %d has mode %d (READ, WRITE, "
@@ -1106,29 +1159,91 @@ static bool ids_grow(um__run *r)
     return true;
 }
 
+/* The unsettled task `id` names, which a task submitted now waits for;
+ * NULL when none (locked). */
+static task *unsettled(um__run *r, um_task_id id)
+{
+    task *d = id ? r->live[id - 1] : NULL;
+    return d && !(d->state == DONE && d->ndeps == 0) ? d : NULL;
+}
+
+/* Room for one more edge from task `id`, if the task being submitted will
+ * wait for it (locked); false when no memory. d->reserved counts the edges
+ * reserved so far (a task may wait for another through several buffers);
+ * reserve_records clears it. */
+static bool reserve_edge(um__run *r, um_task_id id)
+{
+    task *d = unsettled(r, id);
+    if (!d)
+        return true;
+    int need = d->ndependents + ++d->reserved;
+    if (need <= d->dependents_cap)
+        return true;
+    int cap = d->dependents_cap ? 2 * d->dependents_cap : 4;
+    while (cap < need)
+        cap *= 2;
+    edge *n = realloc(d->dependents, (size_t)cap * sizeof *n);
+    if (!n)
+        return false;
+    d->dependents = n;
+    d->dependents_cap = cap;
+    return true;
+}
+
+/* Makes every record and list entry that submitting ut will need (locked),
+ * before anything is changed: false when no memory, and then nothing that
+ * orders tasks has changed, so the submission can fail as a whole. Records
+ * made for its buffers may stay (empty, no task pending on them). Failing
+ * halfway through the buffers, as it used to, left the task named on some
+ * of them only, and its end then lowered the `pending` count of the rest,
+ * taking other tasks' counts, so a buffer in use could be destroyed. */
+static bool reserve_records(um__run *r, const um_task *ut)
+{
+    bool ok = true;
+    for (int i = 0; i < ut->nbuffers && ok; i++) {
+        access_rec *a = rec_get(r, ut->buffers[i]);
+        if (!a) {
+            ok = false;
+            break;
+        }
+        um_access m = ut->modes[i];
+        ok = reserve_edge(r, a->writer);
+        if (writes(m))
+            for (uint32_t k = 0; k < a->nreaders && ok; k++)
+                ok = reserve_edge(r, a->readers[k]);
+        else
+            ok = ok && reserve_reader(a);
+    }
+    for (int i = 0; i < ut->nbuffers; i++) {
+        const access_rec *a = rec_find(r, ut->buffers[i]);
+        if (!a)
+            continue;
+        task *d = unsettled(r, a->writer);
+        if (d)
+            d->reserved = 0;
+        if (writes(ut->modes[i]))
+            for (uint32_t k = 0; k < a->nreaders; k++)
+                if ((d = unsettled(r, a->readers[k])))
+                    d->reserved = 0;
+    }
+    return ok;
+}
+
 /* t waits for task `id` (locked), unless that one has settled; if it
- * failed, t fails too when it uses what that one makes (`fails_with`). */
-static bool depend(um__run *r, task *t, um_task_id id, bool fails_with)
+ * failed, t fails too when it uses what that one makes (`fails_with`).
+ * The edge's room was reserved (reserve_records). */
+static void depend(um__run *r, task *t, um_task_id id, bool fails_with)
 {
     if (!id || id == t->id)
-        return true;
+        return;
     task *d = r->live[id - 1];
     bool failed = d ? d->state == DONE && d->status != UM_OK : r->outcome[id - 1] != ID_OK;
     if (failed && fails_with && !t->failed_dep)
         t->failed_dep = id;
-    if (!d || (d->state == DONE && d->ndeps == 0))
-        return true;
-    if (d->ndependents == d->dependents_cap) {
-        int cap = d->dependents_cap ? 2 * d->dependents_cap : 4;
-        edge *n = realloc(d->dependents, (size_t)cap * sizeof *n);
-        if (!n)
-            return false;
-        d->dependents = n;
-        d->dependents_cap = cap;
-    }
+    if (!unsettled(r, id))
+        return;
     d->dependents[d->ndependents++] = (edge){t, fails_with};
     t->ndeps++;
-    return true;
 }
 
 /* One line of the task trace for t (locked; its buffers have records). */
@@ -1176,41 +1291,42 @@ um_status um_task_submit(um_context *ctx, const um_task *ut, um_task_id *id)
     if (!ids_grow(r)) {
         um__vt_mutex_unlock(&r->lock);
         free(t);
-        return um__fail(UM_ERR_NOMEM, "um_task_submit: no memory for task ids");
+        return um__fail(UM_ERR_NOMEM, "um_task_submit: task '%s': no memory for task ids",
+                        ut->name ? ut->name : "task");
     }
+    if (!reserve_records(r, ut)) {
+        um__vt_mutex_unlock(&r->lock);
+        um_status fail = um__fail(UM_ERR_NOMEM, "um_task_submit: task '%s': no memory for its "
+                                  "dependency records; it was not submitted", task_name(t));
+        free(t);
+        return fail;
+    }
+    /* Nothing below fails: the task exists from here on. */
     t->id = ++r->nids;
     r->outcome[t->id - 1] = ID_PENDING;
     r->live[t->id - 1] = t;
-    bool ok = true;
-    for (int i = 0; i < ut->nbuffers && ok; i++) {
-        access_rec *a = rec_get(r, ut->buffers[i]);
-        ok = a != NULL;
-        if (!ok)
-            break;
+    for (int i = 0; i < ut->nbuffers; i++) {
+        access_rec *a = rec_find(r, ut->buffers[i]);
         um_access m = ut->modes[i];
         /* After the last writer always (read after write, write after
          * write); a writer also after the readers since (write after read). */
-        ok = depend(r, t, a->writer, reads(m));
+        depend(r, t, a->writer, reads(m));
         if (writes(m))
-            for (uint32_t k = 0; k < a->nreaders && ok; k++)
-                ok = depend(r, t, a->readers[k], false);
-        if (!ok)
-            break;
+            for (uint32_t k = 0; k < a->nreaders; k++)
+                depend(r, t, a->readers[k], false);
         if (writes(m)) {
             a->writer = t->id;
             a->nreaders = 0;
-        } else if (reads(m)) {
-            ok = add_reader(a, t->id);
+        } else {
+            add_reader(a, t->id);
         }
         a->pending++;
     }
-    if (ok && r->task_trace)
+    if (r->task_trace)
         trace_task(r, t);
     r->unfinished++;
     task *done = NULL;
-    if (!ok) {
-        finish(r, t, UM_ERR_TASK, "no memory for the task's dependency records", &done);
-    } else if (t->failed_dep) {
+    if (t->failed_dep) {
         const failure *f = failure_of(r, t->failed_dep);
         char because[256];
         snprintf(because, sizeof because, "task %llu (%s) depends on task %llu, which %s%s%.160s",
@@ -1301,6 +1417,8 @@ um_status um_task_cancel(um_context *ctx, um_task_id id)
         if (w) {
             w->queued--;
             w->queued_ns -= t->est_ns;
+            if (w->queued_ns < 0 || !w->queued)
+                w->queued_ns = 0; /* as in ended: rounding must not leave a credit */
         }
     }
     task *done = NULL;
@@ -1308,6 +1426,11 @@ um_status um_task_cancel(um_context *ctx, um_task_id id)
     snprintf(why, sizeof why, "task %llu (%s) was cancelled", (unsigned long long)id,
              task_name(t));
     finish(r, t, UM_ERR_CANCELLED, why, &done);
+    /* Its queue has room again: a ready task waiting for that device (its
+     * queue was full, or the device was still calibrating on the cancelled
+     * task) is placed now, as after a task's end; without this it waited
+     * for ever when no other task was left to end there. */
+    dispatch(r);
     um__vt_mutex_unlock(&r->lock);
     retire(r, done);
     return UM_OK;
