@@ -207,6 +207,20 @@ static const char *result_name(const cuda_backend *c, um_cuResult r)
     return name;
 }
 
+/* Enters the GPU's context and, where mappings stuck, first tries again
+ * to unmap those stuck_matches selects (see stuck_retry); *stuck tells
+ * whether one stays, in which case the result is the unmap's. */
+static um_cuResult enter_past_stuck(cuda_backend *c, uintptr_t va, size_t size, um__phys h,
+                                    um_cuContext *saved, const char **ctx_failed,
+                                    cuda_stuck_map *left, bool *stuck)
+{
+    *stuck = false;
+    um_cuResult r = um__cuda_enter(c->cu, c->ctx, saved, ctx_failed);
+    if (r == UM_CU_SUCCESS && atomic_load(&c->nstuck))
+        *stuck = (r = stuck_retry(c, va, size, h, left)) != UM_CU_SUCCESS;
+    return r;
+}
+
 /* ------------------------------------------------------------ VMM calls */
 
 static um_status cuda_unreserve(um__backend *b, uintptr_t va, size_t size)
@@ -215,12 +229,10 @@ static um_status cuda_unreserve(um__backend *b, uintptr_t va, size_t size)
     um_cuContext saved = NULL;
     const char *ctx_failed = NULL;
     cuda_stuck_map left = {0};
-    bool mapped = false;
-    um_cuResult r = um__cuda_enter(c->cu, c->ctx, &saved, &ctx_failed);
+    bool mapped;
     /* A stuck mapping in the range is unmapped first: the driver does not
      * free a reservation with a live mapping in it. */
-    if (r == UM_CU_SUCCESS && atomic_load(&c->nstuck))
-        mapped = (r = stuck_retry(c, va, size, 0, &left)) != UM_CU_SUCCESS;
+    um_cuResult r = enter_past_stuck(c, va, size, 0, &saved, &ctx_failed, &left, &mapped);
     if (r == UM_CU_SUCCESS)
         r = c->cu->MemAddressFree((um_cuDeviceptr)va, size);
     um__cuda_leave(c->cu, c->ctx, saved);
@@ -261,14 +273,12 @@ static um_status cuda_release(um__backend *b, um__phys h, size_t size)
     um_cuContext saved = NULL;
     const char *ctx_failed = NULL;
     cuda_stuck_map left = {0};
-    bool mapped = false;
-    um_cuResult r = um__cuda_enter(c->cu, c->ctx, &saved, &ctx_failed);
+    bool mapped;
     /* A chunk whose mapping stuck is released only once that mapping is
      * gone. The driver would take the handle and keep the memory while it
      * stays mapped, so the caller would count memory as returned that is
      * not; refused, the pool keeps the chunk counted and tries again. */
-    if (r == UM_CU_SUCCESS && atomic_load(&c->nstuck))
-        mapped = (r = stuck_retry(c, 0, 0, h, &left)) != UM_CU_SUCCESS;
+    um_cuResult r = enter_past_stuck(c, 0, 0, h, &saved, &ctx_failed, &left, &mapped);
     if (r == UM_CU_SUCCESS)
         r = c->cu->MemRelease((um_cuMemHandle)h);
     um__cuda_leave(c->cu, c->ctx, saved);
@@ -290,15 +300,13 @@ static um_status cuda_map(um__backend *b, uintptr_t va, size_t size, um__phys h)
     um_cuContext saved = NULL;
     const char *ctx_failed = NULL;
     cuda_stuck_map left = {0};
-    bool blocked = false;
+    bool blocked;
     um_cuResult unmap = UM_CU_SUCCESS;
-    um_cuResult r = um__cuda_enter(c->cu, c->ctx, &saved, &ctx_failed);
     const char *what = "cuMemMap";
     /* The pool counts a range unmapped once its map failed, so a mapping
      * that stuck there (below) meets the next map of the range: it is
      * unmapped now if the driver lets it, else the range stays unusable. */
-    if (r == UM_CU_SUCCESS && atomic_load(&c->nstuck))
-        blocked = (r = stuck_retry(c, va, size, 0, &left)) != UM_CU_SUCCESS;
+    um_cuResult r = enter_past_stuck(c, va, size, 0, &saved, &ctx_failed, &left, &blocked);
     if (r == UM_CU_SUCCESS)
         r = c->cu->MemMap((um_cuDeviceptr)va, size, 0, (um_cuMemHandle)h, 0);
     if (r == UM_CU_SUCCESS) {
