@@ -497,6 +497,57 @@ static void test_watermarks(void)
     remove(trace);
 }
 
+/* um_get_watermarks: the options' percentages of the limit until marks
+ * are set, the set pair after, and a pair read while another thread
+ * sets pairs is always one of them (the two marks used to be stored
+ * apart, so a reader could see a new low with an old high). */
+typedef struct marks_writer {
+    um_context *ctx;
+    _Atomic bool stop;
+} marks_writer;
+
+static void *set_marks_in_turn(void *arg)
+{
+    marks_writer *w = arg;
+    for (unsigned i = 0; !atomic_load(&w->stop); i++)
+        (void)um_set_watermarks(w->ctx, 1, i & 1 ? 3 * MB : MB, i & 1 ? 4 * MB : 2 * MB);
+    return NULL;
+}
+
+static void test_watermark_pairs(void)
+{
+    um_context *ctx = open_ctx(32 * MB, "");
+    if (!ctx)
+        return;
+    size_t low = 0, high = 0;
+    CHECK_OK(um_get_watermarks(ctx, 1, &low, &high));
+    CHECK_EQ(low, 32 * MB * 80 / 100); /* watermark_low=80, watermark_high=90 */
+    CHECK_EQ(high, 32 * MB * 90 / 100);
+    CHECK_OK(um_set_watermarks(ctx, 1, 5 * MB, 6 * MB));
+    CHECK_OK(um_get_watermarks(ctx, 1, &low, &high));
+    CHECK_EQ(low, 5 * MB);
+    CHECK_EQ(high, 6 * MB);
+    CHECK_STATUS(um_get_watermarks(ctx, 1, NULL, &high), UM_ERR_INVALID);
+    CHECK_ERROR_MENTIONS("um_get_watermarks", "low_bytes", "NULL");
+    CHECK_STATUS(um_get_watermarks(ctx, 9, &low, &high), UM_ERR_NO_DEVICE);
+    marks_writer w = {ctx, false};
+    pthread_t t;
+    CHECK_EQ(pthread_create(&t, NULL, set_marks_in_turn, &w), 0);
+    unsigned mixed = 0, reads = 200000;
+    for (unsigned i = 0; i < reads; i++) {
+        CHECK_OK(um_get_watermarks(ctx, 1, &low, &high));
+        mixed += !((low == MB && high == 2 * MB) || (low == 3 * MB && high == 4 * MB) ||
+                   (low == 5 * MB && high == 6 * MB));
+    }
+    atomic_store(&w.stop, true);
+    pthread_join(t, NULL);
+    CHECK_EQ(mixed, 0);
+    CHECK_OK(um_set_watermarks(ctx, 1, 0, 0)); /* back to the options */
+    CHECK_OK(um_get_watermarks(ctx, 1, &low, &high));
+    CHECK_EQ(high, 32 * MB * 90 / 100);
+    um_shutdown(ctx);
+}
+
 /* --------------------------------------------------- failed write-back */
 
 /* Puts a flaky backend whose copies all fail in front of every device of
@@ -966,6 +1017,7 @@ int main(void)
     test_malloc_evicts();
     test_hints();
     test_watermarks();
+    test_watermark_pairs();
     test_failed_write_back();
     test_stuck_victim();
     test_alloc_waits_once();

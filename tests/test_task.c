@@ -1007,6 +1007,53 @@ static void test_foreign_buffer(void)
     um_shutdown(c2);
 }
 
+/* Raising a memory limit places a task that was waiting for room: with
+ * device 1 limited below a task's buffers and device 2's queue full of
+ * tasks held at a gate, the task waits; once device 1's limit is raised
+ * it runs there at once. It used to wait until a task ended somewhere. */
+static void test_raised_limit_places(void)
+{
+    um_context *ctx = NULL;
+    CHECK_OK(um_init("devices=sim:2x64M,links=model,sim_granularity=64K,host_tasks=0,"
+                     "sched=eager", &ctx));
+    if (!ctx)
+        return;
+    CHECK_OK(um_set_memory_limit(ctx, 1, 1u << 20));
+    um_buffer *b[3];
+    for (int i = 0; i < 3; i++)
+        CHECK_OK(um_buffer_create(ctx, 512u << 10, NULL, &b[i]));
+    _Atomic int gate = 0;
+    enum { HELD = 8 }; /* more than a queue takes */
+    probe held[HELD] = {0};
+    um_task_id ids[HELD];
+    for (int i = 0; i < HELD; i++) {
+        held[i].gate = &gate;
+        um_task t = {.name = "hold", .cpu = probe_fn, .device = 2, .user = &held[i]};
+        CHECK_OK(um_task_submit(ctx, &t, &ids[i]));
+    }
+    _Atomic int dev = -1;
+    um_task t = {.name = "big", .cpu = where_fn, .device = -1, .nbuffers = 3,
+                 .user = (void *)&dev};
+    for (int i = 0; i < 3; i++) {
+        t.buffers[i] = b[i];
+        t.modes[i] = UM_ACCESS_READ_WRITE;
+    }
+    um_task_id id;
+    CHECK_OK(um_task_submit(ctx, &t, &id));
+    usleep(20000);
+    CHECK_EQ(atomic_load(&dev), -1); /* it waits: device 2 is full, 1 too small */
+    CHECK_OK(um_set_memory_limit(ctx, 1, 64u << 20));
+    long long until = mono_ns() + 10000000000ll * (HARNESS_SANITIZED ? 5 : 1);
+    while (atomic_load(&dev) < 0 && mono_ns() < until)
+        usleep(1000);
+    CHECK_EQ(atomic_load(&dev), 1);
+    atomic_store(&gate, 1);
+    CHECK_OK(um_wait_all(ctx));
+    for (int i = 0; i < 3; i++)
+        CHECK_OK(um_buffer_destroy(b[i]));
+    um_shutdown(ctx);
+}
+
 int main(void)
 {
     uint64_t seed = harness_seed("test_task");
@@ -1018,6 +1065,7 @@ int main(void)
     test_submit_out_of_memory();
     test_policies_respect_limits();
     test_foreign_buffer();
+    test_raised_limit_places();
     test_priority_order();
     test_nominal_rates();
     test_bad_input();

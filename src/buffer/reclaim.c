@@ -28,6 +28,7 @@
 
 #include "../base/vtime.h"
 
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,7 +39,12 @@
 typedef struct device_counters {
     _Atomic uint64_t evictions, written_back, written_back_bytes, refetched_bytes, runs, sync,
         wait_ns, failed, spilled, spilled_bytes;
-    _Atomic size_t low, high; /* watermarks in bytes; 0, 0: from the options */
+    /* Watermarks in bytes (0, 0: from the options), set by
+     * um_set_watermarks as a pair: `marks_seq` is odd while a pair is
+     * being written, and a reader retries until it reads the same even
+     * value around both, so it never sees one old mark and one new. */
+    _Atomic size_t low, high;
+    _Atomic unsigned marks_seq;
     _Atomic int64_t replica_bytes; /* memory held by buffer replicas */
 } device_counters;
 
@@ -47,6 +53,7 @@ struct um__reclaim {
     um_context *ctx;
     pthread_mutex_t one;     /* one eviction at a time */
     pthread_mutex_t lock;    /* the thread's wake-up */
+    pthread_mutex_t marks_lock; /* um_set_watermarks' writers */
     um__cond wake;
     bool quit, nudged, thread_started;
     pthread_t tid;
@@ -360,8 +367,14 @@ static bool reclaim_hook(um_context *ctx, int dev, size_t bytes)
 static void marks(um__reclaim *rc, int dev, size_t *low, size_t *high)
 {
     device_counters *c = &rc->dev[dev];
-    *low = atomic_load(&c->low);
-    *high = atomic_load(&c->high);
+    for (;;) {
+        unsigned seq = atomic_load(&c->marks_seq);
+        *low = atomic_load(&c->low);
+        *high = atomic_load(&c->high);
+        if (!(seq & 1u) && atomic_load(&c->marks_seq) == seq)
+            break;
+        sched_yield();
+    }
     if (*high)
         return;
     size_t limit = rc->ctx->devices[dev].alloc->memory_limit;
@@ -440,6 +453,7 @@ um__reclaim *um__reclaim_create(um__xfer *x)
     rc->ctx = NULL;
     pthread_mutex_init(&rc->one, NULL);
     pthread_mutex_init(&rc->lock, NULL);
+    pthread_mutex_init(&rc->marks_lock, NULL);
     um__cond_init(&rc->wake);
     return rc;
 }
@@ -468,6 +482,7 @@ void um__reclaim_destroy(um__reclaim *rc)
     }
     um__cond_destroy(&rc->wake);
     pthread_mutex_destroy(&rc->lock);
+    pthread_mutex_destroy(&rc->marks_lock);
     pthread_mutex_destroy(&rc->one);
     free(rc);
 }
@@ -527,10 +542,27 @@ um_status um_set_watermarks(um_context *ctx, int dev, size_t low_bytes, size_t h
         return um__fail(UM_ERR_INVALID,
                         "um_set_watermarks: device %d: the low mark (%zu bytes) is above the "
                         "high mark (%zu bytes)", dev, low_bytes, high_bytes);
-    atomic_store(&rc->dev[dev].low, low_bytes);
-    atomic_store(&rc->dev[dev].high, high_bytes);
+    device_counters *c = &rc->dev[dev];
+    pthread_mutex_lock(&rc->marks_lock); /* writers one at a time */
+    atomic_fetch_add(&c->marks_seq, 1);
+    atomic_store(&c->low, low_bytes);
+    atomic_store(&c->high, high_bytes);
+    atomic_fetch_add(&c->marks_seq, 1);
+    pthread_mutex_unlock(&rc->marks_lock);
     nudge(rc);
     return UM_OK;
+}
+
+um_status um_get_watermarks(um_context *ctx, int dev, size_t *low_bytes, size_t *high_bytes)
+{
+    if (!low_bytes || !high_bytes)
+        return um__fail(UM_ERR_INVALID, "um_get_watermarks: %s is NULL",
+                        !low_bytes ? "low_bytes" : "high_bytes");
+    um__reclaim *rc;
+    um_status st = reclaim_of(ctx, dev, "um_get_watermarks", &rc);
+    if (st == UM_OK)
+        marks(rc, dev, low_bytes, high_bytes);
+    return st;
 }
 
 um_status um_reclaim_stats_get(um_context *ctx, int dev, um_reclaim_stats *out)

@@ -79,6 +79,10 @@ struct um_context {
     struct um__run *_Atomic run;
     void (*run_fini)(um_context *ctx);
     bool (*_Atomic forget_buffer)(um_context *ctx, const struct um_buffer *b);
+    /* A device's memory limit changed: ready tasks waiting for a device
+     * they fit on are placed again (one that fits only under a raised
+     * limit waited until some task ended). Set with the run layer. */
+    void (*_Atomic limit_changed)(um_context *ctx);
     /* Virtual time (option virtual_time): how long a task takes on a sim
      * device, in ns (its name, flops and largest buffer), when the caller
      * models it, alone on the device and (*packed_ns) while other kernels

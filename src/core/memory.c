@@ -248,10 +248,17 @@ um_status um_set_memory_limit(um_context *ctx, int dev, size_t bytes)
 {
     um__allocator *a;
     um_status st = allocator_for(ctx, dev, "um_set_memory_limit", &a);
+    if (st != UM_OK)
+        return st;
     /* A limit above the device's memory is the device's memory. */
-    if (st == UM_OK && bytes > a->backend->capacity)
+    if (bytes > a->backend->capacity)
         bytes = a->backend->capacity;
-    return st == UM_OK ? a->ops->set_memory_limit(a, bytes) : st;
+    st = a->ops->set_memory_limit(a, bytes);
+    void (*changed)(um_context *) =
+        atomic_load_explicit(&ctx->limit_changed, memory_order_acquire);
+    if (st == UM_OK && changed)
+        changed(ctx);
+    return st;
 }
 
 um_status um_set_cache_limit(um_context *ctx, int dev, size_t bytes)

@@ -876,6 +876,7 @@ static void *worker_main(void *arg)
 
 static void run_fini(um_context *ctx);
 static bool forget_buffer(um_context *ctx, const um_buffer *b);
+static void limit_changed(um_context *ctx);
 static void stop_workers(um__run *r);
 static void free_run(um__run *r);
 
@@ -990,6 +991,7 @@ static um_status run_get(um_context *ctx, um__run **out)
     atomic_store_explicit(&ctx->run, r, memory_order_release);
     ctx->run_fini = run_fini;
     atomic_store_explicit(&ctx->forget_buffer, forget_buffer, memory_order_release);
+    atomic_store_explicit(&ctx->limit_changed, limit_changed, memory_order_release);
     um__vt_mutex_unlock(&ctx->buffers_lock);
     *out = r;
     return UM_OK;
@@ -1046,6 +1048,7 @@ static void run_fini(um_context *ctx)
     (void)um_wait_all(ctx);
     stop_workers(r);
     atomic_store_explicit(&ctx->forget_buffer, NULL, memory_order_release);
+    atomic_store_explicit(&ctx->limit_changed, NULL, memory_order_release);
     free_run(r);
     ctx->run = NULL;
     ctx->run_fini = NULL;
@@ -1065,6 +1068,16 @@ static bool forget_buffer(um_context *ctx, const um_buffer *b)
     }
     um__vt_mutex_unlock(&r->lock);
     return ok;
+}
+
+static void limit_changed(um_context *ctx)
+{
+    um__run *r = atomic_load_explicit(&ctx->run, memory_order_acquire);
+    if (!r)
+        return;
+    um__vt_mutex_lock(&r->lock);
+    dispatch(r);
+    um__vt_mutex_unlock(&r->lock);
 }
 
 /* -------------------------------------------------------------- public */
