@@ -357,13 +357,23 @@ static void random_faults(const char *name, sequence seq)
 
 static void test_bad_specs(void)
 {
-    static const char *const bad[] = {"bogus@1", "map@0", "map", "map~1.5", "99:map@1", "map@x"};
+    /* "reserve~" and "create@ -1" were taken (p = 0; the call 2^64-1),
+     * and a device index alone ("5") was read past its end. */
+    static const char *const bad[] = {"bogus@1", "map@0", "map",     "map~1.5",    "99:map@1",
+                                      "map@x",   "5",     "reserve~", "create@ -1", "3:"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char conf[96];
         snprintf(conf, sizeof conf, "devices=sim:8M,fault=%s", bad[i]);
         um_context *ctx = NULL;
         CHECK_STATUS(um_init(conf, &ctx), UM_ERR_BAD_OPTION);
         CHECK_ERROR_MENTIONS("fault", bad[i], NULL);
+        /* The parser on its own, from a copy of exactly the spec's size
+         * (so that AddressSanitizer sees a read past its end). */
+        char *spec = strdup(bad[i]);
+        um__fault_plan *plan = NULL;
+        CHECK_STATUS(um__fault_plan_parse(spec, 1, &plan), UM_ERR_BAD_OPTION);
+        CHECK(plan == NULL);
+        free(spec);
     }
     /* A rule for one device leaves the others alone. */
     um_context *ctx = NULL;
@@ -381,10 +391,43 @@ static void test_bad_specs(void)
     }
 }
 
+/* Each rule counts every call of its kind, also those another rule
+ * fails: with "reserve@1+any@2" the first reservation fails by the first
+ * rule, and the second call of any kind (the second reservation) by the
+ * second. The second rule used to miss the call the first one failed, and
+ * failed the third call instead. */
+static void test_rules_count_apart(void)
+{
+    um__fault_plan *plan = NULL;
+    CHECK_OK(um__fault_plan_parse("reserve@1+any@2", 1, &plan));
+    um__backend *sim = NULL, *w = NULL;
+    CHECK_OK(um__sim_backend_create("sim", 64 * MB, 2 * MB, 0, &sim));
+    if (!plan || !sim) {
+        um__fault_plan_free(plan);
+        return;
+    }
+    CHECK_OK(um__fault_wrap(sim, plan, 0, &w));
+    um_status want[3] = {UM_ERR_BACKEND, UM_ERR_BACKEND, UM_OK};
+    for (int i = 0; i < 3 && w; i++) {
+        uintptr_t va = 0;
+        um_status st = um__be_reserve(w, 2 * MB, &va);
+        CHECK_STATUS(st, want[i]);
+        if (st == UM_OK)
+            CHECK_OK(um__be_unreserve(w, va, 2 * MB));
+    }
+    CHECK_EQ(um__fault_fired(plan), 2ull);
+    if (w)
+        um__backend_destroy(w);
+    else
+        um__backend_destroy(sim);
+    um__fault_plan_free(plan);
+}
+
 int main(void)
 {
     unsetenv("UNIMEM_CONF");
     test_bad_specs();
+    test_rules_count_apart();
     every_position("pool", seq_pool, "any");
     every_position("buffers", seq_buffers, "any");
     random_faults("pool", seq_pool);

@@ -80,9 +80,12 @@ um_status um__fault_plan_parse(const char *spec, int seed, um__fault_plan **out)
             r->dev = -1;
             if (c < end && *c >= '0' && *c <= '9') {
                 long d = strtol(c, &num_end, 10);
-                if (num_end >= end || *num_end != ':' || d >= 64)
-                    st = bad_spec(spec, item, len, "a device index is followed by ':' and is "
-                                                   "below 64");
+                if (num_end >= end || *num_end != ':' || d >= 64) {
+                    /* Nothing after it is read: num_end may be the end. */
+                    free(p);
+                    return bad_spec(spec, item, len, "a device index is followed by ':' and "
+                                                     "is below 64");
+                }
                 r->dev = (int)d;
                 c = num_end + 1;
             }
@@ -98,12 +101,13 @@ um_status um__fault_plan_parse(const char *spec, int seed, um__fault_plan **out)
             c += klen;
             if (st == UM_OK && c < end && *c == '@') {
                 unsigned long long n = strtoull(c + 1, &num_end, 10);
-                if (num_end != end || n == 0 || c[1] == '-')
+                /* strtoull would skip spaces and take "-1" as 2^64-1. */
+                if (num_end != end || n == 0 || !(c[1] >= '0' && c[1] <= '9'))
                     st = bad_spec(spec, item, len, "'@' needs a call number of 1 or more");
                 r->nth = n;
             } else if (st == UM_OK && c < end && *c == '~') {
                 double pr = strtod(c + 1, &num_end);
-                if (num_end != end || !(pr >= 0.0 && pr <= 1.0))
+                if (num_end != end || num_end == c + 1 || !(pr >= 0.0 && pr <= 1.0))
                     st = bad_spec(spec, item, len, "'~' needs a probability from 0 to 1");
                 r->p = pr;
             } else if (st == UM_OK) {
@@ -151,23 +155,32 @@ static fault_backend *fb(um__backend *b) { return (fault_backend *)b; }
 static bool fails(fault_backend *f, enum fault_kind k, um_status *st)
 {
     um__fault_plan *p = f->plan;
+    /* Every rule the call matches counts it, also after one fires: each
+     * rule's "Nth call" counts the calls of its kind, whatever the other
+     * rules do. */
+    int fire = -1;
+    uint64_t fire_n = 0;
     for (int i = 0; i < p->nrules; i++) {
         fault_rule *r = &p->rules[i];
         if ((r->kind != k && r->kind != FK_ANY) || (r->dev >= 0 && r->dev != f->dev))
             continue;
         uint64_t n = atomic_fetch_add(&r->seen, 1) + 1;
-        if (r->nth ? n == r->nth : draw(p->seed + (uint64_t)i, n) < r->p) {
-            atomic_fetch_add(&p->fired, 1);
-            um__log(UM_LOG_INFO, "fault: %s: failing call %llu of kind '%s' (%s)",
-                    f->inner->name, (unsigned long long)n, kind_names[r->kind], kind_names[k]);
-            /* A device running out is what a failed create means. */
-            *st = um__fail(k == FK_CREATE ? UM_ERR_NOMEM : UM_ERR_BACKEND,
-                           "%s: injected failure of call %llu of kind '%s' (fault=%s)",
-                           f->inner->name, (unsigned long long)n, kind_names[r->kind], p->spec);
-            return true;
+        if (fire < 0 && (r->nth ? n == r->nth : draw(p->seed + (uint64_t)i, n) < r->p)) {
+            fire = i;
+            fire_n = n;
         }
     }
-    return false;
+    if (fire < 0)
+        return false;
+    atomic_fetch_add(&p->fired, 1);
+    const char *rule_kind = kind_names[p->rules[fire].kind];
+    um__log(UM_LOG_INFO, "fault: %s: failing call %llu of kind '%s' (%s)", f->inner->name,
+            (unsigned long long)fire_n, rule_kind, kind_names[k]);
+    /* A device running out is what a failed create means. */
+    *st = um__fail(k == FK_CREATE ? UM_ERR_NOMEM : UM_ERR_BACKEND,
+                   "%s: injected failure of call %llu of kind '%s' (fault=%s)", f->inner->name,
+                   (unsigned long long)fire_n, rule_kind, p->spec);
+    return true;
 }
 
 #define FORWARD(kind, op, ...)                                                                     \
