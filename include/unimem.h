@@ -152,7 +152,9 @@ UM_API um_status um_stream_create(um_context *ctx, int dev, um_stream *out);
  * stream (um_record_stream) wait for it, it fails and the stream stays. */
 UM_API um_status um_stream_destroy(um_context *ctx, um_stream s);
 UM_API um_status um_stream_synchronize(um_context *ctx, um_stream s);
-/* The device a stream belongs to, or -1 for an invalid handle. */
+/* The device a stream belongs to, or -1 for an invalid handle (NULL, or
+ * one of the last 4,096 streams destroyed: calls given such a handle fail
+ * with UM_ERR_INVALID; older handles must not be used, as freed memory). */
 UM_API int um_stream_device(um_stream s);
 /* Simulated work on a sim device's stream (NULL: its default stream):
  * queues `launch` units, then completes up to `complete` queued units, in

@@ -409,6 +409,24 @@ static void test_streams(const char *alloc)
      * read, so this reads no freed memory. */
     CHECK_STATUS(um_stream_destroy(ctx, s), UM_ERR_INVALID);
     CHECK_OK(um_free(ctx, q, NULL));
+    /* A destroyed handle is not live to any call (these read freed
+     * memory before: AddressSanitizer). */
+    CHECK_EQ(um_stream_device(s), -1);
+    CHECK_STATUS(um_stream_synchronize(ctx, s), UM_ERR_INVALID);
+    CHECK_ERROR_MENTIONS("not a live stream", NULL, NULL);
+    void *r = NULL;
+    CHECK_STATUS(um_malloc(ctx, 1, 4096, s, &r), UM_ERR_INVALID);
+    CHECK(r == NULL);
+    CHECK_STATUS(um_sim_stream_work(ctx, 1, s, 1, 1), UM_ERR_INVALID);
+    /* More streams destroyed than the handles kept: the oldest go back
+     * (ASan: nothing freed twice, nothing left at shutdown), the newest
+     * are still reported. */
+    um_stream last = NULL;
+    for (int i = 0; i < 4200; i++) {
+        CHECK_OK(um_stream_create(ctx, 1, &last));
+        CHECK_OK(um_stream_destroy(ctx, last));
+    }
+    CHECK_EQ(um_stream_device(last), -1);
 
     /* Ids of destroyed streams are reused, the most recent first. */
     um_stream u = NULL;

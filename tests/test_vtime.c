@@ -546,6 +546,84 @@ static void test_bad_config(void)
     um_shutdown(ctx);
 }
 
+/* A wait on stream B queued on A behind A's kernel outlives B: B's
+ * destroy waits for B's 20 ms, then frees it, and A reaches the wait at
+ * 30 ms. The wait read B after it was freed (AddressSanitizer). */
+static void test_wait_outlives_stream(void)
+{
+    um__backend *be = NULL;
+    CHECK_OK(um__vt_start());
+    CHECK_OK(um__sim_backend_create("sim0", 1ull << 30, 2ull << 20, 0, &be));
+    if (!be) {
+        um__vt_stop();
+        return;
+    }
+    CHECK_OK(um__vdev_start(&be, 1));
+    um__bstream *a = NULL, *b = NULL;
+    CHECK_OK(be->ops->stream_create(be, &a));
+    CHECK_OK(be->ops->stream_create(be, &b));
+    CHECK_OK(um__sim_stream_kernel(be, b, 20 * MS, 20 * MS));
+    CHECK_OK(um__sim_stream_kernel(be, a, 30 * MS, 30 * MS));
+    um__bevent *e = NULL;
+    CHECK_OK(be->ops->event_record(be, b, &e));
+    CHECK_OK(be->ops->stream_wait(be, a, be, e));
+    be->ops->event_destroy(be, e);
+    CHECK_OK(be->ops->stream_destroy(be, b));
+    CHECK_EQ(um__vt_now(), 20 * MS);
+    CHECK_OK(be->ops->stream_sync(be, a));
+    CHECK_EQ(um__vt_now(), 50 * MS); /* A's kernel ran behind B's (packed: 30 ms) */
+    CHECK_OK(be->ops->stream_destroy(be, a));
+    um__vdev_stop();
+    um__backend_destroy(be);
+    um__vt_stop();
+}
+
+/* Virtual time with the fault option: the devices are wrapped, and the
+ * model found them through the wrappers only as the memfd backends they
+ * wrap (it wrote its device index past the wrapper's end before). */
+static void test_faults_in_virtual_time(void)
+{
+    um_context *ctx = NULL;
+    CHECK_OK(um_init("devices=sim:2x1G,virtual_time=1,host_capacity=1G,sim_link_bandwidth=1G,"
+                     "fault=reserve~0", &ctx));
+    if (!ctx)
+        return;
+    uint64_t t0;
+    um_buffer *b = host_buffer(ctx, 1u << 20, &t0);
+    um_stream s;
+    CHECK_OK(um_stream_create(ctx, 2, &s));
+    void *p;
+    CHECK_OK(um_buffer_acquire(b, 2, UM_ACCESS_READ, s, &p));
+    CHECK_OK(um__sim_stream_kernel(ctx->devices[2].backend, s->ref.bstream, 5 * MS, 5 * MS));
+    CHECK_OK(um_buffer_release(b, 2, s));
+    CHECK_OK(um_stream_synchronize(ctx, s));
+    /* The copy in to device 2 (1 MiB at 1 GiB/s: 0.977 ms), then 5 ms. */
+    CHECK(um__now_ns() - t0 >= 5 * MS + 976562);
+    CHECK(um__now_ns() - t0 <= 5 * MS + 976563);
+    CHECK_OK(um_stream_destroy(ctx, s));
+    CHECK_OK(um_buffer_destroy(b));
+    um_shutdown(ctx);
+}
+
+/* A context in virtual time is the process's only one: the clock is the
+ * process's, and a context beside it hung at its shutdown (its reclaimer
+ * waited on the clock, which then stopped). */
+static void test_alone_in_virtual_time(void)
+{
+    um_context *plain = NULL, *virt = NULL;
+    CHECK_OK(um_init("devices=sim:1G,host_capacity=1G", &plain));
+    CHECK_STATUS(um_init("devices=sim:1G,virtual_time=1,host_capacity=1G", &virt), UM_ERR_BUSY);
+    CHECK_ERROR_MENTIONS("virtual_time", "1 other context", "only one");
+    CHECK(virt == NULL && !um__vt_on());
+    um_shutdown(plain);
+    CHECK_OK(um_init("devices=sim:1G,virtual_time=1,host_capacity=1G", &virt));
+    CHECK_STATUS(um_init("devices=sim:1G,host_capacity=1G", &plain), UM_ERR_BUSY);
+    CHECK_ERROR_MENTIONS("runs in virtual time", "the only one", NULL);
+    um_shutdown(virt);
+    CHECK_OK(um_init("devices=sim:1G,host_capacity=1G", &plain));
+    um_shutdown(plain);
+}
+
 int main(void)
 {
     uint64_t seed = harness_seed("test_vtime");
@@ -560,5 +638,8 @@ int main(void)
     test_engines_agree();
     test_evicting_runs_clean();
     test_bad_config();
+    test_wait_outlives_stream();
+    test_faults_in_virtual_time();
+    test_alone_in_virtual_time();
     return harness_finish("test_vtime");
 }

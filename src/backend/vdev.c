@@ -27,7 +27,7 @@ typedef struct um__vdev_op {
     uint64_t packed_ns;    /* and behind another kernel (vdev.h) */
     double bytes;          /* a copy's */
     int src, dst;          /* a copy's devices */
-    um__bstream *other;    /* a wait's stream and mark */
+    um__bstream *other;    /* a wait's stream and mark (NULL: that stream is gone) */
     uint64_t mark;
 } vop;
 
@@ -127,7 +127,7 @@ static bool start_head(um__bstream *s, uint64_t t)
                     done = true; /* cannot happen with a checked route */
             }
         } else {
-            done = mark_done(o->other, o->mark);
+            done = !o->other || mark_done(o->other, o->mark);
         }
         if (!done && o->kind == OP_WAIT)
             break; /* looked at again after every event */
@@ -296,8 +296,13 @@ um_status um__vdev_start(um__backend *const *devices, int ndev)
     memset(&vd, 0, sizeof vd);
     vd.ndev = ndev;
     for (int i = 0; i < ndev; i++) {
-        vd.dev[i] = devices[i];
-        ((um__memfd_backend *)devices[i])->vt_dev = i;
+        /* The memfd backend itself, under any wrapper (the fault option's):
+         * its streams and memory are the ones modelled. */
+        um__backend *b = devices[i];
+        while (b->wrapped)
+            b = b->wrapped;
+        vd.dev[i] = b;
+        ((um__memfd_backend *)b)->vt_dev = i;
     }
     /* Each sim device's modelled link to the host: resource 2i into it,
      * 2i + 1 out of it; a copy between two crosses both through the host. */
@@ -442,7 +447,9 @@ void um__vdev_wait(um__bstream *s, uint64_t mark)
 }
 
 /* Lock held. A started copy's flow stays in the net; the backend forgets
- * only streams it has waited for, so none is left there. */
+ * only streams it has waited for, so none is left there. Other streams'
+ * waits for s, queued behind their own work, are done: s's work is (a
+ * stream is destroyed after it), and s is about to be freed. */
 static void forget_locked(um__bstream *s)
 {
     while (s->vt_head) {
@@ -452,6 +459,17 @@ static void forget_locked(um__bstream *s)
     }
     s->vt_tail = NULL;
     list_remove(s);
+    bool waits = false;
+    for (um__bstream *w = vd.busy; w; w = w->vt_next)
+        for (vop *o = w->vt_head; o; o = o->next)
+            if (o->kind == OP_WAIT && o->other == s) {
+                o->other = NULL;
+                waits = true;
+            }
+    if (waits) {
+        settle(um__vt_now());
+        um__vt_model_changed_locked();
+    }
 }
 
 void um__vdev_forget(um__bstream *s)

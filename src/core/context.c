@@ -36,11 +36,20 @@ typedef struct id_stack {
     size_t n, cap;
 } id_stack;
 
+/* Destroyed stream handles kept (magic cleared) before their memory goes
+ * back: a handle used after its um_stream_destroy is then reported as not
+ * live, as um_stream_device promises, instead of read after it was freed
+ * (or taken for a new stream made in its memory). Bounded, so that a
+ * program that makes and destroys streams in a loop does not grow. */
+#define DEAD_STREAMS_KEPT 4096u
+
 typedef struct context_impl {
     struct um_context pub; /* first: a um_context is a pointer to this */
     pthread_mutex_t lock;
     stream_node streams; /* sentinel of a circular list */
     id_stack free_ids[UM_MAX_DEVICES]; /* ids of destroyed streams, reused first */
+    stream_node *dead_head, *dead_tail; /* oldest first, through next */
+    unsigned ndead;
 } context_impl;
 
 static context_impl *impl_of(um_context *ctx)
@@ -524,12 +533,24 @@ um_status um_stream_destroy(um_context *ctx, um_stream s)
         return st;
     }
     s->magic = 0;
+    stream_node *oldest = NULL;
     um__vt_mutex_lock(&impl->lock);
     give_id_locked(impl, s->dev, s->ref.id);
     if (host_id)
         give_id_locked(impl, 0, host_id);
+    n->next = NULL;
+    if (impl->dead_tail)
+        impl->dead_tail->next = n;
+    else
+        impl->dead_head = n;
+    impl->dead_tail = n;
+    if (++impl->ndead > DEAD_STREAMS_KEPT) {
+        oldest = impl->dead_head;
+        impl->dead_head = oldest->next;
+        impl->ndead--;
+    }
     um__vt_mutex_unlock(&impl->lock);
-    free(n);
+    free(oldest);
     return UM_OK;
 }
 
@@ -627,6 +648,11 @@ static void destroy_context(context_impl *impl)
     ctx->ndevices = 0;
     for (int i = 0; i < UM_MAX_DEVICES; i++)
         free(impl->free_ids[i].ids);
+    while (impl->dead_head) {
+        stream_node *n = impl->dead_head;
+        impl->dead_head = n->next;
+        free(n);
+    }
     um__events_close(ctx->events);
     um__fault_plan_free(ctx->fault);
     pthread_mutex_destroy(&ctx->buffers_lock);
@@ -892,14 +918,51 @@ static um_status check_spill_dir(const char *dir)
     return UM_OK;
 }
 
+/* The contexts of the process, and whether one runs in virtual time. The
+ * virtual clock is the process's: every wait of every context's threads
+ * goes through it while it runs, so a context without it beside one with
+ * it hung (its reclaimer waited on the clock, which then stopped). */
+static pthread_mutex_t contexts_lock = PTHREAD_MUTEX_INITIALIZER;
+static int live_contexts;
+static bool virtual_context_live;
+
+/* Counts a context in (and starts the clock for a virtual one), or fails
+ * naming why it cannot coexist with those there are. */
+static um_status enter_context(bool virtual_time)
+{
+    pthread_mutex_lock(&contexts_lock);
+    um_status st = UM_OK;
+    if (virtual_context_live)
+        st = um__fail(UM_ERR_BUSY, "um_init: a context of this process runs in virtual time "
+                      "(option virtual_time), and while it lives it is the only one (one at "
+                      "a time: the clock is the process's)");
+    else if (virtual_time && live_contexts)
+        st = um__fail(UM_ERR_BUSY, "option 'virtual_time': %d other context%s of this process "
+                      "%s live; a context in virtual time must be the only one (one at a time: "
+                      "the clock is the process's)", live_contexts,
+                      live_contexts == 1 ? "" : "s", live_contexts == 1 ? "is" : "are");
+    else if (virtual_time)
+        st = um__vt_start();
+    if (st == UM_OK) {
+        live_contexts++;
+        virtual_context_live = virtual_time;
+    }
+    pthread_mutex_unlock(&contexts_lock);
+    return st;
+}
+
 /* After the context is gone: its streams and threads no longer use the
  * clock. */
-static void end_virtual_time(bool on)
+static void leave_context(bool virtual_time)
 {
-    if (on) {
+    pthread_mutex_lock(&contexts_lock);
+    if (virtual_time) {
         um__vdev_stop();
         um__vt_stop();
+        virtual_context_live = false;
     }
+    live_contexts--;
+    pthread_mutex_unlock(&contexts_lock);
 }
 
 um_status um_init(const char *conf, um_context **out)
@@ -938,18 +1001,18 @@ um_status um_init(const char *conf, um_context **out)
             return um__fail(UM_ERR_BAD_OPTION,
                             "option 'virtual_time': only sim devices run in virtual time, and "
                             "'devices' names a GPU (%s)", opts.devices);
-    if (opts.virtual_time && (st = um__vt_start()) != UM_OK)
+    if ((st = enter_context(opts.virtual_time)) != UM_OK)
         return st;
 
     context_impl *impl = calloc(1, sizeof *impl);
     if (!impl) {
-        end_virtual_time(opts.virtual_time);
+        leave_context(opts.virtual_time);
         return um__fail(UM_ERR_NOMEM, "um_init: no memory for a context (%zu bytes)", sizeof *impl);
     }
     int err = pthread_mutex_init(&impl->lock, NULL);
     if (err) {
         free(impl);
-        end_virtual_time(opts.virtual_time);
+        leave_context(opts.virtual_time);
         return um__fail(UM_ERR_NOMEM, "um_init: pthread_mutex_init failed (error %d)", err);
     }
     impl->streams.next = impl->streams.prev = &impl->streams;
@@ -958,7 +1021,7 @@ um_status um_init(const char *conf, um_context **out)
     if (err) {
         pthread_mutex_destroy(&impl->lock);
         free(impl);
-        end_virtual_time(opts.virtual_time);
+        leave_context(opts.virtual_time);
         return um__fail(UM_ERR_NOMEM, "um_init: pthread_mutex_init failed (error %d)", err);
     }
     ctx->opts = opts;
@@ -986,7 +1049,7 @@ um_status um_init(const char *conf, um_context **out)
         st = create_allocators(ctx);
     if (st != UM_OK) {
         destroy_context(impl);
-        end_virtual_time(opts.virtual_time);
+        leave_context(opts.virtual_time);
         return st;
     }
     um__log(UM_LOG_INFO, "um_init: %d device%s, allocator %s", ctx->ndevices,
@@ -1015,5 +1078,5 @@ void um_shutdown(um_context *ctx)
     }
     bool virtual_time = ctx->opts.virtual_time;
     destroy_context(impl_of(ctx));
-    end_virtual_time(virtual_time);
+    leave_context(virtual_time);
 }
