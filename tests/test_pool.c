@@ -1397,9 +1397,58 @@ static void test_pattern_check(void)
     CHECK(harness_pattern_find_bad(buf, sizeof buf, 43, &got, &want) != SIZE_MAX);
 }
 
+/* The largest free size is counted from a ready block's mapped pages (a
+ * word of the bitmap at a time), not by a walk over all its pages: pool
+ * check compares the two on every ready block. Random states here give it
+ * blocks with partial end pages, pinned and idle mapped pages, unmapped
+ * stretches from trims, and limits that leave few spare idle pages. */
+static void test_largest_free_random(uint64_t seed)
+{
+    size_t was = granularity;
+    granularity = 64 * 1024;
+    um__pool_config c = {.dev = 1, .thread_cache = 0, .va_factor = 2, .no_plan = 1,
+                         .no_medium = 1};
+    um__allocator *a = make_pool_with(16 * MiB, &c);
+    uint64_t r = seed;
+    enum { N = 48 };
+    void *live[N] = {0};
+    unsigned bad = 0;
+    for (int step = 0; step < 3000 && !bad; step++) {
+        uint64_t x = harness_rand(&r);
+        int i = (int)(x % N);
+        unsigned op = (unsigned)(x >> 8) % 16;
+        if (op < 9 && !live[i]) {
+            size_t size = 33 * 1024 + harness_rand(&r) % (700 * 1024);
+            um__stream_ref ref = {0, NULL, NULL};
+            (void)a->ops->alloc(a, size, &ref, &live[i]); /* may fail at the limit */
+        } else if (op < 14 && live[i]) {
+            xfree(a, live[i], 0);
+            live[i] = NULL;
+        } else if (op == 14) {
+            CHECK_OK(a->ops->trim(a));
+        } else {
+            /* Anywhere from what is reserved now to the capacity. */
+            size_t reserved = stats(a).reserved_bytes;
+            (void)a->ops->set_memory_limit(a, reserved + harness_rand(&r) % (4 * MiB));
+        }
+        bad += a->ops->check(a) != UM_OK;
+    }
+    CHECK_EQ(bad, 0);
+    if (bad)
+        fprintf(stderr, "test_pool: largest free: %s\n", um_last_error());
+    for (int i = 0; i < N; i++)
+        if (live[i])
+            xfree(a, live[i], 0);
+    CHECK_OK(a->ops->check(a));
+    a->ops->destroy(a);
+    granularity = was;
+}
+
 int main(void)
 {
     uint64_t seed = harness_seed("test_pool");
+    for (uint64_t k = 0; k < 4; k++)
+        test_largest_free_random(seed + 100 + k);
     test_pattern_check();
     for (int tc = 0; tc < 2; tc++) {
         test_basic(tc);
