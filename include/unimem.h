@@ -88,8 +88,9 @@ UM_API int um_option_count(void);
 UM_API um_status um_option_get(int index, um_option_info *out);
 
 /* "64M" -> 67108864. Accepts a plain byte count or a K/M/G/T suffix, with an
- * optional "iB"/"B" after it. Overflow, an empty string or a bad suffix is
- * UM_ERR_INVALID. */
+ * optional "iB"/"B" after it, and a fraction with a suffix ("1.5G").
+ * Overflow, an empty string, a bad suffix, a fraction of a byte ("1.5")
+ * and a value above 0 that rounds to 0 bytes are UM_ERR_INVALID. */
 UM_API um_status um_parse_size(const char *text, size_t *out);
 
 /* ------------------------------------------------------- context, devices */

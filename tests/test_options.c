@@ -90,9 +90,11 @@ static void test_parse_size(void)
         {"1.5GiB", 1610612736ull},
         {"0.5K", 512},
         {"1.1K", 1126}, /* 1126.4 rounded down */
-        {"1.999B", 1},
-        {"1.5", 1},
-        {"0.0001K", 0}, /* 0.1024 bytes */
+        {"1.0", 1},     /* a zero fraction is a whole number of bytes */
+        {"2.000B", 2},
+        {"0.0", 0},
+        {"0.000K", 0},
+        {"0.001K", 1}, /* 1.024 bytes */
         {"  4K  ", 4096},
         {"4 K", 4096},
         {"\t8M\n", 8ull << 20},
@@ -134,6 +136,11 @@ static void test_parse_size(void)
         "99999999999999999999999",
         "18014398509481984K",
         "1.000000000000000000000000000000001K", /* 33 decimals */
+        "1.5",                                  /* fractions of a byte */
+        "0.5",
+        "1.999B",
+        "0.0001K", /* 0.1024 bytes: not 0, yet rounds to 0 */
+        "0.0000001K",
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         size_t out = 777;
@@ -176,7 +183,9 @@ static void test_parse_size_random(void)
         unsigned __int128 want = num / pow10;
         size_t out = 0;
         um_status st = um_parse_size(text, &out);
-        if (want > (unsigned __int128)SIZE_MAX) {
+        /* Refused: a fraction of a byte, a value that rounds to 0 bytes
+         * but is not 0, and one above SIZE_MAX. */
+        if ((shifts[u] == 0 && frac) || (want == 0 && num) || want > (unsigned __int128)SIZE_MAX) {
             CHECK_STATUS(st, UM_ERR_INVALID);
         } else {
             CHECK_OK(st);
@@ -299,7 +308,7 @@ static void test_syntax(void)
     /* Unknown keys name the key, the source and the valid keys. */
     before = o;
     CHECK_STATUS(um__options_apply(&o, "va_factor=8,foo=1", "um_init"), UM_ERR_BAD_OPTION);
-    CHECK_ERROR_MENTIONS("unknown option 'foo'", "in um_init", "valid options: log_level,");
+    CHECK_ERROR_MENTIONS("unknown option 'foo'", "in um_init", "valid options: log_level devices ");
     CHECK_ERROR_MENTIONS("va_factor", "devices", "thread_cache");
     CHECK(memcmp(&o, &before, sizeof o) == 0); /* va_factor=8 was not applied */
     CHECK_STATUS(um__options_apply(&o, "Log_Level=info", "UNIMEM_CONF"), UM_ERR_BAD_OPTION);
@@ -342,10 +351,132 @@ static void test_syntax(void)
     CHECK(strcmp(o.devices, "sim:8G,cuda") == 0);
     CHECK_OK(um__options_apply(&o, "devices=", "test"));
     CHECK(strcmp(o.devices, "") == 0);
-    /* An unknown word after a comma is part of the device list (um_init
-     * then rejects it as a device). */
-    CHECK_OK(um__options_apply(&o, "devices=sim:1G,bogus=2", "test"));
-    CHECK(strcmp(o.devices, "sim:1G,bogus=2") == 0);
+    /* An unknown key after a comma ends the device list and is reported
+     * as an unknown option. */
+    CHECK_STATUS(um__options_apply(&o, "devices=sim:1G,bogus=2", "test"), UM_ERR_BAD_OPTION);
+    CHECK_ERROR_MENTIONS("unknown option 'bogus'", NULL, NULL);
+    CHECK(strcmp(o.devices, "") == 0);
+}
+
+/* A string value ends at a ',' followed by a key-like word and '=', known
+ * option or not, so a misspelled key after it is reported, not swallowed. */
+static void test_string_value_ends(void)
+{
+    static const char *const strings[] = {"devices", "spill_dir", "trace_file",
+                                          "task_trace", "link_cache", "fault"};
+    for (size_t i = 0; i < sizeof strings / sizeof strings[0]; i++) {
+        um__options o, before;
+        um__options_defaults(&o);
+        before = o;
+        char conf[128];
+        snprintf(conf, sizeof conf, "%s=/tmp/t.json,memroy_limit=1G", strings[i]);
+        um__clear_error();
+        CHECK_STATUS(um__options_apply(&o, conf, "um_init"), UM_ERR_BAD_OPTION);
+        CHECK_ERROR_MENTIONS("unknown option 'memroy_limit' in um_init", "valid options", NULL);
+        CHECK(strstr(um_last_error(), "/tmp/t.json") == NULL);
+        CHECK(memcmp(&o, &before, sizeof o) == 0);
+    }
+    um__options o;
+    um__options_defaults(&o);
+    /* Keys with '-', '.' or spaces are key-like too (typos of a key). */
+    CHECK_STATUS(um__options_apply(&o, "trace_file=/tmp/t.json, memory-limit = 1G", "test"),
+                 UM_ERR_BAD_OPTION);
+    CHECK_ERROR_MENTIONS("unknown option 'memory-limit'", NULL, NULL);
+    CHECK_STATUS(um__options_apply(&o, "spill_dir=/tmp,memory limit=1G", "test"),
+                 UM_ERR_BAD_OPTION);
+    CHECK_ERROR_MENTIONS("unknown option 'memory limit'", NULL, NULL);
+    CHECK_STATUS(um__options_apply(&o, "fault=map@3+copy~0.5,fault.seed=2", "test"),
+                 UM_ERR_BAD_OPTION);
+    CHECK_ERROR_MENTIONS("unknown option 'fault.seed'", NULL, NULL);
+    CHECK_EQ(o.trace_file[0], '\0');
+    CHECK_EQ(o.spill_dir[0], '\0');
+    CHECK_EQ(o.fault[0], '\0');
+
+    /* Commas that do not start "key=" stay in the value: device lists, and
+     * paths whose text after the comma has no '=' or a '/' before it. */
+    CHECK_OK(um__options_apply(&o, "devices=sim:1G,sim:2x64M+cuda:0, cuda,va_factor=3", "test"));
+    CHECK(strcmp(o.devices, "sim:1G,sim:2x64M+cuda:0, cuda") == 0);
+    CHECK_EQ(o.va_factor, 3);
+    CHECK_OK(um__options_apply(&o, "trace_file=/tmp/a,b.json,task_trace=/x/r,1/t=2.txt", "test"));
+    CHECK(strcmp(o.trace_file, "/tmp/a,b.json") == 0);
+    CHECK(strcmp(o.task_trace, "/x/r,1/t=2.txt") == 0);
+    CHECK_OK(um__options_apply(&o, "fault=0:map@3+copy~0.5,fault_seed=7", "test"));
+    CHECK(strcmp(o.fault, "0:map@3+copy~0.5") == 0);
+    CHECK_EQ(o.fault_seed, 7);
+    CHECK_OK(um__options_apply(&o, "link_cache=/c/l,x,=y", "test"));
+    CHECK(strcmp(o.link_cache, "/c/l,x,=y") == 0);
+    /* The rule's one cost: a path with ",word=" in it cannot be written. */
+    CHECK_STATUS(um__options_apply(&o, "spill_dir=/tmp/a,b=c", "test"), UM_ERR_BAD_OPTION);
+    CHECK_ERROR_MENTIONS("unknown option 'b'", NULL, NULL);
+    CHECK_EQ(o.spill_dir[0], '\0');
+
+    /* Through um_init, as the review's reproducer did. */
+    um_context *ctx = NULL;
+    CHECK_STATUS(um_init("devices=sim:64M,trace_file=/tmp/t.json,memroy_limit=1G", &ctx),
+                 UM_ERR_BAD_OPTION);
+    CHECK_ERROR_MENTIONS("unknown option 'memroy_limit'", "in um_init", NULL);
+    CHECK(ctx == NULL);
+    if (ctx)
+        um_shutdown(ctx);
+}
+
+/* The unknown-option message lists every option, exactly and in order. */
+static void test_unknown_lists_all(void)
+{
+    um__options o;
+    um__options_defaults(&o);
+    CHECK_STATUS(um__options_apply(&o, "bogus=1", "um_init"), UM_ERR_BAD_OPTION);
+    const char *list = strstr(um_last_error(), "valid options: ");
+    CHECK(list != NULL);
+    if (!list)
+        return;
+    list += strlen("valid options: ");
+    int n = 0;
+    while (*list) {
+        size_t len = strcspn(list, " ");
+        um_option_info info;
+        harness_checks++;
+        if (n >= um_option_count() || um_option_get(n, &info) != UM_OK ||
+            strlen(info.name) != len || memcmp(info.name, list, len) != 0)
+            harness_report(__FILE__, __LINE__, "name %d of the list is '%.*s'", n, (int)len,
+                           list);
+        n++;
+        list += len;
+        if (*list == ' ')
+            list++;
+    }
+    CHECK_EQ(n, um_option_count());
+}
+
+/* A size must be a whole number of bytes, and not round a non-zero value
+ * down to 0 (which means "no limit" for memory_limit). */
+static void test_size_fractions(void)
+{
+    size_t out = 777;
+    CHECK_STATUS(um_parse_size("1.5", &out), UM_ERR_INVALID);
+    CHECK_ERROR_MENTIONS("'1.5'", "fraction of a byte", NULL);
+    CHECK_STATUS(um_parse_size("0.7B", &out), UM_ERR_INVALID);
+    CHECK_ERROR_MENTIONS("'0.7B'", "fraction of a byte", NULL);
+    CHECK_STATUS(um_parse_size("0.0000001K", &out), UM_ERR_INVALID);
+    CHECK_ERROR_MENTIONS("'0.0000001K'", "less than one byte", NULL);
+    CHECK_EQ(out, 777);
+    CHECK_OK(um_parse_size("1.5K", &out));
+    CHECK_EQ(out, 1536);
+    CHECK_OK(um_parse_size("7.00", &out));
+    CHECK_EQ(out, 7);
+
+    um__options o;
+    um__options_defaults(&o);
+    CHECK_OK(um__options_apply(&o, "memory_limit=2G", "test"));
+    CHECK_STATUS(um__options_apply(&o, "memory_limit=0.5", "um_init"), UM_ERR_BAD_OPTION);
+    CHECK_ERROR_MENTIONS("'memory_limit'", "'0.5'", "fraction of a byte");
+    CHECK_STATUS(um__options_apply(&o, "memory_limit=0.0000001K", "um_init"), UM_ERR_BAD_OPTION);
+    CHECK_ERROR_MENTIONS("'memory_limit'", "'0.0000001K'", "less than one byte");
+    CHECK_EQ(o.memory_limit, 2ull << 30);
+    CHECK_OK(um__options_apply(&o, "memory_limit=0.5G", "test"));
+    CHECK_EQ(o.memory_limit, 512ull << 20);
+    CHECK_OK(um__options_apply(&o, "memory_limit=0.0", "test"));
+    CHECK_EQ(o.memory_limit, 0);
 }
 
 /* UNIMEM_CONF is applied first, then the conf string of um_init. */
@@ -415,6 +546,9 @@ int main(void)
     test_parse_size_random();
     test_types();
     test_syntax();
+    test_string_value_ends();
+    test_unknown_lists_all();
+    test_size_fractions();
     test_env();
     return harness_finish("test_options");
 }

@@ -87,7 +87,8 @@ static bool is_digit(char c)
 /* Parses text[0..len) as a size. On failure returns false with *why set to a
  * phrase saying what is wrong. The fraction is multiplied by the unit
  * exactly (a decimal fraction doubled stays a decimal fraction of the same
- * length), so "1.1K" is exactly floor(1.1 * 1024) = 1126 bytes. */
+ * length), so "1.1K" is exactly floor(1.1 * 1024) = 1126 bytes. A fraction
+ * needs a unit, and a value that is not 0 must come to at least one byte. */
 bool um__parse_size(const char *text, size_t len, size_t *out, const char **why)
 {
     const char *p = text, *end = text + len;
@@ -118,6 +119,7 @@ bool um__parse_size(const char *text, size_t len, size_t *out, const char **why)
     }
     unsigned char frac[SIZE_MAX_DECIMALS];
     size_t nfrac = 0;
+    bool frac_nonzero = false;
     if (p < end && *p == '.') {
         p++;
         if (p == end || !is_digit(*p)) {
@@ -130,6 +132,7 @@ bool um__parse_size(const char *text, size_t len, size_t *out, const char **why)
                 return false;
             }
             frac[nfrac++] = (unsigned char)(*p - '0');
+            frac_nonzero |= *p != '0';
         }
     }
     while (p < end && is_space(*p))
@@ -171,6 +174,12 @@ bool um__parse_size(const char *text, size_t len, size_t *out, const char **why)
             return false;
         }
     }
+    /* Truncating a fraction of a byte would change the value silently
+     * ("0.5" would become 0, which means "no limit" for several options). */
+    if (!shift && frac_nonzero) {
+        *why = "without a unit it is a number of bytes, which cannot have a fraction of a byte";
+        return false;
+    }
     if (shift && whole > (UINT64_MAX >> shift)) {
         *why = "it overflows 64 bits";
         return false;
@@ -190,6 +199,12 @@ bool um__parse_size(const char *text, size_t len, size_t *out, const char **why)
     }
     if (bytes > UINT64_MAX - carry_bytes || bytes + carry_bytes > SIZE_MAX) {
         *why = "it does not fit in size_t";
+        return false;
+    }
+    /* A value that is not 0 must not round down to 0, which options read
+     * as "no limit" or "the default". */
+    if (bytes + carry_bytes == 0 && (whole || frac_nonzero)) {
+        *why = "it is more than 0 but less than one byte";
         return false;
     }
     *out = (size_t)(bytes + carry_bytes);
@@ -365,19 +380,21 @@ static bool is_key_char(char c)
     return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || is_digit(c) || c == '_';
 }
 
-/* True when the text at p (just after a ',') is "<known key>=", allowing
- * whitespace around the key. */
-static bool starts_known_key(const char *p)
+/* True when the text at p (just after a ',') is "<word>=": a word of key
+ * characters, '-', '.' and spaces, with at least one key character, known
+ * option or not. A misspelled key (memroy_limit, memory-limit) then ends a
+ * string value and is reported as unknown instead of being swallowed; '/'
+ * and ':' are left out so paths and device specs keep their commas. */
+static bool starts_key(const char *p)
 {
-    while (is_space(*p))
-        p++;
-    const char *k = p;
-    while (is_key_char(*p))
-        p++;
-    const char *kend = p;
-    while (is_space(*p))
-        p++;
-    return *p == '=' && kend > k && find_option(k, (size_t)(kend - k)) != NULL;
+    bool key_char = false;
+    for (; *p && *p != '='; p++) {
+        if (is_key_char(*p))
+            key_char = true;
+        else if (*p != '-' && *p != '.' && !is_space(*p))
+            return false;
+    }
+    return *p == '=' && key_char;
 }
 
 static void trim(const char **s, const char **e)
@@ -388,13 +405,21 @@ static void trim(const char **s, const char **e)
         (*e)--;
 }
 
+/* sizeof each name counts its NUL, so the sum holds every name, one
+ * separator after each but the last, and the final NUL: this buffer never
+ * cuts the list of valid options, however many options there are. */
+#define OPT_NAME_BYTES_(field, type, def, doc) +sizeof(#field)
+enum { OPT_NAMES_BYTES = 0 UM_OPTION_LIST(OPT_NAME_BYTES_) };
+
 static um_status unknown_key(const char *key, size_t len, const char *source)
 {
-    char valid[400];
+    /* One space between names (not ", "): the whole message must fit in
+     * the last-error buffer (512 bytes, status.c). */
+    char valid[OPT_NAMES_BYTES];
     size_t n = 0;
     valid[0] = '\0';
     for (int i = 0; i < NOPTIONS && n < sizeof valid; i++) {
-        int w = snprintf(valid + n, sizeof valid - n, "%s%s", i ? ", " : "", table[i].info.name);
+        int w = snprintf(valid + n, sizeof valid - n, "%s%s", i ? " " : "", table[i].info.name);
         if (w < 0)
             break;
         n += (size_t)w;
@@ -439,9 +464,9 @@ um_status um__options_apply(um__options *o, const char *conf, const char *source
             return unknown_key(key, (size_t)(kend - key), source);
         const char *v = ++p;
         if (e->info.type == UM_OPT_STRING) {
-            /* String values (the device list) may contain commas; the value
-             * ends where the next known option starts. */
-            while (*p && !(*p == ',' && starts_known_key(p + 1)))
+            /* String values (device lists, paths) may contain commas; the
+             * value ends where the next "key=" starts (see options.h). */
+            while (*p && !(*p == ',' && starts_key(p + 1)))
                 p++;
         } else {
             while (*p && *p != ',')

@@ -195,15 +195,22 @@ void um__options_defaults(um__options *o);
 /* Applies "key=value,key=value" (whitespace around tokens ignored; NULL or
  * "" applies nothing). An unknown key or bad value fails with
  * UM_ERR_BAD_OPTION and a message naming the key, the value and `source`
- * ("UNIMEM_CONF" or "um_init"); *o is then unchanged. Because device lists
- * contain commas, the value of `devices` runs up to the next ",key=" whose
- * key is in the table; '+' also separates devices. */
+ * ("UNIMEM_CONF" or "um_init"); *o is then unchanged. A string value may
+ * contain commas (a device list; a path): it runs up to the next ',' that
+ * is followed by "word=", where the word is made of letters, digits, '_',
+ * '-', '.' and spaces, whether or not it names an option, so a misspelled
+ * key after a string is reported as unknown instead of becoming part of the
+ * value. Device lists (sim:2x64M+cuda), fault specs and paths with '/'
+ * after a comma keep their commas; a value holding ",word=" (a path such as
+ * /tmp/a,b=c) cannot be written. '+' also separates devices. */
 um_status um__options_apply(um__options *o, const char *conf, const char *source);
 /* The value of option `index` in o as text (what the parser would take
  * back: a byte count for sizes, the word for enums) into buf. */
 um_status um__options_format(const um__options *o, int index, char *buf, size_t len);
 /* Parses text[0..len) as a size with an optional K, M, G or T suffix
- * (powers of 1024), as options are; false with *why saying what is wrong. */
+ * (powers of 1024), as options are; false with *why saying what is wrong.
+ * A fraction needs a unit (1.5K; "1.5" bytes is refused), and a value that
+ * is not 0 but comes to less than one byte (0.0001K) is refused. */
 bool um__parse_size(const char *text, size_t len, size_t *out, const char **why);
 /* Name of an allocator kind ("pool", ...). */
 const char *um__allocator_name(int kind);

@@ -29,7 +29,7 @@ const char *um_strerror(um_status s)
     return "unknown status";
 }
 
-static _Thread_local char last_error[512];
+static _Thread_local char last_error[1024];
 
 const char *um_last_error(void) { return last_error; }
 

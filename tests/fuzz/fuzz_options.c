@@ -110,6 +110,12 @@ static bool ref_parse_size(const char *text, size_t len, size_t *out)
     }
     if (huge)
         return false;
+    bool frac_nonzero = false;
+    for (size_t i = 0; i < nfrac; i++)
+        frac_nonzero |= frac[i] != 0;
+    /* Bytes have no fraction. */
+    if (!shift && frac_nonzero)
+        return false;
     /* floor(0.d1..dn * 2^shift): the decimal digits times 2^shift, the
      * carry out of the top digit is the integer part. */
     uint64_t carry = 0, m = (uint64_t)1 << shift;
@@ -119,6 +125,9 @@ static bool ref_parse_size(const char *text, size_t len, size_t *out)
     }
     unsigned __int128 total = (whole << shift) + carry;
     if (total > SIZE_MAX)
+        return false;
+    /* More than 0 never rounds to 0 bytes. */
+    if (total == 0 && (whole || frac_nonzero))
         return false;
     *out = (size_t)total;
     return true;
