@@ -2,7 +2,8 @@
  * the JSON figures on the bundled GPT-2 trace, exact figures of the
  * baselines and their minimum limits on a small trace worked out by hand,
  * failed allocations under --limit, and the exit codes and messages of a
- * corrupt trace and of bad arguments. */
+ * corrupt trace, of bogus ones (live bytes past 2^64, no events) and of bad
+ * arguments. */
 #include "harness.h"
 
 #include <math.h>
@@ -217,6 +218,64 @@ static void test_errors(const char *dir)
     CHECK(strstr(out, "sim devices") != NULL);
 }
 
+/* Traces that are well formed line by line but bogus as a whole: live
+ * bytes past 2^64 (they once wrapped around to a small peak) and no events
+ * at all (once a table of zeros with exit code 0). Both are bad input:
+ * exit code 1, the problem named, no JSON. */
+static void test_bogus_traces(const char *dir)
+{
+    char path[160], args[256], want[512];
+    snprintf(path, sizeof path, "%s/overflow.trace", dir);
+    FILE *f = fopen(path, "w");
+    CHECK(f != NULL);
+    if (!f)
+        return;
+    fputs("a 1 9223372036854775808 0\na 2 9223372036854775808 0\nf 1\nf 2\n", f);
+    fclose(f);
+    snprintf(args, sizeof args, "replay --json %s", path);
+    CHECK_EQ(run(args, true), 1);
+    snprintf(want, sizeof want,
+             "unimem replay: %s:2: the live bytes pass 2^64 (9223372036854775808 live, an "
+             "allocation of 9223372036854775808)",
+             path);
+    CHECK(strstr(out, want) != NULL);
+    if (!strstr(out, want))
+        fprintf(stderr, "  got: %s\n", out);
+    CHECK(strchr(out, '{') == NULL);
+    unlink(path);
+
+    /* Up to 2^64 - 1 live bytes is a trace the replay can count. */
+    f = fopen(path, "w");
+    CHECK(f != NULL);
+    if (!f)
+        return;
+    fputs("a 1 9223372036854775808 0\na 2 9223372036854775807 0\nf 1\nf 2\n", f);
+    fclose(f);
+    CHECK_EQ(run(args, false), 0);
+    EXPECT_FIELD(NULL, "peak_live_bytes", 18446744073709551615.0);
+    CHECK(strstr(out, "\"peak_live_bytes\": 18446744073709551615,") != NULL);
+    unlink(path);
+
+    snprintf(path, sizeof path, "%s/comments.trace", dir);
+    f = fopen(path, "w");
+    CHECK(f != NULL);
+    if (!f)
+        return;
+    fputs("# a trace with no events\n", f);
+    fclose(f);
+    const char *const empty[] = {"/dev/null", path};
+    for (int i = 0; i < 2; i++) {
+        snprintf(args, sizeof args, "replay --min-limit %s", empty[i]);
+        CHECK_EQ(run(args, true), 1);
+        snprintf(want, sizeof want, "unimem replay: %s has no events", empty[i]);
+        CHECK(strstr(out, want) != NULL);
+        if (!strstr(out, want))
+            fprintf(stderr, "  got: %s\n", out);
+        CHECK(strstr(out, "peak live") == NULL); /* no table */
+    }
+    unlink(path);
+}
+
 /* --lag: the device finishes each event's work 100 events late. Frees of
  * the last 100 events stay fenced, so the no-cache baseline (which waits
  * for nothing) and unimem's pool (which learns a plan while waiting for
@@ -245,6 +304,7 @@ int main(void)
     /* The replay inherits no options from the environment. */
     unsetenv("UNIMEM_CONF");
     test_errors(dir);
+    test_bogus_traces(dir);
     test_min_limit(dir);
     test_bundled();
     test_lag();

@@ -186,8 +186,17 @@ static int bench_parse_args(int argc, char **argv, bench_opts *o)
             return 0;
         } else if (!strcmp(a, "--device") && has_value) {
             o->device = argv[++i];
+            if (!tool_device_arg_ok(BENCH_CMD, o->device))
+                return TOOL_EXIT_USAGE;
         } else if (!strcmp(a, "--allocator") && has_value) {
             o->allocator = argv[++i];
+            /* It goes into the configuration string as --device does. */
+            if (!*o->allocator || strpbrk(o->allocator, ",=")) {
+                fprintf(stderr,
+                        "unimem " BENCH_CMD ": bad --allocator '%s' (pool, direct or bufcache)\n",
+                        o->allocator);
+                return TOOL_EXIT_USAGE;
+            }
         } else if (!strcmp(a, "--trace") && has_value) {
             o->trace = argv[++i];
         } else if (!strcmp(a, "--pairs") && has_value) {
@@ -1248,13 +1257,15 @@ static int bench_run(bench *b)
         return 2;
     }
     um_status s = um_init(b->conf, &b->ctx);
-    if (s != UM_OK)
-        return bench_fail(s);
+    if (s != UM_OK) {
+        fflush(stdout);
+        return tool_init_fail(BENCH_CMD, s);
+    }
     b->dev = host ? 0 : 1;
     if (um_device_count(b->ctx) <= b->dev) {
-        fprintf(stderr, "unimem " BENCH_CMD ": --device '%s' makes no accelerator (device 1)\n",
+        fprintf(stderr, "unimem " BENCH_CMD ": --device %s gives no accelerator (device 1)\n",
                 b->o.device);
-        return 1;
+        return TOOL_EXIT_USAGE;
     }
     s = um_device_info_get(b->ctx, b->dev, &b->info);
     if (s != UM_OK)

@@ -338,6 +338,8 @@ static int parse(int argc, char **argv, copy_opts *o)
             o->quick = true;
         } else if (!strcmp(a, "--device") && i + 1 < argc) {
             o->device = argv[++i];
+            if (!tool_device_arg_ok(COPY_CMD, o->device))
+                return TOOL_EXIT_USAGE;
         } else if (!strcmp(a, "--repeats") && i + 1 < argc) {
             char *end;
             long v = strtol(argv[++i], &end, 10);
@@ -372,16 +374,20 @@ int um_cmd_bench_copy(int argc, char **argv)
             printf("no GPU (%s): timing a sim device, whose copies are memory copies\n",
                    why[0] ? why : "none found");
     }
-    char conf[256];
-    snprintf(conf, sizeof conf, "devices=%s", device);
+    char conf[512];
+    if ((size_t)snprintf(conf, sizeof conf, "devices=%s", device) >= sizeof conf) {
+        fprintf(stderr, "unimem " COPY_CMD ": --device is too long\n");
+        return TOOL_EXIT_USAGE;
+    }
     um_status st = um_init(conf, &cb.ctx);
     if (st != UM_OK)
-        return tool_fail(COPY_CMD, st);
+        return tool_init_fail(COPY_CMD, st);
     cb.dev = 1;
     if (um_device_count(cb.ctx) < 2) {
-        fprintf(stderr, "unimem " COPY_CMD ": '%s' gives no device besides the host\n", device);
+        fprintf(stderr, "unimem " COPY_CMD ": --device %s gives no accelerator (device 1)\n",
+                device);
         um_shutdown(cb.ctx);
-        return 2;
+        return TOOL_EXIT_USAGE;
     }
     um_device_info info, host;
     (void)um_device_info_get(cb.ctx, cb.dev, &info);

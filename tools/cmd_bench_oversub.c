@@ -179,7 +179,7 @@ typedef struct run {
 static um_status open_run(const oversub_opts *o, const char *policy, size_t size, int n, run *r)
 {
     memset(r, 0, sizeof *r);
-    char conf[256];
+    char conf[512]; /* room for a --device of the most tool_device_arg_ok takes */
     /* The background reclaimer stays off: the policy is measured against
      * MIN at the full limit (eviction ahead of need would keep the device
      * below it; its cost is reported in docs/BENCHMARKS.md). */
@@ -229,6 +229,21 @@ static um_status open_run(const oversub_opts *o, const char *policy, size_t size
     for (int d = 0; d < r->ndev && st == UM_OK; d++)
         st = um_buffer_create(r->ctx, size, NULL, &r->result[d]);
     return st;
+}
+
+/* Reports open_run's failure st and gives the exit code: a --device the
+ * options refuse, or one that makes no accelerator, is an argument error. */
+static int open_fail(const oversub_opts *o, const run *r, um_status st)
+{
+    if (!r->ctx)
+        return tool_init_fail(OVERSUB_CMD, st);
+    if (um_device_count(r->ctx) < 2) {
+        tool_progress_clear();
+        fprintf(stderr, "unimem " OVERSUB_CMD ": --device %s gives no accelerator (device 1)\n",
+                o->device);
+        return TOOL_EXIT_USAGE;
+    }
+    return tool_fail(OVERSUB_CMD, st);
 }
 
 static void close_run(run *r)
@@ -389,9 +404,16 @@ static int bench_one(const oversub_opts *o, const char *workload, double factor,
     run_progress(0);
     run r;
     um_status st = open_run(o, policy, size, n, &r);
+    if (st != UM_OK) {
+        /* At once: a later call on a missing context would replace the
+         * message. */
+        int rc = open_fail(o, &r, st);
+        close_run(&r);
+        free(seq);
+        return rc;
+    }
     double h2d = 0, d2h = 0;
-    if (st == UM_OK)
-        st = link_gbps(&r, 1, r.result[0], NULL, NULL, &h2d, &d2h);
+    st = link_gbps(&r, 1, r.result[0], NULL, NULL, &h2d, &d2h);
     uint64_t up0 = link_bytes(r.ctx, 0, 1), down0 = link_bytes(r.ctx, 1, 0);
     uint64_t t0 = tool_now_ns();
     if (st == UM_OK)
@@ -594,6 +616,12 @@ static int bench_all(const oversub_opts *o, double factor, const char *policy, b
     run_progress(0);
     run r;
     um_status st = open_run(o, policy, size, n, &r);
+    if (st != UM_OK) {
+        int rc = open_fail(o, &r, st);
+        close_run(&r);
+        free(seq);
+        return rc;
+    }
     int nd = r.ndev;
     share *sh = calloc((size_t)nd, sizeof *sh);
     share_result *x = calloc((size_t)nd + 1, sizeof *x);
@@ -601,8 +629,6 @@ static int bench_all(const oversub_opts *o, double factor, const char *policy, b
         tool_progress_clear();
         fprintf(stderr, "unimem " OVERSUB_CMD ": no memory for the run's figures\n");
         st = UM_ERR_NOMEM;
-    } else if (st != UM_OK) {
-        tool_fail(OVERSUB_CMD, st);
     }
     for (size_t t = 0; st == UM_OK && t < len; t++)
         seq[t] = (int)(t % (size_t)n);
@@ -754,6 +780,8 @@ int um_cmd_bench_oversub(int argc, char **argv)
             o.all = true;
         } else if (!strcmp(a, "--device") && i + 1 < argc) {
             o.device = argv[++i];
+            if (!tool_device_arg_ok(OVERSUB_CMD, o.device))
+                return TOOL_EXIT_USAGE;
         } else if (!strcmp(a, "--sim-bandwidth") && i + 1 < argc) {
             if (um_parse_size(argv[++i], &o.sim_bandwidth) != UM_OK || !o.sim_bandwidth) {
                 fprintf(stderr, "unimem " OVERSUB_CMD ": --sim-bandwidth takes a size per "

@@ -235,8 +235,8 @@ static int demo_parse(int argc, char **argv, demo_cfg *c)
                 return arg_error("--tile", "a tile order from 1 to 32768", argv[i]);
         } else if (!strcmp(a, "--device") && has_value) {
             c->device = argv[++i];
-            if (!*c->device)
-                return arg_error("--device", "a devices option such as sim:3x1G or cuda", "");
+            if (!tool_device_arg_ok(DEMO_CMD, c->device))
+                return TOOL_EXIT_USAGE;
         } else if (!strcmp(a, "--limit") && has_value) {
             if (um_parse_size(argv[++i], &c->limit) != UM_OK || !c->limit)
                 return arg_error("--limit", "a size above 0 such as 512M", argv[i]);
@@ -1059,8 +1059,12 @@ static int run_one(demo_cfg *c, const char *sched, run_result *x)
         return 2;
     }
     um_status st = um_init(conf, &r.ctx);
-    if (st != UM_OK)
-        return run_fail(&r, st, NULL);
+    if (st != UM_OK) {
+        /* A refused option is the user's input (--device, UNIMEM_CONF; the
+         * other values are checked above): an argument error. */
+        int rc = run_fail(&r, st, NULL);
+        return st == UM_ERR_BAD_OPTION ? TOOL_EXIT_USAGE : rc;
+    }
 
     /* The devices, and their limits. */
     r.ndev = um_device_count(r.ctx);

@@ -157,6 +157,19 @@ static int trace_load(const rp_opts *o, rp_trace *t)
             trace_free(t);
             return 1;
         }
+        /* No real program holds 2^64 bytes at once: a trace whose live
+         * total would wrap around is bogus, and its peak would be wrong. */
+        if (ev.op == UM_TRACE_ALLOC && ev.size > UINT64_MAX - live) {
+            tool_progress_clear();
+            fprintf(stderr,
+                    "unimem replay: %s:%llu: the live bytes pass 2^64 (%llu live, an allocation "
+                    "of %llu)\n",
+                    o->file, (unsigned long long)ev.line, (unsigned long long)live,
+                    (unsigned long long)ev.size);
+            um_trace_close(tr);
+            trace_free(t);
+            return TOOL_EXIT_FAILED;
+        }
         t->ev[t->n++] = (rp_event){ev.size, (uint32_t)ev.slot, si << 1 | (uint32_t)ev.op};
         if (ev.op == UM_TRACE_ALLOC) {
             t->allocs++;
@@ -176,6 +189,12 @@ static int trace_load(const rp_opts *o, rp_trace *t)
     if (s != UM_OK) {
         trace_free(t);
         return tool_fail(REPLAY_CMD, s);
+    }
+    /* Nothing to replay: a table of zeros would pass for a result. */
+    if (t->n == 0) {
+        fprintf(stderr, "unimem replay: %s has no events\n", o->file);
+        trace_free(t);
+        return TOOL_EXIT_FAILED;
     }
     return 0;
 }
@@ -255,12 +274,13 @@ static int replay_once(const rp_opts *o, const rp_trace *t, const char *alloc, u
     um_context *ctx = NULL;
     um_status s = um_init(conf, &ctx);
     if (s != UM_OK) {
-        int rc = tool_fail(REPLAY_CMD, s);
-        if (s != UM_ERR_BAD_OPTION)
-            return rc;
-        fputc('\n', stderr); /* a --device the options refuse is an argument error */
-        usage(stderr);
-        return 2;
+        /* A --device the options refuse is an argument error. */
+        int rc = tool_init_fail(REPLAY_CMD, s);
+        if (rc == TOOL_EXIT_USAGE) {
+            fputc('\n', stderr);
+            usage(stderr);
+        }
+        return rc;
     }
     uint64_t *queued = NULL;
     um_stream *streams = calloc(t->nstreams ? t->nstreams : 1, sizeof *streams);
@@ -275,7 +295,7 @@ static int replay_once(const rp_opts *o, const rp_trace *t, const char *alloc, u
     if (um_device_count(ctx) <= dev) {
         fprintf(stderr, "unimem replay: --device %s gives no accelerator to replay on\n",
                 o->device);
-        rc = 2;
+        rc = TOOL_EXIT_USAGE;
         goto out;
     }
     um_device_info info;
@@ -580,10 +600,10 @@ static int parse_args(int argc, char **argv, rp_opts *o)
                 return 2;
             }
             if (is_device) {
-                if (!*value || strchr(value, '=')) {
-                    fprintf(stderr, "unimem replay: bad device '%s'\n\n", value);
+                if (!tool_device_arg_ok(REPLAY_CMD, value)) {
+                    fputc('\n', stderr);
                     usage(stderr);
-                    return 2;
+                    return TOOL_EXIT_USAGE;
                 }
                 o->device = value;
             } else {

@@ -37,6 +37,10 @@
  * this they are thinned (peaks kept, see thin_samples), which keeps the
  * page a few tens of MB at most and its drawing fast. */
 #define TL_PAGE_SAMPLES ((size_t)500000)
+/* Byte counts reach the page as JavaScript numbers, which hold integers
+ * exactly up to 2^53 (8 PiB, far above any device): a trace with larger
+ * ones is refused rather than drawn wrong. */
+#define TL_MAX_BYTES ((uint64_t)1 << 53)
 
 /* ------------------------------------------------------------- model */
 
@@ -296,20 +300,21 @@ static bool open_take(tl_device *d, uint64_t addr, tl_open *out)
 
 /* ------------------------------------------------------- Chrome trace */
 
-/* A block address as the recorder writes it ("0x7f548c400000"), or a
- * number. */
+/* A block address as the recorder writes it ("0x7f548c400000": "0x" and
+ * hex digits only, so no sign or white space that strtoull would take), or
+ * a non-negative integer. */
 static bool parse_address(const json_value *v, uint64_t *out)
 {
     if (json_u64(v, out))
         return true;
     const char *s = json_str(v);
-    if (!s || s[0] != '0' || (s[1] != 'x' && s[1] != 'X') || !s[2])
+    if (!s || v->len < 3 || s[0] != '0' || (s[1] != 'x' && s[1] != 'X') ||
+        strspn(s + 2, "0123456789abcdefABCDEF") != v->len - 2)
         return false;
-    char *end = NULL;
     errno = 0;
-    unsigned long long a = strtoull(s + 2, &end, 16);
-    if (errno || *end)
-        return false;
+    unsigned long long a = strtoull(s + 2, NULL, 16);
+    if (errno)
+        return false; /* more than 64 bits */
     *out = a;
     return true;
 }
@@ -324,26 +329,35 @@ static bool to_ns(const json_value *v, int64_t *out)
     return true;
 }
 
-static bool arg_u64(const json_value *args, const char *key, uint64_t *out, char *why,
-                    size_t why_len, const char *what)
+/* A byte count of the event: a non-negative integer, at most
+ * TL_MAX_BYTES. */
+static bool arg_bytes(const json_value *args, const char *key, uint64_t *out, char *why,
+                      size_t why_len, const char *what)
 {
-    if (json_u64(json_get(args, key), out))
-        return true;
-    snprintf(why, why_len, "%s has no args.%s (a non-negative integer)", what, key);
-    return false;
+    if (!json_u64(json_get(args, key), out)) {
+        snprintf(why, why_len, "%s has no args.%s (a non-negative integer)", what, key);
+        return false;
+    }
+    if (*out > TL_MAX_BYTES) {
+        snprintf(why, why_len,
+                 "%s: args.%s %llu is above 2^53 (%llu), the most a page draws exactly", what, key,
+                 (unsigned long long)*out, (unsigned long long)TL_MAX_BYTES);
+        return false;
+    }
+    return true;
 }
 
 static int add_sample(tl_model *m, tl_device *d, int64_t t, const json_value *args, char *why,
                       size_t why_len)
 {
     uint64_t live, reserved, cached;
-    if (!arg_u64(args, "live", &live, why, why_len, "a \"memory\" counter") ||
-        !arg_u64(args, "reserved", &reserved, why, why_len, "a \"memory\" counter"))
+    if (!arg_bytes(args, "live", &live, why, why_len, "a \"memory\" counter") ||
+        !arg_bytes(args, "reserved", &reserved, why, why_len, "a \"memory\" counter"))
         return 1;
     uint64_t derived = reserved > live ? reserved - live : 0;
     if (!json_get(args, "cached"))
         cached = derived;
-    else if (!arg_u64(args, "cached", &cached, why, why_len, "a \"memory\" counter"))
+    else if (!arg_bytes(args, "cached", &cached, why, why_len, "a \"memory\" counter"))
         return 1;
     if (m->total_samples == TL_MAX_SAMPLES) {
         snprintf(why, why_len, "more than %zu counter samples, the most the timeline keeps",
@@ -372,10 +386,22 @@ static int add_sample(tl_model *m, tl_device *d, int64_t t, const json_value *ar
 static int add_alloc_or_free(tl_model *m, tl_device *d, bool alloc, int64_t t,
                              const json_value *args, char *why, size_t why_len)
 {
-    uint64_t bytes, addr;
-    if (!arg_u64(args, "bytes", &bytes, why, why_len, alloc ? "an alloc event" : "a free event"))
+    uint64_t bytes, addr = 0;
+    const char *what = alloc ? "an alloc event" : "a free event";
+    if (!arg_bytes(args, "bytes", &bytes, why, why_len, what))
         return 1;
-    bool have_addr = parse_address(json_get(args, "block"), &addr);
+    /* An event without an address is counted but draws no band; one with
+     * an address that does not parse is a changed or damaged format. */
+    const json_value *block = json_get(args, "block");
+    bool have_addr = block != NULL;
+    if (block && !parse_address(block, &addr)) {
+        const char *text = json_str(block);
+        snprintf(why, why_len,
+                 "%s has a bad args.block%s%.40s%s (an address is \"0x\" and hex digits, or an "
+                 "integer)",
+                 what, text ? " \"" : "", text ? text : "", text ? "\"" : "");
+        return 1;
+    }
     see_time(m, t);
     if (!alloc) {
         tl_open o;
@@ -413,7 +439,7 @@ static int add_mark(tl_model *m, tl_device *d, int kind, int64_t t, const json_v
         return 1;
     }
     const char *what = kind == TL_MARK_COPY ? "a copy" : "an evict event";
-    if (!arg_u64(args, "bytes", &k.bytes, why, why_len, what))
+    if (!arg_bytes(args, "bytes", &k.bytes, why, why_len, what))
         return 1;
     /* The other arguments are details for the tooltip: missing ones show
      * as 0. */
@@ -613,6 +639,11 @@ static int replay_to_chrome_trace(const tl_opts *o, const char *json_path)
     um_trace_close(tr);
     if (rc == 0 && s != UM_OK)
         rc = tool_fail(TL_CMD, s);
+    /* Nothing to replay gives a page with nothing on it. */
+    if (rc == 0 && n == 0) {
+        fprintf(stderr, "unimem %s: %s has no events\n", TL_CMD, o->trace);
+        rc = TOOL_EXIT_FAILED;
+    }
     if (rc != 0) {
         free(ev);
         free(stream_values);
@@ -639,14 +670,14 @@ static int replay_to_chrome_trace(const tl_opts *o, const char *json_path)
         goto out;
     }
     if ((s = um_init(conf, &ctx)) != UM_OK) {
-        rc = tool_fail(TL_CMD, s);
+        rc = tool_init_fail(TL_CMD, s); /* a --device the options refuse: 2 */
         ctx = NULL;
         goto out;
     }
     if (um_device_count(ctx) <= dev) {
         fprintf(stderr, "unimem %s: --device %s gives no accelerator to replay on\n", TL_CMD,
                 o->device);
-        rc = 2;
+        rc = TOOL_EXIT_USAGE;
         goto out;
     }
     for (size_t i = 0; i < nstreams; i++) {
@@ -713,7 +744,13 @@ static int sniff_json(const char *path, bool *is_json)
     int zerr = Z_OK;
     const char *msg = gzerror(gz, &zerr);
     int rc = 0;
-    if (c < 0 && zerr != Z_OK && zerr != Z_BUF_ERROR) {
+    if (c < 0 && zerr == Z_BUF_ERROR) {
+        /* zlib's word for a gzip stream that stops short: the file was
+         * cut, not empty. */
+        fprintf(stderr, "unimem %s: cannot read %s: gzip data truncated (unexpected end of file)\n",
+                TL_CMD, path);
+        rc = 1;
+    } else if (c < 0 && zerr != Z_OK) {
         fprintf(stderr, "unimem %s: cannot read %s: %s\n", TL_CMD, path,
                 zerr == Z_ERRNO ? strerror(errno) : msg);
         rc = 1;
@@ -858,7 +895,9 @@ static int cmp_device(const void *a, const void *b)
 }
 
 /* A series of the kept samples, delta-coded (the page adds them up), as
- * "key":[...] . which: 0 time, 1 live, 2 reserved, 3 cached. */
+ * "key":[...] . which: 0 time, 1 live, 2 reserved, 3 cached. Byte values
+ * are at most TL_MAX_BYTES and times within +-1e18 ns (add_sample, to_ns),
+ * so no difference overflows int64_t. */
 static void put_series(FILE *f, const char *key, const tl_device *d, const size_t *keep,
                        size_t nkeep, int which, int64_t t0)
 {
@@ -876,8 +915,15 @@ static void put_series(FILE *f, const char *key, const tl_device *d, const size_
     fputc(']', f);
 }
 
-static int write_page(const tl_opts *o, tl_model *m, const char *source)
+/* What a page drew: the devices, their counter samples as read and as
+ * written after thinning, and their copies and evictions. */
+typedef struct tl_drawn {
+    size_t devices, samples, samples_kept, marks;
+} tl_drawn;
+
+static int write_page(const tl_opts *o, tl_model *m, const char *source, tl_drawn *drawn)
 {
+    memset(drawn, 0, sizeof *drawn);
     FILE *f = fopen(o->out, "w");
     if (!f) {
         fprintf(stderr, "unimem %s: cannot write %s: %s\n", TL_CMD, o->out, strerror(errno));
@@ -917,6 +963,10 @@ static int write_page(const tl_opts *o, tl_model *m, const char *source)
             break;
         }
         size_t nkeep = thin_samples(d, limit, keep);
+        drawn->devices++;
+        drawn->samples += d->nsamples;
+        drawn->samples_kept += nkeep;
+        drawn->marks += d->nmarks;
         char fallback[64];
         snprintf(fallback, sizeof fallback, "device %lld", (long long)d->pid);
         fprintf(f, "%s\n{\"id\":%lld,\"name\":", shown++ ? "," : "", (long long)d->pid);
@@ -1016,10 +1066,10 @@ static int parse_args(int argc, char **argv, tl_opts *o)
             }
             o->top_n = (size_t)n;
         } else if (!strcmp(key, "--device")) {
-            if (!*value || strchr(value, '=') || strchr(value, ',')) {
-                fprintf(stderr, "unimem %s: bad device '%s'\n\n", TL_CMD, value);
+            if (!tool_device_arg_ok(TL_CMD, value)) {
+                fputc('\n', stderr);
                 usage(stderr);
-                return 2;
+                return TOOL_EXIT_USAGE;
             }
             o->device = value;
         } else if (!strcmp(key, "--allocator")) {
@@ -1105,15 +1155,19 @@ int um_cmd_timeline(int argc, char **argv)
         m->top_n = o.top_n;
         rc = read_chrome_trace(json_path, m);
     }
+    tl_drawn drawn;
     if (rc == 0)
-        rc = write_page(&o, m, source);
+        rc = write_page(&o, m, source, &drawn);
     if (rc == 0) {
-        size_t shown = 0;
-        for (size_t i = 0; i < m->ndevs; i++)
-            shown += device_has_data(m->devs[i]);
-        printf("unimem %s: wrote %s: %zu device%s, %zu counter samples, %zu copy and eviction "
+        /* The figures of the devices drawn: one with only zero samples
+         * (the host of a replay) is left off the page and out of them. */
+        char thinned[64] = "";
+        if (drawn.samples_kept != drawn.samples)
+            snprintf(thinned, sizeof thinned, " (%zu on the page, thinned)", drawn.samples_kept);
+        printf("unimem %s: wrote %s: %zu device%s, %zu counter samples%s, %zu copy and eviction "
                "marks\n",
-               TL_CMD, o.out, shown, shown == 1 ? "" : "s", m->total_samples, m->total_marks);
+               TL_CMD, o.out, drawn.devices, drawn.devices == 1 ? "" : "s", drawn.samples, thinned,
+               drawn.marks);
     }
     if (temp[0])
         remove(temp);

@@ -36,6 +36,24 @@ void tool_progress_clear(void);
 /* Whether progress is drawn at all (stderr is a terminal): a command that
  * would start a thread only to draw it asks first. */
 bool tool_progress_on(void);
+/* Exit codes: 0 done; 1 a failed run or bad input data (a trace, a
+ * file); 2 a bad command line (an unknown argument, a bad value, a device
+ * that cannot be made or gives nothing to run on). */
+#define TOOL_EXIT_FAILED 1
+#define TOOL_EXIT_USAGE 2
+/* Whether value can be the devices option of a configuration string that
+ * the command builds: 1 to TOOL_MAX_DEVICE_LEN characters (the option's
+ * room), without ',' or '=', which would end it and start another option
+ * ('+' joins devices). Otherwise prints "unimem <cmd>: bad --device
+ * '<value>': ..." to stderr and returns false; the command then exits
+ * with TOOL_EXIT_USAGE. */
+#define TOOL_MAX_DEVICE_LEN 255
+bool tool_device_arg_ok(const char *cmd, const char *value);
+/* tool_fail for um_init of a configuration made from the command line: a
+ * refused option (UM_ERR_BAD_OPTION: a --device value, or UNIMEM_CONF) is
+ * bad input from the user and gives TOOL_EXIT_USAGE, any other failure
+ * TOOL_EXIT_FAILED. */
+int tool_init_fail(const char *cmd, um_status s);
 /* An argument a command does not take: -h/--help prints the usage and
  * gives 0; anything else is reported with the usage on stderr and gives 2. */
 int tool_other_arg(const char *cmd, const char *arg, void (*usage)(FILE *));

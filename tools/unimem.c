@@ -36,7 +36,9 @@ static void usage(FILE *f)
             "                                 time, the largest blocks, copies and evictions,\n"
             "                                 from a trace_file trace or an allocation trace\n"
             "\n"
-            "UNIMEM_CONF=\"key=value,...\" sets options (see unimem info --options).\n");
+            "UNIMEM_CONF=\"key=value,...\" sets options (see unimem info --options).\n"
+            "Exit status: 0 done, 1 a failed run or bad input data, 2 a bad command line\n"
+            "(bench gpu: 2 also where it cannot run).\n");
 }
 
 int main(int argc, char **argv)
@@ -44,7 +46,7 @@ int main(int argc, char **argv)
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") ||
         !strcmp(argv[1], "help")) {
         usage(argc < 2 ? stderr : stdout);
-        return argc < 2 ? 2 : 0;
+        return argc < 2 ? TOOL_EXIT_USAGE : 0;
     }
     if (!strcmp(argv[1], "info"))
         return um_cmd_info(argc - 1, argv + 1);
@@ -60,7 +62,7 @@ int main(int argc, char **argv)
         return um_cmd_timeline(argc - 1, argv + 1);
     fprintf(stderr, "unimem: unknown command '%s'\n\n", argv[1]);
     usage(stderr);
-    return 2;
+    return TOOL_EXIT_USAGE;
 }
 
 int tool_fail(const char *cmd, um_status s)
@@ -68,7 +70,7 @@ int tool_fail(const char *cmd, um_status s)
     const char *detail = um_last_error();
     tool_progress_clear(); /* the message gets a line of its own */
     fprintf(stderr, "unimem %s: %s\n", cmd, *detail ? detail : um_strerror(s));
-    return 1;
+    return TOOL_EXIT_FAILED;
 }
 
 const char *tool_bytes(char *buf, uint64_t bytes)
@@ -92,6 +94,25 @@ uint64_t tool_now_ns(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+bool tool_device_arg_ok(const char *cmd, const char *value)
+{
+    size_t len = strlen(value);
+    if (len && len <= TOOL_MAX_DEVICE_LEN && !strpbrk(value, ",="))
+        return true;
+    tool_progress_clear();
+    fprintf(stderr,
+            "unimem %s: bad --device '%s': a value of the devices option, at most %d "
+            "characters, without ',' or '=' (join devices with '+', as in sim:1G+cuda)\n",
+            cmd, value, TOOL_MAX_DEVICE_LEN);
+    return false;
+}
+
+int tool_init_fail(const char *cmd, um_status s)
+{
+    int rc = tool_fail(cmd, s);
+    return s == UM_ERR_BAD_OPTION ? TOOL_EXIT_USAGE : rc;
 }
 
 int tool_other_arg(const char *cmd, const char *arg, void (*print_usage)(FILE *))

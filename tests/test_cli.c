@@ -1,0 +1,321 @@
+/* Tests of the `unimem` command line through the built binary: bad input
+ * is refused with a message naming it and the exit code of its kind (2 for
+ * a bad argument, 1 for a bad file or a failed run), the same in every
+ * command; and `unimem timeline`'s checks of what it reads (counter values
+ * a page cannot draw exactly, block addresses, truncated gzip) and the
+ * figures it prints. The pages themselves are checked in a browser by
+ * timeline_check.sh. */
+#include "harness.h"
+
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define BINARY UM_BINARY_DIR "/unimem"
+#define PIPELINE UM_SOURCE_DIR "/data/pipeline_two_streams.trace.gz"
+#define PATTERN UM_SOURCE_DIR "/tests/data/pattern.trace"
+
+static char out[1 << 16];
+static char dir[] = "/tmp/test_cli.XXXXXX";
+
+/* Runs `unimem <args>` with stderr on stdout too when both; returns the
+ * exit status (-1 if it did not exit). */
+static int run(const char *args, bool both)
+{
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "%s %s%s", BINARY, args, both ? " 2>&1" : " 2>/dev/null");
+    out[0] = '\0';
+    FILE *p = popen(cmd, "r");
+    CHECK(p != NULL);
+    if (!p)
+        return -1;
+    size_t n = fread(out, 1, sizeof out - 1, p);
+    out[n] = '\0';
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* Runs `unimem <args>` (stderr included) and checks its exit code and
+ * that its output holds want (NULL: anything); prints the output when a
+ * check fails, so the log shows what the command said. */
+static void expect_run(int line, const char *args, int want_rc, const char *want)
+{
+    int rc = run(args, true);
+    harness_checks++;
+    if (rc != want_rc || (want && !strstr(out, want)))
+        harness_report(__FILE__, line, "unimem %s: exit %d, expected %d with '%s'; output:\n%s",
+                       args, rc, want_rc, want ? want : "", out);
+}
+#define EXPECT_RUN(args, rc, want) expect_run(__LINE__, args, rc, want)
+
+/* dir/name, with text written into it when text is not NULL. Each name
+ * has a buffer of its own (up to 32 names), so paths stay valid. */
+static const char *file_in_dir(const char *name, const char *text)
+{
+    static char paths[32][256];
+    static int used;
+    int i = 0;
+    while (i < used && strcmp(strrchr(paths[i], '/') + 1, name))
+        i++;
+    CHECK(i < 32);
+    if (i == 32)
+        i = 31;
+    if (i == used && used < 32)
+        used++;
+    snprintf(paths[i], sizeof paths[i], "%s/%s", dir, name);
+    if (text) {
+        FILE *f = fopen(paths[i], "w");
+        CHECK(f != NULL);
+        if (f) {
+            fputs(text, f);
+            fclose(f);
+        }
+    }
+    return paths[i];
+}
+
+/* A Chrome trace of one device (pid 1) whose counter and alloc events are
+ * given as the text of their args objects. */
+static const char *chrome_trace(const char *name, const char *counter_args, const char *alloc_args)
+{
+    char text[2048];
+    snprintf(text, sizeof text,
+             "{\"traceEvents\":[\n"
+             "{\"ph\":\"C\",\"name\":\"memory\",\"pid\":1,\"ts\":0,\"args\":{\"live\":0,"
+             "\"reserved\":4096}},\n"
+             "{\"ph\":\"C\",\"name\":\"memory\",\"pid\":1,\"ts\":1,\"args\":%s},\n"
+             "{\"ph\":\"i\",\"name\":\"alloc\",\"cat\":\"memory\",\"pid\":1,\"ts\":2,\"args\":%s}\n"
+             "]}\n",
+             counter_args, alloc_args);
+    return file_in_dir(name, text);
+}
+
+/* Counter values reach the page as JavaScript numbers, exact up to 2^53:
+ * a trace with larger ones is refused with the value named, and no page
+ * is written (values of 2^63 and more once overflowed int64_t). */
+static void test_timeline_big_counters(void)
+{
+    char args[1024];
+    const char *page = file_in_dir("big.html", NULL);
+    const char *ok = chrome_trace("limit.json",
+                                  "{\"live\":9007199254740992,\"reserved\":"
+                                  "9007199254740992}",
+                                  "{\"bytes\":4096,\"block\":\"0x1000\"}");
+    snprintf(args, sizeof args, "timeline %s -o %s", ok, page);
+    EXPECT_RUN(args, 0, "1 device, 2 counter samples");
+    unlink(page);
+    static const char *const bad[][2] = {
+        {"{\"live\":9223372036854775808,\"reserved\":9223372036854775808}",
+         "args.live 9223372036854775808 is above 2^53"},
+        {"{\"live\":1,\"reserved\":9007199254740993}",
+         "args.reserved 9007199254740993 is above 2^53"},
+        {"{\"live\":1,\"reserved\":2,\"cached\":18446744073709551615}",
+         "args.cached 18446744073709551615 is above 2^53"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        const char *trace = chrome_trace("big.json", bad[i][0], "{\"bytes\":1}");
+        snprintf(args, sizeof args, "timeline %s -o %s", trace, page);
+        EXPECT_RUN(args, 1, bad[i][1]);
+        CHECK(strstr(out, "malformed Chrome trace: the event on line 3") != NULL);
+        CHECK(access(page, F_OK) != 0);
+    }
+    /* An allocation's or a copy's bytes likewise. */
+    const char *trace = chrome_trace("big.json", "{\"live\":1,\"reserved\":2}",
+                                     "{\"bytes\":9223372036854775808,\"block\":\"0x1000\"}");
+    snprintf(args, sizeof args, "timeline %s -o %s", trace, page);
+    EXPECT_RUN(args, 1, "args.bytes 9223372036854775808 is above 2^53");
+    trace = file_in_dir("copy.json",
+                        "[{\"ph\":\"X\",\"cat\":\"copy\",\"name\":\"copy\",\"pid\":1,\"ts\":0,"
+                        "\"dur\":1,\"args\":{\"bytes\":9223372036854775808}}]\n");
+    snprintf(args, sizeof args, "timeline %s -o %s", trace, page);
+    EXPECT_RUN(args, 1, "args.bytes 9223372036854775808 is above 2^53");
+    CHECK(access(page, F_OK) != 0);
+}
+
+/* A gzip file cut inside its first block has no byte to sniff: that is a
+ * truncated file, as replay says, not an empty one. */
+static void test_timeline_truncated_gzip(void)
+{
+    char args[1024], head[30];
+    FILE *f = fopen(PIPELINE, "rb");
+    CHECK(f != NULL);
+    if (!f)
+        return;
+    size_t n = fread(head, 1, sizeof head, f);
+    fclose(f);
+    CHECK_EQ(n, sizeof head);
+    const char *tiny = file_in_dir("tiny.trace.gz", NULL);
+    f = fopen(tiny, "wb");
+    CHECK(f != NULL);
+    if (!f)
+        return;
+    fwrite(head, 1, n, f);
+    fclose(f);
+    const char *page = file_in_dir("tiny.html", NULL);
+    snprintf(args, sizeof args, "timeline %s -o %s", tiny, page);
+    EXPECT_RUN(args, 1, "gzip data truncated");
+    CHECK(strstr(out, "is empty") == NULL);
+    CHECK(access(page, F_OK) != 0);
+    /* A file that is empty still says so. */
+    const char *empty = file_in_dir("empty.trace", "");
+    snprintf(args, sizeof args, "timeline %s -o %s", empty, page);
+    EXPECT_RUN(args, 1, "is empty");
+    /* An allocation trace of comments only has nothing to draw. */
+    const char *comments = file_in_dir("comments.trace", "# nothing\n");
+    snprintf(args, sizeof args, "timeline %s -o %s", comments, page);
+    EXPECT_RUN(args, 1, "has no events");
+    CHECK(access(page, F_OK) != 0);
+}
+
+/* A block address is "0x" and hex digits (or a number): a sign, white
+ * space or other text is a malformed event, not an address. */
+static void test_timeline_addresses(void)
+{
+    char args[1024], alloc[256];
+    const char *page = file_in_dir("addr.html", NULL);
+    static const char *const good[] = {"\"0x7f548c400000\"", "\"0XFFFFFFFFFFFFFFFF\"", "4096"};
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        snprintf(alloc, sizeof alloc, "{\"bytes\":4096,\"block\":%s}", good[i]);
+        const char *trace = chrome_trace("addr.json", "{\"live\":4096,\"reserved\":8192}", alloc);
+        snprintf(args, sizeof args, "timeline %s -o %s", trace, page);
+        EXPECT_RUN(args, 0, "wrote");
+        unlink(page);
+    }
+    static const char *const bad[] = {
+        "\"0x-1\"", "\"0x 10\"", "\" 0x10\"", "\"0x+1\"",
+        "\"0x\"",   "\"0x1g\"",  "\"10\"",    "\"0x10000000000000000\"",
+        "-1",       "true"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(alloc, sizeof alloc, "{\"bytes\":4096,\"block\":%s}", bad[i]);
+        const char *trace = chrome_trace("addr.json", "{\"live\":4096,\"reserved\":8192}", alloc);
+        snprintf(args, sizeof args, "timeline %s -o %s", trace, page);
+        EXPECT_RUN(args, 1, "an alloc event has a bad args.block");
+        CHECK(access(page, F_OK) != 0);
+    }
+}
+
+/* The count of counter samples printed is the drawn devices' (the page's
+ * n_in): a device with only zero samples is left out of both. */
+static void test_timeline_counts(void)
+{
+    char args[1024];
+    const char *page = file_in_dir("count.html", NULL);
+    const char *trace =
+        file_in_dir("count.json", "[{\"ph\":\"C\",\"name\":\"memory\",\"pid\":0,\"ts\":0,\"args\":{"
+                                  "\"live\":0,\"reserved\":0}},\n"
+                                  "{\"ph\":\"C\",\"name\":\"memory\",\"pid\":1,\"ts\":1,\"args\":{"
+                                  "\"live\":5,\"reserved\":8}},\n"
+                                  "{\"ph\":\"C\",\"name\":\"memory\",\"pid\":1,\"ts\":2,\"args\":{"
+                                  "\"live\":0,\"reserved\":8}}]\n");
+    snprintf(args, sizeof args, "timeline %s -o %s", trace, page);
+    EXPECT_RUN(args, 0, "1 device, 2 counter samples, 0 copy and eviction marks");
+    /* A replayed allocation trace: the host device has a zero sample too. */
+    snprintf(args, sizeof args, "timeline " PATTERN " -o %s", page);
+    CHECK_EQ(run(args, false), 0);
+    static char printed[sizeof out];
+    memcpy(printed, out, sizeof out);
+    FILE *f = fopen(page, "r");
+    CHECK(f != NULL);
+    if (!f)
+        return;
+    size_t n = fread(out, 1, sizeof out - 1, f);
+    out[n] = '\0';
+    fclose(f);
+    const char *at = strstr(out, "\"n_in\":");
+    CHECK(at != NULL && strstr(at + 1, "\"n_in\":") == NULL); /* one device drawn */
+    if (!at)
+        return;
+    char want[64];
+    snprintf(want, sizeof want, "1 device, %ld counter samples,", strtol(at + 7, NULL, 10));
+    harness_checks++;
+    if (!strstr(printed, want))
+        harness_report(__FILE__, __LINE__, "printed '%s', expected '%s'", printed, want);
+    unlink(page);
+}
+
+/* Every command that takes --device refuses a value that would add
+ * options to its configuration (',' and '='; devices are joined with '+'),
+ * with exit code 2, as an argument error. */
+static void test_device_injection(void)
+{
+    char args[1024];
+    const char *page = file_in_dir("inj.html", NULL);
+    static const char *const values[] = {"'sim:2x64M,sched=eager'", "'sim:64M,sim:64M'",
+                                         "'sim:64M=1'", "''"};
+    for (size_t i = 0; i < sizeof values / sizeof values[0]; i++) {
+        const char *v = values[i];
+        snprintf(args, sizeof args, "demo gemm --quick --sched locality --device %s", v);
+        EXPECT_RUN(args, 2, "bad --device");
+        CHECK(strstr(out, "\"sched\"") == NULL); /* nothing ran */
+        snprintf(args, sizeof args, "bench alloc --quick --scenario small --device %s", v);
+        EXPECT_RUN(args, 2, "bad --device");
+        snprintf(args, sizeof args, "bench copy --quick --device %s", v);
+        EXPECT_RUN(args, 2, "bad --device");
+        snprintf(args, sizeof args, "bench oversub --quick --device %s", v);
+        EXPECT_RUN(args, 2, "bad --device");
+        snprintf(args, sizeof args, "replay " PATTERN " --device %s", v);
+        EXPECT_RUN(args, 2, "bad --device");
+        snprintf(args, sizeof args, "timeline " PATTERN " -o %s --device %s", page, v);
+        EXPECT_RUN(args, 2, "bad --device");
+        CHECK(access(page, F_OK) != 0);
+    }
+    /* bench alloc's --allocator goes into the configuration too. */
+    EXPECT_RUN("bench alloc --quick --scenario small --allocator 'pool,sched=eager'", 2,
+               "bad --allocator");
+}
+
+/* A --device the devices option refuses, or one that makes no
+ * accelerator, is an argument error: exit code 2 in every command, with
+ * the option's own message. */
+static void test_device_exit_codes(void)
+{
+    char args[1024];
+    const char *page = file_in_dir("dev.html", NULL);
+    static const char *const cmds[] = {"demo gemm --quick",  "bench alloc --quick --scenario small",
+                                       "bench copy --quick", "bench oversub --quick",
+                                       "replay " PATTERN,    NULL};
+    for (int i = 0; cmds[i]; i++) {
+        snprintf(args, sizeof args, "%s --device sim:lots", cmds[i]);
+        EXPECT_RUN(args, 2, "size 'lots' is not valid");
+    }
+    snprintf(args, sizeof args, "timeline " PATTERN " -o %s --device sim:lots", page);
+    EXPECT_RUN(args, 2, "size 'lots' is not valid");
+    CHECK(access(page, F_OK) != 0);
+    /* Where there is no GPU, 'cuda' makes no accelerator: nothing to run
+     * on, which is the argument's fault too. */
+    int version = 0, gpus = 0;
+    char why[160];
+    if (um_cuda_driver_info(&version, &gpus, why, sizeof why) == UM_OK && gpus > 0)
+        return;
+    for (int i = 1; cmds[i]; i++) {
+        snprintf(args, sizeof args, "%s --device cuda", cmds[i]);
+        EXPECT_RUN(args, 2, "--device cuda gives no accelerator");
+    }
+    snprintf(args, sizeof args, "timeline " PATTERN " -o %s --device cuda", page);
+    EXPECT_RUN(args, 2, "--device cuda gives no accelerator");
+    CHECK(access(page, F_OK) != 0);
+}
+
+int main(void)
+{
+    if (access(BINARY, X_OK) != 0) {
+        fprintf(stderr, "test_cli: %s is not built\n", BINARY);
+        CHECK(false);
+        return harness_finish("test_cli");
+    }
+    CHECK(mkdtemp(dir) != NULL);
+    /* The commands inherit no options from the environment. */
+    unsetenv("UNIMEM_CONF");
+    test_timeline_big_counters();
+    test_timeline_truncated_gzip();
+    test_timeline_addresses();
+    test_timeline_counts();
+    test_device_injection();
+    test_device_exit_codes();
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    CHECK(system(cmd) == 0);
+    return harness_finish("test_cli");
+}
