@@ -137,6 +137,25 @@ static void test_forms(void)
     CHECK_NEAR(um__vs_packed_time(m, 1, UM_VS_GEMM, 1000, 0), 1e-12 * 1e9 + 0.001, 1e-12);
     free(m);
 
+    /* A fit whose value underflows to 0 (or overflows) gives no time:
+     * the device cannot run the kernel there. The bounds are inclusive. */
+    m = machine();
+    CHECK_OK(um__vs_machine_parse("device name=host kind=host memory=1G\n"
+                                  "device name=g kind=gpu memory=1G granularity=1G model=f\n"
+                                  "link from=host to=g bandwidth=1G latency=1e6s\n"
+                                  "link from=g to=host bandwidth=1G latency=1000000\n"
+                                  "compute model=f kernel=gemm fit=1e-300,-100,0\n"
+                                  "compute model=f kernel=trsm fit=1e300,300,0\n"
+                                  "compute model=f kernel=syrk fit=0,7,1e6\n"
+                                  "compute model=f kernel=potrf tile=4 seconds=1e6s\n",
+                                  "fits", m));
+    CHECK(isinf(um__vs_compute_time(m, 1, UM_VS_GEMM, 1000, 0)));
+    CHECK(isinf(um__vs_packed_time(m, 1, UM_VS_GEMM, 1000, 0)));
+    CHECK(isinf(um__vs_compute_time(m, 1, UM_VS_TRSM, 1000, 0)));
+    CHECK_NEAR(um__vs_compute_time(m, 1, UM_VS_SYRK, 1000, 0), 1e6, 0);
+    CHECK_NEAR(um__vs_compute_time(m, 1, UM_VS_POTRF, 4, 0), 1e6, 0);
+    free(m);
+
     /* A description file, and a name that is neither. */
     char path[] = "/tmp/test_vsim_machine_XXXXXX";
     int fd = mkstemp(path);
@@ -198,6 +217,27 @@ static void test_errors(void)
         {"device name=x kind=gpu count=70 memory=1G\n", "line 3", "count"},
         {"link from=host to=gpu bandwidth=1G key=a key=b\n", "line 3", "twice"},
         {"link from=host to=gpu bandwidth=1G\n", "gpu0", "no link"},
+        /* A fit needs three numbers, a >= 0, c >= 0 and a + c > 0. */
+        {"compute model=g kernel=gemm fit=,\n", "line 3", "fit ','"},
+        {"compute model=g kernel=gemm fit=1,,\n", "line 3", "fit '1,,'"},
+        {"compute model=g kernel=gemm fit=1,3\n", "line 3", "fit '1,3'"},
+        {"compute model=g kernel=gemm fit=1,3,0,\n", "line 3", "fit '1,3,0,'"},
+        {"compute model=g kernel=gemm fit=-1,0,0\n", "line 3", "fit '-1,0,0'"},
+        {"compute model=g kernel=gemm fit=1,3,-1\n", "line 3", "fit '1,3,-1'"},
+        {"compute model=g kernel=gemm fit=0,3,0\n", "line 3", "fit '0,3,0'"},
+        {"compute model=g kernel=gemm fit=1,3,2e6\n", "line 3", "fit '1,3,2e6'"},
+        /* Times above 1e6 s are refused (UM_VS_MAX_SECONDS). */
+        {"link from=host to=gpu bandwidth=1G latency=1.5e6s\n", "line 3", "latency '1.5e6s'"},
+        {"compute model=g kernel=gemm tile=8 seconds=2e6\n", "line 3", "seconds '2e6'"},
+        {"compute model=g kernel=gemm tile=8 seconds=1 packed=2e6\n", "line 3", "packed '2e6'"},
+        /* A device's name may not be another's, nor a group's member's. */
+        {"device name=gpu0 kind=gpu memory=1G\n", "line 3", "'gpu0' is used twice"},
+        {"device name=gpu0 count=2 kind=sim memory=1G\n", "line 3", "'gpu0' is used twice"},
+        {"device name=x10 kind=sim memory=1G\ndevice name=x count=11 kind=sim memory=1G\n",
+         "line 4", "'x10' is used twice"},
+        /* A granularity is a power of two, at most the memory. */
+        {"device name=x kind=gpu memory=1G granularity=3\n", "line 3", "granularity"},
+        {"device name=x kind=gpu memory=1G granularity=2G\n", "line 3", "more than the memory"},
     };
     um__vs_machine *m = machine();
     char text[1024];

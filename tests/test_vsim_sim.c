@@ -10,6 +10,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define BINARY UM_BINARY_DIR "/unimem"
 
 static const int policies[] = {UM_SCHED_EAGER, UM_SCHED_ROUND_ROBIN, UM_SCHED_LOCALITY,
                                UM_SCHED_COST};
@@ -295,6 +299,205 @@ static void test_priorities(void)
     free(m);
 }
 
+
+/* ------------------------------------------------------ task traces */
+
+/* Writes text (len bytes: it may hold a NUL) to a new file in path. */
+static void write_file(char *path, const char *text, size_t len)
+{
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    if (fd < 0)
+        return;
+    CHECK_EQ(write(fd, text, len), len);
+    close(fd);
+}
+
+/* Bad traces the parser let through: a buffer id or size with a '-'
+ * (strtoull negates it), the id 2^64-1 (its key wrapped to the map's
+ * empty mark, so every use was a new tile with no dependency), a task
+ * naming a buffer twice (the runtime engine failed on it later), and a
+ * NUL byte, which was reported as a long line. Each is named with its
+ * file and line. */
+static void test_trace_errors(void)
+{
+    static const struct {
+        const char *text, *want1, *want2;
+    } bad[] = {
+        {"task 1 gemm 100 -1:4096:r\ntask 2 gemm 100 -1:4096:rw\n", "line 1", "'-1:4096:r'"},
+        {"task 1 gemm 100 1:-4096:r\n", "line 1", "'1:-4096:r'"},
+        {"task 1 gemm 100 1:+4096:r\n", "line 1", "'1:+4096:r'"},
+        {"task 1 gemm 100 18446744073709551615:4096:r\n"
+         "task 2 gemm 100 18446744073709551615:8192:rw\n",
+         "line 1", "18446744073709551615"},
+        {"task 1 gemm 100 18446744073709551616:4096:r\n", "line 1", "ID:BYTES:MODE"},
+        {"# two\ntask 1 gemm 100 1:4096:w 1:4096:r\n", "line 2", "buffer 1 twice"},
+        {"task 1 gemm 100 2:4096:r 3:4096:r 2:4096:rw\n", "line 1", "buffer 2 twice"},
+    };
+    char path[64];
+    um__vs_dag d;
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(path, sizeof path, "/tmp/test_vsim_trace_XXXXXX");
+        write_file(path, bad[i].text, strlen(bad[i].text));
+        um_status st = um__vs_dag_trace(path, &d);
+        CHECK_STATUS(st, UM_ERR_PARSE);
+        CHECK_ERROR_MENTIONS(path, bad[i].want1, bad[i].want2);
+        if (st == UM_OK)
+            um__vs_dag_free(&d);
+        CHECK(d.tasks == NULL && d.ntasks == 0);
+        unlink(path);
+    }
+    static const char nul[] = "task 1 gemm 100 1:4096:rw\n"
+                              "task 2 gemm 100 1:4096:rw\0garbage\n"
+                              "task 3 gemm 100 1:4096:rw\n";
+    snprintf(path, sizeof path, "/tmp/test_vsim_trace_XXXXXX");
+    write_file(path, nul, sizeof nul - 1);
+    um_status st = um__vs_dag_trace(path, &d);
+    CHECK_STATUS(st, UM_ERR_PARSE);
+    if (st == UM_OK)
+        um__vs_dag_free(&d);
+    CHECK_ERROR_MENTIONS(path, "line 2", "NUL byte");
+    unlink(path);
+    /* A line too long is still one, and a good trace still reads. */
+    char *longline = malloc(5000);
+    memset(longline, ' ', 4999);
+    memcpy(longline, "task 1 gemm 1", 13);
+    longline[4998] = '\n';
+    longline[4999] = 0;
+    snprintf(path, sizeof path, "/tmp/test_vsim_trace_XXXXXX");
+    write_file(path, longline, strlen(longline));
+    CHECK_STATUS(um__vs_dag_trace(path, &d), UM_ERR_PARSE);
+    CHECK_ERROR_MENTIONS(path, "line 1", "longer than 4095");
+    unlink(path);
+    free(longline);
+    static const char good[] = "# header\n"
+                               "task 1 gemm 100 0:4096:w 7:4096:r\n"
+                               "task 2 gemm 100 0:4096:r\n"
+                               "task 3 gemm 100 18446744073709551614:16:rw";
+    snprintf(path, sizeof path, "/tmp/test_vsim_trace_XXXXXX");
+    write_file(path, good, sizeof good - 1);
+    CHECK_OK(um__vs_dag_trace(path, &d));
+    CHECK_EQ(d.ntasks, 3);
+    CHECK_EQ(d.ntiles, 3);
+    CHECK_EQ(um__vs_tile_size(&d, 2), 16);
+    CHECK_EQ(d.tasks[1].ndeps, 1);
+    um__vs_dag_free(&d);
+    unlink(path);
+}
+
+/* ------------------------------------------------------ unimem sim */
+
+static char out[1 << 16];
+
+/* Runs `unimem <args>` with stderr discarded; returns the exit status
+ * (-1 if it did not exit). */
+static int run_cli(const char *args)
+{
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "%s %s 2>/dev/null", BINARY, args);
+    out[0] = '\0';
+    FILE *p = popen(cmd, "r");
+    CHECK(p != NULL);
+    if (!p)
+        return -1;
+    size_t n = fread(out, 1, sizeof out - 1, p);
+    out[n] = '\0';
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+#define CHECK_OUT_HAS(s)                                                                   \
+    do {                                                                                   \
+        harness_checks++;                                                                  \
+        if (!strstr(out, (s)))                                                             \
+            harness_report(__FILE__, __LINE__, "the output lacks %s:\n%s", (s), out);      \
+    } while (0)
+#define CHECK_OUT_LACKS(s)                                                                 \
+    do {                                                                                   \
+        harness_checks++;                                                                  \
+        if (strstr(out, (s)))                                                              \
+            harness_report(__FILE__, __LINE__, "the output has %s:\n%s", (s), out);        \
+    } while (0)
+
+/* Names with '"' and '\' (the parser takes them) come out escaped in the
+ * JSON: the machine's, a device's, a link's ends, and the file's path
+ * where the description names no machine. */
+static void test_cli_json_names(void)
+{
+    char dir[] = "/tmp/test_vsim\"q\\XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    char path[128], args[512];
+    for (int named = 0; named < 2; named++) {
+        snprintf(path, sizeof path, "%s/m%d", dir, named);
+        FILE *f = fopen(path, "w");
+        CHECK(f != NULL);
+        if (!f)
+            return;
+        fprintf(f, "%s"
+                   "device name=host kind=host memory=64G\n"
+                   "device name=s\"x\\ kind=sim memory=1G model=m\n"
+                   "link from=host to=s\"x\\ bandwidth=1G\n"
+                   "link from=s\"x\\ to=host bandwidth=1G\n"
+                   "compute model=m kernel=gemm gflops=5\n",
+                named ? "machine name=a\"b\\c\n" : "");
+        fclose(f);
+        snprintf(args, sizeof args, "sim --machine '%s' --workload gemm --n 2048 --tile 1024 "
+                 "--policy eager --json", path);
+        CHECK_EQ(run_cli(args), 0);
+        if (named) {
+            CHECK_OUT_HAS("{\"machine\":\"a\\\"b\\\\c\",");
+        } else {
+            char want[160];
+            snprintf(want, sizeof want, "{\"machine\":\"/tmp/test_vsim\\\"q\\\\%s/m0\",",
+                     dir + strlen("/tmp/test_vsim\"q\\"));
+            CHECK_OUT_HAS(want);
+        }
+        CHECK_OUT_HAS("{\"name\":\"s\\\"x\\\\\",\"tasks\":8,");
+        CHECK_OUT_HAS("{\"from\":\"host\",\"to\":\"s\\\"x\\\\\",\"bytes\":");
+        CHECK_OUT_HAS("{\"from\":\"s\\\"x\\\\\",\"to\":\"host\",\"bytes\":");
+        unlink(path);
+    }
+    rmdir(dir);
+}
+
+/* A lower bound of 0 (a task of no flops; a task of no buffers, whose
+ * makespan is 0 too) has no ratio: null in the JSON, n/a in the text,
+ * never inf or nan; a device's busy share of a makespan of 0 is n/a. */
+static void test_cli_no_ratio(void)
+{
+    static const char *const traces[] = {"task 1 other 0 1:4096:rw\n", "task 1 gemm 100\n"};
+    for (int i = 0; i < 2; i++) {
+        char path[64], args[256];
+        snprintf(path, sizeof path, "/tmp/test_vsim_trace_XXXXXX");
+        write_file(path, traces[i], strlen(traces[i]));
+        for (int engine = 0; engine < 2; engine++) {
+            const char *e = engine ? "runtime" : "model";
+            snprintf(args, sizeof args, "sim --machine h200x1 --workload trace:%s --policy eager "
+                     "--engine %s --json", path, e);
+            CHECK_EQ(run_cli(args), 0);
+            CHECK_OUT_HAS("\"lower_bound_s\":0.000000,");
+            CHECK_OUT_HAS("\"makespan_over_bound\":null,");
+            CHECK_OUT_LACKS("inf");
+            CHECK_OUT_LACKS("nan");
+            snprintf(args, sizeof args, "sim --machine h200x1 --workload trace:%s --policy eager "
+                     "--engine %s", path, e);
+            CHECK_EQ(run_cli(args), 0);
+            CHECK_OUT_HAS("ratio n/a ");
+            CHECK_OUT_LACKS("inf");
+            CHECK_OUT_LACKS("nan");
+        }
+        unlink(path);
+    }
+    /* The model engine's makespan of a task of no buffers is 0. */
+    char path[64], args[256];
+    snprintf(path, sizeof path, "/tmp/test_vsim_trace_XXXXXX");
+    write_file(path, traces[1], strlen(traces[1]));
+    snprintf(args, sizeof args, "sim --machine h200x1 --workload trace:%s --policy eager", path);
+    CHECK_EQ(run_cli(args), 0);
+    CHECK_OUT_HAS("busy   0.0000 s (  n/a)\n");
+    unlink(path);
+}
+
 int main(void)
 {
     uint64_t seed = harness_seed("test_vsim_sim");
@@ -304,5 +507,8 @@ int main(void)
     test_priorities();
     test_eviction();
     test_random(seed);
+    test_trace_errors();
+    test_cli_json_names();
+    test_cli_no_ratio();
     return harness_finish("test_vsim_sim");
 }

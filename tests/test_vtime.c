@@ -624,6 +624,153 @@ static void test_alone_in_virtual_time(void)
     um_shutdown(plain);
 }
 
+
+/* The runtime engine refuses what it cannot time, as the model engine
+ * does: a task no device runs (it ran such tasks in no time before), and
+ * a task some devices run and some do not, when more than one does (the
+ * runtime places a task on any device; one that only a single device
+ * runs is sent there). */
+static void test_runtime_eligibility(void)
+{
+    um__vs_machine *m = malloc(sizeof *m);
+    um__vs_result *a = malloc(sizeof *a), *b = malloc(sizeof *b);
+    um__vs_dag c;
+    CHECK_EQ(um__vs_dag_cholesky(2048, 512, &c), 0);
+    uint64_t forced = 1;
+    CHECK_OK(um__vs_machine_parse("machine name=gemmonly\n"
+                                  "device name=host kind=host memory=64G\n"
+                                  "device name=sim count=2 kind=sim memory=1G model=m\n"
+                                  "link from=host to=sim bandwidth=1G\n"
+                                  "link from=sim to=host bandwidth=1G\n"
+                                  "compute model=m kernel=gemm gflops=5\n",
+                                  "gemmonly", m));
+    CHECK_STATUS(um__vs_simulate(m, &c, UM_SCHED_COST, b), UM_ERR_INVALID);
+    CHECK_ERROR_MENTIONS("no device", "potrf", NULL);
+    CHECK_STATUS(um__vs_run_runtime(m, &c, UM_SCHED_COST, a, &forced), UM_ERR_INVALID);
+    CHECK_ERROR_MENTIONS("no device", "gemmonly", "potrf");
+    /* sim0 runs only gemm, sim1 everything: the rest go to sim1, and both
+     * engines take every task's time. */
+    CHECK_OK(um__vs_machine_parse("machine name=split\n"
+                                  "device name=host kind=host memory=64G\n"
+                                  "device name=sim0 kind=sim memory=1G model=m\n"
+                                  "device name=sim1 kind=sim memory=1G model=all\n"
+                                  "link from=host to=sim0 bandwidth=1G\n"
+                                  "link from=sim0 to=host bandwidth=1G\n"
+                                  "link from=host to=sim1 bandwidth=1G\n"
+                                  "link from=sim1 to=host bandwidth=1G\n"
+                                  "compute model=m kernel=gemm gflops=5\n"
+                                  "compute model=all kernel=gemm gflops=5\n"
+                                  "compute model=all kernel=trsm gflops=5\n"
+                                  "compute model=all kernel=syrk gflops=5\n"
+                                  "compute model=all kernel=potrf gflops=5\n",
+                                  "split", m));
+    for (int p = 0; p < 4; p++) {
+        static const int pol[] = {UM_SCHED_EAGER, UM_SCHED_ROUND_ROBIN, UM_SCHED_LOCALITY,
+                                  UM_SCHED_COST};
+        CHECK_OK(um__vs_run_runtime(m, &c, pol[p], a, &forced));
+        CHECK_EQ(forced, 0);
+        CHECK_EQ(a->tasks_on[1] + a->tasks_on[2], c.ntasks);
+        uint64_t gemms = 0;
+        for (size_t i = 0; i < c.ntasks; i++)
+            gemms += c.tasks[i].kernel == UM_VS_GEMM;
+        CHECK(a->tasks_on[1] <= gemms);
+        CHECK(a->makespan_s >= a->lower_bound_s * (1 - 1e-9));
+        /* Each device was busy for exactly the flops it ran at 5 GF/s. */
+        CHECK(a->busy_s[1] + a->busy_s[2] > 0.99 * a->work_bound_s * 2);
+    }
+    /* Two of three devices run potrf: the runtime cannot say which. */
+    CHECK_OK(um__vs_machine_parse("machine name=split3\n"
+                                  "device name=host kind=host memory=64G\n"
+                                  "device name=a kind=sim memory=1G model=m\n"
+                                  "device name=b count=2 kind=sim memory=1G model=all\n"
+                                  "link from=host to=a bandwidth=1G\n"
+                                  "link from=a to=host bandwidth=1G\n"
+                                  "link from=host to=b bandwidth=1G\n"
+                                  "link from=b to=host bandwidth=1G\n"
+                                  "compute model=m kernel=gemm gflops=5\n"
+                                  "compute model=all kernel=gemm gflops=5\n"
+                                  "compute model=all kernel=trsm gflops=5\n"
+                                  "compute model=all kernel=syrk gflops=5\n"
+                                  "compute model=all kernel=potrf gflops=5\n",
+                                  "split3", m));
+    CHECK_STATUS(um__vs_run_runtime(m, &c, UM_SCHED_COST, a, &forced), UM_ERR_INVALID);
+    CHECK_ERROR_MENTIONS("potrf", "'a'", "--engine model");
+    CHECK_OK(um__vs_simulate(m, &c, UM_SCHED_COST, b));
+    um__vs_dag_free(&c);
+    free(a);
+    free(b);
+    free(m);
+}
+
+/* A host with a compute model runs tasks in the runtime engine, and they
+ * take its modelled time (they took none: the makespan was half the
+ * model engine's, below the lower bound). */
+static void test_runtime_host_model(void)
+{
+    static const char desc[] =
+        "machine name=hostmodel\n"
+        "device name=host kind=host memory=64G model=sim5\n"
+        "device name=sim count=3 kind=sim memory=1G granularity=2M model=sim5\n"
+        "link from=host to=sim bandwidth=1.073741824G latency=0us\n"
+        "link from=sim to=host bandwidth=1.073741824G latency=0us\n"
+        "compute model=sim5 kernel=gemm gflops=5\n";
+    um__vs_machine *m = malloc(sizeof *m);
+    um__vs_result *a = malloc(sizeof *a), *b = malloc(sizeof *b);
+    CHECK_OK(um__vs_machine_parse(desc, "test", m));
+    um__vs_dag d;
+    CHECK_EQ(um__vs_dag_gemm(2048, 512, &d), 0);
+    uint64_t forced = 1;
+    CHECK_OK(um__vs_run_runtime(m, &d, UM_SCHED_EAGER, a, &forced));
+    CHECK_EQ(forced, 0);
+    CHECK_OK(um__vs_simulate(m, &d, UM_SCHED_EAGER, b));
+    double task_s = 2.0 * 512 * 512 * 512 / 5e9;
+    printf("test_vtime: host with a model: runtime %.4f s (%llu host tasks), model %.4f s, "
+           "bound %.4f s\n", a->makespan_s, (unsigned long long)a->tasks_on[0], b->makespan_s,
+           a->lower_bound_s);
+    CHECK(a->tasks_on[0] > 0);
+    CHECK_NEAR(a->busy_s[0], (double)a->tasks_on[0] * task_s, 1e-6);
+    CHECK_NEAR(a->lower_bound_s, (double)d.ntasks * task_s / 4, 1e-9);
+    CHECK(a->makespan_s >= a->lower_bound_s * (1 - 1e-9));
+    CHECK_NEAR(a->makespan_s / b->makespan_s, 1.0, 0.15);
+    um__vs_dag_free(&d);
+    free(a);
+    free(b);
+    free(m);
+}
+
+/* Links of a 1e6 s latency (the most a description takes): the runtime
+ * engine's clock reaches 1e7 s, where a second's double resolves 2e-9 s,
+ * coarser than the model's fixed 1 ns tolerance, and it spun for ever
+ * at a copy's end. */
+static void test_runtime_long_latency(void)
+{
+    static const char desc[] =
+        "machine name=slow\n"
+        "device name=host kind=host memory=64G\n"
+        "device name=sim count=3 kind=sim memory=1G granularity=2M model=sim5\n"
+        "link from=host to=sim bandwidth=1.073741824G latency=1e6s\n"
+        "link from=sim to=host bandwidth=1.073741824G latency=1e6s\n"
+        "compute model=sim5 kernel=gemm gflops=5\n";
+    um__vs_machine *m = malloc(sizeof *m);
+    um__vs_result *a = malloc(sizeof *a), *b = malloc(sizeof *b);
+    CHECK_OK(um__vs_machine_parse(desc, "test", m));
+    um__vs_dag d;
+    CHECK_EQ(um__vs_dag_gemm(2048, 1024, &d), 0);
+    uint64_t forced = 1;
+    CHECK_OK(um__vs_run_runtime(m, &d, UM_SCHED_EAGER, a, &forced));
+    CHECK_EQ(forced, 0);
+    CHECK_OK(um__vs_simulate(m, &d, UM_SCHED_EAGER, b));
+    printf("test_vtime: 1e6 s latencies: runtime %.4f s, model %.4f s\n", a->makespan_s,
+           b->makespan_s);
+    CHECK_EQ(a->tasks_on[1] + a->tasks_on[2] + a->tasks_on[3], d.ntasks);
+    CHECK(a->makespan_s > 2e6 && a->home_s > a->makespan_s);
+    CHECK(b->makespan_s > 2e6);
+    um__vs_dag_free(&d);
+    free(a);
+    free(b);
+    free(m);
+}
+
 int main(void)
 {
     uint64_t seed = harness_seed("test_vtime");
@@ -641,5 +788,8 @@ int main(void)
     test_wait_outlives_stream();
     test_faults_in_virtual_time();
     test_alone_in_virtual_time();
+    test_runtime_eligibility();
+    test_runtime_host_model();
+    test_runtime_long_latency();
     return harness_finish("test_vtime");
 }

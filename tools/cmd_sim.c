@@ -11,6 +11,7 @@
 #include "vsim/sim.h"
 
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -126,20 +127,65 @@ static bool parse_u32(const char *v, uint32_t *out)
 
 static const char *engine_name = "model";
 
+/* a / b, or NAN where it has no meaning: b not above 0 (a lower bound or
+ * a makespan of 0), or either not finite. */
+static double quotient(double a, double b)
+{
+    return isfinite(a) && isfinite(b) && b > 0 ? a / b : NAN;
+}
+
+/* A JSON string: quotes, backslashes and control characters escaped
+ * (the machine description takes any other character in a name). */
+static void json_string(const char *s)
+{
+    putchar('"');
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"' || *p == '\\')
+            printf("\\%c", *p);
+        else if (*p < 0x20)
+            printf("\\u%04x", *p);
+        else
+            putchar(*p);
+    }
+    putchar('"');
+}
+
+/* A JSON number with printf format fmt, or null where x is not finite
+ * (JSON has no inf or nan). */
+static void json_double(const char *fmt, double x)
+{
+    if (isfinite(x))
+        printf(fmt, x);
+    else
+        fputs("null", stdout);
+}
+
 static void print_text(const um__vs_machine *m, const um__vs_dag *d, const char *policy,
                        const um__vs_result *r, double wall_s)
 {
-    char a[32];
+    char a[32], ratio[32];
+    double q = quotient(r->makespan_s, r->lower_bound_s);
+    if (isfinite(q))
+        snprintf(ratio, sizeof ratio, "%.3f", q);
+    else
+        snprintf(ratio, sizeof ratio, "n/a");
     printf("%-12s makespan %9.4f s (results home %.4f)  bound %9.4f s (work %.4f, path %.4f)  "
-           "ratio %.3f  moved %s  evictions %llu  (%.2f s to simulate)\n",
+           "ratio %s  moved %s  evictions %llu  (%.2f s to simulate)\n",
            policy, r->makespan_s, r->home_s, r->lower_bound_s, r->work_bound_s,
-           r->path_bound_s, r->makespan_s / r->lower_bound_s,
-           tool_bytes(a, (uint64_t)r->bytes_moved), (unsigned long long)r->evictions, wall_s);
-    for (int dev = 0; dev < m->ndev; dev++)
-        if (r->tasks_on[dev])
-            printf("    %-8s %6llu tasks, busy %8.4f s (%5.1f%%)\n", m->dev[dev].name,
-                   (unsigned long long)r->tasks_on[dev], r->busy_s[dev],
-                   100.0 * r->busy_s[dev] / r->makespan_s);
+           r->path_bound_s, ratio, tool_bytes(a, (uint64_t)r->bytes_moved),
+           (unsigned long long)r->evictions, wall_s);
+    for (int dev = 0; dev < m->ndev; dev++) {
+        if (!r->tasks_on[dev])
+            continue;
+        double share = quotient(100.0 * r->busy_s[dev], r->makespan_s);
+        char pct[16];
+        if (isfinite(share))
+            snprintf(pct, sizeof pct, "%5.1f%%", share);
+        else
+            snprintf(pct, sizeof pct, "  n/a");
+        printf("    %-8s %6llu tasks, busy %8.4f s (%s)\n", m->dev[dev].name,
+               (unsigned long long)r->tasks_on[dev], r->busy_s[dev], pct);
+    }
     for (int s = 0; s < m->ndev; s++)
         for (int t = 0; t < m->ndev; t++)
             if (r->link_bytes[s][t] > 0)
@@ -151,27 +197,51 @@ static void print_text(const um__vs_machine *m, const um__vs_dag *d, const char 
 static void print_json(const um__vs_machine *m, const um__vs_dag *d, const char *policy,
                        const um__vs_result *r, double wall_s)
 {
-    printf("{\"machine\":\"%s\",\"workload\":\"%s\",\"n\":%llu,\"tile\":%u,\"tasks\":%zu,"
-           "\"policy\":\"%s\",\"makespan_s\":%.6f,\"results_home_s\":%.6f,"
-           "\"lower_bound_s\":%.6f,\"work_bound_s\":%.6f,"
-           "\"path_bound_s\":%.6f,\"makespan_over_bound\":%.4f,\"bytes_moved\":%.0f,"
-           "\"copies\":%llu,\"evictions\":%llu,\"writebacks\":%llu,\"events\":%llu,"
-           "\"simulate_s\":%.3f,\"engine\":\"%s\",\"devices\":[",
-           m->name, d->name, (unsigned long long)d->nt * d->tile, d->tile, d->ntasks, policy,
-           r->makespan_s, r->home_s, r->lower_bound_s, r->work_bound_s, r->path_bound_s,
-           r->makespan_s / r->lower_bound_s, r->bytes_moved, (unsigned long long)r->copies,
-           (unsigned long long)r->evictions, (unsigned long long)r->writebacks,
-           (unsigned long long)r->events, wall_s, engine_name);
-    for (int dev = 0; dev < m->ndev; dev++)
-        printf("%s{\"name\":\"%s\",\"tasks\":%llu,\"busy_s\":%.6f}", dev ? "," : "",
-               m->dev[dev].name, (unsigned long long)r->tasks_on[dev], r->busy_s[dev]);
+    /* Names come from the description (or its path) and may hold any
+     * character but space: every string is escaped, and a figure that is
+     * not finite (no ratio to a bound of 0) is null. */
+    printf("{\"machine\":");
+    json_string(m->name);
+    printf(",\"workload\":");
+    json_string(d->name);
+    printf(",\"n\":%llu,\"tile\":%u,\"tasks\":%zu,\"policy\":",
+           (unsigned long long)d->nt * d->tile, d->tile, d->ntasks);
+    json_string(policy);
+    static const char *const keys[] = {"makespan_s", "results_home_s", "lower_bound_s",
+                                       "work_bound_s", "path_bound_s", "makespan_over_bound"};
+    const double values[] = {r->makespan_s, r->home_s, r->lower_bound_s, r->work_bound_s,
+                             r->path_bound_s, quotient(r->makespan_s, r->lower_bound_s)};
+    for (int i = 0; i < 6; i++) {
+        printf(",\"%s\":", keys[i]);
+        json_double(i == 5 ? "%.4f" : "%.6f", values[i]);
+    }
+    printf(",\"bytes_moved\":");
+    json_double("%.0f", r->bytes_moved);
+    printf(",\"copies\":%llu,\"evictions\":%llu,\"writebacks\":%llu,\"events\":%llu,"
+           "\"simulate_s\":%.3f,\"engine\":",
+           (unsigned long long)r->copies, (unsigned long long)r->evictions,
+           (unsigned long long)r->writebacks, (unsigned long long)r->events, wall_s);
+    json_string(engine_name);
+    printf(",\"devices\":[");
+    for (int dev = 0; dev < m->ndev; dev++) {
+        printf("%s{\"name\":", dev ? "," : "");
+        json_string(m->dev[dev].name);
+        printf(",\"tasks\":%llu,\"busy_s\":", (unsigned long long)r->tasks_on[dev]);
+        json_double("%.6f", r->busy_s[dev]);
+        printf("}");
+    }
     printf("],\"links\":[");
     bool first = true;
     for (int s = 0; s < m->ndev; s++)
         for (int t = 0; t < m->ndev; t++)
             if (r->link_bytes[s][t] > 0) {
-                printf("%s{\"from\":\"%s\",\"to\":\"%s\",\"bytes\":%.0f}", first ? "" : ",",
-                       m->dev[s].name, m->dev[t].name, r->link_bytes[s][t]);
+                printf("%s{\"from\":", first ? "" : ",");
+                json_string(m->dev[s].name);
+                printf(",\"to\":");
+                json_string(m->dev[t].name);
+                printf(",\"bytes\":");
+                json_double("%.0f", r->link_bytes[s][t]);
+                printf("}");
                 first = false;
             }
     printf("]}\n");

@@ -182,6 +182,12 @@ static void enqueue(um__bstream *s, vop *o)
 
 /* ---------------------------------------------------------- the model */
 
+/* The clock's nanosecond at or after the net's time n (seconds). */
+static double net_ns(double n)
+{
+    return ceil(n * 1e9);
+}
+
 static uint64_t model_next(void *self)
 {
     UM_UNUSED(self);
@@ -193,8 +199,9 @@ static uint64_t model_next(void *self)
     }
     double n = um__vs_net_next(vd.net);
     if (isfinite(n)) {
-        double ns = ceil(n * 1e9);
-        uint64_t v = ns <= (double)um__vt_now() ? um__vt_now() : (uint64_t)ns;
+        double ns = net_ns(n);
+        uint64_t v = ns <= (double)um__vt_now() ? um__vt_now()
+                     : ns >= 0x1p64 ? UINT64_MAX : (uint64_t)ns;
         if (v < t)
             t = v;
     }
@@ -204,9 +211,13 @@ static uint64_t model_next(void *self)
 static void model_advance(void *self, uint64_t t)
 {
     UM_UNUSED(self);
-    /* ns -> s loses a little; an event within 1 ns counts as due. */
+    /* ns -> s loses a little: the net's next event counts as due when
+     * model_next would have named t (or earlier) for it, by the same
+     * rounding. A fixed tolerance (1 ns once) is finer than a second's
+     * double resolves beyond about 9e6 s of virtual time, where the clock
+     * then asked for the same t for ever, the event never due. */
     double ts = to_s(t), next = um__vs_net_next(vd.net);
-    if (next > ts && next <= ts + 1e-9)
+    if (next > ts && isfinite(next) && net_ns(next) <= (double)t)
         ts = next;
     if (ts < um__vs_net_now(vd.net))
         ts = um__vs_net_now(vd.net);

@@ -147,6 +147,27 @@ static bool parse_number(const char *v, bool times, double *out)
     return true;
 }
 
+/* A time of 0 to UM_VS_MAX_SECONDS (machine.h says why it is bounded). */
+static bool parse_time(const char *v, double *out)
+{
+    return parse_number(v, true, out) && *out <= UM_VS_MAX_SECONDS;
+}
+
+/* "A,B,C": three finite numbers, each parsed whole, and nothing else. */
+static bool parse_fit(const char *v, double abc[3])
+{
+    const char *p = v;
+    for (int i = 0; i < 3; i++) {
+        char *end;
+        errno = 0;
+        abc[i] = strtod(p, &end);
+        if (end == p || errno || !isfinite(abc[i]) || *end != (i < 2 ? ',' : '\0'))
+            return false;
+        p = end + 1;
+    }
+    return true;
+}
+
 static bool parse_count(const char *v, long lo, long hi, long *out)
 {
     char *end;
@@ -181,6 +202,15 @@ static int find_model(um__vs_machine *m, const char *name, bool make)
     return m->nmodels++;
 }
 
+/* Whether a device or a group already has this name. */
+static bool name_taken(const um__vs_machine *m, const char *name)
+{
+    for (int d = 0; d < m->ndev; d++)
+        if (!strcmp(m->dev[d].group, name) || !strcmp(m->dev[d].name, name))
+            return true;
+    return false;
+}
+
 static um_status device_line(parser *ps, kv *kvs, int n)
 {
     um__vs_machine *m = ps->m;
@@ -202,15 +232,31 @@ static um_status device_line(parser *ps, kv *kvs, int n)
         return bad(ps, "more than %d devices", UM_VS_MAX_DEVICES);
     if (strlen(name) >= sizeof m->dev[0].group)
         return bad(ps, "device name '%s' is too long", name);
-    for (int d = 0; d < m->ndev; d++)
-        if (!strcmp(m->dev[d].group, name))
-            return bad(ps, "device name '%s' is used twice", name);
+    /* A link's end names a group or a device: each name must mean one
+     * thing, so neither the line's name nor a member's may be taken. */
+    if (name_taken(m, name))
+        return bad(ps, "device name '%s' is used twice", name);
+    for (long i = 0; c && i < count; i++) {
+        char member[40];
+        snprintf(member, sizeof member, "%s%ld", name, i);
+        if (name_taken(m, member))
+            return bad(ps, "device name '%s' is used twice (a member of %s count=%ld)", member,
+                       name, count);
+    }
     uint64_t memory = 0, granularity = 2u << 20; /* memory: set by parse_bytes */
-    const char *v;
-    if ((st = need(ps, kvs, n, "memory", &v)) || (st = parse_bytes(ps, "memory", v, &memory)))
+    const char *v, *mem_text;
+    if ((st = need(ps, kvs, n, "memory", &mem_text)) ||
+        (st = parse_bytes(ps, "memory", mem_text, &memory)))
         return st;
     if ((v = get(kvs, n, "granularity")) && (st = parse_bytes(ps, "granularity", v, &granularity)))
         return st;
+    /* Pages are mapped whole: a page of another size, or one larger than
+     * the device, could never be placed. (The default, 2M, is left to
+     * devices smaller than it: the model engine maps no pages.) */
+    if (v && (granularity & (granularity - 1)))
+        return bad(ps, "granularity '%s' is not a power of two", v);
+    if (v && granularity > memory)
+        return bad(ps, "granularity '%s' is more than the memory '%s'", v, mem_text);
     int model = -1;
     if ((v = get(kvs, n, "model")) && (model = find_model(m, v, true)) < 0)
         return bad(ps, "model '%s': too many models or too long a name", v);
@@ -267,8 +313,9 @@ static um_status link_line(parser *ps, kv *kvs, int n)
     double bandwidth, latency = 0;
     if (!parse_number(v, false, &bandwidth) || bandwidth <= 0)
         return bad(ps, "bandwidth '%s' is not a rate in bytes per second (55G: 55e9)", v);
-    if ((v = get(kvs, n, "latency")) && !parse_number(v, true, &latency))
-        return bad(ps, "latency '%s' is not a time (5us, 1ms, 0.1s)", v);
+    if ((v = get(kvs, n, "latency")) && !parse_time(v, &latency))
+        return bad(ps, "latency '%s' is not a time of 0 to %g s (5us, 1ms, 0.1s)", v,
+                   UM_VS_MAX_SECONDS);
     const char *shared = get(kvs, n, "shared"), *sw = get(kvs, n, "switched");
     if (shared && strlen(shared) > 40)
         return bad(ps, "shared name '%.40s...' is longer than 40 characters", shared);
@@ -351,14 +398,18 @@ static um_status compute_line(parser *ps, kv *kvs, int n)
         if (!parse_number(rate, false, &c->gflops) || c->gflops <= 0)
             return bad(ps, "gflops '%s' is not a positive rate", rate);
     } else if (fit) {
-        char *end;
-        c->a = strtod(fit, &end);
-        if (*end == ',')
-            c->b = strtod(end + 1, &end);
-        if (*end == ',')
-            c->c = strtod(end + 1, &end);
-        if (*end || !isfinite(c->a) || !isfinite(c->b) || !isfinite(c->c))
+        double abc[3];
+        if (!parse_fit(fit, abc))
             return bad(ps, "fit '%s' is not A,B,C (a * tile^b + c seconds)", fit);
+        /* A negative or zero time is no time a kernel takes. */
+        if (abc[0] < 0 || abc[2] < 0 || !(abc[0] + abc[2] > 0))
+            return bad(ps, "fit '%s' needs a >= 0, c >= 0 and a + c > 0 (a * tile^b + c "
+                       "seconds)", fit);
+        if (abc[2] > UM_VS_MAX_SECONDS)
+            return bad(ps, "fit '%s' has c above %g s", fit, UM_VS_MAX_SECONDS);
+        c->a = abc[0];
+        c->b = abc[1];
+        c->c = abc[2];
     } else {
         long t;
         double s;
@@ -366,11 +417,13 @@ static um_status compute_line(parser *ps, kv *kvs, int n)
             return bad(ps, "a measured point needs both tile= and seconds=");
         if (!parse_count(tile, 1, 1L << 20, &t))
             return bad(ps, "tile '%s' is not a tile size", tile);
-        if (!parse_number(secs, true, &s) || s <= 0)
-            return bad(ps, "seconds '%s' is not a positive time", secs);
+        if (!parse_time(secs, &s) || s <= 0)
+            return bad(ps, "seconds '%s' is not a time above 0 and at most %g s", secs,
+                       UM_VS_MAX_SECONDS);
         double p = s;
-        if (packed && (!parse_number(packed, true, &p) || p <= 0))
-            return bad(ps, "packed '%s' is not a positive time", packed);
+        if (packed && (!parse_time(packed, &p) || p <= 0))
+            return bad(ps, "packed '%s' is not a time above 0 and at most %g s", packed,
+                       UM_VS_MAX_SECONDS);
         if (c->npoints == UM_VS_MAX_POINTS)
             return bad(ps, "more than 16 points for kernel %s of model %s", kernel, model);
         int i = c->npoints;
@@ -557,17 +610,27 @@ static double compute_time(const um__vs_machine *m, int dev, int k, uint32_t til
         double gemm_flops = 2.0 * pow(tile ? (double)tile : 1.0, 3.0);
         return isfinite(t) ? flops * t / gemm_flops : INFINITY;
     }
+    double t = INFINITY;
     switch (c->kind) {
     case UM_VS_COST_POINTS:
-        return points_time(c, tile, packed);
+        t = points_time(c, tile, packed);
+        break;
     case UM_VS_COST_RATE:
-        return flops / (c->gflops * 1e9);
+        t = flops / (c->gflops * 1e9);
+        break;
     case UM_VS_COST_FIT:
-        return c->a * pow((double)tile, c->b) + c->c;
+        /* A fit that underflows to 0 on this tile gives no time the
+         * engines could use (a kernel of no time, a bound of 0). */
+        t = c->a * pow((double)tile, c->b) + c->c;
+        if (!(t > 0))
+            t = INFINITY;
+        break;
     case UM_VS_COST_NONE:
         break;
     }
-    return INFINITY;
+    /* What overflowed, or came out negative, is no time: the device
+     * cannot run the kernel there. */
+    return isfinite(t) && t >= 0 ? t : INFINITY;
 }
 
 double um__vs_compute_time(const um__vs_machine *m, int dev, int k, uint32_t tile, double flops)

@@ -37,7 +37,16 @@
  * starts on an idle device. Without it, packed is seconds.
  * A device whose model has no entry for a kernel cannot run it, except
  * `other` (a recorded task of another name), which then runs at the
- * model's gemm rate for its flops.
+ * model's gemm rate for its flops. A fit needs a >= 0, c >= 0 and a + c
+ * > 0; where its value is not above 0 (or overflows) the device cannot
+ * run the kernel on that tile.
+ *
+ * Names: no device's name (a group's, or a member's NAMEi) may be
+ * another's. A granularity given is a power of two no larger than the
+ * memory. Times (latency=, seconds=, packed= and a
+ * fit's c) are at most UM_VS_MAX_SECONDS: far beyond any real copy or
+ * kernel, and small enough that a run of millions of them stays within
+ * the virtual clock's 64-bit nanoseconds.
  */
 #ifndef UM_VSIM_MACHINE_H
 #define UM_VSIM_MACHINE_H
@@ -52,6 +61,8 @@
 #define UM_VS_MAX_DEVICES 64
 #define UM_VS_MAX_MODELS 8
 #define UM_VS_MAX_POINTS 16
+/* The longest latency or kernel time a description may give (seconds). */
+#define UM_VS_MAX_SECONDS 1e6
 /* Resources: per directed link, or two ports per device and switch, or shared. */
 #define UM_VS_MAX_RESOURCES (UM_VS_MAX_DEVICES * UM_VS_MAX_DEVICES + 2 * UM_VS_MAX_DEVICES)
 

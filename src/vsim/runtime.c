@@ -18,11 +18,17 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The time is the model's and there is no data. The run layer charges a
+ * sim device's modelled time after this returns and a GPU's on its
+ * stream, but nothing for the host, whose tasks are real code: a host the
+ * machine gives a compute model takes it here, in virtual time (e->user:
+ * the task's time on the host, in ns). */
 static int no_compute(const um_task_exec *e)
 {
-    UM_UNUSED(e);
+    if (e->kind == UM_DEVICE_HOST && e->user)
+        um__sleep_until_ns(um__now_ns() + *(const uint64_t *)e->user);
     um__vs_task_ended();
-    return 0; /* the time is the model's; there is no data */
+    return 0;
 }
 
 /* The kernel a task's name names (as a recorded trace's is read). */
@@ -36,20 +42,118 @@ static int kernel_of(const char *name)
 
 static uint64_t seconds_ns(double s)
 {
-    return !isfinite(s) || s < 0 ? 0 /* placement never sends a task where it cannot run */
-                                 : (uint64_t)llround(s * 1e9);
+    /* check_tasks sends no task where its time is not finite or is above
+     * UM_VS_MAX_SECONDS; the bound here only keeps llround defined. */
+    return !isfinite(s) || s < 0 ? 0 : (uint64_t)llround(fmin(s, UM_VS_MAX_SECONDS) * 1e9);
+}
+
+/* The tile order of a buffer of `largest` bytes of floats (1 at least). */
+static uint32_t tile_of(size_t largest)
+{
+    uint32_t tile = (uint32_t)llround(sqrt((double)largest / 4.0));
+    return tile ? tile : 1;
 }
 
 /* The context's task time: the machine's table for the kernel on tiles of
  * the order its largest buffer has in floats, alone and packed. */
+
 static uint64_t task_ns(void *arg, int dev, const char *name, double flops, size_t largest,
                         uint64_t *packed_ns)
 {
     const um__vs_machine *m = arg;
-    uint32_t tile = (uint32_t)llround(sqrt((double)largest / 4.0));
+    uint32_t tile = tile_of(largest);
     int k = kernel_of(name);
-    *packed_ns = seconds_ns(um__vs_packed_time(m, dev, k, tile ? tile : 1, flops));
-    return seconds_ns(um__vs_compute_time(m, dev, k, tile ? tile : 1, flops));
+    *packed_ns = seconds_ns(um__vs_packed_time(m, dev, k, tile, flops));
+    return seconds_ns(um__vs_compute_time(m, dev, k, tile, flops));
+}
+
+/* The largest buffer of t, in bytes (what the run layer gives task_ns). */
+static size_t largest_of(const um__vs_dag *d, const um__vs_task *t)
+{
+    size_t largest = 0;
+    for (int a = 0; a < t->naccess; a++)
+        if (um__vs_tile_size(d, t->access[a].tile) > largest)
+            largest = (size_t)um__vs_tile_size(d, t->access[a].tile);
+    return largest;
+}
+
+/* The runtime places a task on any device that has an implementation for
+ * it (every device here: the cpu function), so the kernel tables must say
+ * where it can run: each task's device (-1: any) into device[], and into
+ * host_ns[] its time on the host (0 where the host cannot run it).
+ * Refused, as the model engine refuses it (sim.c), is a task no device
+ * runs (it took no time here); so is one above UM_VS_MAX_SECONDS (its ns
+ * would overflow the clock); and, as the runtime has no set of devices
+ * for a task, one that some devices run and others do not, unless
+ * exactly one does (it is sent there). *host_runs: some task runs on the
+ * host (option host_tasks). */
+static um_status check_tasks(const um__vs_machine *m, const um__vs_dag *d, int *device,
+                             uint64_t *host_ns, bool *host_runs)
+{
+    uint64_t *can = malloc((d->ntasks ? d->ntasks : 1) * sizeof *can);
+    if (!can)
+        return um__fail(UM_ERR_NOMEM, "sim: no memory for %zu tasks", d->ntasks);
+    *host_runs = false;
+    um_status st = UM_OK;
+    for (size_t i = 0; i < d->ntasks && st == UM_OK; i++) {
+        const um__vs_task *t = &d->tasks[i];
+        size_t largest = largest_of(d, t);
+        uint32_t tile = tile_of(largest);
+        const char *name = um__vs_kernel_name((um__vs_kernel)t->kernel);
+        can[i] = 0;
+        host_ns[i] = 0;
+        /* Devices of one model take the same time: each model once. */
+        double by_model[UM_VS_MAX_MODELS];
+        bool known[UM_VS_MAX_MODELS] = {false};
+        for (int dev = 0; dev < m->ndev && st == UM_OK; dev++) {
+            int mi = m->dev[dev].model;
+            if (mi < 0)
+                continue;
+            if (!known[mi]) {
+                double a = um__vs_compute_time(m, dev, t->kernel, tile, t->flops);
+                double p = um__vs_packed_time(m, dev, t->kernel, tile, t->flops);
+                by_model[mi] = isfinite(a) && isfinite(p) ? fmax(a, p) : INFINITY;
+                known[mi] = true;
+            }
+            if (!isfinite(by_model[mi]))
+                continue;
+            if (by_model[mi] > UM_VS_MAX_SECONDS)
+                st = um__fail(UM_ERR_INVALID, "sim: a %s task of machine %s takes %g s on %s, "
+                              "more than the runtime engine's %g s", name, m->name,
+                              by_model[mi], m->dev[dev].name, UM_VS_MAX_SECONDS);
+            can[i] |= 1ull << dev;
+            if (dev == 0) {
+                uint64_t packed;
+                host_ns[i] = task_ns((void *)m, 0, name, t->flops, largest, &packed);
+                *host_runs = true;
+            }
+        }
+        if (st == UM_OK && !can[i])
+            st = um__fail(UM_ERR_INVALID, "sim: no device of machine %s runs %s tiles of %u",
+                          m->name, name, tile);
+    }
+    /* The devices the runtime may place a task on: the host only when it
+     * runs tasks. */
+    uint64_t all = m->ndev >= 64 ? ~0ull : (1ull << m->ndev) - 1;
+    if (!*host_runs)
+        all &= ~1ull;
+    for (size_t i = 0; i < d->ntasks && st == UM_OK; i++) {
+        uint64_t c = can[i] & all;
+        if (c == all) {
+            device[i] = -1;
+        } else if (!(c & (c - 1))) {
+            device[i] = __builtin_ctzll(c);
+        } else {
+            int no = __builtin_ctzll(all & ~c);
+            st = um__fail(UM_ERR_INVALID, "sim: the runtime engine places a task on any device, "
+                          "but device '%s' of machine %s does not run %s tiles of %u while "
+                          "others do (use --engine model)", m->dev[no].name, m->name,
+                          um__vs_kernel_name((um__vs_kernel)d->tasks[i].kernel),
+                          tile_of(largest_of(d, &d->tasks[i])));
+        }
+    }
+    free(can);
+    return st;
 }
 
 /* The machine's links as the device model's resources and routes. */
@@ -80,8 +184,8 @@ static um_status install_links(const um__vs_machine *m)
 }
 
 /* The context's configuration for m: its GPUs as sim devices. */
-static um_status config(const um__vs_machine *m, const um__vs_dag *d, int policy, char *buf,
-                        size_t len)
+static um_status config(const um__vs_machine *m, const um__vs_dag *d, int policy,
+                        bool host_runs, char *buf, size_t len)
 {
     static const char *const sched[] = {"eager", "round_robin", "locality", "cost"};
     if (m->ndev < 2 || !m->dev[0].host || m->ndev > UM_MAX_DEVICES)
@@ -89,9 +193,6 @@ static um_status config(const um__vs_machine *m, const um__vs_dag *d, int policy
                         "for the runtime engine", m->name, UM_MAX_DEVICES - 1);
     if (policy < 0 || policy > 3)
         return um__fail(UM_ERR_INVALID, "sim: policy %d is unknown", policy);
-    bool host_runs = false;
-    for (int k = 0; k < UM_VS_NKERNELS; k++)
-        host_runs |= isfinite(um__vs_compute_time(m, 0, k, d->tile, 1.0));
     /* The host holds every tile at the start, and the pool keeps some
      * room besides. */
     uint64_t need = 0;
@@ -131,8 +232,8 @@ static const um_access mode_of[] = {
 
 /* Submits every task, with its priority (dag.h), waits, brings the
  * results home. */
-static um_status run(um_context *ctx, const um__vs_dag *d, um_buffer **tiles, double *makespan_s,
-                     double *home_s)
+static um_status run(um_context *ctx, const um__vs_dag *d, um_buffer **tiles, const int *device,
+                     const uint64_t *host_ns, double *makespan_s, double *home_s)
 {
     int *prio = malloc((d->ntasks ? d->ntasks : 1) * sizeof *prio);
     if (!prio || um__vs_dag_priorities(d, prio) != 0) {
@@ -147,7 +248,8 @@ static um_status run(um_context *ctx, const um__vs_dag *d, um_buffer **tiles, do
                       .cpu = no_compute,
                       .nbuffers = t->naccess,
                       .flops = t->flops,
-                      .device = -1,
+                      .device = device[i],
+                      .user = (void *)&host_ns[i],
                       .priority = prio[i]};
         for (int a = 0; a < t->naccess; a++) {
             ut.buffers[a] = tiles[t->access[a].tile];
@@ -203,12 +305,24 @@ um_status um__vs_run_runtime(const um__vs_machine *m, const um__vs_dag *d, int p
     memset(out, 0, sizeof *out);
     *forced_steps = 0;
     char conf[4096];
-    um_status st = config(m, d, policy, conf, sizeof conf);
-    if (st != UM_OK)
-        return st;
+    size_t nt = d->ntasks ? d->ntasks : 1;
+    /* Both live until the context is shut down: a task may outlive a
+     * failed submission or wait. */
+    int *device = malloc(nt * sizeof *device);
+    uint64_t *host_ns = malloc(nt * sizeof *host_ns);
+    bool host_runs = false;
+    um_status st = device && host_ns ? check_tasks(m, d, device, host_ns, &host_runs)
+                                     : um__fail(UM_ERR_NOMEM, "sim: no memory for %zu tasks", nt);
+    if (st == UM_OK)
+        st = config(m, d, policy, host_runs, conf, sizeof conf);
     um_context *ctx = NULL;
-    if ((st = um_init(conf, &ctx)) != UM_OK)
+    if (st == UM_OK)
+        st = um_init(conf, &ctx);
+    if (st != UM_OK) {
+        free(device);
+        free(host_ns);
         return st;
+    }
     ctx->vt_task_ns = task_ns;
     ctx->vt_task_arg = (void *)m;
     /* The placement's first estimates, before it has timed a kernel on a
@@ -227,7 +341,7 @@ um_status um__vs_run_runtime(const um__vs_machine *m, const um__vs_dag *d, int p
         st = um_buffer_create(ctx, um__vs_tile_size(d, i), &(um_buffer_opts){.device = 0},
                               &tiles[i]);
     if (st == UM_OK)
-        st = run(ctx, d, tiles, &out->makespan_s, &out->home_s);
+        st = run(ctx, d, tiles, device, host_ns, &out->makespan_s, &out->home_s);
     if (st == UM_OK) {
         collect(ctx, m, out);
         um__vs_bounds(m, d, out);
@@ -243,5 +357,7 @@ um_status um__vs_run_runtime(const um__vs_machine *m, const um__vs_dag *d, int p
             (void)um_buffer_destroy(tiles[i]);
     free(tiles);
     um_shutdown(ctx);
+    free(device);
+    free(host_ns);
     return st;
 }

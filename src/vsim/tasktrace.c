@@ -2,6 +2,7 @@
  * what it makes, docs/DESIGN.md the format. */
 #include "dag.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -10,7 +11,8 @@
 
 #define TRACE_LINE_MAX 4096
 
-/* Buffer ids to dense tile numbers: open addressing, grown at half full. */
+/* Buffer ids to dense tile numbers: open addressing, grown at half full.
+ * Ids run to 2^64 - 2, so that id + 1 never wraps to the empty mark. */
 typedef struct tile_map {
     uint64_t *key; /* id + 1; 0: empty */
     uint32_t *tile;
@@ -96,12 +98,16 @@ static um_status parse_access(reader *r, char *word, um__vs_task *t, uint64_t *l
 {
     char *end;
     errno = 0;
-    unsigned long long id = strtoull(word, &end, 10);
-    if (end == word || *end != ':' || errno)
+    /* Digits only: strtoull would take a sign (and negate with '-') or
+     * leading space. */
+    unsigned long long id = isdigit((unsigned char)word[0]) ? strtoull(word, &end, 10) : 0;
+    if (!isdigit((unsigned char)word[0]) || *end != ':' || errno)
         return bad_line(r, "a buffer is ID:BYTES:MODE", word);
+    if (id == UINT64_MAX)
+        return bad_line(r, "a buffer's id is at most 18446744073709551614", word);
     char *p = end + 1;
-    unsigned long long bytes = strtoull(p, &end, 10);
-    if (end == p || *end != ':' || errno || bytes == 0)
+    unsigned long long bytes = isdigit((unsigned char)p[0]) ? strtoull(p, &end, 10) : 0;
+    if (!isdigit((unsigned char)p[0]) || *end != ':' || errno || bytes == 0)
         return bad_line(r, "a buffer's size is a count of bytes above 0", word);
     const char *mode = end + 1;
     uint8_t m = !strcmp(mode, "r")    ? UM_VS_READ
@@ -134,6 +140,14 @@ static um_status parse_access(reader *r, char *word, um__vs_task *t, uint64_t *l
                  (unsigned long long)d->tile_size[tile]);
         return bad_line(r, why, word);
     }
+    /* The task runtime refuses a task naming a buffer twice: say so here,
+     * with the line, rather than at the task's submission. */
+    for (int a = 0; a < t->naccess; a++)
+        if (t->access[a].tile == tile) {
+            char why[64];
+            snprintf(why, sizeof why, "a task names buffer %llu twice", id);
+            return bad_line(r, why, word);
+        }
     t->access[t->naccess++] = (um__vs_access){tile, m};
     if (bytes > *largest)
         *largest = bytes;
@@ -191,17 +205,25 @@ um_status um__vs_dag_trace(const char *path, um__vs_dag *out)
     if (!f)
         return um__fail(UM_ERR_IO, "task trace %s: %s", path, strerror(errno));
     reader r = {path, 0, out, 0, 0, {0}};
-    char line[TRACE_LINE_MAX];
+    /* getline gives the length, so that a NUL byte in a line is seen as
+     * one (fgets would end the line there). */
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t len = 0;
     um_status st = UM_OK;
-    while (st == UM_OK && fgets(line, sizeof line, f)) {
+    while (st == UM_OK && (len = getline(&line, &cap, f)) >= 0) {
         r.line++;
-        if (!strchr(line, '\n') && !feof(f))
+        size_t chars = (size_t)len - (len > 0 && line[len - 1] == '\n');
+        if (memchr(line, 0, (size_t)len))
+            st = bad_line(&r, "the line holds a NUL byte (not text)", NULL);
+        else if (chars >= TRACE_LINE_MAX)
             st = bad_line(&r, "the line is longer than 4095 characters", NULL);
         else
             st = parse_task(&r, line);
     }
-    if (st == UM_OK && ferror(f))
-        st = um__fail(UM_ERR_IO, "task trace %s: read failed", path);
+    if (st == UM_OK && (ferror(f) || !feof(f)))
+        st = um__fail(UM_ERR_IO, "task trace %s: read failed: %s", path, strerror(errno));
+    free(line);
     fclose(f);
     free(r.map.key);
     free(r.map.tile);
