@@ -107,35 +107,49 @@ static void test_small(int gz)
     um_trace_close(t);
 }
 
-/* The trace must fail at `line` with UM_ERR_PARSE, a message naming the file
- * and line and containing `what`, after `good` good events. */
-static void expect_parse_error(const char *text, uint64_t line, int good, const char *what)
+/* Reading path must give `good` events, then fail with st at `line`, with a
+ * message naming the file and line and containing `what`. */
+static void expect_error_at(const char *path, um_status st, uint64_t line, int good,
+                            const char *what)
+{
+    um_trace *t = NULL;
+    CHECK_OK(um_trace_open(path, &t));
+    if (!t)
+        return;
+    um_trace_event ev;
+    int done = 0, n = 0;
+    um_status s;
+    while ((s = um_trace_next(t, &ev, &done)) == UM_OK && !done)
+        n++;
+    CHECK_EQ(n, good);
+    CHECK_STATUS(s, st);
+    char want[256];
+    snprintf(want, sizeof want, "%s:%llu: ", path, (unsigned long long)line);
+    bool ok = strstr(um_last_error(), want) && strstr(um_last_error(), what);
+    CHECK(ok);
+    if (!ok)
+        fprintf(stderr, "  wanted '%s' and '%s' in: %s\n", want, what, um_last_error());
+    /* The error sticks: reading on does not skip the bad line. */
+    um__clear_error();
+    CHECK_STATUS(um_trace_next(t, &ev, &done), st);
+    CHECK(strstr(um_last_error(), want) != NULL);
+    um_trace_close(t);
+}
+
+/* The trace of `len` bytes, plain and gzipped, must fail at `line` with
+ * UM_ERR_PARSE and a message containing `what`, after `good` good events. */
+static void expect_parse_error_n(const char *text, size_t len, uint64_t line, int good,
+                                 const char *what)
 {
     for (int gz = 0; gz < 2; gz++) {
-        const char *path = write_text(gz ? "bad.trace.gz" : "bad.trace", text, gz);
-        um_trace *t = NULL;
-        CHECK_OK(um_trace_open(path, &t));
-        if (!t)
-            return;
-        um_trace_event ev;
-        int done = 0, n = 0;
-        um_status s;
-        while ((s = um_trace_next(t, &ev, &done)) == UM_OK && !done)
-            n++;
-        CHECK_EQ(n, good);
-        CHECK_STATUS(s, UM_ERR_PARSE);
-        char want[256];
-        snprintf(want, sizeof want, "%s:%llu: ", path, (unsigned long long)line);
-        bool ok = strstr(um_last_error(), want) && strstr(um_last_error(), what);
-        CHECK(ok);
-        if (!ok)
-            fprintf(stderr, "  wanted '%s' and '%s' in: %s\n", want, what, um_last_error());
-        /* The error sticks: reading on does not skip the bad line. */
-        um__clear_error();
-        CHECK_STATUS(um_trace_next(t, &ev, &done), UM_ERR_PARSE);
-        CHECK(strstr(um_last_error(), want) != NULL);
-        um_trace_close(t);
+        const char *path = write_file(gz ? "bad.trace.gz" : "bad.trace", text, len, gz);
+        expect_error_at(path, UM_ERR_PARSE, line, good, what);
     }
+}
+
+static void expect_parse_error(const char *text, uint64_t line, int good, const char *what)
+{
+    expect_parse_error_n(text, strlen(text), line, good, what);
 }
 
 static void test_malformed(void)
@@ -186,6 +200,79 @@ static void test_malformed(void)
         CHECK_STATUS(um_trace_next(t, &ev, &done), UM_ERR_PARSE);
         CHECK(strstr(um_last_error(), ":2: NUL byte in line") != NULL);
         um_trace_close(t);
+    }
+    /* A NUL byte in the last line, which has no newline, must not cut it
+     * silently either. */
+    static const char nul_last[] = "a 1 2 0\nf 1\0f 1";
+    expect_parse_error_n(nul_last, sizeof nul_last - 1, 2, 1, "NUL byte in line");
+    static const char nul_only[] = "a 1 2 0\n\0";
+    expect_parse_error_n(nul_only, sizeof nul_only - 1, 2, 1, "NUL byte in line");
+}
+
+/* Appends text as one gzip member to out (of cap bytes, *len used). */
+static void gzip_member(const char *text, unsigned char *out, size_t cap, size_t *len)
+{
+    z_stream z;
+    memset(&z, 0, sizeof z);
+    CHECK_EQ(deflateInit2(&z, 6, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY), Z_OK);
+    z.next_in = (Bytef *)(uintptr_t)text;
+    z.avail_in = (uInt)strlen(text);
+    z.next_out = out + *len;
+    z.avail_out = (uInt)(cap - *len);
+    CHECK_EQ(deflate(&z, Z_FINISH), Z_STREAM_END);
+    *len = cap - z.avail_out;
+    deflateEnd(&z);
+}
+
+/* Several gzip members are one stream (gzip -d concatenates them), but bytes
+ * after the last member that start no member are an error: zlib's gzread
+ * drops them silently, which would cut a trace short without a word. */
+static void test_gzip_members(void)
+{
+    unsigned char data[512];
+    size_t len = 0;
+    /* A line split across members, an empty member, no final newline. */
+    gzip_member("a 1 10 0\nf ", data, sizeof data, &len);
+    gzip_member("", data, sizeof data, &len);
+    gzip_member("1\na 2 5 1", data, sizeof data, &len);
+    um_trace *t = NULL;
+    CHECK_OK(um_trace_open(write_file("members.trace.gz", (const char *)data, len, 0), &t));
+    if (t) {
+        for (int pass = 0; pass < 2; pass++) {
+            expect_event(t, UM_TRACE_ALLOC, 1, 0, 10, 0, 1);
+            expect_event(t, UM_TRACE_FREE, 1, 0, 10, 0, 2);
+            expect_event(t, UM_TRACE_ALLOC, 2, 1, 5, 1, 3);
+            expect_done(t);
+            CHECK_OK(um_trace_rewind(t));
+        }
+        um_trace_close(t);
+    }
+
+    /* Each tail after complete members, and what reading must report. */
+    static const struct {
+        const char *bytes;
+        size_t len;
+        um_status st;
+        const char *what; /* NULL: the trailing-data message with the offset */
+    } tails[] = {
+        {"f 1\nf 1\n", 8, UM_ERR_PARSE, NULL},                 /* plain text after the gzip data */
+        {"\x1f", 1, UM_ERR_PARSE, NULL},                       /* too short for a gzip header */
+        {"\0\0\0\0", 4, UM_ERR_PARSE, NULL},                   /* zero padding */
+        {"\x1f\x8b\x08", 3, UM_ERR_IO, "gzip data truncated"}, /* a member cut short */
+    };
+    for (size_t i = 0; i < sizeof tails / sizeof tails[0]; i++) {
+        len = 0;
+        gzip_member("a 1 10 0\n", data, sizeof data, &len);
+        if (i % 2)
+            gzip_member("", data, sizeof data, &len); /* after a second member too */
+        size_t gz_bytes = len;
+        memcpy(data + len, tails[i].bytes, tails[i].len);
+        len += tails[i].len;
+        const char *path = write_file("members.trace.gz", (const char *)data, len, 0);
+        char what[128];
+        snprintf(what, sizeof what, "trailing data after the gzip stream at byte offset %zu",
+                 gz_bytes);
+        expect_error_at(path, tails[i].st, 2, 1, tails[i].what ? tails[i].what : what);
     }
 }
 
@@ -389,14 +476,16 @@ int main(void)
     test_small(0);
     test_small(1);
     test_malformed();
+    test_gzip_members();
     test_open_errors();
     test_bundled();
     test_random_ids(seed);
 
     /* Clean the temp dir. */
-    static const char *const names[] = {
-        "small.trace", "small.trace.gz", "bad.trace",        "bad.trace.gz",     "nul.trace",
-        "empty.trace", "half.trace.gz",  "trailer.trace.gz", "corrupt.trace.gz", "random.trace.gz"};
+    static const char *const names[] = {"small.trace",     "small.trace.gz",   "bad.trace",
+                                        "bad.trace.gz",    "nul.trace",        "empty.trace",
+                                        "half.trace.gz",   "trailer.trace.gz", "corrupt.trace.gz",
+                                        "random.trace.gz", "members.trace.gz"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         char path[160];
         snprintf(path, sizeof path, "%s/%s", tmpdir, names[i]);

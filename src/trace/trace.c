@@ -20,8 +20,9 @@
  * characters, so anything longer is corrupt; comment lines may be longer and
  * are skipped whole. */
 #define TRACE_LINE_MAX 512
-/* zlib's read buffer: large enough that decompression runs in big strides. */
-#define TRACE_GZ_BUFFER (256u * 1024u)
+/* The file is read, and gzip data inflated, in blocks this large, so that
+ * both run in big strides. */
+#define TRACE_IO_BUFFER (256u * 1024u)
 /* Set in a map entry's line once its block has been freed. */
 #define TRACE_FREED (1ull << 63)
 
@@ -36,8 +37,11 @@ typedef struct trace_entry {
     uint64_t line;
 } trace_entry;
 
+/* What the file holds, known once its first two bytes are read. */
+typedef enum trace_format { TRACE_UNKNOWN, TRACE_PLAIN, TRACE_GZIP } trace_format;
+
 struct um_trace {
-    gzFile gz;
+    int fd;
     char *path;
     uint64_t file_size; /* 0 when unknown (a pipe) */
     uint64_t line;      /* lines read so far */
@@ -50,6 +54,19 @@ struct um_trace {
     trace_entry *map; /* open addressing, linear probing; capacity a power of two */
     size_t map_cap;
     size_t map_used; /* entries in use == slots handed out */
+
+    /* The file is read here rather than with zlib's gzread, which ends the
+     * stream silently at bytes after a gzip member that start no member.
+     * z.next_in / z.avail_in are the bytes read and not yet consumed, in
+     * plain files too; in_off is the file offset of in[0]. */
+    trace_format format;
+    z_stream z;
+    bool member_end; /* gzip: a member ended; another or the end of the file follows */
+    unsigned char *in;
+    uint64_t in_off;
+    unsigned char *out;        /* gzip: inflated text */
+    const unsigned char *text; /* text not yet split into lines */
+    size_t text_len;
 
     char buf[TRACE_LINE_MAX];
 };
@@ -184,29 +201,127 @@ static um_status trace_end_of_line(um_trace *t, char **p, const char *form)
     return UM_OK;
 }
 
-/* Checks zlib's state after a read: a truncated or corrupt gzip stream and
- * a failed read() all surface here, naming the line being read (t->line).
- * zlib decompresses ahead and reports a truncated stream (Z_BUF_ERROR) as
- * soon as its input runs out, yet keeps handing out what it decompressed;
- * so truncation is an error only at_end, where a line is cut short or
- * missing, and the message names the line where the data really ends. */
-static um_status trace_check_stream(um_trace *t, bool at_end)
+/* Reads more of the file after the bytes not yet consumed; *got is 0 at
+ * the end of the file. */
+static um_status trace_read_input(um_trace *t, size_t *got)
 {
-    int err = Z_OK;
-    const char *msg = gzerror(t->gz, &err);
-    if (err == Z_OK || (err == Z_BUF_ERROR && !at_end))
-        return UM_OK;
-    /* zlib names the file "<fd:N>: " (it was opened with gzdopen); the
-     * message already starts with the path. */
-    if (msg && strncmp(msg, "<fd:", 4) == 0 && strstr(msg, ": "))
-        msg = strstr(msg, ": ") + 2;
-    if (err == Z_ERRNO)
+    size_t keep = t->z.avail_in;
+    t->in_off += (uint64_t)(t->z.next_in - t->in);
+    if (keep > 0 && t->z.next_in != t->in)
+        memmove(t->in, t->z.next_in, keep);
+    t->z.next_in = t->in;
+    ssize_t n;
+    do
+        n = read(t->fd, t->in + keep, TRACE_IO_BUFFER - keep);
+    while (n < 0 && errno == EINTR);
+    if (n < 0)
         return trace_error(t, UM_ERR_IO, "read failed: %s", strerror(errno));
-    if (err == Z_BUF_ERROR)
-        return trace_error(t, UM_ERR_IO, "gzip data truncated (%s)", msg);
-    if (err == Z_MEM_ERROR)
-        return trace_error(t, UM_ERR_NOMEM, "zlib is out of memory");
-    return trace_error(t, UM_ERR_IO, "corrupt gzip data (%s)", msg);
+    t->z.avail_in = (uInt)(keep + (size_t)n);
+    *got = (size_t)n;
+    return UM_OK;
+}
+
+/* Reads until at least two bytes wait (or the file ends), enough to tell a
+ * gzip header by its magic. */
+static um_status trace_read_two(um_trace *t)
+{
+    size_t got = 1;
+    while (t->z.avail_in < 2 && got > 0) {
+        um_status s = trace_read_input(t, &got);
+        if (s != UM_OK)
+            return s;
+    }
+    return UM_OK;
+}
+
+static bool trace_gzip_magic(const um_trace *t)
+{
+    return t->z.avail_in >= 2 && t->z.next_in[0] == 0x1f && t->z.next_in[1] == 0x8b;
+}
+
+/* Sets t->text to the next block of text, empty at its end. Errors name
+ * the line being read (t->line): text is produced only as lines need it, so
+ * a truncated or corrupt stream is reported at the line where it breaks. */
+static um_status trace_fill(um_trace *t)
+{
+    um_status s;
+    size_t got;
+    if (t->format == TRACE_UNKNOWN) {
+        /* A file that starts with the gzip magic is gzip, as for zlib. */
+        if ((s = trace_read_two(t)) != UM_OK)
+            return s;
+        t->format = trace_gzip_magic(t) ? TRACE_GZIP : TRACE_PLAIN;
+    }
+    if (t->format == TRACE_PLAIN) {
+        /* The input buffer is the text; it is refilled only once used up. */
+        if (t->z.avail_in == 0 && (s = trace_read_input(t, &got)) != UM_OK)
+            return s;
+        t->text = t->z.next_in;
+        t->text_len = t->z.avail_in;
+        t->z.next_in += t->z.avail_in;
+        t->z.avail_in = 0;
+        return UM_OK;
+    }
+    for (;;) {
+        if (t->member_end) {
+            /* Another member may follow (gzip -d reads them as one stream);
+             * anything else is an error, as ignoring it could hide a
+             * damaged or wrongly assembled trace. */
+            if ((s = trace_read_two(t)) != UM_OK)
+                return s;
+            if (t->z.avail_in == 0) {
+                t->text_len = 0;
+                return UM_OK;
+            }
+            if (!trace_gzip_magic(t))
+                return trace_error(
+                    t, UM_ERR_PARSE, "trailing data after the gzip stream at byte offset %llu",
+                    (unsigned long long)(t->in_off + (uint64_t)(t->z.next_in - t->in)));
+            if (inflateReset(&t->z) != Z_OK)
+                return trace_error(t, UM_ERR_IO, "zlib cannot start the next gzip member");
+            t->member_end = false;
+        }
+        if (t->z.avail_in == 0) {
+            if ((s = trace_read_input(t, &got)) != UM_OK)
+                return s;
+            if (got == 0)
+                return trace_error(t, UM_ERR_IO, "gzip data truncated (unexpected end of file)");
+        }
+        t->z.next_out = t->out;
+        t->z.avail_out = TRACE_IO_BUFFER;
+        int r = inflate(&t->z, Z_NO_FLUSH);
+        if (r == Z_STREAM_END)
+            t->member_end = true;
+        else if (r == Z_MEM_ERROR)
+            return trace_error(t, UM_ERR_NOMEM, "zlib is out of memory");
+        else if (r != Z_OK && r != Z_BUF_ERROR)
+            return trace_error(t, UM_ERR_IO, "corrupt gzip data (%s)",
+                               t->z.msg ? t->z.msg : zError(r));
+        size_t n = TRACE_IO_BUFFER - t->z.avail_out;
+        if (n > 0) {
+            t->text = t->out;
+            t->text_len = n;
+            return UM_OK;
+        }
+    }
+}
+
+/* Consumes text up to and including the next newline (or the end). */
+static um_status trace_skip_line(um_trace *t)
+{
+    for (;;) {
+        if (t->text_len == 0) {
+            um_status s = trace_fill(t);
+            if (s != UM_OK || t->text_len == 0)
+                return s;
+        }
+        const unsigned char *nl = memchr(t->text, '\n', t->text_len);
+        size_t n = nl ? (size_t)(nl - t->text) + 1 : t->text_len;
+        t->text += n;
+        t->text_len -= n;
+        if (nl)
+            return UM_OK;
+    }
 }
 
 /* Reads one line into t->buf. *eof = 1 at the end of the file. A line
@@ -215,34 +330,53 @@ static um_status trace_check_stream(um_trace *t, bool at_end)
 static um_status trace_read_line(um_trace *t, int *eof)
 {
     t->line++; /* the line being read, for messages */
-    char *r = gzgets(t->gz, t->buf, (int)sizeof t->buf);
-    size_t len = r ? strlen(t->buf) : 0;
-    bool newline = len > 0 && t->buf[len - 1] == '\n';
-    bool full = len + 1 == sizeof t->buf;
-    um_status s = trace_check_stream(t, !newline && !full);
-    if (s != UM_OK)
-        return s;
-    if (!r) {
+    const size_t max = sizeof t->buf - 1;
+    size_t len = 0;
+    bool newline = false;
+    um_status s;
+    while (len < max) {
+        if (t->text_len == 0) {
+            if ((s = trace_fill(t)) != UM_OK)
+                return s;
+            if (t->text_len == 0)
+                break; /* the end of the file */
+        }
+        size_t n = t->text_len < max - len ? t->text_len : max - len;
+        const unsigned char *nl = memchr(t->text, '\n', n);
+        if (nl)
+            n = (size_t)(nl - t->text) + 1;
+        memcpy(t->buf + len, t->text, n);
+        t->text += n;
+        t->text_len -= n;
+        len += n;
+        if (nl) {
+            newline = true;
+            break;
+        }
+    }
+    t->buf[len] = '\0';
+    if (len == 0) {
         t->line--;
         *eof = 1;
         return UM_OK;
     }
     *eof = 0;
-    if (newline)
-        return UM_OK;
-    if (!full) {
-        /* No newline and room left: either the last line of the file, or a
-         * NUL byte cut the line short. */
-        if (gzeof(t->gz))
-            return UM_OK;
+    /* The parser stops at a NUL, so a line with one is refused wherever it
+     * is, the last line too, rather than cut short. */
+    if (memchr(t->buf, '\0', len))
         return trace_error(t, UM_ERR_PARSE, "NUL byte in line");
-    }
-    /* The buffer is full; the line may end exactly here. */
-    int c = gzgetc(t->gz);
-    if ((s = trace_check_stream(t, c == -1)) != UM_OK)
-        return s;
-    if (c == -1 || c == '\n')
+    if (newline || len < max)
         return UM_OK;
+    /* The buffer is full; the line may end exactly here. */
+    if (t->text_len == 0 && (s = trace_fill(t)) != UM_OK)
+        return s;
+    if (t->text_len == 0)
+        return UM_OK;
+    if (t->text[0] == '\n') {
+        t->text++;
+        t->text_len--;
+        return UM_OK;
+    }
     const char *p = t->buf;
     while (*p == ' ' || *p == '\t')
         p++;
@@ -250,12 +384,7 @@ static um_status trace_read_line(um_trace *t, int *eof)
         return trace_error(t, UM_ERR_PARSE, "line too long (more than %zu characters)",
                            sizeof t->buf - 2);
     /* Skip the rest of a long comment. */
-    while (c != -1 && c != '\n') {
-        c = gzgetc(t->gz);
-        if ((s = trace_check_stream(t, c == -1)) != UM_OK)
-            return s;
-    }
-    return UM_OK;
+    return trace_skip_line(t);
 }
 
 um_status um_trace_open(const char *path, um_trace **out)
@@ -278,21 +407,29 @@ um_status um_trace_open(const char *path, um_trace **out)
     }
     um_trace *t = calloc(1, sizeof *t);
     char *name = strdup(path);
-    if (!t || !name) {
+    unsigned char *in = malloc(TRACE_IO_BUFFER), *text = malloc(TRACE_IO_BUFFER);
+    if (!t || !name || !in || !text) {
         free(t);
         free(name);
+        free(in);
+        free(text);
         close(fd);
         return um__fail(UM_ERR_NOMEM, "cannot allocate a reader for trace %s (%zu bytes)", path,
-                        sizeof *t);
+                        sizeof *t + 2 * (size_t)TRACE_IO_BUFFER);
     }
-    t->gz = gzdopen(fd, "rb");
-    if (!t->gz) {
+    /* 16 + 15: gzip only, with the largest window. */
+    if (inflateInit2(&t->z, 16 + 15) != Z_OK) {
         free(t);
         free(name);
+        free(in);
+        free(text);
         close(fd);
         return um__fail(UM_ERR_NOMEM, "cannot allocate zlib state for trace %s", path);
     }
-    gzbuffer(t->gz, TRACE_GZ_BUFFER);
+    t->fd = fd;
+    t->in = in;
+    t->out = text;
+    t->z.next_in = in;
     t->path = name;
     t->file_size = S_ISREG(st.st_mode) ? (uint64_t)st.st_size : 0;
     *out = t;
@@ -377,18 +514,17 @@ um_status um_trace_rewind(um_trace *t)
 {
     if (!t)
         return um__fail(UM_ERR_INVALID, "um_trace_rewind: trace is NULL");
-    /* zlib refuses to rewind a stream that met corrupt data until its
-     * error is cleared (found by fuzzing): the file is read again from its
-     * start, so the old error does not matter. */
-    gzclearerr(t->gz);
-    if (gzrewind(t->gz) != 0) {
-        int err = Z_OK;
-        const char *msg = gzerror(t->gz, &err);
-        if (msg && strncmp(msg, "<fd:", 4) == 0 && strstr(msg, ": "))
-            msg = strstr(msg, ": ") + 2;
-        return um__fail(UM_ERR_IO, "cannot rewind trace %s: %s", t->path,
-                        err == Z_ERRNO ? strerror(errno) : msg);
-    }
+    if (lseek(t->fd, 0, SEEK_SET) != 0)
+        return um__fail(UM_ERR_IO, "cannot rewind trace %s: %s", t->path, strerror(errno));
+    /* Every reading state starts over, so a rewind works after any error,
+     * corrupt gzip data too (F1 of tests/test_fuzz_findings.c). */
+    inflateReset(&t->z);
+    t->z.next_in = t->in;
+    t->z.avail_in = 0;
+    t->in_off = 0;
+    t->format = TRACE_UNKNOWN;
+    t->member_end = false;
+    t->text_len = 0;
     /* The map is rebuilt as the file is read again, so slots come out the
      * same and every line is validated again. */
     if (t->map)
@@ -409,9 +545,9 @@ double um_trace_progress(const um_trace *t)
         return 1.0;
     if (t->file_size == 0)
         return 0.0;
-    z_off_t off = gzoffset(t->gz);
-    if (off <= 0)
-        return 0.0;
+    /* The bytes consumed: inflate runs ahead of the lines handed out by at
+     * most one block of text. */
+    uint64_t off = t->in_off + (uint64_t)(t->z.next_in - t->in);
     double f = (double)off / (double)t->file_size;
     return f > 1.0 ? 1.0 : f;
 }
@@ -425,7 +561,10 @@ void um_trace_close(um_trace *t)
 {
     if (!t)
         return;
-    gzclose(t->gz);
+    inflateEnd(&t->z);
+    close(t->fd);
+    free(t->in);
+    free(t->out);
     free(t->map);
     free(t->path);
     free(t);
