@@ -439,6 +439,41 @@ static void test_streams(const char *alloc)
     um_shutdown(NULL);
 }
 
+/* A block freed on its allocation stream (NULL) after that stream was
+ * destroyed is ordered on the default stream. The pool used to
+ * re-register the dead stream's id without a backend stream, and the next
+ * stream given the id then had its frees fenced on the default stream:
+ * another stream got its memory while its work on it was still queued.
+ * The direct allocator gave a range back without waiting for the free's
+ * stream at all. */
+static void test_free_after_stream_destroyed(const char *alloc)
+{
+    um_context *ctx = init_ctx(alloc, "devices=sim:256M");
+    if (!ctx)
+        return;
+    um_stream s, s2, s3;
+    void *x = NULL, *y = NULL, *z = NULL;
+    CHECK_OK(um_stream_create(ctx, 1, &s));
+    CHECK_OK(um_malloc(ctx, 1, 8u << 20, s, &x));
+    CHECK_OK(um_stream_destroy(ctx, s));
+    CHECK_OK(um_free(ctx, x, NULL));
+    CHECK_OK(um_stream_create(ctx, 1, &s2)); /* takes s's id */
+    CHECK_OK(um_stream_create(ctx, 1, &s3));
+    CHECK_OK(um_malloc(ctx, 1, 16u << 20, s2, &y));
+    CHECK_OK(um_sim_stream_work(ctx, 1, s2, 1, 0)); /* s2 still uses y */
+    CHECK_OK(um_free(ctx, y, s2));
+    CHECK_OK(um_malloc(ctx, 1, 16u << 20, s3, &z));
+    /* direct's free waited for s2 (its range may come back); the others
+     * must not hand y out under s2's work. */
+    if (strcmp(alloc, "direct") != 0)
+        CHECK(z != y);
+    CHECK_OK(um_sim_stream_work(ctx, 1, s2, 0, 1));
+    CHECK_OK(um_free(ctx, z, s3));
+    CHECK_OK(um_stream_destroy(ctx, s2));
+    CHECK_OK(um_stream_destroy(ctx, s3));
+    um_shutdown(ctx);
+}
+
 /* Threads create and destroy streams at once; every id must be unique on
  * its device. */
 typedef struct stream_job {
@@ -1151,6 +1186,7 @@ int main(void)
         test_bad_specs(alloc);
         test_bad_inputs(alloc);
         test_streams(alloc);
+        test_free_after_stream_destroyed(alloc);
         test_stream_threads(alloc);
         test_random(alloc);
         test_shutdown_with_leftovers(alloc);

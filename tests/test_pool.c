@@ -1444,9 +1444,44 @@ static void test_largest_free_random(uint64_t seed)
     granularity = was;
 }
 
+/* A deferred block released late keeps its boundary page's newer fence:
+ * X (deferred) and Y share a page; Y freed on stream 1 in a later epoch,
+ * with stream 1's work still queued; X's release stamped the page with its
+ * older epoch, and stream 2 then got Y's bytes under that work. */
+static void test_deferred_release_keeps_newer_fence(void)
+{
+    um__pool_config c = {.dev = 1, .thread_cache = 0, .va_factor = 4, .no_plan = 1,
+                         .no_medium = 1};
+    um__allocator *a = make_pool_with(256 * MiB, &c);
+    um__pool *p = (um__pool *)a;
+    void *filler = xalloc(a, 130 * MiB, 0);
+    char *x = xalloc(a, 64 * 1024, 1);
+    char *y = xalloc(a, 4 * MiB, 1);
+    void *z = xalloc(a, 256 * 1024, 1);
+    CHECK(y == x + 64 * 1024);
+    xfree(a, x, 1); /* deferred, in stream 1's epoch 1 */
+    CHECK_EQ(p->deferred.count, 1);
+    xfree(a, z, 1);
+    void *small = xalloc(a, 256, 0); /* epoch 1 seen complete */
+    CHECK_OK(um__sim_stream_launch(backend, s1, 1)); /* stream 1 still uses y */
+    xfree(a, y, 1);                                  /* fenced in epoch 2 */
+    size_t pg = (size_t)((uintptr_t)y - p->va) >> p->page_shift;
+    uint64_t epoch = p->pages[pg].fence_epoch;
+    char *r = xalloc(a, MiB, 2); /* releases x on the way */
+    CHECK(p->pages[pg].fence_stream != 1 || p->pages[pg].fence_epoch >= epoch);
+    CHECK(r >= y + 4 * MiB || r + MiB <= y); /* none of y's bytes under stream 1's work */
+    CHECK_OK(um__sim_stream_complete(backend, s1, 1));
+    xfree(a, r, 2);
+    xfree(a, small, 0);
+    xfree(a, filler, 0);
+    CHECK_OK(a->ops->check(a));
+    a->ops->destroy(a);
+}
+
 int main(void)
 {
     uint64_t seed = harness_seed("test_pool");
+    test_deferred_release_keeps_newer_fence();
     for (uint64_t k = 0; k < 4; k++)
         test_largest_free_random(seed + 100 + k);
     test_pattern_check();

@@ -647,10 +647,20 @@ static um_status bl_free(um__allocator *a, void *ptr, const um__stream_ref *sr)
         return s;
     }
     if (!bl->caching) {
-        /* Direct: the first step (unmap) failing leaves the block live, so
-         * the caller may try again; a later step failing parks the rest. */
+        /* Direct: the range goes back to the backend at once and may be
+         * handed out again, so, as cudaFree waits for the device, the free
+         * first waits for the work queued before it on its stream (the
+         * block's own when none is given; none once that was destroyed).
+         * The first steps (the wait, the unmap) failing leave the block
+         * live, so the caller may try again; a later step failing parks
+         * the rest. */
         um_status s = UM_OK;
-        if (b->mapped && (s = um__be_unmap(a->backend, b->va, b->phys)) != UM_OK) {
+        if (sr)
+            s = um__be_stream_sync(sr->backend ? sr->backend : a->backend, sr->bstream);
+        else if (b->stream_valid)
+            s = um__be_stream_sync(bl_event_backend(bl, b), b->bstream);
+        if (s != UM_OK ||
+            (b->mapped && (s = um__be_unmap(a->backend, b->va, b->phys)) != UM_OK)) {
             pthread_mutex_unlock(&bl->lock);
             return s;
         }

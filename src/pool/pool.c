@@ -945,6 +945,20 @@ static inline um__stream_state *stream_state(um__pool *p, const um__stream_ref *
     return UM_LIKELY(ss && ss->known) ? ss : stream_state_slow(p, s);
 }
 
+/* The stream a free without one orders after: the block's allocation
+ * stream sid (locked). A stream destroyed since has finished its work, and
+ * the pool forgot it: the free is then ordered on the default stream.
+ * Taking sid as it was re-registered the id without its backend stream, so
+ * the next stream given that id had its frees fenced on the default
+ * stream instead of its own, and its memory reused under its queued work. */
+static um__stream_ref allocation_stream(const um__pool *p, uint32_t sid)
+{
+    const um__stream_state *ss = sid < p->nstreams ? p->streams[sid] : NULL;
+    if (!ss || !ss->known)
+        return (um__stream_ref){0, NULL, NULL};
+    return (um__stream_ref){sid, ss->bstream, ss->backend};
+}
+
 static bool pending_push(um__pending_vec *v, void *ptr, uint64_t epoch)
 {
     if (v->n == v->cap) {
@@ -1106,10 +1120,15 @@ static inline bool all_usable(const um__pool *p, uint32_t sid)
     return p->fencer == UM_NO_FENCE || p->fencer == sid;
 }
 
-/* Stamps page pg as freed on stream sid in its epoch `epoch`. */
+/* Stamps page pg as freed on stream sid in its epoch `epoch`. A fence of
+ * sid's own stays when it is newer: a deferred block released late stamps
+ * its older epoch, and lowering a neighbour's newer one let another stream
+ * reuse the neighbour's bytes under sid's queued work. */
 static inline void fence_page(um__pool *p, uint32_t sid, uint64_t epoch, size_t pg)
 {
     if (page_usable(p, pg, sid) && p->pages[pg].fence_stream != UM_MIXED_FENCE) {
+        if (p->pages[pg].fence_stream == sid && p->pages[pg].fence_epoch > epoch)
+            epoch = p->pages[pg].fence_epoch;
         p->pages[pg].fence_stream = sid;
         p->pages[pg].fence_epoch = epoch;
     } else {
@@ -2639,16 +2658,12 @@ static __attribute__((noinline)) um_status small_free_locked(um__pool *p, unsign
                                                              const um__stream_ref *s)
 {
     um__lock_acquire(&p->lock);
-    um__stream_ref ref = {sid, NULL, NULL};
-    if (s) {
-        ref = *s;
-    } else if (sid < p->nstreams && p->streams[sid]) {
-        ref.bstream = p->streams[sid]->bstream;
-        ref.backend = p->streams[sid]->backend;
-    }
+    um__stream_ref ref = s ? *s : allocation_stream(p, sid);
     um__stream_state *ss = stream_state(p, &ref);
     bool parked = false;
-    if (tc) {
+    /* A bin's slots go back through their stream's state (flush_bin_locked):
+     * without one (no host memory for it) the slot may not go in a bin. */
+    if (tc && ss) {
         um__tc_bin *bin = &tc->bins[cls];
         uint32_t max = atomic_load_explicit(&p->bin_max[cls], memory_order_relaxed);
         if (bin->n && bin->stream != sid)
@@ -2817,13 +2832,7 @@ static __attribute__((noinline)) um_status large_free_locked(um__pool *p, uintpt
     bounce_disown_locked(b);
     /* The held block goes back first, as it would have without the cache. */
     bounce_flush_locked(p, tc);
-    um__stream_ref ref = {b->stream, NULL, NULL};
-    if (s) {
-        ref = *s;
-    } else {
-        ref.bstream = p->streams[b->stream]->bstream;
-        ref.backend = p->streams[b->stream]->backend;
-    }
+    um__stream_ref ref = s ? *s : allocation_stream(p, b->stream);
     um__stream_state *ss = stream_state(p, &ref);
     if (!ss) {
         um__lock_release(&p->lock);
