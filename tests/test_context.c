@@ -180,6 +180,17 @@ static void test_bad_specs(const char *alloc)
         {"cudax", UM_ERR_BAD_OPTION, "'cudax'"},
         {"cuda:62", UM_ERR_NO_DEVICE, "cuda:62"},
     };
+    /* Page sizes the backends cannot use are refused as options, named. */
+    static const char *const grans[] = {"sim_granularity=3", "sim_granularity=6K",
+                                        "host_granularity=0", "host_granularity=100K"};
+    for (size_t i = 0; i < sizeof grans / sizeof grans[0]; i++) {
+        char conf[128], name[32];
+        snprintf(conf, sizeof conf, "allocator=%s,devices=sim:64M,%s", alloc, grans[i]);
+        snprintf(name, sizeof name, "option '%.*s'", (int)strcspn(grans[i], "="), grans[i]);
+        um_context *ctx = NULL;
+        CHECK_STATUS(um_init(conf, &ctx), UM_ERR_BAD_OPTION);
+        CHECK_ERROR_MENTIONS(name, "power of two", NULL);
+    }
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char conf[128];
         um_context *ctx = (um_context *)&conf; /* must be reset to NULL */
@@ -195,11 +206,11 @@ static void test_bad_specs(const char *alloc)
     check_cuda_entries(alloc);
 
     /* A backend failure after other devices exist tears them all down
-     * (the leak check of ASan proves it): sim granularity must be a power of
-     * two. */
+     * (the leak check of ASan proves it): a sim device must hold at least
+     * one page. */
     um_context *ctx = (um_context *)&ctx;
     char conf[128];
-    snprintf(conf, sizeof conf, "allocator=%s,devices=sim:2x64M,sim_granularity=3M", alloc);
+    snprintf(conf, sizeof conf, "allocator=%s,devices=sim:1M+sim:64M", alloc);
     CHECK(um_init(conf, &ctx) != UM_OK);
     CHECK(ctx == NULL);
     CHECK_ERROR_MENTIONS("device 1", "sim1", NULL);

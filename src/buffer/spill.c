@@ -155,7 +155,10 @@ um_status um__spill_check(um__spill *sp, const void *map, size_t offset, size_t 
 {
     struct stat st;
     size_t need = offset + (size + sp->page - 1) / sp->page * sp->page;
-    if (fstat(sp->fd, &st) != 0 || (size_t)st.st_size < need)
+    if (fstat(sp->fd, &st) != 0)
+        return um__fail(UM_ERR_IO, "spill: the spill file %s (deleted) cannot be checked: "
+                        "fstat failed: %s", sp->path, strerror(errno));
+    if ((size_t)st.st_size < need)
         return um__fail(UM_ERR_BACKEND,
                         "spill: the spill file %s (deleted) was truncated behind unimem's back "
                         "(%lld bytes; an extent ends at %zu): the data spilled there is lost",

@@ -988,6 +988,21 @@ um_status um_init(const char *conf, um_context **out)
                         "option 'copy_chunk': %zu bytes is outside 64K..1G (a staged chunk)",
                         opts.copy_chunk);
 
+    /* Named here, as options; the backends would refuse them too, but as
+     * their own bad arguments. */
+    long os_page = sysconf(_SC_PAGESIZE);
+    const struct {
+        const char *name;
+        size_t bytes;
+    } grans[] = {{"sim_granularity", opts.sim_granularity},
+                 {"host_granularity", opts.host_granularity}};
+    for (size_t i = 0; os_page > 0 && i < sizeof grans / sizeof grans[0]; i++)
+        if (!um__is_pow2(grans[i].bytes) || grans[i].bytes % (size_t)os_page)
+            return um__fail(UM_ERR_BAD_OPTION,
+                            "option '%s': %zu bytes is not a power of two multiple of the OS "
+                            "page size (%ld bytes)",
+                            grans[i].name, grans[i].bytes, os_page);
+
     if (opts.spill_dir[0] && (st = check_spill_dir(opts.spill_dir)) != UM_OK)
         return st;
 
