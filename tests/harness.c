@@ -4,6 +4,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
 
 _Atomic int harness_checks;
@@ -215,3 +216,23 @@ int harness_finish(const char *test_name)
            harness_failures);
     return harness_failures ? 1 : 0;
 }
+
+/* Only the programs that know the build's folder (tests/test_*.c) have it. */
+#ifdef UM_BINARY_DIR
+int harness_run_unimem(const char *args, bool with_stderr, char *out, size_t size)
+{
+    char cmd[4096];
+    int n = snprintf(cmd, sizeof cmd, "%s/unimem %s%s", UM_BINARY_DIR, args,
+                     with_stderr ? " 2>&1" : " 2>/dev/null");
+    out[0] = '\0';
+    CHECK(n > 0 && (size_t)n < sizeof cmd);
+    FILE *p = n > 0 && (size_t)n < sizeof cmd ? popen(cmd, "r") : NULL;
+    CHECK(p != NULL);
+    if (!p)
+        return -1;
+    size_t got = fread(out, 1, size - 1, p);
+    out[got] = '\0';
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+#endif

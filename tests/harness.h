@@ -108,6 +108,12 @@ typedef struct harness_thread {
 } harness_thread;
 void harness_run_threads(int n, void *(*fn)(void *), void *shared);
 
+/* Runs the build's `unimem ARGS` through the shell, its stdout (and its
+ * stderr when with_stderr; else that is discarded) into out, cut at
+ * size - 1 bytes and NUL-terminated; returns the exit status, or -1 when
+ * it did not exit (a failed check when it could not be started). */
+int harness_run_unimem(const char *args, bool with_stderr, char *out, size_t size);
+
 /* Device memory in checks. The host may dereference the memory of host
  * and sim devices, and a CUDA device's when UM_TEST_FAKE_CUDA=1 says that
  * the stand-in driver of CI is loaded (its GPU memory is host memory), but

@@ -24,17 +24,7 @@ static char dir[] = "/tmp/test_cli.XXXXXX";
  * exit status (-1 if it did not exit). */
 static int run(const char *args, bool both)
 {
-    char cmd[2048];
-    snprintf(cmd, sizeof cmd, "%s %s%s", BINARY, args, both ? " 2>&1" : " 2>/dev/null");
-    out[0] = '\0';
-    FILE *p = popen(cmd, "r");
-    CHECK(p != NULL);
-    if (!p)
-        return -1;
-    size_t n = fread(out, 1, sizeof out - 1, p);
-    out[n] = '\0';
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return harness_run_unimem(args, both, out, sizeof out);
 }
 
 /* Runs `unimem <args>` (stderr included) and checks its exit code and

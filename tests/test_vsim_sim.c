@@ -13,7 +13,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#define BINARY UM_BINARY_DIR "/unimem"
 
 static const int policies[] = {UM_SCHED_EAGER, UM_SCHED_ROUND_ROBIN, UM_SCHED_LOCALITY,
                                UM_SCHED_COST};
@@ -393,17 +392,7 @@ static char out[1 << 16];
  * (-1 if it did not exit). */
 static int run_cli(const char *args)
 {
-    char cmd[1024];
-    snprintf(cmd, sizeof cmd, "%s %s 2>/dev/null", BINARY, args);
-    out[0] = '\0';
-    FILE *p = popen(cmd, "r");
-    CHECK(p != NULL);
-    if (!p)
-        return -1;
-    size_t n = fread(out, 1, sizeof out - 1, p);
-    out[n] = '\0';
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return harness_run_unimem(args, false, out, sizeof out);
 }
 
 #define CHECK_OUT_HAS(s)                                                                   \

@@ -1245,21 +1245,6 @@ static int run_one(demo_cfg *c, const char *sched, run_result *x)
 
 /* ------------------------------------------------------------ the report */
 
-static void json_string(const char *s)
-{
-    putchar('"');
-    for (; *s; s++) {
-        unsigned char ch = (unsigned char)*s;
-        if (ch == '"' || ch == '\\')
-            printf("\\%c", ch);
-        else if (ch < 0x20)
-            printf("\\u%04x", ch);
-        else
-            putchar(ch);
-    }
-    putchar('"');
-}
-
 static const char *check_name(const demo_cfg *c, const run_result *x)
 {
     if (!c->verify)
@@ -1274,7 +1259,7 @@ static void print_json(const demo_cfg *c, const run_result *x)
         simulated = simulated || x->dev[d].info.kind == UM_DEVICE_SIM;
     printf("{\"workload\":\"%s\",\"n\":%d,\"tile\":%d,\"sched\":\"%s\",\"devices\":",
            c->workload_name, c->n, c->tile, x->sched);
-    json_string(c->device);
+    tool_json_string(stdout, c->device);
     printf(",\"simulated\":%s,\"gpu_only\":%s,\"limit_bytes\":%llu,\"tasks\":%llu,"
            "\"gflop\":%.3f,\"makespan_s\":%.6f,\"gflops\":%.3f,\"check\":\"%s\",\"verified\":%s,",
            simulated ? "true" : "false", c->gpu_only ? "true" : "false", (unsigned long long)(x->ndev > 1 ? x->dev[1].limit : 0),
@@ -1288,7 +1273,7 @@ static void print_json(const demo_cfg *c, const run_result *x)
     for (int d = 0; d < x->ndev; d++) {
         const dev_result *dr = &x->dev[d];
         printf("%s{\"device\":%d,\"name\":", d ? "," : "", d);
-        json_string(dr->info.name);
+        tool_json_string(stdout, dr->info.name);
         printf(",\"kind\":\"%s\",\"tasks\":%llu,\"failed\":%llu,\"busy_s\":%.6f,"
                "\"waited_s\":%.6f,\"limit_bytes\":%llu,\"peak_active_bytes\":%llu,"
                "\"peak_reserved_bytes\":%llu,\"active_bytes\":%llu,\"evictions\":%llu,"

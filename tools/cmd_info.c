@@ -31,25 +31,6 @@ static const char *type_name(um_option_type t)
     return "unknown";
 }
 
-/* Writes s as a JSON string literal. */
-static void json_string(FILE *f, const char *s)
-{
-    fputc('"', f);
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p == '"' || *p == '\\')
-            fprintf(f, "\\%c", *p);
-        else if (*p == '\n')
-            fputs("\\n", f);
-        else if (*p == '\t')
-            fputs("\\t", f);
-        else if (*p < 0x20)
-            fprintf(f, "\\u%04x", *p);
-        else
-            fputc(*p, f);
-    }
-    fputc('"', f);
-}
-
 /* A limit of SIZE_MAX means "no cap". */
 static const char *limit_text(char *buf, size_t bytes)
 {
@@ -74,9 +55,9 @@ static int print_devices(um_context *ctx, bool json)
             return tool_fail("info", s);
         if (json) {
             printf("%s\n    {\"index\": %d, \"kind\": ", i ? "," : "", d.index);
-            json_string(stdout, um_device_kind_name(d.kind));
+            tool_json_string(stdout, um_device_kind_name(d.kind));
             printf(", \"name\": ");
-            json_string(stdout, d.name);
+            tool_json_string(stdout, d.name);
             printf(", \"capacity\": %zu, \"granularity\": %zu, \"memory_limit\": %zu, "
                    "\"cache_limit\": ",
                    d.capacity, d.granularity, d.memory_limit);
@@ -85,12 +66,12 @@ static int print_devices(um_context *ctx, bool json)
             else
                 printf("%zu", d.cache_limit);
             printf(", \"allocator\": ");
-            json_string(stdout, d.allocator);
+            tool_json_string(stdout, d.allocator);
             printf(", \"ordinal\": %d, \"product\": ", d.ordinal);
-            json_string(stdout, d.product);
+            tool_json_string(stdout, d.product);
             printf(", \"compute_capability\": \"%d.%d\", \"pci_bus_id\": ", d.cc_major,
                    d.cc_minor);
-            json_string(stdout, d.pci_bus_id);
+            tool_json_string(stdout, d.pci_bus_id);
             printf(", \"vmm\": %s, \"pinned\": %s}", d.vmm ? "true" : "false",
                    d.pinned ? "true" : "false");
         } else {
@@ -123,7 +104,7 @@ static int print_cuda(um_context *ctx, bool json)
         printf(",\n  \"cuda\": {\"available\": %s, \"driver_version\": %d, \"gpus\": %d, "
                "\"why_absent\": ",
                s == UM_OK ? "true" : "false", version, gpus);
-        json_string(stdout, s == UM_OK ? "" : why);
+        tool_json_string(stdout, s == UM_OK ? "" : why);
         printf(", \"links\": [");
     } else if (s == UM_OK) {
         printf("\nCUDA driver %d.%d, %d GPU%s\n", version / 1000, version % 1000 / 10, gpus,
@@ -212,15 +193,15 @@ static int print_options(um_context *ctx, bool json)
             return tool_fail("info", s);
         if (json) {
             printf("%s\n    {\"name\": ", i ? "," : "");
-            json_string(stdout, o.name);
+            tool_json_string(stdout, o.name);
             printf(", \"type\": ");
-            json_string(stdout, type_name(o.type));
+            tool_json_string(stdout, type_name(o.type));
             printf(", \"default\": ");
-            json_string(stdout, o.default_value);
+            tool_json_string(stdout, o.default_value);
             printf(", \"value\": ");
-            json_string(stdout, value);
+            tool_json_string(stdout, value);
             printf(", \"doc\": ");
-            json_string(stdout, o.doc);
+            tool_json_string(stdout, o.doc);
             printf("}");
         } else {
             printf("  %-18s %-6s default %-7s now %-10s %s\n", o.name, type_name(o.type),

@@ -462,20 +462,6 @@ static double ratio(uint64_t a, uint64_t b)
     return b ? (double)a / (double)b : 0.0;
 }
 
-static void json_string(const char *s)
-{
-    putchar('"');
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p == '"' || *p == '\\')
-            printf("\\%c", *p);
-        else if (*p < 0x20)
-            printf("\\u%04x", *p);
-        else
-            putchar(*p);
-    }
-    putchar('"');
-}
-
 static void json_fields(const rp_trace *t, const rp_result *r)
 {
     printf("\"peak_reserved_bytes\": %llu, \"reserved_over_live\": %.4f, "
@@ -499,11 +485,11 @@ static void json_fields(const rp_trace *t, const rp_result *r)
 static void print_json(const rp_opts *o, const rp_trace *t, const rp_result *r)
 {
     printf("{\"trace\": ");
-    json_string(t->name);
+    tool_json_string(stdout, t->name);
     printf(", \"path\": ");
-    json_string(t->path);
+    tool_json_string(stdout, t->path);
     printf(", \"device\": ");
-    json_string(o->device);
+    tool_json_string(stdout, o->device);
     if (o->limit)
         printf(", \"memory_limit_bytes\": %llu", (unsigned long long)o->limit);
     else

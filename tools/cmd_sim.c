@@ -134,22 +134,6 @@ static double quotient(double a, double b)
     return isfinite(a) && isfinite(b) && b > 0 ? a / b : NAN;
 }
 
-/* A JSON string: quotes, backslashes and control characters escaped
- * (the machine description takes any other character in a name). */
-static void json_string(const char *s)
-{
-    putchar('"');
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p == '"' || *p == '\\')
-            printf("\\%c", *p);
-        else if (*p < 0x20)
-            printf("\\u%04x", *p);
-        else
-            putchar(*p);
-    }
-    putchar('"');
-}
-
 /* A JSON number with printf format fmt, or null where x is not finite
  * (JSON has no inf or nan). */
 static void json_double(const char *fmt, double x)
@@ -201,12 +185,12 @@ static void print_json(const um__vs_machine *m, const um__vs_dag *d, const char 
      * character but space: every string is escaped, and a figure that is
      * not finite (no ratio to a bound of 0) is null. */
     printf("{\"machine\":");
-    json_string(m->name);
+    tool_json_string(stdout, m->name);
     printf(",\"workload\":");
-    json_string(d->name);
+    tool_json_string(stdout, d->name);
     printf(",\"n\":%llu,\"tile\":%u,\"tasks\":%zu,\"policy\":",
            (unsigned long long)d->nt * d->tile, d->tile, d->ntasks);
-    json_string(policy);
+    tool_json_string(stdout, policy);
     static const char *const keys[] = {"makespan_s", "results_home_s", "lower_bound_s",
                                        "work_bound_s", "path_bound_s", "makespan_over_bound"};
     const double values[] = {r->makespan_s, r->home_s, r->lower_bound_s, r->work_bound_s,
@@ -221,11 +205,11 @@ static void print_json(const um__vs_machine *m, const um__vs_dag *d, const char 
            "\"simulate_s\":%.3f,\"engine\":",
            (unsigned long long)r->copies, (unsigned long long)r->evictions,
            (unsigned long long)r->writebacks, (unsigned long long)r->events, wall_s);
-    json_string(engine_name);
+    tool_json_string(stdout, engine_name);
     printf(",\"devices\":[");
     for (int dev = 0; dev < m->ndev; dev++) {
         printf("%s{\"name\":", dev ? "," : "");
-        json_string(m->dev[dev].name);
+        tool_json_string(stdout, m->dev[dev].name);
         printf(",\"tasks\":%llu,\"busy_s\":", (unsigned long long)r->tasks_on[dev]);
         json_double("%.6f", r->busy_s[dev]);
         printf("}");
@@ -236,9 +220,9 @@ static void print_json(const um__vs_machine *m, const um__vs_dag *d, const char 
         for (int t = 0; t < m->ndev; t++)
             if (r->link_bytes[s][t] > 0) {
                 printf("%s{\"from\":", first ? "" : ",");
-                json_string(m->dev[s].name);
+                tool_json_string(stdout, m->dev[s].name);
                 printf(",\"to\":");
-                json_string(m->dev[t].name);
+                tool_json_string(stdout, m->dev[t].name);
                 printf(",\"bytes\":");
                 json_double("%.0f", r->link_bytes[s][t]);
                 printf("}");

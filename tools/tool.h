@@ -54,6 +54,10 @@ bool tool_device_arg_ok(const char *cmd, const char *value);
  * bad input from the user and gives TOOL_EXIT_USAGE, any other failure
  * TOOL_EXIT_FAILED. */
 int tool_init_fail(const char *cmd, um_status s);
+/* Writes s to f as a JSON string literal: quotes and backslashes
+ * escaped, control characters as \n, \t or \u00XX (names in machine
+ * files and paths may hold any of them). */
+void tool_json_string(FILE *f, const char *s);
 /* An argument a command does not take: -h/--help prints the usage and
  * gives 0; anything else is reported with the usage on stderr and gives 2. */
 int tool_other_arg(const char *cmd, const char *arg, void (*usage)(FILE *));

@@ -115,6 +115,24 @@ int tool_init_fail(const char *cmd, um_status s)
     return s == UM_ERR_BAD_OPTION ? TOOL_EXIT_USAGE : rc;
 }
 
+void tool_json_string(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"' || *p == '\\')
+            fprintf(f, "\\%c", *p);
+        else if (*p == '\n')
+            fputs("\\n", f);
+        else if (*p == '\t')
+            fputs("\\t", f);
+        else if (*p < 0x20)
+            fprintf(f, "\\u%04x", *p);
+        else
+            fputc(*p, f);
+    }
+    fputc('"', f);
+}
+
 int tool_other_arg(const char *cmd, const char *arg, void (*print_usage)(FILE *))
 {
     if (!strcmp(arg, "-h") || !strcmp(arg, "--help")) {
