@@ -56,7 +56,6 @@ static uint32_t tile_of(size_t largest)
 
 /* The context's task time: the machine's table for the kernel on tiles of
  * the order its largest buffer has in floats, alone and packed. */
-
 static uint64_t task_ns(void *arg, int dev, const char *name, double flops, size_t largest,
                         uint64_t *packed_ns)
 {
