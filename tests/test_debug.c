@@ -6,6 +6,8 @@
 #include "harness.h"
 #include "pool/pool.h"
 
+#include <dlfcn.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -76,6 +78,67 @@ static void test_guard_bytes(const char *devices)
     CHECK_STATUS(um_free(ctx, q, NULL), UM_ERR_DOUBLE_FREE);
     um_shutdown(ctx);
 }
+
+/* calloc fails at the Nth call of the thread that armed it (0: never);
+ * every other call goes to the next definition (libc's or ASan's). */
+static _Thread_local int calloc_fail_in;
+
+__attribute__((no_sanitize_thread)) void *calloc(size_t n, size_t size)
+{
+    static void *(*_Atomic next)(size_t, size_t);
+    if (calloc_fail_in > 0 && --calloc_fail_in == 0)
+        return NULL;
+    void *(*fn)(size_t, size_t) = atomic_load(&next);
+    if (!fn) {
+        *(void **)&fn = dlsym(RTLD_NEXT, "calloc");
+        atomic_store(&next, fn);
+    }
+    return fn(n, size);
+}
+
+/* A free the pool refuses (no host memory for the new stream's records)
+ * leaves the block live and whole: its bytes as they were, not poisoned,
+ * still a block of the debug allocator (its guard bytes checked at the
+ * next free, its size out of the statistics once). The free used to
+ * poison it first and forget it. */
+static void test_failed_free_keeps_block(void)
+{
+    um_context *ctx = NULL;
+    CHECK_OK(um_init("devices=sim:64M", &ctx));
+    if (!ctx)
+        return;
+    size_t n = 1u << 20;
+    uint8_t *p = NULL;
+    CHECK_OK(um_malloc(ctx, 1, n, NULL, (void **)&p));
+    um_stream s = NULL;
+    CHECK_OK(um_stream_create(ctx, 1, &s));
+    if (!p || !s) {
+        um_shutdown(ctx);
+        return;
+    }
+    memset(p, 0x11, n);
+    calloc_fail_in = 1; /* the pool's state for stream s */
+    um_status st = um_free(ctx, p, s);
+    int left = calloc_fail_in;
+    calloc_fail_in = 0;
+    CHECK_EQ(left, 0);
+    CHECK_STATUS(st, UM_ERR_NOMEM);
+#ifdef HAVE_ASAN
+    CHECK(__asan_region_is_poisoned(p, n) == NULL);
+#endif
+    size_t wrong = 0;
+    for (size_t k = 0; k < n; k++)
+        wrong += p[k] != 0x11;
+    CHECK_EQ(wrong, 0);
+    um_stats stats;
+    CHECK_OK(um_stats_get(ctx, 1, &stats));
+    CHECK_EQ(stats.requested_bytes, n);
+    CHECK_OK(um_free(ctx, p, s));
+    CHECK_OK(um_stats_get(ctx, 1, &stats));
+    CHECK_EQ(stats.requested_bytes, 0ull);
+    CHECK_OK(um_stream_destroy(ctx, s));
+    um_shutdown(ctx);
+}
 #endif
 
 int main(void)
@@ -86,6 +149,7 @@ int main(void)
 #else
     unsetenv("UNIMEM_CONF");
     test_guard_bytes("sim:64M");
+    test_failed_free_keeps_block();
     return harness_finish("test_debug");
 #endif
 }

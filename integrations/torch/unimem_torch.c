@@ -514,8 +514,11 @@ UMT_EXPORT int unimem_torch_set_memory_fraction(double fraction, int device)
     }
     size_t free_bytes = 0, total = 0;
     st = um_device_memory_get(context, dev, &free_bytes, &total);
+    /* At least a byte: a limit of 0 means "the device's memory" to
+     * um_set_memory_limit, so a tiny fraction rounded to 0 lifted it. */
+    size_t limit = (size_t)(fraction * (double)total);
     if (st == UM_OK)
-        st = um_set_memory_limit(context, dev, (size_t)(fraction * (double)total));
+        st = um_set_memory_limit(context, dev, limit ? limit : 1);
     return control_result(st, "set_memory_fraction", device);
 }
 

@@ -114,11 +114,31 @@ static um_status d_free(um__allocator *a, void *ptr, const um__stream_ref *s)
     for (size_t i = 0; i < UM_DEBUG_GUARD; i++)
         bad += p[size + i] != GUARD_BYTE;
     /* Poisoned before the inner free: once freed, another thread may have
-     * the block. */
-    memset(p, FREED_BYTE, size < POISON_MAX ? size : POISON_MAX);
+     * the block. The inner free may still fail and keep the block live
+     * (no host memory for its records), so what the poison covers is kept
+     * to be put back then; without memory for that copy, the block is not
+     * poisoned. */
+    size_t n = size < POISON_MAX ? size : POISON_MAX;
+    uint8_t *saved = malloc(n ? n : 1);
+    if (saved) {
+        memcpy(saved, p, n);
+        memset(p, FREED_BYTE, n);
+    }
     if (d->shadow)
         SHADOW_POISON(p, size + UM_DEBUG_GUARD);
     um_status st = d->inner->ops->free(d->inner, ptr, s);
+    if (st != UM_OK) {
+        /* Still live: as it was, and in the table again. */
+        SHADOW_UNPOISON(p, size + UM_DEBUG_GUARD);
+        if (saved)
+            memcpy(p, saved, n);
+        if (d->shadow)
+            SHADOW_POISON(p + size, UM_DEBUG_GUARD);
+        pthread_mutex_lock(&d->lock);
+        (void)um__addrmap_put(&d->blocks, (uintptr_t)p, size);
+        pthread_mutex_unlock(&d->lock);
+    }
+    free(saved);
     if (st == UM_OK && bad)
         return um__fail(UM_ERR_INTERNAL,
                         "device %d (%s): %zu of the %d guard bytes after the %zu-byte block at "

@@ -80,5 +80,14 @@ int main(void)
     CHECK(stats0().reserved_bytes > 0);
     CHECK_EQ(unimem_torch_empty_cache(), 0);
     CHECK_EQ(stats0().reserved_bytes, 0);
+
+    /* A fraction too small for one byte allows nothing (its limit of 0
+     * bytes used to mean the whole GPU). */
+    CHECK_EQ(unimem_torch_set_memory_fraction(1e-12, 0), 0);
+    CHECK(unimem_torch_alloc(2 * MB, 0, comm) == NULL);
+    CHECK_EQ(unimem_torch_set_memory_fraction(1.0, 0), 0);
+    void *again = unimem_torch_alloc(2 * MB, 0, comm);
+    CHECK(again != NULL);
+    unimem_torch_free(again, 2 * MB, 0, comm);
     return harness_finish("test_torch_shim");
 }
