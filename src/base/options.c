@@ -413,8 +413,8 @@ enum { OPT_NAMES_BYTES = 0 UM_OPTION_LIST(OPT_NAME_BYTES_) };
 
 static um_status unknown_key(const char *key, size_t len, const char *source)
 {
-    /* One space between names (not ", "): the whole message must fit in
-     * the last-error buffer (512 bytes, status.c). */
+    /* One space between names: the whole message, with a long misspelled
+     * key, must fit in the last-error buffer (status.c). */
     char valid[OPT_NAMES_BYTES];
     size_t n = 0;
     valid[0] = '\0';
