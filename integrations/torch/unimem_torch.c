@@ -405,13 +405,16 @@ UMT_EXPORT int unimem_torch_record_stream(void *ptr, void *stream)
         record_error(context_error);
         return (int)context_status;
     }
-    um_status st = UM_ERR_INVALID_POINTER;
-    int dev = um_pointer_device(ctx, ptr);
-    um_stream s = NULL;
+    /* As PyTorch's own allocator: an empty tensor's NULL storage, and
+     * memory of no block of this allocator (a tensor shared from another
+     * process, or imported through DLPack), are skipped, not refused:
+     * NCCL's collectives record streams on such tensors. */
+    int dev = ptr ? um_pointer_device(ctx, ptr) : -1;
     if (dev < 0)
-        snprintf(why, sizeof why,
-                 "unimem_torch: record_stream of %p: not memory that unimem allocated", ptr);
-    else if ((st = stream_for(ctx, dev, stream, &s, why, sizeof why)) == UM_OK &&
+        return 0;
+    um_status st;
+    um_stream s = NULL;
+    if ((st = stream_for(ctx, dev, stream, &s, why, sizeof why)) == UM_OK &&
              (st = um_record_stream(ctx, ptr, s)) != UM_OK)
         snprintf(why, sizeof why, "unimem_torch: record_stream(%p, stream %p) failed: %s", ptr,
                  stream, um_last_error());

@@ -35,7 +35,9 @@ int unimem_torch_reset_peak(int device);
 int unimem_torch_trim(int device);
 /* Marks ptr (from unimem_torch_alloc) as used on `stream` (a cudaStream_t)
  * too, like PyTorch's Tensor.record_stream: no stream reuses it until the
- * work queued on `stream` before its free has completed. 0 or a status. */
+ * work queued on `stream` before its free has completed. 0 or a status.
+ * NULL and memory unimem does not manage are skipped (0), as PyTorch's
+ * allocator skips tensors it did not allocate. */
 int unimem_torch_record_stream(void *ptr, void *stream);
 /* Gives every device's cached memory back to the driver (um_trim), as
  * torch.cuda.empty_cache() asks. 0 or the first failure's status. */

@@ -19,6 +19,8 @@ namespace {
 
 // A failure reaches the Python caller as RuntimeError: a record_stream that
 // silently did nothing would let a stream reuse memory another still reads.
+// (Memory unimem does not manage is no failure: it is skipped, as PyTorch's
+// allocator skips tensors it did not allocate.)
 void throw_last(const char *what)
 {
     C10_THROW_ERROR(Error, std::string(what) + ": " + unimem_torch_last_error());
