@@ -229,8 +229,8 @@ static void test_sim_kind(void)
  * alone (0.5 s); those that start as the one before ends take their packed
  * time (0.25 s), and a task that waited for its C tile's first step may
  * start a moment later, alone: 2.25-2.5 s, where times alone give 4 s.
- * The work bound counts 8 packed times, the critical path (two steps into
- * each C tile) times alone. */
+ * Both bounds take each task's fastest time, here its packed one: the
+ * work bound 8 of them, the critical path (two steps into each C tile) 2. */
 static void test_packed(void)
 {
     um__vs_machine *m = load("device name=host kind=host memory=1T\n"
@@ -245,7 +245,7 @@ static void test_packed(void)
     CHECK_OK(um__vs_simulate(m, &d, UM_SCHED_COST, r));
     CHECK(r->makespan_s > 0.5 + 7 * 0.25 - 1e-3 && r->makespan_s < 2 * 0.5 + 6 * 0.25 + 1e-3);
     CHECK_NEAR(r->work_bound_s, 8 * 0.25, 1e-12);
-    CHECK_NEAR(r->path_bound_s, 2 * 0.5, 1e-12);
+    CHECK_NEAR(r->path_bound_s, 2 * 0.25, 1e-12);
     CHECK_NEAR(r->lower_bound_s, 2.0, 1e-12);
     free(r);
     um__vs_dag_free(&d);
@@ -487,12 +487,43 @@ static void test_cli_no_ratio(void)
     unlink(path);
 }
 
+/* A chain of ten read-write gemms on one tile of one GPU: each starts as
+ * the one before it ends and takes its packed time (0.5 s, then 0.25 s
+ * each), so the makespan is 2.75 s. The critical path once took times
+ * alone (5 s) and was above it: a bound must never be. */
+static void test_bound_of_a_chain(void)
+{
+    um__vs_machine *m = load("device name=host kind=host memory=1T\n"
+                             "device name=gpu kind=gpu memory=1G model=g\n"
+                             "link from=host to=gpu bandwidth=1T latency=0us\n"
+                             "link from=gpu to=host bandwidth=1T latency=0us\n"
+                             "compute model=g kernel=gemm tile=1024 seconds=0.5 packed=0.25\n");
+    char text[1024] = "", path[64];
+    for (int i = 0; i < 10; i++)
+        snprintf(text + strlen(text), sizeof text - strlen(text),
+                 "task %d gemm 2147483648 0:4194304:rw\n", i);
+    snprintf(path, sizeof path, "/tmp/test_vsim_chain_XXXXXX");
+    write_file(path, text, strlen(text));
+    um__vs_dag d;
+    CHECK_OK(um__vs_dag_trace(path, &d));
+    unlink(path);
+    um__vs_result *r = malloc(sizeof *r);
+    CHECK_OK(um__vs_simulate(m, &d, UM_SCHED_EAGER, r));
+    CHECK_NEAR(r->makespan_s, 0.5 + 9 * 0.25, 1e-3);
+    CHECK_NEAR(r->path_bound_s, 10 * 0.25, 1e-9);
+    CHECK(r->lower_bound_s <= r->makespan_s);
+    free(r);
+    um__vs_dag_free(&d);
+    free(m);
+}
+
 int main(void)
 {
     uint64_t seed = harness_seed("test_vsim_sim");
     test_sim_kind();
     test_one_task();
     test_packed();
+    test_bound_of_a_chain();
     test_priorities();
     test_eviction();
     test_random(seed);

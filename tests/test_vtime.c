@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define MS 1000000ull
 
@@ -546,6 +547,43 @@ static void test_bad_config(void)
     um_shutdown(ctx);
 }
 
+static void *sleep_one_second(void *arg)
+{
+    (void)arg;
+    um__sleep_until_ns(1000 * MS);
+    um__vt_exit();
+    return NULL;
+}
+
+static void *exit_at_once(void *arg)
+{
+    (void)arg;
+    um__vt_exit();
+    return NULL;
+}
+
+/* Joining a thread that exited before the join does not block: the clock
+ * stays put while the joiner could run. The join used to block first, and
+ * with every other thread asleep the clock jumped to the sleeper's second
+ * (the run layer joins its workers one after another). */
+static void test_join_after_exit(void)
+{
+    CHECK_OK(um__vt_start());
+    pthread_t sleeper, quick;
+    um__vt_spawn();
+    CHECK_EQ(pthread_create(&sleeper, NULL, sleep_one_second, NULL), 0);
+    um__vt_spawn();
+    CHECK_EQ(pthread_create(&quick, NULL, exit_at_once, NULL), 0);
+    usleep(100000); /* real time: the one sleeps, the other has exited */
+    CHECK_EQ(um__vt_now(), 0);
+    CHECK_EQ(um__vt_join(quick, NULL), 0);
+    CHECK_EQ(um__vt_now(), 0);
+    CHECK_EQ(um__vt_join(sleeper, NULL), 0);
+    CHECK_EQ(um__vt_now(), 1000 * MS);
+    check_no_forced();
+    um__vt_stop();
+}
+
 /* A wait on stream B queued on A behind A's kernel outlives B: B's
  * destroy waits for B's 20 ms, then frees it, and A reaches the wait at
  * 30 ms. The wait read B after it was freed (AddressSanitizer). */
@@ -786,6 +824,7 @@ int main(void)
     test_evicting_runs_clean();
     test_bad_config();
     test_wait_outlives_stream();
+    test_join_after_exit();
     test_faults_in_virtual_time();
     test_alone_in_virtual_time();
     test_runtime_eligibility();

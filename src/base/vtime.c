@@ -84,6 +84,13 @@ static struct {
         pthread_t t;
         bool used, handed;
     } joined[MAX_JOINS];
+    /* Threads that exited before anyone joined them: their joiner finds
+     * them gone and does not block (blocking let the clock move while it
+     * could run: the run layer joins its workers one after another). */
+    struct {
+        pthread_t t;
+        bool used;
+    } exited[MAX_JOINS];
     int cond_waiters; /* participants in um__cond_wait */
     sleeper *sleepers;
     pthread_cond_t model_cv;
@@ -269,6 +276,7 @@ um_status um__vt_start(void)
     vt.active = 1;
     vt.joiners = vt.cond_waiters = 0;
     memset(vt.joined, 0, sizeof vt.joined);
+    memset(vt.exited, 0, sizeof vt.exited);
     vt.sleepers = NULL;
     vt.model_list = NULL;
     vt.model_waiters = 0;
@@ -394,6 +402,21 @@ void um__vt_exit(void)
             pthread_mutex_unlock(&vt.lock);
             return;
         }
+    for (int i = 0; i < MAX_JOINS; i++)
+        if (!vt.exited[i].used) {
+            vt.exited[i].t = pthread_self();
+            vt.exited[i].used = true;
+            break;
+        }
+    block_locked();
+    pthread_mutex_unlock(&vt.lock);
+}
+
+void um__vt_unspawn(void)
+{
+    if (!um__vt_on())
+        return;
+    pthread_mutex_lock(&vt.lock);
     block_locked();
     pthread_mutex_unlock(&vt.lock);
 }
@@ -403,6 +426,13 @@ int um__vt_join(pthread_t t, void **ret)
     if (!um__vt_on())
         return pthread_join(t, ret);
     pthread_mutex_lock(&vt.lock);
+    for (int i = 0; i < MAX_JOINS; i++)
+        if (vt.exited[i].used && pthread_equal(vt.exited[i].t, t)) {
+            /* Gone already: its count went with it, and this thread runs on. */
+            vt.exited[i].used = false;
+            pthread_mutex_unlock(&vt.lock);
+            return pthread_join(t, ret);
+        }
     int slot = -1;
     for (int i = 0; i < MAX_JOINS && slot < 0; i++)
         if (!vt.joined[i].used)

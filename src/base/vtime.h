@@ -73,9 +73,11 @@ void um__sleep_until_ns(uint64_t t);
 
 /* Participants other than the first: call um__vt_spawn before creating
  * the thread (it counts as running from then), um__vt_exit as the thread's
- * last step (also when creation failed), and join it with um__vt_join. */
+ * last step, um__vt_unspawn instead when creation failed, and join it with
+ * um__vt_join (which does not block for a thread that has exited). */
 void um__vt_spawn(void);
 void um__vt_exit(void);
+void um__vt_unspawn(void);
 int um__vt_join(pthread_t t, void **ret);
 
 /* pthread_mutex_lock and unlock for a lock that a participant may hold

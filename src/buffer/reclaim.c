@@ -466,7 +466,7 @@ void um__reclaim_start(um__reclaim *rc, um_context *ctx)
     um__vt_spawn();
     rc->thread_started = pthread_create(&rc->tid, NULL, reclaimer, rc) == 0;
     if (!rc->thread_started)
-        um__vt_exit();
+        um__vt_unspawn();
 }
 
 void um__reclaim_destroy(um__reclaim *rc)

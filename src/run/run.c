@@ -969,7 +969,7 @@ static um_status run_get(um_context *ctx, um__run **out)
             um__vt_spawn();
             int err = pthread_create(&w->tid, NULL, worker_main, w);
             if (err != 0) {
-                um__vt_exit();
+                um__vt_unspawn();
                 st = UM_ERR_NOMEM;
                 snprintf(why, sizeof why, "no thread for device %d's worker: %s", d,
                          strerror(err));
