@@ -930,6 +930,19 @@ static void test_submit_out_of_memory(void)
     um_shutdown(ctx);
 }
 
+/* A task that reads and writes the three buffers b and writes where it
+ * ran into *dev; placed by the policy. */
+static um_task big_task(um_buffer *const *b, _Atomic int *dev)
+{
+    um_task t = {.name = "big", .cpu = where_fn, .device = -1, .nbuffers = 3,
+                 .user = (void *)dev};
+    for (int i = 0; i < 3; i++) {
+        t.buffers[i] = b[i];
+        t.modes[i] = UM_ACCESS_READ_WRITE;
+    }
+    return t;
+}
+
 /* No policy places a task on a device whose memory limit is below its
  * working set: with device 1 limited to 1 MiB and the host kept out, a
  * task on 1.5 MiB of buffers runs on device 2 under each. eager,
@@ -952,12 +965,7 @@ static void test_policies_respect_limits(void)
             CHECK_OK(um_buffer_create(ctx, 512u << 10, NULL, &b[i]));
         for (int k = 0; k < 4; k++) {
             _Atomic int dev = -1;
-            um_task t = {.name = "big", .cpu = where_fn, .device = -1, .nbuffers = 3,
-                         .user = (void *)&dev};
-            for (int i = 0; i < 3; i++) {
-                t.buffers[i] = b[i];
-                t.modes[i] = UM_ACCESS_READ_WRITE;
-            }
+            um_task t = big_task(b, &dev);
             um_task_id id;
             CHECK_OK(um_task_submit(ctx, &t, &id));
             CHECK_OK(um_task_wait(ctx, id));
@@ -1032,12 +1040,7 @@ static void test_raised_limit_places(void)
         CHECK_OK(um_task_submit(ctx, &t, &ids[i]));
     }
     _Atomic int dev = -1;
-    um_task t = {.name = "big", .cpu = where_fn, .device = -1, .nbuffers = 3,
-                 .user = (void *)&dev};
-    for (int i = 0; i < 3; i++) {
-        t.buffers[i] = b[i];
-        t.modes[i] = UM_ACCESS_READ_WRITE;
-    }
+    um_task t = big_task(b, &dev);
     um_task_id id;
     CHECK_OK(um_task_submit(ctx, &t, &id));
     usleep(20000);

@@ -740,6 +740,23 @@ static void test_runtime_eligibility(void)
     free(m);
 }
 
+/* Both engines on a GEMM of n in tiles of `tile` on the machine `desc`
+ * describes, eager placement: the runtime's result in *a (its clock never
+ * forced), the model's in *b. The caller frees *m, *a, *b and d. */
+static void both_engines(const char *desc, uint32_t n, uint32_t tile, um__vs_machine **m,
+                         um__vs_dag *d, um__vs_result **a, um__vs_result **b)
+{
+    *m = malloc(sizeof **m);
+    *a = malloc(sizeof **a);
+    *b = malloc(sizeof **b);
+    CHECK_OK(um__vs_machine_parse(desc, "test", *m));
+    CHECK_EQ(um__vs_dag_gemm(n, tile, d), 0);
+    uint64_t forced = 1;
+    CHECK_OK(um__vs_run_runtime(*m, d, UM_SCHED_EAGER, *a, &forced));
+    CHECK_EQ(forced, 0);
+    CHECK_OK(um__vs_simulate(*m, d, UM_SCHED_EAGER, *b));
+}
+
 /* A host with a compute model runs tasks in the runtime engine, and they
  * take its modelled time (they took none: the makespan was half the
  * model engine's, below the lower bound). */
@@ -752,15 +769,10 @@ static void test_runtime_host_model(void)
         "link from=host to=sim bandwidth=1.073741824G latency=0us\n"
         "link from=sim to=host bandwidth=1.073741824G latency=0us\n"
         "compute model=sim5 kernel=gemm gflops=5\n";
-    um__vs_machine *m = malloc(sizeof *m);
-    um__vs_result *a = malloc(sizeof *a), *b = malloc(sizeof *b);
-    CHECK_OK(um__vs_machine_parse(desc, "test", m));
+    um__vs_machine *m;
+    um__vs_result *a, *b;
     um__vs_dag d;
-    CHECK_EQ(um__vs_dag_gemm(2048, 512, &d), 0);
-    uint64_t forced = 1;
-    CHECK_OK(um__vs_run_runtime(m, &d, UM_SCHED_EAGER, a, &forced));
-    CHECK_EQ(forced, 0);
-    CHECK_OK(um__vs_simulate(m, &d, UM_SCHED_EAGER, b));
+    both_engines(desc, 2048, 512, &m, &d, &a, &b);
     double task_s = 2.0 * 512 * 512 * 512 / 5e9;
     printf("test_vtime: host with a model: runtime %.4f s (%llu host tasks), model %.4f s, "
            "bound %.4f s\n", a->makespan_s, (unsigned long long)a->tasks_on[0], b->makespan_s,
@@ -789,15 +801,10 @@ static void test_runtime_long_latency(void)
         "link from=host to=sim bandwidth=1.073741824G latency=1e6s\n"
         "link from=sim to=host bandwidth=1.073741824G latency=1e6s\n"
         "compute model=sim5 kernel=gemm gflops=5\n";
-    um__vs_machine *m = malloc(sizeof *m);
-    um__vs_result *a = malloc(sizeof *a), *b = malloc(sizeof *b);
-    CHECK_OK(um__vs_machine_parse(desc, "test", m));
+    um__vs_machine *m;
+    um__vs_result *a, *b;
     um__vs_dag d;
-    CHECK_EQ(um__vs_dag_gemm(2048, 1024, &d), 0);
-    uint64_t forced = 1;
-    CHECK_OK(um__vs_run_runtime(m, &d, UM_SCHED_EAGER, a, &forced));
-    CHECK_EQ(forced, 0);
-    CHECK_OK(um__vs_simulate(m, &d, UM_SCHED_EAGER, b));
+    both_engines(desc, 2048, 1024, &m, &d, &a, &b);
     printf("test_vtime: 1e6 s latencies: runtime %.4f s, model %.4f s\n", a->makespan_s,
            b->makespan_s);
     CHECK_EQ(a->tasks_on[1] + a->tasks_on[2] + a->tasks_on[3], d.ntasks);
