@@ -423,11 +423,42 @@ static void test_rules_count_apart(void)
     um__fault_plan_free(plan);
 }
 
+/* A page the backend refuses to release does not keep the other idle
+ * pages: trim gives back all of them but that one, reports the refusal,
+ * and a later trim takes the last. Trim used to stop at the first refusal
+ * and keep every page behind it. */
+static void test_trim_past_refused_release(void)
+{
+    um_context *ctx = NULL;
+    CHECK_OK(um_init("devices=sim:64M,fault=1:release@1", &ctx));
+    if (!ctx)
+        return;
+    enum { N = 6 };
+    void *blocks[N] = {0};
+    for (int i = 0; i < N; i++)
+        CHECK_OK(um_malloc(ctx, 1, 2 * MB, NULL, &blocks[i]));
+    for (int i = 0; i < N; i++)
+        CHECK_OK(um_free(ctx, blocks[i], NULL));
+    um_stats st;
+    CHECK_OK(um_stats_get(ctx, 1, &st));
+    size_t page = st.reserved_bytes / N;
+    CHECK(st.reserved_bytes >= N * 2 * MB);
+    CHECK_STATUS(um_trim(ctx, 1), UM_ERR_BACKEND);
+    CHECK_OK(um_stats_get(ctx, 1, &st));
+    CHECK_EQ(st.reserved_bytes, page);
+    CHECK_EQ(um__fault_fired(ctx->fault), 1ull);
+    CHECK_OK(um_trim(ctx, 1));
+    CHECK_OK(um_stats_get(ctx, 1, &st));
+    CHECK_EQ(st.reserved_bytes, (size_t)0);
+    um_shutdown(ctx);
+}
+
 int main(void)
 {
     unsetenv("UNIMEM_CONF");
     test_bad_specs();
     test_rules_count_apart();
+    test_trim_past_refused_release();
     every_position("pool", seq_pool, "any");
     every_position("buffers", seq_buffers, "any");
     random_faults("pool", seq_pool);

@@ -554,13 +554,19 @@ static um_status release_hole(um__pool *p, uint32_t h)
 }
 
 /* Releases the oldest holes no stream may still touch until at most keep
- * bytes of holes remain, and the parked pages. Fails, saying so, while a
- * page the backend refused stays reserved (a later call tries again). */
+ * bytes of holes remain, and the parked pages. A page the backend refuses
+ * does not stop the walk: the other idle pages still go back. Fails,
+ * saying so, while a refused page stays reserved (a later call tries
+ * again). */
 static um_status release_holes(um__pool *p, size_t keep)
 {
     retry_parked(p);
+    um_status first = UM_OK;
     uint32_t h = p->hole_head;
-    while (h != NO_PAGE && p->holes * p->page > keep) {
+    /* A refused page is mapped back at the list's tail: the walk stops
+     * after as many steps as there were holes, so it does not come round
+     * to such a page again. */
+    for (size_t steps = p->holes; h != NO_PAGE && steps && p->holes * p->page > keep; steps--) {
         uint32_t next = p->pages[h].hole_next;
         bool idle;
         if (page_compound(p, h)) {
@@ -576,11 +582,13 @@ static um_status release_holes(um__pool *p, size_t keep)
         }
         if (idle) {
             um_status s = release_hole(p, h);
-            if (s != UM_OK)
-                return s;
+            if (s != UM_OK && first == UM_OK)
+                first = s;
         }
         h = next;
     }
+    if (first != UM_OK)
+        return first;
     if (p->nparked)
         return um__fail(UM_ERR_BACKEND,
                         "%s: %zu page%s the backend refused to take back %s still reserved; a "
