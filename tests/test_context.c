@@ -5,7 +5,9 @@
  * check proves that frees everything). Each case runs for every allocator. */
 #include "core/core.h"
 #include "harness.h"
+#include "trace/events.h"
 
+#include <locale.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -1181,12 +1183,124 @@ static void test_trace_spill_full(void)
     remove(path);
 }
 
+/* Reads the whole file at path into a static buffer (NUL-terminated). */
+static const char *slurp(const char *path)
+{
+    static char text[1 << 16];
+    text[0] = '\0';
+    FILE *f = fopen(path, "r");
+    CHECK(f != NULL);
+    if (f) {
+        text[fread(text, 1, sizeof text - 1, f)] = '\0';
+        fclose(f);
+    }
+    return text;
+}
+
+/* A clock read is not ordered with the loads before it, so a block
+ * handed to another thread and freed there at once can carry a time
+ * before its allocation's, and a reuse a time before the free it follows.
+ * The writer keeps each address's own order: the trace below, recorded
+ * out of order, comes out as alloc, free, alloc, free, alloc, free, with
+ * the right sizes and live counter at each step; a free of a block never
+ * allocated still counts 0 bytes. Before, the first free counted 0 bytes
+ * and its block stayed live to the end. */
+static void test_trace_order_per_address(void)
+{
+    char path[] = "/tmp/unimem_test_context_order_XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    if (fd < 0)
+        return;
+    close(fd);
+    um__events *e = um__events_open(path, 2);
+    CHECK(e != NULL);
+    if (!e)
+        return;
+    uint64_t t = um__events_clock(e);
+    const uint64_t x = 0x10000, y = 0x20000, z = 0x30000;
+    um__event_instant_at(e, UM_EVENT_ALLOC, 1, t + 1000, 100, x);
+    um__event_instant_at(e, UM_EVENT_FREE, 1, t + 500, 0, x);     /* before its allocation */
+    um__event_instant_at(e, UM_EVENT_ALLOC, 1, t + 2000, 200, y);
+    um__event_instant_at(e, UM_EVENT_ALLOC, 1, t + 2100, 300, y);  /* before the free below */
+    um__event_instant_at(e, UM_EVENT_FREE, 1, t + 2200, 0, y);
+    um__event_instant_at(e, UM_EVENT_FREE, 1, t + 3000, 0, y);
+    um__event_instant_at(e, UM_EVENT_FREE, 1, t + 4000, 0, z);     /* never allocated */
+    um__events_close(e);
+    const char *text = slurp(path);
+    static const char *const want[][2] = {{"alloc", "100"}, {"free", "100"}, {"alloc", "200"},
+                                          {"free", "200"},  {"alloc", "300"}, {"free", "300"},
+                                          {"free", "0"}};
+    static const unsigned long long want_live[] = {100, 0, 200, 0, 300, 0, 0};
+    const char *c = text;
+    int n = 0;
+    double last_ts = -1;
+    for (; (c = strstr(c, "\"cat\":\"memory\",\"ph\":\"i\"")); c++, n++) {
+        const char *name = c - 16, *bytes = strstr(c, "\"bytes\":"), *ts = strstr(c, "\"ts\":");
+        const char *live = strstr(c, "\"live\":");
+        if (n >= 7 || !bytes || !live || !ts)
+            break;
+        CHECK(strncmp(strstr(name, "\"name\":\"") + 8, want[n][0], strlen(want[n][0])) == 0);
+        CHECK_EQ(strtoull(bytes + 8, NULL, 10), strtoull(want[n][1], NULL, 10));
+        CHECK_EQ(strtoull(live + 7, NULL, 10), want_live[n]);
+        double at = strtod(ts + 5, NULL);
+        CHECK(at >= last_ts);
+        last_ts = at;
+    }
+    CHECK_EQ(n, 7);
+    remove(path);
+}
+
+/* Task names are kept to 31 bytes, which can end inside a UTF-8
+ * sequence; the trace keeps the whole characters only, since JSON readers
+ * (and `unimem timeline`) refuse a string holding a cut one. Spans are
+ * written without printf's %f, which follows the program's locale: a
+ * decimal comma would break the JSON where such a locale exists. */
+static void test_trace_text(void)
+{
+    char path[] = "/tmp/unimem_test_context_text_XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    if (fd < 0)
+        return;
+    close(fd);
+    static const char *const comma_locales[] = {"de_DE.UTF-8", "fr_FR.UTF-8", "de_DE.utf8",
+                                                "fr_FR.utf8", "ru_RU.UTF-8"};
+    const char *locale = NULL;
+    for (size_t i = 0; i < sizeof comma_locales / sizeof *comma_locales && !locale; i++)
+        locale = setlocale(LC_NUMERIC, comma_locales[i]) ? comma_locales[i] : NULL;
+    if (!locale)
+        printf("test_trace_text: no locale with a decimal comma here; its part is not tested\n");
+    um__events *e = um__events_open(path, 2);
+    CHECK(e != NULL);
+    if (e) {
+        char name[64] = "";
+        for (int i = 0; i < 18; i++)
+            strcat(name, "\xc3\xa9"); /* é: 36 bytes, cut at 31 */
+        um__event_add_named(e, UM_EVENT_TASK, 1, um__now_ns(), 1234567, 7, 0, name);
+        um__event_add(e, UM_EVENT_COPY, 1, 0, um__now_ns(), 2500, 4096, 0);
+        um__events_close(e);
+    }
+    setlocale(LC_NUMERIC, "C");
+    const char *text = slurp(path);
+    char want[64] = "{\"name\":\"";
+    for (int i = 0; i < 15; i++)
+        strcat(want, "\xc3\xa9");
+    strcat(want, "\",\"cat\":\"task\"");
+    CHECK(strstr(text, want) != NULL);
+    CHECK(strstr(text, "\"dur\":1234.567,") != NULL);
+    CHECK(strstr(text, "\"name\":\"copy 0->1\"") && strstr(text, "\"dur\":2.500,"));
+    remove(path);
+}
+
 int main(void)
 {
     unsetenv("UNIMEM_CONF");
     test_trace_counters();
     test_trace_threads();
     test_trace_spill_full();
+    test_trace_order_per_address();
+    test_trace_text();
     test_stats_json_and_table();
     test_option_current();
     for (int i = 0; i < NALLOCATORS; i++) {

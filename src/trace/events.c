@@ -25,6 +25,10 @@
 /* Full buffers waiting for the writer before recording threads wait too
  * (64 MiB): memory stays bounded when the disk is slower than the events. */
 #define MAX_QUEUED 128
+/* How long an allocation or free out of its address's order waits for the
+ * event it must follow (block_event): far above the fraction of a
+ * microsecond by which clock reads are seen out of order. */
+#define HOLD_NS 1000000
 
 /* A duration in flags' DUR_US unit is in microseconds (above 4.29 s). */
 enum { REC_DUR_US = 1 };
@@ -92,6 +96,8 @@ struct um__events {
     int ndevices;
     uint64_t *live, *reserved; /* per device, as of the events written */
     um__addrmap blocks;        /* live block -> its size */
+    event_rec *held;           /* allocations and frees out of order (block_event) */
+    size_t nheld, held_cap;
 };
 
 /* Open recorders, so that a thread's exit finds its buffers (g_lock). */
@@ -502,13 +508,46 @@ static void *writer_main(void *arg)
 
 /* ------------------------------------------------------- the JSON output */
 
-/* name as a JSON string body: quotes, backslashes and controls dropped. */
+/* The length of the well-formed UTF-8 sequence at s (at most n bytes), or
+ * 0: a name cut at its 31st byte can end inside one, and JSON readers
+ * refuse a string holding such a fragment. */
+static size_t utf8_len(const unsigned char *s, size_t n)
+{
+    size_t len = s[0] < 0x80 ? 1 : s[0] >= 0xc2 && s[0] < 0xe0 ? 2 : s[0] >= 0xe0 && s[0] < 0xf0 ? 3
+                 : s[0] >= 0xf0 && s[0] < 0xf5                  ? 4
+                                                                 : 0;
+    if (!len || len > n)
+        return 0;
+    for (size_t i = 1; i < len; i++)
+        if ((s[i] & 0xc0) != 0x80)
+            return 0;
+    /* Overlong forms, surrogates and code points above U+10FFFF. */
+    if ((s[0] == 0xe0 && s[1] < 0xa0) || (s[0] == 0xed && s[1] >= 0xa0) ||
+        (s[0] == 0xf0 && s[1] < 0x90) || (s[0] == 0xf4 && s[1] >= 0x90))
+        return 0;
+    return len;
+}
+
+/* name as a JSON string body: quotes, backslashes, controls and bytes
+ * that are not well-formed UTF-8 dropped. */
 static void json_name(char *out, size_t len, const char *name)
 {
-    size_t k = 0;
-    for (const char *c = name; *c && k + 1 < len; c++)
-        if ((unsigned char)*c >= 0x20 && *c != '"' && *c != '\\')
-            out[k++] = *c;
+    size_t k = 0, n = strlen(name);
+    for (size_t i = 0; i < n;) {
+        const unsigned char *c = (const unsigned char *)name + i;
+        size_t u = utf8_len(c, n - i);
+        if (!u) {
+            i++;
+            continue;
+        }
+        if (k + u >= len)
+            break;
+        if (u > 1 || (*c >= 0x20 && *c != '"' && *c != '\\')) {
+            memcpy(out + k, c, u);
+            k += u;
+        }
+        i += u;
+    }
     out[k] = '\0';
 }
 
@@ -588,52 +627,195 @@ static void write_counters(um__events *e, int dev, int64_t ts_ns)
     fwrite(l.buf, 1, l.n, e->f);
 }
 
-/* A complete event ("X") of r on its device's track `tid`, with a0 and
- * a1 as the named arguments. */
-static void write_span(um__events *e, const event_rec *r, double ts, double dur, const char *name,
-                       const char *cat, int tid, const char *arg0, uint64_t a0, const char *arg1,
-                       uint64_t a1)
+static void put_i64(line *l, int64_t v)
 {
-    fprintf(e->f,
-            ",\n{\"name\":\"%s\",\"cat\":\"%s\",\"ph\":\"X\",\"ts\":%.3f,\"dur\":%.3f,"
-            "\"pid\":%d,\"tid\":%d,\"args\":{\"%s\":%llu,\"%s\":%llu}}",
-            name, cat, ts, dur, r->dev, tid, arg0, (unsigned long long)a0, arg1,
-            (unsigned long long)a1);
+    if (v < 0)
+        l->buf[l->n++] = '-';
+    put_u64(l, v < 0 ? 0 - (uint64_t)v : (uint64_t)v);
+}
+
+/* A complete event ("X") up to its arguments' opening brace. Spans are
+ * formatted by hand like the other events, since printf's %f follows the
+ * program's locale, which may write a decimal comma. */
+static void span_open(line *l, const char *name, const char *cat, int64_t ts_ns, int64_t dur_ns,
+                      int pid, int tid)
+{
+    put_str(l, ",\n{\"name\":\"");
+    put_str(l, name);
+    put_str(l, "\",\"cat\":\"");
+    put_str(l, cat);
+    put_str(l, "\",\"ph\":\"X\",\"ts\":");
+    put_us(l, ts_ns);
+    put_str(l, ",\"dur\":");
+    put_us(l, dur_ns);
+    put_str(l, ",\"pid\":");
+    put_i64(l, pid);
+    put_str(l, ",\"tid\":");
+    put_i64(l, tid);
+    put_str(l, ",\"args\":{");
+}
+
+/* One argument of a span; the first has no comma before it. */
+static void span_arg(line *l, bool first, const char *key, int64_t v)
+{
+    put_str(l, first ? "\"" : ",\"");
+    put_str(l, key);
+    put_str(l, "\":");
+    put_i64(l, v);
+}
+
+static void span_close(um__events *e, line *l)
+{
+    put_str(l, "}}");
+    fwrite(l->buf, 1, l->n, e->f);
+}
+
+/* A span of r on its device's track `tid` with two named arguments. */
+static void write_span(um__events *e, const event_rec *r, int64_t ts_ns, int64_t dur_ns,
+                       const char *name, const char *cat, int tid, const char *arg0, uint64_t a0,
+                       const char *arg1, uint64_t a1)
+{
+    line l = {.n = 0};
+    span_open(&l, name, cat, ts_ns, dur_ns, r->dev, tid);
+    span_arg(&l, true, arg0, (int64_t)a0);
+    span_arg(&l, false, arg1, (int64_t)a1);
+    span_close(e, &l);
 }
 
 static const char *const backend_op_names[UM_BE_OP_COUNT] = {
     "backend reserve", "backend unreserve", "backend create",
     "backend release", "backend map",       "backend unmap"};
 
+/* An allocation or a free at ts_ns, with the live counter it leaves. */
+static void write_block(um__events *e, const event_rec *r, int64_t ts_ns)
+{
+    uint64_t size = r->a0;
+    /* A block the map has no room for is missing from the counters; a
+     * free of an unknown block counts 0 bytes. An allocation at an address
+     * still live (its free was never seen) replaces the old block. */
+    if (r->kind == UM_EVENT_ALLOC) {
+        uint64_t old;
+        if (um__addrmap_take(&e->blocks, r->a1, &old))
+            e->live[r->dev] -= old <= e->live[r->dev] ? old : e->live[r->dev];
+        if (um__addrmap_put(&e->blocks, r->a1, size))
+            e->live[r->dev] += size;
+    } else {
+        if (!um__addrmap_take(&e->blocks, r->a1, &size))
+            size = 0;
+        e->live[r->dev] -= size <= e->live[r->dev] ? size : e->live[r->dev];
+    }
+    line l = {.n = 0};
+    put_str(&l, r->kind == UM_EVENT_ALLOC ? ",\n{\"name\":\"alloc\"" : ",\n{\"name\":\"free\"");
+    put_str(&l, ",\"cat\":\"memory\",\"ph\":\"i\",\"s\":\"t\",\"ts\":");
+    put_us(&l, ts_ns);
+    put_str(&l, ",\"pid\":");
+    put_u64(&l, (uint64_t)r->dev);
+    put_str(&l, ",\"tid\":0,\"args\":{\"bytes\":");
+    put_u64(&l, size);
+    put_str(&l, ",\"block\":\"0x");
+    put_hex(&l, r->a1);
+    put_str(&l, "\"}}");
+    fwrite(l.buf, 1, l.n, e->f);
+    write_counters(e, r->dev, ts_ns);
+}
+
+/* The held event at addr of the given kind, or -1. */
+static ptrdiff_t held_find(const um__events *e, uint64_t addr, uint8_t kind)
+{
+    for (size_t i = 0; i < e->nheld; i++)
+        if (e->held[i].a1 == addr && e->held[i].kind == kind)
+            return (ptrdiff_t)i;
+    return -1;
+}
+
+static void held_remove(um__events *e, size_t i) { e->held[i] = e->held[--e->nheld]; }
+
+/* Writes the held events recorded more than HOLD_NS before now_ns (all of
+ * them with INT64_MAX), as they are. */
+static void held_expire(um__events *e, int64_t now_ns)
+{
+    for (size_t i = 0; i < e->nheld;) {
+        int64_t t = ticks_to_ns(e, e->held[i].t);
+        if (now_ns == INT64_MAX || now_ns - t > HOLD_NS) {
+            event_rec r = e->held[i];
+            held_remove(e, i);
+            write_block(e, &r, t);
+        } else {
+            i++;
+        }
+    }
+}
+
+/* An allocation or a free, in an order that each address's own events
+ * keep. A thread's clock read is not ordered with the loads before it, so
+ * a block handed to another thread and freed there at once can carry a
+ * time a fraction of a microsecond before its allocation's (and likewise a
+ * reuse before the free); in virtual time such events share one time. A
+ * free of a block not live, or an allocation of one still live, is held
+ * until the event it must follow comes, and is then written right after
+ * it at that event's time; one that waited HOLD_NS in vain is written as
+ * it was. */
+static void block_event(um__events *e, const event_rec *r)
+{
+    int64_t ts_ns = ticks_to_ns(e, r->t);
+    if (e->nheld)
+        held_expire(e, ts_ns);
+    bool live = um__addrmap_get(&e->blocks, r->a1, &(uint64_t){0});
+    if ((r->kind == UM_EVENT_FREE) != live) {
+        if (e->nheld == e->held_cap) {
+            size_t cap = e->held_cap ? 2 * e->held_cap : 16;
+            event_rec *h = realloc(e->held, cap * sizeof *h);
+            if (!h) {
+                write_block(e, r, ts_ns);
+                return;
+            }
+            e->held = h;
+            e->held_cap = cap;
+        }
+        e->held[e->nheld++] = *r;
+        return;
+    }
+    write_block(e, r, ts_ns);
+    ptrdiff_t i = held_find(e, r->a1, r->kind == UM_EVENT_ALLOC ? UM_EVENT_FREE : UM_EVENT_ALLOC);
+    if (i >= 0) {
+        event_rec next = e->held[i];
+        held_remove(e, (size_t)i);
+        block_event(e, &(event_rec){r->t > next.t ? r->t : next.t, next.a0, next.a1, next.dur,
+                                    next.kind, next.dev, next.src, next.flags});
+    }
+}
+
 static void write_event(um__events *e, const event_rec *r)
 {
     int64_t ts_ns = ticks_to_ns(e, r->t);
-    double ts = (double)ts_ns / 1000.0;
-    double dur = (double)r->dur * (r->flags & REC_DUR_US ? 1.0 : 0.001);
+    int64_t dur = (int64_t)r->dur * (r->flags & REC_DUR_US ? 1000 : 1);
     bool on_device = r->dev >= 0 && r->dev < e->ndevices;
+    line l = {.n = 0};
     switch (r->kind) {
-    case UM_EVENT_COPY:
-        fprintf(e->f,
-                ",\n{\"name\":\"copy %d->%d\",\"cat\":\"copy\",\"ph\":\"X\",\"ts\":%.3f,"
-                "\"dur\":%.3f,\"pid\":%d,\"tid\":%d,\"args\":{\"bytes\":%llu,\"from\":%d,"
-                "\"to\":%d,\"staged\":%llu}}",
-                r->src, r->dev, ts, dur, r->dev, 1000 + r->src, (unsigned long long)r->a0, r->src,
-                r->dev, (unsigned long long)r->a1);
+    case UM_EVENT_COPY: {
+        char name[32];
+        snprintf(name, sizeof name, "copy %d->%d", r->src, r->dev);
+        span_open(&l, name, "copy", ts_ns, dur, r->dev, 1000 + r->src);
+        span_arg(&l, true, "bytes", (int64_t)r->a0);
+        span_arg(&l, false, "from", r->src);
+        span_arg(&l, false, "to", r->dev);
+        span_arg(&l, false, "staged", (int64_t)r->a1);
+        span_close(e, &l);
         break;
+    }
     case UM_EVENT_EVICT:
-        fprintf(e->f,
-                ",\n{\"name\":\"evict\",\"cat\":\"evict\",\"ph\":\"X\",\"ts\":%.3f,"
-                "\"dur\":%.3f,\"pid\":%d,\"tid\":1,\"args\":{\"bytes\":%llu,"
-                "\"written_back\":%llu,\"to_spill_file\":%d}}",
-                ts, dur, r->dev, (unsigned long long)r->a0, (unsigned long long)r->a1,
-                r->src == 1);
+        span_open(&l, "evict", "evict", ts_ns, dur, r->dev, 1);
+        span_arg(&l, true, "bytes", (int64_t)r->a0);
+        span_arg(&l, false, "written_back", (int64_t)r->a1);
+        span_arg(&l, false, "to_spill_file", r->src == 1);
+        span_close(e, &l);
         break;
     case UM_EVENT_RECLAIM_WAIT:
-        write_span(e, r, ts, dur, "alloc waits for room", "reclaim", 2, "bytes", r->a0,
+        write_span(e, r, ts_ns, dur, "alloc waits for room", "reclaim", 2, "bytes", r->a0,
                    "made_room", r->a1);
         break;
     case UM_EVENT_RECLAIM_RUN:
-        write_span(e, r, ts, dur, "reclaimer pass", "reclaim", 3, "bytes_before", r->a0,
+        write_span(e, r, ts_ns, dur, "reclaimer pass", "reclaim", 3, "bytes_before", r->a0,
                    "bytes_after", r->a1);
         break;
     case UM_EVENT_TASK: {
@@ -641,48 +823,23 @@ static void write_event(um__events *e, const event_rec *r)
         uint64_t idx = r->a1 >> 1;
         if (idx && idx <= e->nnames)
             json_name(name, sizeof name, e->names[idx - 1]);
-        write_span(e, r, ts, dur, name, "task", 4, "task", r->a0, "failed", r->a1 & 1);
+        write_span(e, r, ts_ns, dur, name, "task", 4, "task", r->a0, "failed", r->a1 & 1);
         break;
     }
     case UM_EVENT_BACKEND: {
         unsigned op = (unsigned)(r->a1 & 0xff);
-        write_span(e, r, ts, dur, op < UM_BE_OP_COUNT ? backend_op_names[op] : "backend",
+        write_span(e, r, ts_ns, dur, op < UM_BE_OP_COUNT ? backend_op_names[op] : "backend",
                    "backend", 5, "bytes", r->a0, "failed", (r->a1 >> 8) & 1);
         break;
     }
     case UM_EVENT_TRIM:
-        write_span(e, r, ts, dur, "trim", "trim", 5, "bytes", r->a0, "device", (uint64_t)r->dev);
+        write_span(e, r, ts_ns, dur, "trim", "trim", 5, "bytes", r->a0, "device", (uint64_t)r->dev);
         break;
     case UM_EVENT_ALLOC:
-    case UM_EVENT_FREE: {
-        if (!on_device)
-            break;
-        uint64_t size = r->a0;
-        /* A block the map has no room for is missing from the counters;
-         * a free of an unknown block counts 0 bytes. */
-        if (r->kind == UM_EVENT_ALLOC) {
-            if (um__addrmap_put(&e->blocks, r->a1, size))
-                e->live[r->dev] += size;
-        } else {
-            if (!um__addrmap_take(&e->blocks, r->a1, &size))
-                size = 0;
-            e->live[r->dev] -= size <= e->live[r->dev] ? size : e->live[r->dev];
-        }
-        line l = {.n = 0};
-        put_str(&l, r->kind == UM_EVENT_ALLOC ? ",\n{\"name\":\"alloc\"" : ",\n{\"name\":\"free\"");
-        put_str(&l, ",\"cat\":\"memory\",\"ph\":\"i\",\"s\":\"t\",\"ts\":");
-        put_us(&l, ts_ns);
-        put_str(&l, ",\"pid\":");
-        put_u64(&l, (uint64_t)r->dev);
-        put_str(&l, ",\"tid\":0,\"args\":{\"bytes\":");
-        put_u64(&l, size);
-        put_str(&l, ",\"block\":\"0x");
-        put_hex(&l, r->a1);
-        put_str(&l, "\"}}");
-        fwrite(l.buf, 1, l.n, e->f);
-        write_counters(e, r->dev, ts_ns);
+    case UM_EVENT_FREE:
+        if (on_device)
+            block_event(e, r);
         break;
-    }
     case UM_EVENT_RESERVED:
         if (!on_device)
             break;
@@ -741,6 +898,7 @@ static void write_merged(um__events *e, const event_rec *recs)
     }
 #undef LESS
 #undef HEAD
+    held_expire(e, INT64_MAX);
     free(heap);
     free(pos);
 }
@@ -770,6 +928,7 @@ static void events_free(um__events *e)
     free(e->live);
     free(e->reserved);
     um__addrmap_free(&e->blocks);
+    free(e->held);
     pthread_cond_destroy(&e->work);
     pthread_cond_destroy(&e->space);
     pthread_mutex_destroy(&e->lock);
