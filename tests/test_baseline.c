@@ -1,7 +1,8 @@
 /* Tests of the baseline allocators (src/pool/baseline.c) on a sim backend:
  * direct's one-chunk-per-request accounting, the MLX reuse rule on chosen
- * sizes, limits, trim, stream-ordered reuse, backend failures at every call,
- * and a randomized run against a reference model of both allocators. */
+ * sizes, limits, trim, stream-ordered reuse, which pointers are live block
+ * starts, backend failures at every call, and a randomized run against a
+ * reference model of both allocators. */
 #include "flaky.h"
 #include "harness.h"
 #include "pool/pool.h"
@@ -351,6 +352,41 @@ static void test_streams(void)
     UM_UNUSED(y);
 }
 
+/* block_live, which um_record_stream asks before it marks a pointer:
+ * UM_OK only for a live block's start; an inner or freed pointer gets
+ * UM_ERR_INVALID_POINTER saying which (before, the baselines had no
+ * block_live, so um_record_stream marked such pointers and their um_free
+ * then succeeded). */
+static void test_block_live(void)
+{
+    um__backend *b = sim_backend(64 * MiB);
+    for (int caching = 0; caching < 2; caching++) {
+        um__allocator *a = make(caching ? um__bufcache_create : um__direct_create, b, 0, 0);
+        CHECK(a->ops->block_live != NULL);
+        if (!a->ops->block_live) {
+            a->ops->destroy(a);
+            continue;
+        }
+        void *p = alloc_on(a, 3 * MiB, NULL), *q = alloc_on(a, 1000, NULL);
+        CHECK_OK(a->ops->block_live(a, p));
+        CHECK_OK(a->ops->block_live(a, q));
+        CHECK_STATUS(a->ops->block_live(a, (char *)p + 4096), UM_ERR_INVALID_POINTER);
+        CHECK_ERROR_MENTIONS("inside a block", NULL, NULL);
+        CHECK_STATUS(a->ops->block_live(a, (char *)q + 256), UM_ERR_INVALID_POINTER);
+        CHECK_ERROR_MENTIONS("inside a block", NULL, NULL);
+        CHECK_OK(a->ops->free(a, p, NULL));
+        /* bufcache keeps the freed buffer; direct forgets it at once. */
+        CHECK_STATUS(a->ops->block_live(a, p), UM_ERR_INVALID_POINTER);
+        CHECK_ERROR_MENTIONS(caching ? "already freed" : "not allocated here", NULL, NULL);
+        CHECK_OK(a->ops->block_live(a, q)); /* unchanged */
+        CHECK_OK(a->ops->free(a, q, NULL));
+        CHECK_OK(a->ops->check(a));
+        a->ops->destroy(a);
+    }
+    CHECK_EQ(atomic_load(&b->physical_bytes), 0);
+    um__backend_destroy(b);
+}
+
 /* ------------------------------------------------- injected failures */
 
 /* Frees p if it is still live; a failed free may have taken it anyway. */
@@ -669,6 +705,7 @@ int main(void)
     test_bufcache_rule();
     test_bufcache_limits();
     test_streams();
+    test_block_live();
     test_backend_failures();
     random_run(false, seed, 6000);
     random_run(true, seed ^ 0x5eed, 6000);

@@ -8,8 +8,11 @@
  * marking and freeing at once while private streams come and go; a
  * destroy waits for a give-back in flight on its stream, and one that
  * fails (the backend's destroy, or the wait for a fence and the stream)
- * keeps the stream, its marks and its fences. Sim devices:
- * um_sim_stream_work holds a stream busy as a kernel holds a GPU's. */
+ * keeps the stream, its marks and its fences; the baseline allocators
+ * refuse inner and freed pointers too; a give-back the allocator refuses
+ * waits to be retried; um_set_memory_limit gives back (or waits for) the
+ * frees that wait. Sim devices: um_sim_stream_work holds a stream busy as
+ * a kernel holds a GPU's. */
 #include "backend/vmm_memfd.h"
 #include "base/vtime.h"
 #include "core/core.h"
@@ -18,6 +21,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define MB ((size_t)1 << 20)
 
@@ -179,6 +183,63 @@ static um_context *marked_block(const char *conf, size_t size, unsigned units, u
     CHECK_OK(um_record_stream(ctx, *p, *b));
     CHECK_OK(um_sim_stream_work(ctx, 1, *b, units, 0));
     return ctx;
+}
+
+/* The baseline allocators refuse an inner or freed pointer too, and mark
+ * nothing (before, they could not tell: such a pointer was marked and its
+ * um_free succeeded, the allocator's refusal only a log line later); a
+ * live block marked there waits as in the pool. An allocator that cannot
+ * tell whether a pointer is a live block is refused, saying so. */
+static void test_baseline_allocators(void)
+{
+    for (int caching = 0; caching < 2; caching++) {
+        um_stream a = NULL, b = NULL;
+        void *p = NULL, *q = NULL;
+        um_context *ctx = marked_block(caching ? "devices=sim:64M,allocator=bufcache"
+                                               : "devices=sim:64M,allocator=direct",
+                                       4 * MB, 1, &a, &b, &p);
+        CHECK_OK(um_malloc(ctx, 1, 4 * MB, a, &q));
+        CHECK_STATUS(um_record_stream(ctx, (char *)q + 4096, b), UM_ERR_INVALID_POINTER);
+        CHECK_ERROR_MENTIONS("inside a block", NULL, NULL);
+        CHECK_STATUS(um_free(ctx, (char *)q + 4096, a), UM_ERR_INVALID_POINTER);
+        CHECK_EQ(ctx->devices[1].marked, 1);
+        CHECK_OK(um_free(ctx, q, a));
+        /* bufcache keeps q's buffer (already freed); direct forgets it. */
+        CHECK_STATUS(um_record_stream(ctx, q, b), UM_ERR_INVALID_POINTER);
+        CHECK_ERROR_MENTIONS(caching ? "already freed" : "not memory of any", NULL, NULL);
+        CHECK_STATUS(um_free(ctx, q, a), caching ? UM_ERR_DOUBLE_FREE : UM_ERR_INVALID_POINTER);
+        CHECK_EQ(ctx->devices[1].marked, 1);
+
+        /* p, marked for b, waits for b's unit of work. */
+        size_t live = active_bytes(ctx, 1);
+        CHECK_OK(um_free(ctx, p, a));
+        CHECK_EQ(ctx->devices[1].deferred, 1);
+        CHECK_EQ(active_bytes(ctx, 1), live);
+        CHECK_OK(um_sim_stream_work(ctx, 1, b, 0, 1));
+        CHECK_OK(um_trim(ctx, 1));
+        CHECK_EQ(ctx->devices[1].deferred, 0);
+        CHECK_EQ(ctx->devices[1].marked, 0);
+        CHECK_EQ(active_bytes(ctx, 1), 0);
+        CHECK_OK(ctx->devices[1].alloc->ops->check(ctx->devices[1].alloc));
+        CHECK_OK(um_stream_destroy(ctx, a));
+        CHECK_OK(um_stream_destroy(ctx, b));
+        um_shutdown(ctx);
+    }
+
+    um_context *ctx = init_ctx("devices=sim:64M");
+    void *p = NULL;
+    CHECK_OK(um_malloc(ctx, 1, 4 * MB, NULL, &p));
+    um__allocator *a = ctx->devices[1].alloc;
+    const um__allocator_ops *real = a->ops;
+    um__allocator_ops blind = *real;
+    blind.block_live = NULL;
+    a->ops = &blind;
+    CHECK_STATUS(um_record_stream(ctx, p, NULL), UM_ERR_UNSUPPORTED);
+    CHECK_ERROR_MENTIONS("cannot tell", "live block", NULL);
+    a->ops = real;
+    CHECK_EQ(ctx->devices[1].marked, 0);
+    CHECK_OK(um_free(ctx, p, NULL));
+    um_shutdown(ctx);
 }
 
 /* At the memory limit an allocation waits for the frees of marked blocks
@@ -698,6 +759,197 @@ static void test_destroy_fence_wait_fails(void)
     CHECK_EQ(um__fault_leaks_total(), leaks); /* no event left behind */
 }
 
+/* The allocator ops of refuse_free: the free of `refused` fails, after
+ * freeing it when `take_anyway` (as a free that fails half way may). */
+static struct {
+    const um__allocator_ops *real;
+    void *refused;
+    bool take_anyway;
+    int calls;
+} refuse;
+
+static um_status refuse_free(um__allocator *a, void *ptr, const um__stream_ref *s)
+{
+    if (ptr != refuse.refused)
+        return refuse.real->free(a, ptr, s);
+    refuse.calls++;
+    if (refuse.take_anyway)
+        CHECK_OK(refuse.real->free(a, ptr, s));
+    return um__fail(UM_ERR_BACKEND, "refuse_free: the test refuses to free %p", ptr);
+}
+
+/* Runs um_shutdown(ctx) and returns what it wrote to stderr (the log). */
+static char *shutdown_log(um_context *ctx)
+{
+    static char text[4096];
+    text[0] = '\0';
+    fflush(stderr);
+    FILE *tmp = tmpfile();
+    int saved = dup(2);
+    CHECK(tmp && saved >= 0);
+    if (!tmp || saved < 0) {
+        um_shutdown(ctx);
+        return text;
+    }
+    dup2(fileno(tmp), 2);
+    um_shutdown(ctx);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    rewind(tmp);
+    size_t n = fread(text, 1, sizeof text - 1, tmp);
+    text[n] = '\0';
+    fclose(tmp);
+    return text;
+}
+
+/* A deferred free whose give-back the allocator refuses is put back as it
+ * was: waiting, marked and counted, so that the next collect retries it.
+ * Before, it was dropped with a log line and its block stayed live for
+ * good, although its um_free had succeeded. A destroy of its free's stream
+ * fails while it cannot go (it still needs the stream); one that never
+ * goes holds up nothing, and um_shutdown reports it. */
+static void test_give_back_fails(void)
+{
+    /* Each refused give-back warns once; expected here, so log_level=error
+     * (but for the report at um_shutdown). */
+    /* direct's free first waits for its stream; device 1's third stream
+     * call (the first two make a and b), that wait in the give-back at the
+     * trim, fails. */
+    um_stream a = NULL, b = NULL;
+    void *p = NULL;
+    um_context *ctx = marked_block(
+        "devices=sim:64M,allocator=direct,fault=1:stream@3,log_level=error", 4 * MB, 1, &a, &b, &p);
+    size_t live = active_bytes(ctx, 1);
+    CHECK_OK(um_free(ctx, p, a));
+    CHECK_OK(um_sim_stream_work(ctx, 1, b, 0, 1));
+    CHECK_OK(um_trim(ctx, 1));
+    CHECK_EQ(um__fault_fired(ctx->fault), 1);
+    CHECK_EQ(ctx->devices[1].deferred, 1);
+    CHECK_EQ(ctx->devices[1].marked, 1);
+    CHECK_EQ(active_bytes(ctx, 1), live);
+    CHECK_STATUS(um_record_stream(ctx, p, b), UM_ERR_INVALID_POINTER);
+    /* Still freed: refused, and the collect after it gives it back. */
+    CHECK_STATUS(um_free(ctx, p, a), UM_ERR_DOUBLE_FREE);
+    CHECK_EQ(ctx->devices[1].deferred, 0);
+    CHECK_EQ(ctx->devices[1].marked, 0);
+    CHECK_EQ(active_bytes(ctx, 1), 0);
+    CHECK_OK(um_stream_destroy(ctx, a));
+    CHECK_OK(um_stream_destroy(ctx, b));
+    um_shutdown(ctx);
+
+    /* The same wait fails in the destroy of the free's stream a: a stays,
+     * and a retry gives the block back and destroys it. */
+    ctx = marked_block("devices=sim:64M,allocator=direct,fault=1:stream@3,log_level=error", 4 * MB,
+                       1, &a, &b, &p);
+    CHECK_OK(um_free(ctx, p, a));
+    CHECK_OK(um_sim_stream_work(ctx, 1, b, 0, 1));
+    CHECK_STATUS(um_stream_destroy(ctx, a), UM_ERR_BACKEND);
+    CHECK_ERROR_MENTIONS("1 freed block", "given back", "fault");
+    CHECK_EQ(um_stream_device(a), 1);
+    CHECK_EQ(ctx->devices[1].deferred, 1);
+    CHECK_EQ(ctx->devices[1].marked, 1);
+    CHECK_OK(um_stream_destroy(ctx, a));
+    CHECK_EQ(ctx->devices[1].deferred, 0);
+    CHECK_EQ(ctx->devices[1].marked, 0);
+    CHECK_EQ(active_bytes(ctx, 1), 0);
+    CHECK_OK(um_stream_destroy(ctx, b));
+    um_shutdown(ctx);
+
+    /* A block the allocator never takes back: every collect retries it,
+     * and um_shutdown neither waits for it nor keeps quiet about it. */
+    ctx = marked_block("devices=sim:64M,log_level=error", 4 * MB, 1, &a, &b, &p);
+    um__allocator *al = ctx->devices[1].alloc;
+    um__allocator_ops ops = *al->ops;
+    ops.free = refuse_free;
+    refuse.real = al->ops;
+    refuse.refused = p;
+    refuse.take_anyway = false;
+    refuse.calls = 0;
+    al->ops = &ops;
+    CHECK_OK(um_free(ctx, p, a));
+    CHECK_OK(um_sim_stream_work(ctx, 1, b, 0, 1));
+    CHECK_OK(um_trim(ctx, 1));
+    CHECK_OK(um_trim(ctx, 1));
+    void *q = NULL;
+    CHECK_OK(um_malloc(ctx, 1, 4 * MB, a, &q));
+    CHECK(q != p);
+    CHECK_EQ(refuse.calls, 3);
+    CHECK_EQ(ctx->devices[1].deferred, 1);
+    CHECK_EQ(ctx->devices[1].marked, 1);
+    CHECK_STATUS(um_stream_destroy(ctx, a), UM_ERR_BACKEND);
+    CHECK_ERROR_MENTIONS("refuses", NULL, NULL);
+    CHECK_EQ(refuse.calls, 4);
+    CHECK_OK(um_free(ctx, q, b));
+    al->ops = refuse.real;
+    um__log_set_level(UM_LOG_WARN);
+    const char *log = shutdown_log(ctx);
+    CHECK(strstr(log, "1 freed block marked by um_record_stream could not be given back") != NULL);
+
+    /* A free that fails after taking the block anyway is not retried. */
+    ctx = marked_block("devices=sim:64M,log_level=error", 4 * MB, 1, &a, &b, &p);
+    al = ctx->devices[1].alloc;
+    ops = *al->ops;
+    ops.free = refuse_free;
+    refuse.real = al->ops;
+    refuse.refused = p;
+    refuse.take_anyway = true;
+    refuse.calls = 0;
+    al->ops = &ops;
+    CHECK_OK(um_free(ctx, p, a));
+    CHECK_OK(um_sim_stream_work(ctx, 1, b, 0, 1));
+    CHECK_OK(um_trim(ctx, 1));
+    CHECK_OK(um_trim(ctx, 1));
+    CHECK_EQ(refuse.calls, 1);
+    CHECK_EQ(ctx->devices[1].deferred, 0);
+    CHECK_EQ(ctx->devices[1].marked, 0);
+    CHECK_EQ(active_bytes(ctx, 1), 0);
+    al->ops = refuse.real;
+    CHECK_OK(um_stream_destroy(ctx, a));
+    CHECK_OK(um_stream_destroy(ctx, b));
+    um_shutdown(ctx);
+}
+
+/* um_set_memory_limit first gives back the frees of marked blocks whose
+ * streams are done, and waits for the others only when the new limit is
+ * below what is reserved. Before, it failed UM_ERR_BUSY with nothing
+ * live. */
+static void test_memory_limit_collects(void)
+{
+    um_stream a = NULL, b = NULL;
+    void *p = NULL;
+    um_context *ctx = marked_block("devices=sim:64M", 32 * MB, 1, &a, &b, &p);
+    CHECK_OK(um_free(ctx, p, a));
+    CHECK_OK(um_stream_synchronize(ctx, b));
+    CHECK_EQ(ctx->devices[1].deferred, 1);
+    CHECK_OK(um_set_memory_limit(ctx, 1, 16 * MB));
+    CHECK_EQ(ctx->devices[1].alloc->memory_limit, 16 * MB);
+    CHECK_EQ(ctx->devices[1].deferred, 0);
+    CHECK_EQ(ctx->devices[1].marked, 0);
+    CHECK_EQ(active_bytes(ctx, 1), 0);
+    CHECK(reserved_bytes(ctx, 1) <= 16 * MB);
+    CHECK_OK(um_set_memory_limit(ctx, 1, 0));
+
+    /* b still has work queued: a limit above what is reserved waits for
+     * nothing; one below waits for b. */
+    CHECK_OK(um_malloc(ctx, 1, 32 * MB, a, &p));
+    CHECK_OK(um_record_stream(ctx, p, b));
+    CHECK_OK(um_sim_stream_work(ctx, 1, b, 1, 0));
+    CHECK_OK(um_free(ctx, p, a));
+    uint64_t done = atomic_load(&sim_stream(ctx, b)->completed);
+    CHECK_OK(um_set_memory_limit(ctx, 1, 48 * MB));
+    CHECK_EQ(atomic_load(&sim_stream(ctx, b)->completed), done);
+    CHECK_EQ(ctx->devices[1].deferred, 1);
+    CHECK_OK(um_set_memory_limit(ctx, 1, 16 * MB));
+    CHECK_EQ(atomic_load(&sim_stream(ctx, b)->completed), done + 1);
+    CHECK_EQ(ctx->devices[1].deferred, 0);
+    CHECK_EQ(active_bytes(ctx, 1), 0);
+    CHECK_EQ(ctx->devices[1].alloc->memory_limit, 16 * MB);
+    CHECK_OK(um_stream_destroy(ctx, a));
+    CHECK_OK(um_stream_destroy(ctx, b));
+    um_shutdown(ctx);
+}
+
 int main(void)
 {
     unsetenv("UNIMEM_CONF");
@@ -710,6 +962,9 @@ int main(void)
     test_destroy_waits_for_give_back();
     test_destroy_fails_keeps_marks();
     test_destroy_fence_wait_fails();
+    test_baseline_allocators();
+    test_give_back_fails();
+    test_memory_limit_collects();
     test_random(seed, "devices=sim:2G");
     char conf[128];
     snprintf(conf, sizeof conf, "devices=sim:2G,fault=1:event~0.3,fault_seed=%d",

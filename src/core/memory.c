@@ -244,6 +244,17 @@ static um_status allocator_for(um_context *ctx, int dev, const char *what, um__a
     return UM_OK;
 }
 
+/* Gives the memory that waits only for finished work back to dev's
+ * allocator first (destroyed buffers', and marked blocks' frees), so that
+ * what um_trim and a limit count is what is really held. */
+static void collect_freed(um_context *ctx, int dev)
+{
+    void (*collect)(um_context *) = atomic_load_explicit(&ctx->collect, memory_order_acquire);
+    if (collect)
+        collect(ctx);
+    um__uses_collect(ctx, dev, false);
+}
+
 um_status um_set_memory_limit(um_context *ctx, int dev, size_t bytes)
 {
     um__allocator *a;
@@ -253,7 +264,15 @@ um_status um_set_memory_limit(um_context *ctx, int dev, size_t bytes)
     /* A limit above the device's memory is the device's memory. */
     if (bytes > a->backend->capacity)
         bytes = a->backend->capacity;
+    collect_freed(ctx, dev);
     st = a->ops->set_memory_limit(a, bytes);
+    if (st == UM_ERR_BUSY &&
+        atomic_load_explicit(&ctx->devices[dev].deferred, memory_order_acquire)) {
+        /* Still too much reserved: the frees of marked blocks are waited
+         * for, as an allocation at the limit waits for them. */
+        um__uses_collect(ctx, dev, true);
+        st = a->ops->set_memory_limit(a, bytes);
+    }
     void (*changed)(um_context *) =
         atomic_load_explicit(&ctx->limit_changed, memory_order_acquire);
     if (st == UM_OK && changed)
@@ -274,10 +293,7 @@ um_status um_trim(um_context *ctx, int dev)
     um_status st = allocator_for(ctx, dev, "um_trim", &a);
     if (st != UM_OK)
         return st;
-    void (*collect)(um_context *) = atomic_load_explicit(&ctx->collect, memory_order_acquire);
-    if (collect)
-        collect(ctx);
-    um__uses_collect(ctx, dev, false);
+    collect_freed(ctx, dev);
     return a->ops->trim(a);
 }
 

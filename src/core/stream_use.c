@@ -29,8 +29,10 @@ typedef struct use {
      * synchronized instead), and the next deferred free, oldest first.
      * giving: done and out of the map, its block being given back outside
      * the lock; it stays on the `all` list until then, so that destroying
-     * its free's stream waits for it. */
+     * its free's stream waits for it. A give-back that fails puts it back
+     * as it was (counted in failures), to be retried. */
     bool freeing, giving;
+    uint32_t failures;
     um_stream free_stream;
     um__bevent **events;
     struct use *next;
@@ -119,12 +121,18 @@ um_status um_record_stream(um_context *ctx, void *ptr, um_stream s)
                         "%d (%s)",
                         what, ptr, dev, d->backend->name, s->ref.id, s->dev,
                         backend_of(ctx, s)->name);
+    /* A freed or inner pointer must be refused here: marked, its um_free
+     * would be deferred and succeed, and the allocator's refusal would come
+     * only later, as a log line. */
     um__allocator *a = d->alloc;
-    if (a->ops->block_live) {
-        um_status st = a->ops->block_live(a, ptr);
-        if (st != UM_OK)
-            return st;
-    }
+    if (!a->ops->block_live)
+        return um__fail(UM_ERR_UNSUPPORTED,
+                        "%s: device %d's allocator (%s) cannot tell whether %p is a live block, "
+                        "so it cannot be marked",
+                        what, dev, a->ops->name, ptr);
+    um_status live = a->ops->block_live(a, ptr);
+    if (live != UM_OK)
+        return live;
     um__stream_uses *u = uses_of(ctx, dev, true);
     if (!u)
         return um__fail(UM_ERR_NOMEM, "%s: no host memory for the stream uses of device %d",
@@ -288,8 +296,10 @@ static bool use_done(um_context *ctx, use *x, bool wait)
     return true;
 }
 
-/* Frees the block of a finished deferred free on its free's stream. */
-static void give_back(um_context *ctx, int dev, use *x)
+/* Frees the block of a finished deferred free on its free's stream; fails
+ * only where the block is still live, so that it can be given back later
+ * (um_last_error says why). */
+static um_status give_back(um_context *ctx, int dev, use *x)
 {
     um__allocator *a = ctx->devices[dev].alloc;
     um_stream s = x->free_stream;
@@ -297,9 +307,27 @@ static void give_back(um_context *ctx, int dev, use *x)
     if (s && s->dev != dev)
         ref = um__stream_host_ref(ctx, s); /* made when the free was checked */
     um_status st = a->ops->free(a, x->ptr, ref);
-    if (st != UM_OK)
-        um__log(UM_LOG_WARN, "a free that waited for recorded streams failed: %s",
-                um_last_error());
+    if (st == UM_OK)
+        return UM_OK;
+    /* A free that failed half way may have taken the block anyway (direct
+     * keeps what it could not release and retries that itself): then it
+     * must not be freed again. block_live leaves the error as it is when it
+     * answers UM_OK. */
+    char why[512];
+    snprintf(why, sizeof why, "%s", um_last_error());
+    if (a->ops->block_live && a->ops->block_live(a, x->ptr) != UM_OK) {
+        um__log(UM_LOG_WARN,
+                "device %d: a free that waited for recorded streams failed, but the allocator "
+                "took %p: %s",
+                dev, x->ptr, why);
+        return UM_OK;
+    }
+    if (!x->failures++)
+        um__log(UM_LOG_WARN,
+                "device %d: a free that waited for recorded streams failed; %p waits to be "
+                "given back again: %s",
+                dev, x->ptr, why);
+    return st;
 }
 
 /* Takes the deferred frees that are done out of u, into a list: oldest
@@ -345,27 +373,91 @@ static use *take_done_locked(um_context *ctx, int dev, um__stream_uses *u, bool 
     return done;
 }
 
-/* Frees the blocks of a list from take_done_locked (outside the lock: the
- * allocator takes its own), then takes the uses off the list under the
- * lock and tells a destroy of their free's stream, which may wait for
- * them (um__uses_stream_drain), that they are done. */
-static void give_back_all(um_context *ctx, int dev, um__stream_uses *u, use *done)
+/* A stream going away, for give_back_all: the frees on `drained` that fail
+ * are counted (they still need it, so its destroy must fail), the first
+ * one's error in `why`; those on `gone`, whose backend stream was
+ * destroyed already, are retried on their block's allocation stream. */
+typedef struct stream_going {
+    um_stream drained, gone;
+    size_t failed;
+    char why[256];
+} stream_going;
+
+/* Puts use x, whose give-back failed, back as it was before
+ * take_done_locked: marked, counted, first on the deferred list (it is
+ * the oldest), where the next collect, trim or drain retries it. Under the
+ * lock. */
+static void requeue_locked(um_context *ctx, int dev, um__stream_uses *u, use *x)
 {
-    if (!done)
+    x->giving = false;
+    if (!um__addrmap_put(&u->by_ptr, (uintptr_t)x->ptr, (uint64_t)(uintptr_t)x)) {
+        /* Waiting unmarked, a second um_free would reach the allocator and
+         * the retry would free the block twice: the free is dropped, and
+         * the block stays live until um_shutdown. */
+        um__log(UM_LOG_ERROR,
+                "device %d: no host memory to keep the free of %p waiting; the block stays "
+                "live until um_shutdown",
+                dev, x->ptr);
+        unlink_locked(x);
+        use_free(ctx, x);
         return;
-    for (use *x = done; x; x = x->next)
-        give_back(ctx, dev, x);
+    }
+    atomic_fetch_add_explicit(&ctx->devices[dev].marked, 1, memory_order_relaxed);
+    x->next = u->deferred_head;
+    u->deferred_head = x;
+    if (!u->deferred_tail)
+        u->deferred_tail = x;
+    atomic_fetch_add_explicit(&ctx->devices[dev].deferred, 1, memory_order_release);
+}
+
+/* Frees the blocks of a list from take_done_locked (outside the lock: the
+ * allocator takes its own), then, under the lock, takes the uses given
+ * back off the list and puts those that failed back to wait, and tells a
+ * destroy of their free's stream, which may wait for them
+ * (um__uses_stream_drain), that they are done. going: NULL, or the stream
+ * going away. */
+static void give_back_all(um_context *ctx, int dev, um__stream_uses *u, use *done,
+                          stream_going *going)
+{
+    /* Both lists newest first: pushed onto the deferred list's head in that
+     * order, the failed ones keep their order there. */
+    use *given = NULL, *failed = NULL;
+    while (done) {
+        use *x = done;
+        done = x->next;
+        x->next = NULL;
+        if (give_back(ctx, dev, x) == UM_OK) {
+            x->next = given;
+            given = x;
+            continue;
+        }
+        if (going && going->drained && x->free_stream == going->drained && !going->failed++)
+            snprintf(going->why, sizeof going->why, "%s", um_last_error());
+        x->next = failed;
+        failed = x;
+    }
+    if (!given && !failed)
+        return;
     um__vt_mutex_lock(&u->lock);
-    for (use *x = done; x; x = x->next) {
+    for (use *x = given; x; x = x->next) {
         unlink_locked(x);
         u->giving--;
     }
+    while (failed) {
+        use *x = failed;
+        failed = x->next;
+        u->giving--;
+        /* Under the lock: a drain of another stream reads free_stream. */
+        if (going && going->gone && x->free_stream == going->gone)
+            x->free_stream = NULL;
+        requeue_locked(ctx, dev, u, x);
+    }
     um__cond_broadcast(&u->gave);
     um__vt_mutex_unlock(&u->lock);
-    while (done) {
-        use *next = done->next;
-        use_free(ctx, done);
-        done = next;
+    while (given) {
+        use *next = given->next;
+        use_free(ctx, given);
+        given = next;
     }
 }
 
@@ -389,7 +481,7 @@ void um__uses_collect(um_context *ctx, int dev, bool wait)
     um__vt_mutex_lock(&u->lock);
     use *done = take_done_locked(ctx, dev, u, wait, NULL, NULL);
     um__vt_mutex_unlock(&u->lock);
-    give_back_all(ctx, dev, u, done);
+    give_back_all(ctx, dev, u, done, NULL);
 }
 
 /* The live marked blocks of u forget stream s. Under the lock. */
@@ -421,12 +513,14 @@ static um_status fail_left(um_stream s, size_t left, const char *why)
  * back a free on s (one taken out of the deferred list just before would
  * otherwise reach s's pool state after the stream was freed), then
  * finishes and gives back the deferred frees that need s. The marks stay:
- * the stream may yet fail to go. */
+ * the stream may yet fail to go. A free on s that the allocator refuses
+ * still needs s, so the stream stays then too. */
 um_status um__uses_stream_drain(um_context *ctx, um_stream s)
 {
     int devs[2] = {s->dev, 0}, n = s->dev != 0 ? 2 : 1;
     size_t left = 0;
     char why[256] = "";
+    stream_going going = {.drained = s};
     for (int i = 0; i < n; i++) {
         um__stream_uses *u = uses_of(ctx, devs[i], false);
         if (!u)
@@ -439,9 +533,17 @@ um_status um__uses_stream_drain(um_context *ctx, um_stream s)
         if (left != before && !why[0])
             snprintf(why, sizeof why, "%s", um_last_error());
         um__vt_mutex_unlock(&u->lock);
-        give_back_all(ctx, devs[i], u, done);
+        give_back_all(ctx, devs[i], u, done, &going);
     }
-    return left ? fail_left(s, left, why) : UM_OK;
+    if (left)
+        return fail_left(s, left, why);
+    if (going.failed)
+        return um__fail(UM_ERR_BACKEND,
+                        "stream %u of device %d: %zu freed block%s to be given back on it could "
+                        "not be, and wait%s to be retried (%s)",
+                        s->ref.id, s->dev, going.failed, going.failed == 1 ? "" : "s",
+                        going.failed == 1 ? "s" : "", going.why);
+    return UM_OK;
 }
 
 /* Both uses locked at once (the only place that holds two, the device's
@@ -477,9 +579,12 @@ um_status um__uses_stream_destroy(um_context *ctx, um_stream s)
             forget_stream_locked(u[i], s);
         um__vt_mutex_unlock(&u[i]->lock);
     }
+    /* Once the backend's stream is gone, a free on it that fails is
+     * retried on its block's allocation stream. */
+    stream_going going = {.gone = !left && st == UM_OK ? s : NULL};
     for (int i = 0; i < n; i++)
         if (u[i])
-            give_back_all(ctx, devs[i], u[i], done[i]);
+            give_back_all(ctx, devs[i], u[i], done[i], &going);
     return left ? fail_left(s, left, why) : st;
 }
 
@@ -490,11 +595,21 @@ void um__uses_fini(um_context *ctx)
         um__stream_uses *u = d->uses;
         if (!u)
             continue;
+        size_t stuck = 0;
         while (u->all.all_next != &u->all) {
             use *x = u->all.all_next;
             u->all.all_next = x->all_next;
+            stuck += x->freeing && x->failures;
             use_free(ctx, x);
         }
+        /* Not retried here, so that a block the allocator always refuses
+         * cannot hold up the shutdown: the allocator's destroy gives its
+         * memory back with the rest. */
+        if (stuck)
+            um__log(UM_LOG_WARN,
+                    "um_shutdown: device %d: %zu freed block%s marked by um_record_stream could "
+                    "not be given back to the allocator (see the earlier warnings)",
+                    dev, stuck, stuck == 1 ? "" : "s");
         um__addrmap_free(&u->by_ptr);
         um__cond_destroy(&u->gave);
         pthread_mutex_destroy(&u->lock);

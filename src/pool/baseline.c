@@ -626,6 +626,21 @@ static um_status bl_alloc(um__allocator *a, size_t size, const um__stream_ref *s
     return UM_OK;
 }
 
+/* Why ptr, whose block by start address is b (NULL: none), is no live
+ * block's start; `freed` is the status for a cached block's start. Under
+ * the lock. */
+static um_status bl_not_live_locked(baseline *bl, void *ptr, const bl_block *b, um_status freed)
+{
+    const um__allocator *a = &bl->base;
+    if (b)
+        return um__fail(freed, "device %d (%s): %p was already freed", a->dev, a->ops->name, ptr);
+    if (bl_inside(bl, (uintptr_t)ptr))
+        return um__fail(UM_ERR_INVALID_POINTER, "device %d (%s): %p is inside a block of %s",
+                        a->dev, a->ops->name, ptr, a->ops->name);
+    return um__fail(UM_ERR_INVALID_POINTER, "device %d (%s): %p was not allocated here", a->dev,
+                    a->ops->name, ptr);
+}
+
 static um_status bl_free(um__allocator *a, void *ptr, const um__stream_ref *sr)
 {
     baseline *bl = (baseline *)a;
@@ -633,16 +648,7 @@ static um_status bl_free(um__allocator *a, void *ptr, const um__stream_ref *sr)
     pthread_mutex_lock(&bl->lock);
     bl_block *b = bl_find(bl, va);
     if (!b || b->state != BL_LIVE) {
-        um_status s;
-        if (b)
-            s = um__fail(UM_ERR_DOUBLE_FREE, "device %d (%s): %p was already freed", a->dev,
-                         a->ops->name, ptr);
-        else if (bl_inside(bl, va))
-            s = um__fail(UM_ERR_INVALID_POINTER, "device %d (%s): %p is inside a block of %s",
-                         a->dev, a->ops->name, ptr, a->ops->name);
-        else
-            s = um__fail(UM_ERR_INVALID_POINTER, "device %d (%s): %p was not allocated here",
-                         a->dev, a->ops->name, ptr);
+        um_status s = bl_not_live_locked(bl, ptr, b, UM_ERR_DOUBLE_FREE);
         pthread_mutex_unlock(&bl->lock);
         return s;
     }
@@ -700,6 +706,20 @@ static um_status bl_free(um__allocator *a, void *ptr, const um__stream_ref *sr)
     bl_enforce_cache_limit(bl);
     pthread_mutex_unlock(&bl->lock);
     return UM_OK;
+}
+
+/* UM_OK for a live block's start; else why not, as bl_free says it, but
+ * UM_ERR_INVALID_POINTER for a freed block too (block_live's contract). */
+static um_status bl_block_live(um__allocator *a, const void *ptr)
+{
+    baseline *bl = (baseline *)a;
+    pthread_mutex_lock(&bl->lock);
+    bl_block *b = bl_find(bl, (uintptr_t)ptr);
+    um_status s = b && b->state == BL_LIVE
+                      ? UM_OK
+                      : bl_not_live_locked(bl, (void *)ptr, b, UM_ERR_INVALID_POINTER);
+    pthread_mutex_unlock(&bl->lock);
+    return s;
 }
 
 /* Live and cached blocks count as owned, so freeing a cached pointer again
@@ -1011,10 +1031,10 @@ static void bl_destroy(um__allocator *a)
  * `caching` flag given at creation) tells them apart. */
 #define BL_OPS(label)                                                                              \
     {                                                                                              \
-        .name = label, .alloc = bl_alloc, .free = bl_free, .owns = bl_owns, .trim = bl_trim,       \
-        .set_memory_limit = bl_set_memory_limit, .set_cache_limit = bl_set_cache_limit,            \
-        .stats = bl_stats, .reset_peak = bl_reset_peak, .stream_forget = bl_stream_forget,         \
-        .check = bl_check, .destroy = bl_destroy,                                                  \
+        .name = label, .alloc = bl_alloc, .free = bl_free, .owns = bl_owns,                        \
+        .block_live = bl_block_live, .trim = bl_trim, .set_memory_limit = bl_set_memory_limit,     \
+        .set_cache_limit = bl_set_cache_limit, .stats = bl_stats, .reset_peak = bl_reset_peak,     \
+        .stream_forget = bl_stream_forget, .check = bl_check, .destroy = bl_destroy,               \
     }
 static const um__allocator_ops direct_ops = BL_OPS("direct");
 static const um__allocator_ops bufcache_ops = BL_OPS("bufcache");
