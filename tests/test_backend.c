@@ -425,6 +425,57 @@ static void test_bad_input(int sim)
     um__backend_destroy(b);
 }
 
+/* The queued copy and memset refuse a range of device memory that is
+ * reserved but not mapped, as the synchronous copy does, whichever end of
+ * the copy it is and whichever device it belongs to: they used to touch
+ * it and crash the process (SIGSEGV on the PROT_NONE reservation). */
+static void test_async_unmapped(int sim)
+{
+    um__backend *b = make(sim, 16 * G, G), *peer = NULL;
+    CHECK_OK(um__sim_backend_create("peer", 16 * G, G, 0, &peer));
+    if (!b || !peer) {
+        um__backend_destroy(b);
+        um__backend_destroy(peer);
+        return;
+    }
+    uintptr_t va = 0, pva = 0;
+    um__phys h = 0;
+    CHECK_OK(um__be_reserve(b, 4 * G, &va));
+    CHECK_OK(um__be_create(b, G, &h));
+    CHECK_OK(um__be_map(b, va, G, h)); /* va mapped, va + G on reserved only */
+    CHECK_OK(um__be_reserve(peer, 2 * G, &pva)); /* nothing mapped */
+    char buf[64];
+    memcpy(buf, "unimem", 7);
+    void *mapped = (void *)va, *unmapped = (void *)(va + G), *tail = (void *)(va + G - 8);
+
+    CHECK_STATUS(um__be_copy_async(b, unmapped, buf, 8, NULL), UM_ERR_INVALID);
+    CHECK_ERROR_MENTIONS("copy_async", "destination", "not mapped");
+    CHECK_STATUS(um__be_copy_async(b, buf, unmapped, 8, NULL), UM_ERR_INVALID);
+    CHECK_ERROR_MENTIONS("copy_async", "source", "not mapped");
+    CHECK_STATUS(um__be_copy_async(b, buf, tail, 16, NULL), UM_ERR_INVALID); /* runs off */
+    CHECK_STATUS(um__be_copy_async(b, mapped, (void *)pva, 8, NULL), UM_ERR_INVALID);
+    CHECK_ERROR_MENTIONS("source", "not mapped", "device peer");
+    CHECK_STATUS(um__be_memset_async(b, unmapped, 0, 8, NULL), UM_ERR_INVALID);
+    CHECK_ERROR_MENTIONS("memset_async", "destination", "not mapped");
+    CHECK_STATUS(um__be_memset_async(b, tail, 0, 16, NULL), UM_ERR_INVALID);
+
+    /* Mapped memory and the program's memory still copy. */
+    CHECK_OK(um__be_copy_async(b, tail, buf, 7, NULL));
+    CHECK(memcmp(tail, "unimem", 7) == 0);
+    CHECK_OK(um__be_memset_async(b, mapped, 0x5a, 8, NULL));
+    CHECK_EQ(((unsigned char *)mapped)[7], 0x5a);
+    CHECK_OK(um__be_copy_async(b, buf + 8, buf, 8, NULL));
+    CHECK_OK(um__be_copy_async(b, unmapped, buf, 0, NULL)); /* nothing touched */
+    CHECK_OK(um__be_stream_sync(b, NULL));
+
+    CHECK_OK(um__be_unmap(b, va, G));
+    CHECK_OK(um__be_release(b, h, G));
+    CHECK_OK(um__be_unreserve(b, va, 4 * G));
+    CHECK_OK(um__be_unreserve(peer, pva, 2 * G));
+    um__backend_destroy(b);
+    um__backend_destroy(peer);
+}
+
 /* Constructor arguments. */
 static void test_bad_config(void)
 {
@@ -870,6 +921,7 @@ int main(void)
         test_zero(sim);
         test_release_mapped(sim);
         test_bad_input(sim);
+        test_async_unmapped(sim);
         test_calls(sim);
         test_random(sim, seed);
         if (harness_failures)

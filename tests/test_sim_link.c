@@ -1,8 +1,9 @@
 /* Tests of the modelled link of sim devices (option sim_link_bandwidth,
  * src/backend/vmm_memfd.c): a copy returns at once but its stream stays
  * busy for the bytes' time; copies in one direction queue behind each
- * other, the two directions run at once; a stream that waits for an event
- * inherits its time without the host waiting; the engine measures the
+ * other, the two directions run at once, a copy between two sim devices
+ * holds both devices' links; a stream that waits for an event inherits
+ * its time without the host waiting; the engine measures the
  * modelled bandwidth. Time bounds from below are exact (the model sleeps
  * at least that long); bounds from above are loose, for a busy machine. */
 #include "harness.h"
@@ -31,19 +32,18 @@ static uint64_t now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-static um_context *open_ctx_at(const char *links, const char *bandwidth)
+static um_context *open_ctx_with(const char *devices, const char *links, const char *bandwidth)
 {
     char conf[200];
     snprintf(conf, sizeof conf,
-             "devices=sim:256M,sim_link_bandwidth=%s,links=%s,link_cache=none,"
-             "watermark_high=100",
-             bandwidth, links);
+             "devices=%s,sim_link_bandwidth=%s,links=%s,link_cache=none,watermark_high=100",
+             devices, bandwidth, links);
     um_context *ctx = NULL;
     CHECK_OK(um_init(conf, &ctx));
     /* Memory touched once: the pools keep it mapped, so the copies' memmove
      * does not pay first-touch page faults (slow on some machines) that
      * would hide the link's time. */
-    for (int d = 0; ctx && d < 2; d++) {
+    for (int d = 0; ctx && d < um_device_count(ctx); d++) {
         void *p = NULL;
         CHECK_OK(um_malloc(ctx, d, 80 * MB, NULL, &p));
         if (p)
@@ -51,6 +51,11 @@ static um_context *open_ctx_at(const char *links, const char *bandwidth)
         CHECK_OK(um_free(ctx, p, NULL));
     }
     return ctx;
+}
+
+static um_context *open_ctx_at(const char *links, const char *bandwidth)
+{
+    return open_ctx_with("sim:256M", links, bandwidth);
 }
 
 static um_context *open_ctx(const char *links) { return open_ctx_at(links, LINK); }
@@ -164,6 +169,68 @@ static void test_directions(void)
     um_shutdown(ctx);
 }
 
+/* A buffer of SIZE bytes holding pattern `id`, valid on device dev only. */
+static um_buffer *device_buffer(um_context *ctx, int dev, uint64_t id)
+{
+    um_buffer *b = NULL;
+    void *p = NULL;
+    CHECK_OK(um_buffer_create(ctx, SIZE, NULL, &b));
+    CHECK_OK(um_buffer_acquire(b, dev, UM_ACCESS_WRITE_DISCARD, NULL, &p));
+    if (p)
+        harness_pattern_fill(p, SIZE, id);
+    CHECK_OK(um_buffer_release(b, dev, NULL));
+    return b;
+}
+
+/* A copy between two sim devices holds the sender's link as well as the
+ * receiver's: one copy from device 1 to device 2 and one from device 1 to
+ * the host, issued together, queue on device 1's outgoing direction and
+ * take the time of two (200 ms). Only the receiver's side used to be
+ * booked, so device 1 sent to the host and to every peer at once, each at
+ * the full rate (both done in 100 ms). */
+static void test_peer_copy_holds_sender_link(void)
+{
+    um_context *ctx = open_ctx_with("sim:2x256M", "model", LINK);
+    if (!ctx)
+        return;
+    /* Two buffers, so that each copy's only source is device 1. */
+    um_buffer *to_host = device_buffer(ctx, 1, 5), *to_peer = device_buffer(ctx, 1, 6);
+    um_stream s;
+    CHECK_OK(um_stream_create(ctx, 2, &s));
+
+    uint64_t t0 = now_ns();
+    CHECK_OK(um_buffer_prefetch(to_host, 0));
+    CHECK_OK(um_buffer_prefetch(to_peer, 2));
+    wait_on_host(to_host);
+    void *p = NULL;
+    CHECK_OK(um_buffer_acquire(to_peer, 2, UM_ACCESS_READ, s, &p));
+    CHECK_OK(um_stream_synchronize(ctx, s));
+    uint64_t both = now_ns() - t0;
+    CHECK(both >= 2 * LINK_NS);
+    CHECK(both < 5 * LINK_NS);
+    printf("one copy from device 1 to the host and one to device 2, at once: %.1f ms\n",
+           (double)both / 1e6);
+
+    /* Each went straight from device 1, and the data made it. */
+    um_link_stats ls;
+    CHECK_OK(um_link_stats_get(ctx, 1, 2, &ls));
+    CHECK_EQ(ls.bytes, SIZE);
+    CHECK_OK(um_link_stats_get(ctx, 1, 0, &ls));
+    CHECK_EQ(ls.bytes, SIZE);
+    unsigned char got, want;
+    if (p)
+        CHECK_EQ(harness_pattern_find_bad(p, SIZE, 6, &got, &want), SIZE_MAX);
+    CHECK_OK(um_buffer_release(to_peer, 2, s));
+    void *scratch = malloc(SIZE);
+    CHECK_OK(um_buffer_read(to_host, 0, scratch, SIZE));
+    CHECK_EQ(harness_pattern_find_bad(scratch, SIZE, 5, &got, &want), SIZE_MAX);
+    free(scratch);
+    CHECK_OK(um_buffer_destroy(to_host));
+    CHECK_OK(um_buffer_destroy(to_peer));
+    CHECK_OK(um_stream_destroy(ctx, s));
+    um_shutdown(ctx);
+}
+
 /* links=measure times the modelled link: the engine's cost is the model. */
 static void test_measured(void)
 {
@@ -197,6 +264,7 @@ int main(void)
 {
     test_one_copy_is_async_and_timed();
     test_directions();
+    test_peer_copy_holds_sender_link();
     test_measured();
     test_bad_option();
     return harness_finish("test_sim_link");

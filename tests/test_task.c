@@ -6,6 +6,7 @@
  * also run on GPUs (UM_TEST_TASK_DEVICES=cuda: CI's stand-in ones, or real
  * ones, where the tasks compute on copies of the GPU's data). */
 #include "harness.h"
+#include "place/place.h"
 
 #include <dlfcn.h>
 #include <pthread.h>
@@ -980,6 +981,174 @@ static void test_policies_respect_limits(void)
     }
 }
 
+/* Three buffers of 4 MiB + 4 KiB, each a task's WRITE_DISCARD output. */
+static um_task three_outputs(um_buffer *const *b, _Atomic int *dev)
+{
+    um_task t = {.name = "three", .cpu = where_fn, .device = -1, .nbuffers = 3,
+                 .user = (void *)dev};
+    for (int i = 0; i < 3; i++) {
+        t.buffers[i] = b[i];
+        t.modes[i] = UM_ACCESS_WRITE_DISCARD;
+    }
+    return t;
+}
+
+/* The fit test counts whole pages: three buffers of 4 MiB + 4 KiB (12 MiB
+ * + 12 KiB, seven pages of 2 MiB) do not fit under a limit of 13 MiB
+ * (six pages), so eager and cost run the task on the host and a task
+ * forced onto the device is refused at submission. By the plain sum they
+ * fitted: the task went to device 1, where its third buffer could not be
+ * had, and failed. Three buffers of 2 MiB + 4 KiB (four pages: the pool
+ * packs them) still run on the device under 8 MiB. */
+static void test_limits_count_pages(void)
+{
+    const size_t MiB = (size_t)1 << 20;
+    for (int p = 0; p < 2; p++) {
+        char conf[200];
+        snprintf(conf, sizeof conf, "devices=sim:64M,links=model,link_cache=none,sched=%s",
+                 p ? "cost" : "eager");
+        um_context *ctx = NULL;
+        CHECK_OK(um_init(conf, &ctx));
+        if (!ctx)
+            continue;
+        um_buffer *b[3];
+        for (int i = 0; i < 3; i++)
+            CHECK_OK(um_buffer_create(ctx, 4 * MiB + 4096, NULL, &b[i]));
+        CHECK_OK(um_set_memory_limit(ctx, 1, 13 * MiB));
+        _Atomic int dev = -1;
+        um_task t = three_outputs(b, &dev);
+        um_task_id id;
+        CHECK_OK(um_task_submit(ctx, &t, &id));
+        CHECK_OK(um_task_wait(ctx, id));
+        CHECK_EQ(atomic_load(&dev), 0);
+        um_task_stats ts;
+        CHECK_OK(um_task_stats_get(ctx, 1, &ts));
+        CHECK_EQ(ts.tasks + ts.failed, 0);
+
+        t.device = 1;
+        CHECK_STATUS(um_task_submit(ctx, &t, &id), UM_ERR_NOMEM);
+        CHECK_ERROR_MENTIONS("forced onto device 1", "14680064 bytes", "2097152-byte pages");
+        for (int i = 0; i < 3; i++)
+            CHECK_OK(um_buffer_destroy(b[i]));
+
+        for (int i = 0; i < 3; i++)
+            CHECK_OK(um_buffer_create(ctx, 2 * MiB + 4096, NULL, &b[i]));
+        CHECK_OK(um_set_memory_limit(ctx, 1, 8 * MiB));
+        atomic_store(&dev, -1);
+        t = three_outputs(b, &dev);
+        CHECK_OK(um_task_submit(ctx, &t, &id));
+        CHECK_OK(um_task_wait(ctx, id));
+        CHECK_EQ(atomic_load(&dev), 1);
+        for (int i = 0; i < 3; i++)
+            CHECK_OK(um_buffer_destroy(b[i]));
+        um_shutdown(ctx);
+    }
+}
+
+
+/* cost, making room: a task whose only missing bytes are its output, on a
+ * device full of data that only it holds, pays for writing the excess back
+ * to the host (and fetching it again), so it runs on the empty device
+ * beside it. The penalty used to scale with the missing inputs' transfer
+ * time, none here, and the full device won the tie. */
+static void test_cost_prices_eviction(void)
+{
+    const size_t MiB = (size_t)1 << 20;
+    um_context *ctx = NULL;
+    CHECK_OK(um_init("devices=sim:2x64M,links=model,link_cache=none,sched=cost,host_tasks=0",
+                     &ctx));
+    if (!ctx)
+        return;
+    um_buffer *full, *out;
+    void *p;
+    CHECK_OK(um_buffer_create(ctx, 48 * MiB, NULL, &full));
+    CHECK_OK(um_buffer_acquire(full, 1, UM_ACCESS_WRITE_DISCARD, NULL, &p));
+    CHECK_OK(um_buffer_release(full, 1, NULL));
+    CHECK_OK(um_buffer_create(ctx, 32 * MiB, NULL, &out));
+    _Atomic int dev = -1;
+    um_task t = {.name = "output", .cpu = where_fn, .device = -1, .nbuffers = 1,
+                 .user = (void *)&dev};
+    t.buffers[0] = out;
+    t.modes[0] = UM_ACCESS_WRITE_DISCARD;
+    um_task_id id;
+    CHECK_OK(um_task_submit(ctx, &t, &id));
+    CHECK_OK(um_task_wait(ctx, id));
+    CHECK_EQ(atomic_load(&dev), 2);
+    um_reclaim_stats rs;
+    CHECK_OK(um_reclaim_stats_get(ctx, 1, &rs));
+    CHECK_EQ(rs.written_back, 0);
+    CHECK_OK(um_buffer_destroy(full));
+    CHECK_OK(um_buffer_destroy(out));
+    um_shutdown(ctx);
+}
+
+/* Placement's history keeps learning once its table is full: after 4096
+ * other task kinds, a kind device 1 has run three times is known there
+ * (its time, 1 us, is the estimate), so the device is no longer
+ * calibrating and takes the task beside one queued. A full table used to
+ * learn nothing more: the device stayed "calibrating" for that kind for
+ * ever and took one such task at a time. */
+static double env_no_rate(void *arg, int dev)
+{
+    (void)arg;
+    (void)dev;
+    return 0.0;
+}
+static void env_all_room(void *arg, int dev, size_t *limit, size_t *used)
+{
+    (void)arg;
+    (void)dev;
+    *limit = (size_t)1 << 40;
+    *used = 0;
+}
+static bool env_all_valid(void *arg, const um__place_task *t, int i, int dev, double *ns)
+{
+    (void)arg;
+    (void)t;
+    (void)i;
+    (void)dev;
+    *ns = 0.0;
+    return true;
+}
+static size_t env_no_bytes(void *arg, const um__place_task *t, int i)
+{
+    (void)arg;
+    (void)t;
+    (void)i;
+    return 0;
+}
+
+static void test_history_full(void)
+{
+    um__place_env env = {2, NULL, env_no_rate, env_all_room, env_all_valid, env_no_bytes};
+    um__place *p = um__place_create(&env, UM_SCHED_COST);
+    CHECK(p != NULL);
+    if (!p)
+        return;
+    char name[32];
+    um__place_task t = {.name = name, .eligible = {false, true}};
+    for (int i = 0; i < 4096; i++) {
+        snprintf(name, sizeof name, "kind%d", i);
+        um__place_learn(p, &t, 1, 5000);
+    }
+    snprintf(name, sizeof name, "new");
+    for (int k = 0; k < 3; k++)
+        um__place_learn(p, &t, 1, 1000);
+    um__place_device devs[2] = {{0, 0, false}, {1000.0, 1, false}};
+    double est = 0.0;
+    CHECK_EQ(um__place_pick(p, &t, devs, &est), 1);
+    CHECK(est == 1000.0);
+    /* Most kinds learnt first are still known: a new one replaces one
+     * slot, the least used of those it may take (3901 of 4096 here). */
+    int known = 0;
+    for (int i = 0; i < 4096; i++) {
+        snprintf(name, sizeof name, "kind%d", i);
+        known += um__place_pick(p, &t, devs, &est) == 1 && est == 5000.0;
+    }
+    CHECK(known >= 3 * 4096 / 4);
+    um__place_destroy(p);
+}
+
 /* A buffer of another context is refused at submission, naming its index:
  * its devices are not this context's (it failed on a device number the
  * other lacks, or ran against the wrong context's memory). */
@@ -1067,6 +1236,9 @@ int main(void)
     test_runtime_start_failure();
     test_submit_out_of_memory();
     test_policies_respect_limits();
+    test_limits_count_pages();
+    test_cost_prices_eviction();
+    test_history_full();
     test_foreign_buffer();
     test_raised_limit_places();
     test_priority_order();

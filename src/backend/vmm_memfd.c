@@ -37,6 +37,14 @@ static um__memfd_backend *mb(um__backend *b)
     return (um__memfd_backend *)b;
 }
 
+/* Every live memfd backend (linked through registry_next), so that a copy
+ * finds the device at its other end from an address: to book that
+ * device's side of a modelled link and to check that the range there is
+ * mapped. Lookups hold the lock for reading, creation and destruction for
+ * writing; it is taken before any backend's lock, never after. */
+static pthread_rwlock_t registry_lock = PTHREAD_RWLOCK_INITIALIZER;
+static um__memfd_backend *registry;
+
 /* ------------------------------------------------------------- bitmaps */
 
 static bool bit_get(const uint64_t *bm, uint32_t i)
@@ -231,6 +239,55 @@ static bool range_mapped(const um__memfd_backend *m, uintptr_t a, size_t n)
         if (!r->cover[g])
             return false;
     return true;
+}
+
+/* The memfd backend other than m whose reservations hold p, or NULL
+ * (registry_lock held). */
+static um__memfd_backend *other_holder(const um__memfd_backend *m, const void *p)
+{
+    for (um__memfd_backend *o = registry; o; o = o->registry_next) {
+        if (o == m)
+            continue;
+        pthread_mutex_lock(&o->lock);
+        bool in = res_find(o, (uintptr_t)p, 1) != NOT_FOUND;
+        pthread_mutex_unlock(&o->lock);
+        if (in)
+            return o;
+    }
+    return NULL;
+}
+
+/* Fails (UM_ERR_INVALID) when [p, p + n) starts in a reservation of m or
+ * of another memfd device and is not mapped memory there: touching a
+ * reserved page that is not mapped crashes the process, where a GPU's
+ * copy returns an error. Memory of no device is the program's, and
+ * passes. `what` and `side` name the call and the pointer. */
+static um_status check_mapped(um__memfd_backend *m, const void *p, size_t n, const char *what,
+                              const char *side)
+{
+    if (n == 0)
+        return UM_OK;
+    um__memfd_backend *holder = m;
+    pthread_mutex_lock(&m->lock);
+    bool in = res_find(m, (uintptr_t)p, 1) != NOT_FOUND;
+    bool ok = !in || range_mapped(m, (uintptr_t)p, n);
+    pthread_mutex_unlock(&m->lock);
+    if (!in) {
+        pthread_rwlock_rdlock(&registry_lock);
+        holder = other_holder(m, p);
+        if (holder) {
+            pthread_mutex_lock(&holder->lock);
+            ok = range_mapped(holder, (uintptr_t)p, n);
+            pthread_mutex_unlock(&holder->lock);
+        }
+        pthread_rwlock_unlock(&registry_lock);
+    }
+    if (ok)
+        return UM_OK;
+    return um__fail(UM_ERR_INVALID,
+                    "%s: %s of %zu bytes: the %s range at %p is reserved memory of device %s "
+                    "that is not mapped",
+                    m->base.name, what, n, side, p, holder->base.name);
 }
 
 /* Puts PROT_NONE anonymous memory back over [va, va + size), which keeps the
@@ -638,8 +695,13 @@ static void busy_at_least(um__bstream *s, uint64_t t)
 /* The time a copy of n bytes from src to dst, issued at `issued`, ends on
  * the modelled link, queued behind `after` (a stream's queued work; 0 for
  * none), or 0 when the copy does not cross the link (no model, or both
- * ends on one side). The memmove's own time overlaps the link's, as the
- * host's does a GPU copy's. */
+ * ends on one side). When the other end is another device with a modelled
+ * link (a copy between two sim devices), the copy holds the sender's
+ * "from" direction and the receiver's "to" at once, at the slower of the
+ * two rates, as virtual time's flow over both links does (vdev.c):
+ * booking only the side that ran the copy let one device send to the host
+ * and to every peer at once, each at the full rate. The memmove's own time
+ * overlaps the link's, as the host's does a GPU copy's. */
 static uint64_t link_copy_end(um__memfd_backend *m, void *dst, const void *src, size_t n,
                               uint64_t issued, uint64_t after)
 {
@@ -648,17 +710,39 @@ static uint64_t link_copy_end(um__memfd_backend *m, void *dst, const void *src, 
         return 0;
     pthread_mutex_lock(&m->lock);
     bool to = range_mapped(m, (uintptr_t)dst, 1), from = range_mapped(m, (uintptr_t)src, 1);
-    uint64_t end = 0;
-    if (to != from) {
-        uint64_t *free_at = &m->link_free[to ? 0 : 1], start = issued;
-        if (after > start)
-            start = after;
-        if (*free_at > start)
-            start = *free_at;
-        end = start + (uint64_t)((double)n * per);
-        *free_at = end;
-    }
     pthread_mutex_unlock(&m->lock);
+    if (to == from)
+        return 0;
+    pthread_rwlock_rdlock(&registry_lock);
+    um__memfd_backend *peer = other_holder(m, to ? src : dst);
+    if (peer && peer->base.link_ns_per_byte <= 0.0)
+        peer = NULL; /* the host's memory, or a device without a model */
+    /* Both locks in address order: two devices copying to each other at
+     * once take them in the same order. */
+    bool peer_first = peer && (uintptr_t)peer < (uintptr_t)m;
+    um__memfd_backend *first = peer_first ? peer : m, *second = peer_first ? m : peer;
+    pthread_mutex_lock(&first->lock);
+    if (second)
+        pthread_mutex_lock(&second->lock);
+    uint64_t *mine = &m->link_free[to ? 0 : 1];
+    uint64_t *theirs = peer ? &peer->link_free[to ? 1 : 0] : NULL;
+    uint64_t start = issued;
+    if (after > start)
+        start = after;
+    if (*mine > start)
+        start = *mine;
+    if (theirs && *theirs > start)
+        start = *theirs;
+    if (peer && peer->base.link_ns_per_byte > per)
+        per = peer->base.link_ns_per_byte;
+    uint64_t end = start + (uint64_t)((double)n * per);
+    *mine = end;
+    if (theirs)
+        *theirs = end;
+    if (second)
+        pthread_mutex_unlock(&second->lock);
+    pthread_mutex_unlock(&first->lock);
+    pthread_rwlock_unlock(&registry_lock);
     return end;
 }
 
@@ -788,6 +872,10 @@ static um_status vmm_copy_async(um__backend *b, void *dst, const void *src, size
                                 um__bstream *s)
 {
     um_status st = um__backend_copy_check(b, dst, src, n, -1);
+    if (st == UM_OK)
+        st = check_mapped(mb(b), dst, n, "copy_async", "destination");
+    if (st == UM_OK)
+        st = check_mapped(mb(b), src, n, "copy_async", "source");
     if (st != UM_OK)
         return st;
     um__bstream *bs = NULL;
@@ -842,6 +930,9 @@ static um_status vmm_memset_async(um__backend *b, void *dst, int value, size_t n
     if (!dst)
         return um__fail(UM_ERR_INVALID, "%s: memset of %zu bytes: the pointer is NULL", b->name,
                         n);
+    um_status st = check_mapped(mb(b), dst, n, "memset_async", "destination");
+    if (st != UM_OK)
+        return st;
     if (!um__vt_on()) /* no data in virtual time */
         memset(dst, value, n);
     return UM_OK;
@@ -904,8 +995,16 @@ static void vmm_free_all(um__memfd_backend *m)
 
 static void vmm_destroy(um__backend *b)
 {
-    if (b)
-        vmm_free_all(mb(b));
+    if (!b)
+        return;
+    pthread_rwlock_wrlock(&registry_lock);
+    um__memfd_backend **at = &registry;
+    while (*at && *at != mb(b))
+        at = &(*at)->registry_next;
+    if (*at)
+        *at = mb(b)->registry_next;
+    pthread_rwlock_unlock(&registry_lock);
+    vmm_free_all(mb(b));
 }
 
 const um__backend_ops um__memfd_ops = {
@@ -976,7 +1075,7 @@ um_status um__memfd_backend_create(um_device_kind kind, const char *name, size_t
     m->streams.next = m->streams.prev = &m->streams;
     m->os_page = (size_t)ps;
     m->npages = (uint32_t)(capacity / granularity);
-    size_t words = (m->npages + 63u) / 64u;
+    size_t words = ((size_t)m->npages + 63u) / 64u;
     /* Large tables come from mmap inside malloc, so the pages never used
      * cost no memory. */
     m->pages = calloc(m->npages, sizeof *m->pages);
@@ -1018,6 +1117,10 @@ um_status um__memfd_backend_create(um_device_kind kind, const char *name, size_t
     atomic_init(&m->base.calls, 0);
     atomic_init(&m->base.physical_bytes, 0);
     um__backend_no_driver_info(&m->base);
+    pthread_rwlock_wrlock(&registry_lock);
+    m->registry_next = registry;
+    registry = m;
+    pthread_rwlock_unlock(&registry_lock);
     *out = &m->base;
     return UM_OK;
 }

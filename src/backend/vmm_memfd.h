@@ -101,11 +101,14 @@ typedef struct um__memfd_backend {
 
     um__memfd_link streams; /* list head of created streams */
     /* A modelled link (base.link_ns_per_byte): when each direction (0: to
-     * the device, 1: from it) is free again. Under lock. */
+     * the device, 1: from it) is free again. Under lock; a copy between two
+     * such devices books the sender's "from" and the receiver's "to". */
     uint64_t link_free[2];
     um__bstream default_stream;
     /* Virtual time: the context's index of this device (its routes). */
     int vt_dev;
+    /* The next in vmm_memfd.c's registry of live memfd backends. */
+    struct um__memfd_backend *registry_next;
 } um__memfd_backend;
 
 /* Handles are (generation << 32) | (first page + 1): never 0, and a handle

@@ -6,8 +6,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* History: an open-addressing table keyed by (name, size class, device). */
+/* History: an open-addressing table keyed by (name, size class, device).
+ * A key lives in the HISTORY_PROBE slots from its hash; when they are all
+ * taken by other keys, a new one replaces the least used of them, so the
+ * table keeps learning once full and a lookup never scans further. */
 #define HISTORY_SLOTS 4096
+#define HISTORY_PROBE 32
 /* Weight of a new measurement in the running averages. */
 #define LEARN_WEIGHT 0.25
 
@@ -19,6 +23,7 @@ typedef struct history_slot {
 
 struct um__place {
     um__place_env env;
+    um__place_room room;
     int policy;
     pthread_mutex_t lock;
     int next;                            /* round_robin's next device */
@@ -35,6 +40,11 @@ um__place *um__place_create(const um__place_env *env, int policy)
     p->policy = policy;
     pthread_mutex_init(&p->lock, NULL);
     return p;
+}
+
+void um__place_set_room(um__place *p, const um__place_room *room)
+{
+    p->room = *room;
 }
 
 void um__place_destroy(um__place *p)
@@ -59,24 +69,30 @@ static uint64_t history_key(const um__place_task *t, int dev)
     return h ? h : 1;
 }
 
-/* The slot of key (under lock): its own, or the empty one to take, or
- * NULL when the table is full. */
+/* The slot of key (under lock): its own, or else the empty one to take,
+ * or else (its slots all hold other keys) the least used of them, for
+ * learn to take over; the caller tells them apart by s->key. Slots are
+ * never emptied, so a key's own slot always comes before any empty one. */
 static history_slot *history_find(um__place *p, uint64_t key)
 {
-    for (uint32_t i = 0; i < HISTORY_SLOTS; i++) {
+    history_slot *victim = NULL;
+    for (uint32_t i = 0; i < HISTORY_PROBE; i++) {
         history_slot *s = &p->history[(key + i) % HISTORY_SLOTS];
         if (s->key == key || s->key == 0)
             return s;
+        if (!victim || s->count < victim->count)
+            victim = s;
     }
-    return NULL;
+    return victim;
 }
 
 /* What is known of t on dev: its history there, else the device's time
  * per flop on other tasks; 0 when neither. */
 static double known_locked(um__place *p, const um__place_task *t, int dev)
 {
-    history_slot *s = history_find(p, history_key(t, dev));
-    if (s && s->key && s->count)
+    uint64_t key = history_key(t, dev);
+    history_slot *s = history_find(p, key);
+    if (s->key == key && s->count)
         return s->ns;
     if (t->flops > 0 && p->ns_per_flop[dev] > 0)
         return t->flops * p->ns_per_flop[dev];
@@ -118,14 +134,17 @@ void um__place_learn(um__place *p, const um__place_task *t, int dev, uint64_t ns
     um__vt_mutex_lock(&p->lock);
     uint64_t key = history_key(t, dev);
     history_slot *s = history_find(p, key);
-    if (s) {
-        if (!s->key || !s->count)
-            s->ns = (double)ns;
-        else
-            s->ns += LEARN_WEIGHT * ((double)ns - s->ns);
+    if (s->key != key) {
+        /* Empty, or another key's to take over: it starts afresh. */
         s->key = key;
-        s->count++;
+        s->count = 0;
     }
+    if (!s->count)
+        s->ns = (double)ns;
+    else
+        s->ns += LEARN_WEIGHT * ((double)ns - s->ns);
+    if (s->count < UINT32_MAX)
+        s->count++;
     if (t->flops > 0) {
         double per = (double)ns / t->flops;
         p->ns_per_flop[dev] = p->ns_per_flop[dev] > 0
@@ -137,21 +156,35 @@ void um__place_learn(um__place *p, const um__place_task *t, int dev, uint64_t ns
 
 /* ----------------------------------------------------------- policies */
 
+/* The bytes t's buffers take on dev (place.h: um__place_room). */
+static size_t footprint(const um__place *p, const um__place_task *t, int dev)
+{
+    return p->room.footprint ? p->room.footprint(p->env.arg, t, dev) : t->bytes;
+}
+
 /* Whether every policy may place t on dev: t may run there (an
- * implementation, not forced elsewhere) and its working set fits under
- * the device's memory limit (the host's memory is not limited). Placed
- * where it cannot fit, its acquisition fails; only cost checked this, and
- * eager, round_robin and locality put such tasks on an accelerator while
- * the host could run them. */
-static bool placeable(const um__place *p, const um__place_task *t, int dev)
+ * implementation, not forced elsewhere) and its footprint fits under the
+ * device's memory limit (the host's memory is not limited). Placed where
+ * it cannot fit, its acquisition fails; only cost checked this, and eager,
+ * round_robin and locality put such tasks on an accelerator while the host
+ * could run them. The footprint, not the plain sum of the sizes: the pool
+ * reserves whole pages, and a task that fitted by the sum failed where the
+ * host could have run it. *limit and *used (either may be NULL) get the
+ * device's room; for the host they are left alone. */
+static bool placeable(const um__place *p, const um__place_task *t, int dev, size_t *limit,
+                      size_t *used)
 {
     if (!t->eligible[dev])
         return false;
     if (dev == 0)
         return true;
-    size_t limit, used;
-    p->env.room(p->env.arg, dev, &limit, &used);
-    return t->bytes <= limit;
+    size_t lim, in_use;
+    p->env.room(p->env.arg, dev, &lim, &in_use);
+    if (limit)
+        *limit = lim;
+    if (used)
+        *used = in_use;
+    return footprint(p, t, dev) <= lim;
 }
 
 static int eager(const um__place *p, const um__place_task *t, const um__place_device *devs,
@@ -160,7 +193,7 @@ static int eager(const um__place *p, const um__place_task *t, const um__place_de
     int best = -1;
     for (int d = 1; d <= n; d++) {
         int dev = d % n; /* accelerators first, the host last */
-        if (!placeable(p, t, dev) || devs[dev].full)
+        if (!placeable(p, t, dev, NULL, NULL) || devs[dev].full)
             continue;
         if (devs[dev].queued == 0)
             return dev;
@@ -175,7 +208,7 @@ static int round_robin(um__place *p, const um__place_task *t, const um__place_de
 {
     for (int i = 0; i < n; i++) {
         int dev = (p->next + i) % n;
-        if (placeable(p, t, dev) && !devs[dev].full) {
+        if (placeable(p, t, dev, NULL, NULL) && !devs[dev].full) {
             p->next = (dev + 1) % n;
             return dev;
         }
@@ -207,7 +240,7 @@ static int locality(const um__place *p, const um__place_task *t, const um__place
     size_t best_bytes = 0;
     for (int d = 1; d <= n; d++) {
         int dev = d % n;
-        if (!placeable(p, t, dev))
+        if (!placeable(p, t, dev, NULL, NULL))
             continue;
         double ns;
         size_t bytes = resident(p, t, dev, &ns);
@@ -227,18 +260,22 @@ static int cost(um__place *p, const um__place_task *t, const um__place_device *d
     double best_finish = 0.0;
     for (int d = 1; d <= n; d++) {
         int dev = d % n;
-        if (!placeable(p, t, dev))
+        size_t limit = 0, used = 0;
+        if (!placeable(p, t, dev, &limit, &used))
             continue; /* it could never fit there */
-        size_t limit, used;
-        p->env.room(p->env.arg, dev, &limit, &used);
         double fetch_ns;
         size_t have = resident(p, t, dev, &fetch_ns);
         size_t missing = t->bytes - (have < t->bytes ? have : t->bytes);
         double finish = devs[dev].queued_ns + fetch_ns + estimate_locked(p, t, dev);
-        /* Short of room, the excess evicts data: written back, perhaps
-         * fetched again, each at about the missing inputs' rate. */
-        if (dev != 0 && used + missing > limit && missing > 0)
-            finish += 2.0 * fetch_ns * (double)(used + missing - limit) / (double)missing;
+        /* Short of room, the excess evicts data: written back and perhaps
+         * fetched again, over the device's link to the host. Priced at the
+         * missing inputs' rate instead, a task missing only its outputs
+         * (WRITE_DISCARD) paid nothing to evict on a full device. */
+        if (dev != 0 && missing > 0 && used + missing > limit) {
+            size_t excess = used + missing - limit;
+            finish += p->room.evict_ns ? p->room.evict_ns(p->env.arg, dev, excess)
+                                       : 2.0 * fetch_ns * (double)excess / (double)missing;
+        }
         if (best < 0 || finish < best_finish) {
             best = dev;
             best_finish = finish;

@@ -15,12 +15,13 @@
  *   cost         the earliest estimated finish: queued work + the missing
  *                inputs' transfer time (the link costs) + the compute time
  *                (history), plus the cost of making room when the device
- *                lacks it; a device that has not run such a task yet gets
- *                one at a time until it has, its time guessed from its
- *                nominal rate (backend.h).
+ *                lacks it (the excess written back to the host and
+ *                fetched again); a device that has not run such a task
+ *                yet gets one at a time until it has, its time guessed
+ *                from its nominal rate (backend.h).
  *
  * No policy chooses an accelerator whose memory limit is below the task's
- * working set (placeable() in place.c).
+ * footprint there (placeable() in place.c).
  */
 #ifndef UM_PLACE_H
 #define UM_PLACE_H
@@ -62,10 +63,24 @@ typedef struct um__place_env {
     size_t (*input_bytes)(void *arg, const um__place_task *t, int i);
 } um__place_env;
 
+/* What the world may also answer (um__place_set_room), each called with
+ * the env's arg. */
+typedef struct um__place_room {
+    /* The bytes t's buffers take on dev at least, as its allocator
+     * reserves memory in whole pages; NULL: t->bytes. */
+    size_t (*footprint)(void *arg, const um__place_task *t, int dev);
+    /* What writing `bytes` of dev's data back to the host and fetching them
+     * again later costs, in ns; NULL: guessed from the missing inputs'
+     * transfer time (nothing when only outputs are missing). */
+    double (*evict_ns)(void *arg, int dev, size_t bytes);
+} um__place_room;
+
 /* env is copied. */
 um__place *um__place_create(const um__place_env *env, int policy);
+/* Installs room (copied), before the first pick. */
+void um__place_set_room(um__place *p, const um__place_room *room);
 void um__place_destroy(um__place *p);
-/* The device for t: one where t->eligible holds, its working set fits
+/* The device for t: one where t->eligible holds, its footprint fits
  * under the memory limit (the host's is not limited), and that is not full;
  * *est_ns is the estimated compute time there (for a device that has not
  * run such a task yet: flops at its nominal rate, else the mean of those

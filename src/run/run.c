@@ -253,6 +253,28 @@ static bool eligible_on(const um__run *r, const task *t, int d)
            runs_on(r->ctx, &t->t, d);
 }
 
+/* The bytes t's buffers take on dev at least: their sum rounded up to
+ * whole pages of dev's granularity, as the pool reserves memory (it packs
+ * blocks across page boundaries, so three of 2 MiB + 4 KiB fit in four 2
+ * MiB pages, and rounding each buffer would turn such tasks away); SIZE_MAX
+ * when that overflows. Placement, the check of a forced device and the
+ * choice of a device to fail on compare this with the memory limit: the
+ * plain sum let through a task whose buffers could not all be had there
+ * (three of 4 MiB + 4 KiB, seven pages, under a limit of 13 MiB). */
+static size_t task_footprint(const um_context *ctx, const um_task *t, int dev)
+{
+    size_t page = ctx->devices[dev].backend->granularity, bytes = 0;
+    for (int i = 0; i < t->nbuffers; i++) {
+        size_t size = um_buffer_size(t->buffers[i]);
+        if (size > SIZE_MAX - bytes)
+            return SIZE_MAX;
+        bytes += size;
+    }
+    if (!um__is_pow2(page))
+        return bytes;
+    return bytes > SIZE_MAX - (page - 1) ? SIZE_MAX : um__align_up(bytes, page);
+}
+
 static void fill_place_task(um__run *r, const task *t, um__place_task *pt)
 {
     memset(pt, 0, sizeof *pt);
@@ -290,8 +312,10 @@ static int device_to_fail_on(const um__run *r, const task *t)
 {
     for (int d = 0; d < r->ctx->ndevices; d++)
         if (eligible_on(r, t, d) &&
-            (d == 0 || t->bytes <= atomic_load_explicit(&r->ctx->devices[d].alloc->memory_limit,
-                                                        memory_order_relaxed)))
+            (d == 0 ||
+             task_footprint(r->ctx, &t->t, d) <=
+                 atomic_load_explicit(&r->ctx->devices[d].alloc->memory_limit,
+                                      memory_order_relaxed)))
             return -1;
     for (int d = 0; d < r->ctx->ndevices; d++)
         if (eligible_on(r, t, d) && r->w[d].queued < QUEUE_MAX)
@@ -906,6 +930,20 @@ static size_t env_input_bytes(void *arg, const um__place_task *t, int i)
     return um_buffer_size(t->buffers[i]);
 }
 
+static size_t env_footprint(void *arg, const um__place_task *t, int dev)
+{
+    return task_footprint(arg, &((const task *)t->owner)->t, dev);
+}
+
+/* Evicting writes the bytes back to the host and a later use fetches them
+ * again: both ways over dev's link to the host, at the engine's costs. */
+static double env_evict_ns(void *arg, int dev, size_t bytes)
+{
+    um_context *ctx = arg;
+    const um__xfer *x = atomic_load_explicit(&ctx->xfer, memory_order_acquire);
+    return x ? um__xfer_cost(x, dev, 0, bytes) + um__xfer_cost(x, 0, dev, bytes) : 0.0;
+}
+
 static um_status run_get(um_context *ctx, um__run **out)
 {
     um__run *r = atomic_load_explicit(&ctx->run, memory_order_acquire);
@@ -942,6 +980,7 @@ static um_status run_get(um_context *ctx, um__run **out)
         um__vt_mutex_unlock(&ctx->buffers_lock);
         return um__fail(UM_ERR_NOMEM, "um_task_submit: no memory for the task runtime");
     }
+    um__place_set_room(p, &(um__place_room){env_footprint, env_evict_ns});
     r->task_trace = trace;
     r->ctx = ctx;
     r->place = p;
@@ -1144,13 +1183,13 @@ static um_status check_task(um_context *ctx, const um_task *t)
     /* Placement never puts a task where its buffers cannot all fit: forced
      * there, it would wait forever (found by the stress test's review). */
     if (t->device > 0) {
-        size_t bytes = 0, limit = ctx->devices[t->device].alloc->memory_limit;
-        for (int i = 0; i < t->nbuffers; i++)
-            bytes += um_buffer_size(t->buffers[i]);
+        size_t bytes = task_footprint(ctx, t, t->device),
+               limit = ctx->devices[t->device].alloc->memory_limit;
         if (bytes > limit)
             return um__fail(UM_ERR_NOMEM, "%s: task '%s' is forced onto device %d, whose memory "
-                            "limit (%zu bytes) is below its buffers' %zu bytes", what, name,
-                            t->device, limit, bytes);
+                            "limit (%zu bytes) is below its buffers' %zu bytes (rounded up to "
+                            "the device's %zu-byte pages)", what, name, t->device, limit,
+                            bytes, ctx->devices[t->device].backend->granularity);
     }
     return UM_OK;
 }
