@@ -203,13 +203,14 @@ UM_API um_status um_free(um_context *ctx, void *ptr, um_stream s);
  * until the work queued on s before that um_free has completed, besides
  * what the free's own stream order asks. The um_free returns at once and
  * waits for nothing; the block counts as live until it goes back to the
- * pool (at a later um_malloc or um_free of its device, or um_trim, or as
- * soon as an allocation there would otherwise fail). s is of the block's
- * device, or of any device for host memory. Recording a stream twice is
- * recording it once. Where the driver can record no event on a marked
+ * pool (at a later um_malloc or um_free of its device, um_trim or
+ * um_set_memory_limit, or as soon as an allocation there would otherwise
+ * fail). s is of the block's device, or of any device for host memory.
+ * Recording a stream twice is recording it once. Where the driver can record no event on a marked
  * stream, um_free waits for that stream's work instead; where it can do
  * neither, um_free fails with the driver's status and the block stays live
- * and marked, to be freed again. */
+ * and marked, to be freed again. A pointer that is not a live block's
+ * start (freed, or inside a block) fails with UM_ERR_INVALID_POINTER. */
 UM_API um_status um_record_stream(um_context *ctx, void *ptr, um_stream s);
 /* The device that owns ptr, or -1. Reads no device memory. */
 UM_API int um_pointer_device(um_context *ctx, const void *ptr);
@@ -229,8 +230,9 @@ UM_API um_status um_memcpy(um_context *ctx, void *dst, const void *src, size_t n
 
 /* 0 restores the default (the device capacity for the memory limit, no cap
  * for the cache limit); a memory limit above the capacity is the capacity.
- * Lowering the memory limit below the reserved bytes trims the cache
- * first and fails with UM_ERR_BUSY if what stays reserved (the pages under
+ * Lowering the memory limit below the reserved bytes first gives back the
+ * frees of marked blocks (um_record_stream), waiting for their streams if
+ * need be, and trims the cache, and fails with UM_ERR_BUSY if what stays reserved (the pages under
  * live blocks, which can be more than the live bytes) still exceeds it; the
  * limit is then left unchanged. */
 UM_API um_status um_set_memory_limit(um_context *ctx, int dev, size_t bytes);

@@ -93,7 +93,10 @@ static um_status d_alloc(um__allocator *a, size_t size, const um__stream_ref *s,
 static um_status d_block_live(um__allocator *a, const void *ptr)
 {
     um__allocator *in = D(a)->inner;
-    return in->ops->block_live ? in->ops->block_live(in, ptr) : UM_OK;
+    if (!in->ops->block_live)
+        return um__fail(UM_ERR_UNSUPPORTED, "debug allocator: %s cannot tell live blocks",
+                        in->ops->name);
+    return in->ops->block_live(in, ptr);
 }
 
 static um_status d_free(um__allocator *a, void *ptr, const um__stream_ref *s)

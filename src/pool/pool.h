@@ -70,8 +70,8 @@ typedef struct um__allocator_ops {
      * memory. */
     bool (*owns)(um__allocator *a, const void *ptr);
     /* UM_OK when ptr (which owns() accepted) is the start of a live block;
-     * else UM_ERR_INVALID_POINTER saying why. NULL: the allocator cannot
-     * tell (the baselines). */
+     * else UM_ERR_INVALID_POINTER saying why. Every allocator has one;
+     * um_record_stream refuses to mark where it is NULL. */
     um_status (*block_live)(um__allocator *a, const void *ptr);
     um_status (*trim)(um__allocator *a);
     um_status (*set_memory_limit)(um__allocator *a, size_t bytes);
