@@ -1082,6 +1082,50 @@ static void test_cost_prices_eviction(void)
     um_shutdown(ctx);
 }
 
+/* Memory the pool only caches costs nothing to reuse: a device whose
+ * earlier data was destroyed (44 MiB cached of its 64 MiB) still takes the
+ * task whose first input it holds, where the other device would fetch both.
+ * The cost policy used to count the cached memory as data to evict and
+ * sent the task away. */
+static void test_cost_ignores_cached(void)
+{
+    const size_t MiB = (size_t)1 << 20;
+    um_context *ctx = NULL;
+    CHECK_OK(um_init("devices=sim:2x64M,links=model,link_cache=none,sched=cost,host_tasks=0,"
+                     "sim_gflops=100",
+                     &ctx));
+    if (!ctx)
+        return;
+    um_buffer *old, *a, *b;
+    void *p;
+    CHECK_OK(um_buffer_create(ctx, 60 * MiB, NULL, &old));
+    CHECK_OK(um_buffer_acquire(old, 1, UM_ACCESS_WRITE_DISCARD, NULL, &p));
+    CHECK_OK(um_buffer_release(old, 1, NULL));
+    CHECK_OK(um_buffer_destroy(old));
+    CHECK_OK(um_buffer_create(ctx, 16 * MiB, NULL, &a));
+    CHECK_OK(um_buffer_create(ctx, 16 * MiB, NULL, &b));
+    CHECK_OK(um_buffer_acquire(a, 1, UM_ACCESS_WRITE_DISCARD, NULL, &p));
+    CHECK_OK(um_buffer_release(a, 1, NULL));
+    CHECK_OK(um_buffer_acquire(b, 0, UM_ACCESS_WRITE_DISCARD, NULL, &p));
+    CHECK_OK(um_buffer_release(b, 0, NULL));
+    um_stats st;
+    CHECK_OK(um_stats_get(ctx, 1, &st));
+    CHECK(st.cached_bytes >= 40 * MiB);
+    _Atomic int dev = -1;
+    um_task t = {.name = "reads", .cpu = where_fn, .device = -1, .nbuffers = 2, .flops = 1e6,
+                 .user = (void *)&dev};
+    t.buffers[0] = a;
+    t.buffers[1] = b;
+    t.modes[0] = t.modes[1] = UM_ACCESS_READ;
+    um_task_id id;
+    CHECK_OK(um_task_submit(ctx, &t, &id));
+    CHECK_OK(um_task_wait(ctx, id));
+    CHECK_EQ(atomic_load(&dev), 1);
+    CHECK_OK(um_buffer_destroy(a));
+    CHECK_OK(um_buffer_destroy(b));
+    um_shutdown(ctx);
+}
+
 /* Placement's history keeps learning once its table is full: after 4096
  * other task kinds, a kind device 1 has run three times is known there
  * (its time, 1 us, is the estimate), so the device is no longer
@@ -1238,6 +1282,7 @@ int main(void)
     test_policies_respect_limits();
     test_limits_count_pages();
     test_cost_prices_eviction();
+    test_cost_ignores_cached();
     test_history_full();
     test_foreign_buffer();
     test_raised_limit_places();

@@ -779,6 +779,15 @@ static um_status bl_set_cache_limit(um__allocator *a, size_t bytes)
     return UM_OK;
 }
 
+static size_t bl_active_bytes(um__allocator *a)
+{
+    baseline *bl = (baseline *)a;
+    pthread_mutex_lock(&bl->lock);
+    size_t n = bl->active;
+    pthread_mutex_unlock(&bl->lock);
+    return n;
+}
+
 static void bl_stats(um__allocator *a, um_stats *out)
 {
     baseline *bl = (baseline *)a;
@@ -1033,7 +1042,8 @@ static void bl_destroy(um__allocator *a)
     {                                                                                              \
         .name = label, .alloc = bl_alloc, .free = bl_free, .owns = bl_owns,                        \
         .block_live = bl_block_live, .trim = bl_trim, .set_memory_limit = bl_set_memory_limit,     \
-        .set_cache_limit = bl_set_cache_limit, .stats = bl_stats, .reset_peak = bl_reset_peak,     \
+        .set_cache_limit = bl_set_cache_limit, .stats = bl_stats,                                  \
+        .active_bytes = bl_active_bytes, .reset_peak = bl_reset_peak,                              \
         .stream_forget = bl_stream_forget, .check = bl_check, .destroy = bl_destroy,               \
     }
 static const um__allocator_ops direct_ops = BL_OPS("direct");

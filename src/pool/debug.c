@@ -183,6 +183,11 @@ static void d_stats(um__allocator *a, um_stats *out)
     pthread_mutex_unlock(&d->lock);
     out->requested_bytes -= guards <= out->requested_bytes ? guards : out->requested_bytes;
 }
+static size_t d_active_bytes(um__allocator *a)
+{
+    um__allocator *in = D(a)->inner;
+    return in->ops->active_bytes(in);
+}
 static void d_reset_peak(um__allocator *a) { D(a)->inner->ops->reset_peak(D(a)->inner); }
 static um_status d_stream_forget(um__allocator *a, const um__stream_ref *s)
 {
@@ -214,6 +219,7 @@ static const um__allocator_ops debug_ops = {
     .set_memory_limit = d_set_memory_limit,
     .set_cache_limit = d_set_cache_limit,
     .stats = d_stats,
+    .active_bytes = d_active_bytes,
     .reset_peak = d_reset_peak,
     .stream_forget = d_stream_forget,
     .check = d_check,

@@ -3267,6 +3267,15 @@ static size_t largest_free_locked(um__pool *p)
     return best;
 }
 
+static size_t pool_active_bytes(um__allocator *a)
+{
+    um__pool *p = P(a);
+    um__lock_acquire(&p->lock); /* the list of thread caches */
+    size_t n = active_total(p);
+    um__lock_release(&p->lock);
+    return n;
+}
+
 static void pool_stats(um__allocator *a, um_stats *out)
 {
     um__pool *p = P(a);
@@ -3711,6 +3720,7 @@ static const um__allocator_ops pool_ops = {
     .set_memory_limit = pool_set_memory_limit,
     .set_cache_limit = pool_set_cache_limit,
     .stats = pool_stats,
+    .active_bytes = pool_active_bytes,
     .reset_peak = pool_reset_peak,
     .stream_forget = pool_stream_forget,
     .check = pool_check,

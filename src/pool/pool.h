@@ -77,6 +77,9 @@ typedef struct um__allocator_ops {
     um_status (*set_memory_limit)(um__allocator *a, size_t bytes);
     um_status (*set_cache_limit)(um__allocator *a, size_t bytes);
     void (*stats)(um__allocator *a, um_stats *out);
+    /* um_stats' active_bytes alone, without the walks that stats makes:
+     * placement asks it for every task. */
+    size_t (*active_bytes)(um__allocator *a);
     void (*reset_peak)(um__allocator *a);
     /* The stream is going away: wait for its work and make its pending
      * blocks reusable everywhere. Fails where its work cannot be waited

@@ -911,11 +911,17 @@ static double env_nominal_gflops(void *arg, int dev)
     return ((um_context *)arg)->devices[dev].backend->nominal_gflops;
 }
 
+/* The room on dev: its limit, and the bytes of its live blocks, which are
+ * what making room must evict. The backend's physical bytes would count
+ * the pool's cached memory too, which an allocation reuses for free: the
+ * cost policy then charged write-backs for it and sent tasks away from
+ * the device holding their data. */
 static void env_room(void *arg, int dev, size_t *limit, size_t *used)
 {
     um_context *ctx = arg;
-    *limit = ctx->devices[dev].alloc->memory_limit;
-    *used = atomic_load_explicit(&ctx->devices[dev].backend->physical_bytes, memory_order_relaxed);
+    um__allocator *a = ctx->devices[dev].alloc;
+    *limit = a->memory_limit;
+    *used = a->ops->active_bytes(a);
 }
 
 static bool env_fetch_cost(void *arg, const um__place_task *t, int i, int dev, double *ns)

@@ -76,8 +76,23 @@ static double kernel_time(const sim *s, const um__vs_task *t, int dev)
     return um__vs_compute_time(s->m, dev, t->kernel, t->tile, t->flops);
 }
 
+/* What a copy of bytes from src to dst would take alone on its route
+ * (latency + bytes at the route's slowest link); INFINITY without one. */
+static double route_secs(const sim *s, int src, int dst, double bytes)
+{
+    int route[4];
+    double lat;
+    int n = um__vs_route(s->m, src, dst, route, &lat);
+    if (n < 0)
+        return INFINITY;
+    double bw = INFINITY;
+    for (int i = 0; i < n; i++)
+        bw = fmin(bw, s->m->res_bandwidth[route[i]]);
+    return lat + bytes / bw;
+}
+
 /* The fastest valid copy of tile for dev, and what the copy would take
- * alone on its route (latency + bytes at the route's slowest link). */
+ * alone on its route. */
 static int best_source(const sim *s, uint32_t tile, int dev, double *secs)
 {
     int best = -1;
@@ -85,15 +100,7 @@ static int best_source(const sim *s, uint32_t tile, int dev, double *secs)
     for (int src = 0; src < s->ndev; src++) {
         if (!(s->valid[tile] >> src & 1) || src == dev)
             continue;
-        int route[4];
-        double lat;
-        int n = um__vs_route(s->m, src, dev, route, &lat);
-        if (n < 0)
-            continue;
-        double bw = INFINITY;
-        for (int i = 0; i < n; i++)
-            bw = fmin(bw, s->m->res_bandwidth[route[i]]);
-        double t = lat + (double)um__vs_tile_size(s->d, tile) / bw;
+        double t = route_secs(s, src, dev, (double)um__vs_tile_size(s->d, tile));
         if (t < best_s) {
             best_s = t;
             best = src;
@@ -138,6 +145,15 @@ static void env_room(void *arg, int dev, size_t *limit, size_t *used)
     const sim *s = arg;
     *limit = (size_t)s->m->dev[dev].memory;
     *used = (size_t)s->dev[dev].used;
+}
+
+/* Making room: bytes of dev's data written back to the host and fetched
+ * again, as the runtime prices it (run.c: env_evict_ns). */
+static double env_evict_ns(void *arg, int dev, size_t bytes)
+{
+    const sim *s = arg;
+    double t = route_secs(s, dev, 0, (double)bytes) + route_secs(s, 0, dev, (double)bytes);
+    return isfinite(t) ? t * 1e9 : 0.0;
 }
 
 static uint32_t task_index(const sim *s, const um__place_task *pt)
@@ -533,6 +549,10 @@ static um_status sim_init(sim *s, const um__vs_machine *m, const um__vs_dag *d, 
     um__place_env env = {m->ndev, s, env_nominal_gflops, env_room, env_fetch_cost,
                          env_input_bytes};
     s->place = um__place_create(&env, policy);
+    /* The simulated devices hold tiles byte for byte (no pages), so the
+     * footprint stays the plain sum. */
+    if (s->place)
+        um__place_set_room(s->place, &(um__place_room){NULL, env_evict_ns});
     s->t = calloc(nt ? nt : 1, sizeof *s->t);
     s->valid = calloc(d->ntiles, sizeof *s->valid);
     s->alloc = calloc(d->ntiles, sizeof *s->alloc);
