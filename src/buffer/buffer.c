@@ -803,15 +803,17 @@ bool um__buffer_evictable(const um_buffer *b, int dev)
 }
 
 /* Writes the only valid copy, dev's replica, to b's spill extent (made on
- * first use) and waits for it. On failure nothing changes but a new
- * extent, kept for the next try. */
+ * first use; a kept one has its blocks allocated again, as the file may
+ * have been truncated since) and waits for it. On failure nothing changes
+ * but a new extent, kept for the next try. */
 static um_status spill_out(um_buffer *b, int dev)
 {
     um__xfer *x = engine(b);
     um__spill *sp;
     um_status st = um__xfer_spill(x, &sp);
-    if (st == UM_OK && !b->spill)
-        st = um__spill_alloc(sp, b->size, &b->spill, &b->spill_off);
+    if (st == UM_OK)
+        st = b->spill ? um__spill_prepare(sp, b->spill_off, b->size)
+                      : um__spill_alloc(sp, b->size, &b->spill, &b->spill_off);
     if (st == UM_OK && !b->spill_sums &&
         !(b->spill_sums = malloc(um__spill_sums(b->size) * sizeof *b->spill_sums)))
         st = um__fail(UM_ERR_NOMEM, "spill: no memory for the checksums of %zu bytes", b->size);

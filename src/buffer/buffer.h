@@ -100,6 +100,11 @@ void um__spill_destroy(um__spill *sp);
  * at *map; *offset identifies it for um__spill_free. UM_ERR_NOMEM naming
  * the file when the disk has no room. */
 um_status um__spill_alloc(um__spill *sp, size_t size, void **map, size_t *offset);
+/* Before an extent of size bytes at offset is written again: allocates its
+ * disk blocks anew, so that a file truncated since gets its size back
+ * rather than a store raising SIGBUS. UM_ERR_NOMEM naming the file when
+ * the disk has no room. */
+um_status um__spill_prepare(um__spill *sp, size_t offset, size_t size);
 /* The integrity of extents: a CRC-32 per UM_SPILL_SUM_BYTES, taken by
  * seal when an extent of `size` bytes has been written (sums: room for
  * um__spill_sums(size)); check, before bytes [from, from + n) are read,
@@ -150,8 +155,9 @@ double um__xfer_cost(const um__xfer *x, int from, int to, size_t n);
 /* Frees ptr (of device dev, from its pool) once the fences have completed;
  * takes them over. */
 void um__xfer_free_later(um__xfer *x, int dev, void *ptr, um__fence *fences, int nfences);
-/* Frees what um__xfer_free_later holds whose fences have completed. */
-void um__xfer_poll(um__xfer *x);
+/* Frees what um__xfer_free_later holds whose fences have completed;
+ * returns the devices (bit d) whose memory some of it was. */
+uint64_t um__xfer_poll(um__xfer *x);
 /* Calls fn(b, arg) for every live buffer, under the engine's lock (which
  * is recursive: fn may call into the engine), until fn returns false. */
 void um__xfer_each_buffer(um__xfer *x, bool (*fn)(um_buffer *b, void *arg), void *arg);

@@ -318,6 +318,13 @@ static bool reclaim_hook(um_context *ctx, int dev, size_t bytes)
     uint64_t t0 = um__now_ns();
     if (making_room.rc != rc || making_room.dev != dev)
         making_room = (alloc_wait){rc, dev, bytes, t0, false};
+    /* The memory of destroyed buffers whose last copies have completed
+     * goes back first: it costs no eviction, and nothing else on this path
+     * looks for it (an allocation failed with their copies long done). */
+    if ((um__xfer_poll(x) >> dev) & 1) {
+        making_room.freed = true;
+        return true;
+    }
     in_reclaim = true;
     victim_scan scan;
     failed_set failed = {NULL, 0, 0, ""};

@@ -14,9 +14,10 @@
  * however the process ends; the directory goes at shutdown, and one left
  * by a process that died is removed by the next context that spills
  * there. Each extent's disk blocks are allocated when it is made
- * (fallocate): a full disk is an error then, never a SIGBUS on a write to
- * the mapping. Freed extents give their blocks back (a punched hole) and
- * are reused first-fit.
+ * (fallocate), and again before it is written once more (the file may
+ * have been truncated meanwhile): a full disk is an error then, never a
+ * SIGBUS on a write to the mapping. Freed extents give their blocks back
+ * (a punched hole) and are reused first-fit.
  *
  * The file is still reachable through /proc/PID/fd, and a disk can fail:
  * what is read back is checked. A CRC-32 per 64 KiB of an extent is taken
@@ -257,6 +258,24 @@ um_status um__spill_alloc(um__spill *sp, size_t size, void **map, size_t *offset
     atomic_fetch_add(&sp->used, len);
     *map = p;
     *offset = off;
+    return UM_OK;
+}
+
+um_status um__spill_prepare(um__spill *sp, size_t offset, size_t size)
+{
+    size_t len = extent_len(sp, size);
+    /* The file may have been truncated behind unimem's back since the
+     * extent was made (through /proc/PID/fd): a store into the mapping
+     * beyond its end would raise SIGBUS. Allocating the extent's blocks
+     * again gives the file back its size, or fails on a full disk. */
+    um__vt_mutex_lock(&sp->lock);
+    int err = posix_fallocate(sp->fd, (off_t)offset, (off_t)len);
+    um__vt_mutex_unlock(&sp->lock);
+    if (err) {
+        char n[32];
+        return um__fail(UM_ERR_NOMEM, "spill: no room for %s in the spill file in %s: %s",
+                        um__format_bytes(n, sizeof n, size), sp->path, strerror(err));
+    }
     return UM_OK;
 }
 

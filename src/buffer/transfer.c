@@ -575,10 +575,12 @@ double um__xfer_cost(const um__xfer *x, int from, int to, size_t n)
     return x->lat_ns[k] + (double)n * x->ns_per_byte[k];
 }
 
-/* Who runs a copy from device sd to dd: a GPU (or a sim device with a
- * modelled link) on its copy stream, else the backend of a side that is
- * not the CUDA-pinned host (both are process memory), else nobody (a plain
- * memmove). */
+/* Who runs a copy from device sd to dd: a GPU on its copy stream, else a
+ * sim device with a modelled link on its copy stream, else the backend of
+ * a side that is not the CUDA-pinned host (both are process memory), else
+ * nobody (a plain memmove). The GPU ends come first: only a GPU's backend
+ * can reach its memory, and a sim device's copies are memmoves on the
+ * host, which fault on a real GPU's pointer. */
 struct runner {
     um__backend *be;
     um_stream stream; /* NULL: the copy is done when issued */
@@ -587,6 +589,10 @@ struct runner {
 static runner pick_runner(um__xfer *x, int dd, int sd)
 {
     um_context *ctx = x->ctx;
+    if (is_gpu(ctx, dd))
+        return (runner){ctx->devices[dd].backend, um__xfer_stream(x, dd, true)};
+    if (is_gpu(ctx, sd))
+        return (runner){ctx->devices[sd].backend, um__xfer_stream(x, sd, false)};
     if (streamed(ctx, dd))
         return (runner){ctx->devices[dd].backend, um__xfer_stream(x, dd, true)};
     if (streamed(ctx, sd))
@@ -950,6 +956,21 @@ static um_status stage_take(um__xfer *x, stage_pool **out)
     return UM_OK;
 }
 
+/* The pool for one staged copy as stage_take gives it, or NULL when no
+ * slots can be had (the host pool is full, say): the copy then goes
+ * unstaged, which needs no host memory and is only slower. Failing it
+ * instead kept a full host from taking a GPU's data into the spill file,
+ * and a program from reading its buffer. */
+static stage_pool *stage_slots(um__xfer *x, size_t n)
+{
+    stage_pool *sp;
+    if (stage_take(x, &sp) == UM_OK)
+        return sp;
+    um__log(UM_LOG_INFO, "transfer engine: a copy of %zu bytes goes unstaged: %s", n,
+            um_last_error());
+    return NULL;
+}
+
 /* Leaves the slots in use (leaked) rather than reused, after a failed
  * copy whose DMA may still be running into them because even waiting for
  * its stream failed (err: why); the next staged copy takes new ones.
@@ -980,15 +1001,12 @@ static void stage_settle(stage_pool *sp, um__backend *be, um__bstream *s, char *
     }
 }
 
-/* Copies n bytes between program memory and the GPU r runs on; waits for
- * the whole copy. */
-static um_status staged_copy(um__xfer *x, const runner *r, char *dev, char *host, size_t n,
+/* Copies n bytes between program memory and the GPU r runs on through
+ * sp's slots (from stage_slots; released here); waits for the whole copy. */
+static um_status staged_copy(stage_pool *sp, const runner *r, char *dev, char *host, size_t n,
                              bool to_gpu)
 {
-    stage_pool *sp;
-    um_status st = stage_take(x, &sp);
-    if (st != UM_OK)
-        return st;
+    um_status st = UM_OK;
     stage_job j = {r->be, r->stream->ref.bstream, dev, host, n, sp->chunk, to_gpu, sp->slots,
                    0, false};
     size_t chunks = (n + j.chunk - 1) / j.chunk;
@@ -1023,13 +1041,13 @@ static um_status staged_copy(um__xfer *x, const runner *r, char *dev, char *host
     return st;
 }
 
-/* Between two GPUs without peer access: two hops through the staging
- * slots, chunk by chunk, the first hop on the source's copy-out stream and
- * the second on the destination's copy-in stream, each ordered after the
- * other by events, so both hops run at once on different chunks and the
- * host only waits for the end. */
-static um_status two_hop_copy(um__xfer *x, int dd, char *dst, int sd, const char *src, size_t n,
-                              const um__fence *after, int nafter)
+/* Between two GPUs without peer access: two hops through sp's slots
+ * (from stage_slots; released here), chunk by chunk, the first hop on the
+ * source's copy-out stream and the second on the destination's copy-in
+ * stream, each ordered after the other by events, so both hops run at once
+ * on different chunks and the host only waits for the end. */
+static um_status two_hop_copy(um__xfer *x, stage_pool *sp, int dd, char *dst, int sd,
+                              const char *src, size_t n, const um__fence *after, int nafter)
 {
     um_context *ctx = x->ctx;
     runner out = {ctx->devices[sd].backend, um__xfer_stream(x, sd, false)};
@@ -1038,12 +1056,10 @@ static um_status two_hop_copy(um__xfer *x, int dd, char *dst, int sd, const char
     um_status st = order_after(&out, after, nafter);
     if (st == UM_OK)
         st = order_after(&in, after, nafter);
-    if (st != UM_OK)
+    if (st != UM_OK) {
+        um__vt_mutex_unlock(&sp->one_copy);
         return st;
-    stage_pool *sp;
-    st = stage_take(x, &sp);
-    if (st != UM_OK)
-        return st;
+    }
     int nslots = STAGE_SLOTS * sp->nworkers;
     um__bevent *hop1[STAGE_SLOTS * 64] = {0}, *hop2[STAGE_SLOTS * 64] = {0};
     size_t chunks = (n + sp->chunk - 1) / sp->chunk;
@@ -1122,9 +1138,12 @@ um_status um__xfer_copy(um__xfer *x, int dd, void *dst, int sd, const void *src,
 {
     *done = UM_FENCE_NONE;
     uint64_t t0 = um__now_ns();
+    stage_pool *sp = NULL;
+    /* Without slots the copy goes directly, which the driver does between
+     * GPUs without peer access too (slower). */
     if (dd != sd && is_gpu(x->ctx, dd) && is_gpu(x->ctx, sd) && !peer_access(x->ctx, sd, dd) &&
-        n >= x->ctx->opts.copy_chunk) {
-        um_status st = two_hop_copy(x, dd, dst, sd, src, n, after, nafter);
+        n >= x->ctx->opts.copy_chunk && (sp = stage_slots(x, n))) {
+        um_status st = two_hop_copy(x, sp, dd, dst, sd, src, n, after, nafter);
         if (st != UM_OK)
             return st;
         runner none = {NULL, NULL};
@@ -1138,9 +1157,10 @@ um_status um__xfer_copy(um__xfer *x, int dd, void *dst, int sd, const void *src,
     bool gpu_to_host = r.stream && dd == 0 && is_gpu(x->ctx, sd);
     bool host_to_gpu = r.stream && sd == 0 && is_gpu(x->ctx, dd);
     bool stage = n >= 2 * x->ctx->opts.copy_chunk && x->ctx->devices[0].backend->pinned &&
-                 ((gpu_to_host && pageable(x, dst)) || (host_to_gpu && pageable(x, src)));
+                 ((gpu_to_host && pageable(x, dst)) || (host_to_gpu && pageable(x, src))) &&
+                 (sp = stage_slots(x, n));
     if (stage) {
-        st = staged_copy(x, &r, gpu_to_host ? (char *)src : dst,
+        st = staged_copy(sp, &r, gpu_to_host ? (char *)src : dst,
                          gpu_to_host ? dst : (char *)src, n, host_to_gpu);
         r.stream = NULL; /* done: nothing to wait for */
     } else if (r.be) {
@@ -1211,21 +1231,25 @@ void um__xfer_free_later(um__xfer *x, int dev, void *ptr, um__fence *fences, int
     um__vt_mutex_unlock(&x->lock);
 }
 
-void um__xfer_poll(um__xfer *x)
+uint64_t um__xfer_poll(um__xfer *x)
 {
     if (!atomic_load_explicit(&x->nheld_pending, memory_order_acquire))
-        return;
+        return 0;
+    uint64_t freed = 0;
     um__vt_mutex_lock(&x->lock);
     size_t kept = 0;
     for (size_t i = 0; i < x->nheld; i++) {
-        if (all_done(x, &x->held[i]))
+        if (all_done(x, &x->held[i])) {
             (void)um_free(x->ctx, x->held[i].ptr, NULL);
-        else
+            freed |= (uint64_t)1 << x->held[i].dev;
+        } else {
             x->held[kept++] = x->held[i];
+        }
     }
     x->nheld = kept;
     atomic_store_explicit(&x->nheld_pending, kept, memory_order_release);
     um__vt_mutex_unlock(&x->lock);
+    return freed;
 }
 
 /* um_trim's hook: the memory of destroyed buffers whose users are done. */

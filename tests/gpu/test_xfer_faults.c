@@ -14,8 +14,10 @@
  *    staged copy, from the other GPU, reads back its own bytes;
  *  - when that wait fails as well, the slots are leaked (never reused) and
  *    the error says so, for a staged copy and for a two-hop copy;
- *  - a failed staging allocation reports the allocator's status, not
- *    always UM_ERR_NOMEM;
+ *  - when no staging slots can be had (a failed map; a full host pool),
+ *    copies go unstaged instead of failing: between a GPU and program
+ *    memory, between GPUs without peer copies, and so a full GPU's only
+ *    copy reaches the spill file with the host full too;
  *  - the staging allocation at the host memory limit, waiting in reclaim
  *    for a buffer another call holds, does not hold the engine's lock:
  *    other calls into the engine go on meanwhile, and the allocation
@@ -425,9 +427,10 @@ static void test_two_hop_leak(void)
     um_shutdown(ctx);
 }
 
-/* The staging allocation fails with the allocator's status: here a failed
- * map of host memory, UM_ERR_BACKEND, for a staged copy and a two-hop one. */
-static void test_alloc_status(void)
+/* A staging allocation that fails (here a failed map of host memory)
+ * leaves the copy unstaged, not failed: a staged copy and a two-hop one
+ * arrive whole without taking slots, and the next copy maps its slots. */
+static void test_alloc_fails(void)
 {
     for (int two_hop = 0; two_hop < 2; two_hop++) {
         um_context *ctx =
@@ -439,22 +442,125 @@ static void test_alloc_status(void)
         CHECK_OK(um__xfer_get(ctx, &x));
         void *g1 = gpu_filled(ctx, 1, n, 0xA1), *g2 = gpu_filled(ctx, 2, n, 0);
         unsigned char *h = malloc(n);
-        um__fence done;
-        um_status st = two_hop ? um__xfer_copy(x, 2, g2, 1, g1, n, NULL, 0, &done)
-                               : um__xfer_copy(x, 0, h, 1, g1, n, NULL, 0, &done);
-        CHECK_EQ(st, UM_ERR_BACKEND);
-        CHECK_ERROR_MENTIONS("staging buffers", "injected failure", NULL);
-        /* The next try maps and copies. */
-        st = two_hop ? um__xfer_copy(x, 2, g2, 1, g1, n, NULL, 0, &done)
-                     : um__xfer_copy(x, 0, h, 1, g1, n, NULL, 0, &done);
-        CHECK_OK(st);
-        CHECK_OK(um__fence_wait(x, &done));
-        CHECK_EQ(count_not(two_hop ? g2 : (void *)h, n, 0xA1), 0);
+        unsigned char *dst = two_hop ? g2 : h;
+        size_t active0 = host_active(ctx);
+        for (int attempt = 0; attempt < 2; attempt++) {
+            memset(dst, 0, n);
+            um__fence done;
+            CHECK_OK(two_hop ? um__xfer_copy(x, 2, g2, 1, g1, n, NULL, 0, &done)
+                             : um__xfer_copy(x, 0, h, 1, g1, n, NULL, 0, &done));
+            CHECK_OK(um__fence_wait(x, &done));
+            CHECK_EQ(count_not(dst, n, 0xA1), 0);
+            /* The first went without slots, the second took them. */
+            if (attempt == 0)
+                CHECK_EQ(host_active(ctx), active0);
+            else
+                CHECK(host_active(ctx) >= active0 + 3 * CHUNK);
+        }
         CHECK_OK(um_free(ctx, g1, NULL));
         CHECK_OK(um_free(ctx, g2, NULL));
         free(h);
         um_shutdown(ctx);
     }
+}
+
+static um_buffer *gpu_buffer(um_context *ctx, int dev, size_t n, int byte)
+{
+    um_buffer *b = NULL;
+    void *p = NULL;
+    CHECK_OK(um_buffer_create(ctx, n, NULL, &b));
+    CHECK_OK(um_buffer_acquire(b, dev, UM_ACCESS_WRITE_DISCARD, NULL, &p));
+    if (p)
+        memset(p, byte, n);
+    CHECK_OK(um_buffer_release(b, dev, NULL));
+    return b;
+}
+
+/* The host pool full (its one buffer pinned), so that no staging slots can
+ * be had: copies between a GPU and program memory, and between the GPUs
+ * without peer copies, go unstaged instead of failing. So a buffer's only
+ * copy on a full GPU still goes to the spill file, with the host full as
+ * well, and comes back from it; and buffers are read and written. */
+static void test_host_full(void)
+{
+    char dir[] = "/tmp/test_xfer_faults-XXXXXX", extra[128];
+    CHECK(mkdtemp(dir) != NULL);
+    snprintf(extra, sizeof extra, ",peer_copies=0,spill_dir=%s", dir);
+    um_context *ctx = open_two_gpus(extra);
+    if (!ctx) {
+        (void)rmdir(dir);
+        return;
+    }
+    const size_t n = 6 * CHUNK, size = 2 * 1024 * KB;
+    um__xfer *x;
+    CHECK_OK(um__xfer_get(ctx, &x));
+    unsigned char *h = malloc(size);
+    memset(h, 0x11, size);
+    um_buffer *hb = NULL;
+    CHECK_OK(um_buffer_create(ctx, size, NULL, &hb));
+    CHECK_OK(um_buffer_write(hb, 0, h, size));
+    CHECK_OK(um_buffer_hint(hb, UM_HINT_PIN));
+    um_stats s;
+    CHECK_OK(um_stats_get(ctx, 0, &s));
+    CHECK_EQ(s.active_bytes, s.reserved_bytes);
+    CHECK_OK(um_set_memory_limit(ctx, 0, s.reserved_bytes));
+    size_t active0 = s.active_bytes;
+
+    /* GPU to program memory, back, and GPU to GPU. */
+    void *g1 = gpu_filled(ctx, 1, n, 0xA1), *g2 = gpu_filled(ctx, 2, n, 0);
+    um__fence done;
+    CHECK_OK(um__xfer_copy(x, 0, h, 1, g1, n, NULL, 0, &done));
+    CHECK_OK(um__fence_wait(x, &done));
+    CHECK_EQ(count_not(h, n, 0xA1), 0);
+    memset(h, 0xC3, n);
+    CHECK_OK(um__xfer_copy(x, 1, g1, 0, h, n, NULL, 0, &done));
+    CHECK_OK(um__fence_wait(x, &done));
+    CHECK_EQ(count_not(g1, n, 0xC3), 0);
+    CHECK_OK(um__xfer_copy(x, 2, g2, 1, g1, n, NULL, 0, &done));
+    CHECK_OK(um__fence_wait(x, &done));
+    CHECK_EQ(count_not(g2, n, 0xC3), 0);
+    CHECK_EQ(host_active(ctx), active0);
+    CHECK_OK(um_free(ctx, g1, NULL));
+    CHECK_OK(um_free(ctx, g2, NULL));
+
+    /* GPU 1 holds two buffers' only copies and room for no third; GPU 2
+     * has room for none: the third's acquisition spills one of them. */
+    CHECK_OK(um_set_memory_limit(ctx, 1, 2 * size));
+    CHECK_OK(um_set_memory_limit(ctx, 2, size / 2));
+    um_buffer *b[3] = {gpu_buffer(ctx, 1, size, 0xB0), gpu_buffer(ctx, 1, size, 0xB1), NULL};
+    void *p = NULL;
+    CHECK_OK(um_buffer_create(ctx, size, NULL, &b[2]));
+    CHECK_OK(um_buffer_acquire(b[2], 1, UM_ACCESS_WRITE_DISCARD, NULL, &p));
+    if (p)
+        memset(p, 0xB2, size);
+    CHECK_OK(um_buffer_release(b[2], 1, NULL));
+    um_reclaim_stats rs;
+    CHECK_OK(um_reclaim_stats_get(ctx, 1, &rs));
+    CHECK_EQ(rs.spilled, 1);
+    CHECK_EQ(rs.spilled_bytes, size);
+    /* Each read back whole (from the GPU, unstaged, or from the file); the
+     * spilled one back on GPU 1 from the file (another spilled for it). */
+    for (int i = 0; i < 3; i++) {
+        memset(h, 0, size);
+        CHECK_OK(um_buffer_read(b[i], 0, h, size));
+        CHECK_EQ(count_not(h, size, (unsigned char)(0xB0 + i)), 0);
+        CHECK_OK(um_buffer_acquire(b[i], 1, UM_ACCESS_READ, NULL, &p));
+        CHECK(p && count_not(p, size, (unsigned char)(0xB0 + i)) == 0);
+        CHECK_OK(um_buffer_release(b[i], 1, NULL));
+    }
+    /* A write of the program's memory into a GPU-owned buffer. */
+    memset(h, 0xD4, size);
+    CHECK_OK(um_buffer_write(b[2], 0, h, size));
+    memset(h, 0, size);
+    CHECK_OK(um_buffer_read(b[2], 0, h, size));
+    CHECK_EQ(count_not(h, size, 0xD4), 0);
+    CHECK_EQ(host_active(ctx), active0);
+    for (int i = 0; i < 3; i++)
+        CHECK_OK(um_buffer_destroy(b[i]));
+    CHECK_OK(um_buffer_destroy(hb));
+    free(h);
+    um_shutdown(ctx);
+    CHECK_EQ(rmdir(dir), 0);
 }
 
 static uint64_t now_ns(void)
@@ -553,7 +659,8 @@ int main(void)
     test_stale_chunk(0);
     test_stale_chunk(1);
     test_two_hop_leak();
-    test_alloc_status();
+    test_alloc_fails();
+    test_host_full();
     test_alloc_unlocked();
     return harness_finish("test_xfer_faults");
 }
