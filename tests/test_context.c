@@ -1197,6 +1197,49 @@ static const char *slurp(const char *path)
     return text;
 }
 
+/* The baselines' reserved memory reaches a recorded trace too, as the
+ * pool's does: with allocator=direct or bufcache (what a GPU without VMM
+ * gets) the reserved and cached counters used to stay 0. */
+static void test_trace_reserved_baselines(void)
+{
+    static const char *const kinds[] = {"direct", "bufcache"};
+    for (int k = 0; k < 2; k++) {
+        char path[] = "/tmp/unimem_test_context_bltrace_XXXXXX";
+        int fd = mkstemp(path);
+        CHECK(fd >= 0);
+        if (fd < 0)
+            return;
+        close(fd);
+        char conf[160];
+        snprintf(conf, sizeof conf, "devices=sim:64M,allocator=%s,trace_file=%s", kinds[k], path);
+        um_context *ctx = NULL;
+        CHECK_OK(um_init(conf, &ctx));
+        if (!ctx)
+            return;
+        void *p = NULL;
+        CHECK_OK(um_malloc(ctx, 1, 1 << 20, NULL, &p));
+        um_stats st;
+        CHECK_OK(um_stats_get(ctx, 1, &st));
+        CHECK(st.reserved_bytes >= (size_t)1 << 20);
+        CHECK_OK(um_free(ctx, p, NULL));
+        um_shutdown(ctx);
+        const char *text = slurp(path);
+        char want[128];
+        snprintf(want, sizeof want, "\"pid\":1,\"args\":{\"live\":%d,\"reserved\":%zu,", 1 << 20,
+                 st.reserved_bytes);
+        if (!strstr(text, want))
+            printf("test_trace_reserved_baselines: allocator=%s: no sample '%s'\n", kinds[k],
+                   want);
+        CHECK(strstr(text, want) != NULL);
+        const char *last = NULL;
+        for (const char *c = text; (c = strstr(c, "\"pid\":1,\"args\":{\"live\":")); c++)
+            last = c;
+        static const char end[] = "\"pid\":1,\"args\":{\"live\":0,\"reserved\":0,";
+        CHECK(last && strncmp(last, end, strlen(end)) == 0);
+        remove(path);
+    }
+}
+
 /* A clock read is not ordered with the loads before it, so a block
  * handed to another thread and freed there at once can carry a time
  * before its allocation's, and a reuse a time before the free it follows.
@@ -1301,6 +1344,7 @@ int main(void)
     test_trace_spill_full();
     test_trace_order_per_address();
     test_trace_text();
+    test_trace_reserved_baselines();
     test_stats_json_and_table();
     test_option_current();
     for (int i = 0; i < NALLOCATORS; i++) {

@@ -21,6 +21,7 @@
  * model simple allocators and need no thread caches.
  */
 #include "pool.h"
+#include "../trace/events.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -235,9 +236,19 @@ typedef struct baseline {
 
     size_t active, requested, reserved, cached_phys;
     size_t peak_active, peak_reserved;
+    struct um__events *events; /* trace_file's recorder: reserved memory goes there; or NULL */
     uint64_t live_blocks, cached_blocks, limbo_blocks;
     uint64_t num_allocs, num_frees, num_hits, num_ooms;
 } baseline;
+
+/* Reserved memory changes by delta; a recorded trace's reserved and
+ * cached counters follow it, as the pool's do. */
+static void bl_reserved_add(baseline *bl, int64_t delta)
+{
+    bl->reserved = (size_t)((int64_t)bl->reserved + delta);
+    if (bl->events)
+        um__event_instant(bl->events, UM_EVENT_RESERVED, bl->base.dev, bl->reserved, 0);
+}
 
 static uint64_t bl_mix(uintptr_t va)
 {
@@ -367,7 +378,7 @@ static um_status bl_teardown(baseline *bl, bl_block *b)
         if ((s = um__be_release(be, b->handle, b->phys)) != UM_OK)
             return s;
         b->handle = 0;
-        bl->reserved -= b->phys;
+        bl_reserved_add(bl, -(int64_t)b->phys);
     }
     if (b->va_held) {
         if ((s = um__be_unreserve(be, b->va, b->phys)) != UM_OK)
@@ -433,7 +444,7 @@ static um_status bl_map_new(baseline *bl, size_t nominal, size_t phys, bl_block 
         s = um__be_create(be, phys, &b->handle);
     }
     if (s == UM_OK) {
-        bl->reserved += phys;
+        bl_reserved_add(bl, (int64_t)phys);
         bl_peaks(bl);
         s = um__be_map(be, b->va, phys, b->handle);
     }
@@ -1077,6 +1088,7 @@ static um_status bl_create(const um__allocator_ops *ops, bool caching, um__backe
     bl->base.memory_limit = c->memory_limit ? c->memory_limit : b->capacity;
     bl->base.cache_limit = c->cache_limit ? c->cache_limit : SIZE_MAX;
     bl->caching = caching;
+    bl->events = c->events;
     bl->gran = b->granularity;
     bl->calls_at_create = atomic_load_explicit(&b->calls, memory_order_relaxed);
     bl->buckets = buckets;
