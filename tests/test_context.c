@@ -922,16 +922,49 @@ static void test_option_current(void)
     um_shutdown(ctx);
 }
 
+/* Reads the whole file at path into a static buffer (NUL-terminated). */
+static const char *slurp(const char *path)
+{
+    static char text[1 << 16];
+    text[0] = '\0';
+    FILE *f = fopen(path, "r");
+    CHECK(f != NULL);
+    if (f) {
+        text[fread(text, 1, sizeof text - 1, f)] = '\0';
+        fclose(f);
+    }
+    return text;
+}
+
+/* Makes the empty file tmpl (a mkstemp template, completed in place). */
+static bool temp_file(char *tmpl)
+{
+    int fd = mkstemp(tmpl);
+    CHECK(fd >= 0);
+    if (fd < 0)
+        return false;
+    close(fd);
+    return true;
+}
+
+/* Whether device 1's last counter sample in a trace has nothing live or
+ * reserved. */
+static bool trace_ends_empty(const char *text)
+{
+    const char *last = NULL;
+    for (const char *c = text; (c = strstr(c, "\"pid\":1,\"args\":{\"live\":")); c++)
+        last = c;
+    static const char end[] = "\"pid\":1,\"args\":{\"live\":0,\"reserved\":0,";
+    return last && strncmp(last, end, strlen(end)) == 0;
+}
+
 /* With trace_file, allocations and frees are events, and the counters of
  * live, reserved and cached bytes follow them exactly. */
 static void test_trace_counters(void)
 {
     char path[] = "/tmp/unimem_test_context_trace_XXXXXX";
-    int fd = mkstemp(path);
-    CHECK(fd >= 0);
-    if (fd < 0)
+    if (!temp_file(path))
         return;
-    close(fd);
     char conf[128];
     snprintf(conf, sizeof conf, "devices=sim:64M,trace_file=%s", path);
     um_context *ctx = NULL;
@@ -963,38 +996,28 @@ static void test_trace_counters(void)
     CHECK_OK(um_free(ctx, h, s1));
     CHECK_OK(um_stream_destroy(ctx, s1));
     um_shutdown(ctx);
-    FILE *f = fopen(path, "r");
-    CHECK(f != NULL);
-    if (f) {
-        static char text[1 << 16];
-        text[fread(text, 1, sizeof text - 1, f)] = '\0';
-        fclose(f);
-        char want[160];
-        /* Both blocks live, in memory the pool reserved for them. */
-        snprintf(want, sizeof want, "\"pid\":1,\"args\":{\"live\":%d,\"reserved\":%zu,", 4 << 20,
-                 st.reserved_bytes);
-        CHECK(strstr(text, want) != NULL);
-        CHECK(strstr(text, "\"name\":\"free\",\"cat\":\"memory\"") != NULL);
-        int frees = 0, allocs = 0;
-        for (const char *c = text; (c = strstr(c, "\"name\":\"free\"")); c++)
-            frees++;
-        for (const char *c = text; (c = strstr(c, "\"name\":\"alloc\"")); c++)
-            allocs++;
-        CHECK_EQ(frees, 3);
-        CHECK_EQ(allocs, 3);
-        const char *trim = strstr(text, "{\"name\":\"trim\",\"cat\":\"trim\",\"ph\":\"X\"");
-        CHECK(trim != NULL);
-        snprintf(want, sizeof want, "\"pid\":1,\"tid\":5,\"args\":{\"bytes\":%zu,\"device\":1}}",
-                 before.reserved_bytes - after.reserved_bytes);
-        const char *record_end = trim ? strstr(trim, "}}") : NULL; /* this record's */
-        CHECK(record_end && strstr(trim, want) == record_end + 2 - strlen(want));
-        /* At the end nothing is live or reserved (the pool gave it all back). */
-        const char *last = NULL;
-        for (const char *c = text; (c = strstr(c, "\"pid\":1,\"args\":{\"live\":")); c++)
-            last = c;
-        static const char end[] = "\"pid\":1,\"args\":{\"live\":0,\"reserved\":0,";
-        CHECK(last && strncmp(last, end, strlen(end)) == 0);
-    }
+    const char *text = slurp(path);
+    char want[160];
+    /* Both blocks live, in memory the pool reserved for them. */
+    snprintf(want, sizeof want, "\"pid\":1,\"args\":{\"live\":%d,\"reserved\":%zu,", 4 << 20,
+             st.reserved_bytes);
+    CHECK(strstr(text, want) != NULL);
+    CHECK(strstr(text, "\"name\":\"free\",\"cat\":\"memory\"") != NULL);
+    int frees = 0, allocs = 0;
+    for (const char *c = text; (c = strstr(c, "\"name\":\"free\"")); c++)
+        frees++;
+    for (const char *c = text; (c = strstr(c, "\"name\":\"alloc\"")); c++)
+        allocs++;
+    CHECK_EQ(frees, 3);
+    CHECK_EQ(allocs, 3);
+    const char *trim = strstr(text, "{\"name\":\"trim\",\"cat\":\"trim\",\"ph\":\"X\"");
+    CHECK(trim != NULL);
+    snprintf(want, sizeof want, "\"pid\":1,\"tid\":5,\"args\":{\"bytes\":%zu,\"device\":1}}",
+             before.reserved_bytes - after.reserved_bytes);
+    const char *record_end = trim ? strstr(trim, "}}") : NULL; /* this record's */
+    CHECK(record_end && strstr(trim, want) == record_end + 2 - strlen(want));
+    /* At the end nothing is live or reserved (the pool gave it all back). */
+    CHECK(trace_ends_empty(text));
     remove(path);
 }
 
@@ -1040,11 +1063,8 @@ typedef struct traced_block {
 static void test_trace_threads(void)
 {
     char path[] = "/tmp/unimem_test_context_trace_threads_XXXXXX";
-    int fd = mkstemp(path);
-    CHECK(fd >= 0);
-    if (fd < 0)
+    if (!temp_file(path))
         return;
-    close(fd);
     char conf[160];
     snprintf(conf, sizeof conf, "devices=sim:256M,trace_file=%s", path);
     um_context *ctx = NULL;
@@ -1143,11 +1163,8 @@ static void test_trace_threads(void)
 static void test_trace_spill_full(void)
 {
     char path[] = "/tmp/unimem_test_context_trace_full_XXXXXX";
-    int fd = mkstemp(path);
-    CHECK(fd >= 0);
-    if (fd < 0)
+    if (!temp_file(path))
         return;
-    close(fd);
     fflush(NULL);
     pid_t pid = fork();
     CHECK(pid >= 0);
@@ -1183,19 +1200,6 @@ static void test_trace_spill_full(void)
     remove(path);
 }
 
-/* Reads the whole file at path into a static buffer (NUL-terminated). */
-static const char *slurp(const char *path)
-{
-    static char text[1 << 16];
-    text[0] = '\0';
-    FILE *f = fopen(path, "r");
-    CHECK(f != NULL);
-    if (f) {
-        text[fread(text, 1, sizeof text - 1, f)] = '\0';
-        fclose(f);
-    }
-    return text;
-}
 
 /* The baselines' reserved memory reaches a recorded trace too, as the
  * pool's does: with allocator=direct or bufcache (what a GPU without VMM
@@ -1205,11 +1209,8 @@ static void test_trace_reserved_baselines(void)
     static const char *const kinds[] = {"direct", "bufcache"};
     for (int k = 0; k < 2; k++) {
         char path[] = "/tmp/unimem_test_context_bltrace_XXXXXX";
-        int fd = mkstemp(path);
-        CHECK(fd >= 0);
-        if (fd < 0)
+        if (!temp_file(path))
             return;
-        close(fd);
         char conf[160];
         snprintf(conf, sizeof conf, "devices=sim:64M,allocator=%s,trace_file=%s", kinds[k], path);
         um_context *ctx = NULL;
@@ -1231,11 +1232,7 @@ static void test_trace_reserved_baselines(void)
             printf("test_trace_reserved_baselines: allocator=%s: no sample '%s'\n", kinds[k],
                    want);
         CHECK(strstr(text, want) != NULL);
-        const char *last = NULL;
-        for (const char *c = text; (c = strstr(c, "\"pid\":1,\"args\":{\"live\":")); c++)
-            last = c;
-        static const char end[] = "\"pid\":1,\"args\":{\"live\":0,\"reserved\":0,";
-        CHECK(last && strncmp(last, end, strlen(end)) == 0);
+        CHECK(trace_ends_empty(text));
         remove(path);
     }
 }
@@ -1251,11 +1248,8 @@ static void test_trace_reserved_baselines(void)
 static void test_trace_order_per_address(void)
 {
     char path[] = "/tmp/unimem_test_context_order_XXXXXX";
-    int fd = mkstemp(path);
-    CHECK(fd >= 0);
-    if (fd < 0)
+    if (!temp_file(path))
         return;
-    close(fd);
     um__events *e = um__events_open(path, 2);
     CHECK(e != NULL);
     if (!e)
@@ -1302,11 +1296,8 @@ static void test_trace_order_per_address(void)
 static void test_trace_text(void)
 {
     char path[] = "/tmp/unimem_test_context_text_XXXXXX";
-    int fd = mkstemp(path);
-    CHECK(fd >= 0);
-    if (fd < 0)
+    if (!temp_file(path))
         return;
-    close(fd);
     static const char *const comma_locales[] = {"de_DE.UTF-8", "fr_FR.UTF-8", "de_DE.utf8",
                                                 "fr_FR.utf8", "ru_RU.UTF-8"};
     const char *locale = NULL;
