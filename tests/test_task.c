@@ -931,15 +931,15 @@ static void test_submit_out_of_memory(void)
     um_shutdown(ctx);
 }
 
-/* A task that reads and writes the three buffers b and writes where it
- * ran into *dev; placed by the policy. */
-static um_task big_task(um_buffer *const *b, _Atomic int *dev)
+/* A task on the three buffers b, each in `mode`, that writes where it ran
+ * into *dev; placed by the policy. */
+static um_task three_buffer_task(um_buffer *const *b, um_access mode, _Atomic int *dev)
 {
-    um_task t = {.name = "big", .cpu = where_fn, .device = -1, .nbuffers = 3,
+    um_task t = {.name = "three", .cpu = where_fn, .device = -1, .nbuffers = 3,
                  .user = (void *)dev};
     for (int i = 0; i < 3; i++) {
         t.buffers[i] = b[i];
-        t.modes[i] = UM_ACCESS_READ_WRITE;
+        t.modes[i] = mode;
     }
     return t;
 }
@@ -966,7 +966,7 @@ static void test_policies_respect_limits(void)
             CHECK_OK(um_buffer_create(ctx, 512u << 10, NULL, &b[i]));
         for (int k = 0; k < 4; k++) {
             _Atomic int dev = -1;
-            um_task t = big_task(b, &dev);
+            um_task t = three_buffer_task(b, UM_ACCESS_READ_WRITE, &dev);
             um_task_id id;
             CHECK_OK(um_task_submit(ctx, &t, &id));
             CHECK_OK(um_task_wait(ctx, id));
@@ -979,18 +979,6 @@ static void test_policies_respect_limits(void)
             CHECK_OK(um_buffer_destroy(b[i]));
         um_shutdown(ctx);
     }
-}
-
-/* Three buffers of 4 MiB + 4 KiB, each a task's WRITE_DISCARD output. */
-static um_task three_outputs(um_buffer *const *b, _Atomic int *dev)
-{
-    um_task t = {.name = "three", .cpu = where_fn, .device = -1, .nbuffers = 3,
-                 .user = (void *)dev};
-    for (int i = 0; i < 3; i++) {
-        t.buffers[i] = b[i];
-        t.modes[i] = UM_ACCESS_WRITE_DISCARD;
-    }
-    return t;
 }
 
 /* The fit test counts whole pages: three buffers of 4 MiB + 4 KiB (12 MiB
@@ -1016,7 +1004,7 @@ static void test_limits_count_pages(void)
             CHECK_OK(um_buffer_create(ctx, 4 * MiB + 4096, NULL, &b[i]));
         CHECK_OK(um_set_memory_limit(ctx, 1, 13 * MiB));
         _Atomic int dev = -1;
-        um_task t = three_outputs(b, &dev);
+        um_task t = three_buffer_task(b, UM_ACCESS_WRITE_DISCARD, &dev);
         um_task_id id;
         CHECK_OK(um_task_submit(ctx, &t, &id));
         CHECK_OK(um_task_wait(ctx, id));
@@ -1035,7 +1023,7 @@ static void test_limits_count_pages(void)
             CHECK_OK(um_buffer_create(ctx, 2 * MiB + 4096, NULL, &b[i]));
         CHECK_OK(um_set_memory_limit(ctx, 1, 8 * MiB));
         atomic_store(&dev, -1);
-        t = three_outputs(b, &dev);
+        t = three_buffer_task(b, UM_ACCESS_WRITE_DISCARD, &dev);
         CHECK_OK(um_task_submit(ctx, &t, &id));
         CHECK_OK(um_task_wait(ctx, id));
         CHECK_EQ(atomic_load(&dev), 1);
@@ -1253,7 +1241,7 @@ static void test_raised_limit_places(void)
         CHECK_OK(um_task_submit(ctx, &t, &ids[i]));
     }
     _Atomic int dev = -1;
-    um_task t = big_task(b, &dev);
+    um_task t = three_buffer_task(b, UM_ACCESS_READ_WRITE, &dev);
     um_task_id id;
     CHECK_OK(um_task_submit(ctx, &t, &id));
     usleep(20000);
