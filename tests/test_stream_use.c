@@ -778,6 +778,20 @@ static um_status refuse_free(um__allocator *a, void *ptr, const um__stream_ref *
     return um__fail(UM_ERR_BACKEND, "refuse_free: the test refuses to free %p", ptr);
 }
 
+/* Puts refuse_free into device 1's allocator of ctx, through *ops, to
+ * refuse the free of p. */
+static void refuse_frees_of(um_context *ctx, um__allocator_ops *ops, void *p, bool take_anyway)
+{
+    um__allocator *al = ctx->devices[1].alloc;
+    *ops = *al->ops;
+    ops->free = refuse_free;
+    refuse.real = al->ops;
+    refuse.refused = p;
+    refuse.take_anyway = take_anyway;
+    refuse.calls = 0;
+    al->ops = ops;
+}
+
 /* Runs um_shutdown(ctx) and returns what it wrote to stderr (the log). */
 static char *shutdown_log(um_context *ctx)
 {
@@ -860,13 +874,8 @@ static void test_give_back_fails(void)
      * and um_shutdown neither waits for it nor keeps quiet about it. */
     ctx = marked_block("devices=sim:64M,log_level=error", 4 * MB, 1, &a, &b, &p);
     um__allocator *al = ctx->devices[1].alloc;
-    um__allocator_ops ops = *al->ops;
-    ops.free = refuse_free;
-    refuse.real = al->ops;
-    refuse.refused = p;
-    refuse.take_anyway = false;
-    refuse.calls = 0;
-    al->ops = &ops;
+    um__allocator_ops ops;
+    refuse_frees_of(ctx, &ops, p, false);
     CHECK_OK(um_free(ctx, p, a));
     CHECK_OK(um_sim_stream_work(ctx, 1, b, 0, 1));
     CHECK_OK(um_trim(ctx, 1));
@@ -889,13 +898,7 @@ static void test_give_back_fails(void)
     /* A free that fails after taking the block anyway is not retried. */
     ctx = marked_block("devices=sim:64M,log_level=error", 4 * MB, 1, &a, &b, &p);
     al = ctx->devices[1].alloc;
-    ops = *al->ops;
-    ops.free = refuse_free;
-    refuse.real = al->ops;
-    refuse.refused = p;
-    refuse.take_anyway = true;
-    refuse.calls = 0;
-    al->ops = &ops;
+    refuse_frees_of(ctx, &ops, p, true);
     CHECK_OK(um_free(ctx, p, a));
     CHECK_OK(um_sim_stream_work(ctx, 1, b, 0, 1));
     CHECK_OK(um_trim(ctx, 1));
