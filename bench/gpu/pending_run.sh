@@ -9,7 +9,9 @@ set -u
 OUT=${OUT:-out}
 mkdir -p "$OUT"
 T0=$(date +%s)
+TOTAL=${TOTAL:-570} # seconds the whole job may take
 mark() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
+left() { local l=$(( TOTAL - ($(date +%s) - T0) )); [ "$l" -gt "$1" ] && echo "$1" || echo $(( l > 1 ? l : 1 )); }
 { date -u; nproc; git rev-parse HEAD 2>/dev/null; lscpu | grep -E "Model name"
   nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv 2>/dev/null
   python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
@@ -18,12 +20,12 @@ cat "$OUT/machine.txt"
 { cmake -S . -B build-dev -DCMAKE_BUILD_TYPE=RelWithDebInfo &&
   cmake --build build-dev -j "$(nproc)"; } > "$OUT/build.txt" 2>&1 || { tail -40 "$OUT/build.txt"; exit 1; }
 mark "build ok"; grep -E "unimem_torch:" "$OUT/build.txt"
-timeout 120 build-dev/tests/test_cuda > "$OUT/test_cuda.txt" 2>&1; mark "test_cuda rc=$?"; tail -6 "$OUT/test_cuda.txt"
-(cd build-dev && timeout 200 ctest -j 4 --output-on-failure \
+timeout "$(left 120)" build-dev/tests/test_cuda > "$OUT/test_cuda.txt" 2>&1; mark "test_cuda rc=$?"; tail -6 "$OUT/test_cuda.txt"
+(cd build-dev && timeout "$(left 200)" ctest -j 4 --output-on-failure \
   -R "torch|test_stream_use|test_buffer$|test_context|test_task$|cuda") > "$OUT/ctest_gpu.txt" 2>&1
 mark "ctest (gpu-relevant) rc=$?"; grep -E "Test +#|tests passed|Failed|Skipped" "$OUT/ctest_gpu.txt" | tail -30
-timeout 240 taskset -c 0-14 python3 bench/gpu/gpt2_e2e.py --lib build-dev/integrations/torch/libunimem_torch.so \
+timeout "$(left 240)" taskset -c 0-14 python3 bench/gpu/gpt2_e2e.py --lib build-dev/integrations/torch/libunimem_torch.so \
   --rounds 1 --out "$OUT/gpt2_e2e.json" > "$OUT/gpt2_e2e.txt" 2>&1
 mark "gpt2_e2e rc=$?"; tail -16 "$OUT/gpt2_e2e.txt"
-timeout $(( 570 - ($(date +%s) - T0) )) build-dev/unimem bench oversub --json > "$OUT/bench_oversub.json" 2> "$OUT/bench_oversub.err"
+timeout "$(left 600)" build-dev/unimem bench oversub --json > "$OUT/bench_oversub.json" 2> "$OUT/bench_oversub.err"
 mark "bench oversub rc=$?"; cat "$OUT/bench_oversub.json"; tail -5 "$OUT/bench_oversub.err"
