@@ -513,10 +513,18 @@ static void *writer_main(void *arg)
  * refuse a string holding such a fragment. */
 static size_t utf8_len(const unsigned char *s, size_t n)
 {
-    size_t len = s[0] < 0x80 ? 1 : s[0] >= 0xc2 && s[0] < 0xe0 ? 2 : s[0] >= 0xe0 && s[0] < 0xf0 ? 3
-                 : s[0] >= 0xf0 && s[0] < 0xf5                  ? 4
-                                                                 : 0;
-    if (!len || len > n)
+    size_t len;
+    if (s[0] < 0x80)
+        len = 1;
+    else if (s[0] >= 0xc2 && s[0] < 0xe0)
+        len = 2;
+    else if (s[0] >= 0xe0 && s[0] < 0xf0)
+        len = 3;
+    else if (s[0] >= 0xf0 && s[0] < 0xf5)
+        len = 4;
+    else
+        return 0; /* a continuation byte, or a lead byte no character has */
+    if (len > n)
         return 0;
     for (size_t i = 1; i < len; i++)
         if ((s[i] & 0xc0) != 0x80)
