@@ -21,11 +21,13 @@ cat "$OUT/machine.txt"
   cmake --build build-dev -j "$(nproc)"; } > "$OUT/build.txt" 2>&1 || { tail -40 "$OUT/build.txt"; exit 1; }
 mark "build ok"; grep -E "unimem_torch:" "$OUT/build.txt"
 timeout "$(left 120)" build-dev/tests/test_cuda > "$OUT/test_cuda.txt" 2>&1; mark "test_cuda rc=$?"; tail -6 "$OUT/test_cuda.txt"
-(cd build-dev && timeout "$(left 150)" ctest -j 4 --output-on-failure \
-  -R "torch|test_stream_use$|test_buffer$|test_context$|test_task$") > "$OUT/ctest_gpu.txt" 2>&1
-mark "ctest (gpu-relevant) rc=$?"; grep -E "Test +#|tests passed|Failed|Skipped" "$OUT/ctest_gpu.txt" | tail -30
+(cd build-dev && timeout "$(left 120)" ctest --output-on-failure -R torch) > "$OUT/ctest_torch.txt" 2>&1
+mark "ctest (torch) rc=$?"; grep -E "Test +#|tests passed|Failed|Skipped" "$OUT/ctest_torch.txt" | tail -8
 timeout "$(left 240)" taskset -c 0-14 python3 bench/gpu/gpt2_e2e.py --lib build-dev/integrations/torch/libunimem_torch.so \
   --rounds 1 --out "$OUT/gpt2_e2e.json" > "$OUT/gpt2_e2e.txt" 2>&1
 mark "gpt2_e2e rc=$?"; tail -16 "$OUT/gpt2_e2e.txt"
+(cd build-dev && timeout "$(left 150)" ctest -j 4 --output-on-failure \
+  -R "test_stream_use$|test_buffer$|test_context$|test_task$") > "$OUT/ctest_gpu.txt" 2>&1
+mark "ctest (stream_use, buffer, context, task) rc=$?"; grep -E "Test +#|tests passed|Failed|Skipped" "$OUT/ctest_gpu.txt" | tail -8
 timeout "$(left 600)" build-dev/unimem bench oversub --json > "$OUT/bench_oversub.json" 2> "$OUT/bench_oversub.err"
 mark "bench oversub rc=$?"; cat "$OUT/bench_oversub.json"; tail -5 "$OUT/bench_oversub.err"
