@@ -619,6 +619,34 @@ static void *destroy_main(void *arg)
     return NULL;
 }
 
+/* Puts gated_free into device 1's allocator of ctx (through *ops), for
+ * p, and starts `body` on r in *t; returns once its give-back of p has
+ * reached the gate. */
+static void catch_give_back(um_context *ctx, um__allocator_ops *ops, void *p,
+                            void *(*body)(void *), race_arg *r, pthread_t *t)
+{
+    um__allocator *a = ctx->devices[1].alloc;
+    *ops = *a->ops;
+    ops->free = gated_free;
+    gate.real = a->ops;
+    gate.gated = p;
+    gate.entered = gate.open = false;
+    a->ops = ops;
+    CHECK_EQ(pthread_create(t, NULL, body, r), 0);
+    pthread_mutex_lock(&gate.m);
+    while (!gate.entered)
+        pthread_cond_wait(&gate.c, &gate.m);
+    pthread_mutex_unlock(&gate.m);
+}
+
+static void open_gate(void)
+{
+    pthread_mutex_lock(&gate.m);
+    gate.open = true;
+    pthread_cond_broadcast(&gate.c);
+    pthread_mutex_unlock(&gate.m);
+}
+
 /* A deferred free that another thread has taken out of the list and is
  * giving back on its free's stream s still needs s: destroying s waits for
  * it, instead of freeing s under it (the give-back then read the freed
@@ -638,30 +666,18 @@ static void test_destroy_waits_for_give_back(void)
     CHECK_OK(um_sim_stream_work(ctx, 1, b, 0, 1)); /* p's free is ready to go back */
 
     um__allocator *a = ctx->devices[1].alloc;
-    um__allocator_ops ops = *a->ops;
-    ops.free = gated_free;
-    gate.real = a->ops;
-    gate.gated = p;
-    gate.entered = gate.open = false;
-    a->ops = &ops;
-
+    um__allocator_ops ops;
     race_arg collector = {.ctx = ctx}, destroyer = {.ctx = ctx, .s = s};
     pthread_t tc, td;
-    CHECK_EQ(pthread_create(&tc, NULL, collect_main, &collector), 0);
-    pthread_mutex_lock(&gate.m);
-    while (!gate.entered)
-        pthread_cond_wait(&gate.c, &gate.m);
-    pthread_mutex_unlock(&gate.m);
-    CHECK_EQ(ctx->devices[1].deferred, 0); /* taken out, not given back yet */
+    catch_give_back(ctx, &ops, p, collect_main, &collector, &tc);
+    /* Taken out of the list, not given back yet: still counted. */
+    CHECK_EQ(ctx->devices[1].deferred, 1);
     CHECK_EQ(pthread_create(&td, NULL, destroy_main, &destroyer), 0);
     /* The destroy has nothing else to wait for: 200 ms is ample for it to
      * return if it does not wait for the give-back. */
     um__sleep_until_ns(um__now_ns() + 200 * 1000 * 1000);
     CHECK(!atomic_load(&destroyer.done));
-    pthread_mutex_lock(&gate.m);
-    gate.open = true;
-    pthread_cond_broadcast(&gate.c);
-    pthread_mutex_unlock(&gate.m);
+    open_gate();
     pthread_join(tc, NULL);
     pthread_join(td, NULL);
     a->ops = gate.real;
@@ -757,6 +773,59 @@ static void test_destroy_fence_wait_fails(void)
         um_shutdown(ctx);
     }
     CHECK_EQ(um__fault_leaks_total(), leaks); /* no event left behind */
+}
+
+static void *trim_main(void *arg)
+{
+    race_arg *r = arg;
+    r->st = um_trim(r->ctx, 1);
+    atomic_store(&r->done, true);
+    return NULL;
+}
+
+static void *alloc_6m_main(void *arg)
+{
+    race_arg *r = arg;
+    r->st = um_malloc(r->ctx, 1, 6 * MB, r->s, &r->got);
+    atomic_store(&r->done, true);
+    return NULL;
+}
+
+/* A block that another thread is giving back counts as coming: an
+ * allocation at the limit meanwhile waits for it and gets its memory.
+ * The device's count of deferred frees used to drop when the free left
+ * the list, before its block reached the allocator, so such an allocation
+ * saw nothing to wait for and failed with UM_ERR_NOMEM. */
+static void test_limit_waits_for_give_back(void)
+{
+    um_stream s = NULL, b = NULL;
+    void *p = NULL;
+    um_context *ctx = marked_block("devices=sim:64M", 4 * MB, 1, &s, &b, &p);
+    CHECK_OK(um_set_memory_limit(ctx, 1, 8 * MB));
+    CHECK_OK(um_free(ctx, p, s));
+    CHECK_OK(um_sim_stream_work(ctx, 1, b, 0, 1)); /* p's free is ready to go back */
+    um__allocator *a = ctx->devices[1].alloc;
+    um__allocator_ops ops;
+    race_arg trimmer = {.ctx = ctx}, allocator = {.ctx = ctx, .s = s};
+    pthread_t tt, ta;
+    catch_give_back(ctx, &ops, p, trim_main, &trimmer, &tt);
+    CHECK_EQ(pthread_create(&ta, NULL, alloc_6m_main, &allocator), 0);
+    /* 200 ms is ample for the allocation to fail if it does not wait. */
+    um__sleep_until_ns(um__now_ns() + 200 * 1000 * 1000);
+    CHECK(!atomic_load(&allocator.done));
+    open_gate();
+    pthread_join(tt, NULL);
+    pthread_join(ta, NULL);
+    a->ops = gate.real;
+    CHECK_OK(trimmer.st);
+    CHECK_OK(allocator.st);
+    CHECK_EQ(ctx->devices[1].deferred, 0);
+    if (allocator.got)
+        CHECK_OK(um_free(ctx, allocator.got, s));
+    CHECK_EQ(active_bytes(ctx, 1), 0);
+    CHECK_OK(um_stream_destroy(ctx, s));
+    CHECK_OK(um_stream_destroy(ctx, b));
+    um_shutdown(ctx);
 }
 
 /* The allocator ops of refuse_free: the free of `refused` fails, after
@@ -963,6 +1032,7 @@ int main(void)
     test_event_failures();
     test_destroy_wait_fails();
     test_destroy_waits_for_give_back();
+    test_limit_waits_for_give_back();
     test_destroy_fails_keeps_marks();
     test_destroy_fence_wait_fails();
     test_baseline_allocators();

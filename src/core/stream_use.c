@@ -334,7 +334,10 @@ static um_status give_back(um_context *ctx, int dev, use *x)
  * first up to the first not done; or, with `only`, every one whose free or
  * marks name that stream (waiting, when wait), counting in *left those
  * that are not done. Each taken one is unmarked but stays on the `all`
- * list, `giving`, until give_back_all is done with it. Under the lock. */
+ * list, `giving`, until give_back_all is done with it, and counted in the
+ * device's `deferred` until its block is back: an allocation at the limit
+ * that sees none deferred does not wait, and would fail while memory is
+ * on its way back. Under the lock. */
 static use *take_done_locked(um_context *ctx, int dev, um__stream_uses *u, bool wait,
                              um_stream only, size_t *left)
 {
@@ -368,7 +371,6 @@ static use *take_done_locked(um_context *ctx, int dev, um__stream_uses *u, bool 
         x->next = NULL;
         *tail = x;
         tail = &x->next;
-        atomic_fetch_sub_explicit(&ctx->devices[dev].deferred, 1, memory_order_relaxed);
     }
     return done;
 }
@@ -400,6 +402,7 @@ static void requeue_locked(um_context *ctx, int dev, um__stream_uses *u, use *x)
                 dev, x->ptr);
         unlink_locked(x);
         use_free(ctx, x);
+        atomic_fetch_sub_explicit(&ctx->devices[dev].deferred, 1, memory_order_release);
         return;
     }
     atomic_fetch_add_explicit(&ctx->devices[dev].marked, 1, memory_order_relaxed);
@@ -407,7 +410,6 @@ static void requeue_locked(um_context *ctx, int dev, um__stream_uses *u, use *x)
     u->deferred_head = x;
     if (!u->deferred_tail)
         u->deferred_tail = x;
-    atomic_fetch_add_explicit(&ctx->devices[dev].deferred, 1, memory_order_release);
 }
 
 /* Frees the blocks of a list from take_done_locked (outside the lock: the
@@ -442,6 +444,7 @@ static void give_back_all(um_context *ctx, int dev, um__stream_uses *u, use *don
     for (use *x = given; x; x = x->next) {
         unlink_locked(x);
         u->giving--;
+        atomic_fetch_sub_explicit(&ctx->devices[dev].deferred, 1, memory_order_release);
     }
     while (failed) {
         use *x = failed;
@@ -482,6 +485,14 @@ void um__uses_collect(um_context *ctx, int dev, bool wait)
     use *done = take_done_locked(ctx, dev, u, wait, NULL, NULL);
     um__vt_mutex_unlock(&u->lock);
     give_back_all(ctx, dev, u, done, NULL);
+    if (!wait)
+        return;
+    /* Blocks other threads are giving back count as coming: waiting for
+     * them is what lets an allocation at the limit have their memory. */
+    um__vt_mutex_lock(&u->lock);
+    while (u->giving)
+        um__cond_wait(&u->gave, &u->lock);
+    um__vt_mutex_unlock(&u->lock);
 }
 
 /* The live marked blocks of u forget stream s. Under the lock. */
