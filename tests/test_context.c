@@ -101,7 +101,6 @@ static void test_max_devices(const char *alloc)
     um_shutdown(ctx);
 }
 
-
 /* "cuda" asks for every GPU: with no driver (CI) there are none, and the
  * context is just the host, with pageable memory; with GPUs, each is a
  * device with the driver's facts. host_memory=pinned without a driver is an
@@ -688,14 +687,14 @@ static void test_copies_links_memory(const char *alloc)
         harness_pattern_fill(h, n, 7);
         um_stream s = NULL;
         CHECK_OK(um_stream_create(ctx, 1, &s));
-        CHECK_OK(um_memcpy_async(ctx, a, h, n, s));          /* host -> sim1 on a stream */
+        CHECK_OK(um_memcpy_async(ctx, a, h, n, s)); /* host -> sim1 on a stream */
         CHECK_OK(um_stream_synchronize(ctx, s));
-        CHECK_OK(um_memcpy(ctx, b, a, n));                   /* sim1 -> sim2 */
+        CHECK_OK(um_memcpy(ctx, b, a, n)); /* sim1 -> sim2 */
         memset(h, 0, n);
-        CHECK_OK(um_memcpy(ctx, h, b, n));                   /* sim2 -> host */
+        CHECK_OK(um_memcpy(ctx, h, b, n)); /* sim2 -> host */
         unsigned char got, want;
         CHECK_EQ(harness_pattern_find_bad(h, n, 7, &got, &want), SIZE_MAX);
-        CHECK_OK(um_memcpy(ctx, h, b, 0));                   /* nothing to copy: fine */
+        CHECK_OK(um_memcpy(ctx, h, b, 0)); /* nothing to copy: fine */
         CHECK_STATUS(um_memcpy(ctx, NULL, b, 16), UM_ERR_INVALID);
         CHECK_ERROR_MENTIONS("destination", "NULL", NULL);
         CHECK_STATUS(um_memcpy(ctx, a, NULL, 16), UM_ERR_INVALID);
@@ -1125,8 +1124,8 @@ static void test_trace_threads(void)
                 size_t j = k;
                 live[j] = (traced_block){0, 0};
                 for (size_t m = (j + 1) & (cap - 1); live[m].addr; m = (m + 1) & (cap - 1)) {
-                    size_t home = (size_t)((live[m].addr >> 8) * 0x9e3779b97f4a7c15ull >> 40) &
-                                  (cap - 1);
+                    size_t home =
+                        (size_t)((live[m].addr >> 8) * 0x9e3779b97f4a7c15ull >> 40) & (cap - 1);
                     if (((m - home) & (cap - 1)) >= ((m - j) & (cap - 1))) {
                         live[j] = live[m];
                         live[m] = (traced_block){0, 0};
@@ -1200,7 +1199,6 @@ static void test_trace_spill_full(void)
     remove(path);
 }
 
-
 /* The baselines' reserved memory reaches a recorded trace too, as the
  * pool's does: with allocator=direct or bufcache (what a GPU without VMM
  * gets) the reserved and cached counters used to stay 0. */
@@ -1229,8 +1227,7 @@ static void test_trace_reserved_baselines(void)
         snprintf(want, sizeof want, "\"pid\":1,\"args\":{\"live\":%d,\"reserved\":%zu,", 1 << 20,
                  st.reserved_bytes);
         if (!strstr(text, want))
-            printf("test_trace_reserved_baselines: allocator=%s: no sample '%s'\n", kinds[k],
-                   want);
+            printf("test_trace_reserved_baselines: allocator=%s: no sample '%s'\n", kinds[k], want);
         CHECK(strstr(text, want) != NULL);
         CHECK(trace_ends_empty(text));
         remove(path);
@@ -1257,15 +1254,15 @@ static void test_trace_order_per_address(void)
     uint64_t t = um__events_clock(e);
     const uint64_t x = 0x10000, y = 0x20000, z = 0x30000;
     um__event_instant_at(e, UM_EVENT_ALLOC, 1, t + 1000, 100, x);
-    um__event_instant_at(e, UM_EVENT_FREE, 1, t + 500, 0, x);     /* before its allocation */
+    um__event_instant_at(e, UM_EVENT_FREE, 1, t + 500, 0, x); /* before its allocation */
     um__event_instant_at(e, UM_EVENT_ALLOC, 1, t + 2000, 200, y);
-    um__event_instant_at(e, UM_EVENT_ALLOC, 1, t + 2100, 300, y);  /* before the free below */
+    um__event_instant_at(e, UM_EVENT_ALLOC, 1, t + 2100, 300, y); /* before the free below */
     um__event_instant_at(e, UM_EVENT_FREE, 1, t + 2200, 0, y);
     um__event_instant_at(e, UM_EVENT_FREE, 1, t + 3000, 0, y);
-    um__event_instant_at(e, UM_EVENT_FREE, 1, t + 4000, 0, z);     /* never allocated */
+    um__event_instant_at(e, UM_EVENT_FREE, 1, t + 4000, 0, z); /* never allocated */
     um__events_close(e);
     const char *text = slurp(path);
-    static const char *const want[][2] = {{"alloc", "100"}, {"free", "100"}, {"alloc", "200"},
+    static const char *const want[][2] = {{"alloc", "100"}, {"free", "100"},  {"alloc", "200"},
                                           {"free", "200"},  {"alloc", "300"}, {"free", "300"},
                                           {"free", "0"}};
     static const unsigned long long want_live[] = {100, 0, 200, 0, 300, 0, 0};
@@ -1327,6 +1324,63 @@ static void test_trace_text(void)
     remove(path);
 }
 
+/* Spans of one kind on one device that overlap (tasks of several
+ * workers, copies on several streams) go to lanes of their own, since a
+ * Chrome trace track shows only spans that nest; a span that ends within
+ * another stays on its lane. Before, all of them shared one track and
+ * Perfetto drew the overlapping ones cut short. */
+static void test_trace_span_lanes(void)
+{
+    char path[] = "/tmp/unimem_test_context_lanes_XXXXXX";
+    if (!temp_file(path))
+        return;
+    um__events *e = um__events_open(path, 3);
+    CHECK(e != NULL);
+    if (!e)
+        return;
+    const uint64_t ms = 1000000, t0 = um__now_ns() - 1000 * ms;
+    /* Tasks on device 1, in ms: A [0,100], B [50,150] overlaps A, C
+     * [10,20] nests in A, D [120,200] follows A; want lanes 1, 2, 1, 1. */
+    static const uint64_t task[][2] = {{0, 100}, {50, 100}, {10, 10}, {120, 80}};
+    for (int i = 0; i < 4; i++)
+        um__event_add_named(e, UM_EVENT_TASK, 1, t0 + task[i][0] * ms, task[i][1] * ms, (uint64_t)i,
+                            0, "t");
+    /* Two copies from device 2 to device 1 at once, and one from the host. */
+    um__event_add(e, UM_EVENT_COPY, 1, 2, t0 + 300 * ms, 50 * ms, 4096, 0);
+    um__event_add(e, UM_EVENT_COPY, 1, 2, t0 + 310 * ms, 50 * ms, 4096, 0);
+    um__event_add(e, UM_EVENT_COPY, 1, 0, t0 + 305 * ms, 50 * ms, 4096, 0);
+    um__events_close(e);
+    const char *text = slurp(path);
+    static const long want_tid[] = {4, 4, 10004, 4, 1002, 1000, 11002};
+    struct {
+        double ts, end;
+        long tid;
+    } span[8];
+    int n = 0;
+    for (const char *c = text; (c = strstr(c, "\"ph\":\"X\"")) && n < 8; c++, n++) {
+        const char *ts = strstr(c, "\"ts\":"), *dur = strstr(c, "\"dur\":"),
+                   *tid = strstr(c, "\"tid\":");
+        if (!ts || !dur || !tid)
+            break;
+        span[n].ts = strtod(ts + 5, NULL);
+        span[n].end = span[n].ts + strtod(dur + 6, NULL);
+        span[n].tid = strtol(tid + 6, NULL, 10);
+    }
+    CHECK_EQ(n, 7);
+    for (int i = 0; i < n && i < 7; i++)
+        CHECK_EQ(span[i].tid, want_tid[i]);
+    /* On each track, any two spans are apart or one holds the other. */
+    for (int i = 0; i < n; i++)
+        for (int j = i + 1; j < n; j++)
+            if (span[i].tid == span[j].tid)
+                CHECK(span[j].ts >= span[i].end || span[j].end <= span[i].end);
+    CHECK(strstr(text, "\"pid\":1,\"tid\":10004,\"args\":{\"name\":\"tasks (2)\"}") != NULL);
+    CHECK(
+        strstr(text, "\"pid\":1,\"tid\":11002,\"args\":{\"name\":\"copies from device 2 (2)\"}") !=
+        NULL);
+    remove(path);
+}
+
 int main(void)
 {
     unsetenv("UNIMEM_CONF");
@@ -1335,6 +1389,7 @@ int main(void)
     test_trace_spill_full();
     test_trace_order_per_address();
     test_trace_text();
+    test_trace_span_lanes();
     test_trace_reserved_baselines();
     test_stats_json_and_table();
     test_option_current();

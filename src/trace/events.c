@@ -73,17 +73,17 @@ struct um__events {
     tbuf *threads;
     chunk *queue, *queue_tail, *spare;
     size_t queued;
-    FILE *spill;          /* the sorted runs, raw */
+    FILE *spill; /* the sorted runs, raw */
     char *spill_path;
     run *runs;
     size_t nruns, runs_cap;
-    uint64_t spilled;     /* records in the spill file */
-    uint64_t dropped;     /* events lost to a failed allocation or write */
+    uint64_t spilled; /* records in the spill file */
+    uint64_t dropped; /* events lost to a failed allocation or write */
     /* Recording threads that found the writer's queue full, and how long
      * they waited: the spill file's bandwidth bounds the events per second
      * of all threads together. */
     uint64_t stalls, stall_ns, writer_ns;
-    char (*names)[32];    /* task names, by index */
+    char (*names)[32]; /* task names, by index */
     size_t nnames, names_cap;
     um__events *next_open;
 
@@ -98,6 +98,7 @@ struct um__events {
     um__addrmap blocks;        /* live block -> its size */
     event_rec *held;           /* allocations and frees out of order (block_event) */
     size_t nheld, held_cap;
+    struct span_track *tracks; /* per device and kind of span (span_lane) */
 };
 
 /* Open recorders, so that a thread's exit finds its buffers (g_lock). */
@@ -141,7 +142,10 @@ static inline uint64_t rec_clock(const um__events *e)
     return um__now_ns();
 }
 
-uint64_t um__events_clock(const um__events *e) { return rec_clock(e); }
+uint64_t um__events_clock(const um__events *e)
+{
+    return rec_clock(e);
+}
 
 /* Ticks against um__now_ns over at least min_ns (both read close together),
  * so that the mapping holds to a few parts in a million. */
@@ -185,7 +189,10 @@ static uint64_t thread_id(void)
 
 static void thread_exit(void *value);
 
-static void key_init(void) { g_key_ok = pthread_key_create(&g_key, thread_exit) == 0; }
+static void key_init(void)
+{
+    g_key_ok = pthread_key_create(&g_key, thread_exit) == 0;
+}
 
 static chunk *chunk_get_locked(um__events *e)
 {
@@ -408,7 +415,10 @@ void um__event_add_named(um__events *e, um__event_kind kind, int dev, uint64_t s
 
 /* ------------------------------------------------------------ the writer */
 
-static bool rec_before(const event_rec *a, const event_rec *b) { return a->t < b->t; }
+static bool rec_before(const event_rec *a, const event_rec *b)
+{
+    return a->t < b->t;
+}
 
 /* Sorts recs by time, stably (a span recorded at its end lands after the
  * instants of its duration; most buffers are sorted already). */
@@ -457,8 +467,10 @@ static void spill_chunk(um__events *e, chunk *c, event_rec *tmp)
     } else {
         /* A failed write leaves the file's end unknown: stop spilling. */
         if (!e->spill_failed)
-            um__log(UM_LOG_WARN, "trace_file: writing events to '%s' failed (%s); later events "
-                                 "are dropped", e->spill_path, strerror(errno));
+            um__log(UM_LOG_WARN,
+                    "trace_file: writing events to '%s' failed (%s); later events "
+                    "are dropped",
+                    e->spill_path, strerror(errno));
         e->spill_failed = true;
         e->dropped += c->n;
         pthread_cond_broadcast(&e->space);
@@ -678,21 +690,116 @@ static void span_close(um__events *e, line *l)
     fwrite(l->buf, 1, l->n, e->f);
 }
 
-/* A span of r on its device's track `tid` with two named arguments. */
+/* Tracks of spans. A Chrome trace track shows only spans that nest, but
+ * spans of one kind on one device can overlap: tasks of several workers,
+ * copies on several streams, backend calls or waits for room from several
+ * threads. Each kind of span on each device is therefore a set of lanes,
+ * each a track of its own (tid base + LANE_TID * lane), and a span goes to
+ * the first lane where it starts after that lane's open spans end or nests
+ * in the innermost one. Spans come in order of their start (write_merged),
+ * so this greedy choice uses as few lanes as the overlaps need. */
+#define LANE_TID 10000
+#define LANE_DEPTH 8 /* spans nested in one lane */
+#define MAX_LANES 64 /* more overlapping spans than this share the last lane */
+enum { TRACK_EVICT, TRACK_WAIT, TRACK_RECLAIMER, TRACK_TASK, TRACK_BACKEND, TRACK_COPY };
+
+typedef struct span_lane {
+    int64_t open_end[LANE_DEPTH]; /* the ends of its open spans, outermost first */
+    int depth;
+} span_lane;
+
+typedef struct span_track {
+    span_lane *lanes;
+    int nlanes;
+} span_track;
+
+/* Tracks a device has: one per kind, copies one per sending device (and
+ * one for copies from no device). */
+static size_t tracks_per_device(const um__events *e)
+{
+    return TRACK_COPY + 1 + (size_t)e->ndevices;
+}
+static size_t tracks_count(const um__events *e)
+{
+    return (size_t)e->ndevices * tracks_per_device(e);
+}
+
+static const char *const track_names[TRACK_COPY] = {
+    "evictions", "allocations waiting for room", "reclaimer", "tasks", "backend calls and trims"};
+
+/* The lane of a span from ts_ns lasting dur_ns on track `track` of dev;
+ * names a lane the first time it is used. Returns the lane's tid, or
+ * base_tid where there is no track (a device out of range, no memory). */
+static int span_lane_tid(um__events *e, int dev, int track, int base_tid, int64_t ts_ns,
+                         int64_t dur_ns)
+{
+    if (dev < 0 || dev >= e->ndevices || track < 0 || (size_t)track >= tracks_per_device(e))
+        return base_tid;
+    if (!e->tracks && !(e->tracks = calloc(tracks_count(e), sizeof *e->tracks)))
+        return base_tid;
+    span_track *tr = &e->tracks[(size_t)dev * tracks_per_device(e) + (size_t)track];
+    int64_t end = ts_ns + dur_ns;
+    int k = 0;
+    for (; k < tr->nlanes; k++) {
+        span_lane *ln = &tr->lanes[k];
+        while (ln->depth && ln->open_end[ln->depth - 1] <= ts_ns)
+            ln->depth--;
+        if (!ln->depth || (ln->depth < LANE_DEPTH && end <= ln->open_end[ln->depth - 1]))
+            break;
+    }
+    if (k == tr->nlanes) {
+        span_lane *lanes = tr->nlanes < MAX_LANES
+                               ? realloc(tr->lanes, ((size_t)tr->nlanes + 1) * sizeof *lanes)
+                               : NULL;
+        if (!lanes) {
+            /* Overlapping the last lane's spans beats losing the span. */
+            if (!tr->nlanes)
+                return base_tid;
+            k = tr->nlanes - 1;
+            tr->lanes[k].depth = 0;
+        } else {
+            tr->lanes = lanes;
+            tr->lanes[tr->nlanes++] = (span_lane){.depth = 0};
+            char name[64];
+            if (track < TRACK_COPY)
+                snprintf(name, sizeof name, "%s", track_names[track]);
+            else if (track == TRACK_COPY)
+                snprintf(name, sizeof name, "copies from no device");
+            else
+                snprintf(name, sizeof name, "copies from device %d", track - TRACK_COPY - 1);
+            if (k)
+                snprintf(name + strlen(name), sizeof name - strlen(name), " (%d)", k + 1);
+            fprintf(e->f,
+                    ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,"
+                    "\"args\":{\"name\":\"%s\"}},\n{\"name\":\"thread_sort_index\",\"ph\":\"M\","
+                    "\"pid\":%d,\"tid\":%d,\"args\":{\"sort_index\":%d}}",
+                    dev, base_tid + LANE_TID * k, name, dev, base_tid + LANE_TID * k,
+                    base_tid * MAX_LANES + k);
+        }
+    }
+    span_lane *ln = &tr->lanes[k];
+    if (ln->depth < LANE_DEPTH)
+        ln->open_end[ln->depth++] = end;
+    return base_tid + LANE_TID * k;
+}
+
+/* A span of r on a lane of its device's track (tid: the first lane's)
+ * with two named arguments. */
 static void write_span(um__events *e, const event_rec *r, int64_t ts_ns, int64_t dur_ns,
-                       const char *name, const char *cat, int tid, const char *arg0, uint64_t a0,
-                       const char *arg1, uint64_t a1)
+                       const char *name, const char *cat, int track, int tid, const char *arg0,
+                       uint64_t a0, const char *arg1, uint64_t a1)
 {
     line l = {.n = 0};
-    span_open(&l, name, cat, ts_ns, dur_ns, r->dev, tid);
+    span_open(&l, name, cat, ts_ns, dur_ns, r->dev,
+              span_lane_tid(e, r->dev, track, tid, ts_ns, dur_ns));
     span_arg(&l, true, arg0, (int64_t)a0);
     span_arg(&l, false, arg1, (int64_t)a1);
     span_close(e, &l);
 }
 
-static const char *const backend_op_names[UM_BE_OP_COUNT] = {
-    "backend reserve", "backend unreserve", "backend create",
-    "backend release", "backend map",       "backend unmap"};
+static const char *const backend_op_names[UM_BE_OP_COUNT] = {"backend reserve", "backend unreserve",
+                                                             "backend create",  "backend release",
+                                                             "backend map",     "backend unmap"};
 
 /* An allocation or a free at ts_ns, with the live counter it leaves. */
 static void write_block(um__events *e, const event_rec *r, int64_t ts_ns)
@@ -736,7 +843,10 @@ static ptrdiff_t held_find(const um__events *e, uint64_t addr, uint8_t kind)
     return -1;
 }
 
-static void held_remove(um__events *e, size_t i) { e->held[i] = e->held[--e->nheld]; }
+static void held_remove(um__events *e, size_t i)
+{
+    e->held[i] = e->held[--e->nheld];
+}
 
 /* Writes the held events recorded more than HOLD_NS before now_ns (all of
  * them with INT64_MAX), as they are. */
@@ -803,7 +913,8 @@ static void write_event(um__events *e, const event_rec *r)
     case UM_EVENT_COPY: {
         char name[32];
         snprintf(name, sizeof name, "copy %d->%d", r->src, r->dev);
-        span_open(&l, name, "copy", ts_ns, dur, r->dev, 1000 + r->src);
+        span_open(&l, name, "copy", ts_ns, dur, r->dev,
+                  span_lane_tid(e, r->dev, TRACK_COPY + 1 + r->src, 1000 + r->src, ts_ns, dur));
         span_arg(&l, true, "bytes", (int64_t)r->a0);
         span_arg(&l, false, "from", r->src);
         span_arg(&l, false, "to", r->dev);
@@ -812,36 +923,39 @@ static void write_event(um__events *e, const event_rec *r)
         break;
     }
     case UM_EVENT_EVICT:
-        span_open(&l, "evict", "evict", ts_ns, dur, r->dev, 1);
+        span_open(&l, "evict", "evict", ts_ns, dur, r->dev,
+                  span_lane_tid(e, r->dev, TRACK_EVICT, 1, ts_ns, dur));
         span_arg(&l, true, "bytes", (int64_t)r->a0);
         span_arg(&l, false, "written_back", (int64_t)r->a1);
         span_arg(&l, false, "to_spill_file", r->src == 1);
         span_close(e, &l);
         break;
     case UM_EVENT_RECLAIM_WAIT:
-        write_span(e, r, ts_ns, dur, "alloc waits for room", "reclaim", 2, "bytes", r->a0,
-                   "made_room", r->a1);
+        write_span(e, r, ts_ns, dur, "alloc waits for room", "reclaim", TRACK_WAIT, 2, "bytes",
+                   r->a0, "made_room", r->a1);
         break;
     case UM_EVENT_RECLAIM_RUN:
-        write_span(e, r, ts_ns, dur, "reclaimer pass", "reclaim", 3, "bytes_before", r->a0,
-                   "bytes_after", r->a1);
+        write_span(e, r, ts_ns, dur, "reclaimer pass", "reclaim", TRACK_RECLAIMER, 3,
+                   "bytes_before", r->a0, "bytes_after", r->a1);
         break;
     case UM_EVENT_TASK: {
         char name[32] = "task";
         uint64_t idx = r->a1 >> 1;
         if (idx && idx <= e->nnames)
             json_name(name, sizeof name, e->names[idx - 1]);
-        write_span(e, r, ts_ns, dur, name, "task", 4, "task", r->a0, "failed", r->a1 & 1);
+        write_span(e, r, ts_ns, dur, name, "task", TRACK_TASK, 4, "task", r->a0, "failed",
+                   r->a1 & 1);
         break;
     }
     case UM_EVENT_BACKEND: {
         unsigned op = (unsigned)(r->a1 & 0xff);
         write_span(e, r, ts_ns, dur, op < UM_BE_OP_COUNT ? backend_op_names[op] : "backend",
-                   "backend", 5, "bytes", r->a0, "failed", (r->a1 >> 8) & 1);
+                   "backend", TRACK_BACKEND, 5, "bytes", r->a0, "failed", (r->a1 >> 8) & 1);
         break;
     }
     case UM_EVENT_TRIM:
-        write_span(e, r, ts_ns, dur, "trim", "trim", 5, "bytes", r->a0, "device", (uint64_t)r->dev);
+        write_span(e, r, ts_ns, dur, "trim", "trim", TRACK_BACKEND, 5, "bytes", r->a0, "device",
+                   (uint64_t)r->dev);
         break;
     case UM_EVENT_ALLOC:
     case UM_EVENT_FREE:
@@ -937,6 +1051,10 @@ static void events_free(um__events *e)
     free(e->reserved);
     um__addrmap_free(&e->blocks);
     free(e->held);
+    if (e->tracks)
+        for (size_t i = 0; i < tracks_count(e); i++)
+            free(e->tracks[i].lanes);
+    free(e->tracks);
     pthread_cond_destroy(&e->work);
     pthread_cond_destroy(&e->space);
     pthread_mutex_destroy(&e->lock);
@@ -966,8 +1084,7 @@ um__events *um__events_open(const char *path, int ndevices)
     }
     e->f = fopen(path, "w");
     if (!e->f) {
-        um__fail(UM_ERR_IO, "trace_file: cannot open '%s' for writing (%s)", path,
-                 strerror(errno));
+        um__fail(UM_ERR_IO, "trace_file: cannot open '%s' for writing (%s)", path, strerror(errno));
         events_free(e);
         return NULL;
     }
@@ -1016,8 +1133,15 @@ um__events *um__events_open(const char *path, int ndevices)
                   "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":0,\"args\":{\"name\":"
                   "\"device 0 (host)\"}}");
     for (int d = 1; d < ndevices; d++)
-        fprintf(e->f, ",\n{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"args\":{\"name\":"
-                      "\"device %d\"}}", d, d);
+        fprintf(e->f,
+                ",\n{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"args\":{\"name\":"
+                "\"device %d\"}}",
+                d, d);
+    for (int d = 0; d < ndevices; d++)
+        fprintf(e->f,
+                ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,\"args\":"
+                "{\"name\":\"allocations and frees\"}}",
+                d);
     return e;
 }
 
@@ -1050,8 +1174,10 @@ void um__events_close(um__events *e)
     struct stat sb;
     if (bytes && (fstat(fileno(e->spill), &sb) != 0 || (uint64_t)sb.st_size < bytes)) {
         /* Mapping past the file's end would fault at the first read. */
-        um__log(UM_LOG_WARN, "trace_file: the spill file holds fewer than the %llu events "
-                             "written to it; no events written", (unsigned long long)e->spilled);
+        um__log(UM_LOG_WARN,
+                "trace_file: the spill file holds fewer than the %llu events "
+                "written to it; no events written",
+                (unsigned long long)e->spilled);
         e->dropped += e->spilled;
         bytes = 0;
     }
@@ -1070,10 +1196,13 @@ void um__events_close(um__events *e)
         munmap((void *)recs, bytes);
     }
     if (e->dropped)
-        um__log(UM_LOG_WARN, "trace_file: %llu events were dropped (no memory, or the spill "
-                             "file could not be written)", (unsigned long long)e->dropped);
-    um__log(UM_LOG_INFO, "trace_file: %llu events spilled in %.1f ms of the writer's time "
-                         "(%.0f MB/s); recording threads waited %.1f ms for it, %llu times",
+        um__log(UM_LOG_WARN,
+                "trace_file: %llu events were dropped (no memory, or the spill "
+                "file could not be written)",
+                (unsigned long long)e->dropped);
+    um__log(UM_LOG_INFO,
+            "trace_file: %llu events spilled in %.1f ms of the writer's time "
+            "(%.0f MB/s); recording threads waited %.1f ms for it, %llu times",
             (unsigned long long)e->spilled, (double)e->writer_ns / 1e6,
             e->writer_ns ? (double)bytes / ((double)e->writer_ns / 1e9) / 1e6 : 0.0,
             (double)e->stall_ns / 1e6, (unsigned long long)e->stalls);
