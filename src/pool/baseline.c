@@ -670,7 +670,11 @@ static um_status bl_free(um__allocator *a, void *ptr, const um__stream_ref *sr)
          * block's own when none is given; none once that was destroyed).
          * The first steps (the wait, the unmap) failing leave the block
          * live, so the caller may try again; a later step failing parks
-         * the rest. */
+         * the rest (bl_dispose), and the free has still taken the block:
+         * it succeeds, since the caller must not free it again, and a
+         * caller that saw an error could not tell this from a block still
+         * live once the parked range was given back and its address
+         * reused. */
         um_status s = UM_OK;
         if (sr)
             s = um__be_stream_sync(sr->backend ? sr->backend : a->backend, sr->bstream);
@@ -689,9 +693,9 @@ static um_status bl_free(um__allocator *a, void *ptr, const um__stream_ref *sr)
     bl->live_blocks--;
     bl->num_frees++;
     if (!bl->caching) {
-        um_status s = bl_dispose(bl, b);
+        bl_dispose(bl, b);
         pthread_mutex_unlock(&bl->lock);
-        return s;
+        return UM_OK;
     }
     if (sr) {
         bl_note_stream(bl, sr->id);
