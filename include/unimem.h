@@ -165,10 +165,11 @@ UM_API int um_stream_device(um_stream s);
 UM_API um_status um_sim_stream_work(um_context *ctx, int dev, um_stream s, unsigned launch,
                              unsigned complete);
 /* A um_stream for a stream the program already has: a CUstream (or
- * cudaStream_t) on a CUDA device, NULL for its legacy default stream. The
- * context never destroys `native`; um_stream_destroy waits for its work,
- * as for any stream, and forgets the wrapper.
- * UM_ERR_UNSUPPORTED on host and sim devices. */
+ * cudaStream_t) on a CUDA device, NULL or CU_STREAM_LEGACY for its legacy
+ * default stream. The context never destroys `native`; um_stream_destroy
+ * waits for its work, as for any stream, and forgets the wrapper.
+ * UM_ERR_UNSUPPORTED on host and sim devices, and for CU_STREAM_PER_THREAD
+ * (a different stream in each thread). */
 UM_API um_status um_stream_wrap(um_context *ctx, int dev, void *native, um_stream *out);
 /* The backend's handle (CUstream on CUDA; NULL for default and sim streams). */
 UM_API void *um_stream_native(um_stream s);

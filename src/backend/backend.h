@@ -146,11 +146,12 @@ um_status um__sim_backend_create(const char *name, size_t capacity, size_t granu
  * 0; page_size: its physical page, 0 for the driver's minimum, else a
  * power of two at least that); um__cuda_host_backend_create makes
  * page-locked host memory through the same VMM calls, located on the
- * host, that every GPU can reach.
+ * host node next to GPU `gpu`, made through that GPU's context, and
+ * reachable from every GPU.
  * Both fail with UM_ERR_UNSUPPORTED and the reason when the driver or the
  * feature is missing. */
 um_status um__cuda_backend_create(int ordinal, int vmm, size_t page_size, um__backend **out);
-um_status um__cuda_host_backend_create(size_t capacity, um__backend **out);
+um_status um__cuda_host_backend_create(int gpu, size_t capacity, um__backend **out);
 /* The link from GPU `from` to GPU `to` (ordinals) as the driver reports it. */
 um_status um__cuda_link(int from, int to, um_link_info *out);
 

@@ -418,8 +418,26 @@ static um_status cuda_stream_create(um__backend *b, um__bstream **out)
     return UM_OK;
 }
 
+/* The driver's special stream handles (cuda.h's CU_STREAM_LEGACY and
+ * CU_STREAM_PER_THREAD). */
+#define CUDA_STREAM_LEGACY ((void *)0x1)
+#define CUDA_STREAM_PER_THREAD ((void *)0x2)
+
 static um_status cuda_stream_wrap(um__backend *b, void *native, um__bstream **out)
 {
+    /* The per-thread default stream is another stream in each thread that
+     * names it: fences recorded on it by whichever thread polls (a trim,
+     * another thread's allocation) would not cover the program's work. */
+    if (native == CUDA_STREAM_PER_THREAD)
+        return um__fail(UM_ERR_UNSUPPORTED,
+                        "%s: um_stream_wrap: CU_STREAM_PER_THREAD (the per-thread default "
+                        "stream) is a different stream in each thread and cannot be wrapped; "
+                        "wrap a stream created with cuStreamCreate, or NULL for the legacy "
+                        "default stream",
+                        b->name);
+    /* CU_STREAM_LEGACY is the legacy default stream, the one NULL names. */
+    if (native == CUDA_STREAM_LEGACY)
+        native = NULL;
     cuda_stream *s = calloc(1, sizeof *s);
     if (!s)
         return um__fail(UM_ERR_NOMEM, "%s: no memory for a stream record", b->name);
@@ -1007,7 +1025,7 @@ um_status um__cuda_backend_create(int ordinal, int vmm, size_t page_size, um__ba
     return UM_OK;
 }
 
-um_status um__cuda_host_backend_create(size_t capacity, um__backend **out)
+um_status um__cuda_host_backend_create(int gpu, size_t capacity, um__backend **out)
 {
     const char *what = "pinned host memory";
     *out = NULL;
@@ -1017,8 +1035,11 @@ um_status um__cuda_host_backend_create(size_t capacity, um__backend **out)
         return st;
     if (cu->gpus < 1)
         return um__fail(UM_ERR_UNSUPPORTED, "%s: the driver reports no GPU", what);
+    if (gpu < 0 || gpu >= cu->gpus)
+        return um__fail(UM_ERR_UNSUPPORTED, "%s: the driver reports no GPU %d (%d GPU%s)", what,
+                        gpu, cu->gpus, cu->gpus == 1 ? "" : "s");
     cuda_backend *c;
-    if ((st = cuda_new(cu, 0, what, &c)) != UM_OK)
+    if ((st = cuda_new(cu, gpu, what, &c)) != UM_OK)
         return st;
     um__backend *b = &c->base;
     b->kind = UM_DEVICE_HOST;

@@ -608,9 +608,29 @@ um_status um_sim_stream_work(um_context *ctx, int dev, um_stream s, unsigned lau
 
 /* ------------------------------------------------- init and shutdown */
 
+/* Waits for the work queued on every stream of the context, its own,
+ * the wrapped ones and each device's default stream, before the allocators
+ * unmap and release their memory: unmapping does not wait for the device
+ * (cuMemUnmap promises no synchronization), and a kernel still running on
+ * memory freed in stream order would fault, a sticky error that breaks
+ * the whole process's use of that GPU. A stream that cannot be waited for
+ * is logged; its memory goes anyway, since the context is going. */
+static void sync_all_streams(context_impl *impl)
+{
+    um_context *ctx = &impl->pub;
+    for (stream_node *n = impl->streams.next; n != &impl->streams; n = n->next)
+        if (um__be_stream_sync(ctx->devices[n->s.dev].backend, n->s.ref.bstream) != UM_OK)
+            um__log(UM_LOG_WARN, "um_shutdown: %s", um_last_error());
+    for (int i = 0; i < ctx->ndevices; i++)
+        if (ctx->devices[i].backend &&
+            um__be_stream_sync(ctx->devices[i].backend, NULL) != UM_OK)
+            um__log(UM_LOG_WARN, "um_shutdown: %s", um_last_error());
+}
+
 /* Tears down whatever part of a context exists: allocators first (they
- * return their memory to the backends), then the stream objects, then the
- * backends. Used by um_shutdown and by every failure path of um_init. */
+ * return their memory to the backends, once the streams' work is done),
+ * then the stream objects, then the backends. Used by um_shutdown and by
+ * every failure path of um_init. */
 static void destroy_context(context_impl *impl)
 {
     um_context *ctx = &impl->pub;
@@ -618,6 +638,7 @@ static void destroy_context(context_impl *impl)
         ctx->run_fini(ctx);
     if (ctx->buffers_fini)
         ctx->buffers_fini(ctx);
+    sync_all_streams(impl);
     um__uses_fini(ctx);
     for (int i = 0; i < ctx->ndevices; i++) {
         um_device *d = &ctx->devices[i];
@@ -713,14 +734,22 @@ static um_status add_host(um_context *ctx, um__backend *b)
 static um_status create_host(um_context *ctx, const device_spec *specs, int nspecs)
 {
     const um__options *o = &ctx->opts;
+    /* Pinned memory goes through the first GPU the devices name (cuda:N,
+     * or GPU 0 for "cuda"), so that no other GPU gets a primary context
+     * (hundreds of MiB of its memory) and the pages sit on the NUMA node
+     * next to a GPU in use. */
     bool gpu_listed = false;
-    for (int i = 0; i < nspecs; i++)
-        gpu_listed |= specs[i].kind == SPEC_CUDA;
+    int pin_gpu = 0;
+    for (int i = 0; i < nspecs && !gpu_listed; i++)
+        if (specs[i].kind == SPEC_CUDA) {
+            gpu_listed = true;
+            pin_gpu = specs[i].ordinal < 0 ? 0 : specs[i].ordinal;
+        }
     um__backend *b = NULL;
     um_status st;
     if (o->host_memory == UM_HOST_MEMORY_PINNED ||
         (o->host_memory == UM_HOST_MEMORY_AUTO && gpu_listed)) {
-        st = um__cuda_host_backend_create(o->host_capacity, &b);
+        st = um__cuda_host_backend_create(pin_gpu, o->host_capacity, &b);
         if (st == UM_OK)
             return add_host(ctx, b);
         if (o->host_memory == UM_HOST_MEMORY_PINNED)

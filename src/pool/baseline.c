@@ -356,15 +356,38 @@ static um__backend *bl_event_backend(const baseline *bl, const bl_block *b)
 
 /* ------------------------------------------------------ backend memory */
 
+/* Waits for the work queued before b's free on its stream (its event,
+ * else the stream), which may still use the range. A wait that fails
+ * (the stream's context is broken) is not tried again: b forgets its
+ * stream, so a retry of the teardown never names a stream destroyed
+ * meanwhile. */
+static um_status bl_wait_stream_work(baseline *bl, bl_block *b)
+{
+    um__backend *sbe = bl_event_backend(bl, b);
+    um_status s = UM_OK;
+    if (b->event)
+        s = um__be_event_sync(sbe, b->event);
+    else if (b->stream_valid)
+        s = um__be_stream_sync(sbe, b->bstream);
+    if (b->event)
+        um__be_event_destroy(sbe, b->event);
+    b->event = NULL;
+    b->stream_valid = false;
+    return s;
+}
+
 /* Gives back whatever of b's backend resources remain, in reverse order of
  * creation. A failure leaves the flags saying what is still held, so the
- * teardown can be retried. An unmap waits for the device work that still
- * uses the range (cuMemUnmap is synchronous), so no stream is synchronized
- * here. */
+ * teardown can be retried. The unmap first waits for the device work that
+ * may still use the range: unmapping does not wait for it (cuMemUnmap
+ * promises no synchronization; PyTorch's expandable segments synchronize
+ * before unmapping for the same reason). */
 static um_status bl_teardown(baseline *bl, bl_block *b)
 {
     um__backend *be = bl->base.backend;
     um_status s;
+    if (b->mapped && (b->event || b->stream_valid) && (s = bl_wait_stream_work(bl, b)) != UM_OK)
+        return s;
     if (b->event) {
         um__be_event_destroy(bl_event_backend(bl, b), b->event);
         b->event = NULL;
@@ -873,6 +896,12 @@ static um_status bl_stream_forget(um__allocator *a, const um__stream_ref *sr)
                 b->event = NULL;
                 b->stream_valid = false;
             } else {
+                /* The stream is going and its work cannot be waited
+                 * for: the buffer is released without the wait. */
+                if (b->event)
+                    um__be_event_destroy(bl_event_backend(bl, b), b->event);
+                b->event = NULL;
+                b->stream_valid = false;
                 bl_uncache(bl, b);
                 bl_unindex(bl, b);
                 bl_dispose(bl, b);

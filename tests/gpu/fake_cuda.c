@@ -35,10 +35,45 @@
  * second mapping of the same memory, so a test that reads or writes GPU
  * memory in place crashes instead of passing only here. (cuMemAlloc
  * segments and pinned host memory stay readable.)
+ *
+ * FAKE_CUDA_LAZY_QUERIES=N turns on lazy mode, for tests of stream order
+ * (tests/gpu/test_cuda_order.c): work completing at once hides every bug
+ * of memory unmapped while queued work still uses it. Bytes still move at
+ * once, but each cuMemcpyAsync, cuMemsetD8Async and fake_lazy_launch stays
+ * pending, with the addresses it touches, until cuStreamSynchronize of its
+ * stream, cuEventSynchronize of an event recorded after it, or the Nth
+ * cuEventQuery of such an event (the ones before answer
+ * CUDA_ERROR_NOT_READY; N=0: a query never completes work). Completion
+ * carries through cuStreamWaitEvent: finishing a stream's wait finishes
+ * the work the event stood for. The driver then reports, on stderr (the
+ * first 20 of each kind) and in counters:
+ *   - "unmap": a cuMemUnmap or cuMemFree over bytes that pending work
+ *     touches;
+ *   - "race": an operation on bytes that another stream's pending work
+ *     touches (one of them writing) with no event ordering the two.
+ * NULL and CU_STREAM_LEGACY (0x1) are each GPU's legacy default stream (the
+ * GPU of the current context, GPU 0 with none) and CU_STREAM_PER_THREAD
+ * (0x2) a stream of the calling thread's own; every stream is taken to be
+ * non-blocking (the legacy stream's implicit synchronisation is not
+ * modelled). A destroyed stream's pending work stays pending, as it still
+ * runs on a GPU. FAKE_CUDA_LAZY_ABORT=1 aborts at the first violation,
+ * for a debugger. Entry points for tests (found with dlsym):
+ * fake_lazy_launch(stream, p, n) queues a "kernel" writing [p, p+n) on
+ * stream; fake_lazy_wait(waiter, on) makes stream `waiter` wait for the
+ * work queued on `on` so far, as an event would; fake_lazy_drain()
+ * completes everything pending; fake_lazy_violations("unmap" or "race")
+ * counts the reports so far. The first three return -1 when lazy mode is
+ * off. Tables are fixed (256 streams, 65,536 pending operations): a test
+ * that outgrows one stops with a message, never with a record overwritten.
+ *
+ * fake_lazy_retains(gpu) counts the cuDevicePrimaryCtxRetain calls for a
+ * GPU so far, in either mode, for tests of which GPUs a context touches.
  */
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -162,6 +197,478 @@ static um_cuResult forced(const char *call)
     } while (0)
 static char ctx_tokens[64];
 
+/* The GPU of the calling thread's current context, or -1 with none. */
+static int current_gpu(void)
+{
+    return current ? (int)((char *)current - ctx_tokens) : -1;
+}
+
+/* cuDevicePrimaryCtxRetain calls per GPU, so that a test can tell which
+ * GPUs a context touched (fake_lazy_retains). */
+static _Atomic int primary_retains[64];
+
+EXPORT int fake_lazy_retains(int gpu)
+{
+    return gpu >= 0 && gpu < 64 ? atomic_load(&primary_retains[gpu]) : -1;
+}
+
+/* ---------------------------------------------------------------- lazy mode
+ *
+ * The header comment says what lazy mode does. How: every queued operation
+ * takes a number from one counter of the whole driver, so numbers grow
+ * along each stream and across streams, and a stream's work "up to n" is
+ * its pending operations numbered n or less. Each stream keeps its pending
+ * operations oldest first; completing a stream up to n drops them from the
+ * front. A stream that waits for an event gets an operation of its own, a
+ * wait, whose completion completes the event's stream up to the event, so
+ * completion carries along chains of waits exactly as far as the GPU's
+ * would, no further.
+ *
+ * For the race check each stream also keeps, per other stream, the number
+ * up to which its next operation is ordered after that stream's work (what
+ * its waits so far have told it; an event takes a copy when recorded). Two
+ * operations on the same bytes from different streams, one writing, are a
+ * race when the older is not covered by that number.
+ *
+ * A record of a destroyed stream (or of an exited thread's per-thread
+ * stream) stays while it has pending work, then its slot is reused. Since
+ * numbers never repeat, what an event or another stream remembers of the
+ * slot's old stream is below every number of the new one, so it orders
+ * nothing of the new stream and completes nothing of it. */
+
+enum {
+    LAZY_MAX_STREAMS = 256,
+    LAZY_MAX_OPS = 1 << 16,
+    LAZY_MAX_GPUS = 64,
+    LAZY_REPORTS_SHOWN = 20,
+    LAZY_STREAM_LEGACY = 1,     /* CU_STREAM_LEGACY */
+    LAZY_STREAM_PER_THREAD = 2, /* CU_STREAM_PER_THREAD */
+};
+
+typedef enum lazy_op_kind {
+    LAZY_KERNEL,
+    LAZY_COPY_READ,
+    LAZY_COPY_WRITE,
+    LAZY_MEMSET,
+    LAZY_WAIT,
+} lazy_op_kind;
+
+static const char *const lazy_op_names[] = {"kernel", "copy (read)", "copy (write)", "memset",
+                                            "wait"};
+
+typedef struct lazy_op {
+    uint64_t seq;
+    lazy_op_kind kind;
+    uintptr_t lo, hi;    /* the bytes it touches (not for a wait) */
+    int waited_stream;   /* a wait: the stream slot it waits for, */
+    uint64_t waited_seq; /* up to this number */
+    int next;            /* the stream's next newer op, or the next free op; -1: none */
+} lazy_op;
+
+typedef struct lazy_stream {
+    bool in_use;
+    bool orphaned; /* destroyed, or its thread exited: the slot goes once its work is done */
+    void *handle;  /* the CUstream it stands for; NULL for legacy and per-thread streams */
+    int gpu;
+    const char *kind;
+    int oldest, newest; /* its pending ops; -1: none */
+    uint64_t last_seq;  /* the number of the newest op ever queued on it; 0: none */
+    uint64_t ordered_after[LAZY_MAX_STREAMS];
+} lazy_stream;
+
+/* What an event of lazy mode is: the work of one stream up to a number. */
+typedef struct lazy_event {
+    bool recorded;
+    int stream;
+    uint64_t seq;
+    int queries; /* cuEventQuery calls since it was recorded */
+    uint64_t ordered_after[LAZY_MAX_STREAMS];
+} lazy_event;
+
+/* Per-thread streams of one thread, a slot + 1 per GPU (0: none yet). Kept
+ * in malloc'ed memory, the thread key's value, so that the key's
+ * destructor can orphan them when the thread exits. */
+typedef struct lazy_thread_streams {
+    int slot_plus_one[LAZY_MAX_GPUS];
+} lazy_thread_streams;
+
+/* Set once by setup(), before any other thread can call the driver. */
+static int lazy;
+static int lazy_queries_to_complete;
+static int lazy_abort_on_violation;
+static pthread_key_t lazy_thread_key;
+
+/* Lock order: the driver's lock, then lazy_lock; nothing here takes the
+ * driver's lock while holding lazy_lock. Everything below is under it. */
+static pthread_mutex_t lazy_lock = PTHREAD_MUTEX_INITIALIZER;
+static lazy_stream lazy_streams[LAZY_MAX_STREAMS];
+static lazy_op lazy_ops[LAZY_MAX_OPS];
+static int lazy_free_ops = -1;
+static uint64_t lazy_last_seq;
+static int lazy_legacy_plus_one[LAZY_MAX_GPUS];
+/* Completion's work list: (stream, up to) pairs still to complete. Each
+ * entry after the first comes from a wait op taken out of the table, so it
+ * never holds more than the table plus one. */
+static struct {
+    int stream;
+    uint64_t upto;
+} lazy_todo[LAZY_MAX_OPS + 1];
+
+static __thread lazy_thread_streams *lazy_this_thread;
+static _Atomic long lazy_unmap_violations, lazy_race_violations;
+
+/* A full table means a test that never waits for its streams or leaks
+ * them; going on would lose records and with them the reports. */
+static _Noreturn void lazy_table_full(const char *what, int limit)
+{
+    fprintf(stderr,
+            "fake_cuda: lazy mode: more than %d %s at once (a stream never synchronized, or "
+            "streams never destroyed?); stopping rather than losing track\n",
+            limit, what);
+    abort();
+}
+
+static void lazy_report(_Atomic long *count, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* Counts a violation and prints the first few of each kind. */
+static void lazy_report(_Atomic long *count, const char *fmt, ...)
+{
+    long n = atomic_fetch_add(count, 1) + 1;
+    if (n <= LAZY_REPORTS_SHOWN) {
+        va_list ap;
+        va_start(ap, fmt);
+        fputs("fake_cuda: LAZY VIOLATION: ", stderr);
+        vfprintf(stderr, fmt, ap);
+        fputc('\n', stderr);
+        va_end(ap);
+    }
+    if (lazy_abort_on_violation)
+        abort();
+}
+
+/* Gives an orphaned stream's slot back once its work is done. */
+static void lazy_forget_if_done(int slot)
+{
+    lazy_stream *s = &lazy_streams[slot];
+    if (s->orphaned && s->oldest < 0)
+        s->in_use = false;
+}
+
+static void lazy_orphan(int slot)
+{
+    lazy_streams[slot].orphaned = true;
+    lazy_streams[slot].handle = NULL;
+    lazy_forget_if_done(slot);
+}
+
+/* The key's destructor: an exited thread's per-thread streams are
+ * orphaned, their pending work still to complete. */
+static void lazy_thread_exit(void *streams)
+{
+    lazy_thread_streams *t = streams;
+    pthread_mutex_lock(&lazy_lock);
+    for (int g = 0; g < LAZY_MAX_GPUS; g++)
+        if (t->slot_plus_one[g])
+            lazy_orphan(t->slot_plus_one[g] - 1);
+    pthread_mutex_unlock(&lazy_lock);
+    lazy_this_thread = NULL;
+    free(t);
+}
+
+/* Reads the lazy-mode variables and links the free ops (from setup(),
+ * under the driver's lock). */
+static int lazy_setup(void)
+{
+    const char *queries = getenv("FAKE_CUDA_LAZY_QUERIES");
+    if (!queries || !*queries)
+        return 0;
+    lazy = 1;
+    lazy_queries_to_complete = atoi(queries) > 0 ? atoi(queries) : 0;
+    lazy_abort_on_violation =
+        getenv("FAKE_CUDA_LAZY_ABORT") && atoi(getenv("FAKE_CUDA_LAZY_ABORT"));
+    for (int i = 0; i < LAZY_MAX_OPS; i++)
+        lazy_ops[i].next = i + 1 < LAZY_MAX_OPS ? i + 1 : -1;
+    lazy_free_ops = 0;
+    return pthread_key_create(&lazy_thread_key, lazy_thread_exit) == 0 ? 0 : -1;
+}
+
+static int lazy_stream_new(int gpu, const char *kind, void *handle)
+{
+    for (int i = 0; i < LAZY_MAX_STREAMS; i++) {
+        lazy_stream *s = &lazy_streams[i];
+        if (s->in_use)
+            continue;
+        s->in_use = true;
+        s->orphaned = false;
+        s->handle = handle;
+        s->gpu = gpu;
+        s->kind = kind;
+        s->oldest = s->newest = -1;
+        s->last_seq = 0;
+        memset(s->ordered_after, 0, sizeof s->ordered_after);
+        return i;
+    }
+    lazy_table_full("streams", LAZY_MAX_STREAMS);
+}
+
+/* The slot of a stream cuStreamCreate made, or -1. */
+static int lazy_created_stream(um_cuStream handle)
+{
+    for (int i = 0; i < LAZY_MAX_STREAMS; i++)
+        if (lazy_streams[i].in_use && lazy_streams[i].handle == (void *)handle)
+            return i;
+    return -1;
+}
+
+/* The slot of the stream a handle names, made on first use. */
+static int lazy_stream_of(um_cuStream handle)
+{
+    int gpu = current_gpu() < 0 ? 0 : current_gpu();
+    uintptr_t h = (uintptr_t)handle;
+    if (h == 0 || h == LAZY_STREAM_LEGACY) {
+        if (!lazy_legacy_plus_one[gpu])
+            lazy_legacy_plus_one[gpu] = 1 + lazy_stream_new(gpu, "legacy default", NULL);
+        return lazy_legacy_plus_one[gpu] - 1;
+    }
+    if (h == LAZY_STREAM_PER_THREAD) {
+        if (!lazy_this_thread) {
+            lazy_this_thread = calloc(1, sizeof *lazy_this_thread);
+            if (!lazy_this_thread) {
+                fputs("fake_cuda: lazy mode: no memory for a thread's streams\n", stderr);
+                abort();
+            }
+            (void)pthread_setspecific(lazy_thread_key, lazy_this_thread);
+        }
+        int *slot = &lazy_this_thread->slot_plus_one[gpu];
+        if (!*slot)
+            *slot = 1 + lazy_stream_new(gpu, "per-thread default", NULL);
+        return *slot - 1;
+    }
+    int created = lazy_created_stream(handle);
+    if (created >= 0)
+        return created;
+    /* Not one of cuStreamCreate's: a test's own handle, or one used after
+     * its stream was destroyed. It gets a stream of its own. */
+    return lazy_stream_new(gpu, "unknown handle", (void *)handle);
+}
+
+/* True when the stream in `slot` has no pending work numbered `seq` or
+ * less (a slot given to another stream since has none). */
+static bool lazy_done(int slot, uint64_t seq)
+{
+    lazy_stream *s = &lazy_streams[slot];
+    return !s->in_use || s->oldest < 0 || lazy_ops[s->oldest].seq > seq;
+}
+
+/* Queues op `i` (filled in but for its number) on stream `slot`. */
+static void lazy_append(int slot, int i)
+{
+    lazy_stream *s = &lazy_streams[slot];
+    lazy_ops[i].seq = ++lazy_last_seq;
+    lazy_ops[i].next = -1;
+    if (s->newest >= 0)
+        lazy_ops[s->newest].next = i;
+    else
+        s->oldest = i;
+    s->newest = i;
+    s->last_seq = lazy_ops[i].seq;
+}
+
+static int lazy_take_op(void)
+{
+    int i = lazy_free_ops;
+    if (i < 0)
+        lazy_table_full("pending stream operations", LAZY_MAX_OPS);
+    lazy_free_ops = lazy_ops[i].next;
+    return i;
+}
+
+/* Completes stream `slot` up to `upto`, and through its waits whatever
+ * they waited for. */
+static void lazy_complete(int slot, uint64_t upto)
+{
+    int todo = 0;
+    lazy_todo[todo].stream = slot;
+    lazy_todo[todo++].upto = upto;
+    while (todo) {
+        todo--;
+        int t = lazy_todo[todo].stream;
+        uint64_t until = lazy_todo[todo].upto;
+        lazy_stream *s = &lazy_streams[t];
+        while (s->in_use && s->oldest >= 0 && lazy_ops[s->oldest].seq <= until) {
+            int i = s->oldest;
+            s->oldest = lazy_ops[i].next;
+            if (s->oldest < 0)
+                s->newest = -1;
+            if (lazy_ops[i].kind == LAZY_WAIT) {
+                lazy_todo[todo].stream = lazy_ops[i].waited_stream;
+                lazy_todo[todo++].upto = lazy_ops[i].waited_seq;
+            }
+            lazy_ops[i].next = lazy_free_ops;
+            lazy_free_ops = i;
+        }
+        if (s->in_use)
+            lazy_forget_if_done(t);
+    }
+}
+
+/* Stream `waiter` waits for stream `on` up to `seq`, `on` having been
+ * ordered after others as `on_ordered_after` says. */
+static void lazy_wait_for(int waiter, int on, uint64_t seq, const uint64_t *on_ordered_after)
+{
+    lazy_stream *w = &lazy_streams[waiter];
+    for (int i = 0; i < LAZY_MAX_STREAMS; i++)
+        if (on_ordered_after[i] > w->ordered_after[i])
+            w->ordered_after[i] = on_ordered_after[i];
+    if (waiter == on)
+        return;
+    if (seq > w->ordered_after[on])
+        w->ordered_after[on] = seq;
+    if (lazy_done(on, seq))
+        return;
+    int i = lazy_take_op();
+    lazy_ops[i].kind = LAZY_WAIT;
+    lazy_ops[i].lo = lazy_ops[i].hi = 0;
+    lazy_ops[i].waited_stream = on;
+    lazy_ops[i].waited_seq = seq;
+    lazy_append(waiter, i);
+}
+
+static bool lazy_writes(lazy_op_kind kind)
+{
+    return kind != LAZY_COPY_READ && kind != LAZY_WAIT;
+}
+
+/* Queues an access of [lo, lo+n) on stream `slot`, reporting pending work
+ * of other streams on those bytes that nothing orders it after. */
+static void lazy_enqueue(int slot, lazy_op_kind kind, uintptr_t lo, size_t n)
+{
+    if (!n)
+        return;
+    uintptr_t hi = lo + n;
+    lazy_stream *s = &lazy_streams[slot];
+    for (int t = 0; t < LAZY_MAX_STREAMS; t++) {
+        lazy_stream *other = &lazy_streams[t];
+        if (t == slot || !other->in_use)
+            continue;
+        for (int j = other->oldest; j >= 0; j = lazy_ops[j].next) {
+            lazy_op *o = &lazy_ops[j];
+            if (o->kind == LAZY_WAIT || o->hi <= lo || hi <= o->lo ||
+                !(lazy_writes(kind) || lazy_writes(o->kind)) || o->seq <= s->ordered_after[t])
+                continue;
+            lazy_report(&lazy_race_violations,
+                        "unordered %s on stream %d (%s, GPU %d) of [%#lx, +%#zx) while stream %d "
+                        "(%s, GPU %d) has a pending %s of [%#lx, +%#zx)",
+                        lazy_op_names[kind], slot, s->kind, s->gpu, (unsigned long)lo, n, t,
+                        other->kind, other->gpu, lazy_op_names[o->kind], (unsigned long)o->lo,
+                        (size_t)(o->hi - o->lo));
+            break;
+        }
+    }
+    int i = lazy_take_op();
+    lazy_ops[i].kind = kind;
+    lazy_ops[i].lo = lo;
+    lazy_ops[i].hi = hi;
+    lazy_ops[i].waited_stream = -1;
+    lazy_ops[i].waited_seq = 0;
+    lazy_append(slot, i);
+}
+
+/* Reports a `call` giving up [lo, lo+n) while pending work touches it. */
+static void lazy_check_release(uintptr_t lo, size_t n, const char *call)
+{
+    uintptr_t hi = lo + n;
+    pthread_mutex_lock(&lazy_lock);
+    for (int t = 0; t < LAZY_MAX_STREAMS; t++) {
+        lazy_stream *s = &lazy_streams[t];
+        if (!s->in_use)
+            continue;
+        for (int j = s->oldest; j >= 0; j = lazy_ops[j].next) {
+            lazy_op *o = &lazy_ops[j];
+            if (o->kind == LAZY_WAIT || o->hi <= lo || hi <= o->lo)
+                continue;
+            lazy_report(&lazy_unmap_violations,
+                        "%s of [%#lx, +%#zx) while stream %d (%s, GPU %d%s) still has a "
+                        "pending %s of [%#lx, +%#zx)",
+                        call, (unsigned long)lo, n, t, s->kind, s->gpu,
+                        s->orphaned ? ", destroyed" : "", lazy_op_names[o->kind],
+                        (unsigned long)o->lo, (size_t)(o->hi - o->lo));
+            pthread_mutex_unlock(&lazy_lock);
+            return;
+        }
+    }
+    pthread_mutex_unlock(&lazy_lock);
+}
+
+/* The stream operations' hook: queues an access in lazy mode. */
+static void lazy_access(um_cuStream stream, lazy_op_kind kind, uintptr_t lo, size_t n)
+{
+    if (!lazy)
+        return;
+    pthread_mutex_lock(&lazy_lock);
+    lazy_enqueue(lazy_stream_of(stream), kind, lo, n);
+    pthread_mutex_unlock(&lazy_lock);
+}
+
+/* A "kernel" on `stream` that writes [p, p+n). */
+EXPORT int fake_lazy_launch(um_cuStream stream, void *p, size_t n)
+{
+    if (!lazy)
+        return -1;
+    lazy_access(stream, LAZY_KERNEL, (uintptr_t)p, n);
+    return 0;
+}
+
+/* Stream `waiter` waits for the work queued on `on` so far, as after an
+ * event recorded on `on` and waited for on `waiter`. */
+EXPORT int fake_lazy_wait(um_cuStream waiter, um_cuStream on)
+{
+    if (!lazy)
+        return -1;
+    pthread_mutex_lock(&lazy_lock);
+    int w = lazy_stream_of(waiter), o = lazy_stream_of(on);
+    lazy_wait_for(w, o, lazy_streams[o].last_seq, lazy_streams[o].ordered_after);
+    pthread_mutex_unlock(&lazy_lock);
+    return 0;
+}
+
+/* Completes all pending work, as synchronizing every GPU would: a test
+ * starts its next check from idle GPUs whatever the last one left
+ * pending (a destroyed stream's work would otherwise stay pending). */
+EXPORT int fake_lazy_drain(void)
+{
+    if (!lazy)
+        return -1;
+    pthread_mutex_lock(&lazy_lock);
+    for (int t = 0; t < LAZY_MAX_STREAMS; t++)
+        if (lazy_streams[t].in_use)
+            lazy_complete(t, lazy_last_seq);
+    pthread_mutex_unlock(&lazy_lock);
+    return 0;
+}
+
+/* Violations so far: "unmap" or "race"; -1 for another word. */
+EXPORT long fake_lazy_violations(const char *what)
+{
+    if (strcmp(what, "unmap") == 0)
+        return atomic_load(&lazy_unmap_violations);
+    if (strcmp(what, "race") == 0)
+        return atomic_load(&lazy_race_violations);
+    return -1;
+}
+
+/* A summary at exit, since the first reports may have scrolled away. */
+__attribute__((destructor)) static void lazy_summary(void)
+{
+    long unmaps = atomic_load(&lazy_unmap_violations), races = atomic_load(&lazy_race_violations);
+    if (unmaps || races)
+        fprintf(stderr,
+                "fake_cuda: lazy mode found %ld unmap(s) of memory in use and %ld unordered "
+                "access(es)\n",
+                unmaps, races);
+}
+
 static int setup(void)
 {
     if (fd >= 0)
@@ -177,6 +684,8 @@ static int setup(void)
     if (getenv("FAKE_CUDA_FAIL_EVERY"))
         fail_every = (unsigned)atoi(getenv("FAKE_CUDA_FAIL_EVERY"));
     opaque = getenv("FAKE_CUDA_OPAQUE") && atoi(getenv("FAKE_CUDA_OPAQUE"));
+    if (lazy_setup() != 0)
+        return -1;
     fd = memfd_create("fake_cuda", 0);
     return fd < 0 ? -1 : 0;
 }
@@ -204,6 +713,7 @@ EXPORT um_cuResult cuGetErrorName(um_cuResult r, const char **s)
     case UM_CU_ERROR_INVALID_VALUE: *s = "CUDA_ERROR_INVALID_VALUE"; break;
     case UM_CU_ERROR_OUT_OF_MEMORY: *s = "CUDA_ERROR_OUT_OF_MEMORY"; break;
     case UM_CU_ERROR_NOT_SUPPORTED: *s = "CUDA_ERROR_NOT_SUPPORTED"; break;
+    case UM_CU_ERROR_NOT_READY: *s = "CUDA_ERROR_NOT_READY"; break;
     case 201: *s = "CUDA_ERROR_INVALID_CONTEXT"; break;
     default: *s = NULL; return UM_CU_ERROR_INVALID_VALUE;
     }
@@ -288,6 +798,7 @@ EXPORT um_cuResult cuDevicePrimaryCtxRetain(um_cuContext *c, um_cuDevice d)
 {
     if (!valid_gpu(d))
         return UM_CU_ERROR_INVALID_VALUE;
+    atomic_fetch_add(&primary_retains[d], 1);
     *c = (um_cuContext)&ctx_tokens[d];
     return UM_CU_SUCCESS;
 }
@@ -309,11 +820,6 @@ EXPORT um_cuResult cuCtxSetCurrent(um_cuContext c)
     FORCED("cuCtxSetCurrent");
     current = c;
     return UM_CU_SUCCESS;
-}
-
-static int current_gpu(void)
-{
-    return current ? (int)((char *)current - ctx_tokens) : -1;
 }
 
 EXPORT um_cuResult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
@@ -530,6 +1036,8 @@ EXPORT um_cuResult cuMemUnmap(um_cuDeviceptr p, size_t size)
     mmap((void *)va, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED,
          -1, 0);
     pthread_mutex_unlock(&lock);
+    if (lazy)
+        lazy_check_release(va, size, "cuMemUnmap");
     return UM_CU_SUCCESS;
 }
 
@@ -581,6 +1089,8 @@ EXPORT um_cuResult cuMemFree_v2(um_cuDeviceptr p)
     pthread_mutex_lock(&lock);
     used[g] -= rounded;
     pthread_mutex_unlock(&lock);
+    if (lazy)
+        lazy_check_release((uintptr_t)p, rounded, "cuMemFree");
     munmap(m, rounded + PAGE);
     return UM_CU_SUCCESS;
 }
@@ -644,16 +1154,17 @@ EXPORT um_cuResult cuMemcpy(um_cuDeviceptr dst, um_cuDeviceptr src, size_t n)
 
 EXPORT um_cuResult cuMemcpyAsync(um_cuDeviceptr dst, um_cuDeviceptr src, size_t n, um_cuStream s)
 {
-    (void)s;
     FORCED("cuMemcpyAsync");
+    lazy_access(s, LAZY_COPY_READ, (uintptr_t)src, n);
+    lazy_access(s, LAZY_COPY_WRITE, (uintptr_t)dst, n);
     copy_bytes((uintptr_t)dst, (uintptr_t)src, n);
     return UM_CU_SUCCESS;
 }
 
 EXPORT um_cuResult cuMemsetD8Async(um_cuDeviceptr dst, unsigned char v, size_t n, um_cuStream s)
 {
-    (void)s;
     FORCED("cuMemsetD8Async");
+    lazy_access(s, LAZY_MEMSET, (uintptr_t)dst, n);
     set_bytes((uintptr_t)dst, v, n);
     return UM_CU_SUCCESS;
 }
@@ -666,6 +1177,11 @@ EXPORT um_cuResult cuStreamCreate(um_cuStream *s, unsigned flags)
     if (!*s)
         return UM_CU_ERROR_OUT_OF_MEMORY;
     live_streams++;
+    if (lazy) {
+        pthread_mutex_lock(&lazy_lock);
+        (void)lazy_stream_new(current_gpu() < 0 ? 0 : current_gpu(), "created", *s);
+        pthread_mutex_unlock(&lazy_lock);
+    }
     return UM_CU_SUCCESS;
 }
 
@@ -674,6 +1190,15 @@ EXPORT um_cuResult cuStreamDestroy_v2(um_cuStream s)
     FORCED("cuStreamDestroy");
     if (!s)
         return UM_CU_ERROR_INVALID_VALUE;
+    if (lazy) {
+        /* Like CUDA: the stream's pending work still runs, so its record
+         * stays until that work is done. */
+        pthread_mutex_lock(&lazy_lock);
+        int slot = lazy_created_stream(s);
+        if (slot >= 0)
+            lazy_orphan(slot);
+        pthread_mutex_unlock(&lazy_lock);
+    }
     free(s);
     live_streams--;
     return UM_CU_SUCCESS;
@@ -681,17 +1206,29 @@ EXPORT um_cuResult cuStreamDestroy_v2(um_cuStream s)
 
 EXPORT um_cuResult cuStreamSynchronize(um_cuStream s)
 {
-    (void)s;
     FORCED("cuStreamSynchronize");
-    return current ? UM_CU_SUCCESS : UM_CU_ERROR_INVALID_VALUE;
+    if (!current)
+        return UM_CU_ERROR_INVALID_VALUE;
+    if (lazy) {
+        pthread_mutex_lock(&lazy_lock);
+        int slot = lazy_stream_of(s);
+        lazy_complete(slot, lazy_streams[slot].last_seq);
+        pthread_mutex_unlock(&lazy_lock);
+    }
+    return UM_CU_SUCCESS;
 }
 
 EXPORT um_cuResult cuStreamWaitEvent(um_cuStream s, um_cuEvent e, unsigned flags)
 {
-    (void)s;
-    (void)e;
     (void)flags;
     FORCED("cuStreamWaitEvent");
+    lazy_event *ev = (lazy_event *)e;
+    if (lazy && ev) {
+        pthread_mutex_lock(&lazy_lock);
+        if (ev->recorded)
+            lazy_wait_for(lazy_stream_of(s), ev->stream, ev->seq, ev->ordered_after);
+        pthread_mutex_unlock(&lazy_lock);
+    }
     return UM_CU_SUCCESS;
 }
 
@@ -699,7 +1236,8 @@ EXPORT um_cuResult cuEventCreate(um_cuEvent *e, unsigned flags)
 {
     (void)flags;
     FORCED("cuEventCreate");
-    *e = malloc(1);
+    /* Lazy mode's events say which work they stand for. */
+    *e = lazy ? calloc(1, sizeof(lazy_event)) : malloc(1);
     if (!*e)
         return UM_CU_ERROR_OUT_OF_MEMORY;
     live_events++;
@@ -718,23 +1256,59 @@ EXPORT um_cuResult cuEventDestroy_v2(um_cuEvent e)
 
 EXPORT um_cuResult cuEventRecord(um_cuEvent e, um_cuStream s)
 {
-    (void)s;
     FORCED("cuEventRecord");
     if (injected(F_RECORD))
         return UM_CU_ERROR_INVALID_VALUE;
-    return e && current ? UM_CU_SUCCESS : UM_CU_ERROR_INVALID_VALUE;
+    if (!e || !current)
+        return UM_CU_ERROR_INVALID_VALUE;
+    if (lazy) {
+        lazy_event *ev = (lazy_event *)e;
+        pthread_mutex_lock(&lazy_lock);
+        ev->stream = lazy_stream_of(s);
+        ev->seq = lazy_streams[ev->stream].last_seq;
+        ev->queries = 0;
+        ev->recorded = true;
+        memcpy(ev->ordered_after, lazy_streams[ev->stream].ordered_after, sizeof ev->ordered_after);
+        pthread_mutex_unlock(&lazy_lock);
+    }
+    return UM_CU_SUCCESS;
 }
 
+/* In lazy mode an event's work completes at the Nth query since it was
+ * recorded (FAKE_CUDA_LAZY_QUERIES=N), so that a caller polling for it
+ * sees it unfinished first. */
 EXPORT um_cuResult cuEventQuery(um_cuEvent e)
 {
     FORCED("cuEventQuery");
-    return e ? UM_CU_SUCCESS : UM_CU_ERROR_INVALID_VALUE;
+    if (!e)
+        return UM_CU_ERROR_INVALID_VALUE;
+    if (!lazy)
+        return UM_CU_SUCCESS;
+    lazy_event *ev = (lazy_event *)e;
+    um_cuResult r = UM_CU_SUCCESS;
+    pthread_mutex_lock(&lazy_lock);
+    if (ev->recorded && !lazy_done(ev->stream, ev->seq)) {
+        if (lazy_queries_to_complete && ++ev->queries >= lazy_queries_to_complete)
+            lazy_complete(ev->stream, ev->seq);
+        else
+            r = UM_CU_ERROR_NOT_READY;
+    }
+    pthread_mutex_unlock(&lazy_lock);
+    return r;
 }
 
 EXPORT um_cuResult cuEventSynchronize(um_cuEvent e)
 {
     FORCED("cuEventSynchronize");
-    return e ? UM_CU_SUCCESS : UM_CU_ERROR_INVALID_VALUE;
+    if (!e)
+        return UM_CU_ERROR_INVALID_VALUE;
+    lazy_event *ev = (lazy_event *)e;
+    if (lazy && ev->recorded) {
+        pthread_mutex_lock(&lazy_lock);
+        lazy_complete(ev->stream, ev->seq);
+        pthread_mutex_unlock(&lazy_lock);
+    }
+    return UM_CU_SUCCESS;
 }
 
 EXPORT um_cuResult cuModuleLoadData(um_cuModule *m, const void *image)

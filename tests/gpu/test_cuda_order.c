@@ -1,0 +1,410 @@
+/*
+ * Stream order through the CUDA backend, on the stand-in driver's lazy mode
+ * (tests/gpu/fake_cuda.c, FAKE_CUDA_LAZY_QUERIES): there queued work stays
+ * pending until something waits for it, and the driver reports memory
+ * unmapped or freed under pending work ("unmap") and bytes two streams
+ * touch with nothing ordering them ("race"). Work that completes at once,
+ * as in the stand-in's default mode, hides both. Checks:
+ *   - um_shutdown waits for the work of every stream before it gives the
+ *     memory back (an own stream, and the default stream);
+ *   - um_trim of the buffer cache gives back no block whose free-time work
+ *     is pending, and gives it back once that work is done;
+ *   - um_stream_wrap refuses CU_STREAM_PER_THREAD, and wraps CU_STREAM_LEGACY
+ *     as the device's legacy default stream;
+ *   - a context of GPU 1 alone retains no other GPU's primary context;
+ *   - random use from several threads on several streams (with
+ *     um_record_stream) of the pool, the direct allocator, the buffer cache
+ *     and the pinned host pool makes no unmap or race report.
+ * The test sets FAKE_CUDA_LAZY_QUERIES=3 and FAKE_CUDA_GPUS=4 unless they
+ * are set. Exits 77 (skipped), saying why, without the stand-in driver.
+ */
+#include "harness.h"
+
+#include <ctype.h>
+#include <dlfcn.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MIB ((size_t)1 << 20)
+#define SKIP 77
+#define BLOCK (4 * MIB)
+#define CU_STREAM_LEGACY ((void *)0x1)
+#define CU_STREAM_PER_THREAD ((void *)0x2)
+
+/* The stand-in driver's entry points for tests. */
+static int (*lazy_launch)(void *stream, void *p, size_t n);
+static int (*lazy_wait)(void *waiter, void *on);
+static int (*lazy_drain)(void);
+static long (*lazy_violations)(const char *what);
+static int (*lazy_retains)(int gpu);
+
+/* Violation counts at the start of a check, to report its own only. */
+typedef struct counts {
+    long unmap, race;
+} counts;
+
+static counts counts_now(void)
+{
+    return (counts){lazy_violations("unmap"), lazy_violations("race")};
+}
+
+/* Each check starts from idle GPUs: work an earlier check left pending (on
+ * a stream since destroyed, say) completes here and cannot be blamed on
+ * the next check. */
+static counts check_begin(const char *name)
+{
+    printf("-- %s\n", name);
+    fflush(stdout);
+    lazy_drain();
+    return counts_now();
+}
+
+static long unmaps_since(counts c)
+{
+    return lazy_violations("unmap") - c.unmap;
+}
+
+static long races_since(counts c)
+{
+    return lazy_violations("race") - c.race;
+}
+
+static void *native_of(um_stream s)
+{
+    return s ? um_stream_native(s) : NULL;
+}
+
+/* um_shutdown with a kernel still queued on memory freed in stream order
+ * (legal: the free is ordered after the kernel) must wait for the stream
+ * before unmapping that memory: a GPU kernel running on unmapped memory
+ * faults, a sticky error that breaks the process's use of the GPU. Once on
+ * a created stream, once on the default stream. */
+static void check_shutdown_waits(bool own_stream)
+{
+    counts c = check_begin(own_stream ? "shutdown with a kernel pending on a created stream"
+                                      : "shutdown with a kernel pending on the default stream");
+    um_context *ctx = NULL;
+    CHECK_OK(um_init("devices=cuda:0", &ctx));
+    if (!ctx)
+        return;
+    um_stream s = NULL;
+    if (own_stream)
+        CHECK_OK(um_stream_create(ctx, 1, &s));
+    void *p = NULL;
+    CHECK_OK(um_malloc(ctx, 1, BLOCK, s, &p));
+    if (p) {
+        CHECK_EQ(lazy_launch(native_of(s), p, BLOCK), 0);
+        CHECK_OK(um_free(ctx, p, s));
+    }
+    um_shutdown(ctx);
+    CHECK_EQ(unmaps_since(c), 0);
+}
+
+/* The buffer cache keeps a block freed on a stream with that stream's work
+ * pending; um_trim must wait for that work or leave the block cached
+ * rather than unmap memory a kernel still writes. Once the stream is
+ * synchronized, a second um_trim must give the memory back. */
+static void check_bufcache_trim(void)
+{
+    counts c = check_begin("buffer cache: um_trim with a freed block's work pending");
+    um_context *ctx = NULL;
+    CHECK_OK(um_init("devices=cuda:0,allocator=bufcache", &ctx));
+    if (!ctx)
+        return;
+    um_stream s = NULL;
+    CHECK_OK(um_stream_create(ctx, 1, &s));
+    void *p = NULL;
+    CHECK_OK(um_malloc(ctx, 1, BLOCK, s, &p));
+    if (p) {
+        CHECK_EQ(lazy_launch(native_of(s), p, BLOCK), 0);
+        CHECK_OK(um_free(ctx, p, s));
+    }
+    CHECK_OK(um_trim(ctx, 1));
+    CHECK_EQ(unmaps_since(c), 0);
+    CHECK_OK(um_stream_synchronize(ctx, s));
+    CHECK_OK(um_trim(ctx, 1));
+    um_stats st;
+    CHECK_OK(um_stats_get(ctx, 1, &st));
+    CHECK_EQ(st.reserved_bytes, 0);
+    CHECK_OK(um_stream_destroy(ctx, s));
+    um_shutdown(ctx);
+    CHECK_EQ(unmaps_since(c), 0);
+}
+
+/* True when the last error names the per-thread stream, in any of the
+ * spellings CUDA uses (CU_STREAM_PER_THREAD, cudaStreamPerThread,
+ * "per-thread"). */
+static bool error_names_per_thread(void)
+{
+    char squeezed[512];
+    size_t n = 0;
+    for (const char *e = um_last_error(); *e && n + 1 < sizeof squeezed; e++)
+        if (isalpha((unsigned char)*e))
+            squeezed[n++] = (char)tolower((unsigned char)*e);
+    squeezed[n] = '\0';
+    return strstr(squeezed, "perthread") != NULL;
+}
+
+/* CU_STREAM_PER_THREAD is a different stream in every thread that uses it:
+ * a wrapper of it would order the frees of one thread by another thread's
+ * stream, so wrapping it must fail, saying why. CU_STREAM_LEGACY is the
+ * device's legacy default stream, wrapped as NULL is: a block freed on the
+ * wrapper with its kernel pending and taken on the default stream, or the
+ * other way round, is never handed out under that kernel (the fake driver
+ * counts an unordered use as a race). */
+static void check_special_handles(void)
+{
+    counts c = check_begin("um_stream_wrap of CU_STREAM_PER_THREAD and CU_STREAM_LEGACY");
+    um_context *ctx = NULL;
+    CHECK_OK(um_init("devices=cuda:0", &ctx));
+    if (!ctx)
+        return;
+    um_stream per_thread = NULL;
+    CHECK_STATUS(um_stream_wrap(ctx, 1, CU_STREAM_PER_THREAD, &per_thread), UM_ERR_UNSUPPORTED);
+    harness_checks++;
+    if (!error_names_per_thread())
+        harness_report(__FILE__, __LINE__, "the error '%s' does not name CU_STREAM_PER_THREAD",
+                       um_last_error());
+    if (per_thread)
+        CHECK_OK(um_stream_destroy(ctx, per_thread));
+
+    um_stream legacy = NULL;
+    CHECK_OK(um_stream_wrap(ctx, 1, CU_STREAM_LEGACY, &legacy));
+    if (legacy) {
+        CHECK_EQ(um_stream_device(legacy), 1);
+        /* Freed on the wrapper, taken on the default stream. */
+        void *p = NULL, *q = NULL;
+        CHECK_OK(um_malloc(ctx, 1, BLOCK, legacy, &p));
+        if (p) {
+            CHECK_EQ(lazy_launch(CU_STREAM_LEGACY, p, BLOCK), 0);
+            CHECK_OK(um_free(ctx, p, legacy));
+            CHECK_OK(um_malloc(ctx, 1, BLOCK, NULL, &q));
+            if (q) {
+                CHECK_EQ(lazy_launch(NULL, q, BLOCK), 0);
+                CHECK_OK(um_free(ctx, q, NULL));
+            }
+        }
+        /* And the other way round. */
+        p = q = NULL;
+        CHECK_OK(um_malloc(ctx, 1, BLOCK, NULL, &p));
+        if (p) {
+            CHECK_EQ(lazy_launch(NULL, p, BLOCK), 0);
+            CHECK_OK(um_free(ctx, p, NULL));
+            CHECK_OK(um_malloc(ctx, 1, BLOCK, legacy, &q));
+            if (q) {
+                CHECK_EQ(lazy_launch(CU_STREAM_LEGACY, q, BLOCK), 0);
+                CHECK_OK(um_free(ctx, q, legacy));
+            }
+        }
+        CHECK_OK(um_stream_synchronize(ctx, legacy));
+        CHECK_OK(um_stream_destroy(ctx, legacy));
+    }
+    um_shutdown(ctx);
+    CHECK_EQ(unmaps_since(c), 0);
+    CHECK_EQ(races_since(c), 0);
+}
+
+/* devices=cuda:1 names GPU 1 alone: GPU 0's primary context must stay
+ * untouched, neither retained at um_init (for the pinned host memory of
+ * the default host_memory=auto, say) nor later. A retained primary context
+ * holds hundreds of MiB of the GPU's memory, and on a GPU another job or a
+ * CUDA_VISIBLE_DEVICES split gave away, it may fail. */
+static void check_one_gpu_context(void)
+{
+    (void)check_begin("devices=cuda:1 retains GPU 1's primary context only");
+    char why[256];
+    int version = 0, gpus = 0;
+    CHECK_OK(um_cuda_driver_info(&version, &gpus, why, sizeof why));
+    CHECK(gpus >= 2);
+    if (gpus < 2)
+        return;
+    int gpu0 = lazy_retains(0), gpu1 = lazy_retains(1);
+    um_context *ctx = NULL;
+    CHECK_OK(um_init("devices=cuda:1", &ctx));
+    if (!ctx)
+        return;
+    void *p = NULL, *h = NULL;
+    CHECK_OK(um_malloc(ctx, 1, BLOCK, NULL, &p));
+    CHECK_OK(um_malloc(ctx, 0, BLOCK, NULL, &h));
+    if (p)
+        CHECK_OK(um_free(ctx, p, NULL));
+    if (h)
+        CHECK_OK(um_free(ctx, h, NULL));
+    CHECK_OK(um_trim(ctx, 1));
+    CHECK_EQ(lazy_retains(0) - gpu0, 0);
+    CHECK(lazy_retains(1) > gpu1);
+    um_shutdown(ctx);
+    CHECK_EQ(lazy_retains(0) - gpu0, 0);
+}
+
+/* --------------------------------------------------------------- stress */
+
+enum { STRESS_STREAMS = 5, STRESS_LIVE = 24 };
+
+typedef struct stress {
+    const char *name;
+    um_context *ctx;
+    int dev;
+    /* [0] is NULL, the GPU's default stream (for GPU memory only: NULL
+     * means the host's own default stream for host memory). */
+    um_stream streams[STRESS_STREAMS];
+    int first_stream;
+    int steps;
+    uint64_t seed;
+    _Atomic long failed_allocs;
+} stress;
+
+static int random_stream(stress *st, uint64_t *rng)
+{
+    int n = STRESS_STREAMS - st->first_stream;
+    return st->first_stream + (int)(harness_rand(rng) % (uint64_t)n);
+}
+
+/* What a correct program does: each block is written by a "kernel" on its
+ * allocation stream, sometimes also on another stream that it marks with
+ * um_record_stream and orders after the first use (as an event would), and
+ * freed in stream order. Trims and stream synchronizations come in
+ * between, from any thread. */
+static void *stress_worker(void *arg)
+{
+    harness_thread *t = arg;
+    stress *st = t->shared;
+    uint64_t rng = harness_mix64(st->seed ^ (uint64_t)(t->id + 1));
+    void *p[STRESS_LIVE] = {0};
+    size_t size[STRESS_LIVE] = {0};
+    int on[STRESS_LIVE] = {0};
+    for (int i = 0; i < st->steps; i++) {
+        int k = (int)(harness_rand(&rng) % STRESS_LIVE);
+        if (p[k]) {
+            if (harness_rand(&rng) % 3 == 0) {
+                int other = random_stream(st, &rng);
+                if (other != on[k] &&
+                    um_record_stream(st->ctx, p[k], st->streams[other]) == UM_OK) {
+                    lazy_wait(native_of(st->streams[other]), native_of(st->streams[on[k]]));
+                    lazy_launch(native_of(st->streams[other]), p[k], size[k]);
+                }
+            }
+            /* NULL and the allocation stream mean the same to um_free. */
+            um_stream how = harness_rand(&rng) % 3 == 0 ? NULL : st->streams[on[k]];
+            CHECK_OK(um_free(st->ctx, p[k], how));
+            p[k] = NULL;
+        } else {
+            int s = random_stream(st, &rng);
+            size_t n = harness_rand(&rng) % 4 == 0 ? (size_t)(harness_rand(&rng) % 8 + 1) * MIB
+                                                   : (size_t)(harness_rand(&rng) % 65536) + 1;
+            if (um_malloc(st->ctx, st->dev, n, st->streams[s], &p[k]) == UM_OK) {
+                size[k] = n;
+                on[k] = s;
+                lazy_launch(native_of(st->streams[s]), p[k], n);
+            } else {
+                p[k] = NULL;
+                st->failed_allocs++;
+            }
+        }
+        uint64_t r = harness_rand(&rng) % 1000;
+        if (r == 0)
+            CHECK_OK(um_trim(st->ctx, st->dev));
+        else if (r == 1)
+            CHECK_OK(um_stream_synchronize(
+                st->ctx, st->streams[1 + harness_rand(&rng) % (STRESS_STREAMS - 1)]));
+    }
+    for (int k = 0; k < STRESS_LIVE; k++)
+        if (p[k])
+            CHECK_OK(um_free(st->ctx, p[k], st->streams[on[k]]));
+    return NULL;
+}
+
+/* Random multi-thread, multi-stream use of one allocator: no unmap of
+ * memory with work pending and no two streams on the same bytes unordered,
+ * during the run or at the trim and shutdown after it. */
+static void check_stress(const char *name, const char *conf, int dev, int steps, uint64_t seed)
+{
+    counts c = check_begin(name);
+    stress st = {.name = name, .dev = dev, .seed = seed};
+    /* Host memory is ordered by GPU streams only here: the host's default
+     * stream runs no kernel. */
+    st.first_stream = dev == 0 ? 1 : 0;
+    st.steps = HARNESS_SANITIZED ? steps / 10 : steps;
+    CHECK_OK(um_init(conf, &st.ctx));
+    if (!st.ctx)
+        return;
+    for (int i = 1; i < STRESS_STREAMS; i++)
+        CHECK_OK(um_stream_create(st.ctx, 1, &st.streams[i]));
+    harness_run_threads(4, stress_worker, &st);
+    long unmaps = unmaps_since(c), races = races_since(c);
+    for (int i = 1; i < STRESS_STREAMS; i++)
+        CHECK_OK(um_stream_synchronize(st.ctx, st.streams[i]));
+    CHECK_OK(um_stream_synchronize(st.ctx, NULL));
+    CHECK_OK(um_trim(st.ctx, dev));
+    for (int i = 1; i < STRESS_STREAMS; i++)
+        CHECK_OK(um_stream_destroy(st.ctx, st.streams[i]));
+    um_shutdown(st.ctx);
+    printf("%s: %ld unmap and %ld race reports during the run, %ld and %ld in all; %ld "
+           "allocations failed\n",
+           name, unmaps, races, unmaps_since(c), races_since(c), (long)st.failed_allocs);
+    CHECK_EQ(unmaps_since(c), 0);
+    CHECK_EQ(races_since(c), 0);
+}
+
+/* Resolves the stand-in's entry points; false (with the reason printed)
+ * where this is not the stand-in driver in lazy mode. */
+static bool find_lazy_driver(void)
+{
+    const char *need = "needs the stand-in driver (UM_TEST_FAKE_CUDA=1, LD_LIBRARY_PATH to "
+                       "its libcuda.so.1)";
+    if (!getenv("UM_TEST_FAKE_CUDA")) {
+        printf("test_cuda_order: SKIPPED: %s\n", need);
+        return false;
+    }
+    char why[256] = "";
+    int version = 0, gpus = 0;
+    if (um_cuda_driver_info(&version, &gpus, why, sizeof why) != UM_OK || gpus < 1) {
+        printf("test_cuda_order: SKIPPED: %s\n", why[0] ? why : "the driver reports no GPU");
+        return false;
+    }
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (lib) {
+        *(void **)&lazy_launch = dlsym(lib, "fake_lazy_launch");
+        *(void **)&lazy_wait = dlsym(lib, "fake_lazy_wait");
+        *(void **)&lazy_drain = dlsym(lib, "fake_lazy_drain");
+        *(void **)&lazy_violations = dlsym(lib, "fake_lazy_violations");
+        *(void **)&lazy_retains = dlsym(lib, "fake_lazy_retains");
+    }
+    if (!lazy_launch || !lazy_wait || !lazy_drain || !lazy_violations || !lazy_retains) {
+        printf("test_cuda_order: SKIPPED: %s; this libcuda.so.1 lacks fake_lazy_launch\n", need);
+        return false;
+    }
+    if (lazy_drain() != 0) {
+        printf("test_cuda_order: SKIPPED: the stand-in driver is not in lazy mode "
+               "(FAKE_CUDA_LAZY_QUERIES is empty)\n");
+        return false;
+    }
+    return true;
+}
+
+int main(void)
+{
+    /* Before the driver is loaded, which reads them once. */
+    if (getenv("UM_TEST_FAKE_CUDA")) {
+        setenv("FAKE_CUDA_LAZY_QUERIES", "3", 0);
+        setenv("FAKE_CUDA_GPUS", "4", 0);
+    }
+    if (!find_lazy_driver())
+        return SKIP;
+    uint64_t seed = harness_seed("test_cuda_order");
+
+    check_shutdown_waits(true);
+    check_shutdown_waits(false);
+    check_bufcache_trim();
+    check_special_handles();
+    check_one_gpu_context();
+    /* Steps per thread: about a second each (allocator=direct maps and
+     * unmaps at every call, so it runs fewer); a tenth of them under a
+     * sanitizer, about 16 s in all under ThreadSanitizer. */
+    check_stress("stress: pool", "devices=cuda:0", 1, 100000, seed);
+    check_stress("stress: allocator=direct", "devices=cuda:0,allocator=direct", 1, 20000, seed);
+    check_stress("stress: allocator=bufcache", "devices=cuda:0,allocator=bufcache", 1, 100000,
+                 seed);
+    check_stress("stress: pinned host pool", "devices=cuda:0,host_memory=pinned", 0, 100000, seed);
+    return harness_finish("test_cuda_order");
+}
