@@ -6,6 +6,9 @@
     print(unimem_torch.memory_stats())
 
 install() loads libunimem_torch.so into torch.cuda.memory.CUDAPluggableAllocator.
+CUDA graph capture (torch.cuda.graph, make_graphed_callables,
+torch.compile(mode="reduce-overhead"), torch.cuda.MemPool) is not supported
+and raises "unimem: CUDA graph capture is not supported".
 PyTorch's own statistics (torch.cuda.memory_stats, max_memory_reserved, ...)
 are not available for a pluggable allocator; memory_stats() here gives the
 same keys where they mean the same thing, from unimem's exact counters.
@@ -20,6 +23,7 @@ __all__ = [
     "UmStats",
     "install",
     "is_installed",
+    "connected",
     "library_path",
     "find_library",
     "memory_stats",
@@ -103,6 +107,10 @@ def _load(path):
     lib.unimem_torch_last_error.restype = ctypes.c_char_p
     lib.unimem_torch_stats_size.argtypes = []
     lib.unimem_torch_stats_size.restype = ctypes.c_size_t
+    can_throw = getattr(lib, "unimem_torch_can_throw", None)
+    if can_throw is not None:
+        can_throw.argtypes = []
+        can_throw.restype = ctypes.c_int
     native = lib.unimem_torch_stats_size()
     if native != ctypes.sizeof(UmStats):
         raise RuntimeError(
@@ -112,13 +120,34 @@ def _load(path):
     return lib
 
 
-def install(path=None):
+def _torch_headers_message(path):
+    return (
+        f"unimem_torch: {path} was built without PyTorch's C++ headers. A failed allocation then "
+        "returns NULL, which PyTorch does not check: the tensor gets address 0 and its first "
+        "kernel fails with an illegal memory access that breaks CUDA for the rest of the "
+        "process. Tensor.record_stream, torch.cuda.empty_cache, "
+        "set_per_process_memory_fraction and the refusal of CUDA graph capture are missing too. "
+        "Rebuild it with PyTorch's headers: configure with the Python that has torch, e.g. "
+        "cmake -S <unimem> -B build -DPython3_EXECUTABLE=$(which python3) "
+        "-DUNIMEM_TORCH_DIR=$(python3 -c "
+        "'import os, torch; print(os.path.dirname(torch.__file__))') "
+        "&& cmake --build build (the configure step then prints 'unimem_torch: PyTorch OOM "
+        "exceptions with ...'). To use this build anyway, pass allow_without_torch_headers=True "
+        "to install()."
+    )
+
+
+def install(path=None, *, allow_without_torch_headers=False):
     """Makes unimem PyTorch's CUDA allocator for this process.
 
     Must run before CUDA is initialized (before the first CUDA tensor,
     torch.cuda.init(), ...): PyTorch cannot swap allocators after that.
     Calling it again with the same library does nothing. Returns the path of
-    the library it loaded."""
+    the library it loaded.
+
+    A library built without PyTorch's C++ headers is refused (RuntimeError
+    saying how to rebuild it): its failed allocations hand PyTorch a NULL
+    pointer. allow_without_torch_headers=True installs it all the same."""
     global _lib, _lib_path
     import torch
 
@@ -136,6 +165,11 @@ def install(path=None):
             "the start of the program."
         )
     lib = _load(path)
+    # A library older than the capability query cannot say: it is treated
+    # as one without the headers.
+    can_throw = getattr(lib, "unimem_torch_can_throw", None)
+    if (can_throw is None or can_throw() != 1) and not allow_without_torch_headers:
+        raise RuntimeError(_torch_headers_message(path))
     allocator = torch.cuda.memory.CUDAPluggableAllocator(
         path, "unimem_torch_alloc", "unimem_torch_free"
     )
@@ -147,9 +181,10 @@ def install(path=None):
             "it must run before any CUDA allocation"
         ) from err
     _lib, _lib_path = lib, path
-    # Tensor.record_stream, torch.cuda.empty_cache and
-    # set_per_process_memory_fraction reach unimem only through PyTorch's C++
-    # API, which the library has where it was built against PyTorch.
+    # Tensor.record_stream, torch.cuda.empty_cache,
+    # set_per_process_memory_fraction and the refusal of CUDA graph capture
+    # reach unimem only through PyTorch's C++ API, which the library has
+    # where it was built against PyTorch.
     global _connected
     connect = getattr(lib, "unimem_torch_connect", None)
     if connect is not None:
@@ -158,10 +193,11 @@ def install(path=None):
     _connected = connect is not None and connect() == 1
     if not _connected:
         warnings.warn(
-            f"unimem_torch: {path} was built without PyTorch's C++ API: Tensor.record_stream() "
-            "does nothing (synchronize a tensor's other streams before freeing it), and "
+            f"unimem_torch: {path} was built without PyTorch's CUDA C++ API: "
+            "Tensor.record_stream() does nothing (synchronize a tensor's other streams before freeing it), "
             "torch.cuda.empty_cache() and set_per_process_memory_fraction() do not reach unimem "
-            "(use unimem_torch.empty_cache() and UNIMEM_CONF=memory_limit=...)",
+            "(use unimem_torch.empty_cache() and UNIMEM_CONF=memory_limit=...), and CUDA graph "
+            "capture is not refused although it is not supported: do not capture CUDA graphs",
             stacklevel=2,
         )
     return path
@@ -173,7 +209,8 @@ def is_installed():
 
 def connected():
     """True when Tensor.record_stream, torch.cuda.empty_cache and
-    torch.cuda.set_per_process_memory_fraction reach unimem."""
+    torch.cuda.set_per_process_memory_fraction reach unimem, and CUDA graph
+    capture is refused."""
     return _connected
 
 
@@ -203,6 +240,9 @@ def _require_lib():
 
 def _check(rc, what):
     if rc != 0:
+        # The library keeps the message per thread, and ctypes runs the call
+        # and this read on the calling thread: another thread's failure in
+        # between (ctypes releases the GIL) cannot replace it.
         message = _lib.unimem_torch_last_error().decode(errors="replace")
         raise RuntimeError(f"unimem_torch: {what} failed (status {rc}): {message}")
 

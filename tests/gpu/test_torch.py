@@ -1,16 +1,26 @@
 #!/usr/bin/env python3
 """PyTorch on unimem: install the allocator in this (fresh) process, then
-check values, stream-ordered reuse, statistics and the OOM error.
+check values, stream-ordered reuse, statistics, the OOM error, the memory
+fraction, record_stream's skips, the refusal of CUDA graph capture and, on
+two GPUs or more, that a process opens only the GPUs it uses.
 
 Usage: test_torch.py --lib build/integrations/torch/libunimem_torch.so
 Exits 77 (skipped) when torch is not installed or has no usable GPU.
+
+test_torch.py --stub-torch --lib ... runs without PyTorch, with a stand-in
+torch module (on the stand-in CUDA driver in CI): install() refuses a
+library built without PyTorch's headers unless told otherwise, and the
+statistics calls report errors and unused GPUs as they should.
 """
 
 import argparse
+import ctypes
 import os
 import subprocess
 import sys
 import threading
+import types
+import warnings
 
 SKIP = 77
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -59,10 +69,127 @@ def install_after_cuda_init_is_refused(lib):
     )
 
 
+def stub_main(lib):
+    """install() and the statistics calls with a stand-in torch module."""
+    calls = []
+
+    def make_allocator(path, alloc_name, free_name):
+        calls.append(("CUDAPluggableAllocator", path, alloc_name, free_name))
+        return "allocator"
+
+    torch = types.ModuleType("torch")
+    torch.cuda = types.SimpleNamespace(
+        is_initialized=lambda: False,
+        current_device=lambda: 0,
+        memory=types.SimpleNamespace(
+            CUDAPluggableAllocator=make_allocator,
+            change_current_allocator=lambda allocator: calls.append(("change", allocator)),
+        ),
+    )
+    sys.modules["torch"] = torch
+    import unimem_torch
+
+    native = ctypes.CDLL(lib)
+    native.unimem_torch_last_error.restype = ctypes.c_char_p
+    can_throw = native.unimem_torch_can_throw()
+    check(can_throw in (0, 1), f"unimem_torch_can_throw() answers 0 or 1 ({can_throw})")
+    if can_throw == 0:
+        refusal = None
+        try:
+            unimem_torch.install(lib)
+        except RuntimeError as err:
+            refusal = str(err)
+        check(
+            refusal is not None
+            and "without PyTorch's C++ headers" in refusal
+            and "UNIMEM_TORCH_DIR" in refusal
+            and "allow_without_torch_headers=True" in refusal,
+            f"install() refuses a build without PyTorch's headers and says how to rebuild "
+            f"({refusal!r})",
+        )
+        check(not calls and not unimem_torch.is_installed(), "the refusal installs nothing")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            unimem_torch.install(lib, allow_without_torch_headers=True)
+        check(
+            unimem_torch.is_installed()
+            and ("CUDAPluggableAllocator", lib, "unimem_torch_alloc", "unimem_torch_free") in calls
+            and ("change", "allocator") in calls,
+            f"allow_without_torch_headers=True installs it ({calls})",
+        )
+        check(
+            any("CUDA graph" in str(w.message) for w in caught),
+            "installing it warns that record_stream and CUDA graphs are not handled",
+        )
+    else:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # no real PyTorch allocator to connect to
+            unimem_torch.install(lib)
+        check(unimem_torch.is_installed(), "install() takes a build with PyTorch's headers")
+
+    # No allocation yet: the GPU's statistics are zeros, its context unopened.
+    stats = unimem_torch.memory_stats(0)
+    check(
+        stats["reserved_bytes.all.current"] == 0 and stats["num_allocs"] == 0,
+        "an unused GPU's statistics are zeros",
+    )
+    error = None
+    try:
+        unimem_torch.raw_stats(7)
+    except RuntimeError as err:
+        error = str(err)
+    check(error is not None and "cuda:7" in error, f"stats of a missing GPU raise ({error!r})")
+
+    # Each thread reads its own failure's message.
+    out = ctypes.byref(unimem_torch.UmStats())
+    native.unimem_torch_stats.argtypes = [ctypes.c_int, ctypes.c_void_p]
+    check(native.unimem_torch_stats(7, out) != 0, "stats of cuda:7 fail")
+    other = threading.Thread(target=lambda: native.unimem_torch_stats(9, out))
+    other.start()
+    other.join()
+    mine = native.unimem_torch_last_error().decode()
+    check("cuda:7" in mine and "cuda:9" not in mine, f"the thread reads its own error ({mine!r})")
+
+    print(f"{passes} passed, {len(failures)} failed")
+    return 1 if failures else 0
+
+
+def device0_context_active(lib, use_unimem):
+    """In a child that uses cuda:1 alone: whether GPU 0's primary context is
+    active (cuDevicePrimaryCtxGetState), or an error text."""
+    code = (
+        "import ctypes, sys; sys.path.insert(0, sys.argv[1]); import torch\n"
+        "if sys.argv[3] == '1':\n"
+        "    import unimem_torch; unimem_torch.install(sys.argv[2])\n"
+        "torch.cuda.set_device(1)\n"
+        "x = torch.ones(1 << 20, device='cuda'); torch.cuda.synchronize()\n"
+        "cuda = ctypes.CDLL('libcuda.so.1')\n"
+        "dev, flags, active = ctypes.c_int(), ctypes.c_uint(), ctypes.c_int()\n"
+        "assert cuda.cuDeviceGet(ctypes.byref(dev), 0) == 0\n"
+        "assert cuda.cuDevicePrimaryCtxGetState(dev, ctypes.byref(flags), ctypes.byref(active)) == 0\n"
+        "print('active', active.value)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, MODULE_DIR, lib, "1" if use_unimem else "0"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    for line in proc.stdout.splitlines():
+        if line.startswith("active "):
+            return int(line.split()[1])
+    return (proc.stdout + proc.stderr).strip()[-300:]
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--lib", required=True, help="path of libunimem_torch.so")
+    parser.add_argument(
+        "--stub-torch", action="store_true", help="check install() with a stand-in torch module"
+    )
     args = parser.parse_args()
+    if args.stub_torch:
+        return stub_main(os.path.abspath(args.lib))
 
     try:
         import torch
@@ -196,6 +323,41 @@ def main():
     check(z.data_ptr() != x_ptr, "record_stream: the block was not reused while the marked stream ran")
     del z, x_sum
 
+    # record_stream of a storage that starts inside a unimem block (a DLPack
+    # view of a slice) is skipped, as PyTorch's allocator skips DataPtrs it
+    # did not allocate, not raised.
+    x = torch.ones(n, dtype=torch.float32, device="cuda")
+    view = torch.utils.dlpack.from_dlpack(x[1024:])
+    inner = view.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+    error = None
+    try:
+        view.record_stream(s2)
+    except RuntimeError as err:
+        error = str(err)
+    check(error is None, f"record_stream on a view starting inside a block is skipped "
+          f"(storage starts inside: {inner}; error {error!r})")
+    del view, x
+
+    # CUDA graph capture is refused before it begins, and the stream stays
+    # usable (PyTorch's capture_begin asks for a private pool first).
+    graph = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    error = None
+    with torch.cuda.stream(side):
+        try:
+            graph.capture_begin()
+            graph.capture_end()
+        except RuntimeError as err:
+            error = str(err)
+        capturing = torch.cuda.is_current_stream_capturing()
+        eager = torch.ones(10, device="cuda").sum().item()
+    check(
+        error is not None and "unimem: CUDA graph capture is not supported" in error,
+        f"CUDA graph capture raises a clear error ({error!r})",
+    )
+    check(not capturing and eager == 10, "no capture is left open; eager work goes on")
+    del graph
+
     # Autograd frees and allocates on its own thread.
     w = torch.randn(300, 300, device="cuda", requires_grad=True)
     (w * w).sum().backward()
@@ -287,6 +449,52 @@ def main():
     check(capped and t.numel() == over_quarter,
           "set_per_process_memory_fraction(0.25) refuses a third of the GPU, 1.0 allows it")
     del t
+
+    # Below what live tensors hold (cuBLAS workspaces, `hold`), a fraction
+    # is refused with both sizes, 0 included (accepted as in PyTorch, and
+    # allowing nothing: tests/gpu/test_torch_shim.c checks that part), and
+    # the previous limit stays.
+    hold = torch.empty(total_bytes // 8, dtype=torch.uint8, device="cuda")
+    for fraction in (0.01, 0.0):
+        error = None
+        try:
+            torch.cuda.set_per_process_memory_fraction(fraction)
+        except RuntimeError as err:
+            error = str(err)
+        check(
+            error is not None and "reserved under live tensors" in error,
+            f"set_per_process_memory_fraction({fraction}) below live memory raises, naming the "
+            f"sizes ({error!r})",
+        )
+    more = torch.empty(total_bytes // 8, dtype=torch.uint8, device="cuda")
+    check(more.numel() == total_bytes // 8, "the previous limit stays after a refused fraction")
+    del hold, more
+    torch.cuda.set_per_process_memory_fraction(1.0)
+
+    if torch.cuda.device_count() >= 2:
+        # This process used cuda:0 alone: cuda:1 has served nothing and its
+        # statistics are zeros.
+        other = unimem_torch.memory_stats(1)
+        check(other["num_allocs"] == 0, "an unused GPU's statistics are zeros")
+        # A stream of another GPU cannot order a block: refused, not ignored.
+        x = torch.ones(1000, device="cuda:0")
+        error = None
+        try:
+            x.record_stream(torch.cuda.Stream(device=1))
+        except RuntimeError as err:
+            error = str(err)
+        check(error is not None and "with a stream of cuda:1" in error,
+              f"record_stream with another GPU's stream raises ({error!r})")
+        del x
+        # A process that uses cuda:1 alone leaves GPU 0's context as
+        # PyTorch's own allocator does (unimem used to open every GPU).
+        with_unimem = device0_context_active(args.lib, True)
+        without = device0_context_active(args.lib, False)
+        check(
+            isinstance(with_unimem, int) and with_unimem == without,
+            f"using cuda:1 alone, GPU 0's context is as without unimem "
+            f"(active with unimem: {with_unimem!r}, without: {without!r})",
+        )
 
     print(f"{passes} passed, {len(failures)} failed")
     return 1 if failures else 0
