@@ -69,6 +69,37 @@ def install_after_cuda_init_is_refused(lib):
     )
 
 
+def graph_capture_is_refused(lib):
+    """In a child process: CUDA graph capture raises a clear error before
+    the capture begins, and eager work goes on. A child, since PyTorch's
+    capture_begin puts the CUDA random generators into capture mode before
+    it asks the allocator for a private pool, and the refusal leaves them
+    there: random numbers fail in that process from then on."""
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import torch, unimem_torch\n"
+        "unimem_torch.install(sys.argv[2])\n"
+        "graph = torch.cuda.CUDAGraph(); side = torch.cuda.Stream(); error = None\n"
+        "with torch.cuda.stream(side):\n"
+        "    try:\n"
+        "        graph.capture_begin(); graph.capture_end()\n"
+        "    except RuntimeError as err:\n"
+        "        error = str(err)\n"
+        "    capturing = torch.cuda.is_current_stream_capturing()\n"
+        "    eager = torch.ones(10, device='cuda').sum().item()\n"
+        "print('error:', error); print('capturing:', capturing, 'eager:', eager)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, MODULE_DIR, lib], capture_output=True, text=True, timeout=300
+    )
+    output = proc.stdout + proc.stderr
+    check(
+        proc.returncode == 0 and "error: unimem: CUDA graph capture is not supported" in output,
+        f"CUDA graph capture raises a clear error (rc {proc.returncode}: "
+        f"{output.strip()[-300:]!r})",
+    )
+    check("capturing: False eager: 10.0" in output, "no capture is left open; eager work goes on")
+
+
 def stub_main(lib):
     """install() and the statistics calls with a stand-in torch module."""
     calls = []
@@ -204,6 +235,7 @@ def main():
     import unimem_torch
 
     install_after_cuda_init_is_refused(args.lib)
+    graph_capture_is_refused(args.lib)
 
     check(not torch.cuda.is_initialized(), "CUDA is not initialized before install()")
     unimem_torch.install(args.lib)
@@ -337,26 +369,6 @@ def main():
     check(error is None, f"record_stream on a view starting inside a block is skipped "
           f"(storage starts inside: {inner}; error {error!r})")
     del view, x
-
-    # CUDA graph capture is refused before it begins, and the stream stays
-    # usable (PyTorch's capture_begin asks for a private pool first).
-    graph = torch.cuda.CUDAGraph()
-    side = torch.cuda.Stream()
-    error = None
-    with torch.cuda.stream(side):
-        try:
-            graph.capture_begin()
-            graph.capture_end()
-        except RuntimeError as err:
-            error = str(err)
-        capturing = torch.cuda.is_current_stream_capturing()
-        eager = torch.ones(10, device="cuda").sum().item()
-    check(
-        error is not None and "unimem: CUDA graph capture is not supported" in error,
-        f"CUDA graph capture raises a clear error ({error!r})",
-    )
-    check(not capturing and eager == 10, "no capture is left open; eager work goes on")
-    del graph
 
     # Autograd frees and allocates on its own thread.
     w = torch.randn(300, 300, device="cuda", requires_grad=True)
