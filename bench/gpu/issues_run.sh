@@ -6,20 +6,8 @@
 # (`unimem bench alloc --scenario record`, three rounds). Each step has its
 # own limit out of TOTAL seconds.  Usage: bench/gpu/issues_run.sh (results under $OUT)
 set -u
-OUT=${OUT:-out}
-mkdir -p "$OUT"
-T0=$(date +%s)
-TOTAL=${TOTAL:-560}
-mark() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
-left() { local l=$(( TOTAL - ($(date +%s) - T0) )); [ "$l" -gt "$1" ] && echo "$1" || echo $(( l > 1 ? l : 1 )); }
-{ date -u; nproc; lscpu | grep -E "Model name"
-  nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv 2>/dev/null
-  python3 -c "import torch; print('torch', torch.__version__)"
-} > "$OUT/machine.txt" 2>&1
-cat "$OUT/machine.txt"
-{ cmake -S . -B build-dev -DCMAKE_BUILD_TYPE=RelWithDebInfo &&
-  cmake --build build-dev -j "$(nproc)"; } > "$OUT/build.txt" 2>&1 || { tail -40 "$OUT/build.txt"; exit 1; }
-mark "build ok"
+TOTAL=${TOTAL:-560} # seconds the whole job may take
+source "$(dirname "$0")/job_steps.sh"
 (cd build-dev && timeout "$(left 240)" ctest -j 8 --output-on-failure) > "$OUT/ctest.txt" 2>&1
 mark "ctest rc=$?"; grep -E "tests passed|Failed|\*\*\*|Skipped|Not Run" "$OUT/ctest.txt" | tail -12
 timeout "$(left 150)" build-dev/unimem bench gpu --quick --verify --json "$OUT/alloc_compare.json" > "$OUT/alloc_compare.txt" 2>&1

@@ -6,20 +6,9 @@
 # its timing fix. Every step has its own time limit, so a slow one cannot
 # take the rest's results with it.  Usage: bench/gpu/pending_run.sh (results under $OUT)
 set -u
-OUT=${OUT:-out}
-mkdir -p "$OUT"
-T0=$(date +%s)
 TOTAL=${TOTAL:-570} # seconds the whole job may take
-mark() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
-left() { local l=$(( TOTAL - ($(date +%s) - T0) )); [ "$l" -gt "$1" ] && echo "$1" || echo $(( l > 1 ? l : 1 )); }
-{ date -u; nproc; git rev-parse HEAD 2>/dev/null; lscpu | grep -E "Model name"
-  nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv 2>/dev/null
-  python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
-} > "$OUT/machine.txt" 2>&1
-cat "$OUT/machine.txt"
-{ cmake -S . -B build-dev -DCMAKE_BUILD_TYPE=RelWithDebInfo &&
-  cmake --build build-dev -j "$(nproc)"; } > "$OUT/build.txt" 2>&1 || { tail -40 "$OUT/build.txt"; exit 1; }
-mark "build ok"; grep -E "unimem_torch:" "$OUT/build.txt"
+source "$(dirname "$0")/job_steps.sh"
+grep -E "unimem_torch:" "$OUT/build.txt"
 timeout "$(left 120)" build-dev/tests/test_cuda > "$OUT/test_cuda.txt" 2>&1; mark "test_cuda rc=$?"; tail -6 "$OUT/test_cuda.txt"
 (cd build-dev && timeout "$(left 120)" ctest --output-on-failure -R torch) > "$OUT/ctest_torch.txt" 2>&1
 mark "ctest (torch) rc=$?"; grep -E "Test +#|tests passed|Failed|Skipped" "$OUT/ctest_torch.txt" | tail -8

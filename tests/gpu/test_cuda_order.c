@@ -59,6 +59,16 @@ static counts check_begin(const char *name)
     return counts_now();
 }
 
+/* check_begin, then a context of conf; NULL (the failure reported) if it
+ * cannot be made. */
+static um_context *check_open(const char *name, const char *conf, counts *c)
+{
+    *c = check_begin(name);
+    um_context *ctx = NULL;
+    CHECK_OK(um_init(conf, &ctx));
+    return ctx;
+}
+
 static long unmaps_since(counts c)
 {
     return lazy_violations("unmap") - c.unmap;
@@ -81,10 +91,11 @@ static void *native_of(um_stream s)
  * a created stream, once on the default stream. */
 static void check_shutdown_waits(bool own_stream)
 {
-    counts c = check_begin(own_stream ? "shutdown with a kernel pending on a created stream"
-                                      : "shutdown with a kernel pending on the default stream");
-    um_context *ctx = NULL;
-    CHECK_OK(um_init("devices=cuda:0", &ctx));
+    counts c;
+    um_context *ctx =
+        check_open(own_stream ? "shutdown with a kernel pending on a created stream"
+                              : "shutdown with a kernel pending on the default stream",
+                   "devices=cuda:0", &c);
     if (!ctx)
         return;
     um_stream s = NULL;
@@ -106,9 +117,9 @@ static void check_shutdown_waits(bool own_stream)
  * synchronized, a second um_trim must give the memory back. */
 static void check_bufcache_trim(void)
 {
-    counts c = check_begin("buffer cache: um_trim with a freed block's work pending");
-    um_context *ctx = NULL;
-    CHECK_OK(um_init("devices=cuda:0,allocator=bufcache", &ctx));
+    counts c;
+    um_context *ctx = check_open("buffer cache: um_trim with a freed block's work pending",
+                                 "devices=cuda:0,allocator=bufcache", &c);
     if (!ctx)
         return;
     um_stream s = NULL;
@@ -154,9 +165,9 @@ static bool error_names_per_thread(void)
  * counts an unordered use as a race). */
 static void check_special_handles(void)
 {
-    counts c = check_begin("um_stream_wrap of CU_STREAM_PER_THREAD and CU_STREAM_LEGACY");
-    um_context *ctx = NULL;
-    CHECK_OK(um_init("devices=cuda:0", &ctx));
+    counts c;
+    um_context *ctx = check_open("um_stream_wrap of CU_STREAM_PER_THREAD and CU_STREAM_LEGACY",
+                                 "devices=cuda:0", &c);
     if (!ctx)
         return;
     um_stream per_thread = NULL;

@@ -47,6 +47,15 @@ def skip(why):
     sys.exit(SKIP)
 
 
+def run_child(code, lib):
+    """Runs Python `code` in a child process with this module's folder and
+    the library as its arguments; returns its exit status and output."""
+    proc = subprocess.run(
+        [sys.executable, "-c", code, MODULE_DIR, lib], capture_output=True, text=True, timeout=300
+    )
+    return proc.returncode, proc.stdout + proc.stderr
+
+
 def install_after_cuda_init_is_refused(lib):
     """In a child process: install() after CUDA started must fail clearly."""
     code = (
@@ -58,13 +67,10 @@ def install_after_cuda_init_is_refused(lib):
         "    print('refused:', err); sys.exit(0)\n"
         "sys.exit(3)\n"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", code, MODULE_DIR, lib], capture_output=True, text=True, timeout=300
-    )
-    output = proc.stdout + proc.stderr
+    rc, output = run_child(code, lib)
     check(
-        proc.returncode == 0 and "before CUDA is initialized" in output,
-        f"install() after CUDA init raises a clear RuntimeError (rc {proc.returncode}: "
+        rc == 0 and "before CUDA is initialized" in output,
+        f"install() after CUDA init raises a clear RuntimeError (rc {rc}: "
         f"{output.strip()[-300:]!r})",
     )
 
@@ -88,14 +94,10 @@ def graph_capture_is_refused(lib):
         "    eager = torch.ones(10, device='cuda').sum().item()\n"
         "print('error:', error); print('capturing:', capturing, 'eager:', eager)\n"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", code, MODULE_DIR, lib], capture_output=True, text=True, timeout=300
-    )
-    output = proc.stdout + proc.stderr
+    rc, output = run_child(code, lib)
     check(
-        proc.returncode == 0 and "error: unimem: CUDA graph capture is not supported" in output,
-        f"CUDA graph capture raises a clear error (rc {proc.returncode}: "
-        f"{output.strip()[-300:]!r})",
+        rc == 0 and "error: unimem: CUDA graph capture is not supported" in output,
+        f"CUDA graph capture raises a clear error (rc {rc}: {output.strip()[-300:]!r})",
     )
     check("capturing: False eager: 10.0" in output, "no capture is left open; eager work goes on")
 
