@@ -447,20 +447,34 @@ typedef struct um_task_exec {
 typedef int (*um_task_fn)(const um_task_exec *e);
 
 #define UM_TASK_MAX_BUFFERS 16
+/* The bytes of a task's name kept, its terminating NUL included. */
+#define UM_TASK_NAME_MAX 64
 
 typedef struct um_task {
-    const char *name;       /* the kind of task: performance history is kept per name and size */
+    /* The kind of task: performance history is kept per name and size.
+     * Copied at submission (so it may be a temporary string), the first
+     * UM_TASK_NAME_MAX - 1 bytes at most, cut at a UTF-8 character's start:
+     * names alike in those bytes share their history. */
+    const char *name;
     um_task_fn cpu;         /* runs on the host, and on sim devices (their memory is host memory) */
     um_task_fn cuda;        /* launches on e->stream of a GPU (its context current: cuBLAS
                              * and the CUDA runtime called here target that GPU) */
     int nbuffers;
     um_buffer *buffers[UM_TASK_MAX_BUFFERS];
     um_access modes[UM_TASK_MAX_BUFFERS];
-    double flops;           /* a cost hint (0: unknown): sizes the first estimates */
+    double flops;           /* a cost hint (0: unknown; finite, not negative, or the
+                             * submission fails): sizes the first estimates */
     int device;             /* -1: the policy places it; else it runs there */
     void *user;
-    /* Called on the worker when the task has finished (its GPU work too),
-     * failed or been cancelled. */
+    /* Called once when the task has finished (its GPU work too), failed
+     * or been cancelled: on the worker of the device it ran on, or, for a
+     * task that ends without running, on the thread that ended it (a
+     * worker, or the caller of um_task_submit or um_task_cancel). Waits
+     * on other threads return after it. It may submit and cancel tasks;
+     * um_task_wait on its own id returns the task's status at once, and
+     * um_wait_all fails with UM_ERR_BUSY there (it would wait for this
+     * task, and on a worker for the tasks queued behind it). A wait for
+     * another task holds the thread, so a worker's other tasks wait too. */
     void (*done)(um_task_id id, um_status st, void *user);
     /* Among ready tasks, and those queued on a device and not started, a
      * higher priority goes first (0 by default; equal ones in the order
@@ -468,13 +482,14 @@ typedef struct um_task {
     int priority;
 } um_task;
 
-/* Submits *t (copied; its buffers must live until it is done). *id names
- * it for um_task_wait and um_task_cancel. Bad input (no implementation
- * for any device, a forced device without one, a buffer twice, a bad
- * mode) fails here, naming it. */
+/* Submits *t (copied, its name too; its buffers must live until it is
+ * done). *id names it for um_task_wait and um_task_cancel. Bad input (no
+ * implementation for any device, a forced device without one, a buffer
+ * twice, a bad mode, flops not finite or negative) fails here, naming it. */
 UM_API um_status um_task_submit(um_context *ctx, const um_task *t, um_task_id *id);
 /* Waits for one task: UM_OK, UM_ERR_TASK (with the reason), or
- * UM_ERR_CANCELLED. */
+ * UM_ERR_CANCELLED. Any id may be waited for, as often as wanted, for the
+ * context's life: the reasons of failed tasks are kept. */
 UM_API um_status um_task_wait(um_context *ctx, um_task_id id);
 /* Cancels a task that has not started (failing, as a failure would, the
  * tasks that read what it would have written); UM_ERR_BUSY once it runs or

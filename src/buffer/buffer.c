@@ -916,6 +916,58 @@ bool um__buffer_fetch_cost(um_buffer *b, int dev, double *ns)
     return valid;
 }
 
+/* Appends a WILL_USE announcement to b's list (b locked); *ticket, when
+ * not NULL, names it for um__buffer_withdraw. */
+static um_status announce(um_buffer *b, uint64_t *ticket, const char *what)
+{
+    if (b->nannounced == b->announced_cap) {
+        uint32_t cap = b->announced_cap ? 2 * b->announced_cap : 8;
+        uint64_t *a = realloc(b->announced, cap * sizeof *a);
+        if (!a)
+            return um__fail(UM_ERR_NOMEM, "%s: buffer %p: no host memory for an announcement", what,
+                            (void *)b);
+        b->announced = a;
+        b->announced_cap = cap;
+    }
+    uint64_t tick = um__xfer_tick(engine(b));
+    b->announced[b->nannounced++] = tick;
+    b->wont_use = false;
+    um__reclaim_announced(um__xfer_reclaim(engine(b)));
+    if (ticket)
+        *ticket = tick;
+    return UM_OK;
+}
+
+um_status um__buffer_announce(um_buffer *b, uint64_t *ticket)
+{
+    *ticket = 0;
+    if (!live(b))
+        return bad_buffer("um__buffer_announce", b);
+    um__vt_mutex_lock(&b->lock);
+    um_status st = announce(b, ticket, "um__buffer_announce");
+    um__vt_mutex_unlock(&b->lock);
+    return st;
+}
+
+void um__buffer_withdraw(um_buffer *b, uint64_t ticket)
+{
+    if (!ticket || !live(b))
+        return;
+    um__vt_mutex_lock(&b->lock);
+    /* Acquisitions take the oldest announcement, whichever use made it:
+     * when one took this ticket, the oldest left stands for this use. */
+    uint32_t i = 0;
+    while (i < b->nannounced && b->announced[i] != ticket)
+        i++;
+    if (i == b->nannounced)
+        i = 0;
+    if (b->nannounced) {
+        b->nannounced--;
+        memmove(b->announced + i, b->announced + i + 1, (b->nannounced - i) * sizeof *b->announced);
+    }
+    um__vt_mutex_unlock(&b->lock);
+}
+
 um_status um_buffer_hint(um_buffer *b, um_hint hint)
 {
     static const char what[] = "um_buffer_hint";
@@ -933,19 +985,7 @@ um_status um_buffer_hint(um_buffer *b, um_hint hint)
         b->wont_use = true;
         break;
     case UM_HINT_WILL_USE:
-        if (b->nannounced == b->announced_cap) {
-            uint32_t cap = b->announced_cap ? 2 * b->announced_cap : 8;
-            uint64_t *a = realloc(b->announced, cap * sizeof *a);
-            if (!a) {
-                st = um__fail(UM_ERR_NOMEM, "%s: no host memory for an announcement", what);
-                break;
-            }
-            b->announced = a;
-            b->announced_cap = cap;
-        }
-        b->announced[b->nannounced++] = um__xfer_tick(engine(b));
-        b->wont_use = false;
-        um__reclaim_announced(um__xfer_reclaim(engine(b)));
+        st = announce(b, NULL, what);
         break;
     case UM_HINT_PIN:
         b->pinned = true;

@@ -127,6 +127,18 @@ void um__buffer_discard(um_buffer *b);
  * then leaves the buffer's data as it was. */
 um_status um__buffer_release(um_buffer *b, int dev, um_stream s, bool used);
 
+/* UM_HINT_WILL_USE made by the task layer for a task's coming use of b:
+ * *ticket names the announcement for um__buffer_withdraw (0 when none was
+ * made: no memory, or b is not a live buffer). */
+um_status um__buffer_announce(um_buffer *b, uint64_t *ticket);
+/* Withdraws the announcement `ticket` names (0: none), whose use will not
+ * come (its task was cancelled, or failed before it acquired b): each
+ * announcement stands for one coming use, and a stale one made reclaim
+ * keep b as needed soon, over the program's UM_HINT_WONT_USE, for good.
+ * Acquisitions take the oldest announcement, whichever use made it, so
+ * when this one was taken the oldest left goes instead. */
+void um__buffer_withdraw(um_buffer *b, uint64_t ticket);
+
 /* The context's engine, made on first use. */
 um_status um__xfer_get(um_context *ctx, um__xfer **out);
 

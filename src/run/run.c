@@ -4,6 +4,7 @@
 #include "../base/vtime.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +22,8 @@
 enum { WAITING, READY, RUNNING, DONE };
 /* A task id's outcome, kept after its record is freed. */
 enum { ID_PENDING = 0, ID_OK = 1, ID_FAILED = 2, ID_CANCELLED = 3 };
+/* Buffers a worker prefetches at most: the inputs of the tasks ahead. */
+#define PREFETCH_SLOTS (PREFETCH_AHEAD * UM_TASK_MAX_BUFFERS)
 
 typedef struct task task;
 
@@ -57,7 +60,13 @@ struct task {
     bool retired;           /* its callback ran; freed once settled */
     task *work_next;        /* in finish's worklists */
     um_status status;
-    char why[512];
+    /* The program's name copied (t.name points here, or is NULL): a name
+     * in a buffer the program reuses after submitting was read later by
+     * placement's history, the messages and the trace. */
+    char name[UM_TASK_NAME_MAX];
+    /* The tickets of the WILL_USE announcements make_ready made for its
+     * buffers (0: none), withdrawn if it ends without acquiring them. */
+    uint64_t announced[UM_TASK_MAX_BUFFERS];
 };
 
 /* What tasks do with one buffer: its last writer and the readers since
@@ -73,10 +82,24 @@ typedef struct access_rec {
 } access_rec;
 #define TOMBSTONE ((const um_buffer *)1)
 
+/* Why a task failed or was cancelled, kept for um_task_wait for the
+ * context's life (any failed id may be asked about), so kept small: a
+ * task that failed with a task it depends on keeps only that task's id,
+ * and its message is made again when asked for (failure_message). Found
+ * through a table keyed by id: a list scanned per lookup made 80,000
+ * submissions reading a buffer whose writer failed take 18 s, and each
+ * kept 528 bytes. */
+enum {
+    FAILED_ITSELF,   /* its own reason (ran and failed, not had, cancelled) */
+    FAILED_WITH,     /* a task it uses the output of failed after it was submitted */
+    FAILED_AT_SUBMIT /* ... had failed before it was submitted */
+};
 typedef struct failure {
-    um_task_id id;
-    um_status st;
-    char why[512];
+    um_task_id id;    /* 0: an empty slot */
+    um_task_id cause; /* FAILED_WITH, FAILED_AT_SUBMIT: the task it failed with */
+    uint8_t how;
+    bool cause_cancelled;
+    char *text;       /* its name, a NUL, then (FAILED_ITSELF) its reason; NULL: no memory */
 } failure;
 
 typedef struct worker {
@@ -86,6 +109,14 @@ typedef struct worker {
     bool started;
     um__cond wake;
     task *head, *tail;
+    /* The buffers it is about to prefetch (the inputs of the tasks after
+     * the one it took), a prefix of the array: set under the lock when it
+     * takes a task, cleared from the last once prefetched. A buffer here
+     * is not forgotten (destroyed) until then: the cancel of its only
+     * queued task let um_buffer_destroy succeed and a new buffer reuse
+     * the handle while the worker was prefetching it. */
+    um_buffer *_Atomic prefetching[PREFETCH_SLOTS];
+    int nprefetching;       /* set in prefetching[] (only its own thread's) */
     int queued;             /* queued and running */
     double queued_ns;
     um_stream stream;                    /* the first of streams[] */
@@ -103,12 +134,17 @@ struct um__run {
     worker w[UM_MAX_DEVICES];
     task *ready_head, *ready_tail; /* ready, not placed yet (device queues full) */
     uint8_t *outcome;        /* per id (index id - 1) */
-    task **live;             /* per id: the record while it exists */
     uint64_t nids, ids_cap;
+    /* The records that exist (unfinished, or unsettled), by id: an
+     * open-addressing table, so it holds only those (an array per id kept
+     * 8 bytes for every task ever submitted). */
+    task **tasks;
+    size_t tasks_cap, ntasks;
     uint64_t unfinished;
-    failure *failures;       /* failed and cancelled tasks' reasons */
-    size_t nfailures, failures_cap;
+    failure *failures;       /* failed and cancelled tasks' reasons, by id */
+    size_t failures_cap, nfailures;
     um_task_id first_failed; /* not yet reported by um_wait_all */
+    _Atomic int destroy_waiters; /* forget_buffer calls waiting for a prefetch to end */
     access_rec *recs;
     size_t recs_cap, recs_used;
     FILE *task_trace;        /* option task_trace, or NULL */
@@ -177,10 +213,24 @@ static access_rec *rec_get(um__run *r, const um_buffer *b)
     return &r->recs[i];
 }
 
-/* Room in a's reader list for one more; false when no memory. */
-static bool reserve_reader(access_rec *a)
+static task *unsettled(const um__run *r, um_task_id id);
+
+/* Room in a's reader list for one more (locked); false when no memory.
+ * A full list first drops the readers that have settled, which order
+ * nothing any more (a writer waits only for unsettled ones): a buffer
+ * that is only read kept 8 bytes per read for good. It grows only when
+ * that leaves it over half full, so it is looked through once per half
+ * list of readers added. */
+static bool reserve_reader(const um__run *r, access_rec *a)
 {
     if (a->nreaders < a->readers_cap)
+        return true;
+    uint32_t kept = 0;
+    for (uint32_t k = 0; k < a->nreaders; k++)
+        if (unsettled(r, a->readers[k]))
+            a->readers[kept++] = a->readers[k];
+    a->nreaders = kept;
+    if (a->readers_cap && kept <= a->readers_cap / 2)
         return true;
     uint32_t cap = a->readers_cap ? 2 * a->readers_cap : 4;
     um_task_id *n = realloc(a->readers, cap * sizeof *n);
@@ -204,33 +254,200 @@ static uint8_t outcome_of(um_status st)
     return st == UM_OK ? ID_OK : st == UM_ERR_CANCELLED ? ID_CANCELLED : ID_FAILED;
 }
 
-static const failure *failure_of(const um__run *r, um_task_id id)
+static size_t id_hash(um_task_id id, size_t cap)
 {
-    for (size_t i = r->nfailures; i-- > 0;)
-        if (r->failures[i].id == id)
-            return &r->failures[i];
-    return NULL;
+    return (size_t)((id * 0x9e3779b97f4a7c15ull) >> 17) & (cap - 1);
 }
 
-static void note_failure(um__run *r, const task *t)
+/* The record of task `id` while it exists, else NULL (locked). */
+static task *task_of(const um__run *r, um_task_id id)
 {
-    if (r->nfailures == r->failures_cap) {
-        size_t cap = r->failures_cap ? 2 * r->failures_cap : 16;
-        failure *n = realloc(r->failures, cap * sizeof *n);
-        if (!n)
-            return; /* the outcome is still known, only its message is lost */
-        r->failures = n;
-        r->failures_cap = cap;
+    if (!r->tasks_cap)
+        return NULL;
+    for (size_t i = id_hash(id, r->tasks_cap);; i = (i + 1) & (r->tasks_cap - 1)) {
+        task *t = r->tasks[i];
+        if (!t || t->id == id)
+            return t;
     }
-    failure *f = &r->failures[r->nfailures++];
-    f->id = t->id;
-    f->st = t->status;
-    snprintf(f->why, sizeof f->why, "%s", t->why);
+}
+
+/* The unsettled task `id` names, which a task submitted now waits for;
+ * NULL when none (locked). */
+static task *unsettled(const um__run *r, um_task_id id)
+{
+    task *d = id ? task_of(r, id) : NULL;
+    return d && !(d->state == DONE && d->ndeps == 0) ? d : NULL;
+}
+
+/* Moves the records into a table of cap slots; false when no memory. */
+static bool tasks_rehash(um__run *r, size_t cap)
+{
+    task **n = calloc(cap, sizeof *n);
+    if (!n)
+        return false;
+    for (size_t i = 0; i < r->tasks_cap; i++) {
+        task *t = r->tasks[i];
+        if (!t)
+            continue;
+        size_t j = id_hash(t->id, cap);
+        while (n[j])
+            j = (j + 1) & (cap - 1);
+        n[j] = t;
+    }
+    free(r->tasks);
+    r->tasks = n;
+    r->tasks_cap = cap;
+    return true;
+}
+
+/* Room for one more record (at most half the slots taken); false when no
+ * memory. */
+static bool tasks_reserve(um__run *r)
+{
+    if ((r->ntasks + 1) * 2 <= r->tasks_cap)
+        return true;
+    return tasks_rehash(r, r->tasks_cap ? 2 * r->tasks_cap : 1024);
+}
+
+/* Adds t; the room was reserved (tasks_reserve). */
+static void tasks_add(um__run *r, task *t)
+{
+    size_t i = id_hash(t->id, r->tasks_cap);
+    while (r->tasks[i])
+        i = (i + 1) & (r->tasks_cap - 1);
+    r->tasks[i] = t;
+    r->ntasks++;
+}
+
+/* Removes t, shifting back the records after it that probed past its
+ * slot (so no tombstones are needed), and shrinks a table that emptied. */
+static void tasks_remove(um__run *r, const task *t)
+{
+    size_t mask = r->tasks_cap - 1, i = id_hash(t->id, r->tasks_cap);
+    while (r->tasks[i] != t)
+        i = (i + 1) & mask;
+    for (size_t j = (i + 1) & mask; r->tasks[j]; j = (j + 1) & mask) {
+        size_t home = id_hash(r->tasks[j]->id, r->tasks_cap);
+        /* r->tasks[j] may fill the hole at i unless its home lies in (i, j]. */
+        if (((j - home) & mask) >= ((j - i) & mask)) {
+            r->tasks[i] = r->tasks[j];
+            i = j;
+        }
+    }
+    r->tasks[i] = NULL;
+    r->ntasks--;
+    if (r->tasks_cap > 1024 && r->ntasks * 8 < r->tasks_cap)
+        (void)tasks_rehash(r, r->tasks_cap / 2); /* without memory it stays larger */
+}
+
+/* The failure record of `id`, or NULL (none, or its memory was lacking). */
+static const failure *failure_of(const um__run *r, um_task_id id)
+{
+    if (!r->failures_cap)
+        return NULL;
+    for (size_t i = id_hash(id, r->failures_cap);; i = (i + 1) & (r->failures_cap - 1)) {
+        const failure *f = &r->failures[i];
+        if (!f->id || f->id == id)
+            return f->id ? f : NULL;
+    }
+}
+
+/* Room for one more failure record; false when no memory. */
+static bool failures_reserve(um__run *r)
+{
+    if ((r->nfailures + 1) * 2 <= r->failures_cap)
+        return true;
+    size_t cap = r->failures_cap ? 2 * r->failures_cap : 64;
+    failure *n = calloc(cap, sizeof *n);
+    if (!n)
+        return false;
+    for (size_t i = 0; i < r->failures_cap; i++) {
+        if (!r->failures[i].id)
+            continue;
+        size_t j = id_hash(r->failures[i].id, cap);
+        while (n[j].id)
+            j = (j + 1) & (cap - 1);
+        n[j] = r->failures[i];
+    }
+    free(r->failures);
+    r->failures = n;
+    r->failures_cap = cap;
+    return true;
 }
 
 static const char *task_name(const task *t)
 {
     return t->t.name ? t->t.name : "task";
+}
+
+/* Copies name into out (UM_TASK_NAME_MAX bytes), cut, if it is longer, at
+ * the start of a UTF-8 character, so that the copy never ends inside one
+ * (trace viewers refuse such a string). */
+static void copy_name(char *out, const char *name)
+{
+    size_t n = strnlen(name, UM_TASK_NAME_MAX);
+    if (n == UM_TASK_NAME_MAX) {
+        n = UM_TASK_NAME_MAX - 1;
+        while (n > 0 && ((unsigned char)name[n] & 0xc0) == 0x80)
+            n--; /* name[n], the first byte cut off, continues a character */
+    }
+    memcpy(out, name, n);
+    out[n] = '\0';
+}
+
+/* Keeps why t failed (locked): `why`, its own reason, or (how
+ * FAILED_WITH, FAILED_AT_SUBMIT) the failed task `cause` it depends on.
+ * Without memory the outcome is still known, only the message is lost. */
+static void note_failure(um__run *r, const task *t, const char *why, uint8_t how, um_task_id cause,
+                         bool cause_cancelled)
+{
+    if (!failures_reserve(r))
+        return;
+    const char *name = task_name(t);
+    size_t nlen = strlen(name), wlen = how == FAILED_ITSELF ? strlen(why) : 0;
+    char *text = malloc(nlen + 1 + wlen + 1);
+    if (text) {
+        memcpy(text, name, nlen + 1);
+        memcpy(text + nlen + 1, how == FAILED_ITSELF ? why : "", wlen + 1);
+    }
+    size_t i = id_hash(t->id, r->failures_cap);
+    while (r->failures[i].id)
+        i = (i + 1) & (r->failures_cap - 1);
+    r->failures[i] = (failure){t->id, cause, how, cause_cancelled, text};
+    r->nfailures++;
+}
+
+/* Past this many tasks failing at submission one after another, a message
+ * is cut anyway (each quotes 160 bytes of its cause's, after its own 40 or
+ * more), so making the older ones is not needed. */
+#define MESSAGE_DEPTH 8
+
+/* The message of failed task `id` into out (len bytes), as it was when it
+ * failed: its own reason, or made from the task it failed with. */
+static void failure_message(const um__run *r, um_task_id id, char *out, size_t len, int depth)
+{
+    const failure *f = failure_of(r, id);
+    if (!f || !f->text) {
+        snprintf(out, len, "task %llu failed (no memory was left for its message)",
+                 (unsigned long long)id);
+        return;
+    }
+    const char *which = f->cause_cancelled ? "was cancelled" : "failed";
+    if (f->how == FAILED_ITSELF) {
+        snprintf(out, len, "%s", f->text + strlen(f->text) + 1);
+    } else if (f->how == FAILED_WITH) {
+        const failure *c = failure_of(r, f->cause);
+        snprintf(out, len, "task %llu (%s) depends on task %llu (%s), which %s",
+                 (unsigned long long)id, f->text, (unsigned long long)f->cause,
+                 c && c->text ? c->text : "task", which);
+    } else {
+        char cause[256] = "";
+        if (depth < MESSAGE_DEPTH)
+            failure_message(r, f->cause, cause, sizeof cause, depth + 1);
+        snprintf(out, len, "task %llu (%s) depends on task %llu, which %s%s%.160s",
+                 (unsigned long long)id, f->text, (unsigned long long)f->cause, which,
+                 cause[0] ? ": " : "", cause);
+    }
 }
 
 /* ------------------------------------------------------------- placing */
@@ -409,35 +626,53 @@ static void dispatch(um__run *r)
 }
 
 /* t's dependencies are done (locked): its buffers are announced (reclaim
- * keeps them where it can), and it waits in the ready list for a place. */
+ * keeps them where it can; the tickets are kept, to withdraw them if it
+ * ends without acquiring them), and it waits in the ready list for a
+ * place. */
 static void make_ready(um__run *r, task *t)
 {
     for (int i = 0; i < t->t.nbuffers; i++)
-        (void)um_buffer_hint(t->t.buffers[i], UM_HINT_WILL_USE);
+        (void)um__buffer_announce(t->t.buffers[i], &t->announced[i]);
     t->state = READY;
     t->dev = -1;
     enqueue(&r->ready_head, &r->ready_tail, t);
     dispatch(r);
 }
 
+/* Withdraws t's announcements of the buffers it will not acquire now: all
+ * (held NULL) or those not held. Each announcement stands for one coming
+ * use; a cancelled task's, or one whose acquisition stopped at a buffer
+ * that could not be had, stayed for good, and reclaim then kept the
+ * buffer as needed soon over the program's UM_HINT_WONT_USE. Takes only
+ * buffer locks, so it runs locked or not. */
+static void withdraw(task *t, const bool *held)
+{
+    for (int i = 0; i < t->t.nbuffers; i++)
+        if (t->announced[i] && !(held && held[i])) {
+            um__buffer_withdraw(t->t.buffers[i], t->announced[i]);
+            t->announced[i] = 0;
+        }
+}
+
 /* ----------------------------------------------------------- finishing */
 
 static void free_task(um__run *r, task *t)
 {
-    r->live[t->id - 1] = NULL;
+    tasks_remove(r, t);
     free(t->dependents);
     free(t);
 }
 
-/* t has ended with st (locked): its state, its failure noted, its buffers'
- * records, and onto *done for its callback. */
-static void mark_done(um__run *r, task *t, um_status st, const char *why, task **done)
+/* t has ended with st (locked): its state, why it failed (its own reason
+ * `why`, or with how FAILED_WITH or FAILED_AT_SUBMIT the failed task
+ * `cause`), its buffers' records, and onto *done for its callback. */
+static void mark_done(um__run *r, task *t, um_status st, const char *why, uint8_t how,
+                      um_task_id cause, bool cause_cancelled, task **done)
 {
     t->state = DONE;
     t->status = st;
     if (st != UM_OK) {
-        snprintf(t->why, sizeof t->why, "%s", why);
-        note_failure(r, t);
+        note_failure(r, t, why, how, cause, cause_cancelled);
         if (!r->first_failed)
             r->first_failed = t->id;
     }
@@ -463,12 +698,8 @@ static void fail_users(um__run *r, task *t, task **done)
             task *d = x->dependents[i].to;
             if (!x->dependents[i].fails_with || d->state == DONE)
                 continue;
-            char because[256];
-            snprintf(because, sizeof because,
-                     "task %llu (%s) depends on task %llu (%s), which %s",
-                     (unsigned long long)d->id, task_name(d), (unsigned long long)x->id,
-                     task_name(x), x->status == UM_ERR_CANCELLED ? "was cancelled" : "failed");
-            mark_done(r, d, UM_ERR_TASK, because, done);
+            mark_done(r, d, UM_ERR_TASK, NULL, FAILED_WITH, x->id, x->status == UM_ERR_CANCELLED,
+                      done);
             d->work_next = work;
             work = d;
         }
@@ -502,27 +733,62 @@ static void settle(um__run *r, task *t)
     }
 }
 
-/* Finishes t with st (locked): its outcome, the tasks that fail with it,
- * and, when it waits for nothing more, its settling. Finished tasks go on
- * *done for their callbacks outside the lock. */
-static void finish(um__run *r, task *t, um_status st, const char *why, task **done)
+/* Finishes t with st (locked): its outcome (the arguments as mark_done's),
+ * the tasks that fail with it, and, when it waits for nothing more, its
+ * settling. Finished tasks go on *done for their callbacks outside the
+ * lock. */
+static void finish_as(um__run *r, task *t, um_status st, const char *why, uint8_t how,
+                      um_task_id cause, bool cause_cancelled, task **done)
 {
-    mark_done(r, t, st, why, done);
+    mark_done(r, t, st, why, how, cause, cause_cancelled, done);
     if (st != UM_OK)
         fail_users(r, t, done);
     if (t->ndeps == 0)
         settle(r, t);
 }
 
+/* Finishes t with st and, for a failure, its own reason (locked). */
+static void finish(um__run *r, task *t, um_status st, const char *why, task **done)
+{
+    finish_as(r, t, st, why, FAILED_ITSELF, 0, false, done);
+}
+
+/* The done callbacks this thread is in, innermost first (a callback may
+ * submit a task that fails at once, whose callback runs inside it): a
+ * wait called from one for its own task, or for every task, would wait
+ * for itself. */
+typedef struct in_callback {
+    const um__run *r;
+    const task *t;
+    const struct in_callback *outer;
+} in_callback;
+static _Thread_local const in_callback *callbacks_here;
+
+/* The task whose callback this thread is in, of r's, that is `id` (0: any
+ * of r's); NULL when none. */
+static const task *in_callback_of(const um__run *r, um_task_id id)
+{
+    for (const in_callback *c = callbacks_here; c; c = c->outer)
+        if (c->r == r && (!id || c->t->id == id))
+            return c->t;
+    return NULL;
+}
+
 /* Callbacks, outside the lock (a callback may submit), then the outcome
- * that waiters see: a wait returns after the task's callback has run. */
+ * that waiters see: a wait on another thread returns after the task's
+ * callback has run. The callback's own thread learns the outcome from
+ * in_callback_of (um_task_wait on the task itself returns it at once). */
 static void retire(um__run *r, task *done)
 {
     while (done) {
         task *t = done;
         done = t->next;
-        if (t->t.done)
+        if (t->t.done) {
+            in_callback c = {r, t, callbacks_here};
+            callbacks_here = &c;
             t->t.done(t->id, t->status, t->t.user);
+            callbacks_here = c.outer;
+        }
         um__vt_mutex_lock(&r->lock);
         r->outcome[t->id - 1] = outcome_of(t->status);
         r->unfinished--;
@@ -538,20 +804,64 @@ static void retire(um__run *r, task *done)
 
 /* ------------------------------------------------------------- workers */
 
-/* Queues copies of the inputs of the tasks after the running one, where
- * the device has room for them (a prefetch that evicts could push out
- * what the running task needs). Unlocked. */
-static void prefetch(worker *w, um_buffer *const *bufs, int n)
+/* Lists the buffers the next tasks in w's queue read, for prefetch_listed
+ * (locked, on w's thread, which has just taken the task before them).
+ * Listed, they are not forgotten (destroyed) until prefetch_listed lets
+ * them go. */
+static void list_next_inputs(worker *w)
+{
+    int n = 0, ahead = 0;
+    for (task *q = w->head; q && ahead < PREFETCH_AHEAD; q = q->next, ahead++)
+        for (int i = 0; i < q->t.nbuffers; i++)
+            if (q->t.modes[i] != UM_ACCESS_WRITE_DISCARD)
+                atomic_store_explicit(&w->prefetching[n++], q->t.buffers[i], memory_order_relaxed);
+    w->nprefetching = n;
+}
+
+/* Whether a worker has b listed to prefetch (locked). */
+static bool being_prefetched(const um__run *r, const um_buffer *b)
+{
+    for (int d = 0; d < r->ctx->ndevices; d++)
+        for (int i = 0; i < PREFETCH_SLOTS; i++) {
+            const um_buffer *p = atomic_load(&r->w[d].prefetching[i]);
+            if (!p)
+                break;
+            if (p == b)
+                return true;
+        }
+    return false;
+}
+
+/* Queues copies of the buffers list_next_inputs listed, where the device
+ * has room for them, then lets them go (copy false: only that). Called
+ * once the running task's buffers are acquired, so their memory counts
+ * in the room: before, a prefetch could take it, and the running task's
+ * acquisition then evicted a prefetched copy that was fetched again.
+ * Unlocked. */
+static void prefetch_listed(worker *w, bool copy)
 {
     um_context *ctx = w->r->ctx;
     size_t limit = ctx->devices[w->dev].alloc->memory_limit;
-    for (int i = 0; i < n; i++) {
+    int n = w->nprefetching;
+    for (int i = 0; copy && i < n; i++) {
+        um_buffer *b = atomic_load_explicit(&w->prefetching[i], memory_order_relaxed);
         size_t used = atomic_load_explicit(&ctx->devices[w->dev].backend->physical_bytes,
                                            memory_order_relaxed);
-        size_t size = um_buffer_size(bufs[i]);
-        if (used + size > limit)
+        if (used + um_buffer_size(b) > limit)
             break;
-        (void)um_buffer_prefetch(bufs[i], w->dev);
+        (void)um_buffer_prefetch(b, w->dev);
+    }
+    /* From the last, so that what is listed stays a prefix of the array. */
+    while (n > 0)
+        atomic_store(&w->prefetching[--n], NULL);
+    w->nprefetching = 0;
+    /* A destroy waiting for these (forget_buffer) announced itself before
+     * it looked at the list; this looks after clearing it: one of the two
+     * sees the other. */
+    if (atomic_load(&w->r->destroy_waiters)) {
+        um__vt_mutex_lock(&w->r->lock);
+        um__cond_broadcast(&w->r->finished);
+        um__vt_mutex_unlock(&w->r->lock);
     }
 }
 
@@ -596,9 +906,11 @@ static um_status acquire_all(worker *w, um_stream s, task *t, void **ptrs, size_
             held[i] = st == UM_OK;
         }
     atomic_fetch_add(&w->bytes_in, in);
-    if (st != UM_OK)
+    if (st != UM_OK) {
         snprintf(why, why_len, "task %llu (%s) on device %d: its buffers could not be had: %s",
                  (unsigned long long)t->id, task_name(t), w->dev, um_last_error());
+        withdraw(t, held);
+    }
     return st;
 }
 
@@ -660,8 +972,12 @@ static uint64_t modelled_ns(um_context *ctx, int dev, const task *t, uint64_t *p
                                packed_ns);
     }
     *packed_ns = 0;
-    if (ctx->opts.sim_gflops > 0 && ut->flops > 0)
-        *packed_ns = (uint64_t)(ut->flops / (double)ctx->opts.sim_gflops);
+    if (ctx->opts.sim_gflops > 0 && ut->flops > 0) {
+        /* flops is finite (checked at submission), but its time may still
+         * be past what a uint64_t holds, where the conversion is undefined. */
+        double ns = ut->flops / (double)ctx->opts.sim_gflops;
+        *packed_ns = ns < 0x1p63 ? (uint64_t)ns : UINT64_C(1) << 63;
+    }
     return *packed_ns;
 }
 
@@ -678,11 +994,16 @@ static um_status run_on_cpu(worker *w, task *t, char *why, size_t why_len)
     uint64_t t0 = um__now_ns();
     um_status st = acquire_all(w, w->stream, t, ptrs, sizes, held, why, why_len);
     bool all_held = st == UM_OK;
+    /* The next tasks' inputs, copied while this one runs; not counted as
+     * its wait (it was not, when it came before the acquisition). */
+    uint64_t p0 = um__now_ns();
+    prefetch_listed(w, true);
+    uint64_t prefetch_ns = um__now_ns() - p0;
     if (st == UM_OK && (st = um_stream_synchronize(ctx, w->stream)) != UM_OK)
         snprintf(why, why_len, "task %llu (%s) on device %d: its inputs did not arrive: %s",
                  (unsigned long long)t->id, task_name(t), w->dev, um_last_error());
     uint64_t t1 = um__now_ns();
-    atomic_fetch_add(&w->waited_ns, t1 - t0);
+    atomic_fetch_add(&w->waited_ns, t1 - t0 - prefetch_ns);
     bool ran = st == UM_OK;
     if (ran) {
         um_task_exec e = {w->dev, be->kind, NULL, ptrs, sizes, ut->nbuffers, ut->user};
@@ -722,6 +1043,11 @@ static void launch_on_gpu(worker *w, um_stream s, task *t, in_flight *f)
     f->why[0] = '\0';
     f->launched_ns = um__now_ns();
     f->st = acquire_all(w, s, t, ptrs, sizes, held, f->why, sizeof f->why);
+    /* The next tasks' inputs, queued behind this one's copies; the host's
+     * time for it is not this task's. */
+    uint64_t p0 = um__now_ns();
+    prefetch_listed(w, true);
+    f->launched_ns += um__now_ns() - p0;
     bool ran = f->st == UM_OK;
     um__backend *be = ctx->devices[w->dev].backend;
     if (ran && be->kind != UM_DEVICE_CUDA) {
@@ -787,17 +1113,6 @@ static bool land(worker *w, um__xfer *x, in_flight *f, uint64_t *prev_end)
 #define LAND_POLL_MIN_NS 5000ull
 #define LAND_POLL_MAX_NS 200000ull
 
-/* The buffers of the next tasks in w's queue that they read (locked). */
-static int next_inputs(worker *w, um_buffer **out)
-{
-    int n = 0, ahead = 0;
-    for (task *q = w->head; q && ahead < PREFETCH_AHEAD; q = q->next, ahead++)
-        for (int i = 0; i < q->t.nbuffers; i++)
-            if (q->t.modes[i] != UM_ACCESS_WRITE_DISCARD)
-                out[n++] = q->t.buffers[i];
-    return n;
-}
-
 /* A task has ended on w (locked): its queue has room again. */
 static void ended(um__run *r, worker *w, task *t, um_status st, const char *why)
 {
@@ -825,15 +1140,26 @@ static void *worker_main(void *arg)
     um__run *r = w->r;
     bool gpu = launches_ahead(r->ctx, w->dev);
     um__xfer *x = NULL;
-    char no_engine[200] = "";
+    /* Why it runs no task ("": it runs them): its GPU has no transfer
+     * engine, or this thread cannot make the GPU's context current. */
+    char refuse[300] = "";
     if (gpu && um__xfer_get(r->ctx, &x) != UM_OK)
-        snprintf(no_engine, sizeof no_engine, "device %d: no transfer engine for its tasks: %s",
-                 w->dev, um_last_error());
-    /* Task code that uses a runtime of its own (cuBLAS) must find this
-     * device's context current, or it would launch on the first GPU. */
-    if (!no_engine[0] && um__be_bind_thread(r->ctx->devices[w->dev].backend) != UM_OK)
-        snprintf(no_engine, sizeof no_engine, "device %d: its worker cannot use it: %s", w->dev,
+        snprintf(refuse, sizeof refuse, "device %d: no transfer engine for its tasks: %s", w->dev,
                  um_last_error());
+    /* Task code that uses a runtime of its own (cuBLAS) must find this
+     * device's context current, or it would launch on the first GPU: a
+     * GPU worker that cannot make it so refuses its tasks (it used to run
+     * them anyway). Elsewhere the tasks do not need it. */
+    if (!refuse[0] && um__be_bind_thread(r->ctx->devices[w->dev].backend) != UM_OK) {
+        if (gpu)
+            snprintf(refuse, sizeof refuse,
+                     "device %d: its worker thread cannot make the device's context current, "
+                     "so it runs no task: %s",
+                     w->dev, um_last_error());
+        else
+            um__log(UM_LOG_WARN, "device %d: its worker thread cannot bind to it: %s", w->dev,
+                    um_last_error());
+    }
     in_flight fl[GPU_IN_FLIGHT];
     int nfl = 0;
     unsigned launches = 0;
@@ -870,14 +1196,17 @@ static void *worker_main(void *arg)
         if (!w->head)
             w->tail = NULL;
         t->state = RUNNING;
-        um_buffer *next[PREFETCH_AHEAD * UM_TASK_MAX_BUFFERS];
-        int nnext = next_inputs(w, next);
+        list_next_inputs(w);
         um__vt_mutex_unlock(&r->lock);
-        /* The next tasks' inputs, copied while this one runs. */
-        prefetch(w, next, nnext);
-        if (gpu && !x) {
+        if (refuse[0]) {
+            prefetch_listed(w, false);
+            withdraw(t, NULL);
+            char why[512];
+            snprintf(why, sizeof why, "task %llu (%s) was not run: %s", (unsigned long long)t->id,
+                     task_name(t), refuse);
+            atomic_fetch_add(&w->failed, 1);
             um__vt_mutex_lock(&r->lock);
-            ended(r, w, t, UM_ERR_TASK, no_engine);
+            ended(r, w, t, UM_ERR_TASK, why);
             continue;
         }
         if (gpu) {
@@ -1073,7 +1402,9 @@ static void free_run(um__run *r)
         free(r->recs[i].readers);
     free(r->recs);
     free(r->outcome);
-    free(r->live);
+    free(r->tasks);
+    for (size_t i = 0; i < r->failures_cap; i++)
+        free(r->failures[i].text);
     free(r->failures);
     if (r->task_trace && (ferror(r->task_trace) | fclose(r->task_trace)))
         um__log(UM_LOG_WARN, "task_trace=%s: writing it failed; the trace is incomplete",
@@ -1107,6 +1438,18 @@ static bool forget_buffer(um_context *ctx, const um_buffer *b)
     um__vt_mutex_lock(&r->lock);
     access_rec *a = rec_find(r, b);
     bool ok = !a || !a->pending;
+    /* A worker may be prefetching it for a task cancelled since: the
+     * buffer goes once that is over, or its handle, made again for a new
+     * buffer, would be prefetched (or read destroyed). Not long: the
+     * worker lets it go once its running task's buffers are acquired. */
+    while (ok && being_prefetched(r, b)) {
+        atomic_fetch_add(&r->destroy_waiters, 1);
+        if (being_prefetched(r, b))
+            um__cond_wait(&r->finished, &r->lock);
+        atomic_fetch_sub(&r->destroy_waiters, 1);
+        a = rec_find(r, b); /* the table may have grown meanwhile */
+        ok = !a || !a->pending;
+    }
     if (a && ok) {
         free(a->readers);
         *a = (access_rec){TOMBSTONE, 0, NULL, 0, 0, 0, 0};
@@ -1143,6 +1486,11 @@ static um_status check_task(um_context *ctx, const um_task *t)
     if (!ctx || !t)
         return um__fail(UM_ERR_INVALID, "%s: %s is NULL", what, ctx ? "the task" : "ctx");
     const char *name = t->name ? t->name : "task";
+    /* An infinite or NaN estimate made the modelled time's conversion to
+     * an integer undefined (a sim worker slept for centuries). */
+    if (!isfinite(t->flops) || t->flops < 0)
+        return um__fail(UM_ERR_INVALID, "%s: task '%s': flops is %g, not a finite count of 0 "
+                        "or more (0: unknown)", what, name, t->flops);
     if (!t->cpu && !t->cuda)
         return um__fail(UM_ERR_INVALID, "%s: task '%s' has no implementation (cpu and cuda "
                         "are both NULL)", what, name);
@@ -1209,20 +1557,8 @@ static bool ids_grow(um__run *r)
     if (!o)
         return false;
     r->outcome = o;
-    task **l = realloc(r->live, cap * sizeof *l);
-    if (!l)
-        return false;
-    r->live = l;
     r->ids_cap = cap;
     return true;
-}
-
-/* The unsettled task `id` names, which a task submitted now waits for;
- * NULL when none (locked). */
-static task *unsettled(um__run *r, um_task_id id)
-{
-    task *d = id ? r->live[id - 1] : NULL;
-    return d && !(d->state == DONE && d->ndeps == 0) ? d : NULL;
 }
 
 /* Room for one more edge from task `id`, if the task being submitted will
@@ -1270,7 +1606,7 @@ static bool reserve_records(um__run *r, const um_task *ut)
             for (uint32_t k = 0; k < a->nreaders && ok; k++)
                 ok = reserve_edge(r, a->readers[k]);
         else
-            ok = ok && reserve_reader(a);
+            ok = ok && reserve_reader(r, a);
     }
     for (int i = 0; i < ut->nbuffers; i++) {
         const access_rec *a = rec_find(r, ut->buffers[i]);
@@ -1294,7 +1630,7 @@ static void depend(um__run *r, task *t, um_task_id id, bool fails_with)
 {
     if (!id || id == t->id)
         return;
-    task *d = r->live[id - 1];
+    task *d = task_of(r, id);
     bool failed = d ? d->state == DONE && d->status != UM_OK : r->outcome[id - 1] != ID_OK;
     if (failed && fails_with && !t->failed_dep)
         t->failed_dep = id;
@@ -1325,7 +1661,7 @@ static void trace_task(um__run *r, const task *t)
 
 static bool dep_cancelled(const um__run *r, um_task_id id)
 {
-    const task *d = r->live[id - 1];
+    const task *d = task_of(r, id);
     return d ? d->status == UM_ERR_CANCELLED : r->outcome[id - 1] == ID_CANCELLED;
 }
 
@@ -1343,10 +1679,14 @@ um_status um_task_submit(um_context *ctx, const um_task *ut, um_task_id *id)
     if (!t)
         return um__fail(UM_ERR_NOMEM, "um_task_submit: no memory for a task");
     t->t = *ut;
+    if (ut->name) {
+        copy_name(t->name, ut->name);
+        t->t.name = t->name;
+    }
     for (int i = 0; i < ut->nbuffers; i++)
         t->bytes += um_buffer_size(ut->buffers[i]);
     um__vt_mutex_lock(&r->lock);
-    if (!ids_grow(r)) {
+    if (!ids_grow(r) || !tasks_reserve(r)) {
         um__vt_mutex_unlock(&r->lock);
         free(t);
         return um__fail(UM_ERR_NOMEM, "um_task_submit: task '%s': no memory for task ids",
@@ -1362,7 +1702,7 @@ um_status um_task_submit(um_context *ctx, const um_task *ut, um_task_id *id)
     /* Nothing below fails: the task exists from here on. */
     t->id = ++r->nids;
     r->outcome[t->id - 1] = ID_PENDING;
-    r->live[t->id - 1] = t;
+    tasks_add(r, t);
     for (int i = 0; i < ut->nbuffers; i++) {
         access_rec *a = rec_find(r, ut->buffers[i]);
         um_access m = ut->modes[i];
@@ -1385,13 +1725,8 @@ um_status um_task_submit(um_context *ctx, const um_task *ut, um_task_id *id)
     r->unfinished++;
     task *done = NULL;
     if (t->failed_dep) {
-        const failure *f = failure_of(r, t->failed_dep);
-        char because[256];
-        snprintf(because, sizeof because, "task %llu (%s) depends on task %llu, which %s%s%.160s",
-                 (unsigned long long)t->id, task_name(t), (unsigned long long)t->failed_dep,
-                 dep_cancelled(r, t->failed_dep) ? "was cancelled" : "failed",
-                 f ? ": " : "", f ? f->why : "");
-        finish(r, t, UM_ERR_TASK, because, &done);
+        finish_as(r, t, UM_ERR_TASK, NULL, FAILED_AT_SUBMIT, t->failed_dep,
+                  dep_cancelled(r, t->failed_dep), &done);
     } else if (t->ndeps == 0) {
         make_ready(r, t);
     }
@@ -1403,15 +1738,15 @@ um_status um_task_submit(um_context *ctx, const um_task *ut, um_task_id *id)
     return UM_OK;
 }
 
-/* The status of a finished id, with its message in um_last_error (locked). */
-static um_status outcome_status(um__run *r, um_task_id id)
+/* The status of a finished id whose outcome is o, with its message in
+ * um_last_error (locked). */
+static um_status outcome_status(um__run *r, um_task_id id, uint8_t o)
 {
-    uint8_t o = r->outcome[id - 1];
     if (o == ID_OK)
         return UM_OK;
-    const failure *f = failure_of(r, id);
-    return um__fail(o == ID_CANCELLED ? UM_ERR_CANCELLED : UM_ERR_TASK, "%s",
-                    f ? f->why : "the task failed");
+    char why[512];
+    failure_message(r, id, why, sizeof why, 0);
+    return um__fail(o == ID_CANCELLED ? UM_ERR_CANCELLED : UM_ERR_TASK, "%s", why);
 }
 
 /* The run layer of ctx, locked, when id names one of its tasks. */
@@ -1438,9 +1773,15 @@ um_status um_task_wait(um_context *ctx, um_task_id id)
     um_status st = run_of(ctx, id, "um_task_wait", &r); /* locks r on success */
     if (st != UM_OK)
         return st;
-    while (r->outcome[id - 1] == ID_PENDING)
+    /* From the task's own callback: it has finished, and its outcome is
+     * published once the callback returns, so waiting would never end. */
+    const task *self = in_callback_of(r, id);
+    uint8_t o = self ? outcome_of(self->status) : r->outcome[id - 1];
+    while (o == ID_PENDING) {
         um__cond_wait(&r->finished, &r->lock);
-    st = outcome_status(r, id);
+        o = r->outcome[id - 1];
+    }
+    st = outcome_status(r, id, o);
     um__vt_mutex_unlock(&r->lock);
     return st;
 }
@@ -1451,7 +1792,7 @@ um_status um_task_cancel(um_context *ctx, um_task_id id)
     um_status st = run_of(ctx, id, "um_task_cancel", &r); /* locks r on success */
     if (st != UM_OK)
         return st;
-    task *t = r->live[id - 1];
+    task *t = task_of(r, id);
     if (!t || t->state == RUNNING || t->state == DONE) {
         /* Read before unlocking: the worker may finish and free it then
          * (a race TSan found under the stress test). */
@@ -1478,6 +1819,7 @@ um_status um_task_cancel(um_context *ctx, um_task_id id)
             if (w->queued_ns < 0 || !w->queued)
                 w->queued_ns = 0; /* as in ended: rounding must not leave a credit */
         }
+        withdraw(t, NULL); /* its uses will not come */
     }
     task *done = NULL;
     char why[128];
@@ -1502,11 +1844,23 @@ um_status um_wait_all(um_context *ctx)
     if (!r)
         return UM_OK;
     um__vt_mutex_lock(&r->lock);
+    /* From a done callback it would wait for the callback's own task, and
+     * on a worker for the tasks queued behind it there: it used to hang. */
+    const task *cb = in_callback_of(r, 0);
+    if (cb) {
+        um_task_id cb_id = cb->id;
+        um__vt_mutex_unlock(&r->lock);
+        return um__fail(UM_ERR_BUSY,
+                        "um_wait_all: called from the done callback of task %llu, "
+                        "which would wait for that task itself (and, on a worker, for the tasks "
+                        "queued behind it); wait outside done callbacks",
+                        (unsigned long long)cb_id);
+    }
     while (r->unfinished)
         um__cond_wait(&r->finished, &r->lock);
     um_status st = UM_OK;
     if (r->first_failed) {
-        st = outcome_status(r, r->first_failed);
+        st = outcome_status(r, r->first_failed, r->outcome[r->first_failed - 1]);
         r->first_failed = 0; /* reported once */
     }
     um__vt_mutex_unlock(&r->lock);

@@ -9,14 +9,18 @@
  * writes waits for the last writer and for every reader since. A task
  * whose dependencies are done is ready: placement (src/place) picks its
  * device then, with the load and data of that moment, and the buffers it
- * uses are announced (UM_HINT_WILL_USE), so reclaim keeps them. A worker
- * runs its device's queue in order: it prefetches the inputs of the next
- * tasks while the current one runs, acquires the task's buffers on its
- * stream, waits for them, runs the implementation for its kind of device
- * (a GPU's launches on the stream and is waited for), releases them, and
- * learns the compute time for placement. A task that fails fails its
- * dependents without running them; the buffers stay coherent (what a
- * failed task wrote is what its buffers hold).
+ * uses are announced (UM_HINT_WILL_USE), so reclaim keeps them; a task
+ * that ends without acquiring them (cancelled, or not all could be had)
+ * withdraws its announcements. A worker runs its device's queue in order:
+ * it acquires the task's buffers on its stream, then prefetches the inputs
+ * of the next tasks into the room left (a buffer listed for prefetch is
+ * not destroyed until that is over), waits for the task's buffers, runs
+ * the implementation for its kind of device (a GPU's launches on the
+ * stream and is waited for), releases them, and learns the compute time
+ * for placement. A task that fails fails its dependents without running
+ * them; the buffers stay coherent (what a failed task wrote is what its
+ * buffers hold). Per finished task only its outcome byte stays, and per
+ * failed one a small record its message is made from.
  *
  * One lock guards the layer's state; workers drop it while a task runs.
  * Lock order: this lock, then a buffer's.
