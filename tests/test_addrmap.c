@@ -41,6 +41,18 @@ int main(void)
         CHECK_EQ(um__addrmap_take(&m, key, &v), ref[i] != 0);
     }
     CHECK_EQ(m.count, 0u);
+    /* Emptied, the table shrank back to its smallest size. */
+    CHECK_EQ(m.cap, (size_t)1024);
+    /* Reserved room takes the puts without growing: consecutive ids, as
+     * the task layer's, spread over the table as addresses do. */
+    CHECK(um__addrmap_reserve(&m, 100000));
+    size_t cap = m.cap;
+    CHECK(cap >= 200000);
+    for (uint64_t id = 1; id <= 100000; id++)
+        CHECK(um__addrmap_put(&m, id, id * 3));
+    CHECK_EQ(m.cap, cap);
+    for (uint64_t id = 1, v; id <= 100000; id++)
+        CHECK(um__addrmap_get(&m, id, &v) && v == id * 3);
     um__addrmap_free(&m);
     return harness_finish("test_addrmap");
 }

@@ -3,11 +3,12 @@
 
 #include <stdlib.h>
 
-/* Blocks are aligned, so the low bits say little: a multiplicative hash's
- * high half indexes the table. */
+/* Blocks are aligned, so the low bits say little, and task ids are
+ * consecutive: a multiplicative hash's high half, which every key bit
+ * reaches, indexes the table. */
 static size_t home(const um__addrmap *m, uint64_t key)
 {
-    return (size_t)(((key >> 4) * 0x9e3779b97f4a7c15ull) >> 20) & (m->cap - 1);
+    return (size_t)((key * 0x9e3779b97f4a7c15ull) >> 32) & (m->cap - 1);
 }
 
 static size_t find(const um__addrmap *m, uint64_t key)
@@ -20,9 +21,11 @@ static size_t find(const um__addrmap *m, uint64_t key)
     return SIZE_MAX;
 }
 
-static bool grow(um__addrmap *m)
+#define MIN_CAP 1024
+
+/* Moves the entries into a table of cap slots; false when no memory. */
+static bool resize(um__addrmap *m, size_t cap)
 {
-    size_t cap = m->cap ? 2 * m->cap : 1024;
     um__addrmap_slot *n = calloc(cap, sizeof *n), *old = m->slots;
     if (!n)
         return false;
@@ -48,7 +51,7 @@ bool um__addrmap_put(um__addrmap *m, uint64_t key, uint64_t value)
         m->slots[j].value = value;
         return true;
     }
-    if ((m->count + 1) * 2 > m->cap && !grow(m))
+    if (!um__addrmap_reserve(m, 1))
         return false;
     j = home(m, key);
     while (m->slots[j].key)
@@ -86,7 +89,18 @@ bool um__addrmap_take(um__addrmap *m, uint64_t key, uint64_t *value)
             j = k;
         }
     }
+    /* A table that emptied shrinks (without memory it stays larger). */
+    if (m->cap > MIN_CAP && m->count * 8 < m->cap)
+        (void)resize(m, m->cap / 2);
     return true;
+}
+
+bool um__addrmap_reserve(um__addrmap *m, size_t n)
+{
+    size_t cap = m->cap ? m->cap : MIN_CAP;
+    while ((m->count + n) * 2 > cap)
+        cap *= 2;
+    return cap == m->cap || resize(m, cap);
 }
 
 void um__addrmap_free(um__addrmap *m)

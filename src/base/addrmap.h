@@ -1,9 +1,10 @@
 /*
  * addrmap: a map from addresses (non-zero 64-bit keys) to 64-bit values,
- * open addressing with backward-shift deletion. For the bookkeeping that
- * is off the hot path and keyed by a block's address: the event writer's
- * live block sizes and the debug allocator's requested sizes. Not thread
- * safe; owns its table.
+ * open addressing with backward-shift deletion; the table shrinks as it
+ * empties. For the bookkeeping that is off the hot path: the event
+ * writer's live block sizes and the debug allocator's requested sizes by
+ * address, the stream uses' marks, the task layer's records and failures
+ * by id. Not thread safe; owns its table.
  */
 #ifndef UM_ADDRMAP_H
 #define UM_ADDRMAP_H
@@ -25,6 +26,9 @@ typedef struct um__addrmap {
 /* Sets key's value (replacing one there); false when there is no memory
  * to grow the table (nothing changed). */
 bool um__addrmap_put(um__addrmap *m, uint64_t key, uint64_t value);
+/* Room for n more keys, so that the next n puts of new keys cannot fail;
+ * false when there is no memory (nothing changed). */
+bool um__addrmap_reserve(um__addrmap *m, size_t n);
 /* Key's value in *value; false when it is not there. */
 bool um__addrmap_get(const um__addrmap *m, uint64_t key, uint64_t *value);
 /* Removes key, giving its value; false when it is not there. */

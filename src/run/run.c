@@ -1,6 +1,7 @@
 /* Tasks, dependencies and per-device workers; see run.h. */
 #include "run.h"
 
+#include "../base/addrmap.h"
 #include "../base/vtime.h"
 
 #include <errno.h>
@@ -95,7 +96,6 @@ enum {
     FAILED_AT_SUBMIT /* ... had failed before it was submitted */
 };
 typedef struct failure {
-    um_task_id id;    /* 0: an empty slot */
     um_task_id cause; /* FAILED_WITH, FAILED_AT_SUBMIT: the task it failed with */
     uint8_t how;
     bool cause_cancelled;
@@ -135,14 +135,12 @@ struct um__run {
     task *ready_head, *ready_tail; /* ready, not placed yet (device queues full) */
     uint8_t *outcome;        /* per id (index id - 1) */
     uint64_t nids, ids_cap;
-    /* The records that exist (unfinished, or unsettled), by id: an
-     * open-addressing table, so it holds only those (an array per id kept
-     * 8 bytes for every task ever submitted). */
-    task **tasks;
-    size_t tasks_cap, ntasks;
+    /* The records that exist (unfinished, or unsettled), by id: a table
+     * of those only (an array per id kept 8 bytes for every task ever
+     * submitted). */
+    um__addrmap tasks;
     uint64_t unfinished;
-    failure *failures;       /* failed and cancelled tasks' reasons, by id */
-    size_t failures_cap, nfailures;
+    um__addrmap failures;    /* failed and cancelled tasks' reasons (failure *), by id */
     um_task_id first_failed; /* not yet reported by um_wait_all */
     _Atomic int destroy_waiters; /* forget_buffer calls waiting for a prefetch to end */
     access_rec *recs;
@@ -254,21 +252,11 @@ static uint8_t outcome_of(um_status st)
     return st == UM_OK ? ID_OK : st == UM_ERR_CANCELLED ? ID_CANCELLED : ID_FAILED;
 }
 
-static size_t id_hash(um_task_id id, size_t cap)
-{
-    return (size_t)((id * 0x9e3779b97f4a7c15ull) >> 17) & (cap - 1);
-}
-
 /* The record of task `id` while it exists, else NULL (locked). */
 static task *task_of(const um__run *r, um_task_id id)
 {
-    if (!r->tasks_cap)
-        return NULL;
-    for (size_t i = id_hash(id, r->tasks_cap);; i = (i + 1) & (r->tasks_cap - 1)) {
-        task *t = r->tasks[i];
-        if (!t || t->id == id)
-            return t;
-    }
+    uint64_t t;
+    return um__addrmap_get(&r->tasks, id, &t) ? (task *)(uintptr_t)t : NULL;
 }
 
 /* The unsettled task `id` names, which a task submitted now waits for;
@@ -279,100 +267,11 @@ static task *unsettled(const um__run *r, um_task_id id)
     return d && !(d->state == DONE && d->ndeps == 0) ? d : NULL;
 }
 
-/* Moves the records into a table of cap slots; false when no memory. */
-static bool tasks_rehash(um__run *r, size_t cap)
-{
-    task **n = calloc(cap, sizeof *n);
-    if (!n)
-        return false;
-    for (size_t i = 0; i < r->tasks_cap; i++) {
-        task *t = r->tasks[i];
-        if (!t)
-            continue;
-        size_t j = id_hash(t->id, cap);
-        while (n[j])
-            j = (j + 1) & (cap - 1);
-        n[j] = t;
-    }
-    free(r->tasks);
-    r->tasks = n;
-    r->tasks_cap = cap;
-    return true;
-}
-
-/* Room for one more record (at most half the slots taken); false when no
- * memory. */
-static bool tasks_reserve(um__run *r)
-{
-    if ((r->ntasks + 1) * 2 <= r->tasks_cap)
-        return true;
-    return tasks_rehash(r, r->tasks_cap ? 2 * r->tasks_cap : 1024);
-}
-
-/* Adds t; the room was reserved (tasks_reserve). */
-static void tasks_add(um__run *r, task *t)
-{
-    size_t i = id_hash(t->id, r->tasks_cap);
-    while (r->tasks[i])
-        i = (i + 1) & (r->tasks_cap - 1);
-    r->tasks[i] = t;
-    r->ntasks++;
-}
-
-/* Removes t, shifting back the records after it that probed past its
- * slot (so no tombstones are needed), and shrinks a table that emptied. */
-static void tasks_remove(um__run *r, const task *t)
-{
-    size_t mask = r->tasks_cap - 1, i = id_hash(t->id, r->tasks_cap);
-    while (r->tasks[i] != t)
-        i = (i + 1) & mask;
-    for (size_t j = (i + 1) & mask; r->tasks[j]; j = (j + 1) & mask) {
-        size_t home = id_hash(r->tasks[j]->id, r->tasks_cap);
-        /* r->tasks[j] may fill the hole at i unless its home lies in (i, j]. */
-        if (((j - home) & mask) >= ((j - i) & mask)) {
-            r->tasks[i] = r->tasks[j];
-            i = j;
-        }
-    }
-    r->tasks[i] = NULL;
-    r->ntasks--;
-    if (r->tasks_cap > 1024 && r->ntasks * 8 < r->tasks_cap)
-        (void)tasks_rehash(r, r->tasks_cap / 2); /* without memory it stays larger */
-}
-
 /* The failure record of `id`, or NULL (none, or its memory was lacking). */
 static const failure *failure_of(const um__run *r, um_task_id id)
 {
-    if (!r->failures_cap)
-        return NULL;
-    for (size_t i = id_hash(id, r->failures_cap);; i = (i + 1) & (r->failures_cap - 1)) {
-        const failure *f = &r->failures[i];
-        if (!f->id || f->id == id)
-            return f->id ? f : NULL;
-    }
-}
-
-/* Room for one more failure record; false when no memory. */
-static bool failures_reserve(um__run *r)
-{
-    if ((r->nfailures + 1) * 2 <= r->failures_cap)
-        return true;
-    size_t cap = r->failures_cap ? 2 * r->failures_cap : 64;
-    failure *n = calloc(cap, sizeof *n);
-    if (!n)
-        return false;
-    for (size_t i = 0; i < r->failures_cap; i++) {
-        if (!r->failures[i].id)
-            continue;
-        size_t j = id_hash(r->failures[i].id, cap);
-        while (n[j].id)
-            j = (j + 1) & (cap - 1);
-        n[j] = r->failures[i];
-    }
-    free(r->failures);
-    r->failures = n;
-    r->failures_cap = cap;
-    return true;
+    uint64_t f;
+    return um__addrmap_get(&r->failures, id, &f) ? (const failure *)(uintptr_t)f : NULL;
 }
 
 static const char *task_name(const task *t)
@@ -401,8 +300,11 @@ static void copy_name(char *out, const char *name)
 static void note_failure(um__run *r, const task *t, const char *why, uint8_t how, um_task_id cause,
                          bool cause_cancelled)
 {
-    if (!failures_reserve(r))
+    failure *f = malloc(sizeof *f);
+    if (!f || !um__addrmap_put(&r->failures, t->id, (uint64_t)(uintptr_t)f)) {
+        free(f);
         return;
+    }
     const char *name = task_name(t);
     size_t nlen = strlen(name), wlen = how == FAILED_ITSELF ? strlen(why) : 0;
     char *text = malloc(nlen + 1 + wlen + 1);
@@ -410,11 +312,7 @@ static void note_failure(um__run *r, const task *t, const char *why, uint8_t how
         memcpy(text, name, nlen + 1);
         memcpy(text + nlen + 1, how == FAILED_ITSELF ? why : "", wlen + 1);
     }
-    size_t i = id_hash(t->id, r->failures_cap);
-    while (r->failures[i].id)
-        i = (i + 1) & (r->failures_cap - 1);
-    r->failures[i] = (failure){t->id, cause, how, cause_cancelled, text};
-    r->nfailures++;
+    *f = (failure){cause, how, cause_cancelled, text};
 }
 
 /* Past this many tasks failing at submission one after another, a message
@@ -658,7 +556,7 @@ static void withdraw(task *t, const bool *held)
 
 static void free_task(um__run *r, task *t)
 {
-    tasks_remove(r, t);
+    (void)um__addrmap_take(&r->tasks, t->id, NULL);
     free(t->dependents);
     free(t);
 }
@@ -1402,10 +1300,14 @@ static void free_run(um__run *r)
         free(r->recs[i].readers);
     free(r->recs);
     free(r->outcome);
-    free(r->tasks);
-    for (size_t i = 0; i < r->failures_cap; i++)
-        free(r->failures[i].text);
-    free(r->failures);
+    um__addrmap_free(&r->tasks);
+    for (size_t i = 0; i < r->failures.cap; i++)
+        if (r->failures.slots[i].key) {
+            failure *f = (failure *)(uintptr_t)r->failures.slots[i].value;
+            free(f->text);
+            free(f);
+        }
+    um__addrmap_free(&r->failures);
     if (r->task_trace && (ferror(r->task_trace) | fclose(r->task_trace)))
         um__log(UM_LOG_WARN, "task_trace=%s: writing it failed; the trace is incomplete",
                 r->ctx->opts.task_trace);
@@ -1686,7 +1588,7 @@ um_status um_task_submit(um_context *ctx, const um_task *ut, um_task_id *id)
     for (int i = 0; i < ut->nbuffers; i++)
         t->bytes += um_buffer_size(ut->buffers[i]);
     um__vt_mutex_lock(&r->lock);
-    if (!ids_grow(r) || !tasks_reserve(r)) {
+    if (!ids_grow(r) || !um__addrmap_reserve(&r->tasks, 1)) {
         um__vt_mutex_unlock(&r->lock);
         free(t);
         return um__fail(UM_ERR_NOMEM, "um_task_submit: task '%s': no memory for task ids",
@@ -1702,7 +1604,7 @@ um_status um_task_submit(um_context *ctx, const um_task *ut, um_task_id *id)
     /* Nothing below fails: the task exists from here on. */
     t->id = ++r->nids;
     r->outcome[t->id - 1] = ID_PENDING;
-    tasks_add(r, t);
+    (void)um__addrmap_put(&r->tasks, t->id, (uint64_t)(uintptr_t)t); /* reserved above */
     for (int i = 0; i < ut->nbuffers; i++) {
         access_rec *a = rec_find(r, ut->buffers[i]);
         um_access m = ut->modes[i];
