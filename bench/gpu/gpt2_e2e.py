@@ -60,22 +60,51 @@ def host_probe():
     return time.perf_counter() - start
 
 
+class Trainer:
+    """GPT-2 small with its batch and optimizer, one training step at a time
+    (train() below; gpt2_lockstep.py runs the steps of several processes in
+    turns)."""
+
+    def __init__(self, torch, args, warn_only):
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        self.torch = torch
+        torch.use_deterministic_algorithms(True, warn_only=warn_only)
+        torch.manual_seed(0)
+        config = GPT2Config()
+        # Built on the CPU so the initial weights come from the CPU generator,
+        # the same in every process whatever the allocator.
+        self.model = GPT2LMHeadModel(config).to("cuda")
+        self.model.train()
+        tokens = torch.Generator().manual_seed(1234)
+        self.ids = torch.randint(0, config.vocab_size, (args.batch, args.seq), generator=tokens).to("cuda")
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
+        self.attn = getattr(self.model.config, "_attn_implementation", None)
+
+    def step(self):
+        """One step from a synchronized device to a synchronized device: its
+        wall time, the time until its last kernel was queued, and its loss."""
+        torch = self.torch
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = self.model(input_ids=self.ids, labels=self.ids).loss
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        queued = time.perf_counter() - start
+        torch.cuda.synchronize()
+        seconds = time.perf_counter() - start
+        return seconds, queued, loss.item()
+
+    def close(self):
+        del self.model, self.optimizer, self.ids
+
+
 def train(torch, args, warn_only, memory, step_stats=None):
     """step_stats: None, or a function giving the allocator's counters, taken
     after every step (backend calls and allocations per step)."""
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    torch.use_deterministic_algorithms(True, warn_only=warn_only)
-    torch.manual_seed(0)
-    config = GPT2Config()
-    # Built on the CPU so the initial weights come from the CPU generator,
-    # the same in every process whatever the allocator.
-    model = GPT2LMHeadModel(config).to("cuda")
-    model.train()
-    tokens = torch.Generator().manual_seed(1234)
-    ids = torch.randint(0, config.vocab_size, (args.batch, args.seq), generator=tokens).to("cuda")
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-
+    trainer = Trainer(torch, args, warn_only)
     losses, times, counters = [], [], []
     # Where each step's time goes on the host, to tell a host-bound step
     # from a device-bound one: its bounds on CLOCK_MONOTONIC (to line up
@@ -96,21 +125,13 @@ def train(torch, args, warn_only, memory, step_stats=None):
         timing["host_s"].append(host_probe())
         start_mono = time.monotonic_ns()
         start_thread = time.thread_time()
-        start = time.perf_counter()
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        queued = time.perf_counter() - start
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
+        seconds, queued, loss = trainer.step()
+        times.append(seconds)
         timing["start_mono_ns"].append(start_mono)
         timing["end_mono_ns"].append(time.monotonic_ns())
         timing["queued_s"].append(queued)
         timing["thread_cpu_s"].append(time.thread_time() - start_thread)
-        losses.append(loss.item())
-        del loss
+        losses.append(loss)
         free, total = torch.cuda.mem_get_info()
         driver_peak = max(driver_peak, total - free)
         extra = ""
@@ -127,8 +148,8 @@ def train(torch, args, warn_only, memory, step_stats=None):
     memory["step_timing"] = timing
     if counters:
         memory["step_counters"] = counters
-    attn = getattr(model.config, "_attn_implementation", None)
-    del model, optimizer, ids
+    attn = trainer.attn
+    trainer.close()
     return losses, times, attn
 
 

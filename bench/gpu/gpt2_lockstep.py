@@ -1,0 +1,366 @@
+#!/usr/bin/env python3
+"""GPT-2 small's step time on PyTorch's allocator and on unimem, the
+processes taking their steps in turns.
+
+    gpt2_lockstep.py [--steps N] [--no-control] [--out FILE] [--lib LIB]
+
+Why: the GPU machine's host changes speed by 10-20% over seconds, and a
+GPT-2 step is mostly the host queueing kernels, so two runs one after the
+other (gpt2_e2e.py) differ by more than the 2% the comparison must tell.
+Here three processes live at once, each with its own model, batch and
+optimizer (gpt2_e2e.Trainer: the same seeds, so the same losses): PyTorch's
+allocator, PyTorch's allocator again (the control), and unimem. They take
+one step each per round, one at a time (each step starts and ends with the
+device idle), in an order that goes through every permutation, so each
+round's steps meet the same host. A step's ratio to the first process's
+step of the same round cancels the host's drift; the geometric mean of
+those ratios over the rounds, with a 95% interval from a block bootstrap
+(blocks of consecutive rounds, since the host's states last several
+rounds), is what the script reports. The control's interval shows what
+the method reads when nothing differs.
+
+Peak memory is each process's own count (the driver's figure would be the
+three processes' sum here; gpt2_e2e.py reports it).
+
+Exits 0 when every process completed, whatever the numbers; 1 otherwise.
+"""
+
+import os
+
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+import argparse  # noqa: E402
+import itertools  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import random  # noqa: E402
+import select  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+
+import gpt2_e2e  # noqa: E402  (this folder)
+
+MiB = 1024 * 1024
+BOOTSTRAP_SEED = 20261205
+BOOTSTRAP_RESAMPLES = 2000
+
+
+# ------------------------------------------------------------ one process
+
+
+def reply(out, obj):
+    out.write(json.dumps(obj) + "\n")
+    out.flush()
+
+
+def is_determinism_error(err):
+    return "deterministic" in str(err)
+
+
+def child(args):
+    """Builds the model, says `ready`, then runs one step per `step` line
+    read from --ctl-in, answering each on --ctl-out; `end` writes the
+    results to --out and exits."""
+    ctl_in = os.fdopen(args.ctl_in, "r")
+    ctl_out = os.fdopen(args.ctl_out, "w")
+    # The control channel is separate, so anything printed goes to stderr's
+    # log without breaking the protocol.
+    sys.stdout = sys.stderr
+    import torch
+
+    unimem_torch = None
+    if args.child == "unimem":
+        sys.path.insert(0, os.path.join(gpt2_e2e.REPO, "integrations", "torch"))
+        import unimem_torch
+
+        unimem_torch.install(gpt2_e2e.resolve_lib(args.lib))
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = True
+    torch.cuda.init()
+    mode = "strict"
+    trainer = gpt2_e2e.Trainer(torch, args, False)
+    reply(ctl_out, {"ready": True})
+    losses, times = [], []
+    for line in ctl_in:
+        command = line.strip()
+        if command == "step":
+            try:
+                seconds, _, loss = trainer.step()
+            except RuntimeError as err:
+                # As in gpt2_e2e.py: a kernel without a deterministic
+                # implementation shows on the first step; every process
+                # then runs warn_only from a fresh model.
+                if losses or mode != "strict" or not is_determinism_error(err):
+                    raise
+                mode = "warn_only"
+                trainer.close()
+                del trainer
+                gpt2_e2e.reset_memory(torch, unimem_torch)
+                trainer = gpt2_e2e.Trainer(torch, args, True)
+                seconds, _, loss = trainer.step()
+            losses.append(loss)
+            times.append(seconds)
+            reply(ctl_out, {"s": seconds, "loss": loss})
+        elif command == "end":
+            break
+        else:
+            raise SystemExit(f"gpt2_lockstep: unknown command {command!r}")
+    result = {
+        "allocator": args.child,
+        "deterministic": mode,
+        "torch_version": torch.__version__,
+        "device": torch.cuda.get_device_name(),
+        "attn_implementation": trainer.attn,
+        "losses": losses,
+        "step_times_s": times,
+    }
+    if unimem_torch:
+        stats = unimem_torch.raw_stats()
+        result["peak_reserved_bytes"] = stats["peak_reserved_bytes"]
+        result["peak_live_bytes"] = stats["peak_active_bytes"]
+    else:
+        result["peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
+        result["peak_live_bytes"] = torch.cuda.max_memory_allocated()
+    with open(args.out, "w") as f:
+        json.dump(result, f)
+    reply(ctl_out, {"bye": True})
+    return 0
+
+
+# ------------------------------------------------------------ coordinator
+
+
+class Process:
+    """One child process and its control pipes."""
+
+    def __init__(self, label, allocator, args, log_dir):
+        self.label, self.allocator = label, allocator
+        self.out = os.path.join(log_dir, f"gpt2_lockstep_{label}.json")
+        self.log_path = os.path.join(log_dir, f"gpt2_lockstep_{label}.log")
+        to_child_r, self.to_child = os.pipe()
+        self.from_child, from_child_w = os.pipe()
+        command = [
+            sys.executable, os.path.abspath(__file__), "--child", allocator,
+            "--ctl-in", str(to_child_r), "--ctl-out", str(from_child_w), "--out", self.out,
+            "--lib", gpt2_e2e.resolve_lib(args.lib), "--batch", str(args.batch), "--seq", str(args.seq),
+        ]
+        env = dict(os.environ)
+        if allocator == "unimem" and args.unimem_conf is not None:
+            env["UNIMEM_CONF"] = args.unimem_conf
+        self.log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(command, pass_fds=(to_child_r, from_child_w), env=env,
+                                     stdout=self.log, stderr=subprocess.STDOUT)
+        os.close(to_child_r)
+        os.close(from_child_w)
+        self.buffer = b""
+
+    def send(self, command):
+        os.write(self.to_child, (command + "\n").encode())
+
+    def receive(self, timeout):
+        """The child's next answer, or an error naming what went wrong."""
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self.buffer:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RuntimeError(f"{self.label}: no answer within {timeout:.0f} s (log: {self.log_path})")
+            ready, _, _ = select.select([self.from_child], [], [], left)
+            if not ready:
+                continue
+            data = os.read(self.from_child, 65536)
+            if not data:
+                raise RuntimeError(f"{self.label}: exited (code {self.proc.wait()}); its log is {self.log_path}")
+            self.buffer += data
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        return json.loads(line)
+
+    def close(self):
+        for fd in (self.to_child, self.from_child):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+def geometric_mean(values):
+    return math.exp(statistics.fmean(math.log(v) for v in values))
+
+
+def block_bootstrap_interval(ratios, block, seed=BOOTSTRAP_SEED, resamples=BOOTSTRAP_RESAMPLES):
+    """95% interval of the geometric mean of ratios (in round order), by a
+    moving-block bootstrap: resampled series are made of runs of `block`
+    consecutive rounds, which keeps the rounds' correlation."""
+    logs = [math.log(r) for r in ratios]
+    n = len(logs)
+    block = max(1, min(block, n))
+    starts = n - block + 1
+    rng = random.Random(seed)
+    means = []
+    for _ in range(resamples):
+        total, count = 0.0, 0
+        while count < n:
+            s = rng.randrange(starts)
+            take = min(block, n - count)
+            total += sum(logs[s:s + take])
+            count += take
+        means.append(total / n)
+    means.sort()
+    low = means[int(0.025 * resamples)]
+    high = means[min(resamples - 1, int(0.975 * resamples))]
+    return math.exp(low), math.exp(high)
+
+
+def summarize(reference, other, skip, block):
+    """other's steps over reference's, round by round, from round skip on."""
+    pairs = list(zip(reference["step_times_s"], other["step_times_s"]))[skip:]
+    ratios = [o / r for r, o in pairs]
+    if len(ratios) < 2:
+        return {"error": "too few rounds to compare"}
+    # A series at least five blocks long, or the resampled series would all
+    # be nearly the same.
+    block = max(1, min(block, len(ratios) // 5))
+    low, high = block_bootstrap_interval(ratios, block)
+    same = reference["losses"] == other["losses"]
+    diffs = [abs(a - b) for a, b in zip(reference["losses"], other["losses"])]
+    return {
+        "rounds_compared": len(ratios),
+        "bootstrap_block": block,
+        "geometric_mean_ratio": geometric_mean(ratios),
+        "interval_95": [low, high],
+        "median_ratio": statistics.median(ratios),
+        "median_step_s": statistics.median(o for _, o in pairs),
+        "reference_median_step_s": statistics.median(r for r, _ in pairs),
+        "losses_identical": same,
+        "losses_max_abs_diff": max(diffs) if diffs else None,
+    }
+
+
+def run(args):
+    started = time.perf_counter()
+    labels = [("torch", "torch")]
+    if not args.no_control:
+        labels.append(("torch_control", "torch"))
+    labels.append(("unimem", "unimem"))
+    lib = gpt2_e2e.resolve_lib(args.lib)
+    if not os.path.isfile(lib):
+        print(f"gpt2_lockstep: {lib} does not exist; build it or pass --lib", file=sys.stderr)
+        return 2
+    log_dir = args.log_dir or os.path.dirname(os.path.abspath(args.out or "gpt2_lockstep.json"))
+    os.makedirs(log_dir, exist_ok=True)
+    procs = [Process(label, allocator, args, log_dir) for label, allocator in labels]
+    orders = list(itertools.permutations(range(len(procs))))
+    failed = None
+    try:
+        for p in procs:
+            p.receive(args.setup_timeout)
+        print(f"gpt2_lockstep: {len(procs)} processes ready after {time.perf_counter() - started:.1f} s; "
+              f"{args.steps} rounds", flush=True)
+        for step in range(args.steps):
+            for i in orders[step % len(orders)]:
+                procs[i].send("step")
+                answer = procs[i].receive(args.step_timeout)
+                if "s" not in answer:
+                    raise RuntimeError(f"{procs[i].label}: unexpected answer {answer!r}")
+            if (step + 1) % 50 == 0:
+                print(f"gpt2_lockstep: round {step + 1}/{args.steps}", flush=True)
+        for p in procs:
+            p.send("end")
+            p.receive(args.step_timeout)
+    except RuntimeError as err:
+        failed = str(err)
+        print(f"gpt2_lockstep: {failed}", file=sys.stderr)
+    finally:
+        for p in procs:
+            p.close()
+    if failed:
+        for p in procs:
+            print(f"--- {p.label} log (last lines) ---", file=sys.stderr)
+            with open(p.log_path) as f:
+                sys.stderr.write("".join(f.readlines()[-20:]))
+        return 1
+
+    results = {}
+    for p in procs:
+        with open(p.out) as f:
+            results[p.label] = json.load(f)
+    reference = results["torch"]
+    comparisons = {label: summarize(reference, results[label], args.skip, args.block)
+                   for label in results if label != "torch"}
+    report = {
+        "command": sys.argv,
+        "steps": args.steps,
+        "skip": args.skip,
+        "bootstrap": {"block": args.block, "resamples": BOOTSTRAP_RESAMPLES, "seed": BOOTSTRAP_SEED},
+        "results": results,
+        "comparisons": comparisons,
+        "total_wall_s": time.perf_counter() - started,
+    }
+    print(f"\nrounds {args.skip + 1}..{args.steps}, each process's step over PyTorch's (first process) "
+          f"in the same round; 95% interval by block bootstrap (blocks of {args.block} rounds, "
+          f"seed {BOOTSTRAP_SEED})")
+    print(f"{'process':14} {'median step ms':>14} {'geo-mean ratio':>14} {'95% interval':>18} "
+          f"{'median ratio':>12} {'losses':>10} {'reserved/live':>13}")
+    for label, r in results.items():
+        rol = r["peak_reserved_bytes"] / r["peak_live_bytes"] if r.get("peak_live_bytes") else None
+        c = comparisons.get(label)
+        if c is None:
+            steps = r["step_times_s"][args.skip:]
+            print(f"{label:14} {statistics.median(steps) * 1e3:14.2f} {'(reference)':>14} {'':>18} {'':>12} "
+                  f"{r['deterministic']:>10} {rol:13.4f}")
+            continue
+        print(f"{label:14} {c['median_step_s'] * 1e3:14.2f} {c['geometric_mean_ratio']:14.4f} "
+              f"{'[%.4f, %.4f]' % tuple(c['interval_95']):>18} {c['median_ratio']:12.4f} "
+              f"{'identical' if c['losses_identical'] else 'DIFFER':>10} {rol:13.4f}")
+    u = comparisons.get("unimem")
+    if u:
+        verdict = "yes" if u["interval_95"][1] <= 1.02 else "not shown"
+        print(f"unimem's step time at most 1.02x PyTorch's (the interval's top): {verdict}")
+    print(f"total wall time {report['total_wall_s']:.1f} s")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=1)
+        print(f"gpt2_lockstep: wrote {args.out}")
+    return 0
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=300, help="rounds: steps per process (default 300)")
+    parser.add_argument("--skip", type=int, default=10,
+                        help="first rounds left out of the ratios (warm-up; unimem's plan starts in step 5)")
+    parser.add_argument("--block", type=int, default=10, help="bootstrap block, in rounds (default 10)")
+    parser.add_argument("--no-control", action="store_true", help="leave out the second PyTorch process")
+    parser.add_argument("--out", help="JSON report (each process's log lies beside it)")
+    parser.add_argument("--log-dir", help="where the processes' logs and results go (default: --out's folder)")
+    parser.add_argument("--lib", default=gpt2_e2e.DEFAULT_LIB, help=f"libunimem_torch.so (default {gpt2_e2e.DEFAULT_LIB})")
+    parser.add_argument("--unimem-conf", default=None, help="UNIMEM_CONF for the unimem process (default: inherited)")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--seq", type=int, default=1024)
+    parser.add_argument("--setup-timeout", type=float, default=240.0, help="seconds for the processes to get ready")
+    parser.add_argument("--step-timeout", type=float, default=60.0, help="seconds one step may take")
+    # A child process (started by the coordinator).
+    parser.add_argument("--child", choices=gpt2_e2e.ALLOCATORS, help=argparse.SUPPRESS)
+    parser.add_argument("--ctl-in", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--ctl-out", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        if args.ctl_in is None or args.ctl_out is None or not args.out:
+            parser.error("--child needs --ctl-in, --ctl-out and --out")
+        return child(args)
+    if args.steps < args.skip + 2 or args.skip < 0 or args.block < 1:
+        parser.error("--steps must exceed --skip by at least 2, --skip >= 0 and --block >= 1")
+    if args.batch < 1 or not 1 <= args.seq <= 1024:
+        parser.error("--batch >= 1 and --seq 1..1024 (GPT-2's context)")
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
