@@ -59,10 +59,31 @@ def is_determinism_error(err):
     return "deterministic" in str(err)
 
 
+def current_cpu():
+    """The CPU the calling thread last ran on (field 39 of its stat line)."""
+    try:
+        with open("/proc/thread-self/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[36])
+    except (OSError, ValueError, IndexError):
+        return -1
+
+
+def parse_cpus(text):
+    """`0-3,8` -> {0, 1, 2, 3, 8}."""
+    cpus = set()
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
 def child(args):
     """Builds the model, says `ready`, then runs one step per `step` line
     read from --ctl-in, answering each on --ctl-out; `end` writes the
     results to --out and exits."""
+    if args.cpus:
+        # Before torch starts any thread, so that every thread keeps to them.
+        os.sched_setaffinity(0, args.cpus)
     ctl_in = os.fdopen(args.ctl_in, "r")
     ctl_out = os.fdopen(args.ctl_out, "w")
     # The control channel is separate, so anything printed goes to stderr's
@@ -82,7 +103,7 @@ def child(args):
     mode = "strict"
     trainer = gpt2_e2e.Trainer(torch, args, False)
     reply(ctl_out, {"ready": True})
-    losses, times = [], []
+    losses, times, cpus = [], [], []
     for line in ctl_in:
         command = line.strip()
         if command == "step":
@@ -102,6 +123,7 @@ def child(args):
                 seconds, _, loss = trainer.step()
             losses.append(loss)
             times.append(seconds)
+            cpus.append(current_cpu())
             reply(ctl_out, {"s": seconds, "loss": loss})
         elif command == "end":
             break
@@ -115,6 +137,8 @@ def child(args):
         "attn_implementation": trainer.attn,
         "losses": losses,
         "step_times_s": times,
+        "step_end_cpu": cpus,
+        "cpus_allowed": sorted(os.sched_getaffinity(0)),
     }
     if unimem_torch:
         stats = unimem_torch.raw_stats()
@@ -146,6 +170,8 @@ class Process:
             "--ctl-in", str(to_child_r), "--ctl-out", str(from_child_w), "--out", self.out,
             "--lib", gpt2_e2e.resolve_lib(args.lib), "--batch", str(args.batch), "--seq", str(args.seq),
         ]
+        if args.cpus:
+            command += ["--cpus", ",".join(map(str, sorted(args.cpus)))]
         env = dict(os.environ)
         if allocator == "unimem" and args.unimem_conf is not None:
             env["UNIMEM_CONF"] = args.unimem_conf
@@ -344,6 +370,9 @@ def main():
     parser.add_argument("--unimem-conf", default=None, help="UNIMEM_CONF for the unimem process (default: inherited)")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=1024)
+    parser.add_argument("--cpus", type=parse_cpus, default=None,
+                        help="CPUs every process is kept to, as 0-3,8 (default: inherited); they take turns, "
+                        "so sharing them costs nothing")
     parser.add_argument("--setup-timeout", type=float, default=240.0, help="seconds for the processes to get ready")
     parser.add_argument("--step-timeout", type=float, default=60.0, help="seconds one step may take")
     # A child process (started by the coordinator).
