@@ -9,7 +9,7 @@ TOTAL=${TOTAL:-570} # seconds the whole job may take
 ROUNDS=${1:-300}
 shift
 source "$(dirname "$0")/job_steps.sh"
-lscpu -e=CPU,NODE,SOCKET,CORE,L2:L3 > "$OUT/lscpu.txt" 2>&1; head -20 "$OUT/lscpu.txt"
+lscpu -e=CPU,NODE,SOCKET,CORE > "$OUT/lscpu.txt" 2>&1; head -20 "$OUT/lscpu.txt"
 n=0
 for cpus in "${@:-0-14}"; do
   n=$((n + 1))
