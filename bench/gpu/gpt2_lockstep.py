@@ -13,10 +13,13 @@ allocator, PyTorch's allocator again (the control), and unimem. They take
 one step each per round, one at a time (each step starts and ends with the
 device idle), in an order that goes through every permutation, so each
 round's steps meet the same host. A step's ratio to the first process's
-step of the same round cancels the host's drift; the geometric mean of
-those ratios over the rounds, with a 95% interval from a block bootstrap
-(blocks of consecutive rounds, since the host's states last several
-rounds), is what the script reports. The control's interval shows what
+step of the same round cancels the host's drift; the geometric mean and
+the median of those ratios over the rounds, each with a 95% interval from
+a block bootstrap (blocks of consecutive rounds, since the host's states
+last several rounds), are what the script reports. Keep the processes to
+the same few CPUs (--cpus): they take turns, and on the GPU machine one
+CPU can be slower than the rest for minutes, which would otherwise weigh
+on whichever process the scheduler left there. The control's interval shows what
 the method reads when nothing differs.
 
 Peak memory is each process's own count (the driver's figure would be the
