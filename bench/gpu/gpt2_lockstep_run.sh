@@ -3,7 +3,7 @@
 # (PyTorch's allocator, PyTorch's again as the control, and unimem, taking
 # their steps in turns) once for each CPU set named, ROUNDS rounds each.
 #   Usage: bench/gpu/gpt2_lockstep_run.sh ROUNDS CPUS...   (e.g. 300 0-14 2-5)
-# LIMIT: seconds one run may take (default 300). Results under $OUT: lockstep_N.{txt,json} and the processes' logs in lockstep_logs.tar.gz.
+# LIMIT: seconds one run may take (default 300); LOCKSTEP_ARGS: more options. Results under $OUT: lockstep_N.{txt,json} and the processes' logs in lockstep_logs.tar.gz.
 set -u
 TOTAL=${TOTAL:-570} # seconds the whole job may take
 ROUNDS=${1:-300}
@@ -15,7 +15,7 @@ for cpus in "${@:-0-14}"; do
   n=$((n + 1))
   timeout "$(left "${LIMIT:-300}")" python3 bench/gpu/gpt2_lockstep.py --steps "$ROUNDS" --cpus "$cpus" \
     --lib build-dev/integrations/torch/libunimem_torch.so --log-dir "$OUT/lockstep_$n" \
-    --out "$OUT/lockstep_$n.json" > "$OUT/lockstep_$n.txt" 2>&1
+    --out "$OUT/lockstep_$n.json" ${LOCKSTEP_ARGS:-} > "$OUT/lockstep_$n.txt" 2>&1
   mark "lockstep run $n (cpus $cpus) rc=$?"; tail -9 "$OUT/lockstep_$n.txt"
 done
 tar -czf "$OUT/lockstep_logs.tar.gz" -C "$OUT" $(cd "$OUT" && ls -d lockstep_*/) && rm -rf "$OUT"/lockstep_*/
