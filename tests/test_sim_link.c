@@ -258,6 +258,16 @@ static void test_bad_option(void)
     CHECK_STATUS(um_init("devices=sim:256M,sim_link_bandwidth=fast", &ctx), UM_ERR_BAD_OPTION);
     CHECK_ERROR_MENTIONS("sim_link_bandwidth", "fast", NULL);
     CHECK(ctx == NULL);
+    /* A number without its unit would make timing the link (a 16 MiB copy)
+     * sleep for days; it is refused at once, naming the floor. */
+    uint64_t t0 = now_ns();
+    CHECK_STATUS(um_init("devices=sim:256M,sim_link_bandwidth=16", &ctx), UM_ERR_BAD_OPTION);
+    CHECK_ERROR_MENTIONS("sim_link_bandwidth", "16 bytes per second", "1M");
+    CHECK(ctx == NULL);
+    CHECK(now_ns() - t0 < 5000000000ull);
+    /* The floor itself is accepted. */
+    CHECK_OK(um_init("devices=sim:256M,sim_link_bandwidth=1M,link_cache=none", &ctx));
+    um_shutdown(ctx);
 }
 
 int main(void)

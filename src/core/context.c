@@ -1017,6 +1017,15 @@ um_status um_init(const char *conf, um_context **out)
                         "option 'copy_chunk': %zu bytes is outside 64K..1G (a staged chunk)",
                         opts.copy_chunk);
 
+    /* A modelled link slower than this is a unit left off ("16" for 16G):
+     * timing the link alone would copy 16 MiB through it for weeks. */
+    const size_t min_link_bandwidth = (size_t)1 << 20;
+    if (opts.sim_link_bandwidth && opts.sim_link_bandwidth < min_link_bandwidth)
+        return um__fail(UM_ERR_BAD_OPTION,
+                        "option 'sim_link_bandwidth': %zu bytes per second is below the 1M "
+                        "floor (a unit left off? e.g. 16G); 0 models no link",
+                        opts.sim_link_bandwidth);
+
     /* Named here, as options; the backends would refuse them too, but as
      * their own bad arguments. */
     long os_page = sysconf(_SC_PAGESIZE);
