@@ -238,6 +238,11 @@ static void test_errors(void)
         /* A granularity is a power of two, at most the memory. */
         {"device name=x kind=gpu memory=1G granularity=3\n", "line 3", "granularity"},
         {"device name=x kind=gpu memory=1G granularity=2G\n", "line 3", "more than the memory"},
+        /* A rate that overflows once scaled is no rate (it was taken as
+         * infinite, and the engines failed later with "no memory"). */
+        {"link from=host to=gpu bandwidth=1e300T\n", "line 3", "bandwidth '1e300T'"},
+        {"compute model=g kernel=gemm gflops=1e300T\n", "line 3", "gflops '1e300T'"},
+        {"compute model=g kernel=gemm gflops=1e300\n", "line 3", "gflops '1e300'"},
     };
     um__vs_machine *m = machine();
     char text[1024];
@@ -254,11 +259,30 @@ static void test_errors(void)
     free(m);
 }
 
+/* A task of another name runs at the model's gemm rate for its flops,
+ * also where that gemm is given as a rate (it took 0 s there: the gemm's
+ * time was asked for 0 flops). */
+static void test_other_at_gemm_rate(void)
+{
+    um__vs_machine *m = machine();
+    CHECK_OK(um__vs_machine_parse("device name=host kind=host memory=64G\n"
+                                  "device name=gpu kind=gpu memory=16G model=g\n"
+                                  "link from=host to=gpu bandwidth=10G\n"
+                                  "link from=gpu to=host bandwidth=10G\n"
+                                  "compute model=g kernel=gemm gflops=1000\n",
+                                  "rate", m));
+    CHECK_NEAR(um__vs_compute_time(m, 1, UM_VS_OTHER, 1024, 1e12), 1.0, 1e-12);
+    CHECK_NEAR(um__vs_packed_time(m, 1, UM_VS_OTHER, 1024, 5e11), 0.5, 1e-12);
+    CHECK_NEAR(um__vs_compute_time(m, 1, UM_VS_OTHER, 0, 2e9), 2e-3, 1e-15);
+    free(m);
+}
+
 int main(void)
 {
     test_h200x8();
     test_pcie4x4();
     test_forms();
     test_errors();
+    test_other_at_gemm_rate();
     return harness_finish("test_vsim_machine");
 }

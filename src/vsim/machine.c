@@ -143,8 +143,9 @@ static bool parse_number(const char *v, bool times, double *out)
             return false;
         scale = pow(1e3, (double)(u - units + 1));
     }
+    /* A rate such as 1e300T overflows to infinity once scaled: no rate. */
     *out = x * scale;
-    return true;
+    return isfinite(*out);
 }
 
 /* A time of 0 to UM_VS_MAX_SECONDS (machine.h says why it is bounded). */
@@ -395,8 +396,10 @@ static um_status compute_line(parser *ps, kv *kvs, int n)
     if (packed && kind != UM_VS_COST_POINTS)
         return bad(ps, "packed= goes with tile= and seconds= (a measured point)");
     if (rate) {
-        if (!parse_number(rate, false, &c->gflops) || c->gflops <= 0)
-            return bad(ps, "gflops '%s' is not a positive rate", rate);
+        /* Flops per second must stay finite too, or every kernel took 0 s. */
+        if (!parse_number(rate, false, &c->gflops) || c->gflops <= 0 ||
+            !isfinite(c->gflops * 1e9))
+            return bad(ps, "gflops '%s' is not a positive finite rate", rate);
     } else if (fit) {
         double abc[3];
         if (!parse_fit(fit, abc))
@@ -606,8 +609,10 @@ static double compute_time(const um__vs_machine *m, int dev, int k, uint32_t til
     /* A recorded task the description gives no time for runs at the
      * device's gemm rate on tiles of its order. */
     if (k == UM_VS_OTHER && c->kind == UM_VS_COST_NONE) {
-        double t = compute_time(m, dev, UM_VS_GEMM, tile ? tile : 1, 0, packed);
+        /* The gemm's own flops go with it: a gemm given as a rate takes
+         * its time from them (with 0, every such task took no time). */
         double gemm_flops = 2.0 * pow(tile ? (double)tile : 1.0, 3.0);
+        double t = compute_time(m, dev, UM_VS_GEMM, tile ? tile : 1, gemm_flops, packed);
         return isfinite(t) ? flops * t / gemm_flops : INFINITY;
     }
     double t = INFINITY;
