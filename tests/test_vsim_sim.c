@@ -384,6 +384,45 @@ static void test_trace_errors(void)
     unlink(path);
 }
 
+/* A buffer whose floats are no square's (1000 bytes: 250 floats, 15.8
+ * squared) is timed as the tile order the runtime engine rounds it to
+ * (16), by the model engine and the bound too. Truncated to 15 in the
+ * trace, the model engine and the bound took 1 s and the runtime engine
+ * 2 s, twice the bound; a buffer of under 4 bytes was a tile of 0. */
+static void test_trace_tile_order(void)
+{
+    um__vs_machine *m = load("device name=host kind=host memory=1T\n"
+                             "device name=gpu kind=gpu memory=1G model=g\n"
+                             "link from=host to=gpu bandwidth=10G latency=0us\n"
+                             "link from=gpu to=host bandwidth=10G latency=0us\n"
+                             "compute model=g kernel=gemm tile=15 seconds=1\n"
+                             "compute model=g kernel=gemm tile=16 seconds=2\n");
+    static const char text[] = "task 1 gemm 0 1:1000:rw\ntask 2 potrf 0 2:3:rw\n";
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/test_vsim_trace_XXXXXX");
+    write_file(path, text, strlen(text));
+    um__vs_dag d;
+    CHECK_OK(um__vs_dag_trace(path, &d));
+    unlink(path);
+    CHECK_EQ(d.tasks[0].tile, 16);
+    CHECK_EQ(d.tasks[1].tile, 1);
+    CHECK_EQ(d.tile, 16);
+    d.ntasks = 1; /* the potrf's tile order only: no device runs it */
+    um__vs_result *r = malloc(sizeof *r);
+    CHECK_OK(um__vs_simulate(m, &d, UM_SCHED_COST, r));
+    CHECK_NEAR(r->lower_bound_s, 2.0, 1e-12);
+    double model = r->makespan_s;
+    CHECK(model >= 2.0 && model < 2.0 + 1e-5);
+    uint64_t forced = 1;
+    CHECK_OK(um__vs_run_runtime(m, &d, UM_SCHED_COST, r, &forced));
+    CHECK_EQ(forced, 0);
+    CHECK_NEAR(r->makespan_s, model, 1e-6);
+    d.ntasks = 2;
+    um__vs_dag_free(&d);
+    free(r);
+    free(m);
+}
+
 /* ------------------------------------------------------ unimem sim */
 
 static char out[1 << 16];
@@ -449,12 +488,14 @@ static void test_cli_json_names(void)
     rmdir(dir);
 }
 
-/* A lower bound of 0 (a task of no flops; a task of no buffers, whose
- * makespan is 0 too) has no ratio: null in the JSON, n/a in the text,
- * never inf or nan; a device's busy share of a makespan of 0 is n/a. */
+/* A lower bound of 0 (a task of no flops; one of no buffers too, whose
+ * makespan is 0 as well) has no ratio: null in the JSON, n/a in the text,
+ * never inf or nan; a device's busy share of a makespan of 0 is n/a. (A
+ * gemm of no buffers is one on a tile of 1, as the runtime engine times
+ * it: not 0 s.) */
 static void test_cli_no_ratio(void)
 {
-    static const char *const traces[] = {"task 1 other 0 1:4096:rw\n", "task 1 gemm 100\n"};
+    static const char *const traces[] = {"task 1 other 0 1:4096:rw\n", "task 1 other 0\n"};
     for (int i = 0; i < 2; i++) {
         char path[64], args[256];
         snprintf(path, sizeof path, "/tmp/test_vsim_trace_XXXXXX");
@@ -528,6 +569,7 @@ int main(void)
     test_eviction();
     test_random(seed);
     test_trace_errors();
+    test_trace_tile_order();
     test_cli_json_names();
     test_cli_no_ratio();
     return harness_finish("test_vsim_sim");

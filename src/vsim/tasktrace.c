@@ -154,6 +154,16 @@ static um_status parse_access(reader *r, char *word, um__vs_task *t, uint64_t *l
     return UM_OK;
 }
 
+/* The tile order of a buffer of `bytes` of floats, rounded to the nearest
+ * and 1 at least, as the runtime engine rounds it for the same task
+ * (runtime.c: tile_of): truncated, a 1000-byte buffer was a tile of 15
+ * here and of 16 there, so the engines, and the bound, timed it apart. */
+static uint32_t tile_order(uint64_t bytes)
+{
+    double order = fmin(round(sqrt((double)bytes / 4.0)), (double)UINT32_MAX);
+    return order >= 1 ? (uint32_t)order : 1;
+}
+
 /* "task ID NAME FLOPS BUFFER:BYTES:MODE ...", or a comment or blank. */
 static um_status parse_task(reader *r, char *line)
 {
@@ -191,7 +201,7 @@ static um_status parse_task(reader *r, char *line)
     }
     /* Its kernel's time is looked up for the tile order of its largest
      * buffer, as floats (a T x T tile holds 4 T^2 bytes). */
-    t->tile = (uint32_t)fmin(sqrt((double)largest / 4.0), (double)UINT32_MAX);
+    t->tile = tile_order(largest);
     if (largest > d->tile_bytes)
         d->tile_bytes = largest;
     d->ntasks++;
@@ -231,7 +241,7 @@ um_status um__vs_dag_trace(const char *path, um__vs_dag *out)
         st = um__fail(UM_ERR_PARSE, "task trace %s: no task in it", path);
     if (st == UM_OK) {
         snprintf(out->name, sizeof out->name, "trace");
-        out->tile = (uint32_t)sqrt((double)out->tile_bytes / 4.0);
+        out->tile = tile_order(out->tile_bytes);
         if (um__vs_dag_derive_deps(out) != 0)
             st = um__fail(UM_ERR_NOMEM, "task trace %s: no memory for the dependencies", path);
     }
