@@ -423,6 +423,39 @@ static void test_trace_tile_order(void)
     free(m);
 }
 
+/* A task longer than UM_VS_MAX_SECONDS is refused by the model engine as
+ * by the runtime engine: at 1 GFLOP/s a gemm of 1024 takes 2.1 s, at 1e-6
+ * GFLOP/s 2.1e6 s. Accepted, 2.1e15 s gemms gave a makespan in which the
+ * copies' 0.8 ms had vanished in rounding. */
+static void test_too_long_a_task(void)
+{
+    static const char *const rates[] = {"1", "1e-6"};
+    um__vs_dag d;
+    CHECK_EQ(um__vs_dag_gemm(1024, 1024, &d), 0);
+    um__vs_result *r = malloc(sizeof *r);
+    for (int i = 0; i < 2; i++) {
+        char text[512];
+        snprintf(text, sizeof text,
+                 "device name=host kind=host memory=1T\n"
+                 "device name=gpu kind=gpu memory=1G model=g\n"
+                 "link from=host to=gpu bandwidth=10G\n"
+                 "link from=gpu to=host bandwidth=10G\n"
+                 "compute model=g kernel=gemm gflops=%s\n",
+                 rates[i]);
+        um__vs_machine *m = load(text);
+        if (i == 0) {
+            CHECK_OK(um__vs_simulate(m, &d, UM_SCHED_COST, r));
+            CHECK_NEAR(r->lower_bound_s, 2.147483648, 1e-9);
+        } else {
+            CHECK_STATUS(um__vs_simulate(m, &d, UM_SCHED_COST, r), UM_ERR_INVALID);
+            CHECK_ERROR_MENTIONS("gemm", "2.14748e+06 s", "1e+06 s");
+        }
+        free(m);
+    }
+    free(r);
+    um__vs_dag_free(&d);
+}
+
 /* ------------------------------------------------------ unimem sim */
 
 static char out[1 << 16];
@@ -570,6 +603,7 @@ int main(void)
     test_random(seed);
     test_trace_errors();
     test_trace_tile_order();
+    test_too_long_a_task();
     test_cli_json_names();
     test_cli_no_ratio();
     return harness_finish("test_vsim_sim");

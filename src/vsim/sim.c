@@ -587,8 +587,20 @@ static um_status sim_init(sim *s, const um__vs_machine *m, const um__vs_dag *d, 
                                : t->access[a].mode == UM_VS_WRITE ? UM_ACCESS_WRITE_DISCARD
                                                                   : UM_ACCESS_READ_WRITE;
         bool can_run = false;
-        for (int dev = 0; dev < m->ndev; dev++)
-            can_run |= isfinite(kernel_time(s, t, dev));
+        for (int dev = 0; dev < m->ndev; dev++) {
+            double alone = kernel_time(s, t, dev);
+            double packed = um__vs_packed_time(m, dev, t->kernel, t->tile, t->flops);
+            can_run |= isfinite(alone);
+            /* As the runtime engine refuses it: a time this long swallows
+             * every copy in the clock's rounding (a 2e15 s gemm left a
+             * makespan with no transfer in it), and its nanoseconds, which
+             * the placement learns, overflow. */
+            if (isfinite(alone) && fmax(alone, packed) > UM_VS_MAX_SECONDS)
+                return um__fail(UM_ERR_INVALID, "sim: a %s task of machine %s takes %g s on "
+                                "%s, more than the simulator's %g s",
+                                um__vs_kernel_name((um__vs_kernel)t->kernel), m->name,
+                                fmax(alone, packed), m->dev[dev].name, UM_VS_MAX_SECONDS);
+        }
         if (!can_run)
             return um__fail(UM_ERR_INVALID, "sim: no device of machine %s runs %s tiles of %u",
                             m->name, um__vs_kernel_name((um__vs_kernel)t->kernel), t->tile);
