@@ -456,6 +456,44 @@ static void test_too_long_a_task(void)
     um__vs_dag_free(&d);
 }
 
+/* A link so slow that one tile's copy takes more than UM_VS_MAX_SECONDS
+ * is refused by both engines, naming it. Accepted, bandwidth=1e-300 gave
+ * the model engine a makespan of 8e306 s in which the gemm was busy 0 s,
+ * and hung the runtime engine. At 5 B/s a tile of 4 MiB takes 8.4e5 s:
+ * still a run. */
+static void test_too_slow_a_link(void)
+{
+    static const char *const rates[] = {"5", "1e-300"};
+    um__vs_dag d;
+    CHECK_EQ(um__vs_dag_gemm(1024, 1024, &d), 0);
+    um__vs_result *r = malloc(sizeof *r);
+    for (int i = 0; i < 2; i++) {
+        char text[512];
+        snprintf(text, sizeof text,
+                 "device name=host kind=host memory=1T\n"
+                 "device name=gpu kind=gpu memory=1G model=g\n"
+                 "link from=host to=gpu bandwidth=%s\n"
+                 "link from=gpu to=host bandwidth=1G\n"
+                 "compute model=g kernel=gemm tile=1024 seconds=1\n",
+                 rates[i]);
+        um__vs_machine *m = load(text);
+        if (i == 0) {
+            CHECK_OK(um__vs_simulate(m, &d, UM_SCHED_COST, r));
+            CHECK_NEAR(r->makespan_s, 2 * 4194304 / 5.0 + 1, 1e-6);
+            CHECK_NEAR(r->busy_s[1], 1.0, 1e-9);
+        } else {
+            uint64_t forced = 0;
+            CHECK_STATUS(um__vs_simulate(m, &d, UM_SCHED_COST, r), UM_ERR_INVALID);
+            CHECK_ERROR_MENTIONS("4194304 bytes", "host->gpu", "1e+06 s");
+            CHECK_STATUS(um__vs_run_runtime(m, &d, UM_SCHED_COST, r, &forced), UM_ERR_INVALID);
+            CHECK_ERROR_MENTIONS("4194304 bytes", "host->gpu", "1e+06 s");
+        }
+        free(m);
+    }
+    free(r);
+    um__vs_dag_free(&d);
+}
+
 /* ------------------------------------------------------ unimem sim */
 
 static char out[1 << 16];
@@ -604,6 +642,7 @@ int main(void)
     test_trace_errors();
     test_trace_tile_order();
     test_too_long_a_task();
+    test_too_slow_a_link();
     test_cli_json_names();
     test_cli_no_ratio();
     return harness_finish("test_vsim_sim");

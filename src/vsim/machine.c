@@ -674,3 +674,18 @@ int um__vs_route(const um__vs_machine *m, int src, int dst, int route[4], double
     *latency_s = up->latency_s + down->latency_s;
     return n;
 }
+
+um_status um__vs_check_copies(const um__vs_machine *m, uint64_t bytes)
+{
+    int slowest = -1;
+    for (int r = 0; r < m->nres; r++)
+        if (slowest < 0 || m->res_bandwidth[r] < m->res_bandwidth[slowest])
+            slowest = r;
+    double secs = slowest < 0 ? 0 : (double)bytes / m->res_bandwidth[slowest];
+    if (!(secs <= UM_VS_MAX_SECONDS))
+        return um__fail(UM_ERR_INVALID, "sim: a tile of %llu bytes takes %g s over link %s "
+                        "of machine %s (%g B/s), more than the simulator's %g s",
+                        (unsigned long long)bytes, secs, m->res_name[slowest], m->name,
+                        m->res_bandwidth[slowest], UM_VS_MAX_SECONDS);
+    return UM_OK;
+}

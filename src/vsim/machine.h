@@ -136,4 +136,12 @@ double um__vs_packed_time(const um__vs_machine *m, int dev, int k, uint32_t tile
  * gets the sum of the links' latencies. */
 int um__vs_route(const um__vs_machine *m, int src, int dst, int route[4], double *latency_s);
 
+/* UM_OK when a copy of `bytes` alone takes at most UM_VS_MAX_SECONDS on
+ * every link resource of m; else UM_ERR_INVALID naming the slowest one.
+ * Both engines ask it of their largest tile: a longer copy swallowed the
+ * kernels' times in the model engine's rounding (bandwidth=1e-300: a
+ * makespan of 8e306 s with a gemm busy 0 s) and overflowed the runtime
+ * engine's nanosecond clock (it hung). */
+um_status um__vs_check_copies(const um__vs_machine *m, uint64_t bytes);
+
 #endif /* UM_VSIM_MACHINE_H */

@@ -313,6 +313,8 @@ um_status um__vs_run_runtime(const um__vs_machine *m, const um__vs_dag *d, int p
     um_status st = device && host_ns ? check_tasks(m, d, device, host_ns, &host_runs)
                                      : um__fail(UM_ERR_NOMEM, "sim: no memory for %zu tasks", nt);
     if (st == UM_OK)
+        st = um__vs_check_copies(m, d->tile_bytes);
+    if (st == UM_OK)
         st = config(m, d, policy, host_runs, conf, sizeof conf);
     um_context *ctx = NULL;
     if (st == UM_OK)

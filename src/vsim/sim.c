@@ -568,6 +568,9 @@ static um_status sim_init(sim *s, const um__vs_machine *m, const um__vs_dag *d, 
         !s->written || !s->pins || !s->last_use || !s->rfirst || !s->rdeps || !s->ready)
         return um__fail(UM_ERR_NOMEM, "sim: no memory for a graph of %zu tasks and %u tiles",
                         nt, d->ntiles);
+    um_status st = um__vs_check_copies(m, d->tile_bytes);
+    if (st != UM_OK)
+        return st;
     /* Every tile starts on the host, where the program made it. */
     for (uint32_t tile = 0; tile < d->ntiles; tile++)
         s->valid[tile] = s->alloc[tile] = 1;
