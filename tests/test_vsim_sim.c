@@ -332,6 +332,10 @@ static void test_trace_errors(void)
         {"task 1 gemm 100 18446744073709551616:4096:r\n", "line 1", "ID:BYTES:MODE"},
         {"# two\ntask 1 gemm 100 1:4096:w 1:4096:r\n", "line 2", "buffer 1 twice"},
         {"task 1 gemm 100 2:4096:r 3:4096:r 2:4096:rw\n", "line 1", "buffer 2 twice"},
+        /* Flops above 1e30: two of 1e308 in a chain summed to inf, and
+         * every task's priority (its path's flops over the longest) to 0. */
+        {"task 1 gemm 1e308 1:4096:rw\ntask 2 gemm 1e308 1:4096:rw\n", "line 1", "1e308"},
+        {"task 1 gemm 1e30 1:4096:rw\ntask 2 gemm 1.1e30 1:4096:rw\n", "line 2", "1.1e30"},
     };
     char path[64];
     um__vs_dag d;

@@ -10,6 +10,8 @@
 #include <string.h>
 
 #define TRACE_LINE_MAX 4096
+/* The most flops a task may give: 1e15 s of a PFLOP/s device. */
+#define TRACE_MAX_FLOPS 1e30
 
 /* Buffer ids to dense tile numbers: open addressing, grown at half full.
  * Ids run to 2^64 - 2, so that id + 1 never wraps to the empty mark. */
@@ -178,8 +180,11 @@ static um_status parse_task(reader *r, char *line)
         return bad_line(r, "a task needs an id, a name and its flops", NULL);
     char *end;
     double f = strtod(flops, &end);
-    if (end == flops || *end || !isfinite(f) || f < 0)
-        return bad_line(r, "flops must be a number, 0 or more", flops);
+    /* Bounded so that the flops of a path of 2^32 tasks, which give the
+     * tasks' priorities, stay finite: two tasks of 1e308 in a chain made
+     * them inf / inf, and every priority 0. */
+    if (end == flops || *end || !isfinite(f) || f < 0 || f > TRACE_MAX_FLOPS)
+        return bad_line(r, "flops must be a number of 0 to 1e30", flops);
     um__vs_dag *d = r->d;
     if (d->ntasks == r->task_cap) {
         size_t cap = r->task_cap ? 2 * r->task_cap : 1024;
