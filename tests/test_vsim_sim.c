@@ -498,6 +498,37 @@ static void test_too_slow_a_link(void)
     um__vs_dag_free(&d);
 }
 
+/* Buffers near 2^64 bytes: a task's sum of them, and a device's used
+ * memory plus one, wrapped to a few bytes, so that a 16 EiB buffer
+ * staged on a GPU of 1 GiB (a run of 18 s on 1e18 B/s links) where the
+ * task must be refused as fitting no device. */
+static void test_huge_buffers(void)
+{
+    um__vs_machine *m = load("device name=host kind=host memory=1T\n"
+                             "device name=gpu kind=gpu memory=1G model=g\n"
+                             "link from=host to=gpu bandwidth=1e18\n"
+                             "link from=gpu to=host bandwidth=1e18\n"
+                             "compute model=g kernel=gemm tile=1024 seconds=1\n");
+    static const char *const traces[] = {
+        "task 1 other 0 1:4096:rw\ntask 2 other 0 1:4096:r 2:18446744073709551615:r\n",
+        "task 1 other 0 1:9223372036854775808:r 2:9223372036854775808:r\n",
+    };
+    um__vs_result *r = malloc(sizeof *r);
+    for (int i = 0; i < 2; i++) {
+        char path[64];
+        snprintf(path, sizeof path, "/tmp/test_vsim_trace_XXXXXX");
+        write_file(path, traces[i], strlen(traces[i]));
+        um__vs_dag d;
+        CHECK_OK(um__vs_dag_trace(path, &d));
+        unlink(path);
+        CHECK_STATUS(um__vs_simulate(m, &d, UM_SCHED_COST, r), UM_ERR_INVALID);
+        CHECK_ERROR_MENTIONS("other task", "18446744073709551615 bytes", "holds");
+        um__vs_dag_free(&d);
+    }
+    free(r);
+    free(m);
+}
+
 /* ------------------------------------------------------ unimem sim */
 
 static char out[1 << 16];
@@ -647,6 +678,7 @@ int main(void)
     test_trace_tile_order();
     test_too_long_a_task();
     test_too_slow_a_link();
+    test_huge_buffers();
     test_cli_json_names();
     test_cli_no_ratio();
     return harness_finish("test_vsim_sim");

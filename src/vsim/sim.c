@@ -179,12 +179,15 @@ static size_t env_input_bytes(void *arg, const um__place_task *pt, int i)
     return (size_t)um__vs_tile_size(s->d, s->d->tasks[task_index(s, pt)].access[i].tile);
 }
 
-/* The bytes of all of t's tiles. */
+/* The bytes of all of t's tiles; UINT64_MAX where they overflow (the sum
+ * wrapped to a few bytes, which fit any device). */
 static uint64_t task_bytes(const um__vs_dag *d, const um__vs_task *t)
 {
     uint64_t bytes = 0;
-    for (int i = 0; i < t->naccess; i++)
-        bytes += um__vs_tile_size(d, t->access[i].tile);
+    for (int i = 0; i < t->naccess; i++) {
+        uint64_t size = um__vs_tile_size(d, t->access[i].tile);
+        bytes = size > UINT64_MAX - bytes ? UINT64_MAX : bytes + size;
+    }
     return bytes;
 }
 
@@ -284,6 +287,15 @@ static void dispatch(sim *s)
 
 /* ------------------------------------------------------------- memory */
 
+/* Whether `bytes` more fit on dev. A device never holds more than its
+ * memory, so the room left is a plain difference: used + bytes wrapped
+ * for a buffer near 2^64 bytes (a recorded trace may name one) and let
+ * it onto a device of 1 GiB. */
+static bool has_room(const sim *s, int dev, uint64_t bytes)
+{
+    return bytes <= s->m->dev[dev].memory - s->dev[dev].used;
+}
+
 static void free_copy(sim *s, uint32_t tile, int dev)
 {
     if (!(s->alloc[tile] >> dev & 1) || dev == 0)
@@ -298,7 +310,7 @@ static void free_copy(sim *s, uint32_t tile, int dev)
  * later and frees it then). */
 static bool make_room(sim *s, int dev, uint64_t bytes)
 {
-    if (dev == 0 || s->dev[dev].used + bytes <= s->m->dev[dev].memory)
+    if (dev == 0 || has_room(s, dev, bytes))
         return true;
     uint64_t bit = 1ull << dev;
     for (;;) {
@@ -321,7 +333,7 @@ static bool make_room(sim *s, int dev, uint64_t bytes)
         s->out->evictions++;
         if (victim_clean) {
             free_copy(s, (uint32_t)victim, dev);
-            if (s->dev[dev].used + bytes <= s->m->dev[dev].memory)
+            if (has_room(s, dev, bytes))
                 return true;
             continue;
         }
@@ -400,9 +412,7 @@ static bool prefetch_free(sim *s, uint32_t ti)
             continue;
         uint64_t size = um__vs_tile_size(s->d, tile);
         double secs;
-        int src = s->dev[dev].used + size <= s->m->dev[dev].memory
-                      ? best_source(s, tile, dev, &secs)
-                      : -1;
+        int src = has_room(s, dev, size) ? best_source(s, tile, dev, &secs) : -1;
         if (src < 0 || start_copy(s, FLOW_FETCH, tile, src, dev) != 0)
             return false;
         s->alloc[tile] |= bit;
