@@ -243,6 +243,14 @@ static void test_errors(void)
         {"link from=host to=gpu bandwidth=1e300T\n", "line 3", "bandwidth '1e300T'"},
         {"compute model=g kernel=gemm gflops=1e300T\n", "line 3", "gflops '1e300T'"},
         {"compute model=g kernel=gemm gflops=1e300\n", "line 3", "gflops '1e300'"},
+        /* A shared name that is a link's own (FROM->TO) joined that link. */
+        {"link from=gpu to=host bandwidth=1G\nlink from=host to=gpu bandwidth=1G "
+         "shared=gpu0->host\n",
+         "line 4", "'gpu0->host'"},
+        {"device name=a->b kind=sim memory=1G\ndevice name=a kind=sim memory=1G\n"
+         "device name=b->c kind=sim memory=1G\ndevice name=c kind=sim memory=1G\n"
+         "link from=a to=b->c bandwidth=1G\nlink from=a->b to=c bandwidth=1G\n",
+         "line 8", "'a->b->c' is named twice"},
     };
     um__vs_machine *m = machine();
     char text[1024];

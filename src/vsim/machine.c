@@ -320,6 +320,11 @@ static um_status link_line(parser *ps, kv *kvs, int n)
     const char *shared = get(kvs, n, "shared"), *sw = get(kvs, n, "switched");
     if (shared && strlen(shared) > 40)
         return bad(ps, "shared name '%.40s...' is longer than 40 characters", shared);
+    /* A link of its own is the resource FROM->TO: a shared name of that
+     * form joined that link silently (shared=gpu0->host on the host's
+     * links down made them share gpu0's link up). */
+    if (shared && strstr(shared, "->"))
+        return bad(ps, "shared name '%s' holds '->', which names a link of its own", shared);
     bool switched = sw && !strcmp(sw, "1");
     if (sw && !switched && strcmp(sw, "0"))
         return bad(ps, "switched is 0 or 1, not '%s'", sw);
@@ -351,8 +356,14 @@ static um_status link_line(parser *ps, kv *kvs, int n)
                     snprintf(name, sizeof name, "%.40s", shared);
                 else
                     snprintf(name, sizeof name, "%s->%s", m->dev[a].name, m->dev[b].name);
+                int before = m->nres;
                 l->res[0] = resource(m, name, bandwidth, &clash);
                 l->nres = 1;
+                /* Each directed link is given once, so its own resource
+                 * is new (device names with '->' could still meet). */
+                if (!shared && l->res[0] >= 0 && l->res[0] < before)
+                    return bad(ps, "link resource '%s' is named twice (device names with "
+                               "'->'?)", name);
             }
             if (l->res[0] < 0 || (l->nres == 2 && l->res[1] < 0))
                 return bad(ps, "too many link resources");
