@@ -529,6 +529,29 @@ static void test_huge_buffers(void)
     free(m);
 }
 
+/* Every tile starts on the host: tiles that do not fit its memory are
+ * refused, as the runtime engine refuses them (48 tiles of 256 MiB ran
+ * from a host of 1 GiB); the 3 tiles of one task fit it. */
+static void test_host_too_small(void)
+{
+    um__vs_machine *m = load("device name=host kind=host memory=1G\n"
+                             "device name=gpu kind=gpu memory=141G model=g\n"
+                             "link from=host to=gpu bandwidth=55G\n"
+                             "link from=gpu to=host bandwidth=55G\n"
+                             "compute model=g kernel=gemm tile=8192 seconds=0.02\n");
+    um__vs_result *r = malloc(sizeof *r);
+    um__vs_dag d;
+    CHECK_EQ(um__vs_dag_gemm(32768, 8192, &d), 0);
+    CHECK_STATUS(um__vs_simulate(m, &d, UM_SCHED_COST, r), UM_ERR_INVALID);
+    CHECK_ERROR_MENTIONS("48 tiles (12884901888 bytes)", "host (1073741824 bytes)", NULL);
+    um__vs_dag_free(&d);
+    CHECK_EQ(um__vs_dag_gemm(8192, 8192, &d), 0);
+    CHECK_OK(um__vs_simulate(m, &d, UM_SCHED_COST, r));
+    um__vs_dag_free(&d);
+    free(r);
+    free(m);
+}
+
 /* ------------------------------------------------------ unimem sim */
 
 static char out[1 << 16];
@@ -679,6 +702,7 @@ int main(void)
     test_too_long_a_task();
     test_too_slow_a_link();
     test_huge_buffers();
+    test_host_too_small();
     test_cli_json_names();
     test_cli_no_ratio();
     return harness_finish("test_vsim_sim");

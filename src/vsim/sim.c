@@ -651,6 +651,19 @@ static um_status sim_init(sim *s, const um__vs_machine *m, const um__vs_dag *d, 
                             um__vs_kernel_name((um__vs_kernel)t->kernel), t->naccess,
                             (unsigned long long)need, m->name);
     }
+    /* Every tile starts on the host, which must hold them, as the runtime
+     * engine's host must (this engine ignored the host's memory and ran
+     * 12 GiB of tiles from a host of 1 GiB). */
+    uint64_t all = 0;
+    for (uint32_t tile = 0; tile < d->ntiles; tile++) {
+        uint64_t size = um__vs_tile_size(d, tile);
+        all = size > UINT64_MAX - all ? UINT64_MAX : all + size;
+    }
+    if (all > m->dev[0].memory)
+        return um__fail(UM_ERR_INVALID, "sim: the %u tiles (%llu bytes) do not fit the "
+                        "memory of %s (%llu bytes) of machine %s, where they start",
+                        d->ntiles, (unsigned long long)all, m->dev[0].name,
+                        (unsigned long long)m->dev[0].memory, m->name);
     return UM_OK;
 }
 
