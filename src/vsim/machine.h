@@ -46,7 +46,11 @@
  * memory. Times (latency=, seconds=, packed= and a
  * fit's c) are at most UM_VS_MAX_SECONDS: far beyond any real copy or
  * kernel, and small enough that a run of millions of them stays within
- * the virtual clock's 64-bit nanoseconds.
+ * the virtual clock's 64-bit nanoseconds. Both engines hold a run to the
+ * same bound: no task's kernel, and no copy of its largest tile over any
+ * link (um__vs_check_copies), may take longer. Rates (bandwidth=,
+ * gflops=) must be finite once their unit is applied, and a shared=
+ * name may not hold '->', the form of a link's own resource.
  */
 #ifndef UM_VSIM_MACHINE_H
 #define UM_VSIM_MACHINE_H
