@@ -103,6 +103,36 @@ static void test_eviction(void)
     free(m);
 }
 
+/* A GPU whose memory holds exactly one gemm's three tiles: in the runtime
+ * engine the background reclaimer evicted the replica that the worker's
+ * own reclaim was about to take, and the worker's allocation failed with
+ * that memory free ("nothing left to evict: 2 acquired replicas"), though
+ * it fits. Every policy must finish, and the model engine agrees. */
+static void test_room_for_one_task(void)
+{
+    um__vs_machine *m = load("device name=host kind=host memory=1T\n"
+                             "device name=gpu kind=gpu memory=768K granularity=64K model=g\n"
+                             "link from=host to=gpu bandwidth=1G latency=0us\n"
+                             "link from=gpu to=host bandwidth=1G latency=0us\n"
+                             "compute model=g kernel=gemm gflops=5\n");
+    um__vs_dag d;
+    CHECK_EQ(um__vs_dag_gemm(1024, 256, &d), 0);
+    um__vs_result *r = malloc(sizeof *r);
+    for (int p = 0; p < 4; p++) {
+        uint64_t forced = 1;
+        um_status st = um__vs_run_runtime(m, &d, policies[p], r, &forced);
+        CHECK_OK(st);
+        if (st != UM_OK)
+            fprintf(stderr, "policy %d: %s\n", policies[p], um_last_error());
+        else
+            CHECK(r->makespan_s >= r->lower_bound_s);
+        CHECK_OK(um__vs_simulate(m, &d, policies[p], r));
+    }
+    free(r);
+    um__vs_dag_free(&d);
+    free(m);
+}
+
 /* A random machine: 1-4 GPUs or sim devices with 4-12 tiles of memory or
  * plenty, host links shared or not, peers switched or absent, kernels at
  * random rates. */
@@ -696,6 +726,7 @@ int main(void)
     test_bound_of_a_chain();
     test_priorities();
     test_eviction();
+    test_room_for_one_task();
     test_random(seed);
     test_trace_errors();
     test_trace_tile_order();

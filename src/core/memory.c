@@ -37,22 +37,29 @@ static um_status alloc_after_reclaim(um_context *ctx, int dev, size_t size,
      * written back for a request of SIZE_MAX - 255 bytes). */
     if (!reclaim || size > a->memory_limit)
         return UM_ERR_NOMEM;
-    char pool_says[512];
+    /* What the pool and the hook said last (copied: um__fail writes the
+     * buffer um_last_error points into). */
+    char pool_says[512], reclaim_says[512] = "";
     um_status st = UM_ERR_NOMEM;
     for (;;) {
-        snprintf(pool_says, sizeof pool_says, "%s", um_last_error());
-        if (!reclaim(ctx, dev, size))
-            break;
+        bool made_room = reclaim(ctx, dev, size);
+        if (!made_room)
+            snprintf(reclaim_says, sizeof reclaim_says, "%s", um_last_error());
+        /* Tried again even when the hook found nothing to evict: another
+         * thread (the background reclaimer, a free) may have made room
+         * since the last try. Without this try, an allocation failed
+         * while the reclaimer had just evicted the very replica it would
+         * have evicted (`unimem sim --engine runtime`, a GPU with room for
+         * one task's three tiles). */
         st = a->ops->alloc(a, size, ref, ptr);
         if (st != UM_ERR_NOMEM) {
             (void)reclaim(ctx, dev, 0);
             return st;
         }
+        snprintf(pool_says, sizeof pool_says, "%s", um_last_error());
+        if (!made_room)
+            break;
     }
-    /* The pool's figures, then what holds the memory (copied: um__fail
-     * writes the buffer um_last_error points into). */
-    char reclaim_says[512];
-    snprintf(reclaim_says, sizeof reclaim_says, "%s", um_last_error());
     (void)reclaim(ctx, dev, 0);
     const char *pool = strchr(pool_says, ':'), *why = strchr(reclaim_says, ':');
     return um__fail(UM_ERR_NOMEM, "%s;%s", pool ? pool + 2 : pool_says, why ? why + 1 : "");
