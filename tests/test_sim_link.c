@@ -252,6 +252,36 @@ static void test_measured(void)
     um_shutdown(ctx);
 }
 
+/* The memory of a destroyed buffer whose last copy out is still on the
+ * link is held until that copy ends. An allocation at the limit that
+ * needs it waits for the copy, as it would for an eviction, rather than
+ * failing with nothing left to evict. */
+static void test_limit_waits_for_held_memory(void)
+{
+    um_context *ctx = open_ctx("model");
+    void *scratch = malloc(SIZE);
+    um_buffer *b = host_buffer(ctx, scratch, 7);
+    void *p = NULL;
+    /* Valid on device 1 alone: written there. */
+    CHECK_OK(um_buffer_acquire(b, 1, UM_ACCESS_WRITE_DISCARD, NULL, &p));
+    CHECK_OK(um_buffer_release(b, 1, NULL));
+    CHECK_OK(um_trim(ctx, 1));
+    size_t block = 6 * MB; /* SIZE in whole pages of 2 MiB */
+    CHECK_OK(um_set_memory_limit(ctx, 1, block));
+    uint64_t t0 = now_ns();
+    CHECK_OK(um_buffer_prefetch(b, 0)); /* the copy home: LINK_NS on the link */
+    CHECK_OK(um_buffer_destroy(b));
+    void *q = NULL;
+    um_status st = um_malloc(ctx, 1, SIZE, NULL, &q);
+    CHECK_OK(st);
+    /* It could only have the memory once the copy was done. */
+    CHECK(now_ns() - t0 >= LINK_NS);
+    if (st == UM_OK)
+        CHECK_OK(um_free(ctx, q, NULL));
+    free(scratch);
+    um_shutdown(ctx);
+}
+
 static void test_bad_option(void)
 {
     um_context *ctx = NULL;
@@ -276,6 +306,7 @@ int main(void)
     test_directions();
     test_peer_copy_holds_sender_link();
     test_measured();
+    test_limit_waits_for_held_memory();
     test_bad_option();
     return harness_finish("test_sim_link");
 }

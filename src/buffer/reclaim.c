@@ -344,6 +344,13 @@ static bool reclaim_hook(um_context *ctx, int dev, size_t bytes)
             break;
         um__sleep_until_ns(um__now_ns() + pause_ns);
     }
+    /* Nothing to evict, but replicas dropped earlier (evicted, or of
+     * destroyed buffers) whose last users are still running hold memory
+     * here: wait for the oldest of them. Without this, a task whose
+     * predecessor's kernel still read the replicas just evicted for it
+     * failed at the limit (a device holding exactly one task's buffers). */
+    if (!freed && !failed.why[0])
+        freed = um__xfer_wait_held(x, dev);
     free(failed.b);
     in_reclaim = false;
     making_room.freed = freed;

@@ -1252,6 +1252,31 @@ uint64_t um__xfer_poll(um__xfer *x)
     return freed;
 }
 
+bool um__xfer_wait_held(um__xfer *x, int dev)
+{
+    if (!atomic_load_explicit(&x->nheld_pending, memory_order_acquire))
+        return false;
+    um__vt_mutex_lock(&x->lock);
+    size_t i = 0;
+    while (i < x->nheld && x->held[i].dev != dev)
+        i++;
+    if (i == x->nheld) {
+        um__vt_mutex_unlock(&x->lock);
+        return false;
+    }
+    held_memory h = x->held[i];
+    /* The oldest stays first: the next wait takes the next oldest. */
+    memmove(&x->held[i], &x->held[i + 1], (x->nheld - i - 1) * sizeof *x->held);
+    x->nheld--;
+    atomic_store_explicit(&x->nheld_pending, x->nheld, memory_order_release);
+    um__vt_mutex_unlock(&x->lock);
+    for (int k = 0; k < h.nfences; k++)
+        if (um__fence_wait(x, &h.fences[k]) != UM_OK)
+            um__fence_drop(&h.fences[k]);
+    (void)um_free(x->ctx, h.ptr, NULL);
+    return true;
+}
+
 /* um_trim's hook: the memory of destroyed buffers whose users are done. */
 static void collect_held(um_context *ctx)
 {
