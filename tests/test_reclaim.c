@@ -595,6 +595,76 @@ static void test_watermark_pairs(void)
     um_shutdown(ctx);
 }
 
+/* --------------------------------------- two background reclaimers */
+
+/* Both devices above their low marks together, the host full and no file
+ * tier: each background reclaimer used to write its device's only copies
+ * back to the other device, pushing that one above its high mark, whose
+ * reclaimer sent them back, for ever (23 MiB in 1 MiB buffers, marks of 10
+ * and 12 MiB: about 900 write-backs a second each way). A background
+ * write-back now leaves its target at or below the target's high mark, so
+ * the devices settle after a few. */
+static void test_reclaimers_settle(void)
+{
+    um_context *ctx = open_ctx(16 * MB, "");
+    if (ctx && um_device_count(ctx) < 3) {
+        um_shutdown(ctx);
+        return;
+    }
+    if (!ctx)
+        return;
+    void *host_block = NULL;
+    CHECK_OK(um_set_memory_limit(ctx, 0, 4 * MB));
+    CHECK_OK(um_malloc(ctx, 0, 4 * MB, NULL, &host_block));
+    for (int d = 1; d <= 2; d++)
+        CHECK_OK(um_set_cache_limit(ctx, d, 1)); /* freed pages go back: room is seen */
+    enum { NBUF = 23 };
+    um_buffer *b[NBUF];
+    for (int i = 0; i < NBUF; i++) {
+        int dev = i < 14 ? 1 : 2;
+        void *p;
+        CHECK_OK(um_buffer_create(ctx, MB, NULL, &b[i]));
+        CHECK_OK(um_buffer_acquire(b[i], dev, UM_ACCESS_WRITE_DISCARD, NULL, &p));
+        void *v = harness_dev_map(ctx, dev, p, MB);
+        if (v)
+            harness_pattern_fill(v, MB, 600 + (uint64_t)i);
+        harness_dev_unmap(ctx, dev, p, v, MB, true);
+        CHECK_OK(um_buffer_release(b[i], dev, NULL));
+    }
+    for (int d = 1; d <= 2; d++)
+        CHECK_OK(um_set_watermarks(ctx, d, 10 * MB, 12 * MB));
+    /* Settled once no eviction happens for 200 ms; then none for 300 ms
+     * more, and few in all (moving 14 + 9 MiB under marks of 12 MiB takes
+     * two). */
+    um_reclaim_stats s1, s2;
+    uint64_t last = UINT64_MAX;
+    for (int waited = 0; waited < 50; waited++) {
+        usleep(200000);
+        CHECK_OK(um_reclaim_stats_get(ctx, 1, &s1));
+        CHECK_OK(um_reclaim_stats_get(ctx, 2, &s2));
+        if (s1.evictions + s2.evictions == last)
+            break;
+        last = s1.evictions + s2.evictions;
+    }
+    usleep(300000);
+    CHECK_OK(um_reclaim_stats_get(ctx, 1, &s1));
+    CHECK_OK(um_reclaim_stats_get(ctx, 2, &s2));
+    printf("test_reclaim: two reclaimers: %llu and %llu evictions\n",
+           (unsigned long long)s1.evictions, (unsigned long long)s2.evictions);
+    CHECK_EQ(s1.evictions + s2.evictions, last);
+    CHECK(s1.evictions + s2.evictions <= 8);
+    CHECK_EQ(s2.written_back, s2.evictions);
+    unsigned char *h = malloc(MB);
+    CHECK_OK(um_free(ctx, host_block, NULL));
+    for (int i = 0; i < NBUF; i++) {
+        CHECK_OK(um_buffer_read(b[i], 0, h, MB));
+        CHECK(same_pattern(h, MB, 600 + (uint64_t)i));
+        CHECK_OK(um_buffer_destroy(b[i]));
+    }
+    free(h);
+    um_shutdown(ctx);
+}
+
 /* --------------------------------------------------- failed write-back */
 
 /* Puts a flaky backend whose copies all fail in front of every device of
@@ -1141,6 +1211,7 @@ int main(void)
     test_hints();
     test_watermarks();
     test_watermark_pairs();
+    test_reclaimers_settle();
     test_failed_write_back();
     test_stuck_victim();
     test_alloc_waits_once();

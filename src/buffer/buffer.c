@@ -776,7 +776,8 @@ static bool write_back_ok(const um_buffer *b, int d, const void *arg)
     size_t used = atomic_load_explicit(&ctx->devices[d].backend->physical_bytes,
                                        memory_order_relaxed);
     size_t limit = ctx->devices[d].alloc->memory_limit;
-    return used < limit && limit - used >= b->size;
+    return used < limit && limit - used >= b->size &&
+           um__reclaim_write_back_ok(um__xfer_reclaim(engine(b)), d, b->size);
 }
 
 /* Where the only valid copy on dev goes before it is dropped: the host or

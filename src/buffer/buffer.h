@@ -219,6 +219,11 @@ void um__reclaim_destroy(struct um__reclaim *rc);
 void um__reclaim_account(struct um__reclaim *rc, int dev, int64_t bytes);
 /* A buffer got UM_HINT_WILL_USE: the program announces its uses. */
 void um__reclaim_announced(struct um__reclaim *rc);
+/* Whether a write-back of `bytes` may go to a new replica on dev: always,
+ * except from the background reclaimer, whose write-backs must leave dev
+ * at or below its high mark (else the reclaimers of two devices passed
+ * the same data back and forth for ever). */
+bool um__reclaim_write_back_ok(struct um__reclaim *rc, int dev, size_t bytes);
 /* A fill copied into a replica that reclaim had dropped. */
 void um__reclaim_refetched(struct um__reclaim *rc, int dev, size_t bytes);
 

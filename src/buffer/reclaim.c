@@ -65,6 +65,11 @@ struct um__reclaim {
  * write-back's target) must not start another. */
 static _Thread_local bool in_reclaim;
 
+/* Set on the background reclaimer's thread: its evictions are ahead of
+ * need, so a write-back of its must not push another device above that
+ * device's high mark (see um__reclaim_write_back_ok). */
+static _Thread_local bool in_background;
+
 /* How long an allocation at the limit waits for candidates that calls in
  * progress hold locked, before it fails. */
 #define RECLAIM_BUSY_WAIT_NS 1000000000ull
@@ -406,6 +411,7 @@ static void *reclaimer(void *arg)
 {
     um__reclaim *rc = arg;
     in_reclaim = true;
+    in_background = true;
     um__vt_mutex_lock(&rc->lock);
     while (!rc->quit) {
         /* Usage changes only through um__reclaim_account, which nudges
@@ -507,6 +513,16 @@ void um__reclaim_announced(um__reclaim *rc)
 {
     if (rc && !atomic_load_explicit(&rc->announcing, memory_order_relaxed))
         atomic_store(&rc->announcing, true);
+}
+
+bool um__reclaim_write_back_ok(um__reclaim *rc, int dev, size_t bytes)
+{
+    if (!rc || !rc->ctx || !in_background)
+        return true;
+    size_t low, high;
+    marks(rc, dev, &low, &high);
+    size_t now = usage(rc, dev);
+    return now <= high && bytes <= high - now;
 }
 
 void um__reclaim_refetched(um__reclaim *rc, int dev, size_t bytes)
