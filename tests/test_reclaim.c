@@ -595,6 +595,61 @@ static void test_watermark_pairs(void)
     um_shutdown(ctx);
 }
 
+/* ------------------------------------------------- re-fetched bytes */
+
+/* A replica dropped by reclaim and then made out of date by a write
+ * elsewhere is not re-fetched when it is filled again: that copy is the
+ * write's, and the eviction cost nothing. Only a fill of data that was
+ * dropped counts (it counted 2 MiB for the first fill here). */
+static void test_refetch_after_write(void)
+{
+    um_context *ctx = open_ctx(64 * MB, ",watermark_high=100");
+    if (!ctx)
+        return;
+    const size_t size = 2 * MB;
+    um_buffer *a = NULL;
+    void *p = NULL, *block = NULL;
+    unsigned char *h = malloc(size);
+    harness_pattern_fill(h, size, 700);
+    CHECK_OK(um_buffer_create(ctx, size, NULL, &a));
+    CHECK_OK(um_buffer_write(a, 0, h, size));
+    CHECK_OK(um_buffer_acquire(a, 1, UM_ACCESS_READ, NULL, &p));
+    CHECK_OK(um_buffer_release(a, 1, NULL));
+    /* Room for a's replica or a block of its size, not both (measured: a
+     * debug allocator makes blocks larger). */
+    um_stats ms;
+    CHECK_OK(um_trim(ctx, 1));
+    CHECK_OK(um_stats_get(ctx, 1, &ms));
+    CHECK_OK(um_set_memory_limit(ctx, 1, ms.reserved_bytes + 1 * MB));
+    CHECK_OK(um_malloc(ctx, 1, size, NULL, &block)); /* drops a's clean replica */
+    CHECK_OK(um_free(ctx, block, NULL));
+    um_reclaim_stats s0, s1, s2;
+    CHECK_OK(um_reclaim_stats_get(ctx, 1, &s0));
+    CHECK_EQ(s0.evictions, 1);
+    CHECK_EQ(s0.written_back, 0);
+    /* Written on the host, then read on device 1: a copy of the write. */
+    harness_pattern_fill(h, size, 701);
+    CHECK_OK(um_buffer_write(a, 0, h, size));
+    CHECK_OK(um_buffer_acquire(a, 1, UM_ACCESS_READ, NULL, &p));
+    void *v = harness_dev_map(ctx, 1, p, size);
+    CHECK(v && same_pattern(v, size, 701));
+    harness_dev_unmap(ctx, 1, p, v, size, false);
+    CHECK_OK(um_buffer_release(a, 1, NULL));
+    CHECK_OK(um_reclaim_stats_get(ctx, 1, &s1));
+    CHECK_EQ(s1.refetched_bytes, s0.refetched_bytes);
+    /* Dropped again and read again unchanged: that is a re-fetch. */
+    CHECK_OK(um_malloc(ctx, 1, size, NULL, &block));
+    CHECK_OK(um_free(ctx, block, NULL));
+    CHECK_OK(um_buffer_acquire(a, 1, UM_ACCESS_READ, NULL, &p));
+    CHECK_OK(um_buffer_release(a, 1, NULL));
+    CHECK_OK(um_reclaim_stats_get(ctx, 1, &s2));
+    CHECK_EQ(s2.evictions, 2);
+    CHECK_EQ(s2.refetched_bytes - s1.refetched_bytes, size);
+    free(h);
+    CHECK_OK(um_buffer_destroy(a));
+    um_shutdown(ctx);
+}
+
 /* --------------------------------------- two background reclaimers */
 
 /* Both devices above their low marks together, the host full and no file
@@ -1212,6 +1267,7 @@ int main(void)
     test_watermarks();
     test_watermark_pairs();
     test_reclaimers_settle();
+    test_refetch_after_write();
     test_failed_write_back();
     test_stuck_victim();
     test_alloc_waits_once();

@@ -299,13 +299,16 @@ static um_status fill(um_buffer *b, int dev)
 static void take_ownership(um_buffer *b, int dev)
 {
     b->spill_valid = false;
-    for (int d = 0; d < b->ctx->ndevices; d++)
+    /* Every other copy is out of date now, evicted or not: a later fill
+     * of one is a copy of this write, not a re-fetch of what reclaim
+     * dropped (nor is a fill of dev's own, valid again without a copy in
+     * after a WRITE_DISCARD). */
+    for (int d = 0; d < b->ctx->ndevices; d++) {
         if (d != dev)
             b->rep[d].state = UM_REPLICA_INVALID;
+        b->rep[d].evicted = false;
+    }
     b->rep[dev].state = UM_REPLICA_OWNER;
-    /* Valid again without a copy in (a WRITE_DISCARD): a later fill is
-     * not a re-fetch of what reclaim dropped. */
-    b->rep[dev].evicted = false;
 }
 
 /* Hands the replica's memory back once its users are done. */
