@@ -650,6 +650,50 @@ static void test_refetch_after_write(void)
     um_shutdown(ctx);
 }
 
+/* The memory of an out-of-date replica freed by reclaim is no data
+ * dropped: filling that replica later copies the newer write, not a
+ * re-fetch (it counted 2 MiB here). */
+static void test_refetch_after_invalid_dropped(void)
+{
+    um_context *ctx = open_ctx(64 * MB, ",watermark_high=100");
+    if (!ctx)
+        return;
+    const size_t size = 2 * MB;
+    um_buffer *a = NULL;
+    void *p = NULL, *block = NULL;
+    unsigned char *h = malloc(size);
+    harness_pattern_fill(h, size, 710);
+    CHECK_OK(um_buffer_create(ctx, size, NULL, &a));
+    CHECK_OK(um_buffer_write(a, 0, h, size));
+    CHECK_OK(um_buffer_acquire(a, 1, UM_ACCESS_READ, NULL, &p));
+    CHECK_OK(um_buffer_release(a, 1, NULL));
+    /* Rewritten on the host: device 1's copy is out of date, its memory
+     * kept. */
+    harness_pattern_fill(h, size, 711);
+    CHECK_OK(um_buffer_write(a, 0, h, size));
+    CHECK_EQ(um_buffer_replica_state(a, 1), UM_REPLICA_INVALID);
+    um_stats ms;
+    CHECK_OK(um_trim(ctx, 1));
+    CHECK_OK(um_stats_get(ctx, 1, &ms));
+    CHECK_OK(um_set_memory_limit(ctx, 1, ms.reserved_bytes + 1 * MB));
+    CHECK_OK(um_malloc(ctx, 1, size, NULL, &block)); /* frees that memory */
+    CHECK_OK(um_free(ctx, block, NULL));
+    um_reclaim_stats s0, s1;
+    CHECK_OK(um_reclaim_stats_get(ctx, 1, &s0));
+    CHECK_EQ(s0.evictions, 1);
+    CHECK_EQ(s0.written_back, 0);
+    CHECK_OK(um_buffer_acquire(a, 1, UM_ACCESS_READ, NULL, &p));
+    void *v = harness_dev_map(ctx, 1, p, size);
+    CHECK(v && same_pattern(v, size, 711));
+    harness_dev_unmap(ctx, 1, p, v, size, false);
+    CHECK_OK(um_buffer_release(a, 1, NULL));
+    CHECK_OK(um_reclaim_stats_get(ctx, 1, &s1));
+    CHECK_EQ(s1.refetched_bytes, s0.refetched_bytes);
+    free(h);
+    CHECK_OK(um_buffer_destroy(a));
+    um_shutdown(ctx);
+}
+
 /* --------------------------------------- two background reclaimers */
 
 /* Both devices above their low marks together, the host full and no file
@@ -1268,6 +1312,7 @@ int main(void)
     test_watermark_pairs();
     test_reclaimers_settle();
     test_refetch_after_write();
+    test_refetch_after_invalid_dropped();
     test_failed_write_back();
     test_stuck_victim();
     test_alloc_waits_once();

@@ -899,8 +899,10 @@ um_status um__buffer_evict(um_buffer *b, int dev, size_t *bytes_written, bool *s
     note_memory(b, dev, false);
     r->nused = 0;
     r->ready = UM_FENCE_NONE;
+    /* Only dropped data makes a later fill a re-fetch: the memory of an
+     * out-of-date copy costs no copy back (its fill is the newer write's). */
+    r->evicted = r->evicted || r->state != UM_REPLICA_INVALID;
     r->state = UM_REPLICA_INVALID;
-    r->evicted = true;
     return UM_OK;
 }
 
