@@ -1001,6 +1001,41 @@ static void test_alloc_waits_once(void)
     remove(trace);
 }
 
+/* The host full of buffers' only copies with no file tier: the failed
+ * allocation says what holds the memory and which option would make
+ * room (it said "nothing left to evict: 0 acquired replicas hold 0 B
+ * there, 0 pinned", naming nothing). */
+static void test_host_full_names_spill_dir(void)
+{
+    um_context *ctx = open_ctx(64 * MB, ",watermark_high=100");
+    if (!ctx)
+        return;
+    const size_t size = 2 * MB;
+    CHECK_OK(um_set_memory_limit(ctx, 0, 4 * MB));
+    um_buffer *b[3];
+    unsigned char *h = malloc(size);
+    for (int i = 0; i < 3; i++) {
+        CHECK_OK(um_buffer_create(ctx, size, NULL, &b[i]));
+        harness_pattern_fill(h, size, 720 + (uint64_t)i);
+        um_status st = um_buffer_write(b[i], 0, h, size);
+        if (i < 2)
+            CHECK_OK(st);
+        else
+            CHECK_STATUS(st, UM_ERR_NOMEM);
+    }
+    CHECK_ERROR_MENTIONS("2 only copies of buffer data (4.00 MiB)", "nowhere to go",
+                         "spill_dir is not set");
+    printf("test_reclaim: a full host without a file tier: %s\n", um_last_error());
+    for (int i = 0; i < 2; i++) {
+        CHECK_OK(um_buffer_read(b[i], 0, h, size));
+        CHECK(same_pattern(h, size, 720 + (uint64_t)i));
+    }
+    for (int i = 0; i < 3; i++)
+        CHECK_OK(um_buffer_destroy(b[i]));
+    free(h);
+    um_shutdown(ctx);
+}
+
 /* ---------------------------------------------------------- spill file */
 
 static void test_spill_bad_dir(void)
@@ -1329,6 +1364,7 @@ int main(void)
         harness_report(__FILE__, __LINE__, "mkdtemp failed: no spill directory to test with");
     }
     test_spill_bad_dir();
+    test_host_full_names_spill_dir();
     atomic_store(&watchdog_stop, true);
     pthread_join(wd, NULL);
     return harness_finish("test_reclaim");

@@ -122,9 +122,11 @@ typedef struct victim_scan {
     um_buffer *best;
     uint64_t key[KEY_LEN];
     /* Why nothing may be evicted, for the error message; `busy`: buffers
-     * with memory there whose lock another call held. */
-    uint32_t acquired, pinned, busy;
-    uint64_t acquired_bytes;
+     * with memory there whose lock another call held; `homeless`: host
+     * replicas that are their buffers' only copies, with no file tier to
+     * take them. */
+    uint32_t acquired, pinned, busy, homeless;
+    uint64_t acquired_bytes, homeless_bytes;
 } victim_scan;
 
 /* The eviction order of b's replica on scan->dev, smallest first (b locked
@@ -205,6 +207,9 @@ static bool consider(um_buffer *b, void *arg)
             s->acquired_bytes += b->size;
         } else if (r->ptr && b->pinned) {
             s->pinned++;
+        } else if (r->ptr && s->dev == 0 && !b->wrapped) {
+            s->homeless++;
+            s->homeless_bytes += b->size;
         }
     }
     um__vt_mutex_unlock(&b->lock);
@@ -244,7 +249,7 @@ static bool evict_one(um__reclaim *rc, int dev, victim_scan *scan, failed_set *f
 {
     for (int raced = 0; raced < 8;) {
         *scan = (victim_scan){rc, dev, rc->ctx->opts.evict_policy, atomic_load(&rc->announcing),
-                              failed, NULL, {0}, 0, 0, 0, 0};
+                              failed, NULL, {0}, 0, 0, 0, 0, 0, 0};
         um__xfer_each_buffer(rc->x, consider, scan);
         if (!scan->best)
             return false;
@@ -367,16 +372,25 @@ static bool reclaim_hook(um_context *ctx, int dev, size_t bytes)
                  failed.why);
     } else if (!freed) {
         atomic_fetch_add(&c->failed, 1);
-        char held[32];
-        char busy[96] = "";
+        char held[32], homeless_held[32];
+        char busy[96] = "", homeless[160] = "";
         if (scan.busy)
             snprintf(busy, sizeof busy, ", %u in use by other calls for %.0f ms", scan.busy,
                      (double)waited / 1e6);
+        /* Without this the message named nothing that held the host's
+         * memory when its replicas were the only copies of their data. */
+        if (scan.homeless)
+            snprintf(homeless, sizeof homeless,
+                     ", %u only cop%s of buffer data (%s) with nowhere to go (no file tier: "
+                     "the option spill_dir is not set)",
+                     scan.homeless, scan.homeless == 1 ? "y" : "ies",
+                     um__format_bytes(homeless_held, sizeof homeless_held, scan.homeless_bytes));
         um__fail(UM_ERR_NOMEM,
                  "device %d: no room for %zu bytes and nothing left to evict: %u acquired "
-                 "replica%s hold %s there, %u pinned%s",
+                 "replica%s hold %s there, %u pinned%s%s",
                  dev, bytes, scan.acquired, scan.acquired == 1 ? "" : "s",
-                 um__format_bytes(held, sizeof held, scan.acquired_bytes), scan.pinned, busy);
+                 um__format_bytes(held, sizeof held, scan.acquired_bytes), scan.pinned, homeless,
+                 busy);
     }
     return freed;
 }
