@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #define KB 1024u
@@ -1036,6 +1037,68 @@ static void test_host_full_names_spill_dir(void)
     um_shutdown(ctx);
 }
 
+/* ------------------------------------------- staging slots at the limit */
+
+static uint64_t monotonic_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+}
+
+/* A read of a GPU's buffer into program memory stages through host slots;
+ * with the host full but for the buffer's own stale host replica, the
+ * slots' allocation used to wait the whole second for that replica, whose
+ * lock the reading call itself held (8 MiB read in 1.001 s, one failed
+ * allocation that waited 1000 ms). Slots are optional: the copy now goes
+ * unstaged at once. Only on GPUs (the stand-in driver's too). */
+static void test_staging_does_not_wait_for_itself(void)
+{
+    um_context *ctx = open_ctx(64 * MB, ",watermark_high=100");
+    if (!ctx)
+        return;
+    um_device_info info;
+    CHECK_OK(um_device_info_get(ctx, 1, &info));
+    um_device_info host;
+    CHECK_OK(um_device_info_get(ctx, 0, &host));
+    if (info.kind != UM_DEVICE_CUDA || !host.pinned) {
+        um_shutdown(ctx);
+        return;
+    }
+    const size_t size = 8 * MB;
+    um_buffer *b = NULL;
+    void *p = NULL, *block = NULL;
+    unsigned char *h = malloc(size);
+    harness_pattern_fill(h, size, 730);
+    CHECK_OK(um_buffer_create(ctx, size, NULL, &b));
+    CHECK_OK(um_buffer_write(b, 0, h, size));
+    /* Written on the GPU: the host replica is stale, its memory kept. */
+    CHECK_OK(um_buffer_acquire(b, 1, UM_ACCESS_READ_WRITE, NULL, &p));
+    CHECK_OK(um_buffer_release(b, 1, NULL));
+    CHECK_EQ(um_buffer_replica_state(b, 0), UM_REPLICA_INVALID);
+    um_stats ms;
+    CHECK_OK(um_trim(ctx, 0));
+    CHECK_OK(um_stats_get(ctx, 0, &ms));
+    CHECK_OK(um_set_memory_limit(ctx, 0, ms.reserved_bytes + 4 * MB));
+    CHECK_OK(um_malloc(ctx, 0, 4 * MB, NULL, &block)); /* the host is full */
+    um_reclaim_stats s0, s1;
+    CHECK_OK(um_reclaim_stats_get(ctx, 0, &s0));
+    memset(h, 0, size);
+    uint64_t t0 = monotonic_ns();
+    CHECK_OK(um_buffer_read(b, 0, h, size));
+    uint64_t took = monotonic_ns() - t0;
+    CHECK(same_pattern(h, size, 730));
+    CHECK_OK(um_reclaim_stats_get(ctx, 0, &s1));
+    printf("test_reclaim: a staged read at the host limit took %.1f ms, %.1f ms of it making "
+           "room\n", (double)took / 1e6, (double)(s1.wait_ns - s0.wait_ns) / 1e6);
+    CHECK(s1.wait_ns - s0.wait_ns < 200000000ull);
+    CHECK(took < 500000000ull);
+    CHECK_OK(um_free(ctx, block, NULL));
+    free(h);
+    CHECK_OK(um_buffer_destroy(b));
+    um_shutdown(ctx);
+}
+
 /* ---------------------------------------------------------- spill file */
 
 static void test_spill_bad_dir(void)
@@ -1365,6 +1428,7 @@ int main(void)
     }
     test_spill_bad_dir();
     test_host_full_names_spill_dir();
+    test_staging_does_not_wait_for_itself();
     atomic_store(&watchdog_stop, true);
     pthread_join(wd, NULL);
     return harness_finish("test_reclaim");

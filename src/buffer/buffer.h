@@ -224,6 +224,14 @@ void um__reclaim_announced(struct um__reclaim *rc);
  * at or below its high mark (else the reclaimers of two devices passed
  * the same data back and forth for ever). */
 bool um__reclaim_write_back_ok(struct um__reclaim *rc, int dev, size_t bytes);
+/* Marks this thread's allocations, while on, as ones it can do without
+ * (a copy's staging slots: the copy goes unstaged instead): at the limit
+ * they evict what may go now but never wait for candidates that calls in
+ * progress hold. The caller may hold such a candidate's lock itself (a
+ * read staging out of a buffer whose stale host replica is the only
+ * candidate), and then waited the full second for nothing. Returns the
+ * previous setting, to put back (an eviction inside may stage too). */
+bool um__reclaim_optional(bool on);
 /* A fill copied into a replica that reclaim had dropped. */
 void um__reclaim_refetched(struct um__reclaim *rc, int dev, size_t bytes);
 

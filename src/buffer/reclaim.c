@@ -74,6 +74,10 @@ static _Thread_local bool in_background;
  * progress hold locked, before it fails. */
 #define RECLAIM_BUSY_WAIT_NS 1000000000ull
 
+/* Set while this thread makes an allocation it can do without (see
+ * um__reclaim_optional): candidates held locked are not waited for. */
+static _Thread_local bool optional_allocation;
+
 /* -------------------------------------------------------------- policy */
 
 /* The buffers whose eviction failed (a write-back with nowhere to go)
@@ -350,7 +354,8 @@ static bool reclaim_hook(um_context *ctx, int dev, size_t bytes)
         um__vt_mutex_lock(&rc->one);
         freed = evict_one(rc, dev, &scan, &failed);
         um__vt_mutex_unlock(&rc->one);
-        if (freed || !scan.busy || um__now_ns() - t0 > RECLAIM_BUSY_WAIT_NS)
+        if (freed || !scan.busy || optional_allocation ||
+            um__now_ns() - t0 > RECLAIM_BUSY_WAIT_NS)
             break;
         um__sleep_until_ns(um__now_ns() + pause_ns);
     }
@@ -537,6 +542,13 @@ bool um__reclaim_write_back_ok(um__reclaim *rc, int dev, size_t bytes)
     marks(rc, dev, &low, &high);
     size_t now = usage(rc, dev);
     return now <= high && bytes <= high - now;
+}
+
+bool um__reclaim_optional(bool on)
+{
+    bool was = optional_allocation;
+    optional_allocation = on;
+    return was;
 }
 
 void um__reclaim_refetched(um__reclaim *rc, int dev, size_t bytes)

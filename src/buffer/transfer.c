@@ -921,10 +921,12 @@ static stage_pool *stage_pool_get(um__xfer *x)
 
 /* The pool for one staged copy, with sp->one_copy held and slots to use;
  * the allocator's status after um__fail. The slots are allocated with no
- * engine lock held: at the host memory limit the allocation waits (up to a
- * second) in the reclaim hook for buffers that other calls hold, and those
- * calls need x->lock to finish, so holding it there made the allocation
- * fail for nothing and stalled every other copy meanwhile. */
+ * engine lock held: at the host memory limit the allocation used to wait
+ * (up to a second) in the reclaim hook for buffers that other calls hold,
+ * and those calls need x->lock to finish, so holding it there made the
+ * allocation fail for nothing and stalled every other copy meanwhile. It
+ * no longer waits at all (um__reclaim_optional): the copy can go
+ * unstaged. */
 static um_status stage_take(um__xfer *x, stage_pool **out)
 {
     *out = NULL;
@@ -935,7 +937,11 @@ static um_status stage_take(um__xfer *x, stage_pool **out)
     if (!sp->slots) {
         um__vt_mutex_unlock(&sp->one_copy);
         void *slots = NULL;
+        /* The copy can go unstaged: no wait for buffers other calls hold
+         * (this call's caller may hold one). */
+        bool was_optional = um__reclaim_optional(true);
         um_status st = um_malloc(x->ctx, 0, sp->slot_bytes, NULL, &slots);
+        um__reclaim_optional(was_optional);
         if (st != UM_OK) {
             /* The allocator's own status (a failed map is not a full
              * memory), with its message; copied, as um__fail writes the
