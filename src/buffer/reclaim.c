@@ -359,12 +359,12 @@ static bool reclaim_hook(um_context *ctx, int dev, size_t bytes)
             break;
         um__sleep_until_ns(um__now_ns() + pause_ns);
     }
-    /* Nothing to evict, but replicas dropped earlier (evicted, or of
-     * destroyed buffers) whose last users are still running hold memory
-     * here: wait for the oldest of them. Without this, a task whose
-     * predecessor's kernel still read the replicas just evicted for it
-     * failed at the limit (a device holding exactly one task's buffers). */
-    if (!freed && !failed.why[0])
+    /* Nothing to evict, but memory dropped earlier (a destroyed buffer's)
+     * whose last users are still running is held here: wait for the
+     * oldest of it, unless the allocation is optional. Without this an
+     * allocation failed while a destroyed buffer's copy out was still on
+     * the link, "nothing left to evict" with nothing live. */
+    if (!freed && !failed.why[0] && !optional_allocation)
         freed = um__xfer_wait_held(x, dev);
     free(failed.b);
     in_reclaim = false;
