@@ -598,6 +598,40 @@ static void test_watermark_pairs(void)
 
 /* ------------------------------------------------- re-fetched bytes */
 
+/* A buffer of size bytes holding pattern `id` (also left in h), valid on
+ * the host and on device 1. */
+static um_buffer *valid_on_host_and_device(um_context *ctx, unsigned char *h, size_t size,
+                                           uint64_t id)
+{
+    um_buffer *b = NULL;
+    void *p = NULL;
+    harness_pattern_fill(h, size, id);
+    CHECK_OK(um_buffer_create(ctx, size, NULL, &b));
+    CHECK_OK(um_buffer_write(b, 0, h, size));
+    CHECK_OK(um_buffer_acquire(b, 1, UM_ACCESS_READ, NULL, &p));
+    CHECK_OK(um_buffer_release(b, 1, NULL));
+    return b;
+}
+
+/* Device 1 gets room for one replica of size bytes or a block of that
+ * size, not both (measured: a debug allocator makes blocks larger). */
+static void room_for_one(um_context *ctx)
+{
+    um_stats ms;
+    CHECK_OK(um_trim(ctx, 1));
+    CHECK_OK(um_stats_get(ctx, 1, &ms));
+    CHECK_OK(um_set_memory_limit(ctx, 1, ms.reserved_bytes + 1 * MB));
+}
+
+/* A block of size bytes on device 1 and its free: the room it takes makes
+ * reclaim drop a replica there. */
+static void take_room(um_context *ctx, size_t size)
+{
+    void *block = NULL;
+    CHECK_OK(um_malloc(ctx, 1, size, NULL, &block));
+    CHECK_OK(um_free(ctx, block, NULL));
+}
+
 /* A replica dropped by reclaim and then made out of date by a write
  * elsewhere is not re-fetched when it is filled again: that copy is the
  * write's, and the eviction cost nothing. Only a fill of data that was
@@ -608,22 +642,11 @@ static void test_refetch_after_write(void)
     if (!ctx)
         return;
     const size_t size = 2 * MB;
-    um_buffer *a = NULL;
-    void *p = NULL, *block = NULL;
+    void *p = NULL;
     unsigned char *h = malloc(size);
-    harness_pattern_fill(h, size, 700);
-    CHECK_OK(um_buffer_create(ctx, size, NULL, &a));
-    CHECK_OK(um_buffer_write(a, 0, h, size));
-    CHECK_OK(um_buffer_acquire(a, 1, UM_ACCESS_READ, NULL, &p));
-    CHECK_OK(um_buffer_release(a, 1, NULL));
-    /* Room for a's replica or a block of its size, not both (measured: a
-     * debug allocator makes blocks larger). */
-    um_stats ms;
-    CHECK_OK(um_trim(ctx, 1));
-    CHECK_OK(um_stats_get(ctx, 1, &ms));
-    CHECK_OK(um_set_memory_limit(ctx, 1, ms.reserved_bytes + 1 * MB));
-    CHECK_OK(um_malloc(ctx, 1, size, NULL, &block)); /* drops a's clean replica */
-    CHECK_OK(um_free(ctx, block, NULL));
+    um_buffer *a = valid_on_host_and_device(ctx, h, size, 700);
+    room_for_one(ctx);
+    take_room(ctx, size); /* drops a's clean replica */
     um_reclaim_stats s0, s1, s2;
     CHECK_OK(um_reclaim_stats_get(ctx, 1, &s0));
     CHECK_EQ(s0.evictions, 1);
@@ -639,8 +662,7 @@ static void test_refetch_after_write(void)
     CHECK_OK(um_reclaim_stats_get(ctx, 1, &s1));
     CHECK_EQ(s1.refetched_bytes, s0.refetched_bytes);
     /* Dropped again and read again unchanged: that is a re-fetch. */
-    CHECK_OK(um_malloc(ctx, 1, size, NULL, &block));
-    CHECK_OK(um_free(ctx, block, NULL));
+    take_room(ctx, size);
     CHECK_OK(um_buffer_acquire(a, 1, UM_ACCESS_READ, NULL, &p));
     CHECK_OK(um_buffer_release(a, 1, NULL));
     CHECK_OK(um_reclaim_stats_get(ctx, 1, &s2));
@@ -660,25 +682,16 @@ static void test_refetch_after_invalid_dropped(void)
     if (!ctx)
         return;
     const size_t size = 2 * MB;
-    um_buffer *a = NULL;
-    void *p = NULL, *block = NULL;
+    void *p = NULL;
     unsigned char *h = malloc(size);
-    harness_pattern_fill(h, size, 710);
-    CHECK_OK(um_buffer_create(ctx, size, NULL, &a));
-    CHECK_OK(um_buffer_write(a, 0, h, size));
-    CHECK_OK(um_buffer_acquire(a, 1, UM_ACCESS_READ, NULL, &p));
-    CHECK_OK(um_buffer_release(a, 1, NULL));
+    um_buffer *a = valid_on_host_and_device(ctx, h, size, 710);
     /* Rewritten on the host: device 1's copy is out of date, its memory
      * kept. */
     harness_pattern_fill(h, size, 711);
     CHECK_OK(um_buffer_write(a, 0, h, size));
     CHECK_EQ(um_buffer_replica_state(a, 1), UM_REPLICA_INVALID);
-    um_stats ms;
-    CHECK_OK(um_trim(ctx, 1));
-    CHECK_OK(um_stats_get(ctx, 1, &ms));
-    CHECK_OK(um_set_memory_limit(ctx, 1, ms.reserved_bytes + 1 * MB));
-    CHECK_OK(um_malloc(ctx, 1, size, NULL, &block)); /* frees that memory */
-    CHECK_OK(um_free(ctx, block, NULL));
+    room_for_one(ctx);
+    take_room(ctx, size); /* frees that memory */
     um_reclaim_stats s0, s1;
     CHECK_OK(um_reclaim_stats_get(ctx, 1, &s0));
     CHECK_EQ(s0.evictions, 1);

@@ -457,6 +457,22 @@ static void test_trace_tile_order(void)
     free(m);
 }
 
+/* The host and one GPU of 1 GiB, with links of bandwidth `up` (to the
+ * GPU) and `down`, and the GPU's gemm given by `gemm` (a compute line's
+ * rest). */
+static um__vs_machine *gpu_of_1g(const char *up, const char *down, const char *gemm)
+{
+    char text[512];
+    snprintf(text, sizeof text,
+             "device name=host kind=host memory=1T\n"
+             "device name=gpu kind=gpu memory=1G model=g\n"
+             "link from=host to=gpu bandwidth=%s\n"
+             "link from=gpu to=host bandwidth=%s\n"
+             "compute model=g kernel=gemm %s\n",
+             up, down, gemm);
+    return load(text);
+}
+
 /* A task longer than UM_VS_MAX_SECONDS is refused by the model engine as
  * by the runtime engine: at 1 GFLOP/s a gemm of 1024 takes 2.1 s, at 1e-6
  * GFLOP/s 2.1e6 s. Accepted, 2.1e15 s gemms gave a makespan in which the
@@ -468,15 +484,9 @@ static void test_too_long_a_task(void)
     CHECK_EQ(um__vs_dag_gemm(1024, 1024, &d), 0);
     um__vs_result *r = malloc(sizeof *r);
     for (int i = 0; i < 2; i++) {
-        char text[512];
-        snprintf(text, sizeof text,
-                 "device name=host kind=host memory=1T\n"
-                 "device name=gpu kind=gpu memory=1G model=g\n"
-                 "link from=host to=gpu bandwidth=10G\n"
-                 "link from=gpu to=host bandwidth=10G\n"
-                 "compute model=g kernel=gemm gflops=%s\n",
-                 rates[i]);
-        um__vs_machine *m = load(text);
+        char gemm[64];
+        snprintf(gemm, sizeof gemm, "gflops=%s", rates[i]);
+        um__vs_machine *m = gpu_of_1g("10G", "10G", gemm);
         if (i == 0) {
             CHECK_OK(um__vs_simulate(m, &d, UM_SCHED_COST, r));
             CHECK_NEAR(r->lower_bound_s, 2.147483648, 1e-9);
@@ -502,15 +512,7 @@ static void test_too_slow_a_link(void)
     CHECK_EQ(um__vs_dag_gemm(1024, 1024, &d), 0);
     um__vs_result *r = malloc(sizeof *r);
     for (int i = 0; i < 2; i++) {
-        char text[512];
-        snprintf(text, sizeof text,
-                 "device name=host kind=host memory=1T\n"
-                 "device name=gpu kind=gpu memory=1G model=g\n"
-                 "link from=host to=gpu bandwidth=%s\n"
-                 "link from=gpu to=host bandwidth=1G\n"
-                 "compute model=g kernel=gemm tile=1024 seconds=1\n",
-                 rates[i]);
-        um__vs_machine *m = load(text);
+        um__vs_machine *m = gpu_of_1g(rates[i], "1G", "tile=1024 seconds=1");
         if (i == 0) {
             CHECK_OK(um__vs_simulate(m, &d, UM_SCHED_COST, r));
             CHECK_NEAR(r->makespan_s, 2 * 4194304 / 5.0 + 1, 1e-6);
