@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # One job for the open issues' GPU figures after the fourth audit: build;
-# the whole ctest suite with the GPU present (test_torch against real
-# PyTorch among it); issue 3's `unimem bench gpu` (quick, verified) and
+# issue 3's `unimem bench gpu` (quick, verified) and
 # replays on cuda:0 against the sim device; issue 8's recording cost
-# (`unimem bench alloc --scenario record`, three rounds). Each step has its
+# (`unimem bench alloc --scenario record`, three rounds); then the whole
+# ctest suite with the GPU present (test_torch against real PyTorch among
+# it) in what time is left. Each step has its
 # own limit out of TOTAL seconds.  Usage: bench/gpu/issues_run.sh (results under $OUT)
+# BENCH_GPU_ARGS: the options of `unimem bench gpu` (default --quick; empty: the full run).
 set -u
 TOTAL=${TOTAL:-560} # seconds the whole job may take
+BENCH_GPU_ARGS=${BENCH_GPU_ARGS---quick}
 source "$(dirname "$0")/job_steps.sh"
-(cd build-dev && timeout "$(left 240)" ctest -j 8 --output-on-failure) > "$OUT/ctest.txt" 2>&1
-mark "ctest rc=$?"; grep -E "tests passed|Failed|\*\*\*|Skipped|Not Run" "$OUT/ctest.txt" | tail -12
-timeout "$(left 150)" build-dev/unimem bench gpu --quick --verify --json "$OUT/alloc_compare.json" > "$OUT/alloc_compare.txt" 2>&1
+timeout "$(left 240)" build-dev/unimem bench gpu $BENCH_GPU_ARGS --verify --json "$OUT/alloc_compare.json" > "$OUT/alloc_compare.txt" 2>&1
 mark "bench gpu rc=$?"; cat "$OUT/alloc_compare.txt" | tail -40
 for t in data/*.trace.gz; do
   n=$(basename "$t" .trace.gz)
@@ -32,3 +33,5 @@ for r in 1 2 3; do
   TMPDIR=/dev/shm timeout "$(left 40)" build-dev/unimem bench alloc --scenario record --quick > "$OUT/record_$r.txt" 2>&1
   mark "record round $r rc=$?"; head -3 "$OUT/record_$r.txt"
 done
+(cd build-dev && timeout "$(left 240)" ctest -j 8 --output-on-failure) > "$OUT/ctest.txt" 2>&1
+mark "ctest rc=$?"; grep -E "tests passed|Failed|\*\*\*|Skipped|Not Run" "$OUT/ctest.txt" | tail -12
