@@ -1,6 +1,7 @@
 /* Tests of the spill file's extents (src/buffer/spill.c) on their own:
  * random allocations and frees checked against a model of the file's
- * pages (first fit over maximal free runs, else at the end), the bytes of
+ * pages (first fit over maximal free runs, else at the end, from the free
+ * run ending there), the bytes of
  * every live extent kept whole through the reuse of freed ones, their
  * checksums, and the bytes counted as used. The reclaim tests spill whole
  * buffers but free extents only at the end, so reuse is checked here. */
@@ -34,9 +35,12 @@ static size_t model_take(size_t pages)
             return p + 1 - pages;
         }
     }
-    /* A run ending at the end is passed over: the extent goes at the end. */
+    /* None fits: the extent goes at the end, starting in the free run that
+     * ends there, so the file grows only by what is missing. */
     size_t at = model_end;
-    model_end += pages;
+    while (at > 0 && !taken[at - 1])
+        at--;
+    model_end = at + pages;
     memset(&taken[at], 1, pages);
     return at;
 }
@@ -138,6 +142,12 @@ static void test_random(uint64_t seed, const char *dir)
     CHECK_OK(um__spill_alloc(sp, model_end * page, &map, &off));
     CHECK_EQ(off, 0);
     um__spill_free(sp, map, off, model_end * page);
+    /* One longer than the file starts at its beginning too: the free run
+     * at the end is extended, not passed over. */
+    off = 1;
+    CHECK_OK(um__spill_alloc(sp, (model_end + 3) * page, &map, &off));
+    CHECK_EQ(off, 0);
+    um__spill_free(sp, map, off, (model_end + 3) * page);
     CHECK(reused > STEPS / 10);
     printf("test_spill: %d steps, %ld extents placed in freed space, file of %zu pages\n", STEPS,
            reused, model_end);

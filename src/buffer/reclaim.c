@@ -285,6 +285,10 @@ static bool evict_one(um__reclaim *rc, int dev, victim_scan *scan, failed_set *f
             raced++;
         }
     }
+    /* Taken by other calls each time it was chosen: those calls are using
+     * it, so it counts as busy, and the caller waits for them and looks
+     * again instead of reporting nothing left to evict. */
+    scan->busy++;
     return false;
 }
 

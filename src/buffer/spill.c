@@ -178,7 +178,9 @@ um_status um__spill_check(um__spill *sp, const void *map, size_t offset, size_t 
     return UM_OK;
 }
 
-/* Takes len bytes first-fit from the free extents, else from the end. */
+/* Takes len bytes first-fit from the free extents, else from the end,
+ * starting in the free run that ends there if there is one (so that the
+ * file grows by what is missing, not by the whole extent). */
 static size_t take_extent(um__spill *sp, size_t len)
 {
     for (size_t i = 0; i < sp->nfree; i++) {
@@ -193,7 +195,9 @@ static size_t take_extent(um__spill *sp, size_t len)
         return off;
     }
     size_t off = sp->end;
-    sp->end += len;
+    if (sp->nfree && sp->free[sp->nfree - 1].off + sp->free[sp->nfree - 1].len == sp->end)
+        off = sp->free[--sp->nfree].off;
+    sp->end = off + len;
     return off;
 }
 
@@ -248,6 +252,10 @@ um_status um__spill_alloc(um__spill *sp, size_t size, void **map, size_t *offset
     if (p == MAP_FAILED) {
         if (!err)
             err = errno;
+        /* A failed fallocate may have allocated part of the range: its
+         * blocks go back to the disk with the extent. */
+        (void)fallocate(sp->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)off,
+                        (off_t)len);
         (void)give_extent(sp, off, len);
         um__vt_mutex_unlock(&sp->lock);
         char n[32];
