@@ -371,8 +371,10 @@ typedef enum um_hint {
 
 UM_API um_status um_buffer_hint(um_buffer *b, um_hint hint);
 
-/* Watermarks of device dev in bytes of reserved memory (0, 0: back to the
- * watermark_low / watermark_high options, percent of the memory limit). */
+/* Watermarks of device dev, in bytes of buffer replicas held there (the
+ * memory reclaim can give back; a program's own um_malloc blocks do not
+ * count). 0, 0: back to the watermark_low / watermark_high options,
+ * percent of the memory limit. */
 UM_API um_status um_set_watermarks(um_context *ctx, int dev, size_t low_bytes, size_t high_bytes);
 /* The watermarks in effect on dev, in bytes: those set, or the options'
  * percentages of its memory limit now. A pair is read whole, never one

@@ -86,10 +86,11 @@
       "GPU-to-GPU copies go directly where the driver allows peer access; 0 always takes "   \
       "two hops through pinned host memory, pipelined in chunks")                             \
     X(watermark_high, UM_OPT_INT, "90",                                                       \
-      "percent of a device's memory limit above which the background reclaimer evicts "      \
-      "buffer replicas (100: never)")                                                         \
+      "percent of a device's memory limit: when its buffer replicas hold more, the "         \
+      "background reclaimer evicts them (100: never)")                                        \
     X(watermark_low, UM_OPT_INT, "80",                                                        \
-      "percent of the memory limit the background reclaimer brings a device down to")        \
+      "percent of the memory limit the background reclaimer brings a device's buffer "       \
+      "replicas down to")                                                                     \
     X(evict_policy, UM_OPT_ENUM, "cost",                                                      \
       "cost|lru: which replica to evict: cost prefers free, clean, large, unannounced and "  \
       "WONT_USE buffers and otherwise the farthest announced use; lru the least recently "   \
