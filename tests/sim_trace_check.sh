@@ -2,7 +2,7 @@
 # A task trace recorded from `unimem demo gemm` (option task_trace) and
 # simulated gives what the simulator's own GEMM graph of the same order and
 # tile gives: the same tasks, accesses and order, so the same makespan and
-# bytes, on one GPU and on eight.
+# bytes, on one GPU and on eight. --n or --tile with a trace is refused.
 # Usage: sim_trace_check.sh UNIMEM
 set -u
 U=$1
@@ -22,5 +22,11 @@ for m in h200x1 h200x8; do
     status=1
   fi
 done
+# Sizes given with a trace would be silently ignored: they are refused.
+if "$U" sim --machine h200x1 --workload "trace:$T/tasks.txt" --n 1536 > "$T/sized.txt" 2>&1 ||
+  ! grep -q -- "--n does not apply to --workload trace:FILE" "$T/sized.txt"; then
+  echo "--n with a trace was not refused as it should be:"; cat "$T/sized.txt"
+  status=1
+fi
 [ $status = 0 ] && echo "the recorded trace simulates as the graph"
 exit $status

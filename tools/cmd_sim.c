@@ -100,7 +100,7 @@ static void sim_usage(FILE *f)
             "task on its fastest device).\n"
             "  --machine      a built-in (%s) or a description file (docs/DESIGN.md)\n"
             "  --workload     a demo's graph, or trace:FILE, the tasks a program submitted\n"
-            "                 with the option task_trace=FILE (--n and --tile do not apply)\n"
+            "                 with the option task_trace=FILE (--n and --tile refused with it)\n"
             "  --n, --tile    matrix order and tile (defaults 131072 and 8192; n a multiple)\n"
             "  --policy       one policy, or all four (default: all)\n"
             "  --limit        every GPU holds at most BYTES (as demo's --limit sets a memory\n"
@@ -235,6 +235,7 @@ int um_cmd_sim(int argc, char **argv)
 {
     const char *machine = NULL, *workload = NULL, *policy = "all";
     uint32_t n = 131072, tile = 8192;
+    const char *sized = NULL; /* the last of --n and --tile given */
     size_t limit = 0;
     bool json = false, runtime = false;
     for (int i = 1; i < argc; i++) {
@@ -268,6 +269,7 @@ int um_cmd_sim(int argc, char **argv)
             }
         } else if ((!strcmp(a, "--n") || !strcmp(a, "--tile")) && has_value) {
             const char *v = argv[++i];
+            sized = a;
             if (!parse_u32(v, !strcmp(a, "--n") ? &n : &tile)) {
                 fprintf(stderr, "unimem " SIM_CMD ": %s needs a positive integer, not '%s'\n", a,
                         v);
@@ -301,6 +303,14 @@ int um_cmd_sim(int argc, char **argv)
         fprintf(stderr,
                 "unimem " SIM_CMD ": --workload is gemm, cholesky or trace:FILE, not '%s'\n",
                 workload);
+        return 2;
+    }
+    if (traced && sized) {
+        /* Accepting it would simulate other sizes than the user asked for. */
+        fprintf(stderr,
+                "unimem " SIM_CMD ": %s does not apply to --workload trace:FILE, whose tasks "
+                "have the sizes they were recorded with\n",
+                sized);
         return 2;
     }
     if (!traced && n % tile) {
