@@ -313,6 +313,24 @@ static void check_usable(um__backend *b)
     CHECK_EQ(b->physical_bytes, before);
 }
 
+/* A reservation of 2^32 - 1 granules or more is refused by name (out of
+ * memory, as the driver answers a range too large): the page
+ * tables index granules with 32 bits, and such a range (16 TiB of 4 KiB
+ * granules) fits the address space, so nothing else would stop it. */
+static void test_reserve_granule_limit(int sim)
+{
+    size_t ps = (size_t)sysconf(_SC_PAGESIZE);
+    um__backend *b = make(sim, 16 * ps, ps);
+    if (!b)
+        return;
+    uintptr_t va = 0;
+    CHECK_STATUS(um__be_reserve(b, (size_t)UINT32_MAX * ps, &va), UM_ERR_NOMEM);
+    CHECK_ERROR_MENTIONS("granules", "reserve", NULL);
+    CHECK_OK(um__be_reserve(b, 16 * ps, &va));
+    CHECK_OK(um__be_unreserve(b, va, 16 * ps));
+    um__backend_destroy(b);
+}
+
 static void test_bad_input(int sim)
 {
     um__backend *b = make(sim, 16 * G, G);
@@ -921,6 +939,7 @@ int main(void)
         test_zero(sim);
         test_release_mapped(sim);
         test_bad_input(sim);
+        test_reserve_granule_limit(sim);
         test_async_unmapped(sim);
         test_calls(sim);
         test_random(sim, seed);

@@ -317,6 +317,15 @@ static um_status vmm_reserve(um__backend *b, size_t size, uintptr_t *va)
                         "%s: reserve of %zu bytes: not a nonzero multiple of the granularity "
                         "%zu",
                         b->name, size, g);
+    /* The page tables index granules with 32 bits (a mapping's first
+     * granule + 1 in `cover`). Out of memory, as an address space too
+     * small for the request is to the driver, so that callers that shrink
+     * a reservation and retry do so here too. */
+    if (size / g >= UINT32_MAX)
+        return um__fail(UM_ERR_NOMEM,
+                        "%s: reserve of %zu bytes: more than %u granules of %zu bytes, the most "
+                        "one reservation may span",
+                        b->name, size, UINT32_MAX - 1, g);
     /* mmap gives OS-page alignment; g - os_page more bytes always hold an
      * address aligned to g with size bytes after it. (size is at most
      * SIZE_MAX + 1 - g, so the sum cannot overflow.) */
