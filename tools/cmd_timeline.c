@@ -829,9 +829,10 @@ static int cmp_size(const void *a, const void *b)
 }
 
 /* The indices of the samples to draw, in order. Up to limit, all of them;
- * beyond, the samples are grouped into limit/7 equal stretches of time and
+ * beyond, the samples are grouped into limit/8 equal stretches of time and
  * each stretch keeps its first and last sample and, of each series, the
- * first sample with its lowest and with its highest value. So every peak,
+ * first sample with its lowest and with its highest value: at most eight
+ * a stretch, so at most limit in all. So every peak,
  * every trough and the final values survive exactly, and a stretch is
  * narrower than a pixel unless the view is zoomed in a hundredfold. */
 static size_t thin_samples(const tl_device *d, size_t limit, size_t *keep)
@@ -843,7 +844,7 @@ static size_t thin_samples(const tl_device *d, size_t limit, size_t *keep)
         return n;
     }
     const tl_sample *s = d->samples;
-    uint64_t buckets = limit / 7, span = (uint64_t)(s[n - 1].t - s[0].t) + 1;
+    uint64_t buckets = limit / 8, span = (uint64_t)(s[n - 1].t - s[0].t) + 1;
     size_t out = 0;
     for (size_t a = 0; a < n;) {
         uint64_t bucket = (uint64_t)((double)(s[a].t - s[0].t) / (double)span * (double)buckets);
