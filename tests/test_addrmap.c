@@ -1,6 +1,7 @@
 /* The address map (src/base/addrmap.c) against a reference (a plain array
  * searched linearly), under random puts and takes of aligned and
- * colliding keys; prints its seed. */
+ * colliding keys; then a long run of distinct addresses, which must not
+ * make the table grow. Prints its seed. */
 #include "base/addrmap.h"
 #include "harness.h"
 
@@ -53,6 +54,29 @@ int main(void)
     CHECK_EQ(m.cap, cap);
     for (uint64_t id = 1, v; id <= 100000; id++)
         CHECK(um__addrmap_get(&m, id, &v) && v == id * 3);
+    um__addrmap_free(&m);
+
+    /* A long run's pointers (UNIMEM_TORCH_TRACE's table): millions of
+     * distinct addresses, GPU pages and small blocks, each put and taken
+     * while a thousand stay live, leave the table its size. */
+    const uint64_t base = 0x7f0000000000ull, page = 2ull << 20;
+    const size_t live = 1000;
+    for (size_t i = 0; i < live; i++)
+        CHECK(um__addrmap_put(&m, base + i * page, i));
+    cap = m.cap;
+    const uint64_t strides[] = {page, 4096};
+    uint64_t next = base + live * page;
+    for (size_t k = 0; k < 2; k++)
+        for (uint64_t r = 0, v = 0; r < 1000000; r++, next += strides[k]) {
+            CHECK(um__addrmap_put(&m, next, r));
+            CHECK(um__addrmap_take(&m, next, &v) && v == r);
+        }
+    CHECK_EQ(m.cap, cap);
+    CHECK_EQ(m.count, live);
+    for (size_t i = 0; i < live; i++) {
+        uint64_t v = 0;
+        CHECK(um__addrmap_get(&m, base + i * page, &v) && v == i);
+    }
     um__addrmap_free(&m);
     return harness_finish("test_addrmap");
 }

@@ -13,7 +13,7 @@
  * register, so they must outlive them.
  */
 #include "unimem_torch.h"
-#include "unimem_torch_ptr_table.h"
+#include "base/addrmap.h"
 
 #include <dlfcn.h>
 #include <pthread.h>
@@ -465,13 +465,14 @@ static um_status stream_for(um_context *ctx, int dev, void *native, um_stream *o
 /* UNIMEM_TORCH_TRACE=FILE records every allocation and free in the trace
  * format of `unimem replay` ("a <id> <size> <stream>", "f <id>"), so a real
  * run can be replayed on a simulated device. Ids are unique for the whole
- * run, so a pointer that comes back gets a new one: a table of live
- * pointers (unimem_torch_ptr_table.h) maps them to ids. Off (one load of a
- * NULL pointer) unless the variable is set. */
+ * run, so a pointer that comes back gets a new one: the library's address
+ * map of live pointers (src/base/addrmap.h, whose size follows the live
+ * pointers) maps them to ids. Off (one load of a NULL pointer) unless the
+ * variable is set. */
 static pthread_once_t trace_once = PTHREAD_ONCE_INIT;
 static pthread_mutex_t trace_lock = PTHREAD_MUTEX_INITIALIZER;
 static FILE *trace_file;
-static umt_ptr_table trace_ids;
+static um__addrmap trace_ids;
 static uint64_t trace_next_id;
 
 static void trace_open(void)
@@ -479,9 +480,8 @@ static void trace_open(void)
     const char *path = getenv("UNIMEM_TORCH_TRACE");
     if (!path || !*path)
         return;
-    if (!umt_ptr_table_init(&trace_ids, 16) || !(trace_file = fopen(path, "w"))) {
+    if (!(trace_file = fopen(path, "w"))) {
         fprintf(stderr, "unimem_torch: cannot write the trace %s; not tracing\n", path);
-        umt_ptr_table_destroy(&trace_ids);
         return;
     }
     fprintf(trace_file, "# unimem_torch trace\n# a <id> <size> <stream> | f <id>\n");
@@ -496,10 +496,10 @@ static void trace_event(bool alloc, void *ptr, size_t size, void *stream)
     uint64_t id;
     if (alloc) {
         id = trace_next_id++;
-        if (umt_ptr_table_put(&trace_ids, (uintptr_t)ptr, id))
+        if (um__addrmap_put(&trace_ids, (uintptr_t)ptr, id))
             fprintf(trace_file, "a %llu %zu %llu\n", (unsigned long long)id, size,
                     (unsigned long long)(uintptr_t)stream);
-    } else if (umt_ptr_table_take(&trace_ids, (uintptr_t)ptr, &id)) {
+    } else if (um__addrmap_take(&trace_ids, (uintptr_t)ptr, &id)) {
         fprintf(trace_file, "f %llu\n", (unsigned long long)id);
     }
     pthread_mutex_unlock(&trace_lock);

@@ -6,13 +6,13 @@
  * why it cannot go below live memory, emptying the cache gives every page
  * back, a GPU's context is opened only when that GPU is used, failures
  * during the driver's shutdown stay quiet, CUDA graph capture is refused,
- * and the trace's pointer table stays small and spread. Cases that need
+ * and a trace names each pointer's life by an id of its own (its table is
+ * the library's address map, tested in test_addrmap.c). Cases that need
  * their own environment (two GPUs, UNIMEM_CONF, a trace file) or break the
  * driver run in child processes. Where PyTorch is installed,
  * tests/gpu/test_torch.py checks the same through PyTorch. */
 #include "harness.h"
 #include "unimem_torch.h"
-#include "unimem_torch_ptr_table.h"
 
 #include <dlfcn.h>
 #include <pthread.h>
@@ -467,52 +467,6 @@ static void shutdown_case(void)
 
 /* ----------------------------------------------------------- trace table */
 
-/* The live-pointer table of UNIMEM_TORCH_TRACE: its size follows the live
- * pointers, not every pointer seen, and 2 MiB-aligned GPU addresses spread
- * over the whole table. */
-static void ptr_table_case(void)
-{
-    const uintptr_t base = (uintptr_t)0x7f0000000000ull, align = 2 * MB;
-    umt_ptr_table t;
-    CHECK(umt_ptr_table_init(&t, 16));
-    size_t capacity = umt_ptr_table_capacity(&t);
-    const size_t live = 1000;
-    for (size_t i = 0; i < live; i++)
-        CHECK(umt_ptr_table_put(&t, base + i * align, i));
-    /* 1000 pointers in 65,536 slots: a good spread finds each in a few
-     * probes (clustered into 8 home slots, the longest walk is ~1000). */
-    CHECK(umt_ptr_table_longest_probe(&t) <= 16);
-
-    /* Millions of distinct addresses allocated and freed one at a time,
-     * GPU pages and small blocks: the removed entries they leave must not
-     * make the table grow. */
-    const size_t rounds = HARNESS_SANITIZED ? 200000 : 1000000;
-    const uintptr_t strides[] = {2 * MB, 4096};
-    uintptr_t next = base + live * align;
-    for (size_t k = 0; k < sizeof strides / sizeof *strides; k++) {
-        for (size_t r = 0; r < rounds; r++, next += strides[k]) {
-            uint64_t id = 0;
-            CHECK(umt_ptr_table_put(&t, next, live + r));
-            CHECK(umt_ptr_table_take(&t, next, &id) && id == live + r);
-        }
-        CHECK_EQ(umt_ptr_table_capacity(&t), capacity);
-    }
-    CHECK_EQ(t.live, live);
-    for (size_t i = 0; i < live; i += 97) {
-        umt_ptr_slot *s = umt_ptr_table_find(&t, base + i * align);
-        CHECK(s != NULL && s->id == i);
-    }
-    /* Growth when the live pointers need it, and back to the same answers. */
-    for (size_t i = live; i < 40000; i++)
-        CHECK(umt_ptr_table_put(&t, base + (1u << 30) + i * 256, i));
-    CHECK(umt_ptr_table_capacity(&t) > capacity);
-    CHECK(umt_ptr_table_longest_probe(&t) <= 64);
-    uint64_t id = 0;
-    CHECK(umt_ptr_table_take(&t, base + 5 * align, &id) && id == 5);
-    CHECK(!umt_ptr_table_take(&t, base + 5 * align, &id));
-    umt_ptr_table_destroy(&t);
-}
-
 /* UNIMEM_TORCH_TRACE end to end: a reused pointer gets a new id, and a
  * free of memory that is not unimem's writes no line. The child writes the
  * trace; it is read once the child has exited and flushed it. */
@@ -562,7 +516,6 @@ int main(void)
                "(ctest sets UM_TEST_FAKE_CUDA and its library path)\n");
         return 77;
     }
-    ptr_table_case();
     /* Each case in a fresh process: the shim opens its contexts once per
      * process, and several cases need an environment of their own. */
     run_child("record_stream", record_stream_case);
