@@ -133,6 +133,34 @@ static void test_room_for_one_task(void)
     free(m);
 }
 
+/* The lower bound shares the work among the devices that can run the
+ * graph's tasks only: a GPU with a time for potrf alone does not halve a
+ * gemm's work bound (it did: 0.04 s for eight 0.01 s tasks that one GPU
+ * must run, where the makespan cannot be below 0.08 s). */
+static void test_bound_counts_capable_devices(void)
+{
+    um__vs_machine *m = load("device name=host kind=host memory=1T\n"
+                             "device name=a kind=gpu memory=1G model=a\n"
+                             "device name=b kind=gpu memory=1G model=b\n"
+                             "link from=host to=a bandwidth=1G latency=0us\n"
+                             "link from=a to=host bandwidth=1G latency=0us\n"
+                             "link from=host to=b bandwidth=1G latency=0us\n"
+                             "link from=b to=host bandwidth=1G latency=0us\n"
+                             "compute model=a kernel=gemm tile=1024 seconds=0.01\n"
+                             "compute model=b kernel=potrf tile=1024 seconds=0.01\n");
+    um__vs_dag d;
+    CHECK_EQ(um__vs_dag_gemm(2048, 1024, &d), 0);
+    um__vs_result *r = malloc(sizeof *r);
+    CHECK_OK(um__vs_simulate(m, &d, UM_SCHED_COST, r));
+    CHECK_NEAR(r->work_bound_s, 0.08, 1e-12);
+    CHECK_NEAR(r->lower_bound_s, 0.08, 1e-12);
+    CHECK_EQ(r->tasks_on[1], 8);
+    CHECK(r->makespan_s >= r->lower_bound_s);
+    free(r);
+    um__vs_dag_free(&d);
+    free(m);
+}
+
 /* A random machine: 1-4 GPUs or sim devices with 4-12 tiles of memory or
  * plenty, host links shared or not, peers switched or absent, kernels at
  * random rates. */
@@ -729,6 +757,7 @@ int main(void)
     test_priorities();
     test_eviction();
     test_room_for_one_task();
+    test_bound_counts_capable_devices();
     test_random(seed);
     test_trace_errors();
     test_trace_tile_order();

@@ -667,8 +667,10 @@ static um_status sim_init(sim *s, const um__vs_machine *m, const um__vs_dag *d, 
     return UM_OK;
 }
 
-/* The bound counts only the devices that run kernels (the host of the
- * built-ins runs none): `capable` maps the bound's devices to them. Both
+/* The bound counts only the devices that run some task of the graph (the
+ * host of the built-ins runs none; a device may have times only for
+ * kernels the graph lacks, or only for some tiles of a trace's): `capable`
+ * maps the bound's devices to them. Both
  * the work bound and the critical path take each task's fastest time, the
  * lesser of its time alone and its packed time: a task that starts as the
  * one before it on the device ends runs at its packed time, so a path of
@@ -692,11 +694,12 @@ void um__vs_bounds(const um__vs_machine *m, const um__vs_dag *d, um__vs_result *
     lb_view v = {m, {0}};
     int ncap = 0;
     for (int dev = 0; dev < m->ndev; dev++) {
-        bool runs = false;
-        for (int k = 0; k < UM_VS_NKERNELS; k++)
-            runs |= isfinite(um__vs_compute_time(m, dev, k, d->tile, 1.0));
-        if (runs)
-            v.capable[ncap++] = dev;
+        v.capable[ncap] = dev;
+        for (size_t t = 0; t < d->ntasks; t++)
+            if (isfinite(lb_time(&d->tasks[t], ncap, &v))) {
+                ncap++;
+                break;
+            }
     }
     out->work_bound_s = out->path_bound_s = 0;
     double lb = um__vs_lower_bound(d, ncap, lb_time, &v, &out->work_bound_s, &out->path_bound_s);
