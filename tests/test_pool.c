@@ -923,6 +923,31 @@ static void test_limits(void)
     a->ops->destroy(a);
 }
 
+/* A request at most the limit whose pages exceed it (5 MiB under a 5 MiB
+ * limit takes three 2 MiB pages) can never be served: the error says so.
+ * It said the free memory was fragmented, its largest range 0 bytes. */
+static void test_limit_in_pages(void)
+{
+    um__allocator *a = make_pool(256 * MiB, 5 * MiB, 0, 1);
+    um__stream_ref ref = {0, NULL, NULL};
+    void *x = NULL;
+    uint64_t calls = stats(a).num_backend_calls;
+    CHECK_STATUS(a->ops->alloc(a, 5 * MiB, &ref, &x), UM_ERR_NOMEM);
+    const char *msg = um_last_error();
+    CHECK(strstr(msg, "exceeds the limit") != NULL);
+    CHECK(strstr(msg, "6.00 MiB of the device's 2.00 MiB pages") != NULL);
+    CHECK(strstr(msg, "fragmented") == NULL);
+    CHECK_STATUS(a->ops->alloc(a, 4 * MiB + 1, &ref, &x), UM_ERR_NOMEM);
+    CHECK(strstr(um_last_error(), "exceeds the limit") != NULL);
+    CHECK_EQ(stats(a).num_ooms, 2);
+    CHECK_EQ(stats(a).num_backend_calls, calls);
+    /* Two pages fit. */
+    x = xalloc(a, 4 * MiB, 0);
+    xfree(a, x, 0);
+    CHECK_OK(a->ops->check(a));
+    a->ops->destroy(a);
+}
+
 /* At the limit with no hole to move, the best fit for 1 MiB needs a new
  * page at either end, while the free range above the last block starts on
  * 1 MiB of a mapped page: the allocation goes there instead of failing
@@ -1514,6 +1539,7 @@ int main(void)
     test_slab_empties_during_take();
     test_fenced_pages();
     test_limits();
+    test_limit_in_pages();
     test_fit_beyond_best();
     test_largest_free_is_contiguous();
     test_bad_pointers();

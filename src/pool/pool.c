@@ -1999,6 +1999,14 @@ static um_status nomem(um__pool *p, size_t size)
     size_t active = active_total(p);
     if (size > p->base.memory_limit) {
         snprintf(why, sizeof why, " (the request alone exceeds the limit)");
+    } else if (um__align_up(size, p->page) > p->base.memory_limit) {
+        /* Its pages alone exceed the limit: whole pages are mapped under a
+         * block, so it could never be served. Not fragmentation. */
+        char pg[32];
+        snprintf(why, sizeof why,
+                 " (the request alone exceeds the limit: it spans %s of the device's %s pages)",
+                 um__format_bytes(big, sizeof big, um__align_up(size, p->page)),
+                 um__format_bytes(pg, sizeof pg, p->page));
     } else if (active + size <= p->base.memory_limit) {
         size_t largest = largest_free_locked(p);
         if (largest < size)
@@ -2585,6 +2593,15 @@ static __attribute__((noinline)) um_status large_alloc_locked(um__pool *p, size_
                                                               um__tcache *tc, void **ptr)
 {
     um__lock_acquire(&p->lock);
+    /* A block spans whole pages: one whose pages exceed the limit can never
+     * be served, and the steps of a failing allocation (waiting for every
+     * fence, taking other threads' caches, stopping the plan) would gain
+     * nothing. */
+    if (UM_UNLIKELY(um__align_up(bytes, p->page) > p->base.memory_limit)) {
+        um_status st = nomem(p, size);
+        um__lock_release(&p->lock);
+        return st;
+    }
     uint64_t calls = atomic_load_explicit(&p->base.backend->calls, memory_order_relaxed);
     um__stream_state *ss = stream_state(p, s);
     um__block *b = NULL;
