@@ -606,7 +606,7 @@ static um__tcache *own_cache(um__pool *p);
 static void release_spare_slabs(um__pool *p);
 static void flush_caches_locked(um__pool *p);
 static void defer_flush(um__pool *p);
-static void tcache_drain_others(um__pool *p, bool bins);
+static bool tcache_drain_others(um__pool *p, bool bins);
 static void tcache_flush_locked(um__pool *p, um__tcache *tc);
 static void plan_stop(um__pool *p);
 
@@ -1825,8 +1825,9 @@ static bool membarrier_ready(void)
  * and, with `bins`, the slots they keep in their bins (locked), so that
  * memory short at the limit or a trim is not held by a thread that freed
  * it and went idle (found by the stress test: an allocation failed at the
- * limit with nothing live). One barrier serves every cache. */
-static void tcache_drain_others(um__pool *p, bool bins)
+ * limit with nothing live). One barrier serves every cache. False when
+ * some cache could not be taken (no membarrier): it keeps what it holds. */
+static bool tcache_drain_others(um__pool *p, bool bins)
 {
     um__tcache *own = own_cache(p);
     bool any = false;
@@ -1837,12 +1838,12 @@ static void tcache_drain_others(um__pool *p, bool bins)
             any = true;
         }
     if (!any)
-        return;
+        return true;
     if (!membarrier_ready() ||
         syscall(__NR_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) != 0) {
         for (um__tcache *tc = p->tcaches; tc; tc = tc->next)
             atomic_store_explicit(&tc->drain, 0, memory_order_relaxed);
-        return;
+        return false;
     }
     for (um__tcache *tc = p->tcaches; tc; tc = tc->next) {
         if (!atomic_load_explicit(&tc->drain, memory_order_relaxed))
@@ -1858,6 +1859,7 @@ static void tcache_drain_others(um__pool *p, bool bins)
         }
         atomic_store_explicit(&tc->drain, 0, memory_order_release);
     }
+    return true;
 }
 
 static void tcache_thread_exit(void *arg)
@@ -3052,7 +3054,7 @@ static um_status pool_stream_forget(um__allocator *a, const um__stream_ref *s)
      * stream, unfenced: once the id names a new stream they would hand it
      * to that stream while the old one's work may still use it. Taken
      * back, it is fenced on this stream and waited for below. */
-    tcache_drain_others(p, true);
+    bool taken = tcache_drain_others(p, true);
     defer_flush(p);
     /* Planned blocks are ordered by the plan's stream: a plan cannot
      * outlive it (and its id may go to a new stream). */
@@ -3061,6 +3063,13 @@ static um_status pool_stream_forget(um__allocator *a, const um__stream_ref *s)
     }
     if (s->id < p->nstreams && p->streams[s->id]) {
         um__stream_state *ss = p->streams[s->id];
+        /* What other threads' caches kept (no membarrier to take it) was
+         * freed on the stream before now, unfenced: a fence recorded now
+         * covers its work, so that the cache may hand it to the next
+         * stream given this id. Without one there was nothing to wait for
+         * unless some free had reached the pool. */
+        if (!taken)
+            ss->open_frees = true;
         if (!drain_stream(p, ss)) {
             /* Its fences are still the stream's backend's to answer (on
              * another device's stream, for host memory), and what they cover
