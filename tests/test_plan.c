@@ -593,6 +593,55 @@ static void test_pool_plan(uint64_t seed)
     free(s);
 }
 
+/* Bad frees of planned blocks (in the arena, which is one live region
+ * block): a pointer inside a planned block names that block, and a
+ * planned block freed twice is a double free. Both were reported as a
+ * pointer inside the arena, named as a live block (a double free of the
+ * arena's first block "inside" it, "not at its start"). */
+static void test_pool_plan_bad_frees(uint64_t seed)
+{
+    uint64_t rng = seed ^ 0xbadf7ee;
+    step_shape *s = malloc(sizeof *s);
+    make_training_shape(s, &rng, 12 * MiB, false);
+    program pg;
+    prog_start(&pg, s, 25, 200);
+    um__pool *p = (um__pool *)pg.a;
+    prog_until_planned(&pg, 12);
+    prog_steps(&pg, 1);
+    /* The oldest: not the block the thread's bounce cache would hold. */
+    uint64_t victim = UINT64_MAX;
+    for (uint64_t k = 0; k + 1 < pg.next && victim == UINT64_MAX; k++) {
+        uintptr_t at = (uintptr_t)pg.ptr[k];
+        if (at && p->arena && at >= p->arena->fi.addr &&
+            at < p->arena->fi.addr + p->arena->fi.size)
+            victim = k;
+    }
+    CHECK(victim != UINT64_MAX);
+    if (victim != UINT64_MAX) {
+        char *x = pg.ptr[victim], want[64];
+        um__stream_ref ref = {1, s1, NULL};
+        CHECK_STATUS(pg.a->ops->free(pg.a, x + 256, &ref), UM_ERR_INVALID_POINTER);
+        snprintf(want, sizeof want, "inside the live block %p (%" PRIu64 " bytes)", (void *)x,
+                 (uint64_t)((pg.size[victim] + 255) / 256 * 256));
+        CHECK(strstr(um_last_error(), want) != NULL);
+        CHECK_STATUS(pg.a->ops->block_live(pg.a, x + 256), UM_ERR_INVALID_POINTER);
+        CHECK(strstr(um_last_error(), want) != NULL);
+        prog_free(&pg, victim, s1, 1);
+        CHECK_EQ(p->plan.state, UM_PLAN_ACTIVE);
+        CHECK_STATUS(pg.a->ops->free(pg.a, x, &ref), UM_ERR_DOUBLE_FREE);
+        CHECK(strstr(um_last_error(), "not a live allocation") != NULL);
+        CHECK_STATUS(pg.a->ops->block_live(pg.a, x), UM_ERR_INVALID_POINTER);
+        CHECK(strstr(um_last_error(), "not a live allocation") != NULL);
+    }
+    CHECK_OK(pg.a->ops->check(pg.a));
+    prog_free_all(&pg);
+    CHECK_OK(um__sim_stream_complete(backend, s1, UINT32_MAX));
+    CHECK_OK(pg.a->ops->trim(pg.a));
+    CHECK_EQ(pool_stats(pg.a).reserved_bytes, 0);
+    prog_end(&pg);
+    free(s);
+}
+
 /* A program whose plans keep breaking (one odd allocation every few
  * steps) stops moving pages between its plans: after a few stops the pool
  * learns no more and caches, so later rounds make almost no backend call,
@@ -826,6 +875,7 @@ int main(void)
     test_plan_short_plans(seed);
     test_pool_plan(seed);
     test_pool_plan_breaking(seed);
+    test_pool_plan_bad_frees(seed);
     test_pool_plan_limit(seed);
     test_pool_plan_threads(seed);
     test_pool_plan_fifo(seed);

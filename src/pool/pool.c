@@ -2788,9 +2788,21 @@ static inline um_status small_free(um__pool *p, uintptr_t e, uintptr_t addr, con
  * block records, which is fine on error paths only. Under the lock. */
 static um__block *live_block_around_locked(um__pool *p, uintptr_t addr)
 {
-    for (um__block *b = p->region.first; b; b = b->next)
-        if (addr >= b->fi.addr && addr < b->fi.addr + b->fi.size)
+    for (um__block *b = p->region.first; b; b = b->next) {
+        if (addr < b->fi.addr || addr >= b->fi.addr + b->fi.size)
+            continue;
+        if (b != p->arena)
             return b->state == UM_BLOCK_LIVE ? b : NULL;
+        /* The plan's arena is no block of the program's: its planned
+         * blocks are in the pointer map alone, and its other bytes are
+         * free. Naming the arena called a planned block freed twice a
+         * pointer inside a live block. */
+        for (size_t pg = page_of(p, b->fi.addr); pg <= page_of(p, addr); pg++)
+            for (um__block *x = p->page_starts[pg]; x; x = x->start_next)
+                if (x->planned && addr >= x->fi.addr && addr < x->fi.addr + x->fi.size)
+                    return x;
+        return NULL;
+    }
     return NULL;
 }
 
