@@ -2378,7 +2378,11 @@ static bool bounce_take(um__pool *p, um__tcache *tc, size_t size, size_t bytes, 
     if (!atomic_load_explicit(&tc->held, memory_order_relaxed) || !tc_enter(tc))
         return false;
     um__block *b = atomic_load_explicit(&tc->held, memory_order_relaxed);
-    if (!b || b->fi.size != bytes || b->stream != sid) {
+    /* The planner, which sees no hit, was told of the block as its request
+     * rounded (plan_bytes); a block taken back from the deferred ones with
+     * slack would be counted at its free as the new, larger request. */
+    if (!b || b->fi.size != bytes || b->stream != sid ||
+        plan_bytes(b) != bytes) {
         tc_leave(tc);
         return false;
     }
