@@ -1620,6 +1620,37 @@ static void test_bounce_keeps_planner_bytes(void)
     a->ops->destroy(a);
 }
 
+/* Once medium slabs are off, requests of their sizes take the large path,
+ * so a free slot of a medium slab serves none of them: the largest free
+ * size does not count it. It did: 1 MiB with no page free for a 1 MiB
+ * request. */
+static void test_largest_free_without_medium_slabs(void)
+{
+    um__pool_config c = {.dev = 1, .thread_cache = 0, .va_factor = 4, .no_plan = 1};
+    um__allocator *a = make_pool_with(256 * MiB, &c);
+    um__pool *p = (um__pool *)a;
+    CHECK_EQ(atomic_load(&p->slab_max), UM_MEDIUM_MAX);
+    void *m1 = xalloc(a, MiB, 0), *m2 = xalloc(a, MiB, 0); /* one slab of four */
+    xfree(a, m2, 0);
+    /* A second stream fences: medium slabs end. */
+    void *l1 = xalloc(a, 4 * MiB, 1);
+    xfree(a, l1, 1);
+    void *l0 = xalloc(a, 4 * MiB, 0);
+    xfree(a, l0, 0);
+    CHECK_EQ(atomic_load(&p->slab_max), UM_SMALL_MAX);
+    CHECK_OK(a->ops->trim(a)); /* only the slab's pages stay */
+    um_stats st = stats(a);
+    CHECK_EQ(st.reserved_bytes, 4 * MiB);
+    CHECK_EQ(st.largest_free_bytes, 0);
+    uint64_t calls = st.num_backend_calls;
+    void *x = xalloc(a, MiB, 0); /* needs a new page */
+    CHECK(stats(a).num_backend_calls > calls);
+    xfree(a, x, 0);
+    xfree(a, m1, 0);
+    CHECK_OK(a->ops->check(a));
+    a->ops->destroy(a);
+}
+
 int main(void)
 {
     uint64_t seed = harness_seed("test_pool");
@@ -1641,6 +1672,7 @@ int main(void)
     test_random(seed + 6, 1, 1, 2048 * MiB, 500, 1, 4 * MiB);
     test_large_pages();
     test_medium_slabs();
+    test_largest_free_without_medium_slabs();
     test_small_without_slab_room();
     test_deferred_frees();
     test_bounce_keeps_planner_bytes();

@@ -3298,6 +3298,10 @@ static size_t largest_free_locked(um__pool *p)
     for (unsigned c = UM_NCLASSES; c-- > 0;) {
         if (um__class_size[c] <= best)
             break;
+        /* With medium slabs off, their sizes take the large path: a free
+         * slot of one serves no request. */
+        if (!medium_class_on(p, c))
+            continue;
         bool any = p->partial[c] != NULL;
         for (uint32_t i = 0; !any && i < p->nstreams; i++)
             any = p->streams[i] && p->streams[i]->small[c].n;
