@@ -68,6 +68,16 @@ static void test_impossible_request_evicts_nothing(void)
         CHECK_OK(um_reclaim_stats_get(ctx, 1, &after));
         CHECK_EQ(after.evictions, before.evictions);
     }
+    /* Nor does one under the limit whose 2 MiB granules exceed it (14 MiB
+     * and a byte spans 16 MiB of a 15 MiB limit). */
+    CHECK_OK(um_set_memory_limit(ctx, 1, 15u << 20));
+    um_reclaim_stats before, after;
+    CHECK_OK(um_reclaim_stats_get(ctx, 1, &before));
+    void *p = NULL;
+    CHECK_STATUS(um_malloc(ctx, 1, (14u << 20) + 1, NULL, &p), UM_ERR_NOMEM);
+    CHECK_ERROR_MENTIONS("exceeds the limit", NULL, NULL);
+    CHECK_OK(um_reclaim_stats_get(ctx, 1, &after));
+    CHECK_EQ(after.evictions, before.evictions);
     for (int i = 0; i < N; i++) {
         CHECK_EQ(um_buffer_replica_state(b[i], 1), UM_REPLICA_OWNER);
         CHECK_OK(um_buffer_destroy(b[i]));

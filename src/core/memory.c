@@ -34,8 +34,10 @@ static um_status alloc_after_reclaim(um_context *ctx, int dev, size_t size,
         atomic_load_explicit(&ctx->reclaim, memory_order_acquire);
     /* A request larger than the limit itself cannot fit however much is
      * evicted: nothing is dropped for it (found by fuzzing: four buffers
-     * written back for a request of SIZE_MAX - 255 bytes). */
-    if (!reclaim || size > a->memory_limit)
+     * written back for a request of SIZE_MAX - 255 bytes). Nor can one
+     * whose granules alone exceed it, since blocks span whole granules. */
+    size_t limit = a->memory_limit, granule = a->backend->granularity;
+    if (!reclaim || size > limit || um__align_up(size, granule) > limit)
         return UM_ERR_NOMEM;
     /* What the pool and the hook said last (copied: um__fail writes the
      * buffer um_last_error points into). */
