@@ -295,7 +295,6 @@ typedef struct um__pool {
     _Atomic uint64_t *slab_granules;
     size_t slab_granules_n;
     um__slab *partial[UM_NCLASSES]; /* slabs with free slots */
-    um__slab *spare[UM_NCLASSES];   /* one empty slab kept per class */
 
     um__stream_state **streams;
     uint32_t nstreams;
