@@ -708,6 +708,68 @@ static void test_refetch_after_invalid_dropped(void)
     um_shutdown(ctx);
 }
 
+/* A write-back into a host replica that reclaim had dropped is a write-back
+ * only: the only copy goes home because it is evicted, not because a use
+ * needs the dropped bytes again. It counted as written back on device 1
+ * and as 2 MiB re-fetched on the host. */
+static void test_write_back_not_refetch(void)
+{
+    um_context *ctx = open_ctx(64 * MB, ",watermark_high=100");
+    if (!ctx)
+        return;
+    const size_t size = 2 * MB;
+    void *p = NULL, *block = NULL;
+    unsigned char *h = malloc(size);
+    um_buffer *a = valid_on_host_and_device(ctx, h, size, 720);
+    /* The host full: its clean replica of a is dropped (device 1 holds a
+     * valid one). */
+    um_stats ms;
+    CHECK_OK(um_trim(ctx, 0));
+    CHECK_OK(um_stats_get(ctx, 0, &ms));
+    CHECK_OK(um_set_memory_limit(ctx, 0, ms.reserved_bytes));
+    CHECK_OK(um_malloc(ctx, 0, size, NULL, &block));
+    CHECK_EQ(um_buffer_replica_state(a, 0), UM_REPLICA_INVALID);
+    CHECK_EQ(um_buffer_replica_state(a, 1), UM_REPLICA_OWNER);
+    CHECK_OK(um_free(ctx, block, NULL));
+    CHECK_OK(um_set_memory_limit(ctx, 0, 0));
+    um_reclaim_stats h0, d0, h1, d1, h2;
+    CHECK_OK(um_reclaim_stats_get(ctx, 0, &h0));
+    CHECK_OK(um_reclaim_stats_get(ctx, 1, &d0));
+    CHECK_EQ(h0.evictions, 1);
+    CHECK_EQ(h0.written_back, 0);
+    /* Device 1 full: its replica, now the only copy, is written back to
+     * the host (the other devices have no room: between two GPUs the
+     * cheaper link would take it). */
+    for (int d = 2; d < um_device_count(ctx); d++) {
+        CHECK_OK(um_trim(ctx, d));
+        CHECK_OK(um_stats_get(ctx, d, &ms));
+        CHECK_OK(um_set_memory_limit(ctx, d, ms.reserved_bytes ? ms.reserved_bytes : 1));
+    }
+    room_for_one(ctx);
+    take_room(ctx, size);
+    CHECK_EQ(um_buffer_replica_state(a, 0), UM_REPLICA_OWNER);
+    CHECK_EQ(um_buffer_replica_state(a, 1), UM_REPLICA_INVALID);
+    CHECK_OK(um_reclaim_stats_get(ctx, 0, &h1));
+    CHECK_OK(um_reclaim_stats_get(ctx, 1, &d1));
+    CHECK_EQ(d1.evictions - d0.evictions, 1);
+    CHECK_EQ(d1.written_back - d0.written_back, 1);
+    CHECK_EQ(d1.written_back_bytes - d0.written_back_bytes, size);
+    CHECK_EQ(h1.refetched_bytes - h0.refetched_bytes, 0);
+    CHECK_EQ(d1.refetched_bytes - d0.refetched_bytes, 0);
+    /* Device 1's read afterwards re-fetches what reclaim dropped there. */
+    CHECK_OK(um_buffer_acquire(a, 1, UM_ACCESS_READ, NULL, &p));
+    CHECK_OK(um_buffer_release(a, 1, NULL));
+    CHECK_OK(um_reclaim_stats_get(ctx, 1, &d1));
+    CHECK_OK(um_reclaim_stats_get(ctx, 0, &h2));
+    CHECK_EQ(d1.refetched_bytes - d0.refetched_bytes, size);
+    CHECK_EQ(h2.refetched_bytes - h0.refetched_bytes, 0);
+    CHECK_OK(um_buffer_read(a, 0, h, size));
+    CHECK(same_pattern(h, size, 720));
+    free(h);
+    CHECK_OK(um_buffer_destroy(a));
+    um_shutdown(ctx);
+}
+
 /* --------------------------------------- two background reclaimers */
 
 /* Both devices above their low marks together, the host full and no file
@@ -1424,6 +1486,7 @@ int main(void)
     test_reclaimers_settle();
     test_refetch_after_write();
     test_refetch_after_invalid_dropped();
+    test_write_back_not_refetch();
     test_failed_write_back();
     test_stuck_victim();
     test_alloc_waits_once();

@@ -864,11 +864,16 @@ um_status um__buffer_evict(um_buffer *b, int dev, size_t *bytes_written, bool *s
                 *spilled = true;
                 break;
             }
+            /* A write-back is no re-fetch, even into a replica reclaim
+             * dropped before: it is counted as written back only. */
+            bool was_evicted = b->rep[t].evicted;
+            b->rep[t].evicted = false;
             um_status st = fill(b, t);
             if (st == UM_OK) {
                 other = t;
                 *bytes_written = b->size;
             } else {
+                b->rep[t].evicted = was_evicted;
                 skip[t] = true;
             }
         }
