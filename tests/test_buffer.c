@@ -696,6 +696,56 @@ static void test_staging(void)
     um_shutdown(ctx);
 }
 
+/* um_buffer_write into a GPU's owner replica through the staging slots,
+ * with the GPU's third copy failing: chunks before it have landed, the
+ * rest have not. The host's copy still holds the old bytes, and becomes
+ * the owner; the GPU's mix of old and new bytes must not stay valid.
+ * Before the fix device 1 stayed the owner of the mix while the host's
+ * replica, still shared, held the old bytes: reads disagreed. Runs where
+ * device 1 is a GPU (the stand-in driver in CI); sim copies never stop
+ * midway. */
+static void test_failed_staged_write(void)
+{
+    um_context *ctx = open_ctx_with(",copy_chunk=64K,copy_threads=1");
+    if (!ctx)
+        return;
+    if (ctx->devices[1].backend->kind != UM_DEVICE_CUDA) {
+        printf("test_buffer: the failed staged write runs on a GPU only\n");
+        um_shutdown(ctx);
+        return;
+    }
+    const size_t size = MB;
+    unsigned char *host = malloc(size), *out = malloc(size);
+    um_buffer *b = patterned(ctx, 1, size, 41);
+    CHECK_OK(um_buffer_prefetch(b, 0));
+    CHECK_EQ(um_buffer_replica_state(b, 0), UM_REPLICA_SHARED);
+    um__backend *real = ctx->devices[1].backend;
+    flaky f;
+    flaky_init(&f, real);
+    f.copy_countdown = 3;
+    ctx->devices[1].backend = &f.base;
+    harness_pattern_fill(host, size, 42);
+    CHECK_STATUS(um_buffer_write(b, 0, host, size), UM_ERR_BACKEND);
+    CHECK_ERROR_MENTIONS("injected", NULL, NULL);
+    ctx->devices[1].backend = real;
+    CHECK_EQ(um_buffer_replica_state(b, 0), UM_REPLICA_OWNER);
+    CHECK_EQ(um_buffer_replica_state(b, 1), UM_REPLICA_INVALID);
+    /* Both devices read the old bytes. */
+    unsigned char got, want;
+    CHECK_OK(um_buffer_read(b, 0, out, size));
+    CHECK_EQ(harness_pattern_find_bad(out, size, 41, &got, &want), SIZE_MAX);
+    void *p = NULL;
+    CHECK_OK(um_buffer_acquire(b, 1, UM_ACCESS_READ, NULL, &p));
+    void *v = harness_dev_map(ctx, 1, p, size);
+    CHECK(v && harness_pattern_find_bad(v, size, 41, &got, &want) == SIZE_MAX);
+    harness_dev_unmap(ctx, 1, p, v, size, false);
+    CHECK_OK(um_buffer_release(b, 1, NULL));
+    CHECK_OK(um_buffer_destroy(b));
+    free(host);
+    free(out);
+    um_shutdown(ctx);
+}
+
 /* With a GPU and a sim device whose link is modelled (so its copies run
  * on its copy streams too), a copy that touches the GPU runs on the GPU's
  * stream, in both directions: the sim backend's copies are memmoves on the
@@ -1117,6 +1167,7 @@ int main(void)
     test_wrap();
     test_wrap_while_reclaiming();
     test_staging();
+    test_failed_staged_write();
     test_gpu_sim_link();
     test_trace_file();
     test_random(seed);

@@ -660,6 +660,16 @@ um_status um_buffer_write(um_buffer *b, size_t offset, const void *src, size_t n
                 r->state = UM_REPLICA_INVALID;
             }
             st = waited;
+        } else if (r->state != UM_REPLICA_INVALID) {
+            /* A copy that failed may have stopped midway (a staged one
+             * lands chunk by chunk), so r's bytes are unknown too: where
+             * another copy holds the old data, that one owns it. */
+            int other = best_source(b, dev, dev);
+            if (other >= 0 || b->spill_valid) {
+                if (other >= 0 && r->state == UM_REPLICA_OWNER)
+                    b->rep[other].state = UM_REPLICA_OWNER;
+                r->state = UM_REPLICA_INVALID;
+            }
         }
     }
     um__vt_mutex_unlock(&b->lock);
