@@ -1243,10 +1243,17 @@ static void test_spill(const char *dir)
     CHECK_EQ(s0.spilled_bytes, size);
     CHECK_EQ(s0.spill_file_bytes, size);
     CHECK_EQ(host_invalid(b, 3), 1);
+    /* Each read is a copy to the host, the one from the file too (it
+     * counted nothing: 2 copies here, not 3). */
+    um_link_stats l0, l1;
+    CHECK_OK(um_link_stats_get(ctx, -1, 0, &l0));
     for (int i = 0; i < 3; i++) {
         CHECK_OK(um_buffer_read(b[i], 0, h, size));
         CHECK(same_pattern(h, size, 100 + (uint64_t)i));
     }
+    CHECK_OK(um_link_stats_get(ctx, -1, 0, &l1));
+    CHECK_EQ(l1.copies - l0.copies, 3);
+    CHECK_EQ(l1.bytes - l0.bytes, 3 * size);
     int spilled = spilled_one(b);
     /* On a device, straight from the file. */
     void *p = NULL;

@@ -602,9 +602,14 @@ um_status um_buffer_read(um_buffer *b, size_t offset, void *dst, size_t n)
     st = conflict(b, UM_ACCESS_READ, what);
     int src = st == UM_OK ? best_source(b, 0, -1) : -1;
     if (st == UM_OK && src < 0 && b->spill_valid) {
+        /* Through the engine, as every other read: it is a copy to the
+         * host, which the link statistics count. */
+        um__fence done;
         st = spill_verify(b, offset, n);
         if (st == UM_OK)
-            memcpy(dst, (const char *)b->spill + offset, n);
+            st = um__xfer_copy(x, 0, dst, 0, (const char *)b->spill + offset, n, NULL, 0, &done);
+        if (st == UM_OK && (st = um__fence_wait(x, &done)) != UM_OK)
+            um__fence_drop(&done);
     } else if (st == UM_OK && src < 0) {
         memset(dst, 0, n); /* a new buffer reads as zeros */
     } else if (st == UM_OK) {
