@@ -883,6 +883,10 @@ static void test_failed_write_back(void)
     int n = fail_every_copy(ctx, real, f);
     CHECK_OK(um_buffer_create(ctx, 2 * MB, NULL, &c));
     CHECK_STATUS(um_buffer_acquire(c, 1, UM_ACCESS_WRITE_DISCARD, NULL, &p), UM_ERR_NOMEM);
+    /* The message names why the write-back failed, not only the missing
+     * file tier (it named "spill_dir" alone, as if nothing had room). */
+    printf("test_reclaim: a failed write-back: %s\n", um_last_error());
+    CHECK_ERROR_MENTIONS("injected", "spill_dir", NULL);
     restore_copies(ctx, real, n);
     /* The only valid copy is where it was, whole. */
     CHECK_EQ(um_buffer_replica_state(a, 1), UM_REPLICA_OWNER);

@@ -863,6 +863,9 @@ um_status um__buffer_evict(um_buffer *b, int dev, size_t *bytes_written, bool *s
     if (r->state != UM_REPLICA_INVALID) {
         int other = best_source(b, dev, dev);
         bool skip[UM_MAX_DEVICES] = {false};
+        /* The first write-back that failed other than for room, for the
+         * message: without it a failed copy read as if no memory had room. */
+        char failed[400] = "";
         while (other < 0 && !b->spill_valid) {
             int t = write_back_target(b, dev, skip);
             if (t < 0) {
@@ -872,8 +875,8 @@ um_status um__buffer_evict(um_buffer *b, int dev, size_t *bytes_written, bool *s
                     snprintf(why, sizeof why, "%s", um_last_error());
                     return um__fail(UM_ERR_NOMEM,
                                     "buffer %p (%zu bytes): its only valid copy, on device %d, "
-                                    "has nowhere to go: %s",
-                                    (void *)b, b->size, dev, why);
+                                    "has nowhere to go: %s%s",
+                                    (void *)b, b->size, dev, failed, why);
                 }
                 *bytes_written = b->size;
                 *spilled = true;
@@ -890,6 +893,12 @@ um_status um__buffer_evict(um_buffer *b, int dev, size_t *bytes_written, bool *s
             } else {
                 b->rep[t].evicted = was_evicted;
                 skip[t] = true;
+                /* A target found full after all is what "nowhere to go"
+                 * says already. */
+                if (!failed[0] && st != UM_ERR_NOMEM)
+                    snprintf(failed, sizeof failed,
+                             "writing it back to device %d failed (%.300s); ", t,
+                             um_last_error());
             }
         }
         if (r->state == UM_REPLICA_OWNER && other >= 0)
