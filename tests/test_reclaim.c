@@ -770,6 +770,46 @@ static void test_write_back_not_refetch(void)
     um_shutdown(ctx);
 }
 
+/* A pinned buffer's data stays where it is, but the memory of its
+ * out-of-date replicas holds nothing: reclaim frees it like any other
+ * invalid replica's. Before, an allocation failed beside it ("nothing
+ * left to evict ... 1 pinned"). */
+static void test_pinned_stale_replica_freed(void)
+{
+    um_context *ctx = open_ctx(64 * MB, ",watermark_high=100");
+    if (!ctx)
+        return;
+    const size_t size = 2 * MB;
+    unsigned char *h = malloc(size);
+    um_buffer *a = valid_on_host_and_device(ctx, h, size, 730);
+    CHECK_OK(um_buffer_hint(a, UM_HINT_PIN));
+    /* Rewritten on the host: device 1's copy is out of date. */
+    harness_pattern_fill(h, size, 731);
+    CHECK_OK(um_buffer_write(a, 0, h, size));
+    CHECK_EQ(um_buffer_replica_state(a, 1), UM_REPLICA_INVALID);
+    room_for_one(ctx);
+    void *block = NULL;
+    CHECK_OK(um_malloc(ctx, 1, size, NULL, &block));
+    if (block)
+        CHECK_OK(um_free(ctx, block, NULL));
+    /* The pinned data is untouched on the host. */
+    CHECK_EQ(um_buffer_replica_state(a, 0), UM_REPLICA_OWNER);
+    memset(h, 0, size);
+    CHECK_OK(um_buffer_read(a, 0, h, size));
+    CHECK(same_pattern(h, size, 731));
+    /* A valid replica of a pinned buffer is still never evicted. */
+    void *p = NULL;
+    CHECK_OK(um_buffer_acquire(a, 1, UM_ACCESS_READ, NULL, &p));
+    CHECK_OK(um_buffer_release(a, 1, NULL));
+    CHECK_STATUS(um_malloc(ctx, 1, size, NULL, &block), UM_ERR_NOMEM);
+    CHECK_ERROR_MENTIONS("1 pinned", NULL, NULL);
+    CHECK_EQ(um_buffer_replica_state(a, 1), UM_REPLICA_SHARED);
+    CHECK_OK(um_buffer_hint(a, UM_HINT_UNPIN));
+    free(h);
+    CHECK_OK(um_buffer_destroy(a));
+    um_shutdown(ctx);
+}
+
 /* --------------------------------------- two background reclaimers */
 
 /* Both devices above their low marks together, the host full and no file
@@ -1498,6 +1538,7 @@ int main(void)
     test_refetch_after_write();
     test_refetch_after_invalid_dropped();
     test_write_back_not_refetch();
+    test_pinned_stale_replica_freed();
     test_failed_write_back();
     test_stuck_victim();
     test_alloc_waits_once();

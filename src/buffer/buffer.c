@@ -816,7 +816,10 @@ bool um__buffer_valid_elsewhere(const um_buffer *b, int dev)
 bool um__buffer_evictable(const um_buffer *b, int dev)
 {
     const um__replica *r = &b->rep[dev];
-    return r->ptr && !r->readers && !r->writer && !b->pinned && !(dev == 0 && b->wrapped) &&
+    /* A pin keeps the buffer's data, which an out-of-date replica does not
+     * hold: its memory may go as any other invalid replica's. */
+    bool pinned = b->pinned && r->state != UM_REPLICA_INVALID;
+    return r->ptr && !r->readers && !r->writer && !pinned && !(dev == 0 && b->wrapped) &&
            (dev != 0 || r->state == UM_REPLICA_INVALID || um__buffer_valid_elsewhere(b, dev) ||
             b->ctx->opts.spill_dir[0]);
 }

@@ -198,9 +198,9 @@ struct um__reclaim *um__xfer_reclaim(um__xfer *x);
  * went to the spill file. */
 um_status um__buffer_evict(um_buffer *b, int dev, size_t *bytes_written, bool *spilled);
 /* Whether b's replica on dev may be evicted now (b locked): it has memory,
- * is not acquired, b is not pinned, and a host replica goes only if it is
- * not the program's wrapped memory and, when valid, another valid copy
- * exists or the file tier can take it. */
+ * is not acquired, b is not pinned (unless the replica is out of date), and
+ * a host replica goes only if it is not the program's wrapped memory and,
+ * when valid, another valid copy exists or the file tier can take it. */
 bool um__buffer_evictable(const um_buffer *b, int dev);
 /* Whether a copy other than dev's replica is valid (a spill extent too). */
 bool um__buffer_valid_elsewhere(const um_buffer *b, int dev);
