@@ -365,7 +365,7 @@ UM_API um_replica_state um_buffer_replica_state(um_buffer *b, int dev);
 typedef enum um_hint {
     UM_HINT_WONT_USE = 1, /* evict this buffer first (until its next acquire) */
     UM_HINT_WILL_USE = 2, /* it will be acquired: one announcement per coming use, in order */
-    UM_HINT_PIN = 3,      /* never evict it */
+    UM_HINT_PIN = 3,      /* never evict its data (an out-of-date replica's memory may go) */
     UM_HINT_UNPIN = 4
 } um_hint;
 
