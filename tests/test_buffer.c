@@ -240,7 +240,9 @@ static void test_protocol(void)
     CHECK_OK(um_buffer_destroy(b));
     CHECK_STATUS(um_buffer_destroy(b), UM_ERR_INVALID);
     CHECK_ERROR_MENTIONS("not a live buffer", NULL, NULL);
+    p = host; /* a dead handle's acquire leaves no stale pointer either */
     CHECK_STATUS(um_buffer_acquire(b, 1, UM_ACCESS_READ, NULL, &p), UM_ERR_INVALID);
+    CHECK(p == NULL);
 
     /* Created on a device: a zero replica there at once. */
     CHECK_OK(um_buffer_create(ctx, 4096, &(um_buffer_opts){.device = 2}, &b));

@@ -459,11 +459,14 @@ static um_status conflict(const um_buffer *b, um_access mode, const char *what)
 um_status um_buffer_acquire(um_buffer *b, int dev, um_access mode, um_stream s, void **ptr)
 {
     static const char what[] = "um_buffer_acquire";
+    /* Every failure leaves *ptr NULL, a dead handle's too, so that a caller
+     * who ignores the status faults at once rather than on stale memory. */
+    if (ptr)
+        *ptr = NULL;
     if (!live(b))
         return bad_buffer(what, b);
     if (!ptr)
         return um__fail(UM_ERR_INVALID, "%s: buffer %p: ptr is NULL", what, (void *)b);
-    *ptr = NULL;
     um_status st = check_device(b, dev, what);
     if (st == UM_OK)
         st = check_stream(b, dev, s, what);
