@@ -613,6 +613,17 @@ static um_buffer *valid_on_host_and_device(um_context *ctx, unsigned char *h, si
     return b;
 }
 
+/* The same, then rewritten on the host (pattern id + 1): device 1's copy
+ * is out of date, its memory kept. */
+static um_buffer *stale_on_device(um_context *ctx, unsigned char *h, size_t size, uint64_t id)
+{
+    um_buffer *b = valid_on_host_and_device(ctx, h, size, id);
+    harness_pattern_fill(h, size, id + 1);
+    CHECK_OK(um_buffer_write(b, 0, h, size));
+    CHECK_EQ(um_buffer_replica_state(b, 1), UM_REPLICA_INVALID);
+    return b;
+}
+
 /* Device 1 gets room for one replica of size bytes or a block of that
  * size, not both (measured: a debug allocator makes blocks larger). */
 static void room_for_one(um_context *ctx)
@@ -684,12 +695,7 @@ static void test_refetch_after_invalid_dropped(void)
     const size_t size = 2 * MB;
     void *p = NULL;
     unsigned char *h = malloc(size);
-    um_buffer *a = valid_on_host_and_device(ctx, h, size, 710);
-    /* Rewritten on the host: device 1's copy is out of date, its memory
-     * kept. */
-    harness_pattern_fill(h, size, 711);
-    CHECK_OK(um_buffer_write(a, 0, h, size));
-    CHECK_EQ(um_buffer_replica_state(a, 1), UM_REPLICA_INVALID);
+    um_buffer *a = stale_on_device(ctx, h, size, 710);
     room_for_one(ctx);
     take_room(ctx, size); /* frees that memory */
     um_reclaim_stats s0, s1;
@@ -781,12 +787,8 @@ static void test_pinned_stale_replica_freed(void)
         return;
     const size_t size = 2 * MB;
     unsigned char *h = malloc(size);
-    um_buffer *a = valid_on_host_and_device(ctx, h, size, 730);
+    um_buffer *a = stale_on_device(ctx, h, size, 730);
     CHECK_OK(um_buffer_hint(a, UM_HINT_PIN));
-    /* Rewritten on the host: device 1's copy is out of date. */
-    harness_pattern_fill(h, size, 731);
-    CHECK_OK(um_buffer_write(a, 0, h, size));
-    CHECK_EQ(um_buffer_replica_state(a, 1), UM_REPLICA_INVALID);
     room_for_one(ctx);
     void *block = NULL;
     CHECK_OK(um_malloc(ctx, 1, size, NULL, &block));
