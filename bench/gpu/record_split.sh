@@ -6,8 +6,8 @@
 # stores no record; "nofwrite", whose writer thread takes the full buffers
 # (and checks their order) but does not write them to the spill file. The
 # four alternate, ROUNDS runs each, pinned to
-# one core (CORE, the writer thread sharing it) and to two (CORE and the
-# next, the writer on its own core); bench/clock_cost.c gives what one
+# one core (CORE, the writer thread sharing it) and to two (CORE and one
+# on another core, SECOND, for the writer); bench/clock_cost.c gives what one
 # rdtsc, rdtscp and clock_gettime cost. real - fake is the clock read
 # inside the recorded path, real - clock the record's store (and the
 # writer thread's share, on one core), real - nofwrite what the writer's
@@ -16,6 +16,10 @@
 set -u
 ROUNDS=${1:-3}
 CORE=${CORE:-3}
+# The second CPU: one on another core than CORE's, as far as the machine says.
+core_of() { lscpu -p=CPU,CORE | awk -F, -v c="$1" '$1 == c { print $2 }'; }
+SECOND=$(lscpu -p=CPU,CORE | awk -F, -v c="$CORE" -v k="$(core_of "$CORE")" '!/^#/ && $1 != c && $2 != k { print $1; exit }')
+[ -n "$SECOND" ] || SECOND=$((CORE + 1))
 OUT=${OUT:-out}
 mkdir -p "$OUT"
 EV=src/trace/events.c
@@ -36,7 +40,7 @@ cc -O2 bench/clock_cost.c -o /tmp/clock_cost && taskset -c "$CORE" /tmp/clock_co
 cat "$OUT/clock_cost.txt"
 for r in $(seq "$ROUNDS"); do
   if [ $((r % 2)) = 1 ]; then order="real fake clock nofwrite"; else order="nofwrite clock fake real"; fi
-  for cpus in "$CORE" "$CORE,$((CORE + 1))"; do
+  for cpus in "$CORE" "$CORE,$SECOND"; do
     for w in $order; do
       if [ "$w" = real ]; then u=build-dev/unimem; else u=/tmp/record_split_$w/build-dev/unimem; fi
       f=$OUT/record_${w}_cpus${cpus/,/+}_$r.txt
