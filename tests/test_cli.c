@@ -124,6 +124,29 @@ static void test_timeline_big_counters(void)
     CHECK(access(page, F_OK) != 0);
 }
 
+/* Empty strings as the first strings a trace holds (found by
+ * fuzz_timeline): the reader copied a string of 0 bytes from its string
+ * buffer before it had one (memcpy from NULL, undefined behaviour that
+ * UBSan stops the command on). The traces are read, or refused for what is
+ * wrong with them, in every build. */
+static void test_timeline_empty_strings(void)
+{
+    char args[1024];
+    const char *page = file_in_dir("empty_strings.html", NULL);
+    const char *trace = file_in_dir("empty_key.json", "[{\"\":0}]\n");
+    snprintf(args, sizeof args, "timeline %s -o %s", trace, page);
+    EXPECT_RUN(args, 0, "wrote");
+    trace = file_in_dir("empty_name.json",
+                        "{\"\":\"\",\"traceEvents\":[{\"ph\":\"M\",\"name\":\"process_name\","
+                        "\"pid\":1,\"args\":{\"name\":\"\"}}]}\n");
+    snprintf(args, sizeof args, "timeline %s -o %s", trace, page);
+    EXPECT_RUN(args, 0, "wrote");
+    trace = file_in_dir("empty_bad.json", "[{\"\",\"ph\":\"M\"}]\n");
+    snprintf(args, sizeof args, "timeline %s -o %s", trace, page);
+    EXPECT_RUN(args, 1, "expected ':' after a member name");
+    unlink(page);
+}
+
 /* A gzip file cut inside its first block has no byte to sniff: that is a
  * truncated file, as replay says, not an empty one. */
 static void test_timeline_truncated_gzip(void)
@@ -299,6 +322,7 @@ int main(void)
     /* The commands inherit no options from the environment. */
     unsetenv("UNIMEM_CONF");
     test_timeline_big_counters();
+    test_timeline_empty_strings();
     test_timeline_truncated_gzip();
     test_timeline_addresses();
     test_timeline_counts();

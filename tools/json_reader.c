@@ -409,7 +409,10 @@ static bool read_string(jreader *r, bool keep, const char **out, size_t *out_len
         char *s = arena_alloc(r, r->scratch_len + 1);
         if (!s)
             return false;
-        memcpy(s, r->scratch, r->scratch_len);
+        /* An empty string before any other has no scratch buffer yet
+         * (memcpy from NULL is undefined even for 0 bytes). */
+        if (r->scratch_len)
+            memcpy(s, r->scratch, r->scratch_len);
         s[r->scratch_len] = '\0';
         *out = s;
         *out_len = r->scratch_len;

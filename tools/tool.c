@@ -1,0 +1,135 @@
+/* The helpers the `unimem` subcommands share (tool.h): messages, sizes,
+ * the clock, arguments and the progress line. Apart from the entry point
+ * (unimem.c), so that a harness can link a command without its main. */
+#include "tool.h"
+
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+int tool_fail(const char *cmd, um_status s)
+{
+    const char *detail = um_last_error();
+    tool_progress_clear(); /* the message gets a line of its own */
+    fprintf(stderr, "unimem %s: %s\n", cmd, *detail ? detail : um_strerror(s));
+    return TOOL_EXIT_FAILED;
+}
+
+const char *tool_bytes(char *buf, uint64_t bytes)
+{
+    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double v = (double)bytes;
+    int u = 0;
+    while (v >= 1024.0 && u < 4) {
+        v /= 1024.0;
+        u++;
+    }
+    if (u == 0)
+        snprintf(buf, 32, "%llu B", (unsigned long long)bytes);
+    else
+        snprintf(buf, 32, "%.2f %s", v, units[u]);
+    return buf;
+}
+
+uint64_t tool_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+bool tool_device_arg_ok(const char *cmd, const char *value)
+{
+    size_t len = strlen(value);
+    if (len && len <= TOOL_MAX_DEVICE_LEN && !strpbrk(value, ",="))
+        return true;
+    tool_progress_clear();
+    fprintf(stderr,
+            "unimem %s: bad --device '%s': a value of the devices option, at most %d "
+            "characters, without ',' or '=' (join devices with '+', as in sim:1G+cuda)\n",
+            cmd, value, TOOL_MAX_DEVICE_LEN);
+    return false;
+}
+
+int tool_init_fail(const char *cmd, um_status s)
+{
+    int rc = tool_fail(cmd, s);
+    return s == UM_ERR_BAD_OPTION ? TOOL_EXIT_USAGE : rc;
+}
+
+void tool_json_string(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"' || *p == '\\')
+            fprintf(f, "\\%c", *p);
+        else if (*p == '\n')
+            fputs("\\n", f);
+        else if (*p == '\t')
+            fputs("\\t", f);
+        else if (*p < 0x20)
+            fprintf(f, "\\u%04x", *p);
+        else
+            fputc(*p, f);
+    }
+    fputc('"', f);
+}
+
+int tool_other_arg(const char *cmd, const char *arg, void (*print_usage)(FILE *))
+{
+    if (!strcmp(arg, "-h") || !strcmp(arg, "--help")) {
+        print_usage(stdout);
+        return 0;
+    }
+    fprintf(stderr, "unimem %s: unknown or incomplete argument '%s'\n\n", cmd, arg);
+    print_usage(stderr);
+    return 2;
+}
+
+/* The status line of tool_progress: drawn only on a terminal. */
+static struct {
+    int tty;            /* -1: not asked yet */
+    bool shown;         /* something is on the line */
+    int pct;            /* the bar's percentage drawn, -1: none */
+    char what[48];      /* the bar's label drawn */
+} status_line = {-1, false, -1, ""};
+
+static bool status_tty(void)
+{
+    if (status_line.tty < 0)
+        status_line.tty = isatty(STDERR_FILENO) == 1;
+    return status_line.tty;
+}
+
+void tool_progress(const char *what, double fraction)
+{
+    if (!status_tty())
+        return;
+    int pct = fraction > 0 ? (int)(fraction * 100.0) : 0;
+    pct = pct > 100 ? 100 : pct;
+    if (pct == status_line.pct && !strncmp(what, status_line.what, sizeof status_line.what - 1))
+        return;
+    status_line.pct = pct;
+    snprintf(status_line.what, sizeof status_line.what, "%s", what);
+    char fill[41];
+    int k = pct * 40 / 100;
+    memset(fill, '#', (size_t)k);
+    memset(fill + k, '.', (size_t)(40 - k));
+    fill[40] = '\0';
+    fprintf(stderr, "\r\033[K%-28s [%s] %3d%%", status_line.what, fill, pct);
+    status_line.shown = true;
+    fflush(stderr);
+}
+
+bool tool_progress_on(void) { return status_tty(); }
+
+void tool_progress_clear(void)
+{
+    if (status_line.shown) {
+        fputs("\r\033[K", stderr);
+        fflush(stderr);
+    }
+    status_line.shown = false;
+    status_line.pct = -1;
+    status_line.what[0] = '\0';
+}
