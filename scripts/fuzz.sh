@@ -1,7 +1,7 @@
 #!/bin/sh
 # scripts/fuzz.sh SECONDS [HARNESS...]
 #
-# Runs the libFuzzer harnesses of tests/fuzz (options, trace, api, timeline; all of
+# Runs the libFuzzer harnesses of tests/fuzz (options, trace, api, timeline, sim; all of
 # them when none is named) for SECONDS each, one after the other, from a
 # copy of their seed corpus (tests/fuzz/corpus/NAME, never modified).
 # Configures and builds build-fuzz (clang, -DUM_FUZZ=ON, AddressSanitizer
@@ -21,7 +21,7 @@
 set -u
 
 usage() {
-    echo "usage: scripts/fuzz.sh SECONDS [options|trace|api|timeline ...]" >&2
+    echo "usage: scripts/fuzz.sh SECONDS [options|trace|api|timeline|sim ...]" >&2
     exit 2
 }
 
@@ -42,7 +42,7 @@ esac
 JOBS=${JOBS:-2}
 CC=${CC:-clang}
 
-ALL="options trace api timeline"
+ALL="options trace api timeline sim"
 HARNESSES=${*:-$ALL}
 for h in $HARNESSES; do
     case " $ALL " in
