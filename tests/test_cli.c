@@ -131,19 +131,25 @@ static void test_timeline_big_counters(void)
  * wrong with them, in every build. */
 static void test_timeline_empty_strings(void)
 {
+    static const struct {
+        const char *name, *text;
+        int rc;
+        const char *want;
+    } cases[] = {
+        {"empty_key.json", "[{\"\":0}]\n", 0, "wrote"},
+        {"empty_name.json",
+         "{\"\":\"\",\"traceEvents\":[{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":1,"
+         "\"args\":{\"name\":\"\"}}]}\n",
+         0, "wrote"},
+        {"empty_bad.json", "[{\"\",\"ph\":\"M\"}]\n", 1, "expected ':' after a member name"},
+    };
     char args[1024];
     const char *page = file_in_dir("empty_strings.html", NULL);
-    const char *trace = file_in_dir("empty_key.json", "[{\"\":0}]\n");
-    snprintf(args, sizeof args, "timeline %s -o %s", trace, page);
-    EXPECT_RUN(args, 0, "wrote");
-    trace = file_in_dir("empty_name.json",
-                        "{\"\":\"\",\"traceEvents\":[{\"ph\":\"M\",\"name\":\"process_name\","
-                        "\"pid\":1,\"args\":{\"name\":\"\"}}]}\n");
-    snprintf(args, sizeof args, "timeline %s -o %s", trace, page);
-    EXPECT_RUN(args, 0, "wrote");
-    trace = file_in_dir("empty_bad.json", "[{\"\",\"ph\":\"M\"}]\n");
-    snprintf(args, sizeof args, "timeline %s -o %s", trace, page);
-    EXPECT_RUN(args, 1, "expected ':' after a member name");
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(args, sizeof args, "timeline %s -o %s",
+                 file_in_dir(cases[i].name, cases[i].text), page);
+        EXPECT_RUN(args, cases[i].rc, cases[i].want);
+    }
     unlink(page);
 }
 
