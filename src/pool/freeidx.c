@@ -96,7 +96,16 @@ um__fi_node *um__fi_find(const um__freeidx *fi, size_t size)
     if (best)
         return best;
     um__fi_node *head = next_class(fi, fl, sl);
-    return head ? scan_class(head, size) : NULL;
+    if (head)
+        return scan_class(head, size);
+    /* Nothing larger is free: a fit deeper in this class is the only one
+     * left, and the caller would otherwise report memory that exists as
+     * missing. Rare, so the whole list is walked. */
+    for (um__fi_node *n = fi->heads[fl][sl]; n; n = n->next)
+        if (n->size >= size && (!best || n->size < best->size ||
+                                (n->size == best->size && n->addr < best->addr)))
+            best = n;
+    return best;
 }
 
 um__fi_node *um__fi_find_near(const um__freeidx *fi, size_t size, size_t most)

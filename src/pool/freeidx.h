@@ -4,8 +4,9 @@
  * lookup finds the smallest class that can hold the request through two
  * bitmaps (O(1)), then looks at a bounded number of candidates in the class
  * of the request and in the next non-empty one, keeping the tightest fit
- * (lowest address on ties). Owns nothing: entries are embedded in the
- * caller's range records.
+ * (lowest address on ties); when no larger class has an entry, the whole
+ * class of the request, so a fit that exists is always found. Owns
+ * nothing: entries are embedded in the caller's range records.
  */
 #ifndef UM_FREEIDX_H
 #define UM_FREEIDX_H
