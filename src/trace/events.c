@@ -98,6 +98,7 @@ struct um__events {
     um__addrmap blocks;        /* live block -> its size */
     event_rec *held;           /* allocations and frees out of order (block_event) */
     size_t nheld, held_cap;
+    int64_t last_ns;           /* the latest counter sample's time (held_expire) */
     struct span_track *tracks; /* per device and kind of span (span_lane) */
 };
 
@@ -632,6 +633,8 @@ static inline int64_t ticks_to_ns(const um__events *e, uint64_t t)
 static void write_counters(um__events *e, int dev, int64_t ts_ns)
 {
     uint64_t live = e->live[dev], res = e->reserved[dev];
+    if (ts_ns > e->last_ns)
+        e->last_ns = ts_ns;
     line l = {.n = 0};
     put_str(&l, ",\n{\"name\":\"memory\",\"ph\":\"C\",\"ts\":");
     put_us(&l, ts_ns);
@@ -849,7 +852,10 @@ static void held_remove(um__events *e, size_t i)
 }
 
 /* Writes the held events recorded more than HOLD_NS before now_ns (all of
- * them with INT64_MAX), as they are. */
+ * them with INT64_MAX), as they are, but no earlier than the events
+ * already written: written at its own time, a held event went back in
+ * time, and its counter sample, which holds the later events' bytes, then
+ * stood for a time before them. */
 static void held_expire(um__events *e, int64_t now_ns)
 {
     for (size_t i = 0; i < e->nheld;) {
@@ -857,7 +863,7 @@ static void held_expire(um__events *e, int64_t now_ns)
         if (now_ns == INT64_MAX || now_ns - t > HOLD_NS) {
             event_rec r = e->held[i];
             held_remove(e, i);
-            write_block(e, &r, t);
+            write_block(e, &r, t > e->last_ns ? t : e->last_ns);
         } else {
             i++;
         }
@@ -1073,6 +1079,7 @@ um__events *um__events_open(const char *path, int ndevices)
     pthread_cond_init(&e->space, NULL);
     e->gen = atomic_fetch_add(&g_gen, 1) + 1;
     e->ndevices = ndevices;
+    e->last_ns = INT64_MIN;
     e->live = calloc((size_t)ndevices + 1, sizeof *e->live);
     e->reserved = calloc((size_t)ndevices + 1, sizeof *e->reserved);
     size_t plen = strlen(path);

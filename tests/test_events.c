@@ -1,0 +1,106 @@
+/* Tests of the event recorder of `trace_file` (src/trace/events.c) through
+ * its internal calls: what the JSON writer makes of events recorded out of
+ * order, and the recorder's bookkeeping when threads come and go. The
+ * recorder's tests through a context are in test_context.c. */
+#include "harness.h"
+#include "trace/events.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* Reads the whole file at path into a static buffer (NUL-terminated). */
+static const char *slurp(const char *path)
+{
+    static char text[1 << 20];
+    text[0] = '\0';
+    FILE *f = fopen(path, "r");
+    CHECK(f != NULL);
+    if (f) {
+        text[fread(text, 1, sizeof text - 1, f)] = '\0';
+        fclose(f);
+    }
+    return text;
+}
+
+static bool temp_file(char *tmpl)
+{
+    int fd = mkstemp(tmpl);
+    CHECK(fd >= 0);
+    if (fd < 0)
+        return false;
+    close(fd);
+    return true;
+}
+
+/* The recorder's ticks in a millisecond, measured over 20 ms. */
+static uint64_t ticks_per_ms(const um__events *e)
+{
+    uint64_t c0 = um__events_clock(e), n0 = um__now_ns();
+    usleep(20000);
+    uint64_t c1 = um__events_clock(e), n1 = um__now_ns();
+    return (uint64_t)((double)(c1 - c0) * 1e6 / (double)(n1 - n0));
+}
+
+/* A free of a block never allocated is held for 1 ms, waiting for its
+ * allocation, and an allocation recorded 0.5 ms after it is written
+ * first. The held free must then not go back in time: before, it was
+ * written at its own time after that allocation, with a counter sample
+ * holding the allocation's 100 bytes at a time before the allocation, so
+ * a viewer (which orders samples by time) drew 100 bytes live from there. */
+static void test_held_in_order(void)
+{
+    char path[] = "/tmp/unimem_test_events_held_XXXXXX";
+    if (!temp_file(path))
+        return;
+    um__events *e = um__events_open(path, 2);
+    CHECK(e != NULL);
+    if (!e)
+        return;
+    uint64_t ms = ticks_per_ms(e), t = um__events_clock(e);
+    um__event_instant_at(e, UM_EVENT_FREE, 1, t, 0, 0x9000); /* never allocated */
+    um__event_instant_at(e, UM_EVENT_ALLOC, 1, t + ms / 2, 100, 0x1000);
+    um__event_instant_at(e, UM_EVENT_ALLOC, 1, t + 5 * ms, 200, 0x2000);
+    um__event_instant_at(e, UM_EVENT_FREE, 1, t + 6 * ms, 0, 0x1000);
+    um__events_close(e);
+    const char *text = slurp(path);
+    /* Every instant and counter sample of device 1, in the file's order:
+     * times never decrease, and each sample's live bytes are those of the
+     * events before it. */
+    static const char *const want_name[] = {"alloc", "free", "alloc", "free"};
+    static const unsigned long long want_bytes[] = {100, 0, 200, 100};
+    static const unsigned long long want_live[] = {100, 100, 300, 200};
+    static const char sample_head[] = "{\"name\":\"memory\",\"ph\":\"C\"";
+    int instants = 0, samples = 0;
+    double last_ts = -1e30;
+    for (const char *c = text; (c = strstr(c, "{\"name\":\"")); c++) {
+        const char *ts = strstr(c, "\"ts\":"), *end = strchr(c, '}');
+        bool instant = strstr(c, "\"cat\":\"memory\"") && strstr(c, "\"cat\":\"memory\"") < end;
+        bool sample = strncmp(c, sample_head, strlen(sample_head)) == 0;
+        if (!instant && !sample)
+            continue;
+        double at = ts ? strtod(ts + 5, NULL) : -1e30;
+        CHECK(at >= last_ts);
+        last_ts = at;
+        if (instant && instants < 4) {
+            const char *bytes = strstr(c, "\"bytes\":");
+            CHECK(strncmp(c + 9, want_name[instants], strlen(want_name[instants])) == 0);
+            CHECK_EQ(bytes ? strtoull(bytes + 8, NULL, 10) : 12345, want_bytes[instants]);
+            instants++;
+        } else if (sample && samples < 4) {
+            const char *live = strstr(c, "\"live\":");
+            CHECK_EQ(live ? strtoull(live + 7, NULL, 10) : 12345, want_live[samples]);
+            samples++;
+        }
+    }
+    CHECK_EQ(instants, 4);
+    CHECK_EQ(samples, 4);
+    remove(path);
+}
+
+int main(void)
+{
+    test_held_in_order();
+    return harness_finish("test_events");
+}
