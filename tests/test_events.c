@@ -99,8 +99,54 @@ static void test_held_in_order(void)
     remove(path);
 }
 
+/* Three lives of block x recorded with their frees late (allocations of
+ * 100, 200 and 300 bytes, then three frees), while a free of block y
+ * waits for y's allocation. y's allocation comes between, and the held
+ * events must keep their order: before, taking y's free out of the held
+ * list moved x's allocation of 300 in front of that of 200, and the trace
+ * showed 300 bytes live where 200 were. */
+static void test_held_keep_order(void)
+{
+    char path[] = "/tmp/unimem_test_events_keep_XXXXXX";
+    if (!temp_file(path))
+        return;
+    um__events *e = um__events_open(path, 2);
+    CHECK(e != NULL);
+    if (!e)
+        return;
+    uint64_t t = um__events_clock(e);
+    const uint64_t x = 0x10000, y = 0x20000;
+    um__event_instant_at(e, UM_EVENT_FREE, 1, t, 0, y); /* before its allocation */
+    um__event_instant_at(e, UM_EVENT_ALLOC, 1, t + 10, 100, x);
+    um__event_instant_at(e, UM_EVENT_ALLOC, 1, t + 20, 200, x); /* before the frees */
+    um__event_instant_at(e, UM_EVENT_ALLOC, 1, t + 30, 300, x);
+    um__event_instant_at(e, UM_EVENT_ALLOC, 1, t + 40, 7, y);
+    for (int i = 0; i < 3; i++)
+        um__event_instant_at(e, UM_EVENT_FREE, 1, t + 50 + 10 * (uint64_t)i, 0, x);
+    um__events_close(e);
+    const char *text = slurp(path);
+    /* x's events in the file's order, with the bytes each names. */
+    static const char *const want_name[] = {"alloc", "free", "alloc", "free", "alloc", "free"};
+    static const unsigned long long want_bytes[] = {100, 100, 200, 200, 300, 300};
+    int n = 0;
+    for (const char *c = text; (c = strstr(c, "\"block\":\"0x10000\"")); c++) {
+        const char *start = c;
+        while (start > text && strncmp(start, "{\"name\":\"", 9) != 0)
+            start--;
+        const char *bytes = strstr(start, "\"bytes\":");
+        if (n < 6) {
+            CHECK(strncmp(start + 9, want_name[n], strlen(want_name[n])) == 0);
+            CHECK_EQ(bytes ? strtoull(bytes + 8, NULL, 10) : 12345, want_bytes[n]);
+        }
+        n++;
+    }
+    CHECK_EQ(n, 6);
+    remove(path);
+}
+
 int main(void)
 {
     test_held_in_order();
+    test_held_keep_order();
     return harness_finish("test_events");
 }

@@ -846,9 +846,14 @@ static ptrdiff_t held_find(const um__events *e, uint64_t addr, uint8_t kind)
     return -1;
 }
 
+/* Keeps the others in their order, which is their time's: held_find
+ * takes the first, and two allocations held at one address must come out
+ * as they were made. (Moving the last into the gap once put a later
+ * allocation, with its size, before an earlier one.) */
 static void held_remove(um__events *e, size_t i)
 {
-    e->held[i] = e->held[--e->nheld];
+    e->nheld--;
+    memmove(&e->held[i], &e->held[i + 1], (e->nheld - i) * sizeof *e->held);
 }
 
 /* Writes the held events recorded more than HOLD_NS before now_ns (all of
