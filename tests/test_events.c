@@ -144,8 +144,46 @@ static void test_held_keep_order(void)
     remove(path);
 }
 
+/* Span durations: 32 bits of ns hold 4.29 s, of microseconds 71.6
+ * minutes; a task or a wait in virtual time can last longer. Before, a
+ * span of 5000 s came out as 4294.967295 s. */
+static void test_long_spans(void)
+{
+    char path[] = "/tmp/unimem_test_events_long_XXXXXX";
+    if (!temp_file(path))
+        return;
+    um__events *e = um__events_open(path, 2);
+    CHECK(e != NULL);
+    if (!e)
+        return;
+    static const uint64_t s = 1000000000ull;
+    /* ns kept exactly; above 4.29 s, microseconds; above 71.6 min, ms. */
+    static const uint64_t dur_ns[] = {3 * s + 123456789ull, 10 * s + 123456789ull, 5000 * s,
+                                      40ull * 86400 * s + 7000000ull};
+    static const char *const want[] = {"\"dur\":3123456.789,", "\"dur\":10123456.000,",
+                                       "\"dur\":5000000000.000,", "\"dur\":3456000007000.000,"};
+    uint64_t now = um__now_ns();
+    for (int i = 0; i < 4; i++)
+        um__event_add(e, UM_EVENT_RECLAIM_RUN, 1, -1, now - dur_ns[i], dur_ns[i], (uint64_t)i, 0);
+    um__events_close(e);
+    const char *text = slurp(path);
+    for (int i = 0; i < 4; i++) {
+        char args[64];
+        snprintf(args, sizeof args, "\"args\":{\"bytes_before\":%d,", i);
+        const char *span = strstr(text, args);
+        while (span && span > text && strncmp(span, "{\"name\"", 8) != 0)
+            span--;
+        const char *dur = span ? strstr(span, want[i]) : NULL;
+        if (!dur || dur > strstr(span, args))
+            printf("test_long_spans: span %d has no %s\n", i, want[i]);
+        CHECK(dur && dur < strstr(span, args));
+    }
+    remove(path);
+}
+
 int main(void)
 {
+    test_long_spans();
     test_held_in_order();
     test_held_keep_order();
     return harness_finish("test_events");

@@ -30,8 +30,10 @@
  * microsecond by which clock reads are seen out of order. */
 #define HOLD_NS 1000000
 
-/* A duration in flags' DUR_US unit is in microseconds (above 4.29 s). */
-enum { REC_DUR_US = 1 };
+/* A duration in flags' DUR_US unit is in microseconds (above 4.29 s), in
+ * DUR_MS in milliseconds (above 71.6 minutes: a task or a wait in virtual
+ * time can last that long; 49.7 days at most). */
+enum { REC_DUR_US = 1, REC_DUR_MS = 2 };
 
 /* One event as recorded: time in the recorder's ticks, two arguments, a
  * duration, what and where. */
@@ -379,8 +381,11 @@ void um__event_add(um__events *e, um__event_kind kind, int dev, int src, uint64_
     uint64_t t = now_t - (uint64_t)((double)ago * e->ticks_per_ns);
     uint8_t flags = 0;
     uint64_t dur = dur_ns;
-    if (dur > UINT32_MAX) {
-        dur = dur / 1000 > UINT32_MAX ? UINT32_MAX : dur / 1000;
+    if (dur / 1000 > UINT32_MAX) {
+        dur = dur / 1000000 > UINT32_MAX ? UINT32_MAX : dur / 1000000;
+        flags = REC_DUR_MS;
+    } else if (dur > UINT32_MAX) {
+        dur /= 1000;
         flags = REC_DUR_US;
     }
     event_rec *r = slot(e);
@@ -917,7 +922,9 @@ static void block_event(um__events *e, const event_rec *r)
 static void write_event(um__events *e, const event_rec *r)
 {
     int64_t ts_ns = ticks_to_ns(e, r->t);
-    int64_t dur = (int64_t)r->dur * (r->flags & REC_DUR_US ? 1000 : 1);
+    int64_t dur = (int64_t)r->dur * (r->flags & REC_DUR_MS   ? 1000000
+                                     : r->flags & REC_DUR_US ? 1000
+                                                             : 1);
     bool on_device = r->dev >= 0 && r->dev < e->ndevices;
     line l = {.n = 0};
     switch (r->kind) {
