@@ -295,6 +295,42 @@ static void test_limit_and_stream_destroy(void)
     um_shutdown(ctx);
 }
 
+/* An allocation at the limit that waits for a deferred free and then
+ * succeeds is no OOM; one that still fails after the wait is one (before,
+ * the allocator's first failure was counted either way: num_ooms 1 after
+ * a successful um_malloc, 2 after one failed call). For each allocator. */
+static void test_ooms_after_wait(void)
+{
+    static const char *const confs[] = {"devices=sim:8M,allocator=pool",
+                                        "devices=sim:8M,allocator=direct",
+                                        "devices=sim:8M,allocator=bufcache"};
+    for (size_t i = 0; i < sizeof confs / sizeof confs[0]; i++) {
+        um_stream a = NULL, b = NULL;
+        void *p = NULL, *q = NULL;
+        um_context *ctx = marked_block(confs[i], 6 * MB, 2, &a, &b, &p);
+        um_stats st = {.version = UM_STATS_VERSION};
+        CHECK_OK(um_free(ctx, p, a));
+        CHECK_EQ(ctx->devices[1].deferred, 1);
+        CHECK_OK(um_malloc(ctx, 1, 6 * MB, a, &q)); /* waited for b's work */
+        CHECK_OK(um_stats_get(ctx, 1, &st));
+        CHECK_EQ(st.num_ooms, 0);
+        CHECK_EQ(st.num_allocs, 2);
+        CHECK_OK(um_record_stream(ctx, q, b));
+        CHECK_OK(um_sim_stream_work(ctx, 1, b, 1, 0));
+        CHECK_OK(um_free(ctx, q, a));
+        void *r = NULL;
+        CHECK_OK(um_malloc(ctx, 1, 4 * MB, a, &r)); /* 4 MiB live ... */
+        CHECK_STATUS(um_malloc(ctx, 1, 6 * MB, a, &p), UM_ERR_NOMEM); /* ... so 6 never fit */
+        CHECK_OK(um_stats_get(ctx, 1, &st));
+        CHECK_EQ(st.num_ooms, 1);
+        char json[512];
+        CHECK_OK(um_stats_json(ctx, 1, json, sizeof json, NULL));
+        CHECK(strstr(json, "\"num_ooms\":1}") != NULL);
+        CHECK_OK(um_free(ctx, r, a));
+        um_shutdown(ctx);
+    }
+}
+
 /* Random allocations, marks, frees and simulated work on four streams
  * (the default one too), checked against the sim streams' own counts of
  * queued and completed work: no allocation may overlap a freed block one
@@ -1038,6 +1074,7 @@ int main(void)
     test_baseline_allocators();
     test_give_back_fails();
     test_memory_limit_collects();
+    test_ooms_after_wait();
     test_random(seed, "devices=sim:2G");
     char conf[128];
     snprintf(conf, sizeof conf, "devices=sim:2G,fault=1:event~0.3,fault_seed=%d",

@@ -26,6 +26,11 @@ typedef struct um_device {
      * both counts are 0, um_free and um_malloc pass straight through. */
     struct um__stream_uses *uses;
     _Atomic uint32_t marked, deferred;
+    /* Failures of the allocator that um_malloc retried (after waiting for
+     * deferred frees, or after reclaim made room): the allocator counted
+     * each as an OOM, but only the call's last failure is one, so
+     * um_stats_get takes these off num_ooms. */
+    _Atomic uint64_t ooms_retried;
 } um_device;
 
 struct um_stream_s {

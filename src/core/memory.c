@@ -52,7 +52,9 @@ static um_status alloc_after_reclaim(um_context *ctx, int dev, size_t size,
          * since the last try. Without this try, an allocation failed
          * while the reclaimer had just evicted the very replica it would
          * have evicted (`unimem sim --engine runtime`, a GPU with room for
-         * one task's three tiles). */
+         * one task's three tiles). The failure before it was not the
+         * call's last. */
+        atomic_fetch_add_explicit(&ctx->devices[dev].ooms_retried, 1, memory_order_release);
         st = a->ops->alloc(a, size, ref, ptr);
         if (st != UM_ERR_NOMEM) {
             (void)reclaim(ctx, dev, 0);
@@ -117,6 +119,7 @@ static __attribute__((noinline)) um_status malloc_checked(um_context *ctx, int d
     if (UM_UNLIKELY(st == UM_ERR_NOMEM) &&
         atomic_load_explicit(&d->deferred, memory_order_acquire)) {
         um__uses_collect(ctx, dev, true);
+        atomic_fetch_add_explicit(&d->ooms_retried, 1, memory_order_release);
         st = d->alloc->ops->alloc(d->alloc, size, ref, ptr);
     }
     if (UM_UNLIKELY(st == UM_ERR_NOMEM))
@@ -314,8 +317,12 @@ um_status um_stats_get(um_context *ctx, int dev, um_stats *out)
     um_status st = allocator_for(ctx, dev, "um_stats_get", &a);
     if (st != UM_OK)
         return st;
+    /* Read before the allocator's count, which each of them follows, so
+     * that the difference never goes below the failures that were final. */
+    uint64_t retried = atomic_load_explicit(&ctx->devices[dev].ooms_retried, memory_order_acquire);
     memset(out, 0, sizeof *out);
     a->ops->stats(a, out);
+    out->num_ooms -= retried < out->num_ooms ? retried : out->num_ooms;
     out->version = UM_STATS_VERSION;
     return UM_OK;
 }
