@@ -507,6 +507,11 @@ static void test_bad_config(void)
     CHECK_STATUS(um__sim_backend_create("s", G - 1, G, 0, &b), UM_ERR_INVALID);
     CHECK_STATUS(um__sim_backend_create("s", 0, G, 0, &b), UM_ERR_INVALID);
     CHECK_STATUS(um__host_backend_create(G / 2, G, &b), UM_ERR_INVALID);
+    /* The message names the capacity asked for, not 0 (its rounded value). */
+    char asked[96];
+    snprintf(asked, sizeof asked, "capacity of %zu bytes is less than one page of %zu bytes",
+             (size_t)(G / 2), (size_t)G);
+    CHECK_ERROR_MENTIONS(asked, NULL, NULL);
     CHECK_STATUS(um__sim_backend_create(NULL, 16 * G, G, 0, &b), UM_ERR_INVALID);
     CHECK_STATUS(um__sim_backend_create("", 16 * G, G, 0, &b), UM_ERR_INVALID);
     CHECK_STATUS(um__sim_backend_create("a-name-that-is-much-longer-than-the-sixty-three-"

@@ -1061,12 +1061,14 @@ um_status um__memfd_backend_create(um_device_kind kind, const char *name, size_t
                         "%s: granularity %zu is not a power of two multiple of the OS page "
                         "size %ld",
                         name, granularity, ps);
-    capacity = um__align_down(capacity, granularity);
+    /* The size asked for is named, not its rounded value: "capacity of 0
+     * bytes" for a 64 MiB device with 128 MiB pages hid the mistake. */
     if (capacity < granularity)
         return um__fail(UM_ERR_INVALID,
-                        "%s: capacity of %zu bytes (rounded down to the granularity) is less "
-                        "than one page of %zu bytes",
+                        "%s: capacity of %zu bytes is less than one page of %zu bytes (the "
+                        "granularity)",
                         name, capacity, granularity);
+    capacity = um__align_down(capacity, granularity);
     if (capacity / granularity > UINT32_MAX - 1u || capacity > (size_t)INT64_MAX)
         return um__fail(UM_ERR_INVALID,
                         "%s: capacity of %zu bytes is %zu pages of %zu bytes, more than the "
