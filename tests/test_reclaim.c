@@ -353,6 +353,16 @@ static void test_malloc_evicts(void)
     um_reclaim_stats s;
     CHECK_OK(um_reclaim_stats_get(ctx, 1, &s));
     CHECK(s.evictions >= 1);
+    /* It succeeded, so it is no OOM (the allocator's failures before the
+     * evictions were counted as OOMs before); one that cannot fit however
+     * much is evicted is one, however many evictions it tried. */
+    um_stats st;
+    CHECK_OK(um_stats_get(ctx, 1, &st));
+    CHECK_EQ(st.num_ooms, 0);
+    void *big = NULL;
+    CHECK_STATUS(um_malloc(ctx, 1, 6 * MB, NULL, &big), UM_ERR_NOMEM);
+    CHECK_OK(um_stats_get(ctx, 1, &st));
+    CHECK_EQ(st.num_ooms, 1);
     CHECK_OK(um_free(ctx, block, NULL));
     for (int i = 0; i < 4; i++) {
         CHECK_OK(um_buffer_acquire(b[i], 0, UM_ACCESS_READ, NULL, &p));
