@@ -206,6 +206,21 @@ static void test_bad_specs(const char *alloc)
 
     check_cuda_entries(alloc);
 
+    /* A fault rule for a device the context lacks is refused, named (it
+     * was accepted and injected nothing); one for a device it has is not. */
+    {
+        char conf[128];
+        um_context *ctx = NULL;
+        snprintf(conf, sizeof conf, "allocator=%s,devices=sim:64M,fault=1:map@9+7:map~0.5", alloc);
+        CHECK_STATUS(um_init(conf, &ctx), UM_ERR_BAD_OPTION);
+        CHECK(ctx == NULL);
+        CHECK_ERROR_MENTIONS("option 'fault'", "names device 7",
+                             "this context has 2 devices (0 to 1)");
+        snprintf(conf, sizeof conf, "allocator=%s,devices=sim:64M,fault=1:map@9", alloc);
+        CHECK_OK(um_init(conf, &ctx));
+        um_shutdown(ctx);
+    }
+
     /* A backend failure after other devices exist tears them all down
      * (the leak check of ASan proves it): a sim device must hold at least
      * one page. */

@@ -166,6 +166,9 @@ void um__fault_plan_free(um__fault_plan *p);
 um_status um__fault_wrap(um__backend *inner, um__fault_plan *plan, int dev, um__backend **out);
 /* Failures the plan has injected so far. */
 uint64_t um__fault_fired(const um__fault_plan *p);
+/* The highest device index a rule of the plan names, or -1 (none, or
+ * every rule is for every device). */
+int um__fault_plan_max_dev(const um__fault_plan *p);
 /* Wrappers destroyed, in this process, while the layers above still held
  * reservations, chunks, mappings, streams or events of theirs: leaks. */
 uint64_t um__fault_leaks_total(void);

@@ -129,6 +129,15 @@ um_status um__fault_plan_parse(const char *spec, int seed, um__fault_plan **out)
 
 void um__fault_plan_free(um__fault_plan *p) { free(p); }
 
+int um__fault_plan_max_dev(const um__fault_plan *p)
+{
+    int max = -1;
+    for (int i = 0; p && i < p->nrules; i++)
+        if (p->rules[i].dev > max)
+            max = p->rules[i].dev;
+    return max;
+}
+
 /* splitmix64: the random rules' draw for call n, the same for a seed and
  * a call order. */
 static double draw(uint64_t seed, uint64_t n)

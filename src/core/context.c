@@ -1083,6 +1083,15 @@ um_status um_init(const char *conf, um_context **out)
     st = um__fault_plan_parse(opts.fault, opts.fault_seed, &ctx->fault);
     if (st == UM_OK)
         st = create_backends(ctx, specs, nspecs);
+    /* A rule for a device the context does not have would inject nothing,
+     * and a run meant to test failures would pass without any. */
+    int fault_dev = um__fault_plan_max_dev(ctx->fault);
+    if (st == UM_OK && fault_dev >= ctx->ndevices)
+        st = um__fail(UM_ERR_BAD_OPTION,
+                      "option 'fault': '%s' names device %d, but this context has %d device%s "
+                      "(0 to %d)",
+                      opts.fault, fault_dev, ctx->ndevices, ctx->ndevices == 1 ? "" : "s",
+                      ctx->ndevices - 1);
     if (st == UM_OK && opts.virtual_time) {
         um__backend *be[UM_MAX_DEVICES];
         for (int i = 0; i < ctx->ndevices; i++)
