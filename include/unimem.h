@@ -142,7 +142,9 @@ typedef struct um_link_info {
 
 /* conf: "key=value,key=value" or NULL. UNIMEM_CONF is read first, then conf. */
 UM_API um_status um_init(const char *conf, um_context **ctx);
-/* Frees every pool and backend resource; live allocations are released too. */
+/* Frees every pool and backend resource; live allocations are released too.
+ * A context shut down already, or by another thread at once, is refused:
+ * nothing is done, and um_last_error() says so. */
 UM_API void um_shutdown(um_context *ctx);
 UM_API int um_device_count(um_context *ctx);
 UM_API um_status um_device_info_get(um_context *ctx, int dev, um_device_info *out);

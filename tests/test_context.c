@@ -1398,6 +1398,35 @@ static void test_trace_span_lanes(void)
     remove(path);
 }
 
+/* A second um_shutdown of a context, later or from another thread at the
+ * same time, is refused with a message and does nothing (before, it freed
+ * the context twice). */
+static void *shutdown_thread(void *arg)
+{
+    um_shutdown(arg);
+    return strstr(um_last_error(), "is not a live context") ? arg : NULL;
+}
+
+static void test_shutdown_twice(void)
+{
+    um_context *ctx = NULL;
+    CHECK_OK(um_init("devices=sim:64M", &ctx));
+    um__clear_error();
+    um_shutdown(ctx);
+    um_shutdown(ctx);
+    CHECK_ERROR_MENTIONS("um_shutdown", "is not a live context", NULL);
+    for (int round = 0; round < 10; round++) {
+        CHECK_OK(um_init("devices=sim:64M", &ctx));
+        pthread_t t[2];
+        void *refused[2] = {NULL, NULL};
+        for (int i = 0; i < 2; i++)
+            CHECK_EQ(pthread_create(&t[i], NULL, shutdown_thread, ctx), 0);
+        for (int i = 0; i < 2; i++)
+            CHECK_EQ(pthread_join(t[i], &refused[i]), 0);
+        CHECK_EQ((refused[0] != NULL) + (refused[1] != NULL), 1);
+    }
+}
+
 int main(void)
 {
     unsetenv("UNIMEM_CONF");
@@ -1410,6 +1439,7 @@ int main(void)
     test_trace_reserved_baselines();
     test_stats_json_and_table();
     test_option_current();
+    test_shutdown_twice();
     for (int i = 0; i < NALLOCATORS; i++) {
         const char *alloc = allocators[i];
         int before = harness_failures;

@@ -50,6 +50,7 @@ typedef struct context_impl {
     id_stack free_ids[UM_MAX_DEVICES]; /* ids of destroyed streams, reused first */
     stream_node *dead_head, *dead_tail; /* oldest first, through next */
     unsigned ndead;
+    struct context_impl *live_next; /* the process's live contexts (live_list) */
 } context_impl;
 
 static context_impl *impl_of(um_context *ctx)
@@ -980,6 +981,34 @@ static um_status enter_context(bool virtual_time)
     return st;
 }
 
+/* The contexts um_init made and um_shutdown has not taken yet, so that a
+ * second um_shutdown of one (later, or from another thread at once) is
+ * refused with a message instead of freeing it twice. Under
+ * contexts_lock; only um_init and um_shutdown read it, never a hot path. */
+static context_impl *live_list;
+
+static void live_add(context_impl *impl)
+{
+    pthread_mutex_lock(&contexts_lock);
+    impl->live_next = live_list;
+    live_list = impl;
+    pthread_mutex_unlock(&contexts_lock);
+}
+
+/* Takes impl off the list; false when it was not there. */
+static bool live_take(context_impl *impl)
+{
+    pthread_mutex_lock(&contexts_lock);
+    context_impl **at = &live_list;
+    while (*at && *at != impl)
+        at = &(*at)->live_next;
+    bool found = *at != NULL;
+    if (found)
+        *at = impl->live_next;
+    pthread_mutex_unlock(&contexts_lock);
+    return found;
+}
+
 /* After the context is gone: its streams and threads no longer use the
  * clock. */
 static void leave_context(bool virtual_time)
@@ -1116,6 +1145,7 @@ um_status um_init(const char *conf, um_context **out)
     }
     um__log(UM_LOG_INFO, "um_init: %d device%s, allocator %s", ctx->ndevices,
             ctx->ndevices == 1 ? "" : "s", um__allocator_name(opts.allocator));
+    live_add(impl);
     *out = ctx;
     return UM_OK;
 }
@@ -1131,6 +1161,14 @@ void um_shutdown(um_context *ctx)
 {
     if (!ctx)
         return;
+    if (!live_take(impl_of(ctx))) {
+        um__fail(UM_ERR_INVALID,
+                 "um_shutdown: %p is not a live context (shut down already, or by another "
+                 "thread at once); nothing was done",
+                 (void *)ctx);
+        um__log(UM_LOG_ERROR, "%s", um_last_error());
+        return;
+    }
     /* UNIMEM_SHOW_STATS=1: every device's figures before anything is
      * freed (what is still live at exit shows), as MIMALLOC_SHOW_STATS. */
     const char *show = getenv("UNIMEM_SHOW_STATS");
