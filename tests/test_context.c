@@ -165,6 +165,8 @@ static void test_bad_specs(const char *alloc)
         {"sim:0x1G", UM_ERR_BAD_OPTION, "count 0"},
         {"sim:x1G", UM_ERR_BAD_OPTION, "no device count"},
         {"sim:2x", UM_ERR_BAD_OPTION, "needs a device size"},
+        {"sim:2x00000000000000000000000000000000000000000000000000000000000000001G",
+         UM_ERR_BAD_OPTION, "the device size is 66 characters long"},
         {"sim:ax1G", UM_ERR_BAD_OPTION, "'a'"},
         {"sim:64x1M", UM_ERR_BAD_OPTION, "count 64"},
         {"sim:99999999999x1M", UM_ERR_BAD_OPTION, "'99999999999'"},

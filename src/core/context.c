@@ -276,10 +276,16 @@ static um_status parse_entry(const char *text, size_t len, int accelerators, dev
                         "option 'devices': entry '%.*s': the device count %ld is not from 1 to %d",
                         shown, text, count, UM_MAX_DEVICES - 1);
     char size_text[64];
-    if ((size_t)(end - p) >= sizeof size_text || end == p)
+    if (end == p)
         return um__fail(UM_ERR_BAD_OPTION,
                         "option 'devices': entry '%.*s' needs a device size such as sim:4G", shown,
                         text);
+    /* A size too long to be one is named as such, not as a missing size. */
+    if ((size_t)(end - p) >= sizeof size_text)
+        return um__fail(UM_ERR_BAD_OPTION,
+                        "option 'devices': entry '%.*s': the device size is %zu characters long, "
+                        "not a size such as 4G",
+                        shown, text, (size_t)(end - p));
     memcpy(size_text, p, (size_t)(end - p));
     size_text[end - p] = '\0';
     size_t size;
