@@ -236,9 +236,14 @@ static void test_bad_specs(const char *alloc)
     snprintf(conf, sizeof conf, "allocator=%s,devices=sim:64M+sim:1M", alloc);
     CHECK_STATUS(um_init(conf, &ctx), UM_ERR_INVALID);
     CHECK(ctx == NULL);
-    CHECK_ERROR_MENTIONS("um_init: device 2 (sim2, 1.00 MiB)",
+    CHECK_ERROR_MENTIONS("um_init: device 2 (sim2, 1.00 MiB) with option sim_granularity=2.00 MiB",
                          "capacity of 1048576 bytes is less than one page of 2097152 bytes",
                          NULL);
+    /* The host's size comes from options, which are named. */
+    CHECK_STATUS(um_init("host_capacity=1M", &ctx), UM_ERR_INVALID);
+    CHECK(ctx == NULL);
+    CHECK_ERROR_MENTIONS("options host_capacity=1.00 MiB, host_granularity=2.00 MiB",
+                         "capacity of 1048576 bytes is less than one page", NULL);
 
     CHECK_STATUS(um_init("devices=sim:1M", NULL), UM_ERR_INVALID);
 

@@ -766,6 +766,16 @@ static um_status create_host(um_context *ctx, const device_spec *specs, int nspe
                 error_detail(st, why, sizeof why));
     }
     st = um__host_backend_create(o->host_capacity, o->host_granularity, &b);
+    if (st == UM_ERR_INVALID) {
+        /* A size the backend refuses came from these options: named. */
+        char where[128], cap[32], gran[32];
+        snprintf(where, sizeof where,
+                 "um_init: device 0 (host) with options host_capacity=%s, host_granularity=%s",
+                 o->host_capacity ? um__format_bytes(cap, sizeof cap, o->host_capacity)
+                                  : "0 (physical RAM)",
+                 um__format_bytes(gran, sizeof gran, o->host_granularity));
+        return fail_within(st, where);
+    }
     if (st != UM_OK)
         return fail_within(st, "um_init: device 0 (host)");
     return add_host(ctx, b);
@@ -828,7 +838,7 @@ static um_status create_backends(um_context *ctx, const device_spec *specs, int 
         switch (specs[i].kind) {
         case SPEC_SIM:
             for (int k = 0; k < specs[i].count; k++) {
-                char name[16], where[64], bytes[32];
+                char name[16], where[128], bytes[32], gran[32];
                 int index = ctx->ndevices;
                 /* GPUs are counted only once the driver is asked, so the
                  * parser's bound may not have seen them. */
@@ -841,8 +851,14 @@ static um_status create_backends(um_context *ctx, const device_spec *specs, int 
                 st = um__sim_backend_create(name, specs[i].size, o->sim_granularity,
                                             o->sim_link_bandwidth, &b);
                 if (st != UM_OK) {
-                    snprintf(where, sizeof where, "um_init: device %d (%s, %s)", index, name,
-                             um__format_bytes(bytes, sizeof bytes, specs[i].size));
+                    /* A size the backend refuses came from the devices
+                     * entry or the sim_granularity option: both named. */
+                    int n = snprintf(where, sizeof where, "um_init: device %d (%s, %s)", index,
+                                     name, um__format_bytes(bytes, sizeof bytes, specs[i].size));
+                    if (st == UM_ERR_INVALID && n > 0 && (size_t)n < sizeof where)
+                        snprintf(where + n, sizeof where - (size_t)n,
+                                 " with option sim_granularity=%s",
+                                 um__format_bytes(gran, sizeof gran, o->sim_granularity));
                     return fail_within(st, where);
                 }
                 /* A sim device computes on the host's cores, or at its
