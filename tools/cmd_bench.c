@@ -1188,6 +1188,9 @@ static int run_record(bench *b)
     double ns[2][RECORD_ROUNDS], per_event[RECORD_ROUNDS], ratio[RECORD_ROUNDS];
     int rc = 0;
     sample smp;
+    /* The time budget may stop a measurement before `pairs`: the figure
+     * reported is the fewest pairs a measurement of the rounds timed. */
+    uint64_t timed = pairs;
     for (int w = 0; w < 2 && !rc; w++)
         if (!work_fill(&k[w], WHICH_UNIMEM) ||
             !work_time(&k[w], WHICH_UNIMEM, warm_pairs(&k[w]), b->o.budget_ns, &smp))
@@ -1200,6 +1203,8 @@ static int run_record(bench *b)
                 rc = ring_fail(b, &k[w].r, WHICH_UNIMEM, names[w]);
             else
                 ns[w][r] = (double)smp.ns / (double)smp.pairs;
+            if (!rc && smp.pairs < timed)
+                timed = smp.pairs;
         }
         if (!rc) {
             per_event[r] = (ns[1][r] - ns[0][r]) / 2.0;
@@ -1233,14 +1238,15 @@ static int run_record(bench *b)
                "\"rounds\":%d,\"pairs_per_round\":%llu,\"plain_ns\":%.2f,"
                "\"recording_ns\":%.2f,\"ns_per_event\":%.2f,\"ns_per_event_low\":%.2f,"
                "\"ns_per_event_high\":%.2f,\"ratio\":%.4f,\"trace_bytes\":%lld,\"cpus\":%d}\n",
-               live, b->o.device, rounds, (unsigned long long)pairs, plain, recording, event,
+               live, b->o.device, rounds, (unsigned long long)timed, plain, recording, event,
                low, high, pair_ratio, trace_bytes, ncpus);
     } else {
         char tb[32];
         printf("unimem bench alloc: record: device %d (%s), the small sizes' ring of %zu blocks "
                "in two contexts, one recording (trace_file), %d rounds of %llu pairs each, in "
-               "turns\n",
-               b->dev, b->info.name, live, rounds, (unsigned long long)pairs);
+               "turns%s\n",
+               b->dev, b->info.name, live, rounds, (unsigned long long)timed,
+               timed < pairs ? " (at the fewest: the time budget cut measurements short)" : "");
         printf("pair, median of the rounds: %.1f ns plain, %.1f ns recording (ratio %.2f)\n",
                plain, recording, pair_ratio);
         printf("a recorded event (half a round's difference): %.1f ns, median of the rounds "
