@@ -52,7 +52,7 @@ int main(int argc, char **argv)
         return 1;
     }
     char line[256];
-    long large = 0, queued = 0, step = 0, lineno = 0;
+    long large = 0, step = 0, lineno = 0;
     unsigned long long last_calls = 0;
     um_stats st;
     int rc = 0;
@@ -97,10 +97,14 @@ int main(int argc, char **argv)
             continue;
         }
         /* Each event is a unit of work that the device finishes LAG
-         * events later. */
-        unsigned done = queued >= lag;
-        queued += 1 - (long)done;
-        if (lag && um_sim_stream_work(ctx, dev, NULL, 1, done) != UM_OK) {
+         * events later; the stream says what is queued, since a wait of
+         * the allocator's completes it all. */
+        uint64_t queued = 0;
+        if (lag && (um_sim_stream_work(ctx, dev, NULL, 1, 0) != UM_OK ||
+                    um_sim_stream_queued(ctx, dev, NULL, &queued) != UM_OK ||
+                    (queued > (uint64_t)lag &&
+                     um_sim_stream_work(ctx, dev, NULL, 0, (unsigned)(queued - (uint64_t)lag)) !=
+                         UM_OK))) {
             fprintf(stderr, "step_calls: %s\n", um_last_error());
             rc = 1;
         }

@@ -166,6 +166,12 @@ UM_API int um_stream_device(um_stream s);
  * devices. */
 UM_API um_status um_sim_stream_work(um_context *ctx, int dev, um_stream s, unsigned launch,
                              unsigned complete);
+/* The units of simulated work on a sim device's stream (NULL: its default
+ * stream) that are queued and not yet completed: um_sim_stream_work, a
+ * synchronize or a wait for one of its events completes them. A program
+ * that models a device trailing it by n units launches one, then
+ * completes all but n of these (`unimem replay --lag`). */
+UM_API um_status um_sim_stream_queued(um_context *ctx, int dev, um_stream s, uint64_t *units);
 /* A um_stream for a stream the program already has: a CUstream (or
  * cudaStream_t) on a CUDA device, NULL or CU_STREAM_LEGACY for its legacy
  * default stream. The context never destroys `native`; um_stream_destroy

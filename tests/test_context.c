@@ -832,15 +832,35 @@ static void test_sim_stream_work(const char *alloc)
     void *p = NULL, *q = NULL;
     CHECK_OK(um_malloc(ctx, 1, 3 * 1024 * 1024, s, &p));
     CHECK_OK(um_sim_stream_work(ctx, 1, s, 2, 0));
+    uint64_t queued = 99;
+    CHECK_OK(um_sim_stream_queued(ctx, 1, s, &queued));
+    CHECK_EQ(queued, 2);
     CHECK_OK(um_free(ctx, p, s));
     CHECK_OK(um_malloc(ctx, 1, 3 * 1024 * 1024, NULL, &q));
     bool caching = strcmp(alloc, "direct") != 0;
     CHECK(q != p || !caching); /* s's two units are still queued */
     CHECK_OK(um_free(ctx, q, NULL));
     CHECK_OK(um_sim_stream_work(ctx, 1, s, 0, 2));
+    CHECK_OK(um_sim_stream_queued(ctx, 1, s, &queued));
+    CHECK_EQ(queued, 0);
+    /* A synchronize completes all that is queued, and the stream says so
+     * (`replay --lag` counts on it to keep its lag after a wait). */
+    CHECK_OK(um_sim_stream_work(ctx, 1, s, 5, 1));
+    CHECK_OK(um_sim_stream_queued(ctx, 1, s, &queued));
+    CHECK_EQ(queued, 4);
+    CHECK_OK(um_stream_synchronize(ctx, s));
+    CHECK_OK(um_sim_stream_queued(ctx, 1, s, &queued));
+    CHECK_EQ(queued, 0);
     CHECK_OK(um_stream_synchronize(ctx, NULL));
     /* Completing more than is queued completes what is queued. */
     CHECK_OK(um_sim_stream_work(ctx, 1, NULL, 1, 5));
+    CHECK_OK(um_sim_stream_queued(ctx, 1, NULL, &queued));
+    CHECK_EQ(queued, 0);
+    CHECK_STATUS(um_sim_stream_queued(ctx, 1, NULL, NULL), UM_ERR_INVALID);
+    CHECK_ERROR_MENTIONS("units", "NULL", NULL);
+    CHECK_STATUS(um_sim_stream_queued(ctx, 0, NULL, &queued), UM_ERR_UNSUPPORTED);
+    CHECK_STATUS(um_sim_stream_queued(ctx, 2, s, &queued), UM_ERR_INVALID);
+    CHECK_ERROR_MENTIONS("device 1", "not 2", NULL);
     CHECK_STATUS(um_sim_stream_work(ctx, 0, NULL, 1, 1), UM_ERR_UNSUPPORTED);
     CHECK_ERROR_MENTIONS("sim devices", NULL, NULL);
     CHECK_STATUS(um_sim_stream_work(ctx, 2, s, 1, 1), UM_ERR_INVALID);

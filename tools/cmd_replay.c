@@ -43,6 +43,7 @@ typedef struct rp_result {
     uint64_t driver_peak; /* peak of the driver's used memory; 0: not measured */
     double ns_per_event;
     uint64_t max_event_ns;
+    double lag_mean; /* rp_run's */
     bool have_min; /* min_limit measured */
     uint64_t min_limit;
 } rp_result;
@@ -75,7 +76,8 @@ static void usage(FILE *f)
             "                  steps) under which the trace runs with no failed allocation\n"
             "  --lag N         sim devices: each event is a unit of simulated work that the\n"
             "                  device finishes N events later (a GPU trailing its program), so\n"
-            "                  memory freed in the last N events is still fenced\n"
+            "                  memory freed in the last N events is still fenced; a wait for\n"
+            "                  a stream lets its device catch up, then it falls behind again\n"
             "  --json          one JSON object on stdout instead of the table\n");
 }
 
@@ -206,6 +208,7 @@ typedef struct rp_run {
     uint64_t peak_reserved, backend_calls, failed_allocs, ns;
     uint64_t max_event_ns; /* the slowest single event (a stall the average hides) */
     uint64_t driver_peak; /* CUDA: the driver's used memory at unimem's peak */
+    double lag_mean;      /* --lag: units queued on an event's stream after it, on average */
     size_t granularity;
     char *stats_table;    /* um_stats_print of the context at the end (malloc'd), or NULL */
 } rp_run;
@@ -282,7 +285,6 @@ static int replay_once(const rp_opts *o, const rp_trace *t, const char *alloc, u
         }
         return rc;
     }
-    uint64_t *queued = NULL;
     um_stream *streams = calloc(t->nstreams ? t->nstreams : 1, sizeof *streams);
     void **ptrs = calloc(t->slots ? t->slots : 1, sizeof *ptrs);
     int rc = 0;
@@ -323,13 +325,7 @@ static int replay_once(const rp_opts *o, const rp_trace *t, const char *alloc, u
             goto out;
         }
     }
-    queued = calloc(t->nstreams ? t->nstreams : 1, sizeof *queued);
-    if (!queued) {
-        fprintf(stderr, "unimem replay: no memory for %u stream counters\n", t->nstreams);
-        rc = 1;
-        goto out;
-    }
-    uint64_t t0 = tool_now_ns(), last = t0;
+    uint64_t t0 = tool_now_ns(), last = t0, queued_sum = 0, lagged = 0;
     for (size_t i = 0; i < t->n; i++) {
         const rp_event *e = &t->ev[i];
         um_stream st = streams[e->op_stream >> 1];
@@ -355,16 +351,26 @@ static int replay_once(const rp_opts *o, const rp_trace *t, const char *alloc, u
         }
         /* --lag: every event is one unit of simulated work on its stream,
          * done only `lag` events later, as a GPU trails the program that
-         * queues its kernels. */
+         * queues its kernels. The stream is asked what is queued: a wait
+         * of the allocator's completes it all, and the device then trails
+         * by less until the program has run ahead again. (Counting here
+         * instead lost the lag for good at the first wait.) */
         if (o->lag) {
-            uint32_t k = e->op_stream >> 1;
-            unsigned done = queued[k] >= o->lag;
-            queued[k] += 1 - done;
-            if ((s = um_sim_stream_work(ctx, dev, st, 1, done)) != UM_OK) {
+            uint64_t queued = 0;
+            s = um_sim_stream_work(ctx, dev, st, 1, 0);
+            if (s == UM_OK)
+                s = um_sim_stream_queued(ctx, dev, st, &queued);
+            if (s == UM_OK && queued > o->lag) {
+                s = um_sim_stream_work(ctx, dev, st, 0, (unsigned)(queued - o->lag));
+                queued = o->lag;
+            }
+            if (s != UM_OK) {
                 tool_progress_clear();
                 rc = tool_fail(REPLAY_CMD, s);
                 goto out;
             }
+            queued_sum += queued;
+            lagged++;
         }
         /* One clock read an event: each event's time is the gap since
          * the previous one's end. */
@@ -376,6 +382,7 @@ static int replay_once(const rp_opts *o, const rp_trace *t, const char *alloc, u
             tool_progress(what, (double)i / (double)t->n);
     }
     out->ns = tool_now_ns() - t0;
+    out->lag_mean = lagged ? (double)queued_sum / (double)lagged : 0.0;
     tool_progress_clear();
     if ((s = driver_watch_sample(&dw, true)) != UM_OK) {
         rc = tool_fail(REPLAY_CMD, s);
@@ -397,7 +404,6 @@ static int replay_once(const rp_opts *o, const rp_trace *t, const char *alloc, u
         fclose(mem);
     }
 out:
-    free(queued);
     for (uint32_t i = 0; streams && i < t->nstreams; i++)
         if (streams[i])
             um_stream_destroy(ctx, streams[i]);
@@ -462,7 +468,7 @@ static double ratio(uint64_t a, uint64_t b)
     return b ? (double)a / (double)b : 0.0;
 }
 
-static void json_fields(const rp_trace *t, const rp_result *r)
+static void json_fields(const rp_opts *o, const rp_trace *t, const rp_result *r)
 {
     printf("\"peak_reserved_bytes\": %llu, \"reserved_over_live\": %.4f, "
            "\"backend_calls\": %llu, \"failed_allocs\": %llu, \"ns_per_event\": %.1f, "
@@ -475,6 +481,10 @@ static void json_fields(const rp_trace *t, const rp_result *r)
                (unsigned long long)r->driver_peak, ratio(r->driver_peak, r->peak_reserved));
     else
         printf("\"driver_peak_used_bytes\": null, \"driver_over_reserved\": null, ");
+    if (o->lag)
+        printf("\"lag_mean_queued\": %.2f, ", r->lag_mean);
+    else
+        printf("\"lag_mean_queued\": null, ");
     if (r->have_min)
         printf("\"min_limit_bytes\": %llu, \"min_limit_over_live\": %.4f",
                (unsigned long long)r->min_limit, ratio(r->min_limit, t->peak_live));
@@ -497,11 +507,11 @@ static void print_json(const rp_opts *o, const rp_trace *t, const rp_result *r)
     printf(", \"events\": %llu, \"allocs\": %llu, \"frees\": %llu, \"peak_live_bytes\": %llu, ",
            (unsigned long long)t->n, (unsigned long long)t->allocs, (unsigned long long)t->frees,
            (unsigned long long)t->peak_live);
-    json_fields(t, &r[0]);
+    json_fields(o, t, &r[0]);
     printf(", \"baselines\": {");
     for (int i = 1; i < 3; i++) {
         printf("%s\"%s\": {", i > 1 ? ", " : "", r[i].allocator);
-        json_fields(t, &r[i]);
+        json_fields(o, t, &r[i]);
         printf("}");
     }
     printf("}}\n");
@@ -535,6 +545,11 @@ static void print_table(const rp_opts *o, const rp_trace *t, const rp_result *r)
                minr, (unsigned long long)r[i].backend_calls, (unsigned long long)r[i].failed_allocs,
                r[i].ns_per_event, (double)r[i].max_event_ns / 1e6);
     }
+    if (o->lag)
+        printf("--lag %llu: the streams' simulated work trailed by %.2f, %.2f and %.2f units "
+               "on average (%s, %s, %s)\n",
+               (unsigned long long)o->lag, r[0].lag_mean, r[1].lag_mean, r[2].lag_mean,
+               r[0].label, r[1].label, r[2].label);
     for (int i = 0; i < 3; i++)
         if (r[i].driver_peak)
             printf("%s: the driver's used memory peaked at %s against a peak reserved of %s "
@@ -656,6 +671,7 @@ int um_cmd_replay(int argc, char **argv)
         r[i].driver_peak = run.driver_peak;
         r[i].ns_per_event = t.n ? (double)run.ns / (double)t.n : 0.0;
         r[i].max_event_ns = run.max_event_ns;
+        r[i].lag_mean = run.lag_mean;
         if (o.min_limit) {
             /* The upper bound is the unlimited peak: rerun without the
              * limit if one was given. */

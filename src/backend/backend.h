@@ -178,6 +178,8 @@ uint64_t um__fault_leaks_total(void);
  * or a synchronize. UM_ERR_UNSUPPORTED on other backends. */
 um_status um__sim_stream_launch(um__backend *b, um__bstream *s, unsigned n);
 um_status um__sim_stream_complete(um__backend *b, um__bstream *s, unsigned n);
+/* Units launched on a sim stream and not completed yet. */
+um_status um__sim_stream_queued(um__backend *b, um__bstream *s, uint64_t *units);
 /* Virtual time only: a kernel of `ns` nanoseconds queued on a sim stream
  * (it runs when the stream's earlier work is done); packed_ns when it
  * starts as the device's previous kernel ends (others ran beside it). */

@@ -65,6 +65,19 @@ um_status um__sim_stream_complete(um__backend *b, um__bstream *s, unsigned n)
     }
 }
 
+um_status um__sim_stream_queued(um__backend *b, um__bstream *s, uint64_t *units)
+{
+    um__bstream *st = NULL;
+    um_status rc = sim_stream(b, s, "sim_stream_queued", &st);
+    if (rc != UM_OK)
+        return rc;
+    /* completed first, as in um__sim_stream_complete: never above
+     * submitted, so the difference never wraps. */
+    uint64_t c = atomic_load_explicit(&st->completed, memory_order_acquire);
+    *units = atomic_load_explicit(&st->submitted, memory_order_acquire) - c;
+    return UM_OK;
+}
+
 um_status um__sim_stream_kernel(um__backend *b, um__bstream *s, uint64_t ns, uint64_t packed_ns)
 {
     um__bstream *st = NULL;

@@ -590,14 +590,13 @@ int um_stream_device(um_stream s)
 /* Simulated work: lets tests and `unimem replay --lag` hold a sim stream
  * busy the way kernels hold a GPU's, so stream-ordered reuse and fences can
  * be exercised without a GPU. */
-um_status um_sim_stream_work(um_context *ctx, int dev, um_stream s, unsigned launch,
-                             unsigned complete)
+static um_status sim_work_stream(um_context *ctx, int dev, um_stream s, const char *what,
+                                 um_device **d, um__bstream **bs)
 {
-    const char *what = "um_sim_stream_work";
-    um_device *d = um__device(ctx, dev, what);
-    if (!d)
+    *d = um__device(ctx, dev, what);
+    if (!*d)
         return UM_ERR_NO_DEVICE;
-    um__bstream *bs = NULL;
+    *bs = NULL;
     if (s) {
         if (!valid_stream(ctx, s))
             return um__fail(UM_ERR_INVALID, "%s: %p is not a live stream of this context", what,
@@ -605,12 +604,33 @@ um_status um_sim_stream_work(um_context *ctx, int dev, um_stream s, unsigned lau
         if (s->dev != dev)
             return um__fail(UM_ERR_INVALID, "%s: the stream belongs to device %d, not %d", what,
                             s->dev, dev);
-        bs = s->ref.bstream;
+        *bs = s->ref.bstream;
     }
-    um_status st = launch ? um__sim_stream_launch(d->backend, bs, launch) : UM_OK;
+    return UM_OK;
+}
+
+um_status um_sim_stream_work(um_context *ctx, int dev, um_stream s, unsigned launch,
+                             unsigned complete)
+{
+    um_device *d;
+    um__bstream *bs;
+    um_status st = sim_work_stream(ctx, dev, s, "um_sim_stream_work", &d, &bs);
+    if (st == UM_OK && launch)
+        st = um__sim_stream_launch(d->backend, bs, launch);
     if (st == UM_OK && complete)
         st = um__sim_stream_complete(d->backend, bs, complete);
     return st;
+}
+
+um_status um_sim_stream_queued(um_context *ctx, int dev, um_stream s, uint64_t *units)
+{
+    static const char what[] = "um_sim_stream_queued";
+    if (!units)
+        return um__fail(UM_ERR_INVALID, "%s: units is NULL", what);
+    um_device *d;
+    um__bstream *bs;
+    um_status st = sim_work_stream(ctx, dev, s, what, &d, &bs);
+    return st == UM_OK ? um__sim_stream_queued(d->backend, bs, units) : st;
 }
 
 /* ------------------------------------------------- init and shutdown */

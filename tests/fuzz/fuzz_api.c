@@ -899,13 +899,22 @@ static void op_stream_work(world *w)
     uint8_t c = fuzz_u8(&w->in);
     um_stream s = c & 1 ? w->streams[dev] : NULL;
     unsigned launch = (c >> 1) % 4, complete = (c >> 3) % 4;
+    uint64_t before = 0, after = 0;
+    um_status qst = um_sim_stream_queued(w->ctx, dev, s, &before);
     um_status st = um_sim_stream_work(w->ctx, dev, s, launch, complete);
     if (dev == 0) {
         FUZZ_CHECK(st == UM_ERR_UNSUPPORTED || (launch == 0 && complete == 0 && st == UM_OK),
                    "op %u: simulated work on the host gave %s", w->op, um_status_name(st));
+        FUZZ_CHECK(qst == UM_ERR_UNSUPPORTED, "op %u: the host's queued work gave %s", w->op,
+                   um_status_name(qst));
         return;
     }
     FUZZ_CHECK(st == UM_OK, "op %u: um_sim_stream_work gave %s", w->op, um_status_name(st));
+    /* One thread: nothing else completes the stream's work meanwhile. */
+    FUZZ_CHECK(qst == UM_OK && um_sim_stream_queued(w->ctx, dev, s, &after) == UM_OK &&
+                   after == before + launch - (complete < before + launch ? complete : before + launch),
+               "op %u: %llu units queued, %u launched, %u completed, then %llu queued", w->op,
+               (unsigned long long)before, launch, complete, (unsigned long long)after);
     if (launch)
         w->pending = true;
 }
