@@ -6,6 +6,7 @@
 #include <string.h>
 #include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 _Atomic int harness_checks;
 _Atomic int harness_failures;
@@ -236,3 +237,25 @@ int harness_run_unimem(const char *args, bool with_stderr, char *out, size_t siz
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 #endif
+
+bool harness_temp_file(char *tmpl)
+{
+    int fd = mkstemp(tmpl);
+    CHECK(fd >= 0);
+    if (fd < 0)
+        return false;
+    close(fd);
+    return true;
+}
+
+const char *harness_slurp(const char *path, char *buf, size_t size)
+{
+    buf[0] = '\0';
+    FILE *f = fopen(path, "r");
+    CHECK(f != NULL);
+    if (f) {
+        buf[fread(buf, 1, size - 1, f)] = '\0';
+        fclose(f);
+    }
+    return buf;
+}

@@ -144,4 +144,11 @@ void harness_dev_unmap(um_context *ctx, int dev, void *p, void *view, size_t n, 
 /* Prints "<name>: N passed, N failed" and returns the exit status. */
 int harness_finish(const char *test_name);
 
+/* Makes the empty file tmpl (a mkstemp template, completed in place);
+ * false, with a failed check, when it cannot. */
+bool harness_temp_file(char *tmpl);
+/* The file at path into buf, NUL-terminated and cut at size - 1 bytes;
+ * empty, with a failed check, when it cannot be opened. Returns buf. */
+const char *harness_slurp(const char *path, char *buf, size_t size);
+
 #endif

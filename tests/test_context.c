@@ -965,29 +965,11 @@ static void test_option_current(void)
     um_shutdown(ctx);
 }
 
-/* Reads the whole file at path into a static buffer (NUL-terminated). */
+/* The whole file at path, in a static buffer. */
 static const char *slurp(const char *path)
 {
     static char text[1 << 16];
-    text[0] = '\0';
-    FILE *f = fopen(path, "r");
-    CHECK(f != NULL);
-    if (f) {
-        text[fread(text, 1, sizeof text - 1, f)] = '\0';
-        fclose(f);
-    }
-    return text;
-}
-
-/* Makes the empty file tmpl (a mkstemp template, completed in place). */
-static bool temp_file(char *tmpl)
-{
-    int fd = mkstemp(tmpl);
-    CHECK(fd >= 0);
-    if (fd < 0)
-        return false;
-    close(fd);
-    return true;
+    return harness_slurp(path, text, sizeof text);
 }
 
 /* Whether device 1's last counter sample in a trace has nothing live or
@@ -1006,7 +988,7 @@ static bool trace_ends_empty(const char *text)
 static void test_trace_counters(void)
 {
     char path[] = "/tmp/unimem_test_context_trace_XXXXXX";
-    if (!temp_file(path))
+    if (!harness_temp_file(path))
         return;
     char conf[128];
     snprintf(conf, sizeof conf, "devices=sim:64M,trace_file=%s", path);
@@ -1106,7 +1088,7 @@ typedef struct traced_block {
 static void test_trace_threads(void)
 {
     char path[] = "/tmp/unimem_test_context_trace_threads_XXXXXX";
-    if (!temp_file(path))
+    if (!harness_temp_file(path))
         return;
     char conf[160];
     snprintf(conf, sizeof conf, "devices=sim:256M,trace_file=%s", path);
@@ -1206,7 +1188,7 @@ static void test_trace_threads(void)
 static void test_trace_spill_full(void)
 {
     char path[] = "/tmp/unimem_test_context_trace_full_XXXXXX";
-    if (!temp_file(path))
+    if (!harness_temp_file(path))
         return;
     fflush(NULL);
     pid_t pid = fork();
@@ -1251,7 +1233,7 @@ static void test_trace_reserved_baselines(void)
     static const char *const kinds[] = {"direct", "bufcache"};
     for (int k = 0; k < 2; k++) {
         char path[] = "/tmp/unimem_test_context_bltrace_XXXXXX";
-        if (!temp_file(path))
+        if (!harness_temp_file(path))
             return;
         char conf[160];
         snprintf(conf, sizeof conf, "devices=sim:64M,allocator=%s,trace_file=%s", kinds[k], path);
@@ -1289,7 +1271,7 @@ static void test_trace_reserved_baselines(void)
 static void test_trace_order_per_address(void)
 {
     char path[] = "/tmp/unimem_test_context_order_XXXXXX";
-    if (!temp_file(path))
+    if (!harness_temp_file(path))
         return;
     um__events *e = um__events_open(path, 2);
     CHECK(e != NULL);
@@ -1337,7 +1319,7 @@ static void test_trace_order_per_address(void)
 static void test_trace_text(void)
 {
     char path[] = "/tmp/unimem_test_context_text_XXXXXX";
-    if (!temp_file(path))
+    if (!harness_temp_file(path))
         return;
     static const char *const comma_locales[] = {"de_DE.UTF-8", "fr_FR.UTF-8", "de_DE.utf8",
                                                 "fr_FR.utf8", "ru_RU.UTF-8"};
@@ -1376,7 +1358,7 @@ static void test_trace_text(void)
 static void test_trace_span_lanes(void)
 {
     char path[] = "/tmp/unimem_test_context_lanes_XXXXXX";
-    if (!temp_file(path))
+    if (!harness_temp_file(path))
         return;
     um__events *e = um__events_open(path, 3);
     CHECK(e != NULL);

@@ -10,28 +10,22 @@
 #include <string.h>
 #include <unistd.h>
 
-/* Reads the whole file at path into a static buffer (NUL-terminated). */
+/* The whole file at path, in a static buffer. */
 static const char *slurp(const char *path)
 {
     static char text[1 << 24];
-    text[0] = '\0';
-    FILE *f = fopen(path, "r");
-    CHECK(f != NULL);
-    if (f) {
-        text[fread(text, 1, sizeof text - 1, f)] = '\0';
-        fclose(f);
-    }
-    return text;
+    return harness_slurp(path, text, sizeof text);
 }
 
-static bool temp_file(char *tmpl)
+/* A recorder of two devices writing to a new file made from the mkstemp
+ * template path; NULL, with a failed check, when it cannot be made. */
+static um__events *open_temp(char *path)
 {
-    int fd = mkstemp(tmpl);
-    CHECK(fd >= 0);
-    if (fd < 0)
-        return false;
-    close(fd);
-    return true;
+    if (!harness_temp_file(path))
+        return NULL;
+    um__events *e = um__events_open(path, 2);
+    CHECK(e != NULL);
+    return e;
 }
 
 /* The recorder's ticks in a millisecond, measured over 20 ms. */
@@ -52,10 +46,7 @@ static uint64_t ticks_per_ms(const um__events *e)
 static void test_held_in_order(void)
 {
     char path[] = "/tmp/unimem_test_events_held_XXXXXX";
-    if (!temp_file(path))
-        return;
-    um__events *e = um__events_open(path, 2);
-    CHECK(e != NULL);
+    um__events *e = open_temp(path);
     if (!e)
         return;
     uint64_t ms = ticks_per_ms(e), t = um__events_clock(e);
@@ -108,10 +99,7 @@ static void test_held_in_order(void)
 static void test_held_keep_order(void)
 {
     char path[] = "/tmp/unimem_test_events_keep_XXXXXX";
-    if (!temp_file(path))
-        return;
-    um__events *e = um__events_open(path, 2);
-    CHECK(e != NULL);
+    um__events *e = open_temp(path);
     if (!e)
         return;
     uint64_t t = um__events_clock(e);
@@ -150,10 +138,7 @@ static void test_held_keep_order(void)
 static void test_long_spans(void)
 {
     char path[] = "/tmp/unimem_test_events_long_XXXXXX";
-    if (!temp_file(path))
-        return;
-    um__events *e = um__events_open(path, 2);
-    CHECK(e != NULL);
+    um__events *e = open_temp(path);
     if (!e)
         return;
     static const uint64_t s = 1000000000ull;
@@ -224,7 +209,7 @@ static void test_two_recorders(void)
     char path[3][40];
     for (int i = 0; i < 3; i++) {
         snprintf(path[i], sizeof path[i], "/tmp/unimem_test_events_two_XXXXXX");
-        if (!temp_file(path[i]))
+        if (!harness_temp_file(path[i]))
             return;
     }
     two[0] = um__events_open(path[0], 2);
