@@ -43,7 +43,7 @@ typedef struct rp_result {
     uint64_t driver_peak; /* peak of the driver's used memory; 0: not measured */
     double ns_per_event;
     uint64_t max_event_ns;
-    double lag_mean; /* rp_run's */
+    double lag_mean; /* --lag: units queued after an event, on average (rp_run) */
     bool have_min; /* min_limit measured */
     uint64_t min_limit;
 } rp_result;
