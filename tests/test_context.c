@@ -9,7 +9,6 @@
 
 #include <locale.h>
 #include <pthread.h>
-#include <sched.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1047,42 +1046,6 @@ static void test_trace_counters(void)
     remove(path);
 }
 
-/* trace_clock reaches the recorder: with shared (the default), a thread's
- * first events read the clock themselves and are counted as such; with
- * exact, no event's time comes from a ticker and none is counted. */
-static void test_trace_clock_option(void)
-{
-    for (int exact = 0; exact < 2; exact++) {
-        char path[] = "/tmp/unimem_test_context_clock_XXXXXX";
-        if (!harness_temp_file(path))
-            return;
-        char conf[160];
-        snprintf(conf, sizeof conf, "devices=sim:64M,trace_clock=%s,trace_file=%s",
-                 exact ? "exact" : "shared", path);
-        um_context *ctx = NULL;
-        CHECK_OK(um_init(conf, &ctx));
-        if (!ctx)
-            return;
-        for (int i = 0; i < 1000; i++) {
-            void *p = NULL;
-            CHECK_OK(um_malloc(ctx, 1, 4096, NULL, &p));
-            CHECK_OK(um_free(ctx, p, NULL));
-        }
-        uint64_t shared = 0, own = 0;
-        um__events_time_sources(ctx->events, &shared, &own);
-        um_shutdown(ctx);
-        cpu_set_t cpus;
-        bool ticker = sched_getaffinity(0, sizeof cpus, &cpus) != 0 || CPU_COUNT(&cpus) >= 2;
-        if (exact)
-            CHECK_EQ(shared + own, 0);
-        else if (ticker)
-            CHECK(own >= 8 && shared + own <= 2100);
-        printf("test_trace_clock_option: %s: %llu times from the ticker, %llu own reads\n",
-               exact ? "exact" : "shared", (unsigned long long)shared, (unsigned long long)own);
-        remove(path);
-    }
-}
-
 /* Several threads recording at once, more events each than one buffer
  * holds, and short-lived threads that exit with events buffered: every
  * event reaches the file once, in time order, each block's free after its
@@ -1310,7 +1273,7 @@ static void test_trace_order_per_address(void)
     char path[] = "/tmp/unimem_test_context_order_XXXXXX";
     if (!harness_temp_file(path))
         return;
-    um__events *e = um__events_open(path, 2, true);
+    um__events *e = um__events_open(path, 2);
     CHECK(e != NULL);
     if (!e)
         return;
@@ -1365,7 +1328,7 @@ static void test_trace_text(void)
         locale = setlocale(LC_NUMERIC, comma_locales[i]) ? comma_locales[i] : NULL;
     if (!locale)
         printf("test_trace_text: no locale with a decimal comma here; its part is not tested\n");
-    um__events *e = um__events_open(path, 2, true);
+    um__events *e = um__events_open(path, 2);
     CHECK(e != NULL);
     if (e) {
         char name[64] = "";
@@ -1397,7 +1360,7 @@ static void test_trace_span_lanes(void)
     char path[] = "/tmp/unimem_test_context_lanes_XXXXXX";
     if (!harness_temp_file(path))
         return;
-    um__events *e = um__events_open(path, 3, true);
+    um__events *e = um__events_open(path, 3);
     CHECK(e != NULL);
     if (!e)
         return;
@@ -1477,7 +1440,6 @@ int main(void)
 {
     unsetenv("UNIMEM_CONF");
     test_trace_counters();
-    test_trace_clock_option();
     test_trace_threads();
     test_trace_spill_full();
     test_trace_order_per_address();

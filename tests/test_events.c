@@ -5,10 +5,7 @@
 #include "harness.h"
 #include "trace/events.h"
 
-#include <math.h>
 #include <pthread.h>
-#include <sched.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -26,13 +23,13 @@ static um__events *open_temp(char *path)
 {
     if (!harness_temp_file(path))
         return NULL;
-    um__events *e = um__events_open(path, 2, true);
+    um__events *e = um__events_open(path, 2);
     CHECK(e != NULL);
     return e;
 }
 
 /* The recorder's ticks in a millisecond, measured over 20 ms. */
-static uint64_t ticks_per_ms(um__events *e)
+static uint64_t ticks_per_ms(const um__events *e)
 {
     uint64_t c0 = um__events_clock(e), n0 = um__now_ns();
     usleep(20000);
@@ -215,8 +212,8 @@ static void test_two_recorders(void)
         if (!harness_temp_file(path[i]))
             return;
     }
-    two[0] = um__events_open(path[0], 2, true);
-    two[1] = um__events_open(path[1], 2, true);
+    two[0] = um__events_open(path[0], 2);
+    two[1] = um__events_open(path[1], 2);
     CHECK(two[0] && two[1]);
     if (!two[0] || !two[1])
         return;
@@ -226,7 +223,7 @@ static void test_two_recorders(void)
         CHECK(pthread_create(&th[i], NULL, two_main, (void *)(uintptr_t)(i + 1)) == 0);
     pthread_barrier_wait(&two_barrier);
     um__events_close(two[0]);
-    two[0] = um__events_open(path[2], 2, true);
+    two[0] = um__events_open(path[2], 2);
     CHECK(two[0] != NULL);
     pthread_barrier_wait(&two_barrier);
     for (int i = 0; i < TWO_THREADS; i++)
@@ -245,176 +242,11 @@ static void test_two_recorders(void)
         remove(path[i]);
 }
 
-/* ------------------------------------------------------ the shared clock */
-
-/* The times of the allocations in the trace at path whose block is
- * base + i (i < n), in microseconds, into ts_us[i] (NaN where none);
- * returns how many it found. Each event is a line of its own. */
-static long alloc_times(const char *path, uint64_t base, long n, double *ts_us)
-{
-    for (long i = 0; i < n; i++)
-        ts_us[i] = NAN;
-    FILE *f = fopen(path, "r");
-    CHECK(f != NULL);
-    if (!f)
-        return 0;
-    char buf[512];
-    long found = 0;
-    while (fgets(buf, sizeof buf, f)) {
-        const char *ts = strstr(buf, "\"ts\":"), *block = strstr(buf, "\"block\":\"0x");
-        if (strncmp(buf, "{\"name\":\"alloc\"", 15) || !ts || !block)
-            continue;
-        uint64_t i = strtoull(block + 11, NULL, 16) - base;
-        if (i < (uint64_t)n) {
-            ts_us[i] = strtod(ts + 5, NULL);
-            found++;
-        }
-    }
-    fclose(f);
-    return found;
-}
-
-static bool several_cpus(void)
-{
-    cpu_set_t cpus;
-    return sched_getaffinity(0, sizeof cpus, &cpus) != 0 || CPU_COUNT(&cpus) >= 2;
-}
-
-/* A burst of allocations, each a few tens of ns after the one before, so
- * that the thread is hot and takes most times from the ticker, then one
- * more after 50 ms of sleep; um__now_ns is read before each event and
- * after the last. No event's time can be after the next read, so the
- * least of (next read - time) over the events bounds the offset between
- * the two clocks from above, and closely (many events take their time
- * just before the next read). Against that offset, times are more than
- * 5 us behind their event's read (the ticker's period and staleness
- * check) for at most 1% of the events, since only a ticker and a thread
- * both descheduled at once make a run lag further; they never go back
- * within the thread; and the event after the sleep reads the clock
- * itself, since a sleeping ticker publishes no time. With exact, no time
- * is the ticker's. */
-#define BURST_MAX 200000
-#define BURST_BASE 0x100000000ull
-static uint64_t burst_now[BURST_MAX + 2];
-static double burst_ts[BURST_MAX + 1];
-
-static void burst_check(bool shared)
-{
-    char path[] = "/tmp/unimem_test_events_burst_XXXXXX";
-    if (!harness_temp_file(path))
-        return;
-    um__events *e = um__events_open(path, 2, shared);
-    CHECK(e != NULL);
-    if (!e)
-        return;
-    uint64_t t_shared = 0, t_own = 0, start = um__now_ns();
-    long n = 0;
-    while (n < BURST_MAX) {
-        burst_now[n] = um__now_ns();
-        um__event_instant(e, UM_EVENT_ALLOC, 1, 64, BURST_BASE + (uint64_t)n);
-        n++;
-        if (n % 4096 == 0) {
-            um__events_time_sources(e, &t_shared, &t_own);
-            if (t_shared >= 20000 || um__now_ns() - start > 3000000000ull ||
-                (!shared && n >= 50000))
-                break;
-        }
-    }
-    usleep(50000);
-    burst_now[n] = um__now_ns();
-    um__event_instant(e, UM_EVENT_ALLOC, 1, 64, BURST_BASE + (uint64_t)n);
-    burst_now[n + 1] = um__now_ns();
-    um__events_time_sources(e, &t_shared, &t_own);
-    um__events_close(e);
-    printf("test_events: %s clock: %ld events, %llu times from the ticker, %llu own reads\n",
-           shared ? "shared" : "exact", n + 1, (unsigned long long)t_shared,
-           (unsigned long long)t_own);
-    if (!shared)
-        CHECK_EQ(t_shared, 0);
-    else if (several_cpus())
-        CHECK(t_shared >= 20000);
-    else
-        printf("test_events: one CPU allowed: no ticker, so no check of its times\n");
-    CHECK_EQ(alloc_times(path, BURST_BASE, n + 1, burst_ts), n + 1);
-    double offset = INFINITY;
-    for (long i = 0; i <= n; i++)
-        offset = fmin(offset, (double)burst_now[i + 1] - burst_ts[i] * 1000.0);
-    long late = 0;
-    for (long i = 0; i <= n; i++) {
-        double behind = (double)burst_now[i] - (offset + burst_ts[i] * 1000.0);
-        if (i)
-            CHECK(burst_ts[i] >= burst_ts[i - 1]);
-        late += behind > 5000.0;
-        if (i == n && behind > 1000.0)
-            printf("test_events: the event after the sleep is %.0f ns behind\n", behind);
-        if (i == n)
-            CHECK(behind <= 1000.0);
-    }
-    printf("test_events: %ld of %ld times more than 5 us behind\n", late, n + 1);
-    CHECK(late * 100 <= n + 1);
-    remove(path);
-}
-
-static void test_shared_clock(void)
-{
-    burst_check(true);
-    burst_check(false);
-}
-
-/* Threads recording bursts at once, each thread's times never going
- * back; run under ThreadSanitizer too (the ticker's hand-shake). */
-#define HOT_THREADS 4
-#define HOT_EVENTS 20000
-static um__events *hot_e;
-static double hot_ts[HOT_THREADS * HOT_EVENTS];
-
-static void *hot_main(void *arg)
-{
-    uint64_t base = BURST_BASE + (uint64_t)(uintptr_t)arg * HOT_EVENTS;
-    for (uint64_t i = 0; i < HOT_EVENTS; i++) {
-        um__event_instant(hot_e, UM_EVENT_ALLOC, 1, 64, base + i);
-        if (i % 5000 == 4999)
-            usleep(1000); /* a pause: the ticker may sleep and be woken */
-    }
-    return NULL;
-}
-
-static void test_shared_clock_threads(void)
-{
-    char path[] = "/tmp/unimem_test_events_hot_XXXXXX";
-    if (!harness_temp_file(path))
-        return;
-    hot_e = um__events_open(path, 2, true);
-    CHECK(hot_e != NULL);
-    if (!hot_e)
-        return;
-    pthread_t th[HOT_THREADS];
-    for (int i = 0; i < HOT_THREADS; i++)
-        CHECK(pthread_create(&th[i], NULL, hot_main, (void *)(uintptr_t)i) == 0);
-    for (int i = 0; i < HOT_THREADS; i++)
-        pthread_join(th[i], NULL);
-    uint64_t t_shared, t_own;
-    um__events_time_sources(hot_e, &t_shared, &t_own);
-    um__events_close(hot_e);
-    printf("test_events: %d threads: %llu times from the ticker, %llu own reads\n", HOT_THREADS,
-           (unsigned long long)t_shared, (unsigned long long)t_own);
-    /* Every time is counted once, whichever thread and source. */
-    CHECK_EQ(t_shared + t_own <= (uint64_t)HOT_THREADS * HOT_EVENTS, true);
-    const long all = HOT_THREADS * HOT_EVENTS;
-    CHECK_EQ(alloc_times(path, BURST_BASE, all, hot_ts), all);
-    for (long i = 1; i < all; i++)
-        if (i % HOT_EVENTS)
-            CHECK(hot_ts[i] >= hot_ts[i - 1]);
-    remove(path);
-}
-
 int main(void)
 {
     test_long_spans();
     test_held_in_order();
     test_held_keep_order();
     test_two_recorders();
-    test_shared_clock();
-    test_shared_clock_threads();
     return harness_finish("test_events");
 }

@@ -1254,9 +1254,7 @@ static int run_record(bench *b)
                event, low, high, trace_bytes >= 0 ? tool_bytes(tb, (uint64_t)trace_bytes) : "?");
         if (ncpus == 1)
             printf("(one CPU allowed: the trace's writer thread ran on the timed thread's CPU, "
-                   "so the figure includes its time, and with one CPU every event reads the "
-                   "clock itself (no ticker for trace_clock=shared); allow two or more to time "
-                   "the recording alone)\n");
+                   "so the figure includes its time; allow two to time the recording alone)\n");
     }
     return 0;
 }

@@ -118,11 +118,6 @@
       "write events (allocations, frees, backend memory calls, trims, copies, evictions, "    \
       "reclaim passes, tasks) to this file as Chrome trace JSON, for Perfetto, "              \
       "chrome://tracing or unimem timeline; empty: no recording")                             \
-    X(trace_clock, UM_OPT_ENUM, "shared",                                                     \
-      "shared|exact: how trace_file times events; shared: a thread recording events less "    \
-      "than 1 us apart reads the TSC for one in 16 and gives the others the reading of a "    \
-      "ticker thread, which spins on a CPU of its own while such bursts last (times within "  \
-      "about 1 us, at a fraction of the cost); exact: every event reads the TSC itself")      \
     X(task_trace, UM_OPT_STRING, "",                                                          \
       "write every submitted task (name, flops, buffers with sizes and modes) to this file, "  \
       "for unimem sim --workload trace:FILE; empty: no recording")                            \
@@ -169,14 +164,12 @@ typedef struct um__options {
     int host_tasks;
     int sim_gflops;
     char trace_file[256];
-    int trace_clock;        /* um__trace_clock */
     char task_trace[256];
     char link_cache[256];
     char fault[256];
     int fault_seed;
 } um__options;
 
-typedef enum um__trace_clock { UM_TRACE_CLOCK_SHARED = 0, UM_TRACE_CLOCK_EXACT = 1 } um__trace_clock;
 typedef enum um__links { UM_LINKS_MEASURE = 0, UM_LINKS_MODEL = 1 } um__links;
 typedef enum um__sched {
     UM_SCHED_EAGER = 0,

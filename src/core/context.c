@@ -1171,9 +1171,8 @@ um_status um_init(const char *conf, um_context **out)
     }
     /* The recorder before the allocators: pools record their reserved
      * memory into it. */
-    if (st == UM_OK && opts.trace_file[0] && !(ctx->events = um__events_open(
-                                             opts.trace_file, ctx->ndevices,
-                                             opts.trace_clock == UM_TRACE_CLOCK_SHARED)))
+    if (st == UM_OK && opts.trace_file[0] && !(ctx->events = um__events_open(opts.trace_file,
+                                                                             ctx->ndevices)))
         st = UM_ERR_IO;
     for (int i = 0; st == UM_OK && ctx->events && i < ctx->ndevices; i++) {
         ctx->devices[i].backend->events = ctx->events;

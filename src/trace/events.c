@@ -5,7 +5,6 @@
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,26 +29,6 @@
  * event it must follow (block_event): far above the fraction of a
  * microsecond by which clock reads are seen out of order. */
 #define HOLD_NS 1000000
-
-/* The shared clock (trace_clock=shared). A thread whose events come less
- * than HOT_GAP_NS apart on average is hot: of each HOT_RUN of its events,
- * the first reads the TSC itself and the others take the ticker thread's
- * latest reading, published every TICK_NS. Reading the TSC costs 10-20 ns
- * (16-19 on the H100 machine's Xeon); a load of the ticker's line costs a
- * cache miss once a period. The first event of a run also checks that the
- * ticker kept up (at most STALE_NS behind); the ticker sleeps once no hot
- * thread has asked for it for IDLE_NS. */
-#define TICK_NS 1000
-#define HOT_GAP_NS 1000
-#define HOT_RUN 16
-#define HOT_AFTER 8 /* quick events in a row before a cold thread turns hot */
-#define STALE_NS 4000
-#define IDLE_NS 200000
-/* A ticker descheduled for DESCHEDULED_NS (longer than an interrupt takes)
- * stops, and is not asked for again for BACKOFF_NS: the CPUs are busy, and
- * it would take CPU from the threads it serves. */
-#define DESCHEDULED_NS 50000
-#define BACKOFF_NS 2000000
 
 /* A duration in flags' DUR_US unit is in microseconds (above 4.29 s), in
  * DUR_MS in milliseconds (above 71.6 minutes: a task or a wait in virtual
@@ -78,7 +57,6 @@ typedef struct tbuf {
     struct tbuf *next;
     uint64_t thread; /* the thread's id (thread_id()) */
     chunk *c;
-    uint64_t shared_times, own_times; /* its events' times: the ticker's, its own reads */
 } tbuf;
 
 /* A sorted run of records in the spill file. */
@@ -124,21 +102,6 @@ struct um__events {
     size_t nheld, held_cap;
     int64_t last_ns;           /* the latest counter sample's time (held_expire) */
     struct span_track *tracks; /* per device and kind of span (span_lane) */
-
-    /* The ticker (trace_clock=shared; ticker_on). Its readings and the
-     * hot threads' requests sit on lines of their own, away from the
-     * fields above that recording threads read on every event. */
-    bool ticker_on, ticker_started;
-    pthread_t ticker;
-    pthread_mutex_t tick_lock; /* with tick_cv: the ticker's sleep */
-    pthread_cond_t tick_cv;
-    _Atomic bool tick_stop;
-    uint64_t tick_period, hot_gap, stale, idle, backoff, descheduled; /* in ticks */
-    uint64_t shared_times, own_times;    /* of threads gone (tbuf's at thread exit) */
-    _Alignas(64) _Atomic uint64_t tick;  /* the latest reading; 0 while the ticker sleeps */
-    _Alignas(64) _Atomic int tick_asked; /* a hot thread asked since the ticker cleared it */
-    _Atomic int ticker_asleep;
-    _Atomic uint64_t backoff_until; /* no asking before this TSC (BACKOFF_NS) */
 };
 
 /* Open recorders, so that a thread's exit finds its buffers (g_lock). */
@@ -149,17 +112,11 @@ static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static pthread_key_t g_key;
 static bool g_key_ok;
 
-/* The recorder this thread last recorded into, its buffer there, and its
- * state of the shared clock there. */
+/* The recorder this thread last recorded into, and its buffer there. */
 static _Thread_local struct {
     um__events *e;
     uint64_t gen;
     tbuf *tb;
-    int run;            /* the ticker's times the current run began with */
-    int shared_left;    /* of them, those left */
-    int quick;          /* events in a row less than hot_gap after the one before */
-    uint64_t last_t;    /* the latest time given: times never go back in a thread */
-    uint64_t checked_t; /* the TSC at the last event that read it */
 } tl;
 static _Thread_local uint64_t tl_thread;
 
@@ -188,152 +145,9 @@ static inline uint64_t rec_clock(const um__events *e)
     return um__now_ns();
 }
 
-/* ------------------------------------------------------ the shared clock */
-
-#if HAVE_TSC
-/* Asks the ticker to run, waking it if it sleeps. The store and the load
- * are sequentially consistent, as are the ticker's store of ticker_asleep
- * and its load of tick_asked: one side always sees the other's. */
-static void ticker_ask(um__events *e)
+uint64_t um__events_clock(const um__events *e)
 {
-    atomic_store(&e->tick_asked, 1);
-    if (atomic_load(&e->ticker_asleep) && atomic_exchange(&e->ticker_asleep, 0)) {
-        pthread_mutex_lock(&e->tick_lock);
-        pthread_cond_signal(&e->tick_cv);
-        pthread_mutex_unlock(&e->tick_lock);
-    }
-}
-
-/* Publishes the TSC every tick_period until no hot thread has asked for
- * idle ticks (the flag is cleared every idle / 8, and a hot thread sets it
- * again at its next own read), then publishes 0: a thread that finds 0
- * reads the TSC itself, so a sleeping ticker never hands out an old time. */
-static void tick_while_asked(um__events *e)
-{
-    uint64_t asked_at = __rdtsc(), cleared = asked_at, prev = asked_at;
-    while (!atomic_load_explicit(&e->tick_stop, memory_order_relaxed)) {
-        uint64_t now = __rdtsc();
-        if (now - prev > e->descheduled) {
-            /* Descheduled (longer than an interrupt takes): the CPUs are
-             * busy, and the threads are better off reading the TSC
-             * themselves for a while. */
-            atomic_store(&e->backoff_until, now + e->backoff);
-            atomic_store(&e->tick_asked, 0);
-            break;
-        }
-        prev = now;
-        atomic_store_explicit(&e->tick, now, memory_order_relaxed);
-        if (now - cleared > e->idle / 8) {
-            if (atomic_exchange(&e->tick_asked, 0))
-                asked_at = now;
-            else if (now - asked_at > e->idle)
-                break;
-            cleared = now;
-        }
-        /* No pause instruction in this wait: in a virtual machine, a
-         * loop of them looks like a spinlock's, and the hypervisor takes
-         * the CPU away (pause-loop exiting), which left the readings
-         * stale for milliseconds on the H100 machine. */
-        while (__rdtsc() - now < e->tick_period)
-            ;
-    }
-    atomic_store(&e->tick, 0);
-}
-
-static void *ticker_main(void *arg)
-{
-    um__events *e = arg;
-    pthread_mutex_lock(&e->tick_lock);
-    while (!atomic_load(&e->tick_stop)) {
-        atomic_store(&e->ticker_asleep, 1);
-        if (!atomic_load(&e->tick_asked)) {
-            pthread_cond_wait(&e->tick_cv, &e->tick_lock);
-            continue;
-        }
-        atomic_store(&e->ticker_asleep, 0);
-        pthread_mutex_unlock(&e->tick_lock);
-        tick_while_asked(e);
-        pthread_mutex_lock(&e->tick_lock);
-    }
-    pthread_mutex_unlock(&e->tick_lock);
-    return NULL;
-}
-#endif
-
-/* An event's time read by its thread (the TSC, or um__now_ns), and where
- * the shared clock is on, that thread's bookkeeping of it: the end of a
- * run of the ticker's times, whether the thread is hot, whether the next
- * run may start. Out of line: the common case takes the ticker's time. */
-static __attribute__((noinline)) uint64_t own_time(um__events *e)
-{
-    uint64_t now = rec_clock(e);
-#if HAVE_TSC
-    if (!e->ticker_on || tl.e != e || tl.gen != e->gen)
-        return now;
-    tl.tb->own_times++;
-    tl.tb->shared_times += (uint64_t)(tl.run - tl.shared_left);
-    /* This event and the run's ticker times, against the time since the
-     * last own read: quick on average, or not. */
-    uint64_t events = (uint64_t)(tl.run - tl.shared_left) + 1;
-    if (now - tl.checked_t < events * e->hot_gap) {
-        if (tl.quick < HOT_AFTER)
-            tl.quick++;
-    } else {
-        tl.quick = 0;
-    }
-    tl.checked_t = now;
-    tl.run = tl.shared_left = 0;
-    if (tl.quick >= HOT_AFTER) {
-        /* A ticker that fell behind gives no run (and a ticker that was
-         * descheduled is not asked for again for a while). Its reading
-         * can also be a little ahead of this core's TSC. */
-        uint64_t tick = atomic_load_explicit(&e->tick, memory_order_relaxed);
-        if (tick && (int64_t)(now - tick) < (int64_t)e->stale)
-            tl.run = tl.shared_left = HOT_RUN - 1;
-        if (!atomic_load_explicit(&e->tick_asked, memory_order_relaxed) &&
-            (int64_t)(now - atomic_load_explicit(&e->backoff_until, memory_order_relaxed)) >= 0)
-            ticker_ask(e);
-    }
-    if (now > tl.last_t)
-        tl.last_t = now;
-    return tl.last_t;
-#else
-    return now;
-#endif
-}
-
-/* An event's time: the ticker's latest reading while this thread is in a
- * run of them (never before the thread's last time), else its own read. */
-static inline uint64_t event_time(um__events *e)
-{
-    if (UM_LIKELY(tl.shared_left > 0) && UM_LIKELY(tl.e == e && tl.gen == e->gen)) {
-        uint64_t t = atomic_load_explicit(&e->tick, memory_order_relaxed);
-        if (UM_LIKELY(t != 0)) {
-            tl.shared_left--;
-            if (t > tl.last_t)
-                tl.last_t = t;
-            return tl.last_t;
-        }
-    }
-    return own_time(e);
-}
-
-uint64_t um__events_clock(um__events *e)
-{
-    return e->ticker_on ? event_time(e) : rec_clock(e);
-}
-
-void um__events_time_sources(um__events *e, uint64_t *shared, uint64_t *own)
-{
-    pthread_mutex_lock(&e->lock);
-    uint64_t s = e->shared_times, o = e->own_times;
-    for (tbuf *tb = e->threads; tb; tb = tb->next) {
-        s += tb->shared_times;
-        o += tb->own_times;
-    }
-    pthread_mutex_unlock(&e->lock);
-    *shared = s;
-    *own = o;
+    return rec_clock(e);
 }
 
 /* Ticks against um__now_ns over at least min_ns (both read close together),
@@ -441,15 +255,9 @@ static event_rec *slot_slow(um__events *e)
     if (g_key_ok && !pthread_getspecific(g_key))
         pthread_setspecific(g_key, (void *)(uintptr_t)thread);
     pthread_mutex_lock(&e->lock);
-    bool same = tl.e == e && tl.gen == e->gen;
-    tbuf *tb = same ? tl.tb : tbuf_find_locked(e, thread);
+    tbuf *tb = tl.e == e && tl.gen == e->gen ? tl.tb : tbuf_find_locked(e, thread);
     event_rec *r = NULL;
     if (tb) {
-        if (!same) {
-            /* A new recorder: its shared clock starts cold. */
-            tl.run = tl.shared_left = tl.quick = 0;
-            tl.last_t = tl.checked_t = 0;
-        }
         tl.e = e;
         tl.gen = e->gen;
         tl.tb = tb;
@@ -502,8 +310,6 @@ static void thread_exit(void *value)
                 chunk_queue_locked(e, tb->c);
             else
                 free(tb->c);
-            e->shared_times += tb->shared_times;
-            e->own_times += tb->own_times;
             *pp = tb->next;
             free(tb);
             break;
@@ -512,7 +318,6 @@ static void thread_exit(void *value)
     }
     pthread_mutex_unlock(&g_lock);
     tl.e = NULL;
-    tl.run = tl.shared_left = 0;
 }
 
 static inline event_rec instant_rec(um__event_kind kind, int dev, uint64_t t, uint64_t a0,
@@ -559,7 +364,7 @@ void um__event_instant(um__events *e, um__event_kind kind, int dev, uint64_t a0,
 {
 #if HAVE_TSC
     if (UM_LIKELY(e->tsc)) {
-        instant(e, kind, dev, e->ticker_on ? event_time(e) : __rdtsc(), a0, a1);
+        instant(e, kind, dev, __rdtsc(), a0, a1);
         return;
     }
 #endif
@@ -1271,26 +1076,19 @@ static void events_free(um__events *e)
     pthread_cond_destroy(&e->work);
     pthread_cond_destroy(&e->space);
     pthread_mutex_destroy(&e->lock);
-    pthread_cond_destroy(&e->tick_cv);
-    pthread_mutex_destroy(&e->tick_lock);
     free(e);
 }
 
-um__events *um__events_open(const char *path, int ndevices, bool shared_clock)
+um__events *um__events_open(const char *path, int ndevices)
 {
-    /* Aligned for the ticker's lines. */
-    size_t size = (sizeof(um__events) + 63) / 64 * 64;
-    um__events *e = aligned_alloc(64, size);
+    um__events *e = calloc(1, sizeof *e);
     if (!e) {
         um__fail(UM_ERR_NOMEM, "trace_file: no memory for the event recorder");
         return NULL;
     }
-    memset(e, 0, size);
     pthread_mutex_init(&e->lock, NULL);
     pthread_cond_init(&e->work, NULL);
     pthread_cond_init(&e->space, NULL);
-    pthread_mutex_init(&e->tick_lock, NULL);
-    pthread_cond_init(&e->tick_cv, NULL);
     e->gen = atomic_fetch_add(&g_gen, 1) + 1;
     e->ndevices = ndevices;
     e->last_ns = INT64_MIN;
@@ -1343,32 +1141,8 @@ um__events *um__events_open(const char *path, int ndevices, bool shared_clock)
     /* A first estimate of the tick rate, for spans' start times; close
      * fits it again over the whole run. */
     clock_fit(e, 1000000);
-#if HAVE_TSC
-    if (shared_clock && e->tsc) {
-        e->tick_period = (uint64_t)(TICK_NS * e->ticks_per_ns) + 1;
-        e->hot_gap = (uint64_t)(HOT_GAP_NS * e->ticks_per_ns) + 1;
-        e->stale = (uint64_t)(STALE_NS * e->ticks_per_ns) + 1;
-        e->idle = (uint64_t)(IDLE_NS * e->ticks_per_ns) + 1;
-        e->backoff = (uint64_t)(BACKOFF_NS * e->ticks_per_ns) + 1;
-        e->descheduled = (uint64_t)(DESCHEDULED_NS * e->ticks_per_ns) + 1;
-        /* The ticker needs a CPU of its own while it runs: with one, it
-         * would only take turns with the thread it serves. Without the
-         * ticker every event reads the TSC itself, as with
-         * trace_clock=exact: slower, not wrong. */
-        cpu_set_t cpus;
-        if (sched_getaffinity(0, sizeof cpus, &cpus) == 0 && CPU_COUNT(&cpus) < 2)
-            um__log(UM_LOG_INFO, "trace_file: one CPU; every event reads the TSC itself");
-        else if (!(e->ticker_started = pthread_create(&e->ticker, NULL, ticker_main, e) == 0))
-            um__log(UM_LOG_WARN, "trace_file: cannot start the ticker thread; every event "
-                                 "reads the TSC itself");
-        e->ticker_on = e->ticker_started;
-    }
-#else
-    (void)shared_clock;
-#endif
-    um__log(UM_LOG_INFO, "trace_file: recording to '%s', event times from %s%s", path,
-            e->tsc ? "the TSC (invariant)" : "clock_gettime (no invariant TSC)",
-            e->ticker_on ? ", shared by a ticker thread in bursts" : "");
+    um__log(UM_LOG_INFO, "trace_file: recording to '%s', event times from %s", path,
+            e->tsc ? "the TSC (invariant)" : "clock_gettime (no invariant TSC)");
     pthread_mutex_lock(&g_lock);
     e->next_open = g_open;
     g_open = e;
@@ -1412,19 +1186,6 @@ void um__events_close(um__events *e)
     pthread_cond_signal(&e->work);
     pthread_mutex_unlock(&e->lock);
     pthread_join(e->writer, NULL);
-    if (e->ticker_started) {
-        pthread_mutex_lock(&e->tick_lock);
-        atomic_store(&e->tick_stop, true);
-        pthread_cond_signal(&e->tick_cv);
-        pthread_mutex_unlock(&e->tick_lock);
-        pthread_join(e->ticker, NULL);
-        uint64_t shared, own;
-        um__events_time_sources(e, &shared, &own);
-        um__log(UM_LOG_INFO,
-                "trace_file: %llu event times came from the ticker, %llu from their "
-                "thread's own clock read",
-                (unsigned long long)shared, (unsigned long long)own);
-    }
     clock_fit(e, 20000000);
 
     const event_rec *recs = NULL;

@@ -7,14 +7,8 @@
  * the recorder merges the sorted runs and writes Chrome trace JSON
  * (Perfetto, chrome://tracing). Owns the files, the buffers and the writer.
  *
- * Times come from the TSC where it is invariant (10-20 ns to read, where
- * clock_gettime takes 20-40), mapped to um__now_ns's clock at close. With
- * trace_clock=shared (the default), a thread recording events less than a
- * microsecond apart reads the TSC itself for one event in 16 and gives the
- * others the latest reading of a ticker thread, which publishes one every
- * microsecond while such bursts last and sleeps otherwise: times within
- * about a microsecond (the trace format's unit), at half the cost. Times
- * never go back within a thread either way.
+ * Times come from the TSC where it is invariant (a few ns to read, where
+ * clock_gettime takes 20-40), mapped to um__now_ns's clock at close.
  *
  * Allocations, frees and the pools' reserved memory also become counter
  * tracks (live, reserved and cached bytes per device): the JSON writer
@@ -57,15 +51,10 @@ typedef enum um__backend_op {
 } um__backend_op;
 
 /* Opens path for writing (truncated); NULL after um__fail. ndevices names
- * the tracks; shared_clock: the trace_clock option's shared (see above). */
-um__events *um__events_open(const char *path, int ndevices, bool shared_clock);
-/* The recorder's clock, for an instant's time (um__event_instant_at), as
- * this thread's next event would read it. */
-uint64_t um__events_clock(um__events *e);
-/* How many event times (instants' and um__events_clock's) came from the
- * ticker and how many from their thread's own read, while the shared clock
- * is on; exact once the threads that recorded are quiet. */
-void um__events_time_sources(um__events *e, uint64_t *shared, uint64_t *own);
+ * the tracks. */
+um__events *um__events_open(const char *path, int ndevices);
+/* The recorder's clock, for an instant's time (um__event_instant_at). */
+uint64_t um__events_clock(const um__events *e);
 /* Adds an event that happens now on device dev: the hot path (a clock read
  * and a 32-byte store). */
 void um__event_instant(um__events *e, um__event_kind kind, int dev, uint64_t a0, uint64_t a1);
