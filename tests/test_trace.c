@@ -183,6 +183,16 @@ static void test_malformed(void)
     memcpy(longline, "a 1 2 0\na 2 2", 13);
     memcpy(longline + sizeof longline - 3, "0\n", 3);
     expect_parse_error(longline, 2, 1, "line too long");
+    /* The limit the message names is the one applied: a line of 511
+     * characters (512 bytes with its newline) is read, one of 512 is
+     * refused as "more than 511" (the message once said 510). */
+    char edge[512 + 513];
+    memset(edge, ' ', sizeof edge);
+    memcpy(edge, "a 1 2 0", 7);
+    edge[511] = '\n';
+    memcpy(edge + 512, "a 2 2 0", 7);
+    edge[512 + 512] = '\n';
+    expect_parse_error_n(edge, sizeof edge, 2, 1, "line too long (more than 511 characters)");
     /* A long comment is fine. */
     char comment[3000];
     memset(comment, 'c', sizeof comment);

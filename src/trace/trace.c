@@ -380,9 +380,11 @@ static um_status trace_read_line(um_trace *t, int *eof)
     const char *p = t->buf;
     while (*p == ' ' || *p == '\t')
         p++;
+    /* The buffer holds max characters with no newline among them, and a
+     * line of exactly max characters was accepted above, so the limit is
+     * max characters, not counting the newline. */
     if (*p != '#')
-        return trace_error(t, UM_ERR_PARSE, "line too long (more than %zu characters)",
-                           sizeof t->buf - 2);
+        return trace_error(t, UM_ERR_PARSE, "line too long (more than %zu characters)", max);
     /* Skip the rest of a long comment. */
     return trace_skip_line(t);
 }
