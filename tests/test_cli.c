@@ -12,6 +12,7 @@
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #define BINARY UM_BINARY_DIR "/unimem"
 #define PIPELINE UM_SOURCE_DIR "/data/pipeline_two_streams.trace.gz"
@@ -188,6 +189,60 @@ static void test_timeline_truncated_gzip(void)
     CHECK(access(page, F_OK) != 0);
 }
 
+/* Bytes after the gzip data of a Chrome trace are refused, as the
+ * allocation-trace reader refuses them: zlib's gzread, which the reader
+ * once used, drops them without a word, so a damaged or wrongly assembled
+ * file was drawn from its first part (and text appended after the gzip
+ * data read as a truncated file). Several gzip members are one stream. */
+static void test_timeline_gzip_trailing(void)
+{
+    static const char event[] =
+        "{\"ph\":\"C\",\"name\":\"memory\",\"pid\":1,\"ts\":1,\"args\":{\"live\":5,\"reserved\":8}}";
+    char text[512], args[1024];
+    const char *page = file_in_dir("gzt.html", NULL);
+    const char *path = file_in_dir("gzt.json.gz", NULL);
+    static const struct {
+        const char *first, *second; /* gzipped, then appended as given (gzipped when gz2) */
+        bool gz2;
+        int rc;
+        const char *want;
+    } cases[] = {
+        {"[%s]\n", "garbage", false, 1, "bytes after the end of the gzip data"},
+        {"[%s,\n", "%s]\n", false, 1, "bytes after the end of the gzip data"},
+        {"[%s,\n", "%s]\n", true, 0, "1 device, 2 counter samples"},
+        {"[%s]\n", "", false, 0, "1 device, 1 counter samples"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        gzFile gz = gzopen(path, "wb");
+        CHECK(gz != NULL);
+        if (!gz)
+            return;
+        snprintf(text, sizeof text, cases[i].first, event);
+        gzputs(gz, text);
+        CHECK_EQ(gzclose(gz), Z_OK);
+        snprintf(text, sizeof text, cases[i].second, event);
+        if (cases[i].gz2) {
+            gz = gzopen(path, "ab");
+            CHECK(gz != NULL);
+            if (!gz)
+                return;
+            gzputs(gz, text);
+            CHECK_EQ(gzclose(gz), Z_OK);
+        } else {
+            FILE *f = fopen(path, "ab");
+            CHECK(f != NULL);
+            if (!f)
+                return;
+            fputs(text, f);
+            fclose(f);
+        }
+        snprintf(args, sizeof args, "timeline %s -o %s", path, page);
+        EXPECT_RUN(args, cases[i].rc, cases[i].want);
+        CHECK_EQ(access(page, F_OK) == 0, cases[i].rc == 0);
+        unlink(page);
+    }
+}
+
 /* A block address is "0x" and hex digits (or a number): a sign, white
  * space or other text is a malformed event, not an address. */
 static void test_timeline_addresses(void)
@@ -330,6 +385,7 @@ int main(void)
     test_timeline_big_counters();
     test_timeline_empty_strings();
     test_timeline_truncated_gzip();
+    test_timeline_gzip_trailing();
     test_timeline_addresses();
     test_timeline_counts();
     test_device_injection();

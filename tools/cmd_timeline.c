@@ -14,6 +14,7 @@
 #include "tool.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -98,7 +99,7 @@ typedef struct tl_model {
     bool have_time;
     uint64_t seq;
     /* Progress while reading: the file, its size, events read. */
-    gzFile gz;
+    int fd;
     uint64_t file_bytes, events_read;
 } tl_model;
 
@@ -483,7 +484,8 @@ static int on_event(void *arg, const json_value *ev, char *why, size_t why_len)
 {
     tl_model *m = arg;
     if ((++m->events_read & 4095) == 0 && m->file_bytes)
-        tool_progress("reading events", (double)gzoffset(m->gz) / (double)m->file_bytes);
+        tool_progress("reading events",
+                      (double)lseek(m->fd, 0, SEEK_CUR) / (double)m->file_bytes);
     const char *ph = json_str(json_get(ev, "ph"));
     const char *name = json_str(json_get(ev, "name"));
     const char *cat = json_str(json_get(ev, "cat"));
@@ -546,20 +548,19 @@ static int on_event(void *arg, const json_value *ev, char *why, size_t why_len)
  * printing the error. */
 static int read_chrome_trace(const char *path, tl_model *m)
 {
-    gzFile gz = gzopen(path, "rb");
-    if (!gz) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
         fprintf(stderr, "unimem %s: cannot open %s: %s\n", TL_CMD, path, strerror(errno));
         return 1;
     }
-    gzbuffer(gz, 256u * 1024u);
     struct stat st;
-    m->gz = gz;
-    m->file_bytes = stat(path, &st) == 0 ? (uint64_t)st.st_size : 0;
+    m->fd = fd;
+    m->file_bytes = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) ? (uint64_t)st.st_size : 0;
     char err[600];
-    int rc = json_read_trace(gz, TL_MAX_JSON_BYTES, on_event, m, err, sizeof err);
+    int rc = json_read_trace(fd, TL_MAX_JSON_BYTES, on_event, m, err, sizeof err);
     tool_progress_clear();
-    m->gz = NULL;
-    gzclose(gz);
+    m->fd = -1;
+    close(fd);
     if (rc != 0) {
         fprintf(stderr, "unimem %s: %s: malformed Chrome trace: %s\n", TL_CMD, path, err);
         return 1;

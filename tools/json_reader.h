@@ -1,16 +1,16 @@
 /* A strict, streaming JSON reader for Chrome trace files (`unimem
  * timeline`). The document is read through zlib, so plain and gzip files
- * both work; each element of the trace's event array is parsed into a small
- * tree handed to a callback and dropped before the next, so a trace of any
- * length needs memory for one event only. The rest of the document is
- * parsed, and so validated, without being kept. */
+ * (one or more members, and nothing after them) both work; each element
+ * of the trace's event array is parsed into a small tree handed to a
+ * callback and dropped before the next, so a trace of any length needs
+ * memory for one event only. The rest of the document is parsed, and so
+ * validated, without being kept. */
 #ifndef UM_JSON_READER_H
 #define UM_JSON_READER_H
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <zlib.h>
 
 typedef enum json_type {
     JSON_NULL,
@@ -54,13 +54,13 @@ bool json_number(const json_value *v, double *out);
  * what is wrong with the event. */
 typedef int (*json_event_fn)(void *arg, const json_value *event, char *why, size_t why_len);
 
-/* Reads a whole Chrome trace from gz: either an object whose
+/* Reads a whole Chrome trace from fd, plain or gzip: either an object whose
  * "traceEvents" member is the event array, or the array alone. Elements of
  * the array that are not objects are skipped. Returns 0 when the whole
  * document is valid and every callback returned 0; otherwise writes a
  * message naming the line, column and byte offset into err and returns -1.
  * Input beyond max_bytes (after decompression) is an error. */
-int json_read_trace(gzFile gz, uint64_t max_bytes, json_event_fn fn, void *arg, char *err,
+int json_read_trace(int fd, uint64_t max_bytes, json_event_fn fn, void *arg, char *err,
                     size_t err_len);
 
 #endif
