@@ -612,10 +612,14 @@ static um_status submit_cholesky(demo_run *r)
             um_access m[2] = {UM_ACCESS_READ, UM_ACCESS_READ_WRITE};
             st = submit(r, "trsm", demo_cpu_trsm, demo_cuda_trsm, &r->op_trsm, t3, 2, b, m);
         }
+        /* Every SYRK of the step, then every GEMM, as the graph orders
+         * them: the priorities are the graph's, taken in submission order. */
         for (int i = k + 1; i < nt && st == UM_OK; i++) {
             um_buffer *s[2] = {*tile_at(r, 0, i, k), *tile_at(r, 0, i, i)};
             um_access sm[2] = {UM_ACCESS_READ, UM_ACCESS_READ_WRITE};
             st = submit(r, "syrk", demo_cpu_syrk, demo_cuda_syrk, &r->op_syrk, t3, 2, s, sm);
+        }
+        for (int i = k + 1; i < nt && st == UM_OK; i++) {
             for (int j = k + 1; j < i && st == UM_OK; j++) {
                 um_buffer *g[3] = {*tile_at(r, 0, i, k), *tile_at(r, 0, j, k),
                                    *tile_at(r, 0, i, j)};
