@@ -374,6 +374,15 @@ static void test_demo_timeline_injection(void)
     unlink(comma);
 }
 
+/* bench copy's --help names the default device the command uses: the
+ * first GPU alone (cuda:0), so no device-to-device row unless --device
+ * names more (it once said cuda, every GPU). */
+static void test_bench_copy_help(void)
+{
+    EXPECT_RUN("bench copy --help", 0,
+               "--device SPEC the devices option (default cuda:0; sim:8G where there is no GPU)");
+}
+
 int main(void)
 {
     if (access(BINARY, X_OK) != 0) {
@@ -393,6 +402,7 @@ int main(void)
     test_device_exit_codes();
     test_demo_task_order();
     test_demo_timeline_injection();
+    test_bench_copy_help();
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     CHECK(system(cmd) == 0);
