@@ -6,6 +6,7 @@
  * figures it prints. The pages themselves are checked in a browser by
  * timeline_check.sh. */
 #include "harness.h"
+#include "vsim/dag.h"
 
 #include <stdbool.h>
 #include <stdlib.h>
@@ -372,6 +373,71 @@ static void test_device_exit_codes(void)
     CHECK(access(page, F_OK) != 0);
 }
 
+/* `unimem demo cholesky` gives each task the priority of the task at the
+ * same place in the simulator's graph (um__vs_dag_priorities), so it must
+ * submit its tasks in the graph's order: the task trace it records holds
+ * the graph's kernels, task by task, and so the same priorities. With 4
+ * tiles a side the demo once submitted each SYRK before the GEMMs of its
+ * row (task 7 a gemm where the graph has a syrk). */
+static void test_demo_task_order(void)
+{
+    const char *trace = file_in_dir("chol_tasks.txt", NULL);
+    char conf[300];
+    snprintf(conf, sizeof conf, "task_trace=%s", trace);
+    setenv("UNIMEM_CONF", conf, 1);
+    EXPECT_RUN("demo cholesky --n 1024 --tile 256 --device sim:3x1G --no-verify --json", 0,
+               "\"tasks\":20,");
+    unsetenv("UNIMEM_CONF");
+    um__vs_dag rec, graph;
+    memset(&rec, 0, sizeof rec);
+    CHECK_OK(um__vs_dag_trace(trace, &rec));
+    CHECK_EQ(um__vs_dag_cholesky(1024, 256, &graph), 0);
+    CHECK_EQ(rec.ntasks, graph.ntasks);
+    if (rec.ntasks == graph.ntasks && graph.ntasks == 20) {
+        int prec[20], pgraph[20];
+        CHECK_EQ(um__vs_dag_priorities(&rec, prec), 0);
+        CHECK_EQ(um__vs_dag_priorities(&graph, pgraph), 0);
+        for (size_t t = 0; t < graph.ntasks; t++) {
+            if (rec.tasks[t].kernel != graph.tasks[t].kernel)
+                harness_report(__FILE__, __LINE__, "task %zu is %s in the demo, %s in the graph",
+                               t + 1, um__vs_kernel_name(rec.tasks[t].kernel),
+                               um__vs_kernel_name(graph.tasks[t].kernel));
+            CHECK_EQ(prec[t], pgraph[t]);
+        }
+    }
+    um__vs_dag_free(&rec);
+    um__vs_dag_free(&graph);
+    unlink(trace);
+}
+
+/* demo's --timeline goes into the configuration as the option trace_file,
+ * which a ',' before "KEY=" would end: such a file name is refused as the
+ * --device values above are (it once ran sched=eager and reported cost),
+ * and a ',' that starts no option stays part of the name. */
+static void test_demo_timeline_injection(void)
+{
+    char args[1024];
+    const char *trace = file_in_dir("t.json,sched=eager", NULL);
+    snprintf(args, sizeof args, "demo gemm --n 512 --tile 128 --json --timeline '%s'", trace);
+    EXPECT_RUN(args, 2, "--timeline takes a file name without ','");
+    CHECK(strstr(out, "\"sched\"") == NULL); /* nothing ran */
+    CHECK(access(file_in_dir("t.json", NULL), F_OK) != 0);
+    const char *comma = file_in_dir("t,1.json", NULL);
+    snprintf(args, sizeof args, "demo gemm --n 512 --tile 128 --json --timeline '%s'", comma);
+    EXPECT_RUN(args, 0, "\"sched\":\"cost\"");
+    CHECK(access(comma, F_OK) == 0);
+    unlink(comma);
+}
+
+/* bench copy's --help names the default device the command uses: the
+ * first GPU alone (cuda:0), so no device-to-device row unless --device
+ * names more (it once said cuda, every GPU). */
+static void test_bench_copy_help(void)
+{
+    EXPECT_RUN("bench copy --help", 0,
+               "--device SPEC the devices option (default cuda:0; sim:8G where there is no GPU)");
+}
+
 int main(void)
 {
     if (access(BINARY, X_OK) != 0) {
@@ -390,6 +456,9 @@ int main(void)
     test_timeline_counts();
     test_device_injection();
     test_device_exit_codes();
+    test_demo_task_order();
+    test_demo_timeline_injection();
+    test_bench_copy_help();
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     CHECK(system(cmd) == 0);

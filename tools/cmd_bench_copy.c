@@ -54,7 +54,7 @@ static void copy_usage(FILE *f)
             "\n"
             "  --json        one JSON object per row instead of the table\n"
             "  --quick       sizes up to 256 MiB only\n"
-            "  --device SPEC the devices option (default cuda; sim:8G where there is no GPU)\n"
+            "  --device SPEC the devices option (default cuda:0; sim:8G where there is no GPU)\n"
             "  --repeats N   timed copies per figure (default 5; the median is shown)\n");
 }
 

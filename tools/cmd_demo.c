@@ -192,6 +192,29 @@ static int arg_error(const char *option, const char *need, const char *got)
     return 2;
 }
 
+/* Whether path, the value of the option trace_file in the configuration
+ * the command builds, would end there and start another option: the
+ * option parser ends a string value at a ',' followed by "KEY=" (a word
+ * of letters, digits, '_', '-', '.' and white space), so "t.json,sched=eager"
+ * would write t.json and run another policy than the one reported. */
+static bool splits_options(const char *path)
+{
+    for (const char *p = strchr(path, ','); p; p = strchr(p + 1, ',')) {
+        bool key_char = false;
+        const char *q = p + 1;
+        for (; *q && *q != '='; q++) {
+            if ((*q >= 'a' && *q <= 'z') || (*q >= 'A' && *q <= 'Z') || (*q >= '0' && *q <= '9') ||
+                *q == '_')
+                key_char = true;
+            else if (*q != '-' && *q != '.' && !strchr(" \t\n\r\f\v", *q))
+                break;
+        }
+        if (*q == '=' && key_char)
+            return true;
+    }
+    return false;
+}
+
 /* Parses argv (argv[0] is "demo"); returns -1 to go on, else an exit code. */
 static int demo_parse(int argc, char **argv, demo_cfg *c)
 {
@@ -258,6 +281,11 @@ static int demo_parse(int argc, char **argv, demo_cfg *c)
             c->timeline = argv[++i];
             if (!*c->timeline)
                 return arg_error("--timeline", "a file name", "");
+            if (splits_options(c->timeline))
+                return arg_error("--timeline",
+                                 "a file name without ',' before a KEY= (it would end the "
+                                 "option trace_file and set another)",
+                                 c->timeline);
         } else {
             return tool_other_arg(DEMO_CMD, a, demo_usage);
         }
@@ -612,10 +640,14 @@ static um_status submit_cholesky(demo_run *r)
             um_access m[2] = {UM_ACCESS_READ, UM_ACCESS_READ_WRITE};
             st = submit(r, "trsm", demo_cpu_trsm, demo_cuda_trsm, &r->op_trsm, t3, 2, b, m);
         }
+        /* Every SYRK of the step, then every GEMM, as the graph orders
+         * them: the priorities are the graph's, taken in submission order. */
         for (int i = k + 1; i < nt && st == UM_OK; i++) {
             um_buffer *s[2] = {*tile_at(r, 0, i, k), *tile_at(r, 0, i, i)};
             um_access sm[2] = {UM_ACCESS_READ, UM_ACCESS_READ_WRITE};
             st = submit(r, "syrk", demo_cpu_syrk, demo_cuda_syrk, &r->op_syrk, t3, 2, s, sm);
+        }
+        for (int i = k + 1; i < nt && st == UM_OK; i++) {
             for (int j = k + 1; j < i && st == UM_OK; j++) {
                 um_buffer *g[3] = {*tile_at(r, 0, i, k), *tile_at(r, 0, j, k),
                                    *tile_at(r, 0, i, j)};
