@@ -537,6 +537,33 @@ static void test_env(void)
     um__log_set_level(UM_LOG_WARN);
 }
 
+/* um__options_value_splits says what um__options_apply does with the value
+ * put into a string option: a file name holding ",KEY=" would set KEY. */
+static void test_value_splits(void)
+{
+    static const struct {
+        const char *value;
+        bool splits;
+    } cases[] = {{"t.json", false},
+                 {"t,1.json", false},
+                 {"/tmp/a,b/c=d.json", false},
+                 {"t.json,sched=eager", true},
+                 {"t.json, memory-limit =1G", true},
+                 {"t.json,=x", false}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        CHECK_EQ(um__options_value_splits(cases[i].value), cases[i].splits);
+        /* The parser agrees: the value kept whole, or cut at the comma. */
+        um__options o;
+        um__options_defaults(&o);
+        char conf[128];
+        snprintf(conf, sizeof conf, "trace_file=%s", cases[i].value);
+        if (um__options_apply(&o, conf, "test") == UM_OK)
+            CHECK_EQ(strcmp(o.trace_file, cases[i].value) != 0, cases[i].splits);
+        else
+            CHECK(cases[i].splits);
+    }
+}
+
 int main(void)
 {
     unsetenv("UNIMEM_CONF");
@@ -547,6 +574,7 @@ int main(void)
     test_types();
     test_syntax();
     test_string_value_ends();
+    test_value_splits();
     test_unknown_lists_all();
     test_size_fractions();
     test_env();

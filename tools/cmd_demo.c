@@ -19,6 +19,7 @@
  * tasks' priorities the simulator's graph of the same workload
  * (src/vsim/dag.h), so that `unimem sim` orders the tasks as this does.
  */
+#include "base/options.h"
 #include "demo_blas.h"
 #include "tool.h"
 #include "vsim/dag.h"
@@ -192,29 +193,6 @@ static int arg_error(const char *option, const char *need, const char *got)
     return 2;
 }
 
-/* Whether path, the value of the option trace_file in the configuration
- * the command builds, would end there and start another option: the
- * option parser ends a string value at a ',' followed by "KEY=" (a word
- * of letters, digits, '_', '-', '.' and white space), so "t.json,sched=eager"
- * would write t.json and run another policy than the one reported. */
-static bool splits_options(const char *path)
-{
-    for (const char *p = strchr(path, ','); p; p = strchr(p + 1, ',')) {
-        bool key_char = false;
-        const char *q = p + 1;
-        for (; *q && *q != '='; q++) {
-            if ((*q >= 'a' && *q <= 'z') || (*q >= 'A' && *q <= 'Z') || (*q >= '0' && *q <= '9') ||
-                *q == '_')
-                key_char = true;
-            else if (*q != '-' && *q != '.' && !strchr(" \t\n\r\f\v", *q))
-                break;
-        }
-        if (*q == '=' && key_char)
-            return true;
-    }
-    return false;
-}
-
 /* Parses argv (argv[0] is "demo"); returns -1 to go on, else an exit code. */
 static int demo_parse(int argc, char **argv, demo_cfg *c)
 {
@@ -281,7 +259,8 @@ static int demo_parse(int argc, char **argv, demo_cfg *c)
             c->timeline = argv[++i];
             if (!*c->timeline)
                 return arg_error("--timeline", "a file name", "");
-            if (splits_options(c->timeline))
+            /* The name goes into the configuration as trace_file's value. */
+            if (um__options_value_splits(c->timeline))
                 return arg_error("--timeline",
                                  "a file name without ',' before a KEY= (it would end the "
                                  "option trace_file and set another)",

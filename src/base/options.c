@@ -397,6 +397,14 @@ static bool starts_key(const char *p)
     return *p == '=' && key_char;
 }
 
+bool um__options_value_splits(const char *value)
+{
+    for (const char *p = strchr(value, ','); p; p = strchr(p + 1, ','))
+        if (starts_key(p + 1))
+            return true;
+    return false;
+}
+
 static void trim(const char **s, const char **e)
 {
     while (*s < *e && is_space(**s))

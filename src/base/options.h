@@ -191,6 +191,11 @@ typedef enum um__allocator_kind {
     UM_ALLOCATOR_BUFCACHE = 2
 } um__allocator_kind;
 
+/* Whether a string value would end at one of its commas and start another
+ * option there (a ',' followed by "KEY=", as um__options_apply splits
+ * them): a tool that puts a user's file name into a configuration string
+ * refuses such a name rather than set options nobody asked for. */
+bool um__options_value_splits(const char *value);
 /* Fills every field with its default from the table. */
 void um__options_defaults(um__options *o);
 /* Applies "key=value,key=value" (whitespace around tokens ignored; NULL or
