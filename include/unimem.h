@@ -481,7 +481,9 @@ typedef struct um_task {
      * task that ends without running, on the thread that ended it (a
      * worker, or the caller of um_task_submit or um_task_cancel). Waits
      * on other threads return after it. It may submit and cancel tasks;
-     * um_task_wait on its own id returns the task's status at once, and
+     * um_task_wait on its own id returns the task's status at once (so
+     * does one on a task whose callback this thread runs next, such as
+     * the task it failed with), and
      * um_wait_all fails with UM_ERR_BUSY there (it would wait for this
      * task, and on a worker for the tasks queued behind it). A wait for
      * another task holds the thread, so a worker's other tasks wait too. */

@@ -1750,6 +1750,71 @@ static void test_wait_in_callback(void)
     um_shutdown(ctx);
 }
 
+/* What a done callback waits for (another task), and what it got. */
+typedef struct other_wait {
+    _Atomic um_task_id id;
+    _Atomic int status;
+    char error[256];
+} other_wait;
+
+/* Waits, from its done callback, for another task. */
+static void waiting_for_other_done(um_task_id id, um_status st, void *user)
+{
+    (void)id;
+    (void)st;
+    other_wait *o = user;
+    um_status s = um_task_wait(callback_ctx, atomic_load(&o->id));
+    snprintf(o->error, sizeof o->error, "%s", um_last_error());
+    atomic_store(&o->status, (int)s);
+}
+
+/* The callbacks of a failed task and of the tasks that fail with it run
+ * on one thread, one after the other; a callback that waits for one of
+ * the others (the task it failed with, to learn why, or a sibling) gets
+ * that task's status: it has finished. It used to wait for ever, as the
+ * other's outcome is published only once its own callback, queued on the
+ * same thread behind the waiting one, has run. */
+static void test_wait_in_callback_for_other(void)
+{
+    um_context *ctx = NULL;
+    CHECK_OK(um_init("devices=sim:64M,links=model,sched=eager", &ctx));
+    if (!ctx)
+        return;
+    callback_ctx = ctx;
+    um_buffer *x;
+    CHECK_OK(um_buffer_create(ctx, 4096, NULL, &x));
+    _Atomic int gate = 0;
+    probe a = {.result = 5, .gate = &gate};
+    um_task t = {.name = "cause", .cpu = probe_fn, .device = 1, .nbuffers = 1, .user = &a};
+    t.buffers[0] = x;
+    t.modes[0] = UM_ACCESS_READ_WRITE;
+    um_task_id ia, ib, ic;
+    CHECK_OK(um_task_submit(ctx, &t, &ia));
+    /* b waits for its cause a, c for its sibling b. */
+    other_wait wb = {.status = -1}, wc = {.status = -1};
+    atomic_store(&wb.id, ia);
+    t = (um_task){.name = "reader", .cpu = noop, .device = 1, .nbuffers = 1, .user = &wb,
+                  .done = waiting_for_other_done};
+    t.buffers[0] = x;
+    t.modes[0] = UM_ACCESS_READ;
+    CHECK_OK(um_task_submit(ctx, &t, &ib));
+    atomic_store(&wc.id, ib);
+    t.user = &wc;
+    CHECK_OK(um_task_submit(ctx, &t, &ic));
+    atomic_store(&gate, 1);
+    watch("um_task_wait on a task whose callback waits for the task it failed with", 30);
+    CHECK_STATUS(um_task_wait(ctx, ic), UM_ERR_TASK);
+    CHECK_STATUS(um_task_wait(ctx, ib), UM_ERR_TASK);
+    unwatch();
+    CHECK_EQ(atomic_load(&wb.status), UM_ERR_TASK);
+    CHECK(strstr(wb.error, "returned 5") != NULL);
+    CHECK_EQ(atomic_load(&wc.status), UM_ERR_TASK);
+    CHECK(strstr(wc.error, "depends on task") != NULL);
+    CHECK_STATUS(um_wait_all(ctx), UM_ERR_TASK);
+    CHECK_OK(um_buffer_destroy(x));
+    um_shutdown(ctx);
+}
+
 /* A GPU worker that cannot make its GPU's context current refuses its
  * tasks, naming why, rather than run task code against no context (or
  * the first GPU's). On the stand-in driver only, which fails the call:
@@ -1820,6 +1885,7 @@ int main(void)
     test_name_copied();
     test_prefetch_after_acquire();
     test_wait_in_callback();
+    test_wait_in_callback_for_other();
     test_gpu_bind_failure();
     test_cancel_frees_queue();
     test_runtime_start_failure();

@@ -654,21 +654,33 @@ static void finish(um__run *r, task *t, um_status st, const char *why, task **do
 /* The done callbacks this thread is in, innermost first (a callback may
  * submit a task that fails at once, whose callback runs inside it): a
  * wait called from one for its own task, or for every task, would wait
- * for itself. */
+ * for itself. `pending` is the rest of the list being retired, finished
+ * tasks whose callbacks this thread runs after this one: a wait for one
+ * of them (a task's reader failed with it, whose callback waits for it)
+ * would wait for this thread too. */
 typedef struct in_callback {
     const um__run *r;
     const task *t;
+    const task *pending;
     const struct in_callback *outer;
 } in_callback;
 static _Thread_local const in_callback *callbacks_here;
 
-/* The task whose callback this thread is in, of r's, that is `id` (0: any
- * of r's); NULL when none. */
+/* The task whose callback this thread is in, or whose callback it runs
+ * after that one, of r's, that is `id`; with id 0, the task of any
+ * callback of r's that this thread is in. NULL when none. The pending
+ * tasks are not freed before this thread retires them. */
 static const task *in_callback_of(const um__run *r, um_task_id id)
 {
-    for (const in_callback *c = callbacks_here; c; c = c->outer)
-        if (c->r == r && (!id || c->t->id == id))
+    for (const in_callback *c = callbacks_here; c; c = c->outer) {
+        if (c->r != r)
+            continue;
+        if (!id || c->t->id == id)
             return c->t;
+        for (const task *p = c->pending; p; p = p->next)
+            if (p->id == id)
+                return p;
+    }
     return NULL;
 }
 
@@ -682,7 +694,7 @@ static void retire(um__run *r, task *done)
         task *t = done;
         done = t->next;
         if (t->t.done) {
-            in_callback c = {r, t, callbacks_here};
+            in_callback c = {r, t, done, callbacks_here};
             callbacks_here = &c;
             t->t.done(t->id, t->status, t->t.user);
             callbacks_here = c.outer;
@@ -1675,8 +1687,10 @@ um_status um_task_wait(um_context *ctx, um_task_id id)
     um_status st = run_of(ctx, id, "um_task_wait", &r); /* locks r on success */
     if (st != UM_OK)
         return st;
-    /* From the task's own callback: it has finished, and its outcome is
-     * published once the callback returns, so waiting would never end. */
+    /* From the task's own callback, or from the callback of one retired
+     * before it on this thread: it has finished, and its outcome is
+     * published once this thread has run its callback, so waiting would
+     * never end. */
     const task *self = in_callback_of(r, id);
     uint8_t o = self ? outcome_of(self->status) : r->outcome[id - 1];
     while (o == ID_PENDING) {
