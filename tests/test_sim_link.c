@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #define MB ((size_t)1 << 20)
 #define SIZE (5 * MB)
@@ -252,6 +253,49 @@ static void test_measured(void)
     um_shutdown(ctx);
 }
 
+/* A link that could not be timed (its device had no room for the 16 MiB
+ * copies when the first buffer measured) keeps the model's cost, says so,
+ * and leaves the link cache unwritten, so that the next start times it.
+ * Before the fix such a link reported itself measured, and the model's
+ * figures went into the cache, read back at every later start as this
+ * machine's measurement. */
+static void test_untimed_link_not_cached(void)
+{
+    char cache[] = "/tmp/unimem_test_sim_link_cache_XXXXXX";
+    if (!harness_temp_file(cache))
+        return;
+    for (int round = 0; round < 2; round++) {
+        char conf[200];
+        snprintf(conf, sizeof conf,
+                 "devices=sim:2x64M,sim_link_bandwidth=%s,links=measure,link_cache=%s,"
+                 "watermark_high=100",
+                 MEASURED_LINK, cache);
+        um_context *ctx = NULL;
+        CHECK_OK(um_init(conf, &ctx));
+        if (!ctx)
+            break;
+        /* The first time, device 2 has no room to be timed. */
+        if (round == 0)
+            CHECK_OK(um_set_memory_limit(ctx, 2, 4 * MB));
+        um_buffer *b = NULL;
+        CHECK_OK(um_buffer_create(ctx, 4096, NULL, &b)); /* the first buffer measures */
+        um_link_stats timed, untimed;
+        CHECK_OK(um_link_stats_get(ctx, 0, 1, &timed));
+        CHECK_OK(um_link_stats_get(ctx, 0, 2, &untimed));
+        CHECK_EQ(timed.measured, 1);
+        CHECK_EQ(untimed.measured, (round == 0 ? 0 : 1));
+        /* Timed, the link's latency is its 4 KiB copy's (about 20 us at
+         * 200 MiB/s); the model's is 1 us. */
+        if (round == 1)
+            CHECK(untimed.latency_us > 5.0);
+        printf("untimed link, start %d: device 2's link %.3f GB/s, %.3f us, measured %d\n",
+               round + 1, untimed.bandwidth_gbps, untimed.latency_us, untimed.measured);
+        CHECK_OK(um_buffer_destroy(b));
+        um_shutdown(ctx);
+    }
+    unlink(cache);
+}
+
 /* The memory of a destroyed buffer whose last copy out is still on the
  * link is held until that copy ends. An allocation at the limit that
  * needs it waits for the copy, as it would for an eviction, rather than
@@ -306,6 +350,7 @@ int main(void)
     test_directions();
     test_peer_copy_holds_sender_link();
     test_measured();
+    test_untimed_link_not_cached();
     test_limit_waits_for_held_memory();
     test_bad_option();
     return harness_finish("test_sim_link");

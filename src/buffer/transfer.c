@@ -37,6 +37,9 @@ struct um__xfer {
     um_stream join[UM_MAX_DEVICES]; /* where fences are merged (um__xfer_join) */
     link_counters *links;         /* ndev x ndev, from-major */
     double *lat_ns, *ns_per_byte; /* the route cost model, ndev x ndev */
+    /* Per link: its cost was timed (or read from the link cache), not the
+     * model's; a device without room for the timed copies keeps the model. */
+    bool *timed;
     held_memory *held;            /* memory of destroyed buffers, still in use */
     size_t nheld, held_cap;
     _Atomic size_t nheld_pending;
@@ -45,7 +48,7 @@ struct um__xfer {
      * shutdown, so a destroyed handle stays readable memory whose magic
      * says it is dead (until a new buffer takes its record). */
     um_buffer *spare;
-    bool measured;                /* the route costs are measured, not the model */
+    bool measured;                /* every link's cost is timed, none the model's */
     struct stage_pool *stage;     /* staging workers, made at the first staged copy */
     struct um__reclaim *reclaim;  /* eviction and the background reclaimer */
     um__spill *spill;             /* the file tier, made at the first spill */
@@ -281,6 +284,8 @@ static bool cache_read(um__xfer *x, uint64_t key)
             }
         }
         found = ok;
+        for (size_t i = 0; i < nn && found; i++)
+            x->timed[i] = true;
         int c;
         while (!found && (c = fgetc(f)) != EOF && c != '\n')
             ;
@@ -306,7 +311,8 @@ static void cache_write(um__xfer *x, uint64_t key)
     fclose(f);
 }
 
-/* Times every link; a device whose memory cannot be had keeps the model. */
+/* Times every link; a device whose memory cannot be had keeps the model
+ * (its links are not marked timed). A link to itself costs no copy. */
 static void measure_routes(um__xfer *x)
 {
     um_context *ctx = x->ctx;
@@ -316,6 +322,7 @@ static void measure_routes(um__xfer *x)
             buf[d] = NULL;
     for (int i = 0; i < x->ndev; i++) {
         for (int j = 0; j < x->ndev; j++) {
+            x->timed[i * x->ndev + j] = i == j;
             if (i == j || !buf[i] || !buf[j])
                 continue;
             uint64_t big = UINT64_MAX, small = UINT64_MAX, ns;
@@ -335,6 +342,7 @@ static void measure_routes(um__xfer *x)
                 per = (double)big / (double)MEASURE_BIG;
             x->lat_ns[i * x->ndev + j] = lat;
             x->ns_per_byte[i * x->ndev + j] = per;
+            x->timed[i * x->ndev + j] = true;
         }
     }
     for (int d = 0; d < x->ndev; d++)
@@ -360,7 +368,17 @@ static void two_hop_routes(um__xfer *x)
             double out = x->ns_per_byte[i * n], in = x->ns_per_byte[j];
             x->lat_ns[i * n + j] = x->lat_ns[i * n] + x->lat_ns[j];
             x->ns_per_byte[i * n + j] = out > in ? out : in;
+            x->timed[i * n + j] = x->timed[i * n] && x->timed[j];
         }
+}
+
+/* Whether every link's cost was timed or read from the cache. */
+static bool all_timed(const um__xfer *x)
+{
+    for (int i = 0; i < x->ndev * x->ndev; i++)
+        if (!x->timed[i])
+            return false;
+    return true;
 }
 
 static void set_routes(um__xfer *x)
@@ -370,16 +388,19 @@ static void set_routes(um__xfer *x)
         /* The modelled links, timed in virtual time; never cached (the
          * cache is the real machine's). */
         measure_routes(x);
-        x->measured = true;
     } else if (x->ctx->opts.links != UM_LINKS_MODEL) {
         uint64_t key = machine_key(x->ctx);
+        /* Only a complete measurement is cached: a link that could not be
+         * timed now (its device was full) holds the model's figures, which
+         * the cache would give every later start as this machine's. */
         if (!cache_read(x, key)) {
             measure_routes(x);
-            cache_write(x, key);
+            if (all_timed(x))
+                cache_write(x, key);
         }
-        x->measured = true;
     }
     two_hop_routes(x);
+    x->measured = all_timed(x);
 }
 
 static void buffers_fini(um_context *ctx);
@@ -401,12 +422,14 @@ um_status um__xfer_get(um_context *ctx, um__xfer **out)
             x->links = calloc(n * n, sizeof *x->links);
             x->lat_ns = calloc(n * n, sizeof *x->lat_ns);
             x->ns_per_byte = calloc(n * n, sizeof *x->ns_per_byte);
+            x->timed = calloc(n * n, sizeof *x->timed);
         }
-        if (!x || !x->links || !x->lat_ns || !x->ns_per_byte) {
+        if (!x || !x->links || !x->lat_ns || !x->ns_per_byte || !x->timed) {
             if (x) {
                 free(x->links);
                 free(x->lat_ns);
                 free(x->ns_per_byte);
+                free(x->timed);
             }
             free(x);
             um__vt_mutex_unlock(&ctx->buffers_lock);
@@ -1324,7 +1347,9 @@ um_status um_link_stats_get(um_context *ctx, int from, int to, um_link_stats *ou
         out->bandwidth_gbps = 1.0 / x->ns_per_byte[k];
         out->latency_us = x->lat_ns[k] / 1000.0;
     }
-    out->measured = x->measured;
+    /* A link's own cost may be the model's where others were timed. */
+    out->measured = from >= 0 && to >= 0 ? x->timed[(size_t)from * (size_t)x->ndev + (size_t)to]
+                                         : x->measured;
     return UM_OK;
 }
 
@@ -1367,6 +1392,7 @@ static void buffers_fini(um_context *ctx)
     free(x->links);
     free(x->lat_ns);
     free(x->ns_per_byte);
+    free(x->timed);
     pthread_mutex_destroy(&x->lock);
     free(x);
     ctx->xfer = NULL;
