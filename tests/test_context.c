@@ -901,6 +901,11 @@ static void test_stats_json_and_table(void)
     CHECK_EQ(need2, needed);
     CHECK_EQ(small[0], '\0');
     CHECK_STATUS(um_stats_json(ctx, 5, buf, sizeof buf, NULL), UM_ERR_NO_DEVICE);
+    /* The errors name the call the program made, not the one it makes
+     * inside (they said "um_stats_get: device 5 does not exist"). */
+    CHECK_ERROR_MENTIONS("um_stats_json: device 5 does not exist", NULL, NULL);
+    CHECK_STATUS(um_stats_json(NULL, 1, buf, sizeof buf, NULL), UM_ERR_INVALID);
+    CHECK_ERROR_MENTIONS("um_stats_json: ctx is NULL", NULL, NULL);
     /* The table: a header and one line per device with its live bytes. */
     char *table = NULL;
     size_t len = 0;

@@ -309,12 +309,14 @@ um_status um_trim(um_context *ctx, int dev)
     return a->ops->trim(a);
 }
 
-um_status um_stats_get(um_context *ctx, int dev, um_stats *out)
+/* um_stats_get for the public call `what`, which its errors name: called
+ * by um_stats_json, they named um_stats_get, a call the program never made. */
+static um_status stats_get(um_context *ctx, int dev, um_stats *out, const char *what)
 {
     if (!out)
-        return um__fail(UM_ERR_INVALID, "um_stats_get: out is NULL (device %d)", dev);
+        return um__fail(UM_ERR_INVALID, "%s: out is NULL (device %d)", what, dev);
     um__allocator *a;
-    um_status st = allocator_for(ctx, dev, "um_stats_get", &a);
+    um_status st = allocator_for(ctx, dev, what, &a);
     if (st != UM_OK)
         return st;
     /* Read before the allocator's count, which each of them follows, so
@@ -327,6 +329,11 @@ um_status um_stats_get(um_context *ctx, int dev, um_stats *out)
     return UM_OK;
 }
 
+um_status um_stats_get(um_context *ctx, int dev, um_stats *out)
+{
+    return stats_get(ctx, dev, out, "um_stats_get");
+}
+
 um_status um_stats_json(um_context *ctx, int dev, char *buf, size_t len, size_t *needed)
 {
     if (needed)
@@ -334,7 +341,7 @@ um_status um_stats_json(um_context *ctx, int dev, char *buf, size_t len, size_t 
     if (!buf && len)
         return um__fail(UM_ERR_INVALID, "um_stats_json: buf is NULL with len %zu", len);
     um_stats s;
-    um_status st = um_stats_get(ctx, dev, &s);
+    um_status st = stats_get(ctx, dev, &s, "um_stats_json");
     if (st != UM_OK)
         return st;
     const um__backend *b = ctx->devices[dev].backend;
