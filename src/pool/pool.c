@@ -2690,6 +2690,12 @@ static __attribute__((noinline)) um_status small_free_locked(um__pool *p, unsign
 {
     um__lock_acquire(&p->lock);
     um__stream_ref ref = s ? *s : allocation_stream(p, sid);
+    /* The bin goes by the stream the free is ordered on: with the block's
+     * allocation stream destroyed, that is the default stream. A bin kept
+     * under the dead id was later fenced on the state of whichever stream
+     * took the id next, another device's, whose backend then destroyed the
+     * host's event (test_faults: test_free_after_stream_destroyed). */
+    sid = ref.id;
     um__stream_state *ss = stream_state(p, &ref);
     bool parked = false;
     /* A bin's slots go back through their stream's state (flush_bin_locked):
