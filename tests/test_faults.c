@@ -363,7 +363,9 @@ static void test_bad_specs(void)
     /* "reserve~" and "create@ -1" were taken (p = 0; the call 2^64-1),
      * and a device index alone ("5") was read past its end. */
     static const char *const bad[] = {"bogus@1", "map@0", "map",      "map~1.5",    "99:map@1",
-                                      "map@x",   "5",     "reserve~", "create@ -1", "3:"};
+                                      "map@x",   "5",     "reserve~", "create@ -1", "3:",
+                                      /* Past 2^64: strtoull's ERANGE gave 2^64-1. */
+                                      "map@99999999999999999999"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char conf[96];
         snprintf(conf, sizeof conf, "devices=sim:8M,fault=%s", bad[i]);

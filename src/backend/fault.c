@@ -6,6 +6,7 @@
  */
 #include "backend.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -100,9 +101,12 @@ um_status um__fault_plan_parse(const char *spec, int seed, um__fault_plan **out)
             r->kind = (enum fault_kind)(kind < 0 ? 0 : kind);
             c += klen;
             if (st == UM_OK && c < end && *c == '@') {
+                errno = 0;
                 unsigned long long n = strtoull(c + 1, &num_end, 10);
-                /* strtoull would skip spaces and take "-1" as 2^64-1. */
-                if (num_end != end || n == 0 || !(c[1] >= '0' && c[1] <= '9'))
+                /* strtoull would skip spaces and take "-1" as 2^64-1; a
+                 * number past 2^64-1 comes back as 2^64-1 with ERANGE. */
+                if (num_end != end || n == 0 || errno == ERANGE ||
+                    !(c[1] >= '0' && c[1] <= '9'))
                     st = bad_spec(spec, item, len, "'@' needs a call number of 1 or more");
                 r->nth = n;
             } else if (st == UM_OK && c < end && *c == '~') {
