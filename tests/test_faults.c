@@ -428,6 +428,36 @@ static void test_rules_count_apart(void)
     um__fault_plan_free(plan);
 }
 
+/* Destroying a NULL event is nothing, as on the sim backend it wraps: the
+ * wrapper used to count it as an event given back, and its shutdown then
+ * reported -1 events as a leak. */
+static void test_null_event_destroy(void)
+{
+    um__fault_plan *plan = NULL;
+    CHECK_OK(um__fault_plan_parse("map@1000", 1, &plan));
+    um__backend *sim = NULL, *w = NULL;
+    CHECK_OK(um__sim_backend_create("sim", 64 * MB, 2 * MB, 0, &sim));
+    if (!plan || !sim) {
+        um__backend_destroy(sim);
+        um__fault_plan_free(plan);
+        return;
+    }
+    CHECK_OK(um__fault_wrap(sim, plan, 0, &w));
+    if (!w) {
+        um__backend_destroy(sim);
+        um__fault_plan_free(plan);
+        return;
+    }
+    um__bevent *e = NULL;
+    CHECK_OK(um__be_event_record(w, NULL, &e));
+    um__be_event_destroy(w, e);
+    um__be_event_destroy(w, NULL);
+    uint64_t leaks = um__fault_leaks_total();
+    um__backend_destroy(w);
+    CHECK_EQ(um__fault_leaks_total(), leaks);
+    um__fault_plan_free(plan);
+}
+
 /* A page the backend refuses to release does not keep the other idle
  * pages: trim gives back all of them but that one, reports the refusal,
  * and a later trim takes the last. Trim used to stop at the first refusal
@@ -493,6 +523,7 @@ int main(void)
     unsetenv("UNIMEM_CONF");
     test_bad_specs();
     test_rules_count_apart();
+    test_null_event_destroy();
     test_trim_past_refused_release();
     test_direct_free_parks_refused_release();
     every_position("pool", seq_pool, "any");
