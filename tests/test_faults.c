@@ -458,6 +458,38 @@ static void test_null_event_destroy(void)
     um__fault_plan_free(plan);
 }
 
+/* The wrapper shows the physical bytes of the backend it wraps, also when
+ * they go at an unmap: a chunk released while mapped (as cuMemRelease
+ * allows) is freed by its last unmap, and the wrapper used to go on
+ * showing its bytes until the next create or release. */
+static void test_physical_after_unmap(void)
+{
+    um__fault_plan *plan = NULL;
+    CHECK_OK(um__fault_plan_parse("map@1000", 1, &plan));
+    um__backend *sim = NULL, *w = NULL;
+    CHECK_OK(um__sim_backend_create("sim", 64 * MB, 2 * MB, 0, &sim));
+    if (plan && sim)
+        CHECK_OK(um__fault_wrap(sim, plan, 0, &w));
+    if (!w) {
+        um__backend_destroy(sim);
+        um__fault_plan_free(plan);
+        return;
+    }
+    uintptr_t va = 0;
+    um__phys h = 0;
+    CHECK_OK(um__be_reserve(w, 4 * MB, &va));
+    CHECK_OK(um__be_create(w, 2 * MB, &h));
+    CHECK_OK(um__be_map(w, va, 2 * MB, h));
+    CHECK_OK(um__be_release(w, h, 2 * MB)); /* kept until the unmap */
+    CHECK_EQ(atomic_load(&w->physical_bytes), 2 * MB);
+    CHECK_OK(um__be_unmap(w, va, 2 * MB));
+    CHECK_EQ(atomic_load(&sim->physical_bytes), 0u);
+    CHECK_EQ(atomic_load(&w->physical_bytes), 0u);
+    CHECK_OK(um__be_unreserve(w, va, 4 * MB));
+    um__backend_destroy(w);
+    um__fault_plan_free(plan);
+}
+
 /* A page the backend refuses to release does not keep the other idle
  * pages: trim gives back all of them but that one, reports the refusal,
  * and a later trim takes the last. Trim used to stop at the first refusal
@@ -524,6 +556,7 @@ int main(void)
     test_bad_specs();
     test_rules_count_apart();
     test_null_event_destroy();
+    test_physical_after_unmap();
     test_trim_past_refused_release();
     test_direct_free_parks_refused_release();
     every_position("pool", seq_pool, "any");

@@ -249,9 +249,15 @@ static um_status f_map(um__backend *b, uintptr_t va, size_t size, um__phys h)
 {
     FORWARD_COUNTED(FK_MAP, mapped_bytes, (long long)size, map, va, size, h);
 }
-static um_status f_unmap(um__backend *b, uintptr_t va, size_t size)
+static um_status f_unmap_counted(um__backend *b, uintptr_t va, size_t size)
 {
     FORWARD_COUNTED(FK_UNMAP, mapped_bytes, -(long long)size, unmap, va, size);
+}
+/* An unmap frees the memory of a chunk released while it was mapped (as
+ * cuMemRelease allows), so it changes the physical bytes too. */
+static um_status f_unmap(um__backend *b, uintptr_t va, size_t size)
+{
+    return mirror_physical(fb(b), f_unmap_counted(b, va, size));
 }
 static um_status f_stream_create(um__backend *b, um__bstream **out)
 {
