@@ -476,6 +476,13 @@ static void test_async_unmapped(int sim)
     CHECK_STATUS(um__be_memset_async(b, unmapped, 0, 8, NULL), UM_ERR_INVALID);
     CHECK_ERROR_MENTIONS("memset_async", "destination", "not mapped");
     CHECK_STATUS(um__be_memset_async(b, tail, 0, 16, NULL), UM_ERR_INVALID);
+    /* The synchronous copy checks its host side too: a "host" pointer into
+     * a reservation (this device's or a peer's) that is not mapped there
+     * used to be touched by the memmove and crash the process. */
+    CHECK_STATUS(um__be_copy(b, mapped, unmapped, 8, 0), UM_ERR_INVALID);
+    CHECK_ERROR_MENTIONS("copy", "source", "not mapped");
+    CHECK_STATUS(um__be_copy(b, (void *)pva, mapped, 8, 1), UM_ERR_INVALID);
+    CHECK_ERROR_MENTIONS("destination", "not mapped", "device peer");
 
     /* Mapped memory and the program's memory still copy. */
     CHECK_OK(um__be_copy_async(b, tail, buf, 7, NULL));

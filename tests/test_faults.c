@@ -363,7 +363,9 @@ static void test_bad_specs(void)
     /* "reserve~" and "create@ -1" were taken (p = 0; the call 2^64-1),
      * and a device index alone ("5") was read past its end. */
     static const char *const bad[] = {"bogus@1", "map@0", "map",      "map~1.5",    "99:map@1",
-                                      "map@x",   "5",     "reserve~", "create@ -1", "3:"};
+                                      "map@x",   "5",     "reserve~", "create@ -1", "3:",
+                                      /* Past 2^64: strtoull's ERANGE gave 2^64-1. */
+                                      "map@99999999999999999999"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char conf[96];
         snprintf(conf, sizeof conf, "devices=sim:8M,fault=%s", bad[i]);
@@ -423,6 +425,68 @@ static void test_rules_count_apart(void)
         um__backend_destroy(w);
     else
         um__backend_destroy(sim);
+    um__fault_plan_free(plan);
+}
+
+/* Destroying a NULL event is nothing, as on the sim backend it wraps: the
+ * wrapper used to count it as an event given back, and its shutdown then
+ * reported -1 events as a leak. */
+static void test_null_event_destroy(void)
+{
+    um__fault_plan *plan = NULL;
+    CHECK_OK(um__fault_plan_parse("map@1000", 1, &plan));
+    um__backend *sim = NULL, *w = NULL;
+    CHECK_OK(um__sim_backend_create("sim", 64 * MB, 2 * MB, 0, &sim));
+    if (!plan || !sim) {
+        um__backend_destroy(sim);
+        um__fault_plan_free(plan);
+        return;
+    }
+    CHECK_OK(um__fault_wrap(sim, plan, 0, &w));
+    if (!w) {
+        um__backend_destroy(sim);
+        um__fault_plan_free(plan);
+        return;
+    }
+    um__bevent *e = NULL;
+    CHECK_OK(um__be_event_record(w, NULL, &e));
+    um__be_event_destroy(w, e);
+    um__be_event_destroy(w, NULL);
+    uint64_t leaks = um__fault_leaks_total();
+    um__backend_destroy(w);
+    CHECK_EQ(um__fault_leaks_total(), leaks);
+    um__fault_plan_free(plan);
+}
+
+/* The wrapper shows the physical bytes of the backend it wraps, also when
+ * they go at an unmap: a chunk released while mapped (as cuMemRelease
+ * allows) is freed by its last unmap, and the wrapper used to go on
+ * showing its bytes until the next create or release. */
+static void test_physical_after_unmap(void)
+{
+    um__fault_plan *plan = NULL;
+    CHECK_OK(um__fault_plan_parse("map@1000", 1, &plan));
+    um__backend *sim = NULL, *w = NULL;
+    CHECK_OK(um__sim_backend_create("sim", 64 * MB, 2 * MB, 0, &sim));
+    if (plan && sim)
+        CHECK_OK(um__fault_wrap(sim, plan, 0, &w));
+    if (!w) {
+        um__backend_destroy(sim);
+        um__fault_plan_free(plan);
+        return;
+    }
+    uintptr_t va = 0;
+    um__phys h = 0;
+    CHECK_OK(um__be_reserve(w, 4 * MB, &va));
+    CHECK_OK(um__be_create(w, 2 * MB, &h));
+    CHECK_OK(um__be_map(w, va, 2 * MB, h));
+    CHECK_OK(um__be_release(w, h, 2 * MB)); /* kept until the unmap */
+    CHECK_EQ(atomic_load(&w->physical_bytes), 2 * MB);
+    CHECK_OK(um__be_unmap(w, va, 2 * MB));
+    CHECK_EQ(atomic_load(&sim->physical_bytes), 0u);
+    CHECK_EQ(atomic_load(&w->physical_bytes), 0u);
+    CHECK_OK(um__be_unreserve(w, va, 4 * MB));
+    um__backend_destroy(w);
     um__fault_plan_free(plan);
 }
 
@@ -568,6 +632,8 @@ int main(void)
     unsetenv("UNIMEM_CONF");
     test_bad_specs();
     test_rules_count_apart();
+    test_null_event_destroy();
+    test_physical_after_unmap();
     test_trim_past_refused_release();
     test_direct_free_parks_refused_release();
     test_free_after_stream_destroyed();

@@ -6,6 +6,7 @@
  */
 #include "backend.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -100,9 +101,12 @@ um_status um__fault_plan_parse(const char *spec, int seed, um__fault_plan **out)
             r->kind = (enum fault_kind)(kind < 0 ? 0 : kind);
             c += klen;
             if (st == UM_OK && c < end && *c == '@') {
+                errno = 0;
                 unsigned long long n = strtoull(c + 1, &num_end, 10);
-                /* strtoull would skip spaces and take "-1" as 2^64-1. */
-                if (num_end != end || n == 0 || !(c[1] >= '0' && c[1] <= '9'))
+                /* strtoull would skip spaces and take "-1" as 2^64-1; a
+                 * number past 2^64-1 comes back as 2^64-1 with ERANGE. */
+                if (num_end != end || n == 0 || errno == ERANGE ||
+                    !(c[1] >= '0' && c[1] <= '9'))
                     st = bad_spec(spec, item, len, "'@' needs a call number of 1 or more");
                 r->nth = n;
             } else if (st == UM_OK && c < end && *c == '~') {
@@ -245,9 +249,15 @@ static um_status f_map(um__backend *b, uintptr_t va, size_t size, um__phys h)
 {
     FORWARD_COUNTED(FK_MAP, mapped_bytes, (long long)size, map, va, size, h);
 }
-static um_status f_unmap(um__backend *b, uintptr_t va, size_t size)
+static um_status f_unmap_counted(um__backend *b, uintptr_t va, size_t size)
 {
     FORWARD_COUNTED(FK_UNMAP, mapped_bytes, -(long long)size, unmap, va, size);
+}
+/* An unmap frees the memory of a chunk released while it was mapped (as
+ * cuMemRelease allows), so it changes the physical bytes too. */
+static um_status f_unmap(um__backend *b, uintptr_t va, size_t size)
+{
+    return mirror_physical(fb(b), f_unmap_counted(b, va, size));
 }
 static um_status f_stream_create(um__backend *b, um__bstream **out)
 {
@@ -289,6 +299,11 @@ static um_status f_event_sync(um__backend *b, um__bevent *e)
 }
 static void f_event_destroy(um__backend *b, um__bevent *e)
 {
+    /* NULL is nothing to destroy (the host and sim backends treat it as
+     * free() does); counting it would report -1 events as a leak at
+     * shutdown. */
+    if (!e)
+        return;
     atomic_fetch_sub(&fb(b)->events, 1);
     fb(b)->inner->ops->event_destroy(fb(b)->inner, e);
 }

@@ -859,6 +859,13 @@ static um_status vmm_copy(um__backend *b, void *dst, const void *src, size_t n, 
                         "%s: copy of %zu bytes %s: the device range at %p is not mapped memory "
                         "of this device",
                         b->name, n, dir == 0 ? "to the device" : "to the host", dev);
+    /* The host side is the program's memory, but a pointer into a
+     * reservation (this device's or another's) that is not mapped there
+     * would crash the memmove below, as copy_async guards against. */
+    st = dir == 0 ? check_mapped(m, src, n, "copy", "source")
+                  : check_mapped(m, dst, n, "copy", "destination");
+    if (st != UM_OK)
+        return st;
     if (um__vt_on()) {
         /* No data in virtual time: the copy takes its modelled time on the
          * default stream (behind its work, as a synchronous copy would). */
