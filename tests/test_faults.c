@@ -396,6 +396,26 @@ static void test_bad_specs(void)
     }
 }
 
+/* A 64 MiB sim backend wrapped by the fault plan of spec (*plan); NULL,
+ * with everything freed and a failed check, when a part cannot be made.
+ * Destroying the wrapper destroys the sim backend; the plan is freed
+ * apart. */
+static um__backend *wrapped_sim(const char *spec, um__fault_plan **plan)
+{
+    um__backend *sim = NULL, *w = NULL;
+    *plan = NULL;
+    CHECK_OK(um__fault_plan_parse(spec, 1, plan));
+    CHECK_OK(um__sim_backend_create("sim", 64 * MB, 2 * MB, 0, &sim));
+    if (*plan && sim)
+        CHECK_OK(um__fault_wrap(sim, *plan, 0, &w));
+    if (!w) {
+        um__backend_destroy(sim);
+        um__fault_plan_free(*plan);
+        *plan = NULL;
+    }
+    return w;
+}
+
 /* Each rule counts every call of its kind, also those another rule
  * fails: with "reserve@1+any@2" the first reservation fails by the first
  * rule, and the second call of any kind (the second reservation) by the
@@ -403,17 +423,12 @@ static void test_bad_specs(void)
  * failed the third call instead. */
 static void test_rules_count_apart(void)
 {
-    um__fault_plan *plan = NULL;
-    CHECK_OK(um__fault_plan_parse("reserve@1+any@2", 1, &plan));
-    um__backend *sim = NULL, *w = NULL;
-    CHECK_OK(um__sim_backend_create("sim", 64 * MB, 2 * MB, 0, &sim));
-    if (!plan || !sim) {
-        um__fault_plan_free(plan);
+    um__fault_plan *plan;
+    um__backend *w = wrapped_sim("reserve@1+any@2", &plan);
+    if (!w)
         return;
-    }
-    CHECK_OK(um__fault_wrap(sim, plan, 0, &w));
     um_status want[3] = {UM_ERR_BACKEND, UM_ERR_BACKEND, UM_OK};
-    for (int i = 0; i < 3 && w; i++) {
+    for (int i = 0; i < 3; i++) {
         uintptr_t va = 0;
         um_status st = um__be_reserve(w, 2 * MB, &va);
         CHECK_STATUS(st, want[i]);
@@ -421,10 +436,7 @@ static void test_rules_count_apart(void)
             CHECK_OK(um__be_unreserve(w, va, 2 * MB));
     }
     CHECK_EQ(um__fault_fired(plan), 2ull);
-    if (w)
-        um__backend_destroy(w);
-    else
-        um__backend_destroy(sim);
+    um__backend_destroy(w);
     um__fault_plan_free(plan);
 }
 
@@ -433,21 +445,10 @@ static void test_rules_count_apart(void)
  * reported -1 events as a leak. */
 static void test_null_event_destroy(void)
 {
-    um__fault_plan *plan = NULL;
-    CHECK_OK(um__fault_plan_parse("map@1000", 1, &plan));
-    um__backend *sim = NULL, *w = NULL;
-    CHECK_OK(um__sim_backend_create("sim", 64 * MB, 2 * MB, 0, &sim));
-    if (!plan || !sim) {
-        um__backend_destroy(sim);
-        um__fault_plan_free(plan);
+    um__fault_plan *plan;
+    um__backend *w = wrapped_sim("map@1000", &plan);
+    if (!w)
         return;
-    }
-    CHECK_OK(um__fault_wrap(sim, plan, 0, &w));
-    if (!w) {
-        um__backend_destroy(sim);
-        um__fault_plan_free(plan);
-        return;
-    }
     um__bevent *e = NULL;
     CHECK_OK(um__be_event_record(w, NULL, &e));
     um__be_event_destroy(w, e);
@@ -464,17 +465,11 @@ static void test_null_event_destroy(void)
  * showing its bytes until the next create or release. */
 static void test_physical_after_unmap(void)
 {
-    um__fault_plan *plan = NULL;
-    CHECK_OK(um__fault_plan_parse("map@1000", 1, &plan));
-    um__backend *sim = NULL, *w = NULL;
-    CHECK_OK(um__sim_backend_create("sim", 64 * MB, 2 * MB, 0, &sim));
-    if (plan && sim)
-        CHECK_OK(um__fault_wrap(sim, plan, 0, &w));
-    if (!w) {
-        um__backend_destroy(sim);
-        um__fault_plan_free(plan);
+    um__fault_plan *plan;
+    um__backend *w = wrapped_sim("map@1000", &plan);
+    if (!w)
         return;
-    }
+    um__backend *sim = w->wrapped; /* the backend the wrapper forwards to */
     uintptr_t va = 0;
     um__phys h = 0;
     CHECK_OK(um__be_reserve(w, 4 * MB, &va));
