@@ -1,18 +1,16 @@
 /* The streaming JSON reader of `unimem timeline`; see json_reader.h. A
- * recursive-descent parser over a 64 KiB window of the (decompressed)
- * input, strict to RFC 8259: no trailing commas, comments, NaN, leading
+ * recursive-descent parser over a window of the (decompressed) input
+ * (src/base/gzin.h), strict to RFC 8259: no trailing commas, comments, NaN, leading
  * zeros or raw control characters, and strings must be valid UTF-8. */
 #include "json_reader.h"
+#include "base/gzin.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
-#include <zlib.h>
 
 /* Limits that keep a corrupt or hostile file from exhausting memory or the
  * stack: no trace event comes near any of them. */
@@ -20,8 +18,7 @@
 #define JSON_MAX_STRING ((size_t)1 << 20)       /* bytes in one kept string */
 #define JSON_MAX_EVENT_BYTES ((size_t)16 << 20) /* parsed tree of one event */
 #define JSON_MAX_NUMBER 128                     /* characters in one number */
-#define JSON_WINDOW ((size_t)64 * 1024)
-#define JSON_INPUT ((size_t)256 * 1024) /* file bytes read at once */
+#define JSON_INPUT ((size_t)256 * 1024) /* file bytes read (and inflated) at once */
 
 /* A bump allocator for the tree of one event, emptied after each event.
  * Chunks are kept for the next event, so reading a long trace allocates
@@ -32,23 +29,9 @@ typedef struct arena_chunk {
     max_align_t data[];
 } arena_chunk;
 
-/* What the file holds, known once its first two bytes are read. */
-typedef enum json_format { JSON_FORMAT_UNKNOWN, JSON_FORMAT_PLAIN, JSON_FORMAT_GZIP } json_format;
-
 typedef struct jreader {
-    /* The file is read, and gzip data inflated, here rather than with
-     * zlib's gzread, which ends the stream without a word at bytes after a
-     * gzip member that start no member: a damaged or wrongly assembled
-     * file would be read as its first part. z.next_in / z.avail_in are the
-     * bytes read and not yet consumed, in plain files too; in_off is the
-     * file offset of in[0]. */
-    int fd;
-    json_format format;
-    z_stream z;
-    bool member_end; /* gzip: a member ended; another or the end of the file follows */
-    uint64_t in_off;
-    unsigned char in[JSON_INPUT];
-    unsigned char buf[JSON_WINDOW];
+    um__gzin in;              /* the file's text, plain or gzip */
+    const unsigned char *buf; /* the window: text um__gzin_next gave */
     size_t pos, len;     /* the window: buf[pos..len) is unread */
     uint64_t base;       /* input offset of buf[0] */
     uint64_t line;       /* line of buf[pos], 1-based */
@@ -85,110 +68,6 @@ static void jfail(jreader *r, const char *fmt, ...)
 
 /* --------------------------------------------------------------- input */
 
-/* Reads more of the file after the bytes not yet consumed; *got is 0 at
- * the end of the file. False (after the error) when the read fails. */
-static bool jread_input(jreader *r, size_t *got)
-{
-    size_t keep = r->z.avail_in;
-    r->in_off += (uint64_t)(r->z.next_in - r->in);
-    if (keep > 0 && r->z.next_in != r->in)
-        memmove(r->in, r->z.next_in, keep);
-    r->z.next_in = r->in;
-    ssize_t n;
-    do
-        n = read(r->fd, r->in + keep, sizeof r->in - keep);
-    while (n < 0 && errno == EINTR);
-    if (n < 0) {
-        jfail(r, "read failed: %s", strerror(errno));
-        return false;
-    }
-    r->z.avail_in = (uInt)(keep + (size_t)n);
-    *got = (size_t)n;
-    return true;
-}
-
-/* Reads until at least two bytes wait (or the file ends), enough to tell
- * a gzip header by its magic. */
-static bool jread_two(jreader *r)
-{
-    size_t got = 1;
-    while (r->z.avail_in < 2 && got > 0)
-        if (!jread_input(r, &got))
-            return false;
-    return true;
-}
-
-static bool jgzip_magic(const jreader *r)
-{
-    return r->z.avail_in >= 2 && r->z.next_in[0] == 0x1f && r->z.next_in[1] == 0x8b;
-}
-
-/* Puts the next text of the file into buf, *n bytes (0 at its end).
- * False after an error. */
-static bool jproduce(jreader *r, size_t *n)
-{
-    size_t got;
-    *n = 0;
-    if (r->format == JSON_FORMAT_UNKNOWN) {
-        /* A file that starts with the gzip magic is gzip, as for zlib. */
-        if (!jread_two(r))
-            return false;
-        r->format = jgzip_magic(r) ? JSON_FORMAT_GZIP : JSON_FORMAT_PLAIN;
-    }
-    if (r->format == JSON_FORMAT_PLAIN) {
-        if (r->z.avail_in == 0 && !jread_input(r, &got))
-            return false;
-        *n = r->z.avail_in < sizeof r->buf ? r->z.avail_in : sizeof r->buf;
-        memcpy(r->buf, r->z.next_in, *n);
-        r->z.next_in += *n;
-        r->z.avail_in -= (uInt)*n;
-        return true;
-    }
-    for (;;) {
-        if (r->member_end) {
-            /* Another member may follow (gzip -d reads them as one
-             * stream); anything else is an error. */
-            if (!jread_two(r))
-                return false;
-            if (r->z.avail_in == 0)
-                return true;
-            if (!jgzip_magic(r)) {
-                jfail(r, "bytes after the end of the gzip data, from byte %llu of the file",
-                      (unsigned long long)(r->in_off + (uint64_t)(r->z.next_in - r->in)));
-                return false;
-            }
-            if (inflateReset(&r->z) != Z_OK) {
-                jfail(r, "zlib cannot start the next gzip member");
-                return false;
-            }
-            r->member_end = false;
-        }
-        if (r->z.avail_in == 0) {
-            if (!jread_input(r, &got))
-                return false;
-            if (got == 0) {
-                jfail(r, "the gzip data is truncated (unexpected end of file)");
-                return false;
-            }
-        }
-        r->z.next_out = r->buf;
-        r->z.avail_out = (uInt)sizeof r->buf;
-        int zr = inflate(&r->z, Z_NO_FLUSH);
-        if (zr == Z_STREAM_END) {
-            r->member_end = true;
-        } else if (zr == Z_MEM_ERROR) {
-            jfail(r, "zlib is out of memory");
-            return false;
-        } else if (zr != Z_OK && zr != Z_BUF_ERROR) {
-            jfail(r, "corrupt gzip data (%s)", r->z.msg ? r->z.msg : zError(zr));
-            return false;
-        }
-        *n = sizeof r->buf - r->z.avail_out;
-        if (*n > 0)
-            return true;
-    }
-}
-
 /* Refills the window; false at the end of the input or on an error. */
 static bool jfill(jreader *r)
 {
@@ -197,8 +76,11 @@ static bool jfill(jreader *r)
     r->base += r->len;
     r->pos = r->len = 0;
     size_t n;
-    if (!jproduce(r, &n))
+    um_status st = um__gzin_next(&r->in, &r->buf, &n);
+    if (st != UM_OK) {
+        jfail(r, "%s", r->in.err);
         return false;
+    }
     if (n == 0) {
         r->eof = true;
         return false;
@@ -852,14 +734,11 @@ int json_read_trace(int fd, uint64_t max_bytes, json_event_fn fn, void *arg, cha
         snprintf(err, err_len, "no memory for the JSON reader");
         return -1;
     }
-    /* 16 + 15: gzip only, with the largest window. */
-    if (inflateInit2(&r->z, 16 + 15) != Z_OK) {
+    if (um__gzin_open(&r->in, fd, JSON_INPUT) != UM_OK) {
+        snprintf(err, err_len, "%s", r->in.err);
         free(r);
-        snprintf(err, err_len, "no memory for zlib's state");
         return -1;
     }
-    r->z.next_in = r->in;
-    r->fd = fd;
     r->line = 1;
     r->max_bytes = max_bytes;
     r->err = err;
@@ -883,7 +762,7 @@ int json_read_trace(int fd, uint64_t max_bytes, json_event_fn fn, void *arg, cha
         }
     }
     ok = ok && !r->failed;
-    inflateEnd(&r->z);
+    um__gzin_close(&r->in);
     arena_free(r);
     free(r->scratch);
     free(r);

@@ -6,6 +6,7 @@
  * free can report the size and stream its block was allocated with.
  */
 #include "../base/base.h"
+#include "../base/gzin.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -14,7 +15,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <zlib.h>
 
 /* Longest line accepted, newline included. Event lines need at most 64
  * characters, so anything longer is corrupt; comment lines may be longer and
@@ -37,9 +37,6 @@ typedef struct trace_entry {
     uint64_t line;
 } trace_entry;
 
-/* What the file holds, known once its first two bytes are read. */
-typedef enum trace_format { TRACE_UNKNOWN, TRACE_PLAIN, TRACE_GZIP } trace_format;
-
 struct um_trace {
     int fd;
     char *path;
@@ -55,16 +52,7 @@ struct um_trace {
     size_t map_cap;
     size_t map_used; /* entries in use == slots handed out */
 
-    /* The file is read here rather than with zlib's gzread, which ends the
-     * stream silently at bytes after a gzip member that start no member.
-     * z.next_in / z.avail_in are the bytes read and not yet consumed, in
-     * plain files too; in_off is the file offset of in[0]. */
-    trace_format format;
-    z_stream z;
-    bool member_end; /* gzip: a member ended; another or the end of the file follows */
-    unsigned char *in;
-    uint64_t in_off;
-    unsigned char *out;        /* gzip: inflated text */
+    um__gzin gz;               /* the file's text, plain or gzip */
     const unsigned char *text; /* text not yet split into lines */
     size_t text_len;
 
@@ -201,109 +189,13 @@ static um_status trace_end_of_line(um_trace *t, char **p, const char *form)
     return UM_OK;
 }
 
-/* Reads more of the file after the bytes not yet consumed; *got is 0 at
- * the end of the file. */
-static um_status trace_read_input(um_trace *t, size_t *got)
-{
-    size_t keep = t->z.avail_in;
-    t->in_off += (uint64_t)(t->z.next_in - t->in);
-    if (keep > 0 && t->z.next_in != t->in)
-        memmove(t->in, t->z.next_in, keep);
-    t->z.next_in = t->in;
-    ssize_t n;
-    do
-        n = read(t->fd, t->in + keep, TRACE_IO_BUFFER - keep);
-    while (n < 0 && errno == EINTR);
-    if (n < 0)
-        return trace_error(t, UM_ERR_IO, "read failed: %s", strerror(errno));
-    t->z.avail_in = (uInt)(keep + (size_t)n);
-    *got = (size_t)n;
-    return UM_OK;
-}
-
-/* Reads until at least two bytes wait (or the file ends), enough to tell a
- * gzip header by its magic. */
-static um_status trace_read_two(um_trace *t)
-{
-    size_t got = 1;
-    while (t->z.avail_in < 2 && got > 0) {
-        um_status s = trace_read_input(t, &got);
-        if (s != UM_OK)
-            return s;
-    }
-    return UM_OK;
-}
-
-static bool trace_gzip_magic(const um_trace *t)
-{
-    return t->z.avail_in >= 2 && t->z.next_in[0] == 0x1f && t->z.next_in[1] == 0x8b;
-}
-
 /* Sets t->text to the next block of text, empty at its end. Errors name
  * the line being read (t->line): text is produced only as lines need it, so
  * a truncated or corrupt stream is reported at the line where it breaks. */
 static um_status trace_fill(um_trace *t)
 {
-    um_status s;
-    size_t got;
-    if (t->format == TRACE_UNKNOWN) {
-        /* A file that starts with the gzip magic is gzip, as for zlib. */
-        if ((s = trace_read_two(t)) != UM_OK)
-            return s;
-        t->format = trace_gzip_magic(t) ? TRACE_GZIP : TRACE_PLAIN;
-    }
-    if (t->format == TRACE_PLAIN) {
-        /* The input buffer is the text; it is refilled only once used up. */
-        if (t->z.avail_in == 0 && (s = trace_read_input(t, &got)) != UM_OK)
-            return s;
-        t->text = t->z.next_in;
-        t->text_len = t->z.avail_in;
-        t->z.next_in += t->z.avail_in;
-        t->z.avail_in = 0;
-        return UM_OK;
-    }
-    for (;;) {
-        if (t->member_end) {
-            /* Another member may follow (gzip -d reads them as one stream);
-             * anything else is an error, as ignoring it could hide a
-             * damaged or wrongly assembled trace. */
-            if ((s = trace_read_two(t)) != UM_OK)
-                return s;
-            if (t->z.avail_in == 0) {
-                t->text_len = 0;
-                return UM_OK;
-            }
-            if (!trace_gzip_magic(t))
-                return trace_error(
-                    t, UM_ERR_PARSE, "trailing data after the gzip stream at byte offset %llu",
-                    (unsigned long long)(t->in_off + (uint64_t)(t->z.next_in - t->in)));
-            if (inflateReset(&t->z) != Z_OK)
-                return trace_error(t, UM_ERR_IO, "zlib cannot start the next gzip member");
-            t->member_end = false;
-        }
-        if (t->z.avail_in == 0) {
-            if ((s = trace_read_input(t, &got)) != UM_OK)
-                return s;
-            if (got == 0)
-                return trace_error(t, UM_ERR_IO, "gzip data truncated (unexpected end of file)");
-        }
-        t->z.next_out = t->out;
-        t->z.avail_out = TRACE_IO_BUFFER;
-        int r = inflate(&t->z, Z_NO_FLUSH);
-        if (r == Z_STREAM_END)
-            t->member_end = true;
-        else if (r == Z_MEM_ERROR)
-            return trace_error(t, UM_ERR_NOMEM, "zlib is out of memory");
-        else if (r != Z_OK && r != Z_BUF_ERROR)
-            return trace_error(t, UM_ERR_IO, "corrupt gzip data (%s)",
-                               t->z.msg ? t->z.msg : zError(r));
-        size_t n = TRACE_IO_BUFFER - t->z.avail_out;
-        if (n > 0) {
-            t->text = t->out;
-            t->text_len = n;
-            return UM_OK;
-        }
-    }
+    um_status s = um__gzin_next(&t->gz, &t->text, &t->text_len);
+    return s == UM_OK ? UM_OK : trace_error(t, s, "%s", t->gz.err);
 }
 
 /* Consumes text up to and including the next newline (or the end). */
@@ -409,29 +301,18 @@ um_status um_trace_open(const char *path, um_trace **out)
     }
     um_trace *t = calloc(1, sizeof *t);
     char *name = strdup(path);
-    unsigned char *in = malloc(TRACE_IO_BUFFER), *text = malloc(TRACE_IO_BUFFER);
-    if (!t || !name || !in || !text) {
+    um_status gs = t ? um__gzin_open(&t->gz, fd, TRACE_IO_BUFFER) : UM_ERR_NOMEM;
+    if (!t || !name || gs != UM_OK) {
+        um_status fail = um__fail(UM_ERR_NOMEM, "cannot allocate a reader for trace %s: %s",
+                                  path, t && gs != UM_OK ? t->gz.err : "no memory");
+        if (t)
+            um__gzin_close(&t->gz);
         free(t);
         free(name);
-        free(in);
-        free(text);
         close(fd);
-        return um__fail(UM_ERR_NOMEM, "cannot allocate a reader for trace %s (%zu bytes)", path,
-                        sizeof *t + 2 * (size_t)TRACE_IO_BUFFER);
-    }
-    /* 16 + 15: gzip only, with the largest window. */
-    if (inflateInit2(&t->z, 16 + 15) != Z_OK) {
-        free(t);
-        free(name);
-        free(in);
-        free(text);
-        close(fd);
-        return um__fail(UM_ERR_NOMEM, "cannot allocate zlib state for trace %s", path);
+        return fail;
     }
     t->fd = fd;
-    t->in = in;
-    t->out = text;
-    t->z.next_in = in;
     t->path = name;
     t->file_size = S_ISREG(st.st_mode) ? (uint64_t)st.st_size : 0;
     *out = t;
@@ -520,12 +401,7 @@ um_status um_trace_rewind(um_trace *t)
         return um__fail(UM_ERR_IO, "cannot rewind trace %s: %s", t->path, strerror(errno));
     /* Every reading state starts over, so a rewind works after any error,
      * corrupt gzip data too (F1 of tests/test_fuzz_findings.c). */
-    inflateReset(&t->z);
-    t->z.next_in = t->in;
-    t->z.avail_in = 0;
-    t->in_off = 0;
-    t->format = TRACE_UNKNOWN;
-    t->member_end = false;
+    um__gzin_restart(&t->gz);
     t->text_len = 0;
     /* The map is rebuilt as the file is read again, so slots come out the
      * same and every line is validated again. */
@@ -549,7 +425,7 @@ double um_trace_progress(const um_trace *t)
         return 0.0;
     /* The bytes consumed: inflate runs ahead of the lines handed out by at
      * most one block of text. */
-    uint64_t off = t->in_off + (uint64_t)(t->z.next_in - t->in);
+    uint64_t off = um__gzin_offset(&t->gz);
     double f = (double)off / (double)t->file_size;
     return f > 1.0 ? 1.0 : f;
 }
@@ -563,10 +439,8 @@ void um_trace_close(um_trace *t)
 {
     if (!t)
         return;
-    inflateEnd(&t->z);
+    um__gzin_close(&t->gz);
     close(t->fd);
-    free(t->in);
-    free(t->out);
     free(t->map);
     free(t->path);
     free(t);
