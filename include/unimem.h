@@ -163,7 +163,7 @@ UM_API int um_stream_device(um_stream s);
  * queues `launch` units, then completes up to `complete` queued units, in
  * order. Work not yet completed keeps stream-ordered frees on that stream
  * fenced, as a running kernel does on a GPU. UM_ERR_UNSUPPORTED on other
- * devices. */
+ * devices; UM_ERR_WRONG_DEVICE for a stream of another device. */
 UM_API um_status um_sim_stream_work(um_context *ctx, int dev, um_stream s, unsigned launch,
                              unsigned complete);
 /* The units of simulated work on a sim device's stream (NULL: its default

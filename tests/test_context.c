@@ -859,11 +859,11 @@ static void test_sim_stream_work(const char *alloc)
     CHECK_STATUS(um_sim_stream_queued(ctx, 1, NULL, NULL), UM_ERR_INVALID);
     CHECK_ERROR_MENTIONS("units", "NULL", NULL);
     CHECK_STATUS(um_sim_stream_queued(ctx, 0, NULL, &queued), UM_ERR_UNSUPPORTED);
-    CHECK_STATUS(um_sim_stream_queued(ctx, 2, s, &queued), UM_ERR_INVALID);
+    CHECK_STATUS(um_sim_stream_queued(ctx, 2, s, &queued), UM_ERR_WRONG_DEVICE);
     CHECK_ERROR_MENTIONS("device 1", "not 2", NULL);
     CHECK_STATUS(um_sim_stream_work(ctx, 0, NULL, 1, 1), UM_ERR_UNSUPPORTED);
     CHECK_ERROR_MENTIONS("sim devices", NULL, NULL);
-    CHECK_STATUS(um_sim_stream_work(ctx, 2, s, 1, 1), UM_ERR_INVALID);
+    CHECK_STATUS(um_sim_stream_work(ctx, 2, s, 1, 1), UM_ERR_WRONG_DEVICE);
     CHECK_ERROR_MENTIONS("device 1", "not 2", NULL);
     CHECK_STATUS(um_sim_stream_work(ctx, 7, NULL, 1, 1), UM_ERR_NO_DEVICE);
     CHECK_STATUS(um_sim_stream_work(NULL, 1, NULL, 1, 1), UM_ERR_NO_DEVICE);

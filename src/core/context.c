@@ -601,9 +601,10 @@ static um_status sim_work_stream(um_context *ctx, int dev, um_stream s, const ch
         if (!valid_stream(ctx, s))
             return um__fail(UM_ERR_INVALID, "%s: %p is not a live stream of this context", what,
                             (void *)s);
+        /* The status the memory calls give a stream of another device. */
         if (s->dev != dev)
-            return um__fail(UM_ERR_INVALID, "%s: the stream belongs to device %d, not %d", what,
-                            s->dev, dev);
+            return um__fail(UM_ERR_WRONG_DEVICE, "%s: the stream belongs to device %d, not %d",
+                            what, s->dev, dev);
         *bs = s->ref.bstream;
     }
     return UM_OK;
