@@ -56,6 +56,25 @@ int main(void)
         CHECK(um__addrmap_get(&m, id, &v) && v == id * 3);
     um__addrmap_free(&m);
 
+    /* Key 0 marks an empty slot, so it cannot be stored: a put of it is
+     * refused and counts nothing (before, count went up with nothing
+     * stored). Room for more keys than memory can hold is refused, not
+     * looped for (before, the doubling wrapped to 0 near SIZE_MAX / 4). */
+    CHECK(um__addrmap_put(&m, 7, 70));
+    CHECK(!um__addrmap_put(&m, 0, 1));
+    CHECK_EQ(m.count, 1u);
+    uint64_t v0 = 99;
+    CHECK(!um__addrmap_get(&m, 0, &v0));
+    CHECK(!um__addrmap_take(&m, 0, &v0));
+    CHECK_EQ(v0, 99u);
+    size_t cap0 = m.cap;
+    CHECK(!um__addrmap_reserve(&m, SIZE_MAX / 4));
+    CHECK(!um__addrmap_reserve(&m, SIZE_MAX / 2 - 10));
+    CHECK(!um__addrmap_reserve(&m, SIZE_MAX));
+    CHECK_EQ(m.cap, cap0);
+    CHECK(um__addrmap_get(&m, 7, &v0) && v0 == 70);
+    um__addrmap_free(&m);
+
     /* A long run's pointers (UNIMEM_TORCH_TRACE's table): millions of
      * distinct addresses, GPU pages and small blocks, each put and taken
      * while a thousand stay live, leave the table its size. */

@@ -46,6 +46,8 @@ static bool resize(um__addrmap *m, size_t cap)
 
 bool um__addrmap_put(um__addrmap *m, uint64_t key, uint64_t value)
 {
+    if (key == 0)
+        return false; /* 0 marks an empty slot */
     size_t j = find(m, key);
     if (j != SIZE_MAX) {
         m->slots[j].value = value;
@@ -97,6 +99,10 @@ bool um__addrmap_take(um__addrmap *m, uint64_t key, uint64_t *value)
 
 bool um__addrmap_reserve(um__addrmap *m, size_t n)
 {
+    /* Past a quarter of the address space the doubling below would wrap;
+     * no such table fits in memory anyway. */
+    if (n > SIZE_MAX / 4 - m->count)
+        return false;
     size_t cap = m->cap ? m->cap : MIN_CAP;
     while ((m->count + n) * 2 > cap)
         cap *= 2;

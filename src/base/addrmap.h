@@ -24,7 +24,8 @@ typedef struct um__addrmap {
 } um__addrmap;
 
 /* Sets key's value (replacing one there); false when there is no memory
- * to grow the table (nothing changed). */
+ * to grow the table, or for key 0, which marks an empty slot (nothing
+ * changed). */
 bool um__addrmap_put(um__addrmap *m, uint64_t key, uint64_t value);
 /* Room for n more keys, so that the next n puts of new keys cannot fail;
  * false when there is no memory (nothing changed). */
