@@ -365,7 +365,12 @@ static void test_bad_specs(void)
     static const char *const bad[] = {"bogus@1", "map@0", "map",      "map~1.5",    "99:map@1",
                                       "map@x",   "5",     "reserve~", "create@ -1", "3:",
                                       /* Past 2^64: strtoull's ERANGE gave 2^64-1. */
-                                      "map@99999999999999999999"};
+                                      "map@99999999999999999999",
+                                      /* Taken before: a space, an exponent
+                                       * that underflowed to 0, hex, and a
+                                       * '+' with no rule after it. */
+                                      "map~ 0.5", "map~1e-400", "map~0x1p-1", "map@1+",
+                                      "map~.", "map~0.5.1", "event~1.0001"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char conf[96];
         snprintf(conf, sizeof conf, "devices=sim:8M,fault=%s", bad[i]);

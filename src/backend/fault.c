@@ -59,6 +59,30 @@ static um_status bad_spec(const char *spec, const char *item, size_t len, const 
                     why);
 }
 
+/* A probability written as digits with at most one '.' ("0.25", "1", ".5"),
+ * from 0 to 1, read by hand: strtod would take leading spaces, hex, "1e-400"
+ * (quietly 0) and the locale's decimal point. */
+static double parse_probability(const char *c, const char *end, bool *ok)
+{
+    double p = 0.0, scale = 1.0;
+    bool digits = false, dot = false;
+    for (; c < end; c++) {
+        if (*c >= '0' && *c <= '9') {
+            digits = true;
+            if (dot)
+                p += (*c - '0') * (scale /= 10.0);
+            else
+                p = p * 10.0 + (*c - '0');
+        } else if (*c == '.' && !dot) {
+            dot = true;
+        } else {
+            break;
+        }
+    }
+    *ok = c == end && digits && p <= 1.0;
+    return p;
+}
+
 um_status um__fault_plan_parse(const char *spec, int seed, um__fault_plan **out)
 {
     *out = NULL;
@@ -110,10 +134,10 @@ um_status um__fault_plan_parse(const char *spec, int seed, um__fault_plan **out)
                     st = bad_spec(spec, item, len, "'@' needs a call number of 1 or more");
                 r->nth = n;
             } else if (st == UM_OK && c < end && *c == '~') {
-                double pr = strtod(c + 1, &num_end);
-                if (num_end != end || num_end == c + 1 || !(pr >= 0.0 && pr <= 1.0))
+                bool ok;
+                r->p = parse_probability(c + 1, end, &ok);
+                if (!ok)
                     st = bad_spec(spec, item, len, "'~' needs a probability from 0 to 1");
-                r->p = pr;
             } else if (st == UM_OK) {
                 st = bad_spec(spec, item, len, "expected KIND@N or KIND~P");
             }
@@ -124,8 +148,10 @@ um_status um__fault_plan_parse(const char *spec, int seed, um__fault_plan **out)
         }
         p->nrules++;
         item += len;
-        if (*item == '+')
-            item++;
+        if (*item == '+' && !*++item) {
+            free(p);
+            return bad_spec(spec, item - 1, 1, "a '+' with no rule after it");
+        }
     }
     *out = p;
     return UM_OK;
