@@ -8,6 +8,8 @@
  * at least that long); bounds from above are loose, for a busy machine. */
 #include "harness.h"
 
+#include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -296,6 +298,89 @@ static void test_untimed_link_not_cached(void)
     unlink(cache);
 }
 
+/* Starts a context on the link cache at path (device 2 limited to 4 MiB
+ * when limit2, so that its links cannot be timed) and gives the stats of
+ * the links from the host to devices 1 and 2. */
+static void cached_links(const char *path, bool limit2, um_link_stats *to1, um_link_stats *to2)
+{
+    char conf[200];
+    snprintf(conf, sizeof conf,
+             "devices=sim:2x64M,sim_link_bandwidth=%s,links=measure,link_cache=%s,"
+             "watermark_high=100",
+             MEASURED_LINK, path);
+    um_context *ctx = NULL;
+    memset(to1, 0, sizeof *to1);
+    memset(to2, 0, sizeof *to2);
+    CHECK_OK(um_init(conf, &ctx));
+    if (!ctx)
+        return;
+    if (limit2)
+        CHECK_OK(um_set_memory_limit(ctx, 2, 4 * MB));
+    um_buffer *b = NULL;
+    CHECK_OK(um_buffer_create(ctx, 4096, NULL, &b)); /* the first buffer measures */
+    CHECK_OK(um_link_stats_get(ctx, 0, 1, to1));
+    CHECK_OK(um_link_stats_get(ctx, 0, 2, to2));
+    CHECK_OK(um_buffer_destroy(b));
+    um_shutdown(ctx);
+}
+
+/* Writes text as the whole cache file. */
+static void write_cache(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    CHECK(f != NULL);
+    if (f) {
+        fputs(text, f);
+        fclose(f);
+    }
+}
+
+/* A damaged line of this machine in the link cache is not used at all.
+ * Before the fix, a line that failed to parse partway left its first
+ * figures in the cost tables (a link that could not be timed then kept
+ * them: 123.456 us where the model says 1 us), and a line cut short ran on
+ * into the next one, whose good figures were lost to a new measurement. */
+static void test_damaged_cache_line(void)
+{
+    char cache[] = "/tmp/unimem_test_sim_link_cache_XXXXXX";
+    if (!harness_temp_file(cache))
+        return;
+    um_link_stats to1, to2;
+    cached_links(cache, false, &to1, &to2); /* writes this machine's line */
+    char key[64] = "";
+    FILE *f = fopen(cache, "r");
+    CHECK(f != NULL);
+    if (f) {
+        CHECK(fscanf(f, "%63s", key) == 1);
+        fclose(f);
+    }
+    /* Three devices: nine links. Eight odd figures, then garbage. */
+    char text[2048];
+    int n = snprintf(text, sizeof text, "%s 3", key);
+    for (int i = 0; i < 8; i++)
+        n += snprintf(text + n, sizeof text - (size_t)n, " 123456.0 0.001");
+    snprintf(text + n, sizeof text - (size_t)n, " x\n");
+    write_cache(cache, text);
+    cached_links(cache, true, &to1, &to2);
+    CHECK_EQ(to1.measured, 1);
+    CHECK_EQ(to2.measured, 0);
+    CHECK(to2.latency_us < 2.0);
+    printf("damaged cache line: the untimed link's latency %.3f us (the model's 1)\n",
+           to2.latency_us);
+
+    /* A line cut short, then a good one: the good one is read. */
+    n = snprintf(text, sizeof text, "%s 3 1.0 2.0 3.0 4.0\n%s 3", key, key);
+    for (int i = 0; i < 9; i++)
+        n += snprintf(text + n, sizeof text - (size_t)n, " 777.0 5.000");
+    snprintf(text + n, sizeof text - (size_t)n, "\n");
+    write_cache(cache, text);
+    cached_links(cache, false, &to1, &to2);
+    CHECK_EQ(to1.measured, 1);
+    CHECK(fabs(to1.latency_us - 0.777) < 1e-6);
+    CHECK(fabs(to2.bandwidth_gbps - 5.0) < 1e-6);
+    unlink(cache);
+}
+
 /* The memory of a destroyed buffer whose last copy out is still on the
  * link is held until that copy ends. An allocation at the limit that
  * needs it waits for the copy, as it would for an eviction, rather than
@@ -351,6 +436,7 @@ int main(void)
     test_peer_copy_holds_sender_link();
     test_measured();
     test_untimed_link_not_cached();
+    test_damaged_cache_line();
     test_limit_waits_for_held_memory();
     test_bad_option();
     return harness_finish("test_sim_link");

@@ -11,6 +11,7 @@
 
 #include "../base/vtime.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -260,7 +261,10 @@ static bool cache_path(um_context *ctx, char *buf, size_t len, bool make_dir)
 }
 
 /* Reads this machine's line of the cache: "KEY N" then latency (ns) and
- * GB/s for every link, from-major. */
+ * GB/s for every link, from-major. Each line is read whole and its figures
+ * are kept only if all of them parse, with nothing after them: a damaged
+ * line neither leaves its first figures in the cost tables nor runs on
+ * into the next line. */
 static bool cache_read(um__xfer *x, uint64_t key)
 {
     char path[512];
@@ -269,27 +273,39 @@ static bool cache_read(um__xfer *x, uint64_t key)
     FILE *f = fopen(path, "r");
     if (!f)
         return false;
-    bool found = false;
     size_t nn = (size_t)x->ndev * (size_t)x->ndev;
-    unsigned long long k;
-    int n;
-    while (!found && fscanf(f, "%llx %d", &k, &n) == 2) {
-        bool ok = k == key && n == x->ndev;
-        for (size_t i = 0; i < nn && ok; i++) {
-            double lat, gbps;
-            ok = fscanf(f, "%lf %lf", &lat, &gbps) == 2 && lat >= 0 && gbps > 0;
-            if (ok) {
-                x->lat_ns[i] = lat;
-                x->ns_per_byte[i] = 1.0 / gbps;
-            }
+    double *lat = malloc(nn * sizeof *lat), *per = malloc(nn * sizeof *per);
+    char *line = NULL;
+    size_t cap = 0;
+    bool found = false;
+    while (lat && per && !found && getline(&line, &cap, f) > 0) {
+        char *p = line, *e;
+        unsigned long long k = strtoull(p, &e, 16);
+        if (e == p || k != key)
+            continue;
+        long n = strtol(e, &p, 10);
+        if (p == e || n != x->ndev)
+            continue;
+        size_t i = 0;
+        for (; i < nn; i++) {
+            double l = strtod(p, &e), gbps = e == p ? 0 : strtod(e, &p);
+            if (e == p || !isfinite(l) || l < 0 || !isfinite(gbps) || gbps <= 0)
+                break;
+            lat[i] = l;
+            per[i] = 1.0 / gbps;
         }
-        found = ok;
-        for (size_t i = 0; i < nn && found; i++)
-            x->timed[i] = true;
-        int c;
-        while (!found && (c = fgetc(f)) != EOF && c != '\n')
-            ;
+        p += strspn(p, " \t\r\n");
+        found = i == nn && *p == '\0';
     }
+    if (found) {
+        memcpy(x->lat_ns, lat, nn * sizeof *lat);
+        memcpy(x->ns_per_byte, per, nn * sizeof *per);
+        for (size_t i = 0; i < nn; i++)
+            x->timed[i] = true;
+    }
+    free(line);
+    free(lat);
+    free(per);
     fclose(f);
     return found;
 }
