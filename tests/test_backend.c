@@ -8,6 +8,7 @@
 
 #include <pthread.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -484,6 +485,26 @@ static void test_async_unmapped(int sim)
     CHECK_STATUS(um__be_copy(b, (void *)pva, mapped, 8, 1), UM_ERR_INVALID);
     CHECK_ERROR_MENTIONS("destination", "not mapped", "device peer");
 
+    /* A range that starts in the program's memory and runs into a
+     * reservation with nothing mapped: only its start was checked, and the
+     * memset crashed (SIGSEGV). The page before the peer's reservation is
+     * made the program's where it is free. */
+    char *before = mmap((void *)(pva - 4096), 4096, PROT_READ | PROT_WRITE,
+                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+    if (before == (char *)(pva - 4096)) {
+        CHECK_STATUS(um__be_memset_async(b, before + 4088, 0, 16, NULL), UM_ERR_INVALID);
+        CHECK_ERROR_MENTIONS("memset_async", "not mapped", "device peer");
+        CHECK_STATUS(um__be_copy_async(b, before + 4088, buf, 16, NULL), UM_ERR_INVALID);
+        CHECK_ERROR_MENTIONS("copy_async", "destination", "device peer");
+        CHECK_OK(um__be_memset_async(b, before, 0x11, 4096, NULL)); /* the program's */
+        CHECK_EQ((unsigned char)before[4095], 0x11);
+        munmap(before, 4096);
+    } else {
+        printf("test_async_unmapped: the page before the reservation is taken; a range "
+               "running into it was not tried\n");
+        if (before != MAP_FAILED)
+            munmap(before, 4096);
+    }
     /* Mapped memory and the program's memory still copy. */
     CHECK_OK(um__be_copy_async(b, tail, buf, 7, NULL));
     CHECK(memcmp(tail, "unimem", 7) == 0);

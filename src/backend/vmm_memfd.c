@@ -241,15 +241,25 @@ static bool range_mapped(const um__memfd_backend *m, uintptr_t a, size_t n)
     return true;
 }
 
-/* The memfd backend other than m whose reservations hold p, or NULL
- * (registry_lock held). */
-static um__memfd_backend *other_holder(const um__memfd_backend *m, const void *p)
+/* True when [a, a + n) (n > 0) shares a byte with a reservation of m, or
+ * wraps past the end of the address space. */
+static bool res_overlaps(const um__memfd_backend *m, uintptr_t a, size_t n)
+{
+    if (n > UINTPTR_MAX - a + 1)
+        return true;
+    size_t i = res_upper(m, a + (n - 1));
+    return i > 0 && m->res[i - 1].va + m->res[i - 1].size > a;
+}
+
+/* The memfd backend other than m one of whose reservations shares a byte
+ * with [p, p + n) (n > 0), or NULL (registry_lock held). */
+static um__memfd_backend *other_holder(const um__memfd_backend *m, const void *p, size_t n)
 {
     for (um__memfd_backend *o = registry; o; o = o->registry_next) {
         if (o == m)
             continue;
         pthread_mutex_lock(&o->lock);
-        bool in = res_find(o, (uintptr_t)p, 1) != NOT_FOUND;
+        bool in = res_overlaps(o, (uintptr_t)p, n);
         pthread_mutex_unlock(&o->lock);
         if (in)
             return o;
@@ -257,11 +267,13 @@ static um__memfd_backend *other_holder(const um__memfd_backend *m, const void *p
     return NULL;
 }
 
-/* Fails (UM_ERR_INVALID) when [p, p + n) starts in a reservation of m or
- * of another memfd device and is not mapped memory there: touching a
- * reserved page that is not mapped crashes the process, where a GPU's
- * copy returns an error. Memory of no device is the program's, and
- * passes. `what` and `side` name the call and the pointer. */
+/* Fails (UM_ERR_INVALID) when [p, p + n) shares a byte with a reservation
+ * of m or of another memfd device and is not wholly mapped memory there:
+ * touching a reserved page that is not mapped crashes the process, where
+ * a GPU's copy returns an error. A range that starts in the program's
+ * memory and runs into a reservation fails too. Memory of no device is
+ * the program's, and passes. `what` and `side` name the call and the
+ * pointer. */
 static um_status check_mapped(um__memfd_backend *m, const void *p, size_t n, const char *what,
                               const char *side)
 {
@@ -269,12 +281,12 @@ static um_status check_mapped(um__memfd_backend *m, const void *p, size_t n, con
         return UM_OK;
     um__memfd_backend *holder = m;
     pthread_mutex_lock(&m->lock);
-    bool in = res_find(m, (uintptr_t)p, 1) != NOT_FOUND;
+    bool in = res_overlaps(m, (uintptr_t)p, n);
     bool ok = !in || range_mapped(m, (uintptr_t)p, n);
     pthread_mutex_unlock(&m->lock);
     if (!in) {
         pthread_rwlock_rdlock(&registry_lock);
-        holder = other_holder(m, p);
+        holder = other_holder(m, p, n);
         if (holder) {
             pthread_mutex_lock(&holder->lock);
             ok = range_mapped(holder, (uintptr_t)p, n);
@@ -285,8 +297,8 @@ static um_status check_mapped(um__memfd_backend *m, const void *p, size_t n, con
     if (ok)
         return UM_OK;
     return um__fail(UM_ERR_INVALID,
-                    "%s: %s of %zu bytes: the %s range at %p is reserved memory of device %s "
-                    "that is not mapped",
+                    "%s: %s of %zu bytes: the %s range at %p runs into reserved memory of "
+                    "device %s that is not mapped",
                     m->base.name, what, n, side, p, holder->base.name);
 }
 
@@ -723,7 +735,7 @@ static uint64_t link_copy_end(um__memfd_backend *m, void *dst, const void *src, 
     if (to == from)
         return 0;
     pthread_rwlock_rdlock(&registry_lock);
-    um__memfd_backend *peer = other_holder(m, to ? src : dst);
+    um__memfd_backend *peer = other_holder(m, to ? src : dst, 1);
     if (peer && peer->base.link_ns_per_byte <= 0.0)
         peer = NULL; /* the host's memory, or a device without a model */
     /* Both locks in address order: two devices copying to each other at
