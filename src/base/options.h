@@ -15,7 +15,8 @@
       "error|warn|info|debug: messages at this level and above go to stderr")                 \
     X(devices, UM_OPT_STRING, "",                                                             \
       "accelerators after the host (device 0), comma or '+' separated: sim:4G, sim:2x4G "    \
-      "(two devices), cuda (every CUDA GPU), cuda:N (GPU N); empty: host only")               \
+      "(two devices; sizes rounded down to whole pages of sim_granularity), cuda (every CUDA " \
+      "GPU), cuda:N (GPU N); empty: host only")                                               \
     X(allocator, UM_OPT_ENUM, "pool",                                                         \
       "pool|direct|bufcache: unimem's pool, no cache (every request to the backend), or an " \
       "MLX-style buffer cache (baselines)")                                                   \
@@ -34,7 +35,8 @@
       "time (sim_link_bandwidth, sim_gflops) on a clock that jumps from event to event "     \
       "(`unimem sim --engine runtime`); sim devices only, one context at a time")            \
     X(host_granularity, UM_OPT_SIZE, "2M", "physical page size of the host pool")             \
-    X(host_capacity, UM_OPT_SIZE, "0", "bytes the host pool may use; 0 = physical RAM")      \
+    X(host_capacity, UM_OPT_SIZE, "0",                                                        \
+      "bytes the host pool may use, rounded down to whole pages; 0 = physical RAM")          \
     X(thread_cache, UM_OPT_BOOL, "1",                                                         \
       "per-thread caches of small blocks (no lock on the common alloc/free pair)")            \
     X(va_factor, UM_OPT_INT, "4",                                                             \
