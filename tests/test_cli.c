@@ -310,6 +310,22 @@ static void test_timeline_counts(void)
     unlink(page);
 }
 
+/* demo --gpu-only where the devices give no accelerator is a command line
+ * that cannot run: exit 2, as tool.h says (it was 1). The driver is shown
+ * no GPU, so that a GPU machine gives none either. */
+static void test_demo_gpu_only_without_gpu(void)
+{
+    const char *was = getenv("CUDA_VISIBLE_DEVICES");
+    char *saved = was ? strdup(was) : NULL;
+    setenv("CUDA_VISIBLE_DEVICES", "", 1);
+    EXPECT_RUN("demo gemm --quick --gpu-only --device cuda", 2, "--gpu-only needs an accelerator");
+    if (saved)
+        setenv("CUDA_VISIBLE_DEVICES", saved, 1);
+    else
+        unsetenv("CUDA_VISIBLE_DEVICES");
+    free(saved);
+}
+
 /* Every command that takes --device refuses a value that would add
  * options to its configuration (',' and '='; devices are joined with '+'),
  * with exit code 2, as an argument error. */
@@ -457,6 +473,7 @@ int main(void)
     test_device_injection();
     test_device_exit_codes();
     test_demo_task_order();
+    test_demo_gpu_only_without_gpu();
     test_demo_timeline_injection();
     test_bench_copy_help();
     char cmd[300];

@@ -1131,7 +1131,7 @@ static int run_one(demo_cfg *c, const char *sched, run_result *x)
         fprintf(stderr, "unimem " DEMO_CMD ": --gpu-only needs an accelerator%s%s%s\n",
                 gpus ? " (GPUs with cuBLAS)" : "", *why ? ": " : "", why);
         close_run(&r);
-        return 1;
+        return TOOL_EXIT_USAGE; /* the devices give nothing to run on */
     }
     if (gpus && !c->cublas && c->gpu_sizes) {
         fprintf(stderr,
