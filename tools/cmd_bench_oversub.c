@@ -575,12 +575,16 @@ static void print_share_json(const oversub_opts *o, double factor, const char *p
         um_device_info info;
         if (um_device_info_get(ctx, d, &info) != UM_OK)
             snprintf(info.name, sizeof info.name, "?");
-        printf("%s{\"device\":%d,\"name\":\"%s\",\"bytes_moved\":%llu,\"min_bytes\":%llu,"
+        /* The name through tool_json_string: a GPU's product name may
+         * hold any character. */
+        printf("%s{\"device\":%d,\"name\":", d > 1 ? "," : "", d);
+        tool_json_string(stdout, info.name);
+        printf(",\"bytes_moved\":%llu,\"min_bytes\":%llu,"
                "\"seconds\":%.4f,\"bound_s\":%.4f,\"throughput_over_bound\":%.4f,"
                "\"bound_concurrent_s\":%.4f,\"throughput_over_concurrent_bound\":%.4f,"
                "\"h2d_gbps\":%.2f,\"d2h_gbps\":%.2f,\"h2d_gbps_concurrent\":%.2f,"
                "\"d2h_gbps_concurrent\":%.2f}",
-               d > 1 ? "," : "", d, info.name, (unsigned long long)y->moved,
+               (unsigned long long)y->moved,
                (unsigned long long)y->min_bytes, y->seconds, y->bound,
                y->seconds > 0 ? y->bound / y->seconds : 0.0, y->bound_all,
                y->seconds > 0 ? y->bound_all / y->seconds : 0.0, y->h2d, y->d2h, y->h2d_all,
