@@ -52,6 +52,7 @@ typedef struct um__backend_ops {
     /* *done = 1 when the event has completed. */
     um_status (*event_query)(um__backend *b, um__bevent *e, int *done);
     um_status (*event_sync)(um__backend *b, um__bevent *e);
+    /* e NULL is nothing to do, as for free(). */
     void (*event_destroy)(um__backend *b, um__bevent *e);
 
     /* A backend stream for a stream the program owns (a CUstream); the

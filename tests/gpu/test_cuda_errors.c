@@ -186,6 +186,39 @@ static void test_context_switch(void)
     fail_clear();
 }
 
+/* Destroying NULL is nothing to do, as on the host and sim backends: it
+ * used to put NULL into the event cache, where it took the slot of a real
+ * event (the cache's 64th event was then destroyed instead of kept) and
+ * reached cuEventDestroy(NULL) at teardown. */
+static void test_event_destroy_null(void)
+{
+    enum { CACHED = 64 }; /* CUDA_EVENT_CACHE in cuda.c */
+    um__backend *b = new_gpu();
+    if (!b)
+        return;
+    long events0 = live("events");
+    um__bevent *e[CACHED];
+    for (int i = 0; i < CACHED; i++)
+        CHECK_OK(b->ops->event_record(b, NULL, &e[i]));
+    CHECK_EQ(live("events"), events0 + CACHED);
+    b->ops->event_destroy(b, NULL);
+    for (int i = 0; i < CACHED; i++)
+        b->ops->event_destroy(b, e[i]);
+    /* All of them are cached, none destroyed. */
+    CHECK_EQ(live("events"), events0 + CACHED);
+    /* And the cache hands out only real events. */
+    for (int i = 0; i < CACHED; i++) {
+        e[i] = NULL;
+        CHECK_OK(b->ops->event_record(b, NULL, &e[i]));
+        CHECK(e[i] != NULL);
+    }
+    CHECK_EQ(live("events"), events0 + CACHED);
+    for (int i = 0; i < CACHED; i++)
+        b->ops->event_destroy(b, e[i]);
+    um__backend_destroy(b);
+    CHECK_EQ(live("events"), events0);
+}
+
 /* CUDA_ERROR_OUT_OF_MEMORY is UM_ERR_NOMEM, as for cuMemCreate. */
 static void test_out_of_memory(void)
 {
@@ -281,6 +314,7 @@ int main(void)
     test_stuck_map();
     test_stuck_map_pool();
     test_context_switch();
+    test_event_destroy_null();
     test_out_of_memory();
     test_stream_destroy();
     dlclose(lib);
