@@ -1,5 +1,5 @@
 /*
- * backend: one vtable per kind of memory (host, sim, and later cuda). The
+ * backend: one vtable per kind of memory (host, sim, CUDA). The
  * operations mirror CUDA's virtual memory management, so a pool can reserve
  * an address range once and map physical pages into it wherever they are
  * needed:
@@ -14,9 +14,10 @@
  *
  * Owns: the backend object and its physical memory accounting. Every call
  * goes through the um__be_* wrappers below, which count calls (the pool's
- * num_backend_calls) and are the one place where failures can be injected.
+ * num_backend_calls) and record the memory calls as trace events; failures
+ * are injected by a backend wrapping another (fault.c, option `fault`).
  * Every operation may fail; a failure returns a status with um__fail's
- * message and leaves the backend unchanged.
+ * message and leaves the backend unchanged (but see map).
  */
 #ifndef UM_BACKEND_H
 #define UM_BACKEND_H
@@ -52,6 +53,7 @@ typedef struct um__backend_ops {
     /* *done = 1 when the event has completed. */
     um_status (*event_query)(um__backend *b, um__bevent *e, int *done);
     um_status (*event_sync)(um__backend *b, um__bevent *e);
+    /* e NULL is nothing to do, as for free(). */
     void (*event_destroy)(um__backend *b, um__bevent *e);
 
     /* A backend stream for a stream the program owns (a CUstream); the

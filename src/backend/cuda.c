@@ -560,6 +560,10 @@ static um_status cuda_event_sync(um__backend *b, um__bevent *e)
 static void cuda_event_destroy(um__backend *b, um__bevent *e)
 {
     cuda_backend *c = cb(b);
+    /* NULL is nothing to destroy, as on the host and sim backends; cached,
+     * it would take a real event's slot and reach cuEventDestroy. */
+    if (!e)
+        return;
     pthread_mutex_lock(&c->lock);
     bool kept = c->nevents < CUDA_EVENT_CACHE;
     if (kept)

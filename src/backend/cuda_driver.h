@@ -5,7 +5,7 @@
  *
  * The types and constants below are the driver's ABI, declared here under
  * our own names (um_cu*) because cuda.h may not exist on the build machine.
- * tests/test_cuda_abi.c checks every value and layout against cuda.h when
+ * tests/gpu/test_cuda_abi.c checks every value and layout against cuda.h when
  * the toolkit is installed.
  *
  * Owns: the loaded library and the table of entry points (one per process,

@@ -312,6 +312,12 @@ um_status um__vdev_start(um__backend *const *devices, int ndev)
         um__backend *b = devices[i];
         while (b->wrapped)
             b = b->wrapped;
+        /* Only a memfd backend has the fields the model keeps in it; any
+         * other (CUDA's pinned host memory) would be written over. */
+        if (b->ops != &um__memfd_ops)
+            return um__fail(UM_ERR_INVALID,
+                            "virtual time: device %d (%s) is not a host or sim device", i,
+                            b->name);
         vd.dev[i] = b;
         ((um__memfd_backend *)b)->vt_dev = i;
     }

@@ -38,7 +38,9 @@ typedef struct um__vdev_links {
 
 /* Installs the model as the clock's (virtual time must be on), with each
  * sim device's link to the host from its backend's link_ns_per_byte (none:
- * copies take no time) until um__vdev_set_links gives the machine's. */
+ * copies take no time) until um__vdev_set_links gives the machine's.
+ * Every device must be a memfd backend (host or sim; under any wrapper),
+ * else UM_ERR_INVALID. */
 um_status um__vdev_start(um__backend *const *devices, int ndev);
 void um__vdev_stop(void);
 /* Replaces the links (copied). Bad routes (resource out of range) fail. */

@@ -1126,6 +1126,12 @@ um_status um_init(const char *conf, um_context **out)
             return um__fail(UM_ERR_BAD_OPTION,
                             "option 'virtual_time': only sim devices run in virtual time, and "
                             "'devices' names a GPU (%s)", opts.devices);
+    /* Pinned host memory is a CUDA backend, which virtual time cannot
+     * model (its device model runs memfd devices only). */
+    if (opts.virtual_time && opts.host_memory == UM_HOST_MEMORY_PINNED)
+        return um__fail(UM_ERR_BAD_OPTION,
+                        "option 'virtual_time': only sim devices and pageable host memory run "
+                        "in virtual time, and host_memory=pinned makes the host a CUDA device");
     if ((st = enter_context(opts.virtual_time)) != UM_OK)
         return st;
 

@@ -19,6 +19,7 @@
  */
 #include "backend/backend.h"
 #include "backend/cuda_driver.h"
+#include "backend/vdev.h"
 #include "core/core.h"
 #include "harness.h"
 
@@ -186,6 +187,70 @@ static void test_context_switch(void)
     fail_clear();
 }
 
+/* Destroying NULL is nothing to do, as on the host and sim backends: it
+ * used to put NULL into the event cache, where it took the slot of a real
+ * event (the cache's 64th event was then destroyed instead of kept) and
+ * reached cuEventDestroy(NULL) at teardown. */
+static void test_event_destroy_null(void)
+{
+    enum { CACHED = 64 }; /* CUDA_EVENT_CACHE in cuda.c */
+    um__backend *b = new_gpu();
+    if (!b)
+        return;
+    long events0 = live("events");
+    um__bevent *e[CACHED];
+    for (int i = 0; i < CACHED; i++)
+        CHECK_OK(b->ops->event_record(b, NULL, &e[i]));
+    CHECK_EQ(live("events"), events0 + CACHED);
+    b->ops->event_destroy(b, NULL);
+    for (int i = 0; i < CACHED; i++)
+        b->ops->event_destroy(b, e[i]);
+    /* All of them are cached, none destroyed. */
+    CHECK_EQ(live("events"), events0 + CACHED);
+    /* And the cache hands out only real events. */
+    for (int i = 0; i < CACHED; i++) {
+        e[i] = NULL;
+        CHECK_OK(b->ops->event_record(b, NULL, &e[i]));
+        CHECK(e[i] != NULL);
+    }
+    CHECK_EQ(live("events"), events0 + CACHED);
+    for (int i = 0; i < CACHED; i++)
+        b->ops->event_destroy(b, e[i]);
+    um__backend_destroy(b);
+    CHECK_EQ(live("events"), events0);
+}
+
+/* Virtual time models memfd devices only: pinned host memory is a CUDA
+ * backend, which the model used to take for a memfd one (it wrote the
+ * device's index into the CUDA backend's record, and a copy on a sim stream
+ * locked a "mutex" made of its driver pointers). um_init refuses it. */
+static void test_virtual_time_pinned(void)
+{
+    um_context *ctx = NULL;
+    CHECK_STATUS(um_init("devices=sim:1G,virtual_time=1,host_memory=pinned,host_capacity=1G", &ctx),
+                 UM_ERR_BAD_OPTION);
+    CHECK_ERROR_MENTIONS("virtual_time", "host_memory=pinned", NULL);
+    CHECK(ctx == NULL);
+    if (ctx)
+        um_shutdown(ctx);
+    /* The model itself refuses a device that is not a memfd one. */
+    um__backend *b = NULL;
+    CHECK_OK(um__cuda_host_backend_create(0, (size_t)1 << 30, &b));
+    if (b) {
+        CHECK_STATUS(um__vdev_start(&b, 1), UM_ERR_INVALID);
+        CHECK_ERROR_MENTIONS("virtual time", "host", "not a host or sim device");
+        um__backend_destroy(b);
+    }
+    /* The default (auto) stays pageable without a GPU in the devices. */
+    CHECK_OK(um_init("devices=sim:1G,virtual_time=1,host_capacity=1G", &ctx));
+    if (ctx) {
+        um_device_info info;
+        CHECK_OK(um_device_info_get(ctx, 0, &info));
+        CHECK_EQ(info.pinned, 0);
+        um_shutdown(ctx);
+    }
+}
+
 /* CUDA_ERROR_OUT_OF_MEMORY is UM_ERR_NOMEM, as for cuMemCreate. */
 static void test_out_of_memory(void)
 {
@@ -281,6 +346,8 @@ int main(void)
     test_stuck_map();
     test_stuck_map_pool();
     test_context_switch();
+    test_event_destroy_null();
+    test_virtual_time_pinned();
     test_out_of_memory();
     test_stream_destroy();
     dlclose(lib);
