@@ -766,6 +766,34 @@ static void test_cli_no_ratio(void)
     unlink(path);
 }
 
+/* A trace whose copies add up to more than 2^64 bytes (24 copies of
+ * buffers of 2^60) prints what moved: the sum was cast to uint64_t, which
+ * is undefined there, and printed "moved 0 B". */
+static void test_cli_exabytes_moved(void)
+{
+    char machine[64], trace[64], args[256];
+    static const char desc[] = "device name=host kind=host memory=15000000T\n"
+                               "device name=gpu kind=gpu memory=4000000T model=g\n"
+                               "link from=host to=gpu bandwidth=1e18\n"
+                               "link from=gpu to=host bandwidth=1e18\n"
+                               "compute model=g kernel=other gflops=1\n";
+    snprintf(machine, sizeof machine, "/tmp/test_vsim_machine_XXXXXX");
+    write_file(machine, desc, strlen(desc));
+    char text[1024] = "";
+    for (int i = 1; i <= 12; i++)
+        snprintf(text + strlen(text), sizeof text - strlen(text),
+                 "task %d x 1e9 %d:1152921504606846976:rw\n", i, i);
+    snprintf(trace, sizeof trace, "/tmp/test_vsim_trace_XXXXXX");
+    write_file(trace, text, strlen(text));
+    snprintf(args, sizeof args, "sim --machine %s --workload trace:%s --policy eager", machine,
+             trace);
+    CHECK_EQ(run_cli(args), 0);
+    CHECK_OUT_HAS("moved 25165824.00 TiB ");
+    CHECK_OUT_HAS("gpu -> host: 12582912.00 TiB\n");
+    unlink(machine);
+    unlink(trace);
+}
+
 /* A chain of ten read-write gemms on one tile of one GPU: each starts as
  * the one before it ends and takes its packed time (0.5 s, then 0.25 s
  * each), so the makespan is 2.75 s. The critical path once took times
@@ -817,5 +845,6 @@ int main(void)
     test_host_too_small();
     test_cli_json_names();
     test_cli_no_ratio();
+    test_cli_exabytes_moved();
     return harness_finish("test_vsim_sim");
 }

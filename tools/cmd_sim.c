@@ -144,6 +144,17 @@ static void json_double(const char *fmt, double x)
         fputs("null", stdout);
 }
 
+/* Bytes as tool_bytes writes them, from a double: a run's sums of copies
+ * may pass 2^64 bytes (a trace of buffers of 2^60), where a cast to
+ * uint64_t is undefined and printed "moved 0 B". */
+static const char *bytes_text(char *buf, double bytes)
+{
+    if (bytes < 18446744073709551616.0)
+        return tool_bytes(buf, (uint64_t)bytes);
+    snprintf(buf, 32, "%.2f TiB", bytes / 1099511627776.0);
+    return buf;
+}
+
 static void print_text(const um__vs_machine *m, const um__vs_dag *d, const char *policy,
                        const um__vs_result *r, double wall_s)
 {
@@ -156,7 +167,7 @@ static void print_text(const um__vs_machine *m, const um__vs_dag *d, const char 
     printf("%-12s makespan %9.4f s (results home %.4f)  bound %9.4f s (work %.4f, path %.4f)  "
            "ratio %s  moved %s  evictions %llu  (%.2f s to simulate)\n",
            policy, r->makespan_s, r->home_s, r->lower_bound_s, r->work_bound_s,
-           r->path_bound_s, ratio, tool_bytes(a, (uint64_t)r->bytes_moved),
+           r->path_bound_s, ratio, bytes_text(a, r->bytes_moved),
            (unsigned long long)r->evictions, wall_s);
     for (int dev = 0; dev < m->ndev; dev++) {
         if (!r->tasks_on[dev])
@@ -174,7 +185,7 @@ static void print_text(const um__vs_machine *m, const um__vs_dag *d, const char 
         for (int t = 0; t < m->ndev; t++)
             if (r->link_bytes[s][t] > 0)
                 printf("    %s -> %s: %s\n", m->dev[s].name, m->dev[t].name,
-                       tool_bytes(a, (uint64_t)r->link_bytes[s][t]));
+                       bytes_text(a, r->link_bytes[s][t]));
     (void)d;
 }
 
