@@ -794,6 +794,16 @@ static void test_cli_exabytes_moved(void)
     unlink(trace);
 }
 
+/* The help says which devices the bound's work is spread over: those that
+ * run some task of the graph (sim.c: um__vs_bounds), not "every device",
+ * which on the built-ins counted the host, which runs none. */
+static void test_cli_help_bound(void)
+{
+    CHECK_EQ(run_cli("sim --help"), 0);
+    CHECK_OUT_HAS("the devices that run some task of the graph");
+    CHECK_OUT_LACKS("every device and");
+}
+
 /* A chain of ten read-write gemms on one tile of one GPU: each starts as
  * the one before it ends and takes its packed time (0.5 s, then 0.25 s
  * each), so the makespan is 2.75 s. The critical path once took times
@@ -846,5 +856,6 @@ int main(void)
     test_cli_json_names();
     test_cli_no_ratio();
     test_cli_exabytes_moved();
+    test_cli_help_bound();
     return harness_finish("test_vsim_sim");
 }
