@@ -443,6 +443,10 @@ static void test_trace_errors(void)
          * every task's priority (its path's flops over the longest) to 0. */
         {"task 1 gemm 1e308 1:4096:rw\ntask 2 gemm 1e308 1:4096:rw\n", "line 1", "1e308"},
         {"task 1 gemm 1e30 1:4096:rw\ntask 2 gemm 1.1e30 1:4096:rw\n", "line 2", "1.1e30"},
+        /* A task's id is a number, as the runtime writes it: a word there
+         * (a name or flops shifted by one) was taken without a look. */
+        {"task 1 gemm 100 1:4096:rw\ntask two gemm 100 1:4096:rw\n", "line 2", "'two'"},
+        {"task -3 gemm 100 1:4096:rw\n", "line 1", "'-3'"},
     };
     char path[64];
     um__vs_dag d;
