@@ -202,6 +202,14 @@ static void test_errors(void)
         {"compute model=g kernel=gemm tile=64 seconds=1ms\ncompute model=g kernel=gemm "
          "tile=64 seconds=2ms\n",
          "line 4", "given twice"},
+        /* A rate or a fit given again for one kernel and model replaced
+         * the first silently (a second point of one tile is refused). */
+        {"compute model=g kernel=gemm gflops=5\ncompute model=g kernel=gemm gflops=50\n",
+         "line 4", "given twice"},
+        {"compute model=g kernel=gemm fit=1,1,0\ncompute model=g kernel=gemm fit=2,1,0\n",
+         "line 4", "given twice"},
+        /* So did a second machine line's name. */
+        {"machine name=a\nmachine name=b\n", "line 4", "given twice"},
         {"compute model=g kernel=gemm gflops=1 fit=1,2,3\n", "line 3", "compute line"},
         {"compute model=g kernel=gemm fit=1,x\n", "line 3", "fit"},
         {"compute model=g kernel=gemm tile=8 seconds=1s packed=0\n", "line 3", "packed"},

@@ -357,6 +357,55 @@ static void test_priorities(void)
 }
 
 
+/* A dirty tile whose eviction's write-back is still in flight when a task
+ * staged on the same GPU takes the copy again and writes it: what reaches
+ * the host is the old contents. The model took it as current, freed the
+ * GPU's copy, the only one of the new contents, and never brought those
+ * home (4 tiles went up, the last at 17.78 s). One GPU of three 4 MiB
+ * tiles, links of 1 TB/s down and 1 MB/s up, 1 GFLOP/s: t0 writes X
+ * (0-1 s), tD writes W (1-2 s), tE writes V (2-3 s); at 1 s, t3 (writes
+ * Z) evicts X; at 2 s, t2 (reads W, rewrites X) goes before t3 and runs
+ * 3-4 s. Up, X's write-back shares the link with V's (from 3 s) and W's
+ * (from 4 s) and ends at 4 + 1694304 * 3 / 1e6 s, stale; X goes up again,
+ * beside V and W; V's ends at 6 s later, and t3 runs 0.5 s in its room:
+ * makespan 15.582912 s. Then W, X and Z (flushed) share the link: home at
+ * 21.97152 s, after five tiles up. */
+static void test_stale_writeback(void)
+{
+    um__vs_machine *m = load("device name=host kind=host memory=1T\n"
+                             "device name=gpu kind=gpu memory=12M model=g\n"
+                             "link from=host to=gpu bandwidth=1T latency=0us\n"
+                             "link from=gpu to=host bandwidth=1M latency=0us\n"
+                             "compute model=g kernel=gemm gflops=1\n");
+    /* t0, tD, tE, t3, t2 on tiles X = 0, W = 1, V = 2, Z = 3. */
+    static const double flops[5] = {1e9, 1e9, 1e9, 0.5e9, 1e9};
+    static const uint32_t tile[5] = {0, 1, 2, 3, 0};
+    um__vs_task tasks[5] = {0};
+    for (int t = 0; t < 5; t++) {
+        tasks[t].kernel = UM_VS_GEMM;
+        tasks[t].tile = 1024;
+        tasks[t].flops = flops[t];
+        tasks[t].naccess = 1;
+        tasks[t].access[0] = (um__vs_access){tile[t], t == 4 ? UM_VS_READ_WRITE : UM_VS_WRITE};
+    }
+    tasks[4].naccess = 2;
+    tasks[4].access[1] = (um__vs_access){1, UM_VS_READ};
+    um__vs_dag d = {.tasks = tasks, .ntasks = 5, .ntiles = 4, .tile_bytes = 4u << 20,
+                    .tile = 1024, .nt = 2};
+    CHECK_EQ(um__vs_dag_derive_deps(&d), 0);
+    um__vs_result *r = malloc(sizeof *r);
+    for (int p = 0; p < 4; p++) {
+        CHECK_OK(um__vs_simulate(m, &d, policies[p], r));
+        CHECK_NEAR(r->makespan_s, 15.582912, 1e-9);
+        CHECK_NEAR(r->home_s, 21.97152, 1e-9);
+        CHECK_EQ(r->copies, 5);
+        CHECK_NEAR(r->link_bytes[1][0], 5.0 * 4194304, 1e-12);
+    }
+    free(r);
+    free(d.deps);
+    free(m);
+}
+
 /* ------------------------------------------------------ task traces */
 
 /* Writes text (len bytes: it may hold a NUL) to a new file in path. */
@@ -394,6 +443,10 @@ static void test_trace_errors(void)
          * every task's priority (its path's flops over the longest) to 0. */
         {"task 1 gemm 1e308 1:4096:rw\ntask 2 gemm 1e308 1:4096:rw\n", "line 1", "1e308"},
         {"task 1 gemm 1e30 1:4096:rw\ntask 2 gemm 1.1e30 1:4096:rw\n", "line 2", "1.1e30"},
+        /* A task's id is a number, as the runtime writes it: a word there
+         * (a name or flops shifted by one) was taken without a look. */
+        {"task 1 gemm 100 1:4096:rw\ntask two gemm 100 1:4096:rw\n", "line 2", "'two'"},
+        {"task -3 gemm 100 1:4096:rw\n", "line 1", "'-3'"},
     };
     char path[64];
     um__vs_dag d;
@@ -717,6 +770,44 @@ static void test_cli_no_ratio(void)
     unlink(path);
 }
 
+/* A trace whose copies add up to more than 2^64 bytes (24 copies of
+ * buffers of 2^60) prints what moved: the sum was cast to uint64_t, which
+ * is undefined there, and printed "moved 0 B". */
+static void test_cli_exabytes_moved(void)
+{
+    char machine[64], trace[64], args[256];
+    static const char desc[] = "device name=host kind=host memory=15000000T\n"
+                               "device name=gpu kind=gpu memory=4000000T model=g\n"
+                               "link from=host to=gpu bandwidth=1e18\n"
+                               "link from=gpu to=host bandwidth=1e18\n"
+                               "compute model=g kernel=other gflops=1\n";
+    snprintf(machine, sizeof machine, "/tmp/test_vsim_machine_XXXXXX");
+    write_file(machine, desc, strlen(desc));
+    char text[1024] = "";
+    for (int i = 1; i <= 12; i++)
+        snprintf(text + strlen(text), sizeof text - strlen(text),
+                 "task %d x 1e9 %d:1152921504606846976:rw\n", i, i);
+    snprintf(trace, sizeof trace, "/tmp/test_vsim_trace_XXXXXX");
+    write_file(trace, text, strlen(text));
+    snprintf(args, sizeof args, "sim --machine %s --workload trace:%s --policy eager", machine,
+             trace);
+    CHECK_EQ(run_cli(args), 0);
+    CHECK_OUT_HAS("moved 25165824.00 TiB ");
+    CHECK_OUT_HAS("gpu -> host: 12582912.00 TiB\n");
+    unlink(machine);
+    unlink(trace);
+}
+
+/* The help says which devices the bound's work is spread over: those that
+ * run some task of the graph (sim.c: um__vs_bounds), not "every device",
+ * which on the built-ins counted the host, which runs none. */
+static void test_cli_help_bound(void)
+{
+    CHECK_EQ(run_cli("sim --help"), 0);
+    CHECK_OUT_HAS("the devices that run some task of the graph");
+    CHECK_OUT_LACKS("every device and");
+}
+
 /* A chain of ten read-write gemms on one tile of one GPU: each starts as
  * the one before it ends and takes its packed time (0.5 s, then 0.25 s
  * each), so the makespan is 2.75 s. The critical path once took times
@@ -756,6 +847,7 @@ int main(void)
     test_bound_of_a_chain();
     test_priorities();
     test_eviction();
+    test_stale_writeback();
     test_room_for_one_task();
     test_bound_counts_capable_devices();
     test_random(seed);
@@ -767,5 +859,7 @@ int main(void)
     test_host_too_small();
     test_cli_json_names();
     test_cli_no_ratio();
+    test_cli_exabytes_moved();
+    test_cli_help_bound();
     return harness_finish("test_vsim_sim");
 }

@@ -96,15 +96,16 @@ static void sim_usage(FILE *f)
             "                  [--limit BYTES] [--engine model|runtime] [--json]\n"
             "Runs the workload's task graph on a modelled machine in virtual time, with the\n"
             "library's placement policies, and prints the makespan beside the lower bound\n"
-            "(the larger of the work spread over every device and the critical path, each\n"
-            "task on its fastest device).\n"
+            "(the larger of the work spread over the devices that run some task of the graph\n"
+            "and the critical path, each task at its fastest time on any device; copies are\n"
+            "not counted).\n"
             "  --machine      a built-in (%s) or a description file (docs/DESIGN.md)\n"
             "  --workload     a demo's graph, or trace:FILE, the tasks a program submitted\n"
             "                 with the option task_trace=FILE (--n and --tile refused with it)\n"
             "  --n, --tile    matrix order and tile (defaults 131072 and 8192; n a multiple)\n"
             "  --policy       one policy, or all four (default: all)\n"
-            "  --limit        every GPU holds at most BYTES (as demo's --limit sets a memory\n"
-            "                 limit on the device)\n"
+            "  --limit        every device but the host holds at most BYTES (as demo's --limit\n"
+            "                 sets a memory limit on the device)\n"
             "  --engine       runtime: the library's task runtime itself runs the graph in\n"
             "                 virtual time (its dependency tracking, eviction and copies);\n"
             "                 model (default): the simulator's own faster model of its rules\n"
@@ -144,6 +145,17 @@ static void json_double(const char *fmt, double x)
         fputs("null", stdout);
 }
 
+/* Bytes as tool_bytes writes them, from a double: a run's sums of copies
+ * may pass 2^64 bytes (a trace of buffers of 2^60), where a cast to
+ * uint64_t is undefined and printed "moved 0 B". */
+static const char *bytes_text(char *buf, double bytes)
+{
+    if (bytes < 18446744073709551616.0)
+        return tool_bytes(buf, (uint64_t)bytes);
+    snprintf(buf, 32, "%.2f TiB", bytes / 1099511627776.0);
+    return buf;
+}
+
 static void print_text(const um__vs_machine *m, const um__vs_dag *d, const char *policy,
                        const um__vs_result *r, double wall_s)
 {
@@ -156,7 +168,7 @@ static void print_text(const um__vs_machine *m, const um__vs_dag *d, const char 
     printf("%-12s makespan %9.4f s (results home %.4f)  bound %9.4f s (work %.4f, path %.4f)  "
            "ratio %s  moved %s  evictions %llu  (%.2f s to simulate)\n",
            policy, r->makespan_s, r->home_s, r->lower_bound_s, r->work_bound_s,
-           r->path_bound_s, ratio, tool_bytes(a, (uint64_t)r->bytes_moved),
+           r->path_bound_s, ratio, bytes_text(a, r->bytes_moved),
            (unsigned long long)r->evictions, wall_s);
     for (int dev = 0; dev < m->ndev; dev++) {
         if (!r->tasks_on[dev])
@@ -174,7 +186,7 @@ static void print_text(const um__vs_machine *m, const um__vs_dag *d, const char 
         for (int t = 0; t < m->ndev; t++)
             if (r->link_bytes[s][t] > 0)
                 printf("    %s -> %s: %s\n", m->dev[s].name, m->dev[t].name,
-                       tool_bytes(a, (uint64_t)r->link_bytes[s][t]));
+                       bytes_text(a, r->link_bytes[s][t]));
     (void)d;
 }
 

@@ -403,6 +403,10 @@ static um_status compute_line(parser *ps, kv *kvs, int n)
     um__vs_cost_kind kind = rate ? UM_VS_COST_RATE : fit ? UM_VS_COST_FIT : UM_VS_COST_POINTS;
     if (c->kind != UM_VS_COST_NONE && c->kind != kind)
         return bad(ps, "model %s gives kernel %s in two forms", model, kernel);
+    /* A kernel has one rate or one fit: a second replaced the first
+     * silently, as a second point of one tile is refused. */
+    if (c->kind == kind && kind != UM_VS_COST_POINTS)
+        return bad(ps, "kernel %s of model %s is given twice", kernel, model);
     c->kind = kind;
     if (packed && kind != UM_VS_COST_POINTS)
         return bad(ps, "packed= goes with tile= and seconds= (a measured point)");
@@ -490,6 +494,8 @@ static um_status parse_line(parser *ps, char *line)
         const char *name;
         if ((st = need(ps, kvs, n, "name", &name)))
             return st;
+        if (ps->m->name[0])
+            return bad(ps, "the machine's name is given twice");
         if (strlen(name) >= sizeof ps->m->name)
             return bad(ps, "the machine's name is longer than %zu characters",
                        sizeof ps->m->name - 1);

@@ -35,6 +35,8 @@
  * --streams measures it); the simulators use it for a kernel that starts
  * as soon as the device's previous one ends, and seconds= for one that
  * starts on an idle device. Without it, packed is seconds.
+ * A model gives a kernel in one form: points (each tile once), one rate
+ * or one fit; the machine line comes once.
  * A device whose model has no entry for a kernel cannot run it, except
  * `other` (a recorded task of another name), which then runs at the
  * model's gemm rate for its flops. A fit needs a >= 0, c >= 0 and a + c

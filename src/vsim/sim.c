@@ -45,9 +45,10 @@ typedef struct sim {
     vtask *t;
     vdev dev[UM_VS_MAX_DEVICES];
     /* Per tile: devices with a valid copy, with memory for it, with a
-     * fetch in flight, written back or being so; per tile and device: pins
-     * by staged tasks and the last use. */
-    uint64_t *valid, *alloc, *arriving, *leaving;
+     * fetch in flight, written back or being so, and those whose write-back
+     * in flight carries contents older than the tile's last write; per
+     * tile and device: pins by staged tasks and the last use. */
+    uint64_t *valid, *alloc, *arriving, *leaving, *stale;
     bool *written;
     uint16_t *pins;
     double *last_use;
@@ -475,6 +476,10 @@ static void task_done(sim *s, int dev)
                     free_copy(s, tile, o);
             s->valid[tile] = bit;
             s->written[tile] = true;
+            /* A write-back of the tile in flight, from this device too (a
+             * staged task took its copy again while it left), now carries
+             * old contents: the host must not count it as current. */
+            s->stale[tile] |= s->leaving[tile];
         }
     }
     double ran = s->now - v->compute_start;
@@ -513,16 +518,21 @@ static void flow_done(sim *s, uint64_t tag)
         return;
     }
     /* A write-back from dev: the host holds the tile now, unless it was
-     * written elsewhere meanwhile (dev's copy is then old, and so is what
-     * reached the host); dev's copy frees its memory unless a staged task
-     * took it again. Another device's write-back of the tile is not this
-     * one's business (all of them used to end at the first). */
+     * written since the copy started, elsewhere (dev's copy is then old)
+     * or on dev itself by a task that took the copy again (stale: what
+     * reached the host is old, and dev holds the only current copy, which
+     * the host once took as home, so that it was freed and never went
+     * home). dev's copy frees its memory unless a staged task took it
+     * again or it is the only current one. Another device's write-back of
+     * the tile is not this one's business (all of them used to end at the
+     * first). */
     uint64_t bit = 1ull << dev;
-    if (s->valid[tile] & bit)
+    if ((s->valid[tile] & bit) && !(s->stale[tile] & bit))
         s->valid[tile] |= 1ull;
+    s->stale[tile] &= ~bit;
     if (s->leaving[tile] & bit) {
         s->leaving[tile] &= ~bit;
-        if (!s->pins[at(s, tile, dev)])
+        if (!s->pins[at(s, tile, dev)] && s->valid[tile] != bit)
             free_copy(s, tile, dev);
     }
 }
@@ -538,6 +548,7 @@ static void sim_free(sim *s)
     free(s->alloc);
     free(s->arriving);
     free(s->leaving);
+    free(s->stale);
     free(s->written);
     free(s->pins);
     free(s->last_use);
@@ -568,6 +579,7 @@ static um_status sim_init(sim *s, const um__vs_machine *m, const um__vs_dag *d, 
     s->alloc = calloc(d->ntiles, sizeof *s->alloc);
     s->arriving = calloc(d->ntiles, sizeof *s->arriving);
     s->leaving = calloc(d->ntiles, sizeof *s->leaving);
+    s->stale = calloc(d->ntiles, sizeof *s->stale);
     s->written = calloc(d->ntiles, sizeof *s->written);
     s->pins = calloc(cells, sizeof *s->pins);
     s->last_use = calloc(cells, sizeof *s->last_use);
@@ -575,7 +587,7 @@ static um_status sim_init(sim *s, const um__vs_machine *m, const um__vs_dag *d, 
     s->rdeps = calloc(d->ndeps_total ? d->ndeps_total : 1, sizeof *s->rdeps);
     s->ready = calloc(nt ? nt : 1, sizeof *s->ready);
     if (!s->net || !s->place || !s->t || !s->valid || !s->alloc || !s->arriving || !s->leaving ||
-        !s->written || !s->pins || !s->last_use || !s->rfirst || !s->rdeps || !s->ready)
+        !s->stale || !s->written || !s->pins || !s->last_use || !s->rfirst || !s->rdeps || !s->ready)
         return um__fail(UM_ERR_NOMEM, "sim: no memory for a graph of %zu tasks and %u tiles",
                         nt, d->ntiles);
     um_status st = um__vs_check_copies(m, d->tile_bytes);
@@ -707,12 +719,13 @@ void um__vs_bounds(const um__vs_machine *m, const um__vs_dag *d, um__vs_result *
 }
 
 /* Copies every tile written back to the host once the last task ends,
- * but those whose current copy is on its way there already. */
+ * but those whose current copy is on its way there already (not a stale
+ * write-back: flow_done). */
 static void flush(sim *s)
 {
     for (uint32_t tile = 0; tile < s->d->ntiles; tile++) {
         if (!s->written[tile] || (s->valid[tile] & 1) ||
-            (s->leaving[tile] & s->valid[tile] & ~1ull))
+            (s->leaving[tile] & ~s->stale[tile] & s->valid[tile] & ~1ull))
             continue;
         double secs;
         int src = best_source(s, tile, 0, &secs);

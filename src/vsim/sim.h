@@ -14,8 +14,8 @@
  * PREFETCH_AHEAD tasks while one computes. An input comes from the valid
  * copy whose route is fastest; a written tile is valid only where it was
  * written. A device short of memory evicts the least recently used tile no
- * queued task needs, a clean one (valid elsewhere) first, writing a dirty
- * one back to the host. At the end every tile written is copied back to
+ * staged task needs (the running one and those fetched ahead), a clean one
+ * (valid elsewhere) first, writing a dirty one back to the host. At the end every tile written is copied back to
  * the host, as a program reading its result would.
  */
 #ifndef UM_VSIM_SIM_H

@@ -178,6 +178,10 @@ static um_status parse_task(reader *r, char *line)
     char *flops = strtok_r(NULL, " \t\r\n", &save);
     if (!id || !name || !flops)
         return bad_line(r, "a task needs an id, a name and its flops", NULL);
+    /* The runtime writes the id as a number; anything else there is no
+     * trace of its (it was read past unseen). */
+    if (strspn(id, "0123456789") != strlen(id))
+        return bad_line(r, "a task's id is a number", id);
     char *end;
     double f = strtod(flops, &end);
     /* Bounded so that the flops of a path of 2^32 tasks, which give the
