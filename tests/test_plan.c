@@ -376,6 +376,61 @@ static void test_plan_short_plans(uint64_t seed)
     free(s);
 }
 
+/* Once a plan is made, the planner follows no candidate and notes no
+ * life until the plan stops: only a new plan reads lives, and every noted
+ * life writes a cold line of the ring, on every free of the steps the
+ * plan serves. The allocation that completed the plan used to propose its
+ * period again right after build, which left a candidate and lives_from
+ * just past that allocation for as long as the plan ran. */
+static void test_plan_quiet_while_planned(uint64_t seed)
+{
+    uint64_t rng = seed ^ 0x9e7;
+    for (int round = 0; round < 20; round++) {
+        step_shape *s = malloc(sizeof *s);
+        make_training_shape(s, &rng, 4 * MiB, round % 2);
+        size_t n = s->n, total = 8 * n + 128;
+        um__plan pl;
+        CHECK(um__plan_init(&pl));
+        pl.span_slack = 16; /* see test_plan_random */
+        uint64_t made = UINT64_MAX;
+        uint64_t *off = malloc(total * sizeof *off);
+        for (size_t o = 0; o < total; o++) {
+            for (size_t k = o > n ? o - n : 0; k < o; k++) {
+                if (k + s->life[k % n] != o)
+                    continue;
+                um__plan_note_free(&pl, k, s->bytes[k % n]);
+                if (off[k] != UM_PLAN_NO_OFFSET && pl.state == UM_PLAN_ACTIVE)
+                    um__plan_release(&pl, off[k]);
+            }
+            bool was_recording = pl.state == UM_PLAN_RECORDING;
+            um__plan_note_alloc(&pl, s->bytes[o % n], 0, o);
+            if (was_recording && pl.state == UM_PLAN_READY) {
+                made = o;
+                CHECK_EQ(pl.ncand, 0);
+                CHECK_EQ(pl.lives_from, UINT64_MAX);
+            }
+            if (um__plan_starts_at(&pl, o))
+                um__plan_activate(&pl);
+            off[o] = um__plan_take(&pl, o, s->bytes[o % n], 0);
+        }
+        CHECK(made != UINT64_MAX);
+        CHECK_EQ(pl.state, UM_PLAN_ACTIVE);
+        CHECK_EQ(pl.ncand, 0);
+        CHECK_EQ(pl.lives_from, UINT64_MAX);
+        /* No life of an allocation made after the plan was noted. */
+        size_t noted = 0;
+        for (size_t o = made + 1; o < total; o++)
+            noted += pl.ring[o % UM_PLAN_RING].life != UM_PLAN_LONG_LIFE;
+        CHECK_EQ(noted, 0);
+        if (noted)
+            printf("test_plan_quiet_while_planned: round %d, n %zu: %zu lives noted after the "
+                   "plan was made at %" PRIu64 "\n", round, n, noted, made);
+        free(off);
+        um__plan_fini(&pl);
+        free(s);
+    }
+}
+
 /* ------------------------------------------------------------ in the pool */
 
 static um__backend *backend;
@@ -873,6 +928,7 @@ int main(void)
     test_plan_layers();
     test_plan_mismatch(seed);
     test_plan_short_plans(seed);
+    test_plan_quiet_while_planned(seed);
     test_pool_plan(seed);
     test_pool_plan_breaking(seed);
     test_pool_plan_bad_frees(seed);
