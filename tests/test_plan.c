@@ -733,6 +733,37 @@ static void test_pool_plan_breaking(uint64_t seed)
     free(s);
 }
 
+/* A plan the program leaves before it starts (made in one step, to start
+ * at the next step's boundary) is dropped at once: starting it would wait
+ * for every fence and make its arena, moving or creating pages, only to
+ * dissolve it at the next allocation. It used to start anyway. */
+static void test_pool_plan_left_before_start(uint64_t seed)
+{
+    uint64_t rng = seed ^ 0x1ef7;
+    step_shape *s = malloc(sizeof *s);
+    make_training_shape(s, &rng, 8 * MiB, false);
+    program pg;
+    prog_start(&pg, s, 25, 200);
+    um__pool *p = (um__pool *)pg.a;
+    while (p->plan.state == UM_PLAN_RECORDING && pg.next + 1 < 12 * s->n)
+        prog_alloc(&pg, s->bytes[pg.next % s->n]);
+    CHECK_EQ(p->plan.state, UM_PLAN_READY);
+    /* One odd allocation before the start (or at it): the sequence the
+     * plan holds is left (everything after it comes one ordinal late). */
+    prog_alloc(&pg, s->bytes[pg.next % s->n] + 256);
+    CHECK_EQ(p->plan.state, UM_PLAN_RECORDING);
+    /* The program goes on in step: no arena was made for the dropped plan. */
+    for (size_t k = 0; k < s->n; k++)
+        prog_alloc(&pg, s->bytes[(pg.next - 1) % s->n]);
+    CHECK_EQ(p->plan.abandoned, 0);
+    CHECK(p->arena == NULL);
+    CHECK_OK(pg.a->ops->check(pg.a));
+    prog_free_all(&pg);
+    CHECK_OK(pg.a->ops->check(pg.a));
+    prog_end(&pg);
+    free(s);
+}
+
 /* Under a memory limit the arena's free space gives way: small blocks on
  * another stream that find no room elsewhere dissolve the plan and get
  * its idle pages; lowering the limit ends the plan too. */
@@ -931,6 +962,7 @@ int main(void)
     test_plan_quiet_while_planned(seed);
     test_pool_plan(seed);
     test_pool_plan_breaking(seed);
+    test_pool_plan_left_before_start(seed);
     test_pool_plan_bad_frees(seed);
     test_pool_plan_limit(seed);
     test_pool_plan_threads(seed);
