@@ -376,6 +376,61 @@ static void test_plan_short_plans(uint64_t seed)
     free(s);
 }
 
+/* Once a plan is made, the planner follows no candidate and notes no
+ * life until the plan stops: only a new plan reads lives, and every noted
+ * life writes a cold line of the ring, on every free of the steps the
+ * plan serves. The allocation that completed the plan used to propose its
+ * period again right after build, which left a candidate and lives_from
+ * just past that allocation for as long as the plan ran. */
+static void test_plan_quiet_while_planned(uint64_t seed)
+{
+    uint64_t rng = seed ^ 0x9e7;
+    for (int round = 0; round < 20; round++) {
+        step_shape *s = malloc(sizeof *s);
+        make_training_shape(s, &rng, 4 * MiB, round % 2);
+        size_t n = s->n, total = 8 * n + 128;
+        um__plan pl;
+        CHECK(um__plan_init(&pl));
+        pl.span_slack = 16; /* see test_plan_random */
+        uint64_t made = UINT64_MAX;
+        uint64_t *off = malloc(total * sizeof *off);
+        for (size_t o = 0; o < total; o++) {
+            for (size_t k = o > n ? o - n : 0; k < o; k++) {
+                if (k + s->life[k % n] != o)
+                    continue;
+                um__plan_note_free(&pl, k, s->bytes[k % n]);
+                if (off[k] != UM_PLAN_NO_OFFSET && pl.state == UM_PLAN_ACTIVE)
+                    um__plan_release(&pl, off[k]);
+            }
+            bool was_recording = pl.state == UM_PLAN_RECORDING;
+            um__plan_note_alloc(&pl, s->bytes[o % n], 0, o);
+            if (was_recording && pl.state == UM_PLAN_READY) {
+                made = o;
+                CHECK_EQ(pl.ncand, 0);
+                CHECK_EQ(pl.lives_from, UINT64_MAX);
+            }
+            if (um__plan_starts_at(&pl, o))
+                um__plan_activate(&pl);
+            off[o] = um__plan_take(&pl, o, s->bytes[o % n], 0);
+        }
+        CHECK(made != UINT64_MAX);
+        CHECK_EQ(pl.state, UM_PLAN_ACTIVE);
+        CHECK_EQ(pl.ncand, 0);
+        CHECK_EQ(pl.lives_from, UINT64_MAX);
+        /* No life of an allocation made after the plan was noted. */
+        size_t noted = 0;
+        for (size_t o = made + 1; o < total; o++)
+            noted += pl.ring[o % UM_PLAN_RING].life != UM_PLAN_LONG_LIFE;
+        CHECK_EQ(noted, 0);
+        if (noted)
+            printf("test_plan_quiet_while_planned: round %d, n %zu: %zu lives noted after the "
+                   "plan was made at %" PRIu64 "\n", round, n, noted, made);
+        free(off);
+        um__plan_fini(&pl);
+        free(s);
+    }
+}
+
 /* ------------------------------------------------------------ in the pool */
 
 static um__backend *backend;
@@ -678,6 +733,37 @@ static void test_pool_plan_breaking(uint64_t seed)
     free(s);
 }
 
+/* A plan the program leaves before it starts (made in one step, to start
+ * at the next step's boundary) is dropped at once: starting it would wait
+ * for every fence and make its arena, moving or creating pages, only to
+ * dissolve it at the next allocation. It used to start anyway. */
+static void test_pool_plan_left_before_start(uint64_t seed)
+{
+    uint64_t rng = seed ^ 0x1ef7;
+    step_shape *s = malloc(sizeof *s);
+    make_training_shape(s, &rng, 8 * MiB, false);
+    program pg;
+    prog_start(&pg, s, 25, 200);
+    um__pool *p = (um__pool *)pg.a;
+    while (p->plan.state == UM_PLAN_RECORDING && pg.next + 1 < 12 * s->n)
+        prog_alloc(&pg, s->bytes[pg.next % s->n]);
+    CHECK_EQ(p->plan.state, UM_PLAN_READY);
+    /* One odd allocation before the start (or at it): the sequence the
+     * plan holds is left (everything after it comes one ordinal late). */
+    prog_alloc(&pg, s->bytes[pg.next % s->n] + 256);
+    CHECK_EQ(p->plan.state, UM_PLAN_RECORDING);
+    /* The program goes on in step: no arena was made for the dropped plan. */
+    for (size_t k = 0; k < s->n; k++)
+        prog_alloc(&pg, s->bytes[(pg.next - 1) % s->n]);
+    CHECK_EQ(p->plan.abandoned, 0);
+    CHECK(p->arena == NULL);
+    CHECK_OK(pg.a->ops->check(pg.a));
+    prog_free_all(&pg);
+    CHECK_OK(pg.a->ops->check(pg.a));
+    prog_end(&pg);
+    free(s);
+}
+
 /* Under a memory limit the arena's free space gives way: small blocks on
  * another stream that find no room elsewhere dissolve the plan and get
  * its idle pages; lowering the limit ends the plan too. */
@@ -873,8 +959,10 @@ int main(void)
     test_plan_layers();
     test_plan_mismatch(seed);
     test_plan_short_plans(seed);
+    test_plan_quiet_while_planned(seed);
     test_pool_plan(seed);
     test_pool_plan_breaking(seed);
+    test_pool_plan_left_before_start(seed);
     test_pool_plan_bad_frees(seed);
     test_pool_plan_limit(seed);
     test_pool_plan_threads(seed);

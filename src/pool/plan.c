@@ -446,8 +446,14 @@ static __attribute__((noinline)) void count_repeats(um__plan *pl, uint64_t o)
 static inline void detect(um__plan *pl, uint64_t o)
 {
     const um__plan_entry *e = entry(pl, o);
-    if (pl->ncand)
+    if (pl->ncand) {
         follow_candidates(pl, o, e);
+        /* A plan was made: no candidate until it stops. This allocation's
+         * signature would propose the planned period again, and with it
+         * note lives (cold ring lines) on every free while the plan runs. */
+        if (pl->state != UM_PLAN_RECORDING)
+            return;
+    }
     if (o + 1 < SIG_WINDOW)
         return;
     bool learning = o < pl->learn_until;

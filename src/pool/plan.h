@@ -135,6 +135,15 @@ static inline uint64_t um__plan_slot_of(const um__plan *pl, uint64_t ordinal)
     return (ordinal - pl->base) % pl->period;
 }
 
+/* READY or ACTIVE: whether allocation `ordinal` (bytes on stream) is the
+ * one the plan holds for its slot. */
+static inline bool um__plan_matches(const um__plan *pl, uint64_t ordinal, uint64_t bytes,
+                                    uint32_t stream)
+{
+    const um__plan_slot *s = &pl->slots[um__plan_slot_of(pl, ordinal)];
+    return s->bytes == bytes && s->stream == stream;
+}
+
 /* READY: whether `ordinal` is where the plan starts (the pool then makes
  * the arena and calls um__plan_activate, or um__plan_reject). */
 static inline bool um__plan_starts_at(const um__plan *pl, uint64_t ordinal)

@@ -2559,20 +2559,25 @@ static void plan_open(um__pool *p)
 static um__block *plan_take(um__pool *p, uint64_t seq, size_t bytes, uint32_t sid)
 {
     um__plan *pl = &p->plan;
-    if (um__plan_starts_at(pl, seq))
-        plan_open(p);
-    if (pl->state != UM_PLAN_ACTIVE)
+    if (pl->state == UM_PLAN_RECORDING)
         return NULL;
-    uint64_t off = um__plan_take(pl, seq, bytes, sid);
-    if (off == UM_PLAN_MISMATCH) {
-        const um__plan_slot *want = &pl->slots[(seq - pl->base) % pl->period];
+    /* Checked before the plan starts too: a plan the program has left
+     * would otherwise wait for every fence and make its arena at its
+     * start, only to dissolve it at the next allocation. */
+    if (!um__plan_matches(pl, seq, bytes, sid)) {
+        const um__plan_slot *want = &pl->slots[um__plan_slot_of(pl, seq)];
         um__log(UM_LOG_INFO, "device %d (%s): allocation %" PRIu64 " (%zu bytes, stream %u) "
                 "is not the plan's (%" PRIu64 " bytes, stream %u)", p->base.dev, dev_name(p), seq,
                 bytes, sid, want->bytes, want->stream);
         plan_stop(p);
         return NULL;
     }
-    if (off == UM_PLAN_NO_OFFSET)
+    if (um__plan_starts_at(pl, seq))
+        plan_open(p);
+    if (pl->state != UM_PLAN_ACTIVE)
+        return NULL;
+    uint64_t off = um__plan_take(pl, seq, bytes, sid);
+    if (off == UM_PLAN_NO_OFFSET || off == UM_PLAN_MISMATCH) /* no mismatch: checked above */
         return NULL;
     um__block *b = block_new(p);
     if (!b) {
