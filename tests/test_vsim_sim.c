@@ -643,7 +643,7 @@ static void test_huge_buffers(void)
 }
 
 /* Every tile starts on the host: tiles that do not fit its memory are
- * refused, as the runtime engine refuses them (48 tiles of 256 MiB ran
+ * refused by both engines, naming the sizes (48 tiles of 256 MiB ran
  * from a host of 1 GiB); the 3 tiles of one task fit it. */
 static void test_host_too_small(void)
 {
@@ -656,6 +656,11 @@ static void test_host_too_small(void)
     um__vs_dag d;
     CHECK_EQ(um__vs_dag_gemm(32768, 8192, &d), 0);
     CHECK_STATUS(um__vs_simulate(m, &d, UM_SCHED_COST, r), UM_ERR_INVALID);
+    CHECK_ERROR_MENTIONS("48 tiles (12884901888 bytes)", "host (1073741824 bytes)", NULL);
+    /* The runtime engine says the same, before it starts (it failed with
+     * the host pool's "cannot allocate", UM_ERR_NOMEM, midway). */
+    uint64_t forced = 0;
+    CHECK_STATUS(um__vs_run_runtime(m, &d, UM_SCHED_COST, r, &forced), UM_ERR_INVALID);
     CHECK_ERROR_MENTIONS("48 tiles (12884901888 bytes)", "host (1073741824 bytes)", NULL);
     um__vs_dag_free(&d);
     CHECK_EQ(um__vs_dag_gemm(8192, 8192, &d), 0);

@@ -314,6 +314,10 @@ um_status um__vs_run_runtime(const um__vs_machine *m, const um__vs_dag *d, int p
                                      : um__fail(UM_ERR_NOMEM, "sim: no memory for %zu tasks", nt);
     if (st == UM_OK)
         st = um__vs_check_copies(m, d->tile_bytes);
+    /* Refused with the model engine's message, not the host pool's
+     * "cannot allocate" midway. */
+    if (st == UM_OK)
+        st = um__vs_check_host_holds(m, d);
     if (st == UM_OK)
         st = config(m, d, policy, host_runs, conf, sizeof conf);
     um_context *ctx = NULL;

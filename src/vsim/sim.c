@@ -663,9 +663,14 @@ static um_status sim_init(sim *s, const um__vs_machine *m, const um__vs_dag *d, 
                             um__vs_kernel_name((um__vs_kernel)t->kernel), t->naccess,
                             (unsigned long long)need, m->name);
     }
-    /* Every tile starts on the host, which must hold them, as the runtime
-     * engine's host must (this engine ignored the host's memory and ran
-     * 12 GiB of tiles from a host of 1 GiB). */
+    /* Every tile starts on the host, which must hold them (this engine
+     * ignored the host's memory and ran 12 GiB of tiles from a host of
+     * 1 GiB). */
+    return um__vs_check_host_holds(m, d);
+}
+
+um_status um__vs_check_host_holds(const um__vs_machine *m, const um__vs_dag *d)
+{
     uint64_t all = 0;
     for (uint32_t tile = 0; tile < d->ntiles; tile++) {
         uint64_t size = um__vs_tile_size(d, tile);

@@ -46,6 +46,10 @@ um_status um__vs_simulate(const um__vs_machine *m, const um__vs_dag *d, int poli
  * path_bound_s). */
 void um__vs_bounds(const um__vs_machine *m, const um__vs_dag *d, um__vs_result *out);
 
+/* Fails (UM_ERR_INVALID), naming the sizes, when d's tiles together do
+ * not fit the memory of m's host, where both engines start them. */
+um_status um__vs_check_host_holds(const um__vs_machine *m, const um__vs_dag *d);
+
 /* Runs d on m with the library's own task runtime in virtual time
  * (runtime.c): a context whose sim devices are m's, tasks submitted as a
  * program would, the runtime's dependency tracking, placement, eviction
