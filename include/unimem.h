@@ -509,8 +509,10 @@ UM_API um_status um_task_wait(um_context *ctx, um_task_id id);
  * cancelled task was waiting for. A task that fails without running (its
  * buffers could not all be had) leaves their data as it was. */
 UM_API um_status um_task_cancel(um_context *ctx, um_task_id id);
-/* Waits for every task submitted so far: UM_OK, or the status of the first
- * that failed (its message in um_last_error). */
+/* Waits until no task is unfinished: those submitted so far and any that
+ * other threads or done callbacks submit meanwhile (a thread that keeps
+ * submitting keeps it waiting). UM_OK, or the status of the first task
+ * that failed since the last report (its message in um_last_error). */
 UM_API um_status um_wait_all(um_context *ctx);
 
 typedef struct um_task_stats {
