@@ -1455,6 +1455,10 @@ static void test_announcements_withdrawn(void)
     CHECK_EQ(atomic_load(&two.ran), 0);
     CHECK_EQ(a->nannounced, 0); /* taken by its acquisition */
     CHECK_EQ(b->nannounced, 0); /* withdrawn */
+    /* Only a came in; b's bytes, which never moved, were counted too. */
+    um_task_stats ts;
+    CHECK_OK(um_task_stats_get(ctx, 1, &ts));
+    CHECK_EQ(ts.bytes_in, MiB);
     (void)um_wait_all(ctx);
     CHECK_OK(um_buffer_destroy(x));
     CHECK_OK(um_buffer_destroy(a));

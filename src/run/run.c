@@ -782,6 +782,7 @@ typedef struct in_flight {
     um__fence done;
     uint64_t launched_ns;
     um_status st;
+    bool all_held; /* its buffers were had, so it ran (or failed running) */
     char why[512];
 } in_flight;
 
@@ -803,8 +804,7 @@ static um_status acquire_all(worker *w, um_stream s, task *t, void **ptrs, size_
             if (discards != (pass == 1))
                 continue;
             double ns;
-            if (!discards && !um__buffer_fetch_cost(ut->buffers[i], w->dev, &ns))
-                in += um_buffer_size(ut->buffers[i]);
+            bool comes_in = !discards && !um__buffer_fetch_cost(ut->buffers[i], w->dev, &ns);
             sizes[i] = um_buffer_size(ut->buffers[i]);
             /* Busy: the program itself holds the buffer; it is its to release. */
             for (int tries = 0; tries < 10000; tries++) {
@@ -814,6 +814,9 @@ static um_status acquire_all(worker *w, um_stream s, task *t, void **ptrs, size_
                 um__sleep_until_ns(um__now_ns() + 1000000);
             }
             held[i] = st == UM_OK;
+            /* A buffer that could not be had did not come in. */
+            if (held[i] && comes_in)
+                in += sizes[i];
         }
     atomic_fetch_add(&w->bytes_in, in);
     if (st != UM_OK) {
@@ -959,6 +962,7 @@ static void launch_on_gpu(worker *w, um_stream s, task *t, in_flight *f)
     prefetch_listed(w, true);
     f->launched_ns += um__now_ns() - p0;
     bool ran = f->st == UM_OK;
+    f->all_held = ran;
     um__backend *be = ctx->devices[w->dev].backend;
     if (ran && be->kind != UM_DEVICE_CUDA) {
         /* A modelled GPU (virtual time): the program's function, then the
@@ -1011,8 +1015,15 @@ static bool land(worker *w, um__xfer *x, in_flight *f, uint64_t *prev_end)
         return false;
     }
     uint64_t end = um__now_ns(), start = f->launched_ns > *prev_end ? f->launched_ns : *prev_end;
-    account(w, f->t, start, end, f->st);
-    *prev_end = end;
+    /* A task whose buffers could not be had never ran: no busy time and no
+     * span, as on the host, and the next task's compute does not start
+     * after it. */
+    if (f->all_held) {
+        account(w, f->t, start, end, f->st);
+        *prev_end = end;
+    } else {
+        atomic_fetch_add(&w->failed, 1);
+    }
     return true;
 }
 

@@ -347,6 +347,59 @@ static void check_memory_limit(gpu *g)
     CHECK_OK(um_set_memory_limit(g->ctx, g->dev, 0));
 }
 
+static int launch_nothing(const um_task_exec *e)
+{
+    (void)e;
+    return 0;
+}
+
+static int wait_for_gate(const um_task_exec *e)
+{
+    _Atomic int *gate = e->user;
+    while (!atomic_load(gate))
+        usleep(1000);
+    return 0;
+}
+
+/* A GPU task whose buffer cannot be had fails without running: counted as
+ * failed, with no busy time and no bytes in (the time from its launch to
+ * its landing was added before, and a trace span recorded, for work that
+ * never ran). The GPU's limit drops under the buffer after the task is
+ * submitted (submission refuses a task that cannot fit), while a host task
+ * that writes the buffer holds it back. */
+static void check_failed_task_not_busy(gpu *g)
+{
+    um_task_stats before, after;
+    CHECK_OK(um_trim(g->ctx, g->dev));
+    CHECK_OK(um_task_stats_get(g->ctx, g->dev, &before));
+    um_buffer *b = NULL;
+    CHECK_OK(um_buffer_create(g->ctx, 32 * MIB, NULL, &b));
+    _Atomic int gate = 0;
+    um_task w = {.name = "writer", .cpu = wait_for_gate, .device = 0, .nbuffers = 1,
+                 .user = &gate};
+    w.buffers[0] = b;
+    w.modes[0] = UM_ACCESS_WRITE_DISCARD;
+    um_task t = {.name = "too_big", .cuda = launch_nothing, .device = g->dev, .nbuffers = 1};
+    t.buffers[0] = b;
+    t.modes[0] = UM_ACCESS_READ;
+    um_task_id wid, id;
+    CHECK_OK(um_task_submit(g->ctx, &w, &wid));
+    CHECK_OK(um_task_submit(g->ctx, &t, &id));
+    CHECK_OK(um_set_memory_limit(g->ctx, g->dev, 16 * MIB));
+    atomic_store(&gate, 1);
+    CHECK_OK(um_task_wait(g->ctx, wid));
+    CHECK_STATUS(um_task_wait(g->ctx, id), UM_ERR_TASK);
+    CHECK_ERROR_MENTIONS("could not be had", NULL, NULL);
+    CHECK_OK(um_task_stats_get(g->ctx, g->dev, &after));
+    CHECK_EQ(after.failed - before.failed, 1);
+    CHECK_EQ(after.tasks, before.tasks);
+    CHECK_EQ(after.busy_ns, before.busy_ns);
+    CHECK_EQ(after.bytes_in, before.bytes_in);
+    (void)um_wait_all(g->ctx); /* the failure is reported once */
+    CHECK_OK(um_buffer_destroy(b));
+    CHECK_OK(um_set_memory_limit(g->ctx, g->dev, 0));
+}
+
 /* Host blocks of device 0 are pinned when a GPU is present: a round trip
  * host -> GPU -> host through asynchronous copies on one stream. */
 static void check_pinned_copies(gpu *g)
@@ -1324,6 +1377,7 @@ int main(void)
     check_page_size();
     check_two_gpus(&g, gpus);
     check_buffer_round_trips(&g, fake);
+    check_failed_task_not_busy(&g);
     if (g.spin_fill) {
         check_buffer_stream_order(&g);
         check_tasks(&g);
