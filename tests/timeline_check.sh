@@ -216,6 +216,27 @@ for view in "25919999999999990,25920000000000000" "12959999999999995,12960000000
     echo "$st" | grep -q '"reset":true' || fail "view $view: the page did not draw, zoom and reset"
 done
 
+# ------------------------------------------- copies' and evictions' tooltips
+# A copy's "staged" argument is whether it went through pinned host
+# memory (0 or 1), not bytes: the tooltip said "staged    1 B".
+echo "a copy and an eviction, hovered:"
+printf '{"traceEvents":[\n{"name":"memory","ph":"C","ts":0,"pid":1,"args":{"live":0,"reserved":0}},\n{"name":"copy 0->1","cat":"copy","ph":"X","ts":10,"dur":5,"pid":1,"tid":1000,"args":{"bytes":4096,"from":0,"to":1,"staged":1}},\n{"name":"copy 2->1","cat":"copy","ph":"X","ts":30,"dur":5,"pid":1,"tid":1002,"args":{"bytes":4096,"from":2,"to":1,"staged":0}},\n{"name":"evict","cat":"evict","ph":"X","ts":50,"dur":5,"pid":1,"tid":1,"args":{"bytes":8192,"written_back":8192,"to_spill_file":0}}\n]}\n' \
+    > "$T/marks.json"
+"$U" timeline "$T/marks.json" -o "$T/marks.html" > "$T/timeline.log" 2>&1 ||
+    { cat "$T/timeline.log"; fail "unimem timeline $T/marks.json failed"; }
+st=$(selftest "$T/marks.html" "#interact")
+echo "  self-test: $st"
+copy_tip=$(echo "$st" | sed -n 's/.*"copy_tooltip":"\([^"]*\)".*/\1/p')
+evict_tip=$(echo "$st" | sed -n 's/.*"evict_tooltip":"\([^"]*\)".*/\1/p')
+case $copy_tip in
+"copy from device 0 to device 1 | "*"| staged    yes") echo "  ok   copy tooltip: $copy_tip" ;;
+*) fail "the copy's tooltip is '$copy_tip', expected one from device 0 to 1 ending 'staged    yes'" ;;
+esac
+case $evict_tip in
+"eviction | "*"bytes     8.00 KiB (8,192 B) | written back 8.00 KiB (8,192 B)") echo "  ok   eviction tooltip: $evict_tip" ;;
+*) fail "the eviction's tooltip is '$evict_tip'" ;;
+esac
+
 # ------------------------------------------------------ bad input
 echo "bad input:"
 printf '{"traceEvents":[\n{"name":"memory","ph":"C","ts":1,"pid":1,"args":{"live":5,"reserved":8}},\n{"name":"x",}\n]}\n' \

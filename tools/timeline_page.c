@@ -13,8 +13,9 @@
  * reserved and cached bytes, delta-coded; c is 0 when cached is reserved
  * less live throughout), b (bands: start, end, size, address string,
  * freed; 5 values a band) and m (marks: kind, 0 copy or 1 eviction, start,
- * duration, bytes, then from, to and staged bytes for a copy, or bytes
- * written back, to spill file and 0 for an eviction; 7 values a mark).
+ * duration, bytes, then from, to and staged (1 when it went through pinned
+ * host memory, else 0) for a copy, or bytes written back, to spill file
+ * and 0 for an eviction; 7 values a mark).
  */
 #include "timeline.h"
 
@@ -399,8 +400,9 @@ const char *const tl_page_tail[] = {
     "      i = best;",
     "      var head = 'start     ' + fmtTime(m[i + 1]) + NL + 'duration  ' + fmtTime(m[i + 2]) + NL +",
     "        'bytes     ' + fmtBytesExact(m[i + 3]) + NL;",
+    "      /* staged is a flag (through pinned host memory or not), not bytes. */",
     "      if (kind === 0)",
-    "        return 'copy from device ' + m[i + 4] + ' to device ' + m[i + 5] + NL + head + 'staged    ' + fmtBytesExact(m[i + 6]);",
+    "        return 'copy from device ' + m[i + 4] + ' to device ' + m[i + 5] + NL + head + 'staged    ' + (m[i + 6] ? 'yes' : 'no');",
     "      return 'eviction' + NL + head + 'written back ' + fmtBytesExact(m[i + 4]) +",
     "        (m[i + 5] ? ', to the spill file' : '');",
     "    }",
@@ -502,8 +504,8 @@ const char *const tl_page_tail[] = {
     "  if (/interact/.test(location.hash) && devs.length) {",
     "    var dv = devs[0], c = dv.canvas, r = c.getBoundingClientRect(), l = dv.lay;",
     "    var cx = r.left + (l.x0 + l.x1) / 2, cy = r.top + l.sTop + l.sH / 2;",
-    "    var send = function (target, type, x, extra) {",
-    "      var init = { clientX: x, clientY: cy, bubbles: true, cancelable: true, button: 0 };",
+    "    var send = function (target, type, x, extra, y) {",
+    "      var init = { clientX: x, clientY: y === undefined ? cy : y, bubbles: true, cancelable: true, button: 0 };",
     "      if (extra) init.deltaY = extra;",
     "      target.dispatchEvent(type === 'wheel' ? new WheelEvent(type, init) : new MouseEvent(type, init));",
     "    };",
@@ -523,6 +525,17 @@ const char *const tl_page_tail[] = {
     "    send(c, 'dblclick', cx);",
     "    out.reset = v0 === full0 && v1 === full1;",
     "    drawAll();",
+    "    /* The tooltip of the first copy and of the first eviction, its lines",
+    "     * joined by ' | '. */",
+    "    [0, 1].forEach(function (kind) {",
+    "      for (var i = 0; i < dv.marks.length; i += MARK_FIELDS) {",
+    "        if (dv.marks[i] !== kind) continue;",
+    "        var k = (l.x1 - l.x0) / (v1 - v0), x = r.left + l.x0 + (dv.marks[i + 1] - v0) * k + 0.5;",
+    "        send(c, 'mousemove', x, 0, r.top + l.mTop + (kind + 0.5) * l.mRow);",
+    "        out[kind ? 'evict_tooltip' : 'copy_tooltip'] = tip.style.display === 'block' ? tip.textContent.split(NL).join(' | ') : '';",
+    "        break;",
+    "      }",
+    "    });",
     "    report.interaction = out;",
     "  }",
     "  document.getElementById('selftest').textContent = JSON.stringify(report);",
