@@ -51,9 +51,9 @@ fi
 echo "timeline_check: Chromium: $CHROMIUM"
 
 # Runs Chromium headless on page $1 (with URL suffix $2) and prints the
-# self-test line of the DOM it dumps.
+# self-test line of the DOM it dumps; $3: seconds it may take (120).
 selftest() {
-    timeout 120 "$CHROMIUM" --headless --disable-gpu --no-sandbox --user-data-dir="$T/profile" \
+    timeout "${3:-120}" "$CHROMIUM" --headless --disable-gpu --no-sandbox --user-data-dir="$T/profile" \
         --virtual-time-budget=20000 --dump-dom "file://$1$2" > "$T/dom.html" 2> "$T/chromium.log"
     line=$(sed -n 's/.*<pre id="selftest">\([^<]*\)<\/pre>.*/\1/p' "$T/dom.html")
     if [ -z "$line" ] || ! grep -q '<title>[^<]* - ready</title>' "$T/dom.html"; then
@@ -196,6 +196,46 @@ done
 awk -v ms="${render_ms:-99999}" 'BEGIN { exit !(ms < 2000) }' ||
     fail "the page of $events events took $render_ms ms to draw, not under 2000"
 expect "final_live" "$(field "$st" 1 final_live)" "$want_final"
+
+# --------------------------------------- a span of 300 days, zoomed in
+# Times are doubles in the page: past 2^53 ns (104 days) one step of them
+# is wider than the narrowest view's tick step, and a view of the trace's
+# last 10 ns made the time axis's tick loop add a step that changed
+# nothing, for ever: the page hung. The narrowest view now grows with the
+# trace, and the page draws at any zoom.
+echo "a trace of 300 days, opened zoomed in on its end:"
+printf '{"traceEvents":[\n{"name":"memory","ph":"C","ts":0,"pid":1,"args":{"live":5,"reserved":8}},\n{"name":"memory","ph":"C","ts":12960000000000,"pid":1,"args":{"live":9,"reserved":16}},\n{"name":"memory","ph":"C","ts":25920000000000,"pid":1,"args":{"live":7,"reserved":9}}\n]}\n' \
+    > "$T/long.json"
+"$U" timeline "$T/long.json" -o "$T/long.html" > "$T/timeline.log" 2>&1 ||
+    { cat "$T/timeline.log"; fail "unimem timeline $T/long.json failed"; }
+for view in "25919999999999990,25920000000000000" "12959999999999995,12960000000000005"; do
+    st=$(selftest "$T/long.html" "#view=$view&interact" 30)
+    echo "  view $view: self-test: $st"
+    expect "view $view: peak_live" "$(field "$st" 1 peak_live)" 9
+    expect "view $view: final_reserved" "$(field "$st" 1 final_reserved)" 9
+    echo "$st" | grep -q '"reset":true' || fail "view $view: the page did not draw, zoom and reset"
+done
+
+# ------------------------------------------- copies' and evictions' tooltips
+# A copy's "staged" argument is whether it went through pinned host
+# memory (0 or 1), not bytes: the tooltip said "staged    1 B".
+echo "a copy and an eviction, hovered:"
+printf '{"traceEvents":[\n{"name":"memory","ph":"C","ts":0,"pid":1,"args":{"live":0,"reserved":0}},\n{"name":"copy 0->1","cat":"copy","ph":"X","ts":10,"dur":5,"pid":1,"tid":1000,"args":{"bytes":4096,"from":0,"to":1,"staged":1}},\n{"name":"copy 2->1","cat":"copy","ph":"X","ts":30,"dur":5,"pid":1,"tid":1002,"args":{"bytes":4096,"from":2,"to":1,"staged":0}},\n{"name":"evict","cat":"evict","ph":"X","ts":50,"dur":5,"pid":1,"tid":1,"args":{"bytes":8192,"written_back":8192,"to_spill_file":0}}\n]}\n' \
+    > "$T/marks.json"
+"$U" timeline "$T/marks.json" -o "$T/marks.html" > "$T/timeline.log" 2>&1 ||
+    { cat "$T/timeline.log"; fail "unimem timeline $T/marks.json failed"; }
+st=$(selftest "$T/marks.html" "#interact")
+echo "  self-test: $st"
+copy_tip=$(echo "$st" | sed -n 's/.*"copy_tooltip":"\([^"]*\)".*/\1/p')
+evict_tip=$(echo "$st" | sed -n 's/.*"evict_tooltip":"\([^"]*\)".*/\1/p')
+case $copy_tip in
+"copy from device 0 to device 1 | "*"| staged    yes") echo "  ok   copy tooltip: $copy_tip" ;;
+*) fail "the copy's tooltip is '$copy_tip', expected one from device 0 to 1 ending 'staged    yes'" ;;
+esac
+case $evict_tip in
+"eviction | "*"bytes     8.00 KiB (8,192 B) | written back 8.00 KiB (8,192 B)") echo "  ok   eviction tooltip: $evict_tip" ;;
+*) fail "the eviction's tooltip is '$evict_tip'" ;;
+esac
 
 # ------------------------------------------------------ bad input
 echo "bad input:"
