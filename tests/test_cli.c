@@ -310,6 +310,66 @@ static void test_timeline_counts(void)
     unlink(page);
 }
 
+/* The whole of a file, NUL-terminated, in a buffer of the caller's (at
+ * most len - 1 bytes); false when it cannot be read. */
+static bool slurp(const char *path, char *buf, size_t len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return false;
+    size_t n = fread(buf, 1, len - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+    return true;
+}
+
+/* `unimem timeline` never writes over the trace it reads: -o or
+ * --save-trace naming it (by its name or another) is refused, and the
+ * trace is left as it was. Before, -o replaced a Chrome trace with the
+ * page, and --save-trace overwrote an allocation trace while the replay
+ * read it. The replay's options on a Chrome trace, which is not replayed,
+ * are refused too (they were ignored). */
+static void test_timeline_keeps_its_input(void)
+{
+    char args[1024];
+    static char before[1 << 14], after[1 << 14];
+    const char *json = chrome_trace("keep.json", "{\"live\":1,\"reserved\":2}", "{\"bytes\":1}");
+    CHECK(slurp(json, before, sizeof before));
+    snprintf(args, sizeof args, "timeline %s -o %s", json, json);
+    EXPECT_RUN(args, 2, "-o names the trace being read");
+    char link[300];
+    snprintf(link, sizeof link, "%s/keep_link.json", dir);
+    CHECK(symlink(json, link) == 0);
+    snprintf(args, sizeof args, "timeline %s -o %s", json, link);
+    EXPECT_RUN(args, 2, "-o names the trace being read");
+    CHECK(slurp(json, after, sizeof after) && !strcmp(before, after));
+
+    const char *alloc = file_in_dir("keep.trace", "a 1 4096 0\nf 1\n");
+    const char *page = file_in_dir("keep.html", NULL);
+    snprintf(args, sizeof args, "timeline %s -o %s --save-trace %s", alloc, page, alloc);
+    EXPECT_RUN(args, 2, "--save-trace names the trace being read");
+    CHECK(slurp(alloc, after, sizeof after) && !strcmp(after, "a 1 4096 0\nf 1\n"));
+    snprintf(args, sizeof args, "timeline %s -o %s --save-trace %s", alloc, page, page);
+    EXPECT_RUN(args, 2, "--save-trace and -o name the same file");
+    CHECK(access(page, F_OK) != 0);
+
+    static const char *const replay_only[] = {"--device sim:1G", "--allocator direct",
+                                              "--save-trace x.json"};
+    for (size_t i = 0; i < sizeof replay_only / sizeof replay_only[0]; i++) {
+        snprintf(args, sizeof args, "timeline %s -o %s %s", json, page, replay_only[i]);
+        EXPECT_RUN(args, 2, "applies to allocation traces");
+        CHECK(access(page, F_OK) != 0);
+    }
+    /* The allocation trace is still drawn, with its replay's trace kept. */
+    const char *saved = file_in_dir("keep_saved.json", NULL);
+    snprintf(args, sizeof args, "timeline %s -o %s --save-trace %s", alloc, page, saved);
+    EXPECT_RUN(args, 0, "wrote");
+    CHECK(access(saved, F_OK) == 0);
+    unlink(page);
+    unlink(saved);
+    unlink(link);
+}
+
 /* demo --gpu-only where the devices give no accelerator is a command line
  * that cannot run: exit 2, as tool.h says (it was 1). The driver is shown
  * no GPU, so that a GPU machine gives none either. */
@@ -470,6 +530,7 @@ int main(void)
     test_timeline_gzip_trailing();
     test_timeline_addresses();
     test_timeline_counts();
+    test_timeline_keeps_its_input();
     test_device_injection();
     test_device_exit_codes();
     test_demo_task_order();

@@ -109,6 +109,7 @@ typedef struct tl_opts {
     const char *device;
     const char *allocator;
     const char *save_trace; /* keep the replay's Chrome trace here */
+    const char *replay_arg; /* the first of --device, --allocator, --save-trace given */
     size_t top_n;
 } tl_opts;
 
@@ -1020,6 +1021,17 @@ static int write_page(const tl_opts *o, tl_model *m, const char *source, tl_draw
 
 /* ----------------------------------------------------------- the command */
 
+/* Whether paths a and b name one file: the same name, or both exist and
+ * are the same file (another name, a link). */
+static bool same_file(const char *a, const char *b)
+{
+    struct stat sa, sb;
+    if (!strcmp(a, b))
+        return true;
+    return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev &&
+           sa.st_ino == sb.st_ino;
+}
+
 /* Parses the arguments; returns -1 to go on, else the exit code. */
 static int parse_args(int argc, char **argv, tl_opts *o)
 {
@@ -1054,6 +1066,9 @@ static int parse_args(int argc, char **argv, tl_opts *o)
             o->trace = a;
             continue;
         }
+        if (strcmp(key, "-o") && strcmp(key, "--output") && strcmp(key, "--top") &&
+            !o->replay_arg)
+            o->replay_arg = key;
         if (!strcmp(key, "-o") || !strcmp(key, "--output")) {
             o->out = value;
         } else if (!strcmp(key, "--top")) {
@@ -1101,6 +1116,21 @@ static int parse_args(int argc, char **argv, tl_opts *o)
         usage(stderr);
         return 2;
     }
+    /* Writing the page or the replay's trace over the input would lose it
+     * (the replay would even overwrite it while reading it). */
+    const char *clash = same_file(o->out, o->trace)                          ? "-o"
+                        : o->save_trace && same_file(o->save_trace, o->trace) ? "--save-trace"
+                                                                             : NULL;
+    if (clash) {
+        fprintf(stderr, "unimem %s: %s names the trace being read (%s); give another file\n",
+                TL_CMD, clash, o->trace);
+        return 2;
+    }
+    if (o->save_trace && same_file(o->save_trace, o->out)) {
+        fprintf(stderr, "unimem %s: --save-trace and -o name the same file (%s)\n", TL_CMD,
+                o->out);
+        return 2;
+    }
     return -1;
 }
 
@@ -1134,6 +1164,11 @@ int um_cmd_timeline(int argc, char **argv)
     char source[600];
     char temp[256] = "";
     const char *json_path = o.trace;
+    if (is_json && o.replay_arg) {
+        fprintf(stderr, "unimem %s: %s applies to allocation traces, which are replayed; %s is "
+                "a Chrome trace, drawn as it is\n", TL_CMD, o.replay_arg, o.trace);
+        return 2;
+    }
     if (is_json) {
         snprintf(source, sizeof source, "Chrome trace %s", o.trace);
     } else {
