@@ -370,6 +370,29 @@ static void test_timeline_keeps_its_input(void)
     unlink(link);
 }
 
+/* JSON output is UTF-8 whatever the file names hold: `replay --json` of
+ * a trace whose name has a Latin-1 byte gives U+FFFD for it (the byte went
+ * out as it was, which JSON readers refuse), and keeps well-formed UTF-8. */
+static void test_json_names_utf8(void)
+{
+    char path[300], args[1024], text[4096];
+    snprintf(path, sizeof path, "%s/caf\xe9-\xc3\xa9.trace", dir);
+    CHECK(slurp(PATTERN, text, sizeof text));
+    FILE *f = fopen(path, "w");
+    CHECK(f != NULL);
+    if (!f)
+        return;
+    fputs(text, f);
+    fclose(f);
+    snprintf(args, sizeof args, "replay '%s' --json", path);
+    harness_checks++;
+    if (run(args, false) != 0)
+        harness_report(__FILE__, __LINE__, "unimem %s failed:\n%s", args, out);
+    CHECK(strstr(out, "\"caf\\ufffd-\xc3\xa9.trace\"") != NULL);
+    CHECK(strchr(out, '\xe9') == NULL);
+    unlink(path);
+}
+
 /* demo --gpu-only where the devices give no accelerator is a command line
  * that cannot run: exit 2, as tool.h says (it was 1). The driver is shown
  * no GPU, so that a GPU machine gives none either. */
@@ -531,6 +554,7 @@ int main(void)
     test_timeline_addresses();
     test_timeline_counts();
     test_timeline_keeps_its_input();
+    test_json_names_utf8();
     test_device_injection();
     test_device_exit_codes();
     test_demo_task_order();

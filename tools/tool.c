@@ -57,11 +57,38 @@ int tool_init_fail(const char *cmd, um_status s)
     return s == UM_ERR_BAD_OPTION ? TOOL_EXIT_USAGE : rc;
 }
 
+/* The length of the well-formed UTF-8 sequence at p (2 to 4 bytes; lead
+ * byte at least 0x80), or 0: a stray continuation byte, an overlong form,
+ * a surrogate, a code point past U+10FFFF, or a sequence cut short. */
+static int utf8_length(const unsigned char *p)
+{
+    int n = p[0] >= 0xf0 ? 4 : p[0] >= 0xe0 ? 3 : p[0] >= 0xc0 ? 2 : 0;
+    if (n == 0 || p[0] == 0xc0 || p[0] == 0xc1 || p[0] > 0xf4)
+        return 0;
+    for (int i = 1; i < n; i++)
+        if ((p[i] & 0xc0) != 0x80)
+            return 0; /* the NUL that ends s stops here too */
+    if ((p[0] == 0xe0 && p[1] < 0xa0) || (p[0] == 0xed && p[1] >= 0xa0) ||
+        (p[0] == 0xf0 && p[1] < 0x90) || (p[0] == 0xf4 && p[1] >= 0x90))
+        return 0;
+    return n;
+}
+
 void tool_json_string(FILE *f, const char *s)
 {
     fputc('"', f);
     for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p == '"' || *p == '\\')
+        if (*p >= 0x80) {
+            /* JSON is UTF-8: a byte that is not part of a well-formed
+             * sequence (a file name in another encoding) becomes U+FFFD,
+             * so that every JSON reader takes the output. */
+            int n = utf8_length(p);
+            if (n)
+                fwrite(p, 1, (size_t)n, f);
+            else
+                fputs("\\ufffd", f);
+            p += n ? n - 1 : 0;
+        } else if (*p == '"' || *p == '\\')
             fprintf(f, "\\%c", *p);
         else if (*p == '\n')
             fputs("\\n", f);

@@ -56,7 +56,8 @@ bool tool_device_arg_ok(const char *cmd, const char *value);
 int tool_init_fail(const char *cmd, um_status s);
 /* Writes s to f as a JSON string literal: quotes and backslashes
  * escaped, control characters as \n, \t or \u00XX (names in machine
- * files and paths may hold any of them). */
+ * files and paths may hold any of them), and bytes that are not
+ * well-formed UTF-8 as \ufffd. */
 void tool_json_string(FILE *f, const char *s);
 /* An argument a command does not take: -h/--help prints the usage and
  * gives 0; anything else is reported with the usage on stderr and gives 2. */
