@@ -959,6 +959,74 @@ static void test_failed_write_back(void)
     um_shutdown(ctx);
 }
 
+/* A write-back that fails gives back the memory it took on its target:
+ * the host has room for one of device 1's two only copies, and the first
+ * write-back's copy fails once. The second candidate then goes where the
+ * first could not (the first's memory on the host, kept as an invalid
+ * replica, left the second no room: the allocation failed). */
+static void test_failed_write_back_frees_target(void)
+{
+    um_context *ctx = open_ctx(4 * MB, ",watermark_high=100");
+    if (!ctx)
+        return;
+    if (um_device_count(ctx) < 3) {
+        um_shutdown(ctx);
+        return;
+    }
+    void *blocks[2], *p;
+    CHECK_OK(um_set_memory_limit(ctx, 2, 2 * MB));
+    CHECK_OK(um_malloc(ctx, 2, 2 * MB, NULL, &blocks[1]));
+    CHECK_OK(um_set_memory_limit(ctx, 0, 4 * MB));
+    CHECK_OK(um_malloc(ctx, 0, 2 * MB, NULL, &blocks[0]));
+    um_buffer *b[2];
+    for (int i = 0; i < 2; i++) {
+        CHECK_OK(um_buffer_create(ctx, 2 * MB, NULL, &b[i]));
+        CHECK_OK(um_buffer_acquire(b[i], 1, UM_ACCESS_WRITE_DISCARD, NULL, &p));
+        void *v = harness_dev_map(ctx, 1, p, 2 * MB);
+        if (v)
+            harness_pattern_fill(v, 2 * MB, 130 + (uint64_t)i);
+        harness_dev_unmap(ctx, 1, p, v, 2 * MB, true);
+        CHECK_OK(um_buffer_release(b[i], 1, NULL));
+    }
+    /* The next copy of every backend fails (whichever runs the first
+     * write-back); the second write-back's copy then works. */
+    um__backend *real[8];
+    flaky f[8];
+    int n = fail_every_copy(ctx, real, f);
+    for (int d = 0; d < n; d++) {
+        f[d].copies_fail = false;
+        f[d].copy_countdown = 1;
+    }
+    void *block = NULL;
+    um_status st = um_malloc(ctx, 1, 2 * MB, NULL, &block);
+    if (st != UM_OK)
+        printf("test_reclaim: after a failed write-back: %s\n", um_last_error());
+    CHECK_OK(st);
+    restore_copies(ctx, real, n);
+    um_reclaim_stats s;
+    CHECK_OK(um_reclaim_stats_get(ctx, 1, &s));
+    CHECK_EQ(s.evictions, 1);
+    CHECK_EQ(s.written_back, 1);
+    /* One is on the host now, the other still on device 1 only; both
+     * whole. */
+    int home = um_buffer_replica_state(b[0], 0) != UM_REPLICA_INVALID ? 0 : 1;
+    CHECK(um_buffer_replica_state(b[home], 0) != UM_REPLICA_INVALID);
+    CHECK_EQ(um_buffer_replica_state(b[home], 1), UM_REPLICA_INVALID);
+    CHECK_EQ(um_buffer_replica_state(b[1 - home], 1), UM_REPLICA_OWNER);
+    if (block)
+        CHECK_OK(um_free(ctx, block, NULL));
+    CHECK_OK(um_free(ctx, blocks[0], NULL));
+    CHECK_OK(um_free(ctx, blocks[1], NULL));
+    unsigned char *h = malloc(2 * MB);
+    for (int i = 0; i < 2; i++) {
+        CHECK_OK(um_buffer_read(b[i], 0, h, 2 * MB));
+        CHECK(same_pattern(h, 2 * MB, 130 + (uint64_t)i));
+        CHECK_OK(um_buffer_destroy(b[i]));
+    }
+    free(h);
+    um_shutdown(ctx);
+}
+
 /* ------------------------------------------------ a victim that cannot go */
 
 /* Device 1 holds the only valid copy of *a, first in the policy's order
@@ -1552,6 +1620,7 @@ int main(void)
     test_write_back_not_refetch();
     test_pinned_stale_replica_freed();
     test_failed_write_back();
+    test_failed_write_back_frees_target();
     test_stuck_victim();
     test_alloc_waits_once();
     for (int factor = 2; factor <= 8; factor *= 2)
