@@ -1201,6 +1201,63 @@ static void test_alloc_waits_once(void)
     remove(trace);
 }
 
+typedef struct late_room {
+    um_context *ctx;
+    void *block;
+    um_status st;
+} late_room;
+
+static void *alloc_at_limit(void *arg)
+{
+    late_room *l = arg;
+    l->st = um_malloc(l->ctx, 1, 2 * MB, NULL, &l->block);
+    return NULL;
+}
+
+/* An allocation whose reclaim found nothing it could evict, but whose
+ * last try found room another thread had freed meanwhile, did not fail:
+ * it is not counted as failed (it was, with made_room 0 in its wait's
+ * trace event), though its wait is. */
+static void test_alloc_made_late_not_failed(void)
+{
+    char trace[] = "/tmp/unimem_test_reclaim_XXXXXX", extra[128];
+    trace_option(trace, ",watermark_high=100", extra, sizeof extra);
+    um_context *ctx = open_ctx(4 * MB, extra);
+    if (!ctx)
+        return;
+    um_buffer *b;
+    void *p, *block = NULL;
+    CHECK_OK(um_buffer_create(ctx, 2 * MB, NULL, &b));
+    CHECK_OK(um_buffer_acquire(b, 1, UM_ACCESS_WRITE_DISCARD, NULL, &p));
+    CHECK_OK(um_buffer_release(b, 1, NULL));
+    CHECK_OK(um_malloc(ctx, 1, 2 * MB, NULL, &block));
+    /* b is the only candidate, held by a "call in progress" for longer
+     * than an allocation waits for it; the program's own block goes back
+     * meanwhile. */
+    pthread_mutex_lock(&b->lock);
+    late_room l = {ctx, NULL, UM_ERR_INVALID};
+    pthread_t t;
+    CHECK_EQ(pthread_create(&t, NULL, alloc_at_limit, &l), 0);
+    usleep(100000);
+    CHECK_OK(um_free(ctx, block, NULL));
+    pthread_join(t, NULL);
+    pthread_mutex_unlock(&b->lock);
+    CHECK_OK(l.st);
+    um_reclaim_stats s;
+    CHECK_OK(um_reclaim_stats_get(ctx, 1, &s));
+    CHECK_EQ(s.evictions, 0);
+    CHECK_EQ(s.sync_reclaims, 1);
+    CHECK_EQ(s.failed, 0);
+    if (l.block)
+        CHECK_OK(um_free(ctx, l.block, NULL));
+    CHECK_OK(um_buffer_destroy(b));
+    um_shutdown(ctx);
+    const char *text = read_trace(trace);
+    if (text)
+        CHECK(strstr(text, "\"bytes\":2097152,\"made_room\":1") != NULL);
+    remove(trace);
+}
+
 /* The host full of buffers' only copies with no file tier: the failed
  * allocation says what holds the memory and which option would make
  * room (it said "nothing left to evict: 0 acquired replicas hold 0 B
@@ -1623,6 +1680,7 @@ int main(void)
     test_failed_write_back_frees_target();
     test_stuck_victim();
     test_alloc_waits_once();
+    test_alloc_made_late_not_failed();
     for (int factor = 2; factor <= 8; factor *= 2)
         test_oversubscribe(seed, factor, NULL);
     char dir[] = "/tmp/unimem-spill-test-XXXXXX";
