@@ -419,6 +419,59 @@ static void test_malloc_collects_held(void)
     um_shutdown(ctx);
 }
 
+/* The same held memory when the only candidate cannot go (its write-back
+ * has nowhere to go: the host and device 2 are full, no file tier): the
+ * allocation waits for the held memory rather than fail (it failed with
+ * "evicting failed" while the copy holding the room was still on the
+ * link). (Over a modelled link of 10 MB/s the 4 MiB copy takes about
+ * 420 ms.) */
+static void test_stuck_victim_waits_for_held(void)
+{
+    um_context *ctx = open_ctx(8 * MB, ",watermark_high=100,sim_link_bandwidth=10M");
+    if (!ctx)
+        return;
+    if (um_device_count(ctx) < 3) {
+        um_shutdown(ctx);
+        return;
+    }
+    um_buffer *stuck = NULL, *dead = NULL;
+    void *p = NULL, *blocks[2] = {NULL, NULL}, *block = NULL;
+    CHECK_OK(um_set_memory_limit(ctx, 2, 2 * MB));
+    CHECK_OK(um_malloc(ctx, 2, 2 * MB, NULL, &blocks[1]));
+    CHECK_OK(um_set_memory_limit(ctx, 0, 6 * MB));
+    CHECK_OK(um_buffer_create(ctx, 2 * MB, NULL, &stuck));
+    CHECK_OK(um_buffer_acquire(stuck, 1, UM_ACCESS_WRITE_DISCARD, NULL, &p));
+    void *v = harness_dev_map(ctx, 1, p, 2 * MB);
+    if (v)
+        harness_pattern_fill(v, 2 * MB, 710);
+    harness_dev_unmap(ctx, 1, p, v, 2 * MB, true);
+    CHECK_OK(um_buffer_release(stuck, 1, NULL));
+    unsigned char *h = calloc(1, 4 * MB);
+    CHECK_OK(um_buffer_create(ctx, 4 * MB, NULL, &dead));
+    CHECK_OK(um_buffer_write(dead, 0, h, 4 * MB));
+    CHECK_OK(um_malloc(ctx, 0, 2 * MB, NULL, &blocks[0]));
+    CHECK_OK(um_buffer_prefetch(dead, 1));
+    CHECK_OK(um_buffer_destroy(dead)); /* its copy to device 1 still runs */
+    um_status st = um_malloc(ctx, 1, 4 * MB, NULL, &block);
+    if (st != UM_OK)
+        printf("test_reclaim: a stuck victim and held memory: %s\n", um_last_error());
+    CHECK_OK(st);
+    um_reclaim_stats s;
+    CHECK_OK(um_reclaim_stats_get(ctx, 1, &s));
+    CHECK_EQ(s.evictions, 0);
+    CHECK_EQ(s.failed, 0);
+    CHECK_EQ(um_buffer_replica_state(stuck, 1), UM_REPLICA_OWNER);
+    if (block)
+        CHECK_OK(um_free(ctx, block, NULL));
+    CHECK_OK(um_free(ctx, blocks[0], NULL));
+    CHECK_OK(um_free(ctx, blocks[1], NULL));
+    CHECK_OK(um_buffer_read(stuck, 0, h, 2 * MB));
+    CHECK(same_pattern(h, 2 * MB, 710));
+    free(h);
+    CHECK_OK(um_buffer_destroy(stuck));
+    um_shutdown(ctx);
+}
+
 /* ----------------------------------------------------- pins and hints */
 
 /* Four 1 MiB buffers fill a 4 MiB device (two pages of 2 MiB); a fifth
@@ -1668,6 +1721,7 @@ int main(void)
     test_cannot_fit();
     test_malloc_evicts();
     test_malloc_collects_held();
+    test_stuck_victim_waits_for_held();
     test_hints();
     test_watermarks();
     test_watermark_pairs();

@@ -374,8 +374,10 @@ static bool reclaim_hook(um_context *ctx, int dev, size_t bytes, bool made)
      * whose last users are still running is held here: wait for the
      * oldest of it, unless the allocation is optional. Without this an
      * allocation failed while a destroyed buffer's copy out was still on
-     * the link, "nothing left to evict" with nothing live. */
-    if (!freed && !failed.why[0] && !optional_allocation)
+     * the link, "nothing left to evict" with nothing live. Candidates
+     * whose eviction failed (a write-back with nowhere to go) do not
+     * change that: it failed the same way with such a one there. */
+    if (!freed && !optional_allocation)
         freed = um__xfer_wait_held(x, dev);
     free(failed.b);
     in_reclaim = false;
