@@ -419,6 +419,59 @@ static void test_malloc_collects_held(void)
     um_shutdown(ctx);
 }
 
+/* The same held memory when the only candidate cannot go (its write-back
+ * has nowhere to go: the host and device 2 are full, no file tier): the
+ * allocation waits for the held memory rather than fail (it failed with
+ * "evicting failed" while the copy holding the room was still on the
+ * link). (Over a modelled link of 10 MB/s the 4 MiB copy takes about
+ * 420 ms.) */
+static void test_stuck_victim_waits_for_held(void)
+{
+    um_context *ctx = open_ctx(8 * MB, ",watermark_high=100,sim_link_bandwidth=10M");
+    if (!ctx)
+        return;
+    if (um_device_count(ctx) < 3) {
+        um_shutdown(ctx);
+        return;
+    }
+    um_buffer *stuck = NULL, *dead = NULL;
+    void *p = NULL, *blocks[2] = {NULL, NULL}, *block = NULL;
+    CHECK_OK(um_set_memory_limit(ctx, 2, 2 * MB));
+    CHECK_OK(um_malloc(ctx, 2, 2 * MB, NULL, &blocks[1]));
+    CHECK_OK(um_set_memory_limit(ctx, 0, 6 * MB));
+    CHECK_OK(um_buffer_create(ctx, 2 * MB, NULL, &stuck));
+    CHECK_OK(um_buffer_acquire(stuck, 1, UM_ACCESS_WRITE_DISCARD, NULL, &p));
+    void *v = harness_dev_map(ctx, 1, p, 2 * MB);
+    if (v)
+        harness_pattern_fill(v, 2 * MB, 710);
+    harness_dev_unmap(ctx, 1, p, v, 2 * MB, true);
+    CHECK_OK(um_buffer_release(stuck, 1, NULL));
+    unsigned char *h = calloc(1, 4 * MB);
+    CHECK_OK(um_buffer_create(ctx, 4 * MB, NULL, &dead));
+    CHECK_OK(um_buffer_write(dead, 0, h, 4 * MB));
+    CHECK_OK(um_malloc(ctx, 0, 2 * MB, NULL, &blocks[0]));
+    CHECK_OK(um_buffer_prefetch(dead, 1));
+    CHECK_OK(um_buffer_destroy(dead)); /* its copy to device 1 still runs */
+    um_status st = um_malloc(ctx, 1, 4 * MB, NULL, &block);
+    if (st != UM_OK)
+        printf("test_reclaim: a stuck victim and held memory: %s\n", um_last_error());
+    CHECK_OK(st);
+    um_reclaim_stats s;
+    CHECK_OK(um_reclaim_stats_get(ctx, 1, &s));
+    CHECK_EQ(s.evictions, 0);
+    CHECK_EQ(s.failed, 0);
+    CHECK_EQ(um_buffer_replica_state(stuck, 1), UM_REPLICA_OWNER);
+    if (block)
+        CHECK_OK(um_free(ctx, block, NULL));
+    CHECK_OK(um_free(ctx, blocks[0], NULL));
+    CHECK_OK(um_free(ctx, blocks[1], NULL));
+    CHECK_OK(um_buffer_read(stuck, 0, h, 2 * MB));
+    CHECK(same_pattern(h, 2 * MB, 710));
+    free(h);
+    CHECK_OK(um_buffer_destroy(stuck));
+    um_shutdown(ctx);
+}
+
 /* ----------------------------------------------------- pins and hints */
 
 /* Four 1 MiB buffers fill a 4 MiB device (two pages of 2 MiB); a fifth
@@ -959,6 +1012,74 @@ static void test_failed_write_back(void)
     um_shutdown(ctx);
 }
 
+/* A write-back that fails gives back the memory it took on its target:
+ * the host has room for one of device 1's two only copies, and the first
+ * write-back's copy fails once. The second candidate then goes where the
+ * first could not (the first's memory on the host, kept as an invalid
+ * replica, left the second no room: the allocation failed). */
+static void test_failed_write_back_frees_target(void)
+{
+    um_context *ctx = open_ctx(4 * MB, ",watermark_high=100");
+    if (!ctx)
+        return;
+    if (um_device_count(ctx) < 3) {
+        um_shutdown(ctx);
+        return;
+    }
+    void *blocks[2], *p;
+    CHECK_OK(um_set_memory_limit(ctx, 2, 2 * MB));
+    CHECK_OK(um_malloc(ctx, 2, 2 * MB, NULL, &blocks[1]));
+    CHECK_OK(um_set_memory_limit(ctx, 0, 4 * MB));
+    CHECK_OK(um_malloc(ctx, 0, 2 * MB, NULL, &blocks[0]));
+    um_buffer *b[2];
+    for (int i = 0; i < 2; i++) {
+        CHECK_OK(um_buffer_create(ctx, 2 * MB, NULL, &b[i]));
+        CHECK_OK(um_buffer_acquire(b[i], 1, UM_ACCESS_WRITE_DISCARD, NULL, &p));
+        void *v = harness_dev_map(ctx, 1, p, 2 * MB);
+        if (v)
+            harness_pattern_fill(v, 2 * MB, 130 + (uint64_t)i);
+        harness_dev_unmap(ctx, 1, p, v, 2 * MB, true);
+        CHECK_OK(um_buffer_release(b[i], 1, NULL));
+    }
+    /* The next copy of every backend fails (whichever runs the first
+     * write-back); the second write-back's copy then works. */
+    um__backend *real[8];
+    flaky f[8];
+    int n = fail_every_copy(ctx, real, f);
+    for (int d = 0; d < n; d++) {
+        f[d].copies_fail = false;
+        f[d].copy_countdown = 1;
+    }
+    void *block = NULL;
+    um_status st = um_malloc(ctx, 1, 2 * MB, NULL, &block);
+    if (st != UM_OK)
+        printf("test_reclaim: after a failed write-back: %s\n", um_last_error());
+    CHECK_OK(st);
+    restore_copies(ctx, real, n);
+    um_reclaim_stats s;
+    CHECK_OK(um_reclaim_stats_get(ctx, 1, &s));
+    CHECK_EQ(s.evictions, 1);
+    CHECK_EQ(s.written_back, 1);
+    /* One is on the host now, the other still on device 1 only; both
+     * whole. */
+    int home = um_buffer_replica_state(b[0], 0) != UM_REPLICA_INVALID ? 0 : 1;
+    CHECK(um_buffer_replica_state(b[home], 0) != UM_REPLICA_INVALID);
+    CHECK_EQ(um_buffer_replica_state(b[home], 1), UM_REPLICA_INVALID);
+    CHECK_EQ(um_buffer_replica_state(b[1 - home], 1), UM_REPLICA_OWNER);
+    if (block)
+        CHECK_OK(um_free(ctx, block, NULL));
+    CHECK_OK(um_free(ctx, blocks[0], NULL));
+    CHECK_OK(um_free(ctx, blocks[1], NULL));
+    unsigned char *h = malloc(2 * MB);
+    for (int i = 0; i < 2; i++) {
+        CHECK_OK(um_buffer_read(b[i], 0, h, 2 * MB));
+        CHECK(same_pattern(h, 2 * MB, 130 + (uint64_t)i));
+        CHECK_OK(um_buffer_destroy(b[i]));
+    }
+    free(h);
+    um_shutdown(ctx);
+}
+
 /* ------------------------------------------------ a victim that cannot go */
 
 /* Device 1 holds the only valid copy of *a, first in the policy's order
@@ -1130,6 +1251,63 @@ static void test_alloc_waits_once(void)
     } else {
         harness_report(__FILE__, __LINE__, "no \"alloc waits for room\" span in the trace");
     }
+    remove(trace);
+}
+
+typedef struct late_room {
+    um_context *ctx;
+    void *block;
+    um_status st;
+} late_room;
+
+static void *alloc_at_limit(void *arg)
+{
+    late_room *l = arg;
+    l->st = um_malloc(l->ctx, 1, 2 * MB, NULL, &l->block);
+    return NULL;
+}
+
+/* An allocation whose reclaim found nothing it could evict, but whose
+ * last try found room another thread had freed meanwhile, did not fail:
+ * it is not counted as failed (it was, with made_room 0 in its wait's
+ * trace event), though its wait is. */
+static void test_alloc_made_late_not_failed(void)
+{
+    char trace[] = "/tmp/unimem_test_reclaim_XXXXXX", extra[128];
+    trace_option(trace, ",watermark_high=100", extra, sizeof extra);
+    um_context *ctx = open_ctx(4 * MB, extra);
+    if (!ctx)
+        return;
+    um_buffer *b;
+    void *p, *block = NULL;
+    CHECK_OK(um_buffer_create(ctx, 2 * MB, NULL, &b));
+    CHECK_OK(um_buffer_acquire(b, 1, UM_ACCESS_WRITE_DISCARD, NULL, &p));
+    CHECK_OK(um_buffer_release(b, 1, NULL));
+    CHECK_OK(um_malloc(ctx, 1, 2 * MB, NULL, &block));
+    /* b is the only candidate, held by a "call in progress" for longer
+     * than an allocation waits for it; the program's own block goes back
+     * meanwhile. */
+    pthread_mutex_lock(&b->lock);
+    late_room l = {ctx, NULL, UM_ERR_INVALID};
+    pthread_t t;
+    CHECK_EQ(pthread_create(&t, NULL, alloc_at_limit, &l), 0);
+    usleep(100000);
+    CHECK_OK(um_free(ctx, block, NULL));
+    pthread_join(t, NULL);
+    pthread_mutex_unlock(&b->lock);
+    CHECK_OK(l.st);
+    um_reclaim_stats s;
+    CHECK_OK(um_reclaim_stats_get(ctx, 1, &s));
+    CHECK_EQ(s.evictions, 0);
+    CHECK_EQ(s.sync_reclaims, 1);
+    CHECK_EQ(s.failed, 0);
+    if (l.block)
+        CHECK_OK(um_free(ctx, l.block, NULL));
+    CHECK_OK(um_buffer_destroy(b));
+    um_shutdown(ctx);
+    const char *text = read_trace(trace);
+    if (text)
+        CHECK(strstr(text, "\"bytes\":2097152,\"made_room\":1") != NULL);
     remove(trace);
 }
 
@@ -1543,6 +1721,7 @@ int main(void)
     test_cannot_fit();
     test_malloc_evicts();
     test_malloc_collects_held();
+    test_stuck_victim_waits_for_held();
     test_hints();
     test_watermarks();
     test_watermark_pairs();
@@ -1552,8 +1731,10 @@ int main(void)
     test_write_back_not_refetch();
     test_pinned_stale_replica_freed();
     test_failed_write_back();
+    test_failed_write_back_frees_target();
     test_stuck_victim();
     test_alloc_waits_once();
+    test_alloc_made_late_not_failed();
     for (int factor = 2; factor <= 8; factor *= 2)
         test_oversubscribe(seed, factor, NULL);
     char dir[] = "/tmp/unimem-spill-test-XXXXXX";

@@ -890,7 +890,7 @@ um_status um__buffer_evict(um_buffer *b, int dev, size_t *bytes_written, bool *s
             }
             /* A write-back is no re-fetch, even into a replica reclaim
              * dropped before: it is counted as written back only. */
-            bool was_evicted = b->rep[t].evicted;
+            bool was_evicted = b->rep[t].evicted, had_memory = b->rep[t].ptr != NULL;
             b->rep[t].evicted = false;
             um_status st = fill(b, t);
             if (st == UM_OK) {
@@ -898,6 +898,12 @@ um_status um__buffer_evict(um_buffer *b, int dev, size_t *bytes_written, bool *s
                 *bytes_written = b->size;
             } else {
                 b->rep[t].evicted = was_evicted;
+                /* Memory taken for this write-back goes back at once: kept
+                 * as an invalid replica, it left the next candidate's
+                 * write-back no room on the same target (reclaim never
+                 * makes room on a target), and the allocation failed. */
+                if (!had_memory)
+                    free_replica(b, t);
                 skip[t] = true;
                 /* A target found full after all is what "nowhere to go"
                  * says already. */

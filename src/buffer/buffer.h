@@ -193,9 +193,10 @@ struct um__reclaim *um__xfer_reclaim(um__xfer *x);
  * the host or another device with room, whichever is cheaper, and when
  * none has room (always, for the host's own replica) to the spill file.
  * The memory is back in dev's pool on return. UM_ERR_BUSY if it may not be
- * evicted; on a failed write-back the replica stays as it was.
- * *bytes_written: bytes written back (0 if none); *spilled: whether they
- * went to the spill file. */
+ * evicted; on a failed write-back the replica stays as it was, and the
+ * memory taken for it on a target goes back. *bytes_written: bytes
+ * written back (0 if none); *spilled: whether they went to the spill
+ * file. */
 um_status um__buffer_evict(um_buffer *b, int dev, size_t *bytes_written, bool *spilled);
 /* Whether b's replica on dev may be evicted now (b locked): it has memory,
  * is not acquired, b is not pinned (unless the replica is out of date), and

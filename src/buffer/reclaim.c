@@ -307,30 +307,37 @@ typedef struct alloc_wait {
 
 static _Thread_local alloc_wait making_room;
 
-static void allocation_over(um__reclaim *rc, int dev)
+/* `made`: whether the allocation got its memory. It failed for lack of
+ * room only when the last call found none to make: the try after such a
+ * call may still succeed (another thread freed memory meanwhile), and
+ * counting the call then made a successful allocation a failed one. */
+static void allocation_over(um__reclaim *rc, int dev, bool made)
 {
     if (making_room.rc != rc || making_room.dev != dev)
         return;
     device_counters *c = &rc->dev[dev];
     uint64_t waited = um__now_ns() - making_room.t0;
+    bool room = made || making_room.freed;
     atomic_fetch_add(&c->sync, 1);
     atomic_fetch_add(&c->wait_ns, waited);
+    if (!room)
+        atomic_fetch_add(&c->failed, 1);
     if (rc->ctx->events)
         um__event_add(rc->ctx->events, UM_EVENT_RECLAIM_WAIT, dev, -1, making_room.t0, waited,
-                      making_room.bytes, making_room.freed);
+                      making_room.bytes, room);
     making_room.rc = NULL;
 }
 
 /* The context's reclaim hook: one eviction on dev for a failed allocation
- * of `bytes`; 0 bytes: that allocation is over. */
-static bool reclaim_hook(um_context *ctx, int dev, size_t bytes)
+ * of `bytes`; 0 bytes: that allocation is over, made or not (`made`). */
+static bool reclaim_hook(um_context *ctx, int dev, size_t bytes, bool made)
 {
     um__xfer *x = atomic_load_explicit(&ctx->xfer, memory_order_acquire);
     um__reclaim *rc = x ? um__xfer_reclaim(x) : NULL;
     if (!rc || in_reclaim)
         return false;
     if (!bytes) {
-        allocation_over(rc, dev);
+        allocation_over(rc, dev, made);
         return false;
     }
     uint64_t t0 = um__now_ns();
@@ -367,20 +374,19 @@ static bool reclaim_hook(um_context *ctx, int dev, size_t bytes)
      * whose last users are still running is held here: wait for the
      * oldest of it, unless the allocation is optional. Without this an
      * allocation failed while a destroyed buffer's copy out was still on
-     * the link, "nothing left to evict" with nothing live. */
-    if (!freed && !failed.why[0] && !optional_allocation)
+     * the link, "nothing left to evict" with nothing live. Candidates
+     * whose eviction failed (a write-back with nowhere to go) do not
+     * change that: it failed the same way with such a one there. */
+    if (!freed && !optional_allocation)
         freed = um__xfer_wait_held(x, dev);
     free(failed.b);
     in_reclaim = false;
     making_room.freed = freed;
-    device_counters *c = &rc->dev[dev];
     uint64_t waited = um__now_ns() - t0;
     if (!freed && failed.why[0]) {
-        atomic_fetch_add(&c->failed, 1);
         um__fail(UM_ERR_NOMEM, "device %d: no room for %zu bytes: evicting failed: %s", dev, bytes,
                  failed.why);
     } else if (!freed) {
-        atomic_fetch_add(&c->failed, 1);
         char held[32], homeless_held[32];
         char busy[96] = "", homeless[160] = "";
         if (scan.busy)

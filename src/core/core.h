@@ -68,10 +68,13 @@ struct um_context {
     void (*buffers_fini)(um_context *ctx);
     /* Makes room on dev for an allocation of `bytes` that failed for lack
      * of memory (evicting buffer replicas); true when it freed something,
-     * so the allocation is worth retrying. Called once more with 0 bytes
-     * when that allocation is over (made or failed), so that it counts as
-     * one wait however many evictions it took. Set with the buffer layer. */
-    bool (*_Atomic reclaim)(um_context *ctx, int dev, size_t bytes);
+     * so the allocation is worth retrying (`made` is false). Called once
+     * more with 0 bytes when that allocation is over, `made` saying
+     * whether it was made, so that it counts as one wait however many
+     * evictions it took, and as failed only if it failed (the try after
+     * a call that found nothing to evict may still find room another
+     * thread freed). Set with the buffer layer. */
+    bool (*_Atomic reclaim)(um_context *ctx, int dev, size_t bytes, bool made);
     /* Frees the memory of destroyed buffers whose last users have finished
      * (the buffer layer holds it until then); um_trim calls it first, so
      * that what it gives back includes them. Set with the buffer layer. */

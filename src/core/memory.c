@@ -25,12 +25,13 @@ static const char *dev_name(um_context *ctx, int dev)
 /* At the memory limit: room is made (buffer replicas evicted, one per call
  * of the hook) and the allocation retried, for as long as making room
  * frees something. A last call for 0 bytes tells the hook the allocation
- * is over, so that it counts it once, with its whole wait. */
+ * is over and whether it was made, so that it counts it once, with its
+ * whole wait, and as failed only if it failed. */
 static um_status alloc_after_reclaim(um_context *ctx, int dev, size_t size,
                                      const um__stream_ref *ref, void **ptr)
 {
     um__allocator *a = ctx->devices[dev].alloc;
-    bool (*reclaim)(um_context *, int, size_t) =
+    bool (*reclaim)(um_context *, int, size_t, bool) =
         atomic_load_explicit(&ctx->reclaim, memory_order_acquire);
     /* A request larger than the limit itself cannot fit however much is
      * evicted: nothing is dropped for it (found by fuzzing: four buffers
@@ -44,7 +45,7 @@ static um_status alloc_after_reclaim(um_context *ctx, int dev, size_t size,
     char pool_says[512], reclaim_says[512] = "";
     um_status st = UM_ERR_NOMEM;
     for (;;) {
-        bool made_room = reclaim(ctx, dev, size);
+        bool made_room = reclaim(ctx, dev, size, false);
         if (!made_room)
             snprintf(reclaim_says, sizeof reclaim_says, "%s", um_last_error());
         /* Tried again even when the hook found nothing to evict: another
@@ -57,14 +58,14 @@ static um_status alloc_after_reclaim(um_context *ctx, int dev, size_t size,
         atomic_fetch_add_explicit(&ctx->devices[dev].ooms_retried, 1, memory_order_release);
         st = a->ops->alloc(a, size, ref, ptr);
         if (st != UM_ERR_NOMEM) {
-            (void)reclaim(ctx, dev, 0);
+            (void)reclaim(ctx, dev, 0, st == UM_OK);
             return st;
         }
         snprintf(pool_says, sizeof pool_says, "%s", um_last_error());
         if (!made_room)
             break;
     }
-    (void)reclaim(ctx, dev, 0);
+    (void)reclaim(ctx, dev, 0, false);
     const char *pool = strchr(pool_says, ':'), *why = strchr(reclaim_says, ':');
     return um__fail(UM_ERR_NOMEM, "%s;%s", pool ? pool + 2 : pool_says, why ? why + 1 : "");
 }
