@@ -108,14 +108,24 @@ static void oversub_usage(FILE *f)
  * fewest misses of any policy. With the announcement window it is what a
  * policy that knows only the announced accesses can do on accesses with
  * no pattern (uniform random: every item not announced is as likely to
- * come next), so it bounds the random workload's policies from below. */
+ * come next), so on average no policy of the random workload does better;
+ * on one sequence a policy may, by a lucky guess. UINT64_MAX when there is
+ * no memory for the working arrays. */
 static uint64_t window_misses(const int *seq, size_t n, int nitems, int slots, size_t window)
 {
-    size_t *next = malloc(n * sizeof *next);
+    size_t *next = malloc((n ? n : 1) * sizeof *next);
     size_t *last = malloc((size_t)nitems * sizeof *last);
     bool *in = calloc((size_t)nitems, sizeof *in);
     size_t *next_of = malloc((size_t)nitems * sizeof *next_of);
     size_t *used_at = malloc((size_t)nitems * sizeof *used_at);
+    if (!next || !last || !in || !next_of || !used_at) {
+        free(next);
+        free(last);
+        free(in);
+        free(next_of);
+        free(used_at);
+        return UINT64_MAX;
+    }
     for (int i = 0; i < nitems; i++)
         last[i] = SIZE_MAX;
     for (size_t t = n; t-- > 0;) {
@@ -433,12 +443,20 @@ static int bench_one(const oversub_opts *o, const char *workload, double factor,
     }
     /* The result keeps one slot; its read-back is the bytes down. */
     uint64_t misses = min_misses(seq, len, n, stream ? slots - 1 : slots);
+    uint64_t window = stream ? 0 : window_misses(seq, len, n, slots, LOOKAHEAD);
+    if (misses == UINT64_MAX || window == UINT64_MAX) {
+        tool_progress_clear();
+        fprintf(stderr, "unimem " OVERSUB_CMD ": no memory to compute MIN for %zu accesses\n",
+                len);
+        close_run(&r);
+        free(seq);
+        return 1;
+    }
     uint64_t up = link_bytes(r.ctx, 0, 1) - up0, down = link_bytes(r.ctx, 1, 0) - down0;
     result x = {workload, policy, factor, up + down, 0, (double)(t1 - t0) / 1e9, 0, h2d, d2h, 0};
     uint64_t min_up = misses * size, min_down = stream ? (uint64_t)passes * size : 0;
     x.min_bytes = min_up + min_down;
-    if (!stream)
-        x.window_min_bytes = window_misses(seq, len, n, slots, LOOKAHEAD) * size;
+    x.window_min_bytes = window * size;
     double t_up = (double)min_up / (h2d * 1e9), t_down = (double)min_down / (d2h * 1e9);
     x.bound_seconds = t_up > t_down ? t_up : t_down;
     tool_progress_clear();
@@ -705,9 +723,17 @@ static int bench_all(const oversub_opts *o, double factor, const char *policy, b
     }
     tool_progress_clear();
     progress.done++;
+    uint64_t misses = 0;
     if (!rc) {
         /* The result keeps one slot; its read-back is the bytes down. */
-        uint64_t misses = min_misses(seq, len, n, slots - 1);
+        misses = min_misses(seq, len, n, slots - 1);
+        if (misses == UINT64_MAX) {
+            fprintf(stderr, "unimem " OVERSUB_CMD ": no memory to compute MIN for %zu accesses\n",
+                    len);
+            rc = 1;
+        }
+    }
+    if (!rc) {
         uint64_t min_up = misses * size, min_down = (uint64_t)passes * size;
         share_result *all = &x[0];
         for (int d = 1; d <= nd; d++) {
