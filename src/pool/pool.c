@@ -1624,11 +1624,22 @@ static uintptr_t fewest_pages_spot(um__pool *p, um__block *b, uintptr_t at, size
     return at;
 }
 
-/* Whether need new pages fit: idle holes move onto them, and the rest are
- * created while under the limit. */
-static bool pages_fit(um__pool *p, size_t need)
+/* Whether the need unmapped pages of [at, at+size) fit: holes outside
+ * the range move onto them, and the rest are created while under the
+ * limit. The range's own holes cannot move into it (map_and_pin takes
+ * holes outside only): counted, at the limit a block whose only holes lay
+ * under its chosen spot was picked over one that others' holes could fill,
+ * and the allocation failed with room for it (test_pool's
+ * test_fit_needs_holes_outside). */
+static bool pages_fit(um__pool *p, uintptr_t at, size_t size, size_t need)
 {
-    return need <= p->holes || p->reserved + (need - p->holes) * p->page <= p->base.memory_limit;
+    size_t first = page_of(p, at), last = page_of(p, at + size - 1), holes = p->holes;
+    /* Past the range's page count, holes outside it are certain. */
+    if (need && holes < last - first + 1) {
+        for (size_t pg = first; pg <= last; pg++)
+            holes -= p->pages[pg].phys && !p->pages[pg].pin;
+    }
+    return need <= holes || p->reserved + (need - holes) * p->page <= p->base.memory_limit;
 }
 
 /* The last resort before UM_ERR_NOMEM: of every ready block, the one whose
@@ -1650,7 +1661,7 @@ static um__block *any_fit(um__pool *p, size_t size, size_t align, uint32_t sid, 
             continue;
         size_t need;
         at = fewest_pages_spot(p, b, at, size, align, sid, &need);
-        if (need < best_need && pages_fit(p, need)) {
+        if (need < best_need && pages_fit(p, at, size, need)) {
             best = b;
             best_need = need;
             *spot = at;
@@ -1730,7 +1741,7 @@ static um_status take_range(um__pool *p, size_t size, size_t align, uint32_t sid
         if (need && attempt == 1 && !recycling(p) &&
             p->reserved + need * p->page <= p->base.memory_limit)
             continue;
-        if (!pages_fit(p, need))
+        if (!pages_fit(p, at, size, need))
             continue;
         last = take_ready(p, b, at, size, attempt >= 2, out);
         if (last == UM_OK)
