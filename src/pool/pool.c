@@ -129,12 +129,13 @@ static void block_put(um__pool *p, um__block *b)
 }
 
 /* A thread publishes its live-bytes delta to the pool past this size (plus
- * the size of the block its bounce cache cycles, see account_slack), and
+ * the size of the large block it allocated last, see account_slack), and
  * at once when it goes below zero (a thread freeing what others made),
  * keeping half of this size private in both cases. The
  * peak is taken from the pool's published bytes plus the calling thread's
  * own delta, which is exact while one thread uses a device; with several,
- * it can miss at most this much per other thread, and never exceeds the
+ * it can miss that much per other thread (two threads each holding a
+ * 64 MiB block made a peak of 64 MiB), and never exceeds the
  * true peak: other threads' unpublished deltas are never negative (when
  * they could be, the estimate overshot, and the peak of live bytes came
  * out above the peak of reserved memory). */
