@@ -1651,6 +1651,94 @@ static void test_largest_free_without_medium_slabs(void)
     a->ops->destroy(a);
 }
 
+/* The largest free size counts the blocks any placement releases first:
+ * a block freed into the calling thread's bounce cache, and deferred
+ * frees. It counted ready memory alone: a pool whose one 4 MiB block was
+ * freed said 0 bytes free and a fragmentation of 1, and a deferred 64 KiB
+ * block at the start of a free page left 2 MiB - 64 KiB, though 2 MiB
+ * requests were then served with no new page. */
+static void test_largest_free_counts_cached_blocks(void)
+{
+    um__pool_config c = {.dev = 1, .thread_cache = 1, .va_factor = 4};
+    um__allocator *a = make_pool_with(256 * MiB, &c);
+    um__pool *p = (um__pool *)a;
+    void *x = xalloc(a, 4 * MiB, 0);
+    xfree(a, x, 0);
+    if (p->bounce) {
+        CHECK(atomic_load(&p->tcaches->held) != NULL);
+        um_stats st = stats(a);
+        CHECK_EQ(st.reserved_bytes, 4 * MiB);
+        CHECK_EQ(st.largest_free_bytes, 4 * MiB);
+        CHECK(st.fragmentation == 0.0);
+        CHECK_OK(a->ops->check(a));
+        void *y = xalloc(a, 3 * MiB, 0); /* no new page for it */
+        CHECK_EQ(stats(a).reserved_bytes, 4 * MiB);
+        xfree(a, y, 0);
+    }
+    a->ops->destroy(a);
+
+    um__pool_config d = {.dev = 1, .thread_cache = 0, .va_factor = 4, .no_plan = 1,
+                         .no_medium = 1};
+    a = make_pool_with(256 * MiB, &d);
+    p = (um__pool *)a;
+    void *filler = xalloc(a, 130 * MiB, 0); /* 65 pages: the next block starts a page */
+    x = xalloc(a, 64 * 1024, 0);
+    xfree(a, x, 0);
+    CHECK_EQ(p->deferred.count, 1);
+    um_stats st = stats(a);
+    CHECK_EQ(st.cached_bytes, 2 * MiB);
+    CHECK_EQ(st.largest_free_bytes, 2 * MiB);
+    CHECK(st.fragmentation == 0.0);
+    CHECK_OK(a->ops->check(a));
+    void *y = xalloc(a, 2 * MiB, 0);
+    CHECK(y == x);
+    CHECK_EQ(stats(a).reserved_bytes, st.reserved_bytes);
+    xfree(a, y, 0);
+    xfree(a, filler, 0);
+    CHECK_OK(a->ops->check(a));
+    a->ops->destroy(a);
+}
+
+/* At the limit, a free range whose only holes lie under its best spot
+ * cannot fill that spot's unmapped page with them: the allocation goes
+ * where the holes can move instead. Range x below is page 0's second half
+ * (a page a0 shares), page 1 unmapped, pages 2-3 holes and half of page 4
+ * (c shares it); above c, page 5 has 0.5 MiB free. 5.5 MiB at x needs page
+ * 1, and only x's own holes are idle; above c it needs two pages, which
+ * x's holes cover. The pool chose x, whose one missing page seemed to fit
+ * the two holes, and failed with 5.5 MiB free under the limit. */
+static void test_fit_needs_holes_outside(void)
+{
+    um__pool_config c = {.dev = 1, .thread_cache = 0, .va_factor = 4, .no_plan = 1,
+                         .no_medium = 1, .no_defer = 1};
+    um__allocator *a = make_pool_with(256 * MiB, &c);
+    char *a0 = xalloc(a, MiB, 0);
+    char *b1 = xalloc(a, 3 * MiB, 0);
+    char *b2 = xalloc(a, 5 * MiB, 0);
+    char *cc = xalloc(a, 3 * MiB / 2, 0);
+    CHECK(b1 == a0 + MiB && b2 == a0 + 4 * MiB && cc == a0 + 9 * MiB);
+    xfree(a, b1, 0);
+    CHECK_OK(a->ops->trim(a)); /* page 1 goes back */
+    xfree(a, b2, 0);           /* pages 2 and 3 are holes */
+    um_stats st = stats(a);
+    CHECK_EQ(st.reserved_bytes, 10 * MiB);
+    CHECK_EQ(st.largest_free_bytes, 11 * MiB / 2);
+    CHECK_OK(a->ops->set_memory_limit(a, 10 * MiB));
+    um__stream_ref ref = {0, NULL, NULL};
+    void *y = NULL;
+    CHECK_STATUS(a->ops->alloc(a, 11 * MiB / 2, &ref, &y), UM_OK);
+    CHECK(y == cc + 3 * MiB / 2);
+    CHECK_EQ(stats(a).reserved_bytes, 10 * MiB);
+    CHECK_EQ(stats(a).num_ooms, 0);
+    CHECK_OK(a->ops->check(a));
+    if (y)
+        xfree(a, y, 0);
+    xfree(a, a0, 0);
+    xfree(a, cc, 0);
+    CHECK_OK(a->ops->check(a));
+    a->ops->destroy(a);
+}
+
 int main(void)
 {
     uint64_t seed = harness_seed("test_pool");
@@ -1673,6 +1761,7 @@ int main(void)
     test_large_pages();
     test_medium_slabs();
     test_largest_free_without_medium_slabs();
+    test_largest_free_counts_cached_blocks();
     test_small_without_slab_room();
     test_deferred_frees();
     test_bounce_keeps_planner_bytes();
@@ -1691,6 +1780,7 @@ int main(void)
     test_limits();
     test_limit_in_pages();
     test_fit_beyond_best();
+    test_fit_needs_holes_outside();
     test_largest_free_is_contiguous();
     test_bad_pointers();
     test_small_pages();

@@ -129,12 +129,13 @@ static void block_put(um__pool *p, um__block *b)
 }
 
 /* A thread publishes its live-bytes delta to the pool past this size (plus
- * the size of the block its bounce cache cycles, see account_slack), and
+ * the size of the large block it allocated last, see account_slack), and
  * at once when it goes below zero (a thread freeing what others made),
  * keeping half of this size private in both cases. The
  * peak is taken from the pool's published bytes plus the calling thread's
  * own delta, which is exact while one thread uses a device; with several,
- * it can miss at most this much per other thread, and never exceeds the
+ * it can miss that much per other thread (two threads each holding a
+ * 64 MiB block made a peak of 64 MiB), and never exceeds the
  * true peak: other threads' unpublished deltas are never negative (when
  * they could be, the estimate overshot, and the peak of live bytes came
  * out above the peak of reserved memory). */
@@ -1624,11 +1625,22 @@ static uintptr_t fewest_pages_spot(um__pool *p, um__block *b, uintptr_t at, size
     return at;
 }
 
-/* Whether need new pages fit: idle holes move onto them, and the rest are
- * created while under the limit. */
-static bool pages_fit(um__pool *p, size_t need)
+/* Whether the need unmapped pages of [at, at+size) fit: holes outside
+ * the range move onto them, and the rest are created while under the
+ * limit. The range's own holes cannot move into it (map_and_pin takes
+ * holes outside only): counted, at the limit a block whose only holes lay
+ * under its chosen spot was picked over one that others' holes could fill,
+ * and the allocation failed with room for it (test_pool's
+ * test_fit_needs_holes_outside). */
+static bool pages_fit(um__pool *p, uintptr_t at, size_t size, size_t need)
 {
-    return need <= p->holes || p->reserved + (need - p->holes) * p->page <= p->base.memory_limit;
+    size_t first = page_of(p, at), last = page_of(p, at + size - 1), holes = p->holes;
+    /* Past the range's page count, holes outside it are certain. */
+    if (need && holes < last - first + 1) {
+        for (size_t pg = first; pg <= last; pg++)
+            holes -= p->pages[pg].phys && !p->pages[pg].pin;
+    }
+    return need <= holes || p->reserved + (need - holes) * p->page <= p->base.memory_limit;
 }
 
 /* The last resort before UM_ERR_NOMEM: of every ready block, the one whose
@@ -1650,7 +1662,7 @@ static um__block *any_fit(um__pool *p, size_t size, size_t align, uint32_t sid, 
             continue;
         size_t need;
         at = fewest_pages_spot(p, b, at, size, align, sid, &need);
-        if (need < best_need && pages_fit(p, need)) {
+        if (need < best_need && pages_fit(p, at, size, need)) {
             best = b;
             best_need = need;
             *spot = at;
@@ -1730,7 +1742,7 @@ static um_status take_range(um__pool *p, size_t size, size_t align, uint32_t sid
         if (need && attempt == 1 && !recycling(p) &&
             p->reserved + need * p->page <= p->base.memory_limit)
             continue;
-        if (!pages_fit(p, need))
+        if (!pages_fit(p, at, size, need))
             continue;
         last = take_ready(p, b, at, size, attempt >= 2, out);
         if (last == UM_OK)
@@ -3137,22 +3149,32 @@ static size_t page_extent(um__pool *p, size_t pg, uintptr_t lo, uintptr_t hi)
     return (hi < pe ? hi : pe) - (lo > ps ? lo : ps);
 }
 
-/* The largest request ready block b can serve without new backend memory:
- * the longest run of its pages whose unmapped ones the idle holes outside
- * it can cover. Counting all its mapped bytes instead (as before) called a
+/* Whether page pg of the free range [lo, hi) (pages first..last) lies
+ * wholly inside it. Mapped, such a page is a hole once the range is ready
+ * memory; the range's partial end pages hold bytes of used neighbours. */
+static inline bool page_inside(um__pool *p, size_t pg, size_t first, size_t last, uintptr_t lo,
+                               uintptr_t hi)
+{
+    return (pg != first || lo == page_addr(p, pg)) &&
+           (pg != last || hi == page_addr(p, pg) + p->page);
+}
+
+/* The largest request the free range [lo, hi) can serve without new
+ * backend memory, with `holes` idle pages in the pool once it is free:
+ * the longest run of its pages whose unmapped ones the holes outside it
+ * can cover. Counting all its mapped bytes instead (as before) called a
  * block with an unmapped page between two mapped ones at the limit usable
  * for a request it could not hold, and the UM_ERR_NOMEM that followed
  * did not say the memory was fragmented (test_stress, 2026-12-03). This is
- * the definition, a walk over every page of b; pool_check holds
+ * the definition, a walk over every page of the range; pool_check holds
  * ready_block_usable to it. */
-static size_t ready_block_usable_walk(um__pool *p, const um__block *b)
+static size_t ready_block_usable_walk(um__pool *p, uintptr_t lo, uintptr_t hi, size_t holes)
 {
-    uintptr_t lo = b->fi.addr, hi = b->fi.addr + b->fi.size;
     size_t first = page_of(p, lo), last = page_of(p, hi - 1);
     size_t holes_in = 0;
     for (size_t pg = first; pg <= last; pg++)
-        holes_in += p->pages[pg].phys && p->pages[pg].pin == 0;
-    size_t spare = p->holes > holes_in ? p->holes - holes_in : 0;
+        holes_in += p->pages[pg].phys && page_inside(p, pg, first, last, lo, hi);
+    size_t spare = holes > holes_in ? holes - holes_in : 0;
     size_t best = 0, run = 0, unmapped = 0;
     for (size_t i = first, j = first; j <= last; j++) {
         run += page_extent(p, j, lo, hi);
@@ -3166,21 +3188,20 @@ static size_t ready_block_usable_walk(um__pool *p, const um__block *b)
     return best;
 }
 
-/* The bytes of b in its pages i..j (the two end pages of b are partial). */
-static size_t run_bytes(um__pool *p, const um__block *b, size_t i, size_t j)
+/* The bytes of [lo, hi) in its pages i..j (its two end pages are partial). */
+static size_t run_bytes(um__pool *p, uintptr_t lo, uintptr_t hi, size_t i, size_t j)
 {
-    uintptr_t lo = b->fi.addr, hi = b->fi.addr + b->fi.size;
     uintptr_t s = page_addr(p, i), e = page_addr(p, j) + p->page;
     return (size_t)((hi < e ? hi : e) - (lo > s ? lo : s));
 }
 
-/* A run made of pages a..z of b, grown by up to `left` pages before a and
- * `right` after z, `extra` of them in all: the most bytes over the ways to
- * share extra between the two sides (they differ only where a side reaches
- * one of b's partial end pages, so the two extremes and their neighbours
- * are enough). */
-static size_t grown_run_bytes(um__pool *p, const um__block *b, size_t a, size_t z, size_t left,
-                              size_t right, size_t extra)
+/* A run made of pages a..z of [lo, hi), grown by up to `left` pages
+ * before a and `right` after z, `extra` of them in all: the most bytes
+ * over the ways to share extra between the two sides (they differ only
+ * where a side reaches one of the range's partial end pages, so the two
+ * extremes and their neighbours are enough). */
+static size_t grown_run_bytes(um__pool *p, uintptr_t lo, uintptr_t hi, size_t a, size_t z,
+                              size_t left, size_t right, size_t extra)
 {
     if (extra > left + right)
         extra = left + right;
@@ -3190,7 +3211,7 @@ static size_t grown_run_bytes(um__pool *p, const um__block *b, size_t a, size_t 
         size_t l = cand[c];
         if (l < lmin || l > lmax)
             continue;
-        size_t n = run_bytes(p, b, a - l, z + (extra - l));
+        size_t n = run_bytes(p, lo, hi, a - l, z + (extra - l));
         best = n > best ? n : best;
     }
     return best;
@@ -3210,24 +3231,24 @@ static size_t next_mapped(const um__pool *p, size_t pg, size_t last)
     return last + 1;
 }
 
-/* ready_block_usable_walk's figure from the mapped pages of b alone,
+/* ready_block_usable_walk's figure from the mapped pages of [lo, hi) alone,
  * found a word of the bitmap at a time. Between mapped pages lie gaps of
  * unmapped ones; a run that takes in clusters a..z of mapped pages pays
  * for the unmapped pages between them and grows into the gaps beside them
  * with what the spare holes leave. For a given first cluster, taking in
  * more clusters never yields less, so one pass with two indices finds the
- * best. The walk costs O(pages of b): a free block over most of a 141 GB
+ * best. The walk costs O(mapped pages of the range): a free block over most of a 141 GB
  * device's range made um_stats_get take 2.9 ms. *scratch (of *cap
  * entries, grown here; NULL after a failed growth) holds the clusters. */
-static size_t ready_block_usable(um__pool *p, const um__block *b, size_t **scratch, size_t *cap)
+static size_t ready_block_usable(um__pool *p, uintptr_t lo, uintptr_t hi, size_t holes,
+                                 size_t **scratch, size_t *cap)
 {
-    uintptr_t lo = b->fi.addr, hi = b->fi.addr + b->fi.size;
     size_t first = page_of(p, lo), last = page_of(p, hi - 1);
     /* Clusters of consecutive mapped pages, [cs[c], ce[c]]. */
     size_t nc = 0, mapped = 0, holes_in = 0;
     for (size_t pg = next_mapped(p, first, last); pg <= last; pg = next_mapped(p, pg + 1, last)) {
         mapped++;
-        holes_in += p->pages[pg].pin == 0;
+        holes_in += page_inside(p, pg, first, last, lo, hi);
         if (nc && (*scratch)[2 * nc - 1] + 1 == pg) {
             (*scratch)[2 * nc - 1] = pg;
             continue;
@@ -3239,7 +3260,7 @@ static size_t ready_block_usable(um__pool *p, const um__block *b, size_t **scrat
                 free(*scratch);
                 *scratch = NULL;
                 *cap = 0;
-                return ready_block_usable_walk(p, b);
+                return ready_block_usable_walk(p, lo, hi, holes);
             }
             *scratch = m;
             *cap = grown;
@@ -3250,7 +3271,7 @@ static size_t ready_block_usable(um__pool *p, const um__block *b, size_t **scrat
     const size_t *c2 = *scratch; /* cluster c: pages c2[2c] to c2[2c + 1] */
 #define CS(c) c2[2 * (c)]
 #define CE(c) c2[2 * (c) + 1]
-    size_t spare = p->holes > holes_in ? p->holes - holes_in : 0;
+    size_t spare = holes > holes_in ? holes - holes_in : 0;
     if (last - first + 1 - mapped <= spare)
         return hi - lo;
     size_t best = 0;
@@ -3263,7 +3284,7 @@ static size_t ready_block_usable(um__pool *p, const um__block *b, size_t **scrat
         size_t ge = gs + g - 1, w = spare < g ? spare : g;
         size_t at[4] = {gs, ge + 1 - w, gs + 1, ge - w};
         for (int k = 0; k < (g > w ? 4 : 1); k++) {
-            size_t n = run_bytes(p, b, at[k], at[k] + w - 1);
+            size_t n = run_bytes(p, lo, hi, at[k], at[k] + w - 1);
             best = n > best ? n : best;
         }
     }
@@ -3280,7 +3301,7 @@ static size_t ready_block_usable(um__pool *p, const um__block *b, size_t **scrat
         }
         size_t left = CS(a) - (a == 0 ? first : CE(a - 1) + 1);
         size_t right = (z + 1 == nc ? last : CS(z + 1) - 1) - CE(z);
-        size_t n = grown_run_bytes(p, b, CS(a), CE(z), left, right, spare - inner);
+        size_t n = grown_run_bytes(p, lo, hi, CS(a), CE(z), left, right, spare - inner);
         best = n > best ? n : best;
         if (z > a)
             inner -= CS(a + 1) - CE(a) - 1;
@@ -3290,15 +3311,69 @@ static size_t ready_block_usable(um__pool *p, const um__block *b, size_t **scrat
     return best;
 }
 
+/* The calling thread's held block (the bounce cache), which any
+ * placement of the thread gives back first, or NULL. A planned one goes
+ * back to the plan's arena, not to ready memory. */
+static const um__block *own_held_block(um__pool *p)
+{
+    um__tcache *own = own_cache(p);
+    const um__block *b = own ? atomic_load_explicit(&own->held, memory_order_relaxed) : NULL;
+    return b && !b->planned ? b : NULL;
+}
+
+/* Whether the largest free size counts block b as free memory: ready
+ * memory, a deferred block (all of them are released before the pool
+ * would move or make a page) or the calling thread's held block. Counting
+ * ready blocks alone, a pool whose one block was freed into the bounce
+ * cache said 0 bytes free and a fragmentation of 1. */
+static inline bool counts_free(const um__block *b, const um__block *held)
+{
+    return b->state == UM_BLOCK_READY || b->state == UM_BLOCK_DEFERRED || b == held;
+}
+
+/* The first run of adjacent blocks that count as free from b on, as
+ * [*lo, *hi) (empty: none); returns the block after it. */
+static um__block *free_run(um__block *b, const um__block *held, uintptr_t *lo, uintptr_t *hi)
+{
+    while (b && !counts_free(b, held))
+        b = b->next;
+    *lo = *hi = b ? b->fi.addr : 0;
+    for (; b && counts_free(b, held); b = b->next)
+        *hi = b->fi.addr + b->fi.size;
+    return b;
+}
+
+/* The idle pages the pool would have with every free run made ready: the
+ * mapped pages wholly inside the runs. Only deferred and held blocks pin
+ * such pages; without them, these are the holes. */
+static size_t holes_once_free(um__pool *p, const um__block *held)
+{
+    if (!held && !p->deferred.count)
+        return p->holes;
+    size_t n = 0;
+    uintptr_t lo, hi;
+    for (um__block *b = free_run(p->region.first, held, &lo, &hi); lo != hi;
+         b = free_run(b, held, &lo, &hi)) {
+        uintptr_t s = um__align_up(lo, p->page), e = um__align_down(hi, p->page);
+        if (e > s)
+            n += (e - s) / p->page - unmapped_count(p, page_of(p, s), page_of(p, e - 1));
+    }
+    return n;
+}
+
 /* The largest request the pool can serve without new backend memory or
  * the slots in other threads' bins. */
 static size_t largest_free_locked(um__pool *p)
 {
     size_t best = 0, cap = 0, *scratch = NULL;
-    for (um__block *b = p->region.first; b; b = b->next) {
-        if (b->state != UM_BLOCK_READY || b->fi.size <= best)
+    const um__block *held = own_held_block(p);
+    size_t holes = holes_once_free(p, held);
+    uintptr_t lo, hi;
+    for (um__block *b = free_run(p->region.first, held, &lo, &hi); lo != hi;
+         b = free_run(b, held, &lo, &hi)) {
+        if (hi - lo <= best)
             continue;
-        size_t usable = ready_block_usable(p, b, &scratch, &cap);
+        size_t usable = ready_block_usable(p, lo, hi, holes, &scratch, &cap);
         if (usable > best)
             best = usable;
     }
@@ -3573,20 +3648,21 @@ static um_status pool_check(um__allocator *a)
     CHECK_THAT((mapped + p->parked_pages) * p->page == p->reserved,
                "%zu pages mapped and %zu parked but reserved is %zu", mapped, p->parked_pages,
                p->reserved);
-    /* What a ready block can serve, counted from its mapped pages, is what
+    /* What a free range can serve, counted from its mapped pages, is what
      * the walk over all its pages finds. */
     {
         size_t cap = 0, *scratch = NULL, fast = 0, walk = 0;
-        uintptr_t at = 0;
-        for (um__block *b = p->region.first; b && !at; b = b->next) {
-            if (b->state != UM_BLOCK_READY)
-                continue;
-            fast = ready_block_usable(p, b, &scratch, &cap);
-            walk = ready_block_usable_walk(p, b);
-            at = fast != walk ? b->fi.addr : 0;
+        const um__block *held = own_held_block(p);
+        size_t idle = holes_once_free(p, held);
+        uintptr_t at = 0, lo, hi;
+        for (um__block *b = free_run(p->region.first, held, &lo, &hi); lo != hi && !at;
+             b = free_run(b, held, &lo, &hi)) {
+            fast = ready_block_usable(p, lo, hi, idle, &scratch, &cap);
+            walk = ready_block_usable_walk(p, lo, hi, idle);
+            at = fast != walk ? lo : 0;
         }
         free(scratch);
-        CHECK_THAT(!at, "ready block %#" PRIxPTR ": %zu bytes usable counted from its mapped "
+        CHECK_THAT(!at, "free range %#" PRIxPTR ": %zu bytes usable counted from its mapped "
                    "pages, %zu by a walk over all its pages", at, fast, walk);
     }
     /* A large page covers whole, aligned groups of mapped pages that share
