@@ -6,6 +6,7 @@
  * figures it prints. The pages themselves are checked in a browser by
  * timeline_check.sh. */
 #include "harness.h"
+#include "tool.h"
 #include "vsim/dag.h"
 
 #include <stdbool.h>
@@ -537,6 +538,27 @@ static void test_bench_copy_help(void)
                "--device SPEC the devices option (default cuda:0; sim:8G where there is no GPU)");
 }
 
+/* tool_median, the median of the benchmarks' rounds and repeats: for an
+ * even count (bench alloc's record scenario has 30 rounds, or 10 with
+ * --quick) the mean of the two middle values; it once took the upper one
+ * (30 for 10, 20, 30, 40). */
+static void test_tool_median(void)
+{
+    double even[] = {40, 10, 30, 20};
+    CHECK(tool_median(even, 4) == 25.0);
+    double two[] = {20, 10};
+    CHECK(tool_median(two, 2) == 15.0);
+    double odd[] = {3, 1, 2};
+    CHECK(tool_median(odd, 3) == 2.0);
+    double one[] = {7};
+    CHECK(tool_median(one, 1) == 7.0);
+    /* Thirty rounds: the mean of the 15th and 16th. */
+    double rounds[30];
+    for (int i = 0; i < 30; i++)
+        rounds[i] = (double)((i * 7) % 30);
+    CHECK(tool_median(rounds, 30) == 14.5);
+}
+
 int main(void)
 {
     if (access(BINARY, X_OK) != 0) {
@@ -561,6 +583,7 @@ int main(void)
     test_demo_gpu_only_without_gpu();
     test_demo_timeline_injection();
     test_bench_copy_help();
+    test_tool_median();
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     CHECK(system(cmd) == 0);

@@ -34,6 +34,9 @@
 
 #define BENCH_CMD "bench alloc"
 #define BENCH_REPEATS 3
+/* measure() and measure_threads() report the middle run itself (its pairs
+ * too), which an even count does not have. */
+_Static_assert(BENCH_REPEATS % 2 == 1, "BENCH_REPEATS must be odd");
 #define BENCH_SMALL_MAX ((uint64_t)32 * 1024)
 #define BENCH_DEFAULT_DEVICE "sim:141G"
 #define BENCH_TRACE_NAME "gpt2_train.trace.gz"
@@ -1140,12 +1143,6 @@ static int run_thread_scenarios(bench *b)
 #define RECORD_QUICK_ROUNDS 10
 #define RECORD_PAIRS 20000
 
-static double median_of(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return v[n / 2];
-}
-
 /* The record scenario: b's context and a second one recording a trace
  * take turns on the same ring (the order alternating by round), so both
  * figures of a round meet the same host speed. A round's cost per event
@@ -1226,8 +1223,11 @@ static int run_record(bench *b)
         low = per_event[r] < low ? per_event[r] : low;
         high = per_event[r] > high ? per_event[r] : high;
     }
-    double plain = median_of(ns[0], rounds), recording = median_of(ns[1], rounds);
-    double event = median_of(per_event, rounds), pair_ratio = median_of(ratio, rounds);
+    /* The rounds' count is even (30, or 10 with --quick): each median is
+     * the mean of the two middle rounds. */
+    size_t nr = (size_t)rounds;
+    double plain = tool_median(ns[0], nr), recording = tool_median(ns[1], nr);
+    double event = tool_median(per_event, nr), pair_ratio = tool_median(ratio, nr);
     /* The recorder's writer thread sorts and writes the records while the
      * timed thread goes on; confined to one CPU with it (taskset -c N), the
      * timed thread also pays the writer's time. */

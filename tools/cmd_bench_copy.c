@@ -58,21 +58,19 @@ static void copy_usage(FILE *f)
             "  --repeats N   timed copies per figure (default 5; the median is shown)\n");
 }
 
-static int cmp_u64(const void *a, const void *b)
+/* The median of n timings; an even --repeats gives the mean of the two
+ * middle ones (tool_median). */
+static double median(const uint64_t *v, int n)
 {
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return (x > y) - (x < y);
+    double d[64];
+    for (int i = 0; i < n; i++)
+        d[i] = (double)v[i];
+    return tool_median(d, (size_t)n);
 }
 
-static uint64_t median(uint64_t *v, int n)
+static double gbps(size_t bytes, double ns)
 {
-    qsort(v, (size_t)n, sizeof *v, cmp_u64);
-    return v[n / 2];
-}
-
-static double gbps(size_t bytes, uint64_t ns)
-{
-    return ns ? (double)bytes / (double)ns : 0.0;
+    return ns > 0 ? (double)bytes / ns : 0.0;
 }
 
 /* One timed step of a copy kind; returns a status. */
@@ -142,7 +140,7 @@ static void step_progress(copy_bench *cb)
     tool_progress(cb->what, (double)cb->done / (double)cb->total);
 }
 
-static um_status time_steps(copy_bench *cb, copy_step f, void *arg, uint64_t *out)
+static um_status time_steps(copy_bench *cb, copy_step f, void *arg, double *out)
 {
     uint64_t v[64];
     int n = cb->o.repeats;
@@ -210,7 +208,7 @@ static um_status bench_device_to_device(copy_bench *cb, um_buffer *b, size_t n)
         st = um_malloc(cb->ctx, 2, n, NULL, &z);
     raw_case raw = {z, a, n};
     d2d_case dc = {b};
-    uint64_t t_um = 0, t_base = 0;
+    double t_um = 0, t_base = 0;
     if (st == UM_OK)
         st = time_steps(cb, step_raw, &raw, &t_base);
     if (st == UM_OK)
@@ -252,7 +250,7 @@ static um_status bench_size(copy_bench *cb, size_t n)
         raw_case plain = {to_device ? dev_raw : (void *)user, to_device ? (void *)user : dev_raw,
                           n};
         buffer_case bc = {b, n, user, to_device};
-        uint64_t t_um = 0, t_base = 0, t_user = 0, t_plain = 0;
+        double t_um = 0, t_base = 0, t_user = 0, t_plain = 0;
         st = time_steps(cb, step_raw, &pinned, &t_base);
         if (st == UM_OK)
             st = time_steps(cb, step_replica, &bc, &t_um);
@@ -311,8 +309,8 @@ static um_status bench_acquire(copy_bench *cb, int dev)
     cb->done++;
     tool_progress_clear();
     if (st == UM_OK) {
-        double a = (double)median(acq, cb->o.repeats) / ACQUIRE_BUFFERS;
-        double r = (double)median(rel, cb->o.repeats) / ACQUIRE_BUFFERS;
+        double a = median(acq, cb->o.repeats) / ACQUIRE_BUFFERS;
+        double r = median(rel, cb->o.repeats) / ACQUIRE_BUFFERS;
         if (cb->o.json)
             printf("{\"scenario\":\"acquire-valid\",\"device\":%d,\"acquire_ns\":%.1f,"
                    "\"release_ns\":%.1f}\n", dev, a, r);

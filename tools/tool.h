@@ -25,6 +25,10 @@ int tool_fail(const char *cmd, um_status s);
 /* "1.50 GiB" into buf (at least 32 bytes). */
 const char *tool_bytes(char *buf, uint64_t bytes);
 uint64_t tool_now_ns(void);
+/* The median of v[0..n-1] (n at least 1), which it sorts: the middle
+ * value, or for an even count the mean of the two middle values (the
+ * upper one alone would lean towards the slower half of the runs). */
+double tool_median(double *v, size_t n);
 /* The progress of a command that may run longer than a second, on a
  * status line of stderr: "WHAT [#######.............]  35%", redrawn only when
  * the label or the whole percentage changes; nothing when stderr is not
