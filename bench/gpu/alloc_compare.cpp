@@ -60,6 +60,9 @@ namespace {
 
 constexpr int kRepeats = 3;
 constexpr int kPairedRounds = 8; /* live-10k-mixed-paired: rounds of one turn each */
+/* threads_scenario reports its middle measurement itself, which an even
+ * count does not have. */
+static_assert(kRepeats % 2 == 1, "kRepeats must be odd");
 constexpr size_t kKiB = 1024, kMiB = 1024 * kKiB, kGiB = 1024 * kMiB;
 constexpr size_t kLiveBlocks = 10000;
 constexpr size_t kLiveBytesCap = 60 * kGiB;
@@ -413,21 +416,37 @@ struct Sample {
     double ns_per_pair() const { return pairs ? ns / double(pairs) : 0; }
 };
 
+/* The middle sample by ns per pair; for an even count, the lower of the
+ * two middle ones (set_median gives the median itself). */
 Sample median_of(std::vector<Sample> v)
 {
     std::sort(v.begin(), v.end(),
               [](const Sample &a, const Sample &b) { return a.ns_per_pair() < b.ns_per_pair(); });
-    return v[v.size() / 2];
+    return v[(v.size() - 1) / 2];
 }
 
-/* A row's timing: the median of its samples. */
+/* The median of v: the middle value, or for an even count (the paired
+ * scenario's kPairedRounds) the mean of the two middle values; the upper
+ * one alone leans towards the slower rounds, and for the rounds' ratios
+ * towards unimem. */
+double median_value(std::vector<double> v)
+{
+    std::sort(v.begin(), v.end());
+    size_t h = v.size() / 2;
+    return v.size() % 2 ? v[h] : (v[h - 1] + v[h]) / 2;
+}
+
+/* A row's timing: the median of its samples' ns per pair, and the pairs of
+ * the middle sample (of the lower middle one for an even count). */
 void set_median(Row &r, const std::vector<Sample> &samples)
 {
-    Sample m = median_of(samples);
-    r.ns_per_pair = m.ns_per_pair();
+    std::vector<double> ns;
+    for (const Sample &x : samples)
+        ns.push_back(x.ns_per_pair());
+    r.ns_per_pair = median_value(ns);
     r.pairs_per_s = 1e9 / r.ns_per_pair;
-    r.pairs = m.pairs;
-    r.ns_low = r.ns_high = m.ns_per_pair();
+    r.pairs = median_of(samples).pairs;
+    r.ns_low = r.ns_high = r.ns_per_pair;
     for (const Sample &x : samples) {
         r.ns_low = std::min(r.ns_low, x.ns_per_pair());
         r.ns_high = std::max(r.ns_high, x.ns_per_pair());
@@ -777,10 +796,9 @@ void live_mixed_paired(A &a, B &b, const Mix &mix, const Options &o)
         long long end_a = backend_calls_of(a), end_b = backend_calls_of(b);
         ra.backend_calls = calls_a >= 0 && end_a >= 0 ? end_a - calls_a : -1;
         rb.backend_calls = calls_b >= 0 && end_b >= 0 ? end_b - calls_b : -1;
-        std::sort(ratio.begin(), ratio.end());
-        rb.paired_ratio = ratio[ratio.size() / 2];
-        rb.paired_low = ratio.front();
-        rb.paired_high = ratio.back();
+        rb.paired_ratio = median_value(ratio);
+        rb.paired_low = *std::min_element(ratio.begin(), ratio.end());
+        rb.paired_high = *std::max_element(ratio.begin(), ratio.end());
         g_rows.push_back(ra);
         g_rows.push_back(rb);
     }
