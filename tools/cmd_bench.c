@@ -245,7 +245,9 @@ static int bench_parse_args(int argc, char **argv, bench_opts *o)
                         v);
                 return 2;
             }
-            o->budget_ns = (uint64_t)(sec * 1e9);
+            /* A budget under a nanosecond is one nanosecond: 0 would read
+             * as "not given" below and become the default of seconds. */
+            o->budget_ns = sec * 1e9 < 1.0 ? 1 : (uint64_t)(sec * 1e9);
         } else {
             fprintf(stderr, "unimem " BENCH_CMD ": unknown option or missing value: '%s'\n\n", a);
             bench_usage(stderr);
