@@ -842,12 +842,22 @@ void thread_body(A &a, ThreadRun &run, int t, int nthreads, const std::vector<si
     void *ring[kThreadRing] = {};
     size_t ring_size[kThreadRing] = {};
     size_t next = 0, slot = 0;
+    /* The next size of the thread's sequence. It wraps with a compare, not
+     * with next % sizes.size(): that is a 64-bit division (the size is not
+     * known at compile time) inside every timed pair, the same for every
+     * allocator, which added to each one's time and so pulled their ratios
+     * towards 1 (the rings of `unimem bench alloc` wrap the same way). */
+    auto next_size = [&]() {
+        size_t n = sizes[next];
+        next = next + 1 == sizes.size() ? 0 : next + 1;
+        return n;
+    };
     uint64_t done = 0;
     bool ok = e == cudaSuccess;
     if (!ok)
         run.fail("cudaSetDevice(0): " + cuda_error_text(e));
     for (int i = 0; ok && i < kThreadRing; i++) {
-        ring_size[i] = sizes[next++ % sizes.size()];
+        ring_size[i] = next_size();
         ok = a.alloc(ring_size[i], &ring[i]);
         if (!ok) {
             ring[i] = nullptr;
@@ -855,7 +865,7 @@ void thread_body(A &a, ThreadRun &run, int t, int nthreads, const std::vector<si
         }
     }
     auto step = [&]() {
-        size_t n = sizes[next++ % sizes.size()];
+        size_t n = next_size();
         if (!a.release(ring[slot])) {
             ring[slot] = nullptr; /* its state is unknown: do not free it again */
             return false;
