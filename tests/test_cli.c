@@ -559,6 +559,17 @@ static void test_tool_median(void)
     CHECK(tool_median(rounds, 30) == 14.5);
 }
 
+/* bench alloc's header says what the threads rows count: each thread
+ * times half the pairs, and the pairs column is their sum (4 threads of
+ * 1,000 pairs show 4000), which "runs of up to 2000 pairs" alone did not
+ * explain. */
+static void test_bench_threads_header(void)
+{
+    EXPECT_RUN("bench alloc --device sim:1G --scenario threads --pairs 2000", 0,
+               "In threads each\nthread times up to 1000 pairs: pairs is the threads' sum");
+    CHECK(strstr(out, "\nthreads         100       4      4000 ") != NULL);
+}
+
 int main(void)
 {
     if (access(BINARY, X_OK) != 0) {
@@ -584,6 +595,7 @@ int main(void)
     test_demo_timeline_injection();
     test_bench_copy_help();
     test_tool_median();
+    test_bench_threads_header();
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     CHECK(system(cmd) == 0);

@@ -1006,9 +1006,11 @@ static void print_header(const bench *b)
            "a pair is one free of the oldest live block + one allocation of the next size; in\n"
            "trace-pattern, one allocation of the trace and its free, in the trace's order (%zu\n"
            "pairs a pass, whole passes), with 'live' more blocks live underneath; um_calls is\n"
-           "unimem's backend calls (page maps, unmaps, ...) per timed pair.\n\n",
+           "unimem's backend calls (page maps, unmaps, ...) per timed pair. In threads each\n"
+           "thread times up to %llu pairs: pairs is the threads' sum, *_ns a thread's ns per\n"
+           "pair (the threads' mean), Mp/s all threads together.\n\n",
            BENCH_REPEATS, (unsigned long long)b->o.pairs, (double)b->o.budget_ns / 1e9,
-           b->ops.allocs);
+           b->ops.allocs, (unsigned long long)b->o.thread_pairs);
     printf("%-12s %6s %7s %9s %9s %9s %7s %11s %11s %8s %8s %8s\n", "scenario", "live", "threads",
            "pairs", "unimem_ns", "malloc_ns", "ratio", "unimem_Mp/s", "malloc_Mp/s", "um_scale",
            "mc_scale", "um_calls");
