@@ -21,6 +21,7 @@
  */
 #include "base/options.h"
 #include "demo_blas.h"
+#include "demo_sample.h"
 #include "tool.h"
 #include "vsim/dag.h"
 
@@ -36,10 +37,10 @@
 
 #define DEMO_CMD "demo"
 /* Up to this order the result is checked whole, against a reference the
- * host computes with OpenBLAS; above it at DEMO_SAMPLES random entries,
- * by dot products in double precision. */
+ * host computes with OpenBLAS; above it at DEMO_SAMPLES random entries or
+ * more, some in every tile (demo_sample.h), by dot products in double
+ * precision. */
 #define DEMO_FULL_CHECK_MAX 8192
-#define DEMO_SAMPLES 4096
 #define DEMO_TOLERANCE 1e-3
 #define DEMO_MAX_TILES 128 /* tiles per row and column (gemm makes this cubed tasks) */
 #define DEMO_SIM_DEVICES "sim:3x1G"
@@ -323,20 +324,10 @@ static int demo_parse(int argc, char **argv, demo_cfg *c)
 
 /* ------------------------------------------------------------ the data */
 
-static uint64_t mix64(uint64_t x)
-{
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ull;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebull;
-    x ^= x >> 31;
-    return x;
-}
-
 /* A deterministic value in [-1, 1) for entry (i, j). */
 static float gen_value(uint64_t seed, uint64_t i, uint64_t j)
 {
-    uint64_t h = mix64(seed ^ ((i << 32) | j));
+    uint64_t h = demo_mix64(seed ^ ((i << 32) | j));
     return (float)((int64_t)(h >> 40) - (1 << 23)) * (1.0f / (float)(1 << 23));
 }
 
@@ -641,12 +632,6 @@ static um_status submit_cholesky(demo_run *r)
 
 /* ---------------------------------------------------------- verification */
 
-static uint64_t rng_next(uint64_t *s)
-{
-    *s += 0x9e3779b97f4a7c15ull;
-    return mix64(*s);
-}
-
 /* Keeps the worst entry seen: err is its error (NaN counts as infinite),
  * what names the matrix whose entry (i, j) was checked. */
 static void note_error(run_result *x, double err, const char *what, int i, int j, double got,
@@ -717,9 +702,10 @@ static um_status verify_gemm(demo_run *r, run_result *x)
         free(tile);
     } else {
         x->sampled = true;
-        uint64_t rng = 0x76657269667921ull;
-        for (int s = 0; s < DEMO_SAMPLES && st == UM_OK; s++) {
-            int i = (int)(rng_next(&rng) % (uint64_t)n), j = (int)(rng_next(&rng) % (uint64_t)n);
+        demo_sampler smp;
+        demo_sampler_init(&smp, nt, t, false, DEMO_SAMPLES, DEMO_SEED_GEMM);
+        int i, j;
+        while (st == UM_OK && demo_sampler_next(&smp, &i, &j)) {
             double want = 0.0;
             for (int k = 0; k < n; k++)
                 want += (double)mat_value(c, MAT_A, (uint64_t)i, (uint64_t)k) *
@@ -814,14 +800,10 @@ static um_status verify_cholesky(demo_run *r, run_result *x)
         free(bound);
     } else if (st == UM_OK) {
         x->sampled = true;
-        uint64_t rng = 0x63686f6c6573ull;
-        for (int s = 0; s < DEMO_SAMPLES; s++) {
-            int i = (int)(rng_next(&rng) % (uint64_t)n), j = (int)(rng_next(&rng) % (uint64_t)n);
-            if (j > i) {
-                int tmp = i;
-                i = j;
-                j = tmp;
-            }
+        demo_sampler smp;
+        demo_sampler_init(&smp, nt, c->tile, true, DEMO_SAMPLES, DEMO_SEED_CHOLESKY);
+        int i, j;
+        while (demo_sampler_next(&smp, &i, &j)) {
             double sum = 0.0, bound = 0.0;
             for (int k = 0; k <= j; k++) {
                 double p = (double)l_entry(c, l, i, k) * (double)l_entry(c, l, j, k);
@@ -915,10 +897,14 @@ static void describe(demo_cfg *c, const dev_result *dev, int ndev, const char *c
     else if (c->n <= DEMO_FULL_CHECK_MAX)
         printf("the result is checked whole against OpenBLAS on the host (tolerance %.0e)\n",
                DEMO_TOLERANCE);
-    else
-        printf("the result is checked at %d random entries in double precision (tolerance "
-               "%.0e)\n",
-               DEMO_SAMPLES, DEMO_TOLERANCE);
+    else {
+        demo_sampler smp;
+        demo_sampler_init(&smp, c->nt, c->tile, c->workload == DEMO_CHOLESKY, DEMO_SAMPLES, 0);
+        printf("the result is checked at %llu random entries, %llu in each tile%s, in double "
+               "precision (tolerance %.0e)\n",
+               (unsigned long long)demo_sampler_count(&smp), (unsigned long long)smp.per_tile,
+               c->workload == DEMO_CHOLESKY ? " of the lower triangle" : "", DEMO_TOLERANCE);
+    }
     fflush(stdout);
 }
 
