@@ -293,6 +293,42 @@ static void test_lag(void)
            direct_lag);
 }
 
+/* --lag counts events over all streams: a block of 64 MiB allocated and
+ * freed on a side stream, 20 small blocks on stream 0, then 64 MiB on stream
+ * 0. The side stream's two units are done `lag` events after theirs, so
+ * with a lag up to 20 the freed buffer is no longer fenced when the last
+ * allocation comes and bufcache reuses it (66 MiB: it plus the small
+ * blocks' page); with 21 it is still fenced (the fence also covers the
+ * free's own unit) and bufcache takes a second buffer (130 MiB). The
+ * replay once kept each stream's own last `lag` units queued, so the side
+ * stream's work was never done: 130 MiB even with a lag of 4. */
+static void test_lag_streams(const char *dir)
+{
+    char path[160], args[256];
+    snprintf(path, sizeof path, "%s/lag.trace", dir);
+    FILE *f = fopen(path, "w");
+    CHECK(f != NULL);
+    if (!f)
+        return;
+    fputs("a 1 67108864 7\nf 1\n", f);
+    for (int k = 2; k < 12; k++)
+        fprintf(f, "a %d 4096 0\nf %d\n", k, k);
+    fputs("a 100 67108864 0\nf 100\n", f);
+    fclose(f);
+    static const struct {
+        int lag;
+        double bufcache_mib;
+    } cases[] = {{4, 66}, {20, 66}, {21, 130}, {40, 130}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(args, sizeof args, "replay --json --lag %d %s", cases[i].lag, path);
+        CHECK_EQ(run(args, false), 0);
+        EXPECT_FIELD("bufcache", "peak_reserved_bytes", cases[i].bufcache_mib * MiB);
+        EXPECT_FIELD("bufcache", "failed_allocs", 0);
+        EXPECT_FIELD(NULL, "failed_allocs", 0);
+    }
+    unlink(path);
+}
+
 int main(void)
 {
     if (access(BINARY, X_OK) != 0) {
@@ -309,6 +345,7 @@ int main(void)
     test_min_limit(dir);
     test_bundled();
     test_lag();
+    test_lag_streams(dir);
     rmdir(dir);
     return harness_finish("test_replay");
 }

@@ -54,7 +54,7 @@ typedef struct rp_opts {
     uint64_t limit; /* 0: none */
     bool json;
     bool min_limit;
-    uint64_t lag;  /* sim only: each stream's simulated work trails by this many events */
+    uint64_t lag;  /* sim only: the simulated work trails the events by this many */
 } rp_opts;
 
 static void usage(FILE *f)
@@ -287,6 +287,8 @@ static int replay_once(const rp_opts *o, const rp_trace *t, const char *alloc, u
     }
     um_stream *streams = calloc(t->nstreams ? t->nstreams : 1, sizeof *streams);
     void **ptrs = calloc(t->slots ? t->slots : 1, sizeof *ptrs);
+    uint32_t *ring = NULL;
+    uint64_t *launched = NULL, *retired = NULL;
     int rc = 0;
     if (!streams || !ptrs) {
         fprintf(stderr, "unimem replay: no memory for %llu block pointers\n",
@@ -325,6 +327,21 @@ static int replay_once(const rp_opts *o, const rp_trace *t, const char *alloc, u
             goto out;
         }
     }
+    /* --lag: the stream of each of the last `lag` events (a ring), and per
+     * stream the units launched and those the lag has retired so far. */
+    size_t ring_cap = o->lag ? (size_t)(o->lag < t->n ? o->lag : t->n) : 0, ring_len = 0,
+           ring_head = 0;
+    if (o->lag) {
+        ring = malloc(ring_cap * sizeof *ring);
+        launched = calloc(t->nstreams, sizeof *launched);
+        retired = calloc(t->nstreams, sizeof *retired);
+        if (!ring || !launched || !retired) {
+            fprintf(stderr, "unimem replay: no memory for --lag %llu\n",
+                    (unsigned long long)o->lag);
+            rc = 1;
+            goto out;
+        }
+    }
     uint64_t t0 = tool_now_ns(), last = t0, queued_sum = 0, lagged = 0;
     for (size_t i = 0; i < t->n; i++) {
         const rp_event *e = &t->ev[i];
@@ -350,20 +367,38 @@ static int replay_once(const rp_opts *o, const rp_trace *t, const char *alloc, u
             ptrs[e->slot] = NULL;
         }
         /* --lag: every event is one unit of simulated work on its stream,
-         * done only `lag` events later, as a GPU trails the program that
-         * queues its kernels. The stream is asked what is queued: a wait
-         * of the allocator's completes it all, and the device then trails
-         * by less until the program has run ahead again. (Counting here
-         * instead lost the lag for good at the first wait.) */
+         * done `lag` events later, counted over all streams, as a GPU trails
+         * the program that queues its kernels. When an event leaves the
+         * window of the last `lag`, its unit is completed on its own
+         * stream unless an allocator's wait already did: the stream is
+         * asked what is still queued, since a wait completes it all, and
+         * the device then trails by less until the program has run ahead
+         * again. (Keeping each stream's own last `lag` units instead left a
+         * stream with few events, such as a side stream of copies, trailing
+         * by far more than `lag` events, its frees fenced that much longer.) */
         if (o->lag) {
-            uint64_t queued = 0;
+            uint32_t si = e->op_stream >> 1;
             s = um_sim_stream_work(ctx, dev, st, 1, 0);
+            launched[si]++;
+            if (ring_len == ring_cap) {
+                uint32_t old = ring[ring_head];
+                ring[ring_head] = si;
+                ring_head = (ring_head + 1) % ring_cap;
+                retired[old]++;
+                uint64_t q = 0;
+                if (s == UM_OK)
+                    s = um_sim_stream_queued(ctx, dev, streams[old], &q);
+                /* Units are done in order: the first launched - q are. */
+                uint64_t done = launched[old] - q;
+                if (s == UM_OK && done < retired[old])
+                    s = um_sim_stream_work(ctx, dev, streams[old], 0,
+                                           (unsigned)(retired[old] - done));
+            } else {
+                ring[(ring_head + ring_len++) % ring_cap] = si;
+            }
+            uint64_t queued = 0;
             if (s == UM_OK)
                 s = um_sim_stream_queued(ctx, dev, st, &queued);
-            if (s == UM_OK && queued > o->lag) {
-                s = um_sim_stream_work(ctx, dev, st, 0, (unsigned)(queued - o->lag));
-                queued = o->lag;
-            }
             if (s != UM_OK) {
                 tool_progress_clear();
                 rc = tool_fail(REPLAY_CMD, s);
@@ -404,6 +439,9 @@ static int replay_once(const rp_opts *o, const rp_trace *t, const char *alloc, u
         fclose(mem);
     }
 out:
+    free(ring);
+    free(launched);
+    free(retired);
     for (uint32_t i = 0; streams && i < t->nstreams; i++)
         if (streams[i])
             um_stream_destroy(ctx, streams[i]);
