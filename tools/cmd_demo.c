@@ -143,6 +143,7 @@ static void demo_usage(FILE *f)
     fprintf(f,
             "usage: unimem demo gemm|cholesky [--n N] [--tile T] [--device SPEC]\n"
             "                   [--limit BYTES] [--sched POLICY] [--sim-gflops G]\n"
+            "                   [--sim-bandwidth BYTES]\n"
             "                   [--timeline FILE] [--json] [--quick] [--no-verify] [--gpu-only]\n"
             "\n"
             "Tiled single-precision C = A B (gemm) or A = L L^T (cholesky) as tasks over the\n"

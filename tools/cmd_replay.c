@@ -216,9 +216,11 @@ typedef struct rp_run {
 /* The driver's view of a GPU during a replay, sampled every
  * DRIVER_WATCH_EVERY allocations and at the end: um_stats_get walks the
  * pool's blocks, so a sample per event would dominate the replay's time.
- * The pool never gives pages back during a replay (no trim, no cache
- * limit), so its peak is its reserved memory at the end and no sample
- * misses it; baselines that free chunks are sampled. */
+ * Without --limit the pool never gives pages back during a replay (no
+ * trim, no cache limit), so its peak is its reserved memory at the end
+ * and no sample misses it; under --limit it may, and the baselines that
+ * free chunks always may: for them the figure is a sampled peak, which
+ * can miss the true one. */
 #define DRIVER_WATCH_EVERY 64
 
 typedef struct driver_watch {

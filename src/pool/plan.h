@@ -26,7 +26,7 @@
 
 /* Longest period (in large allocations) the planner looks for. */
 #define UM_PLAN_MAX_PERIOD 4096u
-/* Allocations recorded: two periods and some. */
+/* Allocations recorded: four of the longest periods. */
 #define UM_PLAN_RING (4u * UM_PLAN_MAX_PERIOD)
 #define UM_PLAN_SIG_SLOTS 4096u
 #define UM_PLAN_CANDIDATES 8
