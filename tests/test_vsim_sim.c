@@ -813,6 +813,16 @@ static void test_cli_help_bound(void)
     CHECK_OUT_LACKS("every device and");
 }
 
+/* --n and --tile take decimal digits only: a sign or a leading space was
+ * taken by strtoul ("+8192" ran as 8192). */
+static void test_cli_counts_are_digits(void)
+{
+    CHECK_EQ(run_cli("sim --machine h200x1 --workload gemm --n 8192 --tile 4096"), 0);
+    CHECK_EQ(run_cli("sim --machine h200x1 --workload gemm --n +8192 --tile 4096"), 2);
+    CHECK_EQ(run_cli("sim --machine h200x1 --workload gemm --n ' 8192' --tile 4096"), 2);
+    CHECK_EQ(run_cli("sim --machine h200x1 --workload gemm --n 8192 --tile +4096"), 2);
+}
+
 /* A chain of ten read-write gemms on one tile of one GPU: each starts as
  * the one before it ends and takes its packed time (0.5 s, then 0.25 s
  * each), so the makespan is 2.75 s. The critical path once took times
@@ -866,5 +876,6 @@ int main(void)
     test_cli_no_ratio();
     test_cli_exabytes_moved();
     test_cli_help_bound();
+    test_cli_counts_are_digits();
     return harness_finish("test_vsim_sim");
 }

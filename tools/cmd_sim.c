@@ -115,12 +115,16 @@ static void sim_usage(FILE *f)
 
 static const char *const policy_names[] = {"eager", "round_robin", "locality", "cost"};
 
+/* A count of 1 to 2^32-1 in decimal digits only: strtoul alone would
+ * also take leading spaces, a sign and "-1" (as ULONG_MAX). */
 static bool parse_u32(const char *v, uint32_t *out)
 {
     char *end;
     errno = 0;
+    if (*v < '0' || *v > '9')
+        return false;
     unsigned long x = strtoul(v, &end, 10);
-    if (end == v || *end || errno || x == 0 || x > 0xffffffffu || *v == '-')
+    if (*end || errno || x == 0 || x > 0xffffffffu)
         return false;
     *out = (uint32_t)x;
     return true;
