@@ -139,11 +139,12 @@ static void test_timeline_empty_strings(void)
         int rc;
         const char *want;
     } cases[] = {
-        {"empty_key.json", "[{\"\":0}]\n", 0, "wrote"},
+        /* Read whole, then refused: nothing in them to draw. */
+        {"empty_key.json", "[{\"\":0}]\n", 1, "has nothing to draw"},
         {"empty_name.json",
          "{\"\":\"\",\"traceEvents\":[{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":1,"
          "\"args\":{\"name\":\"\"}}]}\n",
-         0, "wrote"},
+         1, "has nothing to draw"},
         {"empty_bad.json", "[{\"\",\"ph\":\"M\"}]\n", 1, "expected ':' after a member name"},
     };
     char args[1024];
@@ -359,6 +360,15 @@ static void test_timeline_keeps_its_input(void)
     for (size_t i = 0; i < sizeof replay_only / sizeof replay_only[0]; i++) {
         snprintf(args, sizeof args, "timeline %s -o %s %s", json, page, replay_only[i]);
         EXPECT_RUN(args, 2, "applies to allocation traces");
+        CHECK(access(page, F_OK) != 0);
+    }
+    /* JSON with nothing of a trace in it is refused, as an allocation
+     * trace with no events is (a page with nothing on it was written). */
+    static const char *const empty[] = {"[1,2,3]\n", "{\"traceEvents\":[]}\n"};
+    for (size_t i = 0; i < sizeof empty / sizeof empty[0]; i++) {
+        const char *e = file_in_dir("empty.json", empty[i]);
+        snprintf(args, sizeof args, "timeline %s -o %s", e, page);
+        EXPECT_RUN(args, 1, "has nothing to draw");
         CHECK(access(page, F_OK) != 0);
     }
     /* The allocation trace is still drawn, with its replay's trace kept. */

@@ -1192,6 +1192,13 @@ int um_cmd_timeline(int argc, char **argv)
         m->top_n = o.top_n;
         rc = read_chrome_trace(json_path, m);
     }
+    /* A page with nothing on it would look like a broken page: say why
+     * instead, as for an allocation trace with no events. */
+    if (rc == 0 && m->total_samples == 0 && m->total_marks == 0) {
+        fprintf(stderr, "unimem %s: %s has nothing to draw: no counter samples of live or "
+                "reserved bytes, and no copies or evictions\n", TL_CMD, json_path);
+        rc = TOOL_EXIT_FAILED;
+    }
     tl_drawn drawn;
     if (rc == 0)
         rc = write_page(&o, m, source, &drawn);
