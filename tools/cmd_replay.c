@@ -334,9 +334,9 @@ static int replay_once(const rp_opts *o, const rp_trace *t, const char *alloc, u
     size_t ring_cap = o->lag ? (size_t)(o->lag < t->n ? o->lag : t->n) : 0, ring_len = 0,
            ring_head = 0;
     if (o->lag) {
-        ring = malloc(ring_cap * sizeof *ring);
-        launched = calloc(t->nstreams, sizeof *launched);
-        retired = calloc(t->nstreams, sizeof *retired);
+        ring = malloc((ring_cap ? ring_cap : 1) * sizeof *ring);
+        launched = calloc(t->nstreams ? t->nstreams : 1, sizeof *launched);
+        retired = calloc(t->nstreams ? t->nstreams : 1, sizeof *retired);
         if (!ring || !launched || !retired) {
             fprintf(stderr, "unimem replay: no memory for --lag %llu\n",
                     (unsigned long long)o->lag);
