@@ -312,19 +312,6 @@ static void test_timeline_counts(void)
     unlink(page);
 }
 
-/* The whole of a file, NUL-terminated, in a buffer of the caller's (at
- * most len - 1 bytes); false when it cannot be read. */
-static bool slurp(const char *path, char *buf, size_t len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return false;
-    size_t n = fread(buf, 1, len - 1, f);
-    buf[n] = '\0';
-    fclose(f);
-    return true;
-}
-
 /* `unimem timeline` never writes over the trace it reads: -o or
  * --save-trace naming it (by its name or another) is refused, and the
  * trace is left as it was. Before, -o replaced a Chrome trace with the
@@ -336,7 +323,7 @@ static void test_timeline_keeps_its_input(void)
     char args[1024];
     static char before[1 << 14], after[1 << 14];
     const char *json = chrome_trace("keep.json", "{\"live\":1,\"reserved\":2}", "{\"bytes\":1}");
-    CHECK(slurp(json, before, sizeof before));
+    harness_slurp(json, before, sizeof before);
     snprintf(args, sizeof args, "timeline %s -o %s", json, json);
     EXPECT_RUN(args, 2, "-o names the trace being read");
     char link[300];
@@ -344,13 +331,13 @@ static void test_timeline_keeps_its_input(void)
     CHECK(symlink(json, link) == 0);
     snprintf(args, sizeof args, "timeline %s -o %s", json, link);
     EXPECT_RUN(args, 2, "-o names the trace being read");
-    CHECK(slurp(json, after, sizeof after) && !strcmp(before, after));
+    CHECK(!strcmp(before, harness_slurp(json, after, sizeof after)));
 
     const char *alloc = file_in_dir("keep.trace", "a 1 4096 0\nf 1\n");
     const char *page = file_in_dir("keep.html", NULL);
     snprintf(args, sizeof args, "timeline %s -o %s --save-trace %s", alloc, page, alloc);
     EXPECT_RUN(args, 2, "--save-trace names the trace being read");
-    CHECK(slurp(alloc, after, sizeof after) && !strcmp(after, "a 1 4096 0\nf 1\n"));
+    CHECK(!strcmp(harness_slurp(alloc, after, sizeof after), "a 1 4096 0\nf 1\n"));
     snprintf(args, sizeof args, "timeline %s -o %s --save-trace %s", alloc, page, page);
     EXPECT_RUN(args, 2, "--save-trace and -o name the same file");
     CHECK(access(page, F_OK) != 0);
@@ -388,7 +375,7 @@ static void test_json_names_utf8(void)
 {
     char path[300], args[1024], text[4096];
     snprintf(path, sizeof path, "%s/caf\xe9-\xc3\xa9.trace", dir);
-    CHECK(slurp(PATTERN, text, sizeof text));
+    harness_slurp(PATTERN, text, sizeof text);
     FILE *f = fopen(path, "w");
     CHECK(f != NULL);
     if (!f)
