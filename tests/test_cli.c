@@ -567,6 +567,24 @@ static void test_bench_threads_header(void)
     CHECK(strstr(out, "\nthreads         100       4      4000 ") != NULL);
 }
 
+/* bench oversub's --workload and --policy pick the runs: one workload
+ * with one policy gives one JSON line; other values, and the random
+ * workload with --all-devices (which has none), are argument errors. */
+static void test_oversub_filters(void)
+{
+    EXPECT_RUN("bench oversub --quick --limit 64M --workload random --policy lru --json", 0,
+               "{\"workload\":\"random\",\"oversubscription\":2.00,\"policy\":\"lru\"");
+    int lines = 0;
+    for (const char *p = out; (p = strstr(p, "\"workload\"")) != NULL; p++)
+        lines++;
+    CHECK(lines == 1);
+    EXPECT_RUN("bench oversub --quick --workload streams", 2,
+               "--workload takes stream or random, not 'streams'");
+    EXPECT_RUN("bench oversub --quick --policy LRU", 2, "--policy takes cost or lru, not 'LRU'");
+    EXPECT_RUN("bench oversub --quick --all-devices --workload random", 2,
+               "--all-devices runs the stream workload only");
+}
+
 int main(void)
 {
     if (access(BINARY, X_OK) != 0) {
@@ -593,6 +611,7 @@ int main(void)
     test_bench_copy_help();
     test_tool_median();
     test_bench_threads_header();
+    test_oversub_filters();
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     CHECK(system(cmd) == 0);

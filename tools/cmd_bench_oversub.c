@@ -42,6 +42,8 @@
 typedef struct oversub_opts {
     bool json, quick;
     bool all;             /* --all-devices */
+    const char *workload; /* --workload: "stream" or "random"; NULL for both */
+    const char *policy;   /* --policy: "cost" or "lru"; NULL for both */
     const char *device;
     size_t limit;
     size_t sim_bandwidth; /* a sim device's modelled link, bytes/s */
@@ -94,6 +96,8 @@ static void oversub_usage(FILE *f)
             "                 at 1.5x and 2x the sum of the limits, each device streaming its\n"
             "                 own share on its own thread; the bound is the slowest device's\n"
             "                 MIN bytes at its own host link (no random workload)\n"
+            "  --workload W   only the stream or only the random workload\n"
+            "  --policy P     only the cost-aware or only the LRU eviction policy\n"
             "  --quick        fewer passes, stream at 1.5x and 2x only (with --all-devices,\n"
             "                 the cost policy only)\n"
             "  --json         one JSON object per workload and policy\n");
@@ -814,6 +818,20 @@ int um_cmd_bench_oversub(int argc, char **argv)
             o.quick = true;
         } else if (!strcmp(a, "--all-devices")) {
             o.all = true;
+        } else if (!strcmp(a, "--workload") && i + 1 < argc) {
+            o.workload = argv[++i];
+            if (strcmp(o.workload, "stream") && strcmp(o.workload, "random")) {
+                fprintf(stderr, "unimem " OVERSUB_CMD ": --workload takes stream or random, "
+                        "not '%s'\n", o.workload);
+                return TOOL_EXIT_USAGE;
+            }
+        } else if (!strcmp(a, "--policy") && i + 1 < argc) {
+            o.policy = argv[++i];
+            if (strcmp(o.policy, "cost") && strcmp(o.policy, "lru")) {
+                fprintf(stderr, "unimem " OVERSUB_CMD ": --policy takes cost or lru, not '%s'\n",
+                        o.policy);
+                return TOOL_EXIT_USAGE;
+            }
         } else if (!strcmp(a, "--device") && i + 1 < argc) {
             o.device = argv[++i];
             if (!tool_device_arg_ok(OVERSUB_CMD, o.device))
@@ -834,6 +852,11 @@ int um_cmd_bench_oversub(int argc, char **argv)
             return tool_other_arg(OVERSUB_CMD, a, oversub_usage);
         }
     }
+    if (o.all && o.workload && strcmp(o.workload, "stream")) {
+        fprintf(stderr, "unimem " OVERSUB_CMD ": --all-devices runs the stream workload only, "
+                "not --workload %s\n", o.workload);
+        return TOOL_EXIT_USAGE;
+    }
     int version = 0, gpus = 0;
     char why[160];
     bool gpu = um_cuda_driver_info(&version, &gpus, why, sizeof why) == UM_OK && gpus > 0;
@@ -849,15 +872,17 @@ int um_cmd_bench_oversub(int argc, char **argv)
     int rc = 0;
     if (!o.json)
         run_stats.f = open_memstream(&run_stats.buf, &run_stats.len);
+    /* Filling every device's share of the inputs dominates a quick run
+     * on sim devices, so --all-devices --quick leaves LRU out. */
+    int npolicies = o.policy ? 1 : o.all && o.quick ? 1 : 2;
+    const char *const *policy = o.policy ? &o.policy : policies;
     if (o.all) {
         static const double all_factors[] = {1.5, 2.0};
         bool described = false;
-        progress.total = 2 * (o.quick ? 1 : 2);
-        /* Filling every device's share of the inputs dominates a quick run
-         * on sim devices, so --quick leaves LRU out. */
+        progress.total = 2 * npolicies;
         for (int f = 0; f < 2 && !rc; f++)
-            for (int p = 0; p < (o.quick ? 1 : 2) && !rc; p++)
-                rc = bench_all(&o, all_factors[f], policies[p], &described);
+            for (int p = 0; p < npolicies && !rc; p++)
+                rc = bench_all(&o, all_factors[f], policy[p], &described);
         return print_run_stats(rc);
     }
     char lim[32];
@@ -876,11 +901,14 @@ int um_cmd_bench_oversub(int argc, char **argv)
                "d2h_GB/s");
     }
     static const double factors[] = {1.5, 2.0, 4.0};
-    progress.total = (o.quick ? 2 : 3) * 2 + 2;
-    for (int f = 0; f < (o.quick ? 2 : 3) && !rc; f++)
-        for (int p = 0; p < 2 && !rc; p++)
-            rc = bench_one(&o, "stream", factors[f], policies[p]);
-    for (int p = 0; p < 2 && !rc; p++)
-        rc = bench_one(&o, "random", 2.0, policies[p]);
+    bool streams = !o.workload || !strcmp(o.workload, "stream");
+    bool random = !o.workload || !strcmp(o.workload, "random");
+    int nfactors = streams ? (o.quick ? 2 : 3) : 0;
+    progress.total = (nfactors + (random ? 1 : 0)) * npolicies;
+    for (int f = 0; f < nfactors && !rc; f++)
+        for (int p = 0; p < npolicies && !rc; p++)
+            rc = bench_one(&o, "stream", factors[f], policy[p]);
+    for (int p = 0; random && p < npolicies && !rc; p++)
+        rc = bench_one(&o, "random", 2.0, policy[p]);
     return print_run_stats(rc);
 }
