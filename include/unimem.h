@@ -459,6 +459,11 @@ typedef int (*um_task_fn)(const um_task_exec *e);
 #define UM_TASK_MAX_BUFFERS 16
 /* The bytes of a task's name kept, its terminating NUL included. */
 #define UM_TASK_NAME_MAX 64
+/* The largest flops a task may give (1e15 s of a PFLOP/s device). The
+ * task trace (option task_trace) that the simulator reads holds the same
+ * bound: it sums flops along paths of up to 2^32 tasks, which must stay
+ * finite. */
+#define UM_TASK_MAX_FLOPS 1e30
 
 typedef struct um_task {
     /* The kind of task: performance history is kept per name and size.
@@ -472,7 +477,7 @@ typedef struct um_task {
     int nbuffers;
     um_buffer *buffers[UM_TASK_MAX_BUFFERS];
     um_access modes[UM_TASK_MAX_BUFFERS];
-    double flops;           /* a cost hint (0: unknown; finite, not negative, or the
+    double flops;           /* a cost hint (0: unknown; 0 to UM_TASK_MAX_FLOPS, or the
                              * submission fails): sizes the first estimates */
     int device;             /* -1: the policy places it; else it runs there */
     void *user;
@@ -497,7 +502,8 @@ typedef struct um_task {
 /* Submits *t (copied, its name too; its buffers must live until it is
  * done). *id names it for um_task_wait and um_task_cancel. Bad input (no
  * implementation for any device, a forced device without one, a buffer
- * twice, a bad mode, flops not finite or negative) fails here, naming it. */
+ * twice, a bad mode, flops not a number of 0 to UM_TASK_MAX_FLOPS) fails
+ * here, naming it. */
 UM_API um_status um_task_submit(um_context *ctx, const um_task *t, um_task_id *id);
 /* Waits for one task: UM_OK, UM_ERR_TASK (with the reason), or
  * UM_ERR_CANCELLED. Any id may be waited for, as often as wanted, for the

@@ -476,6 +476,20 @@ static void test_bad_input(void)
         CHECK_STATUS(um_task_submit(ctx, &t, &id), UM_ERR_INVALID);
         CHECK_ERROR_MENTIONS("'bad'", "flops", NULL);
     }
+    /* Nor above 1e30, the bound the task-trace reader (vsim/tasktrace.c)
+     * sets: a task of 1e31 flops was taken here and written to the task
+     * trace, which could then not be read back. The next double above
+     * the bound is refused too (test_vsim_sim takes the bound itself, and
+     * reads it back from the trace). */
+    const double above_bound[] = {1e31, 1e308};
+    for (int i = 0; i < 2; i++) {
+        t.flops = above_bound[i];
+        CHECK_STATUS(um_task_submit(ctx, &t, &id), UM_ERR_INVALID);
+        CHECK_ERROR_MENTIONS("'bad'", "flops", i == 0 ? "1e+31" : "1e+308");
+    }
+    t.flops = nextafter(1e30, INFINITY);
+    CHECK_STATUS(um_task_submit(ctx, &t, &id), UM_ERR_INVALID);
+    CHECK_ERROR_MENTIONS("flops", "1.0000000000000002e+30", "1e+30");
     t.flops = 0;
     t.nbuffers = 2;
     t.nbuffers = 17;

@@ -443,6 +443,11 @@ static void test_trace_errors(void)
          * every task's priority (its path's flops over the longest) to 0. */
         {"task 1 gemm 1e308 1:4096:rw\ntask 2 gemm 1e308 1:4096:rw\n", "line 1", "1e308"},
         {"task 1 gemm 1e30 1:4096:rw\ntask 2 gemm 1.1e30 1:4096:rw\n", "line 2", "1.1e30"},
+        /* Nor a NaN, an infinity or a negative count, which submission
+         * refuses too (um_task_submit). */
+        {"task 1 gemm nan 1:4096:rw\n", "flops", "'nan'"},
+        {"task 1 gemm inf 1:4096:rw\n", "flops", "'inf'"},
+        {"task 1 gemm -1 1:4096:rw\n", "flops", "'-1'"},
         /* A task's id is a number, as the runtime writes it: a word there
          * (a name or flops shifted by one) was taken without a look. */
         {"task 1 gemm 100 1:4096:rw\ntask two gemm 100 1:4096:rw\n", "line 2", "'two'"},
@@ -853,6 +858,64 @@ static void test_bound_of_a_chain(void)
     free(m);
 }
 
+static int no_work(const um_task_exec *e)
+{
+    (void)e;
+    return 0;
+}
+
+/* What um_task_submit takes, the task trace it writes (option task_trace)
+ * must be readable: a task of 1e31 flops was taken at submission and
+ * written, and the reader then refused the trace for it. One of exactly
+ * 1e30 is both taken and read back; one above is refused at submission,
+ * naming its flops, and never reaches the trace. */
+static void test_trace_takes_what_submission_takes(void)
+{
+    static const double flops[] = {1e30, 1e31};
+    for (int i = 0; i < 2; i++) {
+        char path[64], conf[128];
+        snprintf(path, sizeof path, "/tmp/test_vsim_bound_XXXXXX");
+        int fd = mkstemp(path);
+        CHECK(fd >= 0);
+        if (fd < 0)
+            return;
+        close(fd);
+        snprintf(conf, sizeof conf, "devices=sim:64M,task_trace=%s", path);
+        um_context *ctx = NULL;
+        CHECK_OK(um_init(conf, &ctx));
+        if (!ctx)
+            return;
+        um_buffer *b = NULL;
+        CHECK_OK(um_buffer_create(ctx, 4096, NULL, &b));
+        um_task t = {.name = "gemm", .cpu = no_work, .device = -1, .nbuffers = 1,
+                     .flops = flops[i]};
+        t.buffers[0] = b;
+        t.modes[0] = UM_ACCESS_READ_WRITE;
+        um_task_id id;
+        um_status st = um_task_submit(ctx, &t, &id);
+        bool fits = flops[i] <= 1e30, submitted = st == UM_OK;
+        CHECK_STATUS(st, fits ? UM_OK : UM_ERR_INVALID);
+        if (!fits)
+            CHECK_ERROR_MENTIONS("flops", "1e+31", NULL);
+        CHECK_OK(um_wait_all(ctx));
+        CHECK_OK(um_buffer_destroy(b));
+        um_shutdown(ctx);
+        /* A task that was taken is in the trace, and the trace reads. */
+        um__vs_dag d;
+        st = submitted ? um__vs_dag_trace(path, &d) : UM_OK;
+        if (submitted && st != UM_OK)
+            printf("test_trace_takes_what_submission_takes: the trace of a task of %g flops "
+                   "does not read back: %s\n", flops[i], um_last_error());
+        CHECK_OK(st);
+        if (submitted && st == UM_OK) {
+            CHECK_EQ(d.ntasks, 1);
+            CHECK(d.ntasks == 1 && d.tasks[0].flops == flops[i]);
+            um__vs_dag_free(&d);
+        }
+        unlink(path);
+    }
+}
+
 int main(void)
 {
     uint64_t seed = harness_seed("test_vsim_sim");
@@ -867,6 +930,7 @@ int main(void)
     test_bound_counts_capable_devices();
     test_random(seed);
     test_trace_errors();
+    test_trace_takes_what_submission_takes();
     test_trace_tile_order();
     test_too_long_a_task();
     test_too_slow_a_link();

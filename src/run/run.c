@@ -1405,6 +1405,26 @@ static bool writes(um_access m)
     return m != UM_ACCESS_READ;
 }
 
+bool um__task_flops_valid(double flops)
+{
+    /* NaN fails every comparison; infinity is above the bound. */
+    return flops >= 0 && flops <= UM_TASK_MAX_FLOPS;
+}
+
+/* v in the fewest significant digits that read back as v: 1e+31 rather
+ * than %.17g's 9.9999999999999996e+30, yet one just above a bound never
+ * reads as the bound, as %g's six digits would make it. */
+static const char *exact_double(double v, char *buf, size_t len)
+{
+    for (int digits = 1; digits < 17; digits++) {
+        snprintf(buf, len, "%.*g", digits, v);
+        if (strtod(buf, NULL) == v)
+            return buf;
+    }
+    snprintf(buf, len, "%.17g", v);
+    return buf;
+}
+
 static um_status check_task(um_context *ctx, const um_task *t)
 {
     static const char what[] = "um_task_submit";
@@ -1412,10 +1432,15 @@ static um_status check_task(um_context *ctx, const um_task *t)
         return um__fail(UM_ERR_INVALID, "%s: %s is NULL", what, ctx ? "the task" : "ctx");
     const char *name = t->name ? t->name : "task";
     /* An infinite or NaN estimate made the modelled time's conversion to
-     * an integer undefined (a sim worker slept for centuries). */
-    if (!isfinite(t->flops) || t->flops < 0)
-        return um__fail(UM_ERR_INVALID, "%s: task '%s': flops is %g, not a finite count of 0 "
-                        "or more (0: unknown)", what, name, t->flops);
+     * an integer undefined (a sim worker slept for centuries), and one
+     * above the bound was written to the task trace, which could then not
+     * be read back. */
+    if (!um__task_flops_valid(t->flops)) {
+        char value[32];
+        return um__fail(UM_ERR_INVALID, "%s: task '%s': flops is %s, not a count of 0 to %g "
+                        "(0: unknown)", what, name, exact_double(t->flops, value, sizeof value),
+                        UM_TASK_MAX_FLOPS);
+    }
     if (!t->cpu && !t->cuda)
         return um__fail(UM_ERR_INVALID, "%s: task '%s' has no implementation (cpu and cuda "
                         "are both NULL)", what, name);

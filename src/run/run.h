@@ -32,4 +32,10 @@
 
 typedef struct um__run um__run;
 
+/* Whether flops is a task's valid work estimate: a number of 0 to
+ * UM_TASK_MAX_FLOPS. um_task_submit and the reader of the task trace that
+ * submissions write (vsim/tasktrace.c) both ask here, so that every task
+ * the runtime takes is one its trace can be read back with. */
+bool um__task_flops_valid(double flops);
+
 #endif /* UM_RUN_H */

@@ -2,6 +2,8 @@
  * what it makes, docs/DESIGN.md the format. */
 #include "dag.h"
 
+#include "../run/run.h"
+
 #include <ctype.h>
 #include <errno.h>
 #include <math.h>
@@ -10,9 +12,6 @@
 #include <string.h>
 
 #define TRACE_LINE_MAX 4096
-/* The most flops a task may give: 1e15 s of a PFLOP/s device. */
-#define TRACE_MAX_FLOPS 1e30
-
 /* Buffer ids to dense tile numbers: open addressing, grown at half full.
  * Ids run to 2^64 - 2, so that id + 1 never wraps to the empty mark. */
 typedef struct tile_map {
@@ -186,9 +185,13 @@ static um_status parse_task(reader *r, char *line)
     double f = strtod(flops, &end);
     /* Bounded so that the flops of a path of 2^32 tasks, which give the
      * tasks' priorities, stay finite: two tasks of 1e308 in a chain made
-     * them inf / inf, and every priority 0. */
-    if (end == flops || *end || !isfinite(f) || f < 0 || f > TRACE_MAX_FLOPS)
-        return bad_line(r, "flops must be a number of 0 to 1e30", flops);
+     * them inf / inf, and every priority 0. The bound is the one
+     * um_task_submit applies, so every trace the runtime writes reads. */
+    if (end == flops || *end || !um__task_flops_valid(f)) {
+        char why[64];
+        snprintf(why, sizeof why, "flops must be a number of 0 to %g", UM_TASK_MAX_FLOPS);
+        return bad_line(r, why, flops);
+    }
     um__vs_dag *d = r->d;
     if (d->ntasks == r->task_cap) {
         size_t cap = r->task_cap ? 2 * r->task_cap : 1024;
