@@ -1182,12 +1182,14 @@ um_status um__xfer_copy(um__xfer *x, int dd, void *dst, int sd, const void *src,
                         const um__fence *after, int nafter, um__fence *done)
 {
     *done = UM_FENCE_NONE;
-    uint64_t t0 = um__now_ns();
     stage_pool *sp = NULL;
     /* Without slots the copy goes directly, which the driver does between
      * GPUs without peer access too (slower). */
     if (dd != sd && is_gpu(x->ctx, dd) && is_gpu(x->ctx, sd) && !peer_access(x->ctx, sd, dd) &&
         n >= x->ctx->opts.copy_chunk && (sp = stage_slots(x, n))) {
+        /* Its hops wait for the fences on the GPUs' streams, not here, so
+         * the copy starts when issued (as far as the host can tell). */
+        uint64_t t0 = um__now_ns();
         um_status st = two_hop_copy(x, sp, dd, dst, sd, src, n, after, nafter);
         if (st != UM_OK)
             return st;
@@ -1199,6 +1201,14 @@ um_status um__xfer_copy(um__xfer *x, int dd, void *dst, int sd, const void *src,
     um_status st = order_after(&r, after, nafter);
     if (st != UM_OK)
         return st;
+    /* The copy's busy time starts here, once its fences are done: a copy
+     * that runs on the host waited for them just now (order_after), and
+     * timed from before that wait, it counted as busy on its link for
+     * the whole of an earlier copy it had to wait for. A copy queued on a
+     * stream still starts at its issue, as far as the engine can tell:
+     * its stream waits for the fences on the device, at times the
+     * backend does not report. */
+    uint64_t t0 = um__now_ns();
     bool gpu_to_host = r.stream && dd == 0 && is_gpu(x->ctx, sd);
     bool host_to_gpu = r.stream && sd == 0 && is_gpu(x->ctx, dd);
     bool stage = n >= 2 * x->ctx->opts.copy_chunk && x->ctx->devices[0].backend->pinned &&
