@@ -131,6 +131,27 @@ static void unexpected(jreader *r, int c, const char *expected)
         jfail(r, "expected %s, found byte 0x%02x", expected, (unsigned)c);
 }
 
+/* Skips a UTF-8 byte-order mark (EF BB BF) at the start of the input:
+ * editors write one before some documents, and RFC 8259 lets a parser
+ * ignore it rather than refuse the document. Columns on the first line
+ * count from after it, as an editor, which does not show it, counts them;
+ * byte offsets still count it. */
+static void skip_byte_order_mark(jreader *r)
+{
+    static const unsigned char mark[3] = {0xEF, 0xBB, 0xBF};
+    if (jpeek(r) != mark[0])
+        return;
+    for (size_t i = 0; i < sizeof mark; i++) {
+        int c = jpeek(r);
+        if (c != mark[i]) {
+            unexpected(r, c, "the rest of a UTF-8 byte-order mark (EF BB BF)");
+            return;
+        }
+        jskip(r);
+    }
+    r->line_start = r->base + r->pos;
+}
+
 /* --------------------------------------------------------------- arena */
 
 static void *arena_alloc(jreader *r, size_t size)
@@ -743,6 +764,7 @@ int json_read_trace(int fd, uint64_t max_bytes, json_event_fn fn, void *arg, cha
     r->max_bytes = max_bytes;
     r->err = err;
     r->err_len = err_len;
+    skip_byte_order_mark(r);
     skip_space(r);
     int c = jpeek(r);
     bool ok;

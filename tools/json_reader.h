@@ -55,8 +55,9 @@ bool json_number(const json_value *v, double *out);
 typedef int (*json_event_fn)(void *arg, const json_value *event, char *why, size_t why_len);
 
 /* Reads a whole Chrome trace from fd, plain or gzip: either an object whose
- * "traceEvents" member is the event array, or the array alone. Elements of
- * the array that are not objects are skipped. Returns 0 when the whole
+ * "traceEvents" member is the event array, or the array alone, after a
+ * UTF-8 byte-order mark if the input starts with one. Elements of the
+ * array that are not objects are skipped. Returns 0 when the whole
  * document is valid and every callback returned 0; otherwise writes a
  * message naming the line, column and byte offset into err and returns -1.
  * Input beyond max_bytes (after decompression) is an error. */
