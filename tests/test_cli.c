@@ -609,6 +609,42 @@ static void test_bench_threads_header(void)
     CHECK(strstr(out, "\nthreads         100       4      4000 ") != NULL);
 }
 
+/* bench copy --json writes null for a figure it did not measure (the
+ * pageable baseline of a pinned row, "-" in the table), never 0.000, which
+ * reads as a measured rate; the pageable rows have it measured. */
+static void test_bench_copy_json_unmeasured(void)
+{
+    EXPECT_RUN("bench copy --quick --json --repeats 1 --device sim:1G", 0,
+               "\"memory\":\"pinned\",\"bytes\":1048576,");
+    int pinned = 0, pageable = 0;
+    for (const char *p = out; (p = strstr(p, "{\"direction\"")) != NULL; p++) {
+        const char *end = strchr(p, '\n');
+        const char *figure = strstr(p, "\"pageable_gbps\":");
+        CHECK(end != NULL && figure != NULL && figure < end);
+        if (!end || !figure || figure > end)
+            break;
+        figure += strlen("\"pageable_gbps\":");
+        const char *memory = strstr(p, "\"memory\":\"pinned\"");
+        if (memory && memory < end) {
+            pinned++;
+            harness_checks++;
+            if (strncmp(figure, "null,", 5))
+                harness_report(__FILE__, __LINE__, "a pinned row's pageable figure: %.*s",
+                               (int)(end - p), p);
+        } else {
+            pageable++;
+            char *after;
+            double v = strtod(figure, &after);
+            harness_checks++;
+            if (after == figure || *after != ',' || !(v > 0))
+                harness_report(__FILE__, __LINE__, "a pageable row's pageable figure: %.*s",
+                               (int)(end - p), p);
+        }
+    }
+    CHECK_EQ(pinned, 6); /* h2d and d2h of 1, 16 and 256 MiB */
+    CHECK_EQ(pageable, 6);
+}
+
 /* bench oversub's --workload and --policy pick the runs: one workload
  * with one policy gives one JSON line; other values, and the random
  * workload with --all-devices (which has none), are argument errors. */
@@ -655,6 +691,7 @@ int main(void)
     test_tool_median();
     test_bench_threads_header();
     test_oversub_filters();
+    test_bench_copy_json_unmeasured();
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     CHECK(system(cmd) == 0);

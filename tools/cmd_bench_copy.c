@@ -155,20 +155,29 @@ static um_status time_steps(copy_bench *cb, copy_step f, void *arg, double *out)
     return st;
 }
 
+/* One row: a line of the table, or a JSON object with --json. pageable is
+ * NULL where the row measures no pageable copy (pinned and device rows):
+ * the table shows "-" and the JSON null, not 0.000, which would read as a
+ * measured rate. */
 static void print_row(copy_bench *cb, const char *dir, const char *mem, size_t n, double um,
-                      double base, double pageable)
+                      double base, const double *pageable)
 {
     char b[32];
     tool_progress_clear();
     if (cb->o.json) {
         printf("{\"direction\":\"%s\",\"memory\":\"%s\",\"bytes\":%zu,\"unimem_gbps\":%.3f,"
-               "\"baseline_gbps\":%.3f,\"pageable_gbps\":%.3f,\"ratio\":%.4f}\n",
-               dir, mem, n, um, base, pageable, base > 0 ? um / base : 0.0);
+               "\"baseline_gbps\":%.3f,\"pageable_gbps\":",
+               dir, mem, n, um, base);
+        if (pageable)
+            printf("%.3f", *pageable);
+        else
+            fputs("null", stdout);
+        printf(",\"ratio\":%.4f}\n", base > 0 ? um / base : 0.0);
         return;
     }
     char pg[32] = "-";
-    if (pageable > 0)
-        snprintf(pg, sizeof pg, "%.2f", pageable);
+    if (pageable)
+        snprintf(pg, sizeof pg, "%.2f", *pageable);
     printf("%-6s %-9s %10s %12.2f %13.2f %14s %8.3f\n", dir, mem, tool_bytes(b, n), um, base, pg,
            base > 0 ? um / base : 0.0);
 }
@@ -214,7 +223,7 @@ static um_status bench_device_to_device(copy_bench *cb, um_buffer *b, size_t n)
     if (st == UM_OK)
         st = time_steps(cb, step_d2d, &dc, &t_um);
     if (st == UM_OK)
-        print_row(cb, "d2d", "device", n, gbps(n, t_um), gbps(n, t_base), 0.0);
+        print_row(cb, "d2d", "device", n, gbps(n, t_um), gbps(n, t_base), NULL);
     if (a)
         (void)um_free(cb->ctx, a, NULL);
     if (z)
@@ -255,7 +264,7 @@ static um_status bench_size(copy_bench *cb, size_t n)
         if (st == UM_OK)
             st = time_steps(cb, step_replica, &bc, &t_um);
         if (st == UM_OK)
-            print_row(cb, dir, "pinned", n, gbps(n, t_um), gbps(n, t_base), 0.0);
+            print_row(cb, dir, "pinned", n, gbps(n, t_um), gbps(n, t_base), NULL);
         /* pageable: the device replica is the owner. */
         void *p;
         if (st == UM_OK)
@@ -266,9 +275,10 @@ static um_status bench_size(copy_bench *cb, size_t n)
             st = time_steps(cb, step_user, &bc, &t_user);
         if (st == UM_OK)
             st = time_steps(cb, step_raw, &plain, &t_plain);
-        if (st == UM_OK)
-            print_row(cb, dir, "pageable", n, gbps(n, t_user), gbps(n, t_base),
-                      gbps(n, t_plain));
+        if (st == UM_OK) {
+            double pageable = gbps(n, t_plain);
+            print_row(cb, dir, "pageable", n, gbps(n, t_user), gbps(n, t_base), &pageable);
+        }
     }
     if (st == UM_OK && um_device_count(ctx) > 2)
         st = bench_device_to_device(cb, b, n);
