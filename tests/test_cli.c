@@ -645,6 +645,41 @@ static void test_bench_copy_json_unmeasured(void)
     CHECK_EQ(pageable, 6);
 }
 
+/* sim --limit below one page of a device it cuts (the device's
+ * granularity, 2 MiB unless the machine gives another) is an argument
+ * error naming the option and the minimum: such a device has room for no
+ * page, yet the limit was taken and the graph run. A limit of one page is
+ * taken. */
+static void test_sim_limit_page(void)
+{
+    /* Tiles of 128 KiB: three, what a gemm task needs, fit in 1 MiB. */
+    EXPECT_RUN("sim --machine h200x1 --workload gemm --n 256 --tile 128 --limit 1M", 2,
+               "--limit 1M is less than one page of device gpu0 (2M, its granularity): give at "
+               "least 2M");
+    CHECK(strstr(out, "makespan") == NULL); /* nothing ran */
+    EXPECT_RUN("sim --machine h200x1 --workload gemm --n 256 --tile 128 --limit 2097151", 2,
+               "--limit 2097151 is less than one page of device gpu0");
+    EXPECT_RUN("sim --machine h200x1 --workload gemm --n 256 --tile 128 --limit 2M --policy eager "
+               "--json", 0, "\"machine\":\"h200x1\",\"workload\":\"gemm\",\"n\":256,");
+    /* A machine whose pages are 64 KiB takes a limit of 64 KiB. */
+    const char *machine = file_in_dir("small_pages.machine",
+                                      "machine name=small\n"
+                                      "device name=host kind=host memory=1T\n"
+                                      "device name=gpu kind=gpu memory=1G granularity=64K "
+                                      "model=g\n"
+                                      "link from=host to=gpu bandwidth=1T latency=0us\n"
+                                      "link from=gpu to=host bandwidth=1T latency=0us\n"
+                                      "compute model=g kernel=gemm tile=1024 seconds=0.5\n");
+    char args[1024];
+    snprintf(args, sizeof args, "sim --machine %s --workload gemm --n 64 --tile 32 --limit 32K",
+             machine);
+    EXPECT_RUN(args, 2, "--limit 32K is less than one page of device gpu (64K, its granularity): "
+                        "give at least 64K");
+    snprintf(args, sizeof args, "sim --machine %s --workload gemm --n 64 --tile 32 --limit 64K "
+             "--policy eager --json", machine);
+    EXPECT_RUN(args, 0, "\"machine\":\"small\",\"workload\":\"gemm\",\"n\":64,");
+}
+
 /* bench oversub's --workload and --policy pick the runs: one workload
  * with one policy gives one JSON line; other values, and the random
  * workload with --all-devices (which has none), are argument errors. */
@@ -692,6 +727,7 @@ int main(void)
     test_bench_threads_header();
     test_oversub_filters();
     test_bench_copy_json_unmeasured();
+    test_sim_limit_page();
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     CHECK(system(cmd) == 0);

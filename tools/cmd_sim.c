@@ -105,7 +105,8 @@ static void sim_usage(FILE *f)
             "  --n, --tile    matrix order and tile (defaults 131072 and 8192; n a multiple)\n"
             "  --policy       one policy, or all four (default: all)\n"
             "  --limit        every device but the host holds at most BYTES (as demo's --limit\n"
-            "                 sets a memory limit on the device)\n"
+            "                 sets a memory limit on the device); at least one page of each\n"
+            "                 device it cuts (the device's granularity)\n"
             "  --engine       runtime: the library's task runtime itself runs the graph in\n"
             "                 virtual time (its dependency tracking, eviction and copies);\n"
             "                 model (default): the simulator's own faster model of its rules\n"
@@ -157,6 +158,22 @@ static const char *bytes_text(char *buf, double bytes)
     if (bytes < 18446744073709551616.0)
         return tool_bytes(buf, (uint64_t)bytes);
     snprintf(buf, 32, "%.2f TiB", bytes / 1099511627776.0);
+    return buf;
+}
+
+/* bytes as --limit takes it: in the largest of T, G, M and K (powers of
+ * 1024, as um__parse_size reads them) that divides it, else in bytes. */
+static const char *size_arg_text(char buf[32], uint64_t bytes)
+{
+    static const char units[] = "TGMK";
+    for (int i = 0; i < 4; i++) {
+        uint64_t unit = (uint64_t)1 << (10 * (4 - i));
+        if (bytes >= unit && bytes % unit == 0) {
+            snprintf(buf, 32, "%llu%c", (unsigned long long)(bytes / unit), units[i]);
+            return buf;
+        }
+    }
+    snprintf(buf, 32, "%llu", (unsigned long long)bytes);
     return buf;
 }
 
@@ -253,6 +270,7 @@ int um_cmd_sim(int argc, char **argv)
     uint32_t n = 131072, tile = 8192;
     const char *sized = NULL; /* the last of --n and --tile given */
     size_t limit = 0;
+    const char *limit_text = NULL; /* --limit as given, for its error */
     bool json = false, runtime = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -278,6 +296,7 @@ int um_cmd_sim(int argc, char **argv)
             policy = argv[++i];
         } else if (!strcmp(a, "--limit") && has_value) {
             const char *v = argv[++i], *why = NULL;
+            limit_text = v;
             if (!um__parse_size(v, strlen(v), &limit, &why) || !limit) {
                 fprintf(stderr, "unimem " SIM_CMD ": --limit needs a size such as 8G, not '%s'%s%s\n",
                         v, why ? ": " : "", why ? why : "");
@@ -342,6 +361,22 @@ int um_cmd_sim(int argc, char **argv)
     if (st != UM_OK) {
         free(m);
         return tool_fail(SIM_CMD, st);
+    }
+    /* A device holds whole pages of its granularity (the machine's
+     * description may not give one larger than the device), so a limit
+     * below one page leaves a device it cuts room for nothing: an argument
+     * error, as a limit of 0 is. */
+    for (int dev = 1; dev < m->ndev && limit; dev++) {
+        const um__vs_device *cut = &m->dev[dev];
+        if (cut->memory > limit && limit < cut->granularity) {
+            char page[32];
+            const char *minimum = size_arg_text(page, cut->granularity);
+            fprintf(stderr, "unimem " SIM_CMD ": --limit %s is less than one page of device %s "
+                    "(%s, its granularity): give at least %s\n", limit_text, cut->name,
+                    minimum, minimum);
+            free(m);
+            return 2;
+        }
     }
     for (int dev = 1; dev < m->ndev && limit; dev++)
         if (m->dev[dev].memory > limit)
