@@ -3,7 +3,7 @@
  * baselines and their minimum limits on a small trace worked out by hand,
  * failed allocations under --limit, and the exit codes and messages of a
  * corrupt trace, of bogus ones (live bytes past 2^64, no events) and of bad
- * arguments. */
+ * arguments, and the time to read a trace with many streams. */
 #include "harness.h"
 
 #include <math.h>
@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #define BINARY UM_BINARY_DIR "/unimem"
@@ -329,6 +330,82 @@ static void test_lag_streams(const char *dir)
     unlink(path);
 }
 
+static double seconds_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* A stream value of the generated traces: spread over all 64 bits, so
+ * that neither a list nor a table indexed by the value would do. */
+static unsigned long long stream_value(unsigned i)
+{
+    return (unsigned long long)(i + 1) * 0x9e3779b97f4a7c15ull;
+}
+
+/* Stream values are found in a hash map: a list searched from the start
+ * made a trace with n distinct streams take time n^2 to read (200,000
+ * streams: 8 s on a 2-CPU machine, against 0.2 s now). The trace of
+ * 200,000 streams ends in a corrupt line, so that the command reads every
+ * stream and stops before the replay, whose contexts make one stream each
+ * (their own cost is not what is timed). Then a replay of 3,000 streams,
+ * each used a second time in another order, besides stream 0 and the
+ * largest value, gives every allocation back. */
+static void test_many_streams(const char *dir)
+{
+    char path[160], args[256], want[256];
+    snprintf(path, sizeof path, "%s/streams.trace", dir);
+    FILE *f = fopen(path, "w");
+    CHECK(f != NULL);
+    if (!f)
+        return;
+    const unsigned many = 200000;
+    for (unsigned i = 0; i < many; i++)
+        fprintf(f, "a %u 64 %llu\n", i, stream_value(i));
+    fputs("x\n", f);
+    fclose(f);
+    snprintf(args, sizeof args, "replay --json %s", path);
+    double t0 = seconds_now();
+    CHECK_EQ(run(args, true), 1);
+    double elapsed = seconds_now() - t0;
+    snprintf(want, sizeof want, "%s:%u: unknown op 'x'", path, many + 1);
+    CHECK(strstr(out, want) != NULL);
+    if (!strstr(out, want))
+        fprintf(stderr, "  got: %s\n", out);
+    /* Generous for a loaded machine and the sanitizers' slowdown, and still
+     * well below the quadratic time. */
+    double bound = HARNESS_SANITIZED ? 6.0 : 3.0;
+    CHECK(elapsed < bound);
+    printf("test_replay: %u streams read in %.2f s (bound %.1f s)\n", many, elapsed, bound);
+
+    f = fopen(path, "w");
+    CHECK(f != NULL);
+    if (!f)
+        return;
+    const unsigned streams = 3000;
+    unsigned id = 0;
+    fputs("a 900000 4096 0\na 900001 8192 18446744073709551615\n", f);
+    for (unsigned i = 0; i < streams; i++)
+        fprintf(f, "a %u 256 %llu\n", id++, stream_value(i));
+    for (unsigned i = streams; i-- > 0;) {
+        fprintf(f, "a %u 1024 %llu\n", id++, stream_value(i));
+        fprintf(f, "a %u 512 0\n", id++);
+    }
+    for (unsigned k = 0; k < id; k++)
+        fprintf(f, "f %u\n", k);
+    fputs("f 900000\nf 900001\n", f);
+    fclose(f);
+    CHECK_EQ(run(args, false), 0);
+    EXPECT_FIELD(NULL, "allocs", 2 + 3.0 * streams);
+    EXPECT_FIELD(NULL, "frees", 2 + 3.0 * streams);
+    EXPECT_FIELD(NULL, "peak_live_bytes", 4096 + 8192 + streams * (256.0 + 1024 + 512));
+    EXPECT_FIELD(NULL, "failed_allocs", 0);
+    EXPECT_FIELD("direct", "failed_allocs", 0);
+    EXPECT_FIELD("bufcache", "failed_allocs", 0);
+    unlink(path);
+}
+
 int main(void)
 {
     if (access(BINARY, X_OK) != 0) {
@@ -346,6 +423,7 @@ int main(void)
     test_bundled();
     test_lag();
     test_lag_streams(dir);
+    test_many_streams(dir);
     rmdir(dir);
     return harness_finish("test_replay");
 }
