@@ -139,6 +139,42 @@ static void test_failed_free_keeps_block(void)
     CHECK_OK(um_stream_destroy(ctx, s));
     um_shutdown(ctx);
 }
+
+/* An allocation the debug allocator refuses for want of host memory for
+ * its table of live blocks counts once in num_ooms, as any allocation that
+ * fails with UM_ERR_NOMEM does: the inner allocator served it (and took it
+ * back), so only the debug allocator can count it. It was not counted. */
+static void test_table_nomem_counted(void)
+{
+    um_context *ctx = NULL;
+    CHECK_OK(um_init("devices=sim:64M", &ctx));
+    if (!ctx)
+        return;
+    /* The table holds 1,024 slots up to half full: the 513th live block
+     * makes it grow, with calloc. */
+    enum { FULL = 512 };
+    void *blocks[FULL + 1] = {0};
+    for (int i = 0; i < FULL; i++)
+        CHECK_OK(um_malloc(ctx, 1, 64, NULL, &blocks[i]));
+    calloc_fail_in = 1;
+    um_status st = um_malloc(ctx, 1, 64, NULL, &blocks[FULL]);
+    int left = calloc_fail_in;
+    calloc_fail_in = 0;
+    CHECK_EQ(left, 0);
+    CHECK_STATUS(st, UM_ERR_NOMEM);
+    CHECK(strstr(um_last_error(), "no memory for the debug allocator's table") != NULL);
+    um_stats stats;
+    CHECK_OK(um_stats_get(ctx, 1, &stats));
+    CHECK_EQ(stats.num_ooms, 1ull);
+    CHECK_EQ(stats.requested_bytes, (unsigned long long)FULL * 64);
+    CHECK_OK(um_malloc(ctx, 1, 64, NULL, &blocks[FULL]));
+    CHECK_OK(um_stats_get(ctx, 1, &stats));
+    CHECK_EQ(stats.num_ooms, 1ull);
+    for (int i = 0; i <= FULL; i++)
+        if (blocks[i])
+            CHECK_OK(um_free(ctx, blocks[i], NULL));
+    um_shutdown(ctx);
+}
 #endif
 
 int main(void)
@@ -150,6 +186,7 @@ int main(void)
     unsetenv("UNIMEM_CONF");
     test_guard_bytes("sim:64M");
     test_failed_free_keeps_block();
+    test_table_nomem_counted();
     return harness_finish("test_debug");
 #endif
 }

@@ -57,6 +57,10 @@ typedef struct dbg_alloc {
      * process maps there next must not inherit the poison. */
     bool shadow;
     uintptr_t lo, hi;
+    /* Allocations refused for want of host memory for the map (under
+     * lock): the inner allocator never saw them fail, so its num_ooms
+     * lacks them. */
+    uint64_t table_ooms;
 } dbg_alloc;
 
 static dbg_alloc *D(um__allocator *a) { return (dbg_alloc *)a; }
@@ -76,6 +80,7 @@ static um_status d_alloc(um__allocator *a, size_t size, const um__stream_ref *s,
         SHADOW_POISON(p + size, UM_DEBUG_GUARD);
     pthread_mutex_lock(&d->lock);
     bool ok = um__addrmap_put(&d->blocks, (uintptr_t)p, size);
+    d->table_ooms += !ok;
     if (!d->lo || (uintptr_t)p < d->lo)
         d->lo = (uintptr_t)p;
     if ((uintptr_t)p + size + UM_DEBUG_GUARD > d->hi)
@@ -180,6 +185,7 @@ static void d_stats(um__allocator *a, um_stats *out)
     d->inner->ops->stats(d->inner, out);
     pthread_mutex_lock(&d->lock);
     size_t guards = d->blocks.count * UM_DEBUG_GUARD;
+    out->num_ooms += d->table_ooms;
     pthread_mutex_unlock(&d->lock);
     out->requested_bytes -= guards <= out->requested_bytes ? guards : out->requested_bytes;
 }

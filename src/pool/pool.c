@@ -2036,6 +2036,20 @@ static um_status nomem(um__pool *p, size_t size)
                     um__format_bytes(lim, sizeof lim, p->base.memory_limit), why);
 }
 
+/* UM_ERR_NOMEM for a request that failed before it looked for device
+ * memory: the host had none for the pool's record of stream `stream`
+ * (locked). Counted as an out-of-memory failure, but not explained by the
+ * device's figures, which say nothing about it. */
+static um_status nomem_stream_state(um__pool *p, size_t size, uint32_t stream)
+{
+    char req[32];
+    p->ooms++;
+    return um__fail(UM_ERR_NOMEM,
+                    "device %d (%s): cannot allocate %s: no host memory for the pool's record "
+                    "of stream %u",
+                    p->base.dev, dev_name(p), um__format_bytes(req, sizeof req, size), stream);
+}
+
 static um_status fail_locked(um__pool *p, um_status s, size_t size)
 {
     if (s == UM_ERR_NOMEM)
@@ -2138,7 +2152,7 @@ static __attribute__((noinline)) um_status small_alloc_locked(um__pool *p, unsig
         um__lock_release(&p->lock);
         return large_alloc_locked(p, size, um__align_up(size, UM_ALIGN), s, tc, ptr);
     } else {
-        st = fail_locked(p, st, size);
+        st = ss ? fail_locked(p, st, size) : nomem_stream_state(p, size, s->id);
     }
     um__lock_release(&p->lock);
     return st;
@@ -2664,7 +2678,7 @@ static __attribute__((noinline)) um_status large_alloc_locked(um__pool *p, size_
     } else {
         if (p->plan_on && ss)
             um__plan_note_free(&p->plan, seq, bytes);
-        st = fail_locked(p, st, size);
+        st = ss ? fail_locked(p, st, size) : nomem_stream_state(p, size, s->id);
     }
     sync_medium_slabs(p);
     um__lock_release(&p->lock);

@@ -1,0 +1,92 @@
+/* The host running out of memory inside an allocation: the request fails
+ * with UM_ERR_NOMEM, once in num_ooms, with a message that names what ran
+ * out (the host's memory for the pool's record of a stream, not the
+ * device's), and the next request, with memory back, succeeds. */
+#include "harness.h"
+
+#include <dlfcn.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* While set, this thread's calloc and realloc fail (the pool makes its
+ * record of a stream with them); every other call goes to the next
+ * definition (libc's, or a sanitizer's). Per thread, so no other thread's
+ * allocations fail. */
+static _Thread_local bool host_out;
+
+/* Not instrumented by ThreadSanitizer: libc calls them while TSan sets a
+ * new thread up, before that thread's TSan state exists. */
+__attribute__((no_sanitize_thread)) void *calloc(size_t n, size_t size)
+{
+    static void *(*_Atomic next)(size_t, size_t);
+    if (host_out)
+        return NULL;
+    void *(*fn)(size_t, size_t) = atomic_load(&next);
+    if (!fn) {
+        *(void **)&fn = dlsym(RTLD_NEXT, "calloc");
+        atomic_store(&next, fn);
+    }
+    return fn(n, size);
+}
+
+__attribute__((no_sanitize_thread)) void *realloc(void *ptr, size_t size)
+{
+    static void *(*_Atomic next)(void *, size_t);
+    if (host_out)
+        return NULL;
+    void *(*fn)(void *, size_t) = atomic_load(&next);
+    if (!fn) {
+        *(void **)&fn = dlsym(RTLD_NEXT, "realloc");
+        atomic_store(&next, fn);
+    }
+    return fn(ptr, size);
+}
+
+static uint64_t ooms(um_context *ctx, int dev)
+{
+    um_stats s;
+    CHECK_OK(um_stats_get(ctx, dev, &s));
+    return s.num_ooms;
+}
+
+/* A first request on a new stream, small (a slab's slot) or large (pages
+ * of its own), while the host has no memory for the stream's record. */
+static void test_stream_record(size_t size)
+{
+    um_context *ctx = NULL;
+    CHECK_OK(um_init("devices=sim:64M", &ctx));
+    if (!ctx)
+        return;
+    um_stream s = NULL;
+    CHECK_OK(um_stream_create(ctx, 1, &s));
+    void *p = NULL;
+    host_out = true;
+    um_status st = um_malloc(ctx, 1, size, s, &p);
+    host_out = false;
+    CHECK_STATUS(st, UM_ERR_NOMEM);
+    char said[512];
+    snprintf(said, sizeof said, "%s", um_last_error());
+    if (!strstr(said, "no host memory for the pool's record of stream"))
+        harness_report(__FILE__, __LINE__, "%zu bytes: the error names no host memory: %s", size,
+                       said);
+    CHECK(strstr(said, "fragmented") == NULL);
+    CHECK_EQ(ooms(ctx, 1), 1ull);
+    /* With memory back, the same request succeeds and counts nothing. */
+    CHECK_OK(um_malloc(ctx, 1, size, s, &p));
+    CHECK_EQ(ooms(ctx, 1), 1ull);
+    if (p) {
+        memset(p, 0x5a, size);
+        CHECK_OK(um_free(ctx, p, s));
+    }
+    CHECK_OK(um_stream_destroy(ctx, s));
+    um_shutdown(ctx);
+}
+
+int main(void)
+{
+    unsetenv("UNIMEM_CONF");
+    test_stream_record(4096);
+    test_stream_record((size_t)4 << 20);
+    return harness_finish("test_host_nomem");
+}
