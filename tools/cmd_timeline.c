@@ -733,11 +733,10 @@ out:
 static const unsigned char utf8_bom[3] = {0xEF, 0xBB, 0xBF};
 
 /* Whether the file holds JSON: its first byte that is not white space,
- * after a UTF-8 byte-order mark if it starts with one (*has_bom), is '{'
+ * after a UTF-8 byte-order mark if it starts with one, is '{'
  * or '['. Returns 0 or the exit code after printing the error. */
-static int sniff_json(const char *path, bool *is_json, bool *has_bom)
+static int sniff_json(const char *path, bool *is_json)
 {
-    *has_bom = false;
     gzFile gz = gzopen(path, "rb");
     if (!gz) {
         fprintf(stderr, "unimem %s: cannot open %s: %s\n", TL_CMD, path, strerror(errno));
@@ -750,10 +749,8 @@ static int sniff_json(const char *path, bool *is_json, bool *has_bom)
         int i = 0;
         /* gzread fills the buffer unless the input ends, so a mark at the
          * start of the file is whole in the first read. */
-        if (first && got >= (int)sizeof utf8_bom && !memcmp(buf, utf8_bom, sizeof utf8_bom)) {
-            *has_bom = true;
+        if (first && got >= (int)sizeof utf8_bom && !memcmp(buf, utf8_bom, sizeof utf8_bom))
             i = (int)sizeof utf8_bom;
-        }
         first = false;
         for (; i < got && c < 0; i++)
             if (buf[i] != ' ' && buf[i] != '\t' && buf[i] != '\n' && buf[i] != '\r')
@@ -1174,18 +1171,9 @@ int um_cmd_timeline(int argc, char **argv)
     int rc = parse_args(argc, argv, &o);
     if (rc >= 0)
         return rc;
-    bool is_json = false, has_bom = false;
-    if ((rc = sniff_json(o.trace, &is_json, &has_bom)) != 0)
+    bool is_json = false;
+    if ((rc = sniff_json(o.trace, &is_json)) != 0)
         return rc;
-    if (!is_json && has_bom) {
-        /* The allocation-trace reader (src/trace) would take the mark for
-         * part of the first line's operation and stop there: say what is
-         * wrong with the file instead of "unknown op". */
-        fprintf(stderr, "unimem %s: %s starts with a UTF-8 byte-order mark (bytes EF BB BF), "
-                "which an allocation trace may not hold; remove those first 3 bytes\n",
-                TL_CMD, o.trace);
-        return 1;
-    }
     char source[600];
     char temp[256] = "";
     const char *json_path = o.trace;

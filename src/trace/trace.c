@@ -246,6 +246,13 @@ static um_status trace_read_line(um_trace *t, int *eof)
             break;
         }
     }
+    /* A UTF-8 byte-order mark, which some editors put at the start of a
+     * text file, is no part of the first line (it was read as part of its
+     * operation: "unknown op"). */
+    if (t->line == 1 && len >= 3 && !memcmp(t->buf, "\xEF\xBB\xBF", 3)) {
+        memmove(t->buf, t->buf + 3, len - 3);
+        len -= 3;
+    }
     t->buf[len] = '\0';
     if (len == 0) {
         t->line--;
