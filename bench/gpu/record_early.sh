@@ -10,9 +10,7 @@
 set -u
 ROUNDS=${1:-3}
 CORE=${CORE:-3}
-core_of() { lscpu -p=CPU,CORE | awk -F, -v c="$1" '$1 == c { print $2 }'; }
-SECOND=$(lscpu -p=CPU,CORE | awk -F, -v c="$CORE" -v k="$(core_of "$CORE")" '!/^#/ && $1 != c && $2 != k { print $1; exit }')
-[ -n "$SECOND" ] || SECOND=$((CORE + 1))
+. "$(dirname "$0")/cpus.sh"
 OUT=${OUT:-out}
 mkdir -p "$OUT"
 RC=src/pool/record.c

@@ -11,6 +11,7 @@
 #include "driver_open.h"
 
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -25,10 +26,11 @@ static pthread_barrier_t start;
 
 typedef struct part {
     int first, n;
+    bool grow;  /* create, map and give access; else unmap and release */
     int failed; /* the CUresult of a failed call, else 0 */
 } part;
 
-static void *grow(void *arg)
+static void *work(void *arg)
 {
     part *p = arg;
     const um__cuda_api *cu = drv.cu;
@@ -36,42 +38,33 @@ static void *grow(void *arg)
     um_cuResult r = cu->CtxSetCurrent(ctx);
     pthread_barrier_wait(&start);
     for (int i = p->first; i < p->first + p->n && r == UM_CU_SUCCESS; i++) {
-        r = cu->MemCreate(&handles[i], g, &drv.prop, 0);
-        if (r == UM_CU_SUCCESS)
-            r = cu->MemMap(va + (size_t)i * g, g, 0, handles[i], 0);
-        if (r == UM_CU_SUCCESS)
-            r = cu->MemSetAccess(va + (size_t)i * g, g, &drv.access, 1);
+        um_cuDeviceptr at = va + (size_t)i * g;
+        if (p->grow) {
+            r = cu->MemCreate(&handles[i], g, &drv.prop, 0);
+            if (r == UM_CU_SUCCESS)
+                r = cu->MemMap(at, g, 0, handles[i], 0);
+            if (r == UM_CU_SUCCESS)
+                r = cu->MemSetAccess(at, g, &drv.access, 1);
+        } else {
+            r = cu->MemUnmap(at, g);
+            if (r == UM_CU_SUCCESS)
+                r = cu->MemRelease(handles[i]);
+        }
     }
     p->failed = (int)r;
     return NULL;
 }
 
-static void *shrink(void *arg)
-{
-    part *p = arg;
-    const um__cuda_api *cu = drv.cu;
-    size_t g = drv.granularity;
-    um_cuResult r = cu->CtxSetCurrent(ctx);
-    pthread_barrier_wait(&start);
-    for (int i = p->first; i < p->first + p->n && r == UM_CU_SUCCESS; i++) {
-        r = cu->MemUnmap(va + (size_t)i * g, g);
-        if (r == UM_CU_SUCCESS)
-            r = cu->MemRelease(handles[i]);
-    }
-    p->failed = (int)r;
-    return NULL;
-}
-
-/* Runs fn over the pages on `threads` threads; the microseconds it took,
- * or a negative number when a call failed. */
-static double timed(void *(*fn)(void *), int threads)
+/* Grows (or shrinks) over the pages on `threads` threads; the
+ * microseconds it took, or a negative number when a call failed. */
+static double timed(bool grow, int threads)
 {
     pthread_t t[MAX_THREADS];
     part parts[MAX_THREADS];
     pthread_barrier_init(&start, NULL, (unsigned)threads + 1);
     for (int i = 0; i < threads; i++) {
-        parts[i] = (part){i * (PAGES / threads), PAGES / threads, 0};
-        pthread_create(&t[i], NULL, fn, &parts[i]);
+        parts[i] = (part){i * (PAGES / threads), PAGES / threads, grow, 0};
+        pthread_create(&t[i], NULL, work, &parts[i]);
     }
     pthread_barrier_wait(&start);
     uint64_t t0 = um__now_ns();
@@ -104,7 +97,7 @@ int main(void)
     double one_grow = 0, one_shrink = 0;
     for (int round = 0; round < 2; round++)
         for (int threads = 1; threads <= MAX_THREADS; threads *= 2) {
-            double grow_us = timed(grow, threads), shrink_us = timed(shrink, threads);
+            double grow_us = timed(true, threads), shrink_us = timed(false, threads);
             if (grow_us < 0 || shrink_us < 0)
                 return 1;
             if (threads == 1) {
