@@ -246,6 +246,10 @@ static um_status trace_read_line(um_trace *t, int *eof)
             break;
         }
     }
+    /* Whether the buffer filled before the line ended, decided before a
+     * mark is taken off: the mark's bytes count towards the first line's
+     * length. */
+    bool full = !newline && len == max;
     /* A UTF-8 byte-order mark, which some editors put at the start of a
      * text file, is no part of the first line (it was read as part of its
      * operation: "unknown op"). */
@@ -264,7 +268,7 @@ static um_status trace_read_line(um_trace *t, int *eof)
      * is, the last line too, rather than cut short. */
     if (memchr(t->buf, '\0', len))
         return trace_error(t, UM_ERR_PARSE, "NUL byte in line");
-    if (newline || len < max)
+    if (!full)
         return UM_OK;
     /* The buffer is full; the line may end exactly here. */
     if (t->text_len == 0 && (s = trace_fill(t)) != UM_OK)

@@ -179,16 +179,24 @@ static void reference(const char *text, size_t len, run *out)
         const char *s = text + at;
         at += l + (nl ? 1 : 0);
         line++;
+        /* A UTF-8 byte-order mark before the first line is no part of it,
+         * but its bytes count towards that line's length limit. */
+        size_t max_chars = LINE_MAX_CHARS;
+        if (line == 1 && l >= 3 && !memcmp(s, "\xEF\xBB\xBF", 3)) {
+            s += 3;
+            l -= 3;
+            max_chars -= 3;
+        }
         if (memchr(s, '\0', l)) {
             out->end = END_UNKNOWN;
             out->line = line;
             break;
         }
-        if (l > LINE_MAX_CHARS) {
+        if (l > max_chars) {
             size_t i = 0;
             while (i < l && (s[i] == ' ' || s[i] == '\t'))
                 i++;
-            if (i >= LINE_MAX_CHARS || s[i] != '#') {
+            if (i >= max_chars || s[i] != '#') {
                 out->end = END_ERROR;
                 out->status = UM_ERR_PARSE;
                 out->line = line;
