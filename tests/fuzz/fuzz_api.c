@@ -1041,7 +1041,7 @@ static void op_misuse(world *w)
     case 8: /* simulated work on a stream of another device */
         if (dev != 0)
             FUZZ_CHECK(um_sim_stream_work(w->ctx, dev, w->streams[dev == 1 ? 2 : 1], 1, 1) ==
-                           UM_ERR_INVALID,
+                           UM_ERR_WRONG_DEVICE,
                        "sim work on another device's stream");
         break;
     default: /* a release without an acquire */
