@@ -535,8 +535,10 @@ UM_API um_status um_task_stats_get(um_context *ctx, int dev, um_task_stats *out)
 /* --------------------------------------------------- allocation traces */
 
 /* A reader for the allocation-trace format of shared/traces (gzip or plain
- * text): "a <id> <size> <stream>" and "f <id>" lines, '#' comments. The
- * reader validates as it goes: an unknown op, a missing or extra field, a
+ * text): "a <id> <size> <stream>" and "f <id>" lines, '#' comments, lines
+ * of at most 511 characters (comments excepted); a UTF-8 byte-order mark
+ * before the first line is skipped (its bytes count towards that line's
+ * length). The reader validates as it goes: an unknown op, a missing or extra field, a
  * duplicate id, or a free of an unknown or already freed id is UM_ERR_PARSE
  * with the line number in um_last_error(). */
 typedef struct um_trace um_trace;
