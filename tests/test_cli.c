@@ -347,7 +347,9 @@ static void test_timeline_byte_order_mark(void)
      * timeline and the replay alike: the trace reader took the mark for
      * part of the first operation ("unknown op"). */
     static const char ops[] = "a 1 4096 0\na 2 8192 0\nf 1\n";
-    const char *alloc = file_in_dir("bom.trace", "\xEF\xBB\xBF" "a 1 4096 0\na 2 8192 0\nf 1\n");
+    char marked_ops[sizeof ops + 3] = "\xEF\xBB\xBF";
+    strcat(marked_ops, ops);
+    const char *alloc = file_in_dir("bom.trace", marked_ops);
     const char *bare = file_in_dir("nobom.trace", ops);
     snprintf(args, sizeof args, "timeline %s -o %s", alloc, page);
     EXPECT_RUN(args, 0, NULL);
