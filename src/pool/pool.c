@@ -928,11 +928,22 @@ static um__stream_state *stream_state_slow(um__pool *p, const um__stream_ref *s)
     }
     um__stream_state *ss = p->streams[s->id];
     if (!ss) {
+        /* The busy list grows with the states, so that listing one later
+         * needs no memory. */
+        if (p->nstates == p->busy_cap) {
+            uint32_t cap = p->busy_cap ? 2 * p->busy_cap : 8;
+            um__stream_state **b = realloc(p->busy, cap * sizeof *b);
+            if (!b)
+                return NULL;
+            p->busy = b;
+            p->busy_cap = cap;
+        }
         ss = calloc(1, sizeof *ss);
         if (!ss)
             return NULL;
         ss->epoch = 1;
         p->streams[s->id] = ss;
+        p->nstates++;
     }
     if (!ss->known) {
         ss->known = true;
@@ -1016,6 +1027,17 @@ static bool stream_has_pending(const um__stream_state *ss)
     return ss->open_frees || ss->small_pending;
 }
 
+/* Notes frees on stream ss that no fence covers yet, and lists the stream
+ * for polling. */
+static inline void note_open_frees(um__pool *p, um__stream_state *ss)
+{
+    ss->open_frees = true;
+    if (!ss->busy) {
+        ss->busy = true;
+        p->busy[p->nbusy++] = ss;
+    }
+}
+
 /* The backend that records and answers a stream's fences: the stream's
  * own (another device's, for a GPU stream ordering host memory). */
 static um__backend *fence_backend(um__pool *p, const um__stream_state *ss)
@@ -1081,9 +1103,9 @@ static bool wait_old_fences(um__pool *p, uint64_t min_age_ns)
 {
     uint64_t now = um__now_ns();
     bool any = false;
-    for (uint32_t i = 0; i < p->nstreams; i++) {
-        um__stream_state *ss = p->streams[i];
-        while (ss && ss->fence_n && now - ss->fences[ss->fence_head].recorded_ns >= min_age_ns &&
+    for (uint32_t i = 0; i < p->nbusy; i++) {
+        um__stream_state *ss = p->busy[i];
+        while (ss->fence_n && now - ss->fences[ss->fence_head].recorded_ns >= min_age_ns &&
                retire_fence(p, ss, true))
             any = true;
     }
@@ -1093,9 +1115,17 @@ static bool wait_old_fences(um__pool *p, uint64_t min_age_ns)
 static void poll_all(um__pool *p, bool wait)
 {
     bool idle = true;
-    for (uint32_t i = 0; i < p->nstreams; i++)
-        if (p->streams[i])
-            idle &= poll_stream(p, p->streams[i], wait);
+    for (uint32_t i = 0; i < p->nbusy;) {
+        um__stream_state *ss = p->busy[i];
+        if (poll_stream(p, ss, wait)) {
+            /* Idle: off the list until its next free. */
+            ss->busy = false;
+            p->busy[i] = p->busy[--p->nbusy];
+        } else {
+            idle = false;
+            i++;
+        }
+    }
     /* Pages freed by several busy streams wait for a moment like this. */
     if (idle)
         p->full_syncs++;
@@ -1154,7 +1184,7 @@ static void fence_range(um__pool *p, um__stream_state *ss, uint32_t sid, uintptr
     note_fencer(p, sid);
     for (size_t pg = first; pg <= last; pg++)
         fence_page(p, sid, ss->epoch, pg);
-    ss->open_frees = true;
+    note_open_frees(p, ss);
 }
 
 /* Takes n not-ready bytes off page pg's pin count, after fencing it on
@@ -1234,7 +1264,7 @@ static void unpin_fenced(um__pool *p, um__stream_state *ss, uint32_t sid, uint64
     if (last != first)
         unpin_page(p, ss, sid, epoch, last, page_share(p, last, first, last, addr, len));
     if (ss)
-        ss->open_frees = true;
+        note_open_frees(p, ss);
 }
 
 /* ------------------------------------------------------------------ slabs */
@@ -1472,12 +1502,12 @@ static um_status small_take(um__pool *p, unsigned cls, um__stream_state *ss, voi
 }
 
 /* A cached slot (state CACHED) freed on stream ss goes to its pending list. */
-static bool small_park(um__stream_state *ss, unsigned cls, void *ptr)
+static bool small_park(um__pool *p, um__stream_state *ss, unsigned cls, void *ptr)
 {
     if (!pending_push(&ss->small[cls], ptr, ss->epoch))
         return false;
     ss->small_pending++;
-    ss->open_frees = true;
+    note_open_frees(p, ss);
     return true;
 }
 
@@ -1777,7 +1807,7 @@ static void flush_bin_locked(um__pool *p, um__tc_bin *bin, unsigned cls, uint32_
     um__stream_state *ss = p->streams[bin->stream];
     uint32_t i = 0;
     for (; i < count; i++)
-        if (!small_park(ss, cls, bin->items[i]))
+        if (!small_park(p, ss, cls, bin->items[i]))
             break;
     /* Under host-memory exhaustion the rest stays in the bin. */
     memmove(bin->items, bin->items + i, (bin->n - i) * sizeof bin->items[0]);
@@ -2747,7 +2777,7 @@ static __attribute__((noinline)) um_status small_free_locked(um__pool *p, unsign
             parked = true;
         }
     }
-    if (!parked && ss && small_park(ss, cls, (void *)addr)) {
+    if (!parked && ss && small_park(p, ss, cls, (void *)addr)) {
         parked = true;
         p->central_frees++;
     }
@@ -3122,7 +3152,7 @@ static um_status pool_stream_forget(um__allocator *a, const um__stream_ref *s)
          * stream given this id. Without one there was nothing to wait for
          * unless some free had reached the pool. */
         if (!taken)
-            ss->open_frees = true;
+            note_open_frees(p, ss);
         if (!drain_stream(p, ss)) {
             /* Its fences are still the stream's backend's to answer (on
              * another device's stream, for host memory), and what they cover
@@ -3403,8 +3433,8 @@ static size_t largest_free_locked(um__pool *p)
         if (!medium_class_on(p, c))
             continue;
         bool any = p->partial[c] != NULL;
-        for (uint32_t i = 0; !any && i < p->nstreams; i++)
-            any = p->streams[i] && p->streams[i]->small[c].n;
+        for (uint32_t i = 0; !any && i < p->nbusy; i++)
+            any = p->busy[i]->small[c].n != 0;
         if (!any && own)
             any = own->bins[c].n != 0;
         if (any)
@@ -3630,6 +3660,7 @@ static um_status pool_check(um__allocator *a)
     CHECK_THAT(!p->arena == (p->plan.state < UM_PLAN_ACTIVE),
                "plan state %d with%s an arena", (int)p->plan.state, p->arena ? "" : "out");
     size_t mapped = 0, holes = 0, pending_small = 0;
+    uint32_t states = 0;
     for (size_t pg = 0; pg < p->npages; pg++) {
         CHECK_THAT(pin[pg] == p->pages[pg].pin, "page %zu: %u bytes pinned, record says %u", pg,
                    pin[pg], p->pages[pg].pin);
@@ -3703,8 +3734,16 @@ static um_status pool_check(um__allocator *a)
         for (unsigned c = 0; c < UM_NCLASSES; c++)
             k += ss->small[c].n;
         CHECK_THAT(k == ss->small_pending, "stream %u: small pending count wrong", i);
+        CHECK_THAT(ss->busy || (!ss->fence_n && !stream_has_pending(ss)),
+                   "stream %u has frees to retire but is not on the busy list", i);
         pending_small += k;
+        states++;
     }
+    CHECK_THAT(states == p->nstates, "%u stream states, %u counted", states, p->nstates);
+    CHECK_THAT(p->nbusy <= p->nstates, "%u streams on the busy list of %u", p->nbusy,
+               p->nstates);
+    for (uint32_t i = 0; i < p->nbusy; i++)
+        CHECK_THAT(p->busy[i]->busy, "busy list entry %u is not marked busy", i);
     for (um__tcache *tc = p->tcaches; tc; tc = tc->next)
         for (unsigned c = 0; c < UM_NCLASSES; c++)
             pending_small += tc->bins[c].n;
@@ -3800,6 +3839,7 @@ static void pool_destroy(um__allocator *a)
         free(ss);
     }
     free(p->streams);
+    free(p->busy);
     /* A driver may refuse a call now and take it a moment later: each is
      * tried a few times before the memory is reported lost. */
     size_t refused = 0;

@@ -134,6 +134,7 @@ typedef struct um__pending_vec {
 typedef struct um__stream_state {
     bool known;
     bool open_frees;              /* frees stamped with `epoch` exist */
+    bool busy;                    /* listed in the pool's busy[] */
     um__bstream *bstream;
     um__backend *backend;         /* bstream's backend; NULL: the pool's */
     um__pending_vec small[UM_NCLASSES];
@@ -298,6 +299,13 @@ typedef struct um__pool {
 
     um__stream_state **streams;
     uint32_t nstreams;
+    /* The streams that may have frees to retire: every one with open
+     * frees, pending slots or fences in flight, and maybe some idle ones
+     * (poll_all takes those off). Polling visits these alone, so a program
+     * that made many streams pays for the ones still busy. Room for every
+     * stream state is kept (nstates), so listing one never fails. */
+    um__stream_state **busy;
+    uint32_t nbusy, nstates, busy_cap;
     /* Bit i: stream i is registered. Read without the lock by the free fast
      * path; streams past the bitmap always take the locked path. */
     _Atomic uint64_t known_streams[16];
