@@ -1051,8 +1051,9 @@ um_status um__cuda_host_backend_create(int gpu, size_t capacity, um__backend **o
     if (!attr(c, UM_CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, 0)) {
         cuda_destroy(b);
         return um__fail(UM_ERR_UNSUPPORTED,
-                        "%s: the driver cannot place VMM pages in host memory (no "
-                        "HOST_NUMA support; CUDA 12.4 or newer on Linux)",
+                        "%s: the driver cannot place VMM pages in host memory (it reports "
+                        "no HOST_NUMA support for cuMemCreate: device attribute 141 is 0 or "
+                        "unknown to this driver)",
                         what);
     }
     if (capacity == 0) {

@@ -111,6 +111,7 @@ static mapping res[MAX_RES];
 static size_t nres;
 static int gpus = 1;
 static int vmm = 1;
+static int host_numa = 1; /* VMM pages in host memory (attribute 141) */
 static size_t gpu_mem = (size_t)4 << 30;
 static size_t used[64]; /* bytes created or cuMemAlloc'ed per GPU */
 static __thread um_cuContext current;
@@ -679,6 +680,7 @@ static int setup(void)
     if (gpus < 0 || gpus > 64)
         gpus = 1;
     vmm = !(getenv("FAKE_CUDA_NO_VMM") && atoi(getenv("FAKE_CUDA_NO_VMM")));
+    host_numa = vmm && !(getenv("FAKE_CUDA_NO_HOST_NUMA") && atoi(getenv("FAKE_CUDA_NO_HOST_NUMA")));
     if (getenv("FAKE_CUDA_MEM"))
         gpu_mem = strtoull(getenv("FAKE_CUDA_MEM"), NULL, 0);
     if (getenv("FAKE_CUDA_FAIL_EVERY"))
@@ -773,7 +775,7 @@ EXPORT um_cuResult cuDeviceGetAttribute(int *v, int attr, um_cuDevice d)
     case UM_CU_DEVICE_ATTRIBUTE_CLOCK_RATE: *v = 1980000; break;
     case UM_CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING: *v = 1; break;
     case UM_CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: *v = vmm; break;
-    case UM_CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: *v = vmm; break;
+    case UM_CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: *v = host_numa; break;
     case UM_CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID: *v = 0; break;
     default: return UM_CU_ERROR_INVALID_VALUE;
     }
