@@ -710,6 +710,29 @@ static void test_oversub_filters(void)
                "--all-devices runs the stream workload only");
 }
 
+/* A --limit above the device's memory is an argument error naming both
+ * sizes, and nothing runs: the device holds only its memory, yet replay
+ * and demo reported the limit as given, and bench oversub printed its
+ * table's head and then failed on an allocation of the whole limit. */
+static void test_limit_above_memory(void)
+{
+    EXPECT_RUN("replay " PIPELINE " --device sim:1G --limit 2G", 2, "unimem replay: --limit 2.00 GiB is above device 1's memory (sim1 has "
+                        "1.00 GiB)");
+    CHECK(strstr(out, "peak reserved") == NULL);
+    EXPECT_RUN("demo gemm --n 256 --tile 128 --device sim:2x1G --limit 3G", 2,
+               "unimem demo: --limit 3.00 GiB is above device 1's memory (sim1 has 1.00 GiB)");
+    CHECK(strstr(out, "makespan") == NULL);
+    EXPECT_RUN("bench oversub --quick --device sim:1G --limit 2G", 2,
+               "unimem bench oversub: --limit 2.00 GiB is above device 1's memory (sim1 has "
+               "1.00 GiB)");
+    CHECK(strstr(out, "work ") == NULL); /* no table head */
+    EXPECT_RUN("bench oversub --quick --all-devices --device sim:1G+sim:2G --limit 1536M", 2,
+               "--limit 1.50 GiB is above device 1's memory (sim1 has 1.00 GiB)");
+    /* The whole memory is a limit. */
+    EXPECT_RUN("demo gemm --n 256 --tile 128 --device sim:1G --limit 1G --sched eager", 0,
+               "memory limit 1.00 GiB on each accelerator");
+}
+
 int main(void)
 {
     if (access(BINARY, X_OK) != 0) {
@@ -740,6 +763,7 @@ int main(void)
     test_oversub_filters();
     test_bench_copy_json_unmeasured();
     test_sim_limit_page();
+    test_limit_above_memory();
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     CHECK(system(cmd) == 0);

@@ -89,7 +89,8 @@ static void oversub_usage(FILE *f)
             "\n"
             "  --device SPEC  the devices option (default cuda:0, or sim:4G with no GPU;\n"
             "                 with --all-devices cuda, or sim:2x4G)\n"
-            "  --limit BYTES  the device's memory limit (default 8G on a GPU, 512M on sim)\n"
+            "  --limit BYTES  the device's memory limit, at most its memory (default 8G on a\n"
+            "                 GPU, 512M on sim)\n"
             "  --sim-bandwidth BYTES  a sim device's modelled link per second, each way\n"
             "                 (option sim_link_bandwidth; default 4G)\n"
             "  --all-devices  every accelerator of SPEC gets the limit; the stream workload\n"
@@ -188,6 +189,7 @@ typedef struct run {
     um_buffer **in;     /* device d's n inputs from in[(d - 1) * n] */
     um_buffer **result; /* device d's result: result[d - 1] */
     void *host;         /* the results' landing place on the host */
+    bool limit_over;    /* --limit is above a device's memory (said on stderr) */
 } run;
 
 static um_status open_run(const oversub_opts *o, const char *policy, size_t size, int n, run *r)
@@ -206,8 +208,16 @@ static um_status open_run(const oversub_opts *o, const char *policy, size_t size
     r->ndev = 1;
     if (st == UM_OK && o->all && um_device_count(r->ctx) > 2)
         r->ndev = um_device_count(r->ctx) - 1;
-    for (int d = 1; d <= r->ndev && st == UM_OK; d++)
-        st = um_set_memory_limit(r->ctx, d, o->limit);
+    for (int d = 1; d <= r->ndev && st == UM_OK; d++) {
+        um_device_info info;
+        if (d < um_device_count(r->ctx) && (st = um_device_info_get(r->ctx, d, &info)) == UM_OK &&
+            !tool_limit_fits(OVERSUB_CMD, &info, d, o->limit)) {
+            r->limit_over = true;
+            st = UM_ERR_INVALID;
+        }
+        if (st == UM_OK)
+            st = um_set_memory_limit(r->ctx, d, o->limit);
+    }
     r->size = size;
     r->n = n;
     size_t nd = r->ndev > 1 ? (size_t)r->ndev : 1, ni = n > 0 ? (size_t)n : 1;
@@ -251,6 +261,8 @@ static int open_fail(const oversub_opts *o, const run *r, um_status st)
 {
     if (!r->ctx)
         return tool_init_fail(OVERSUB_CMD, st);
+    if (r->limit_over)
+        return TOOL_EXIT_USAGE;
     if (um_device_count(r->ctx) < 2) {
         tool_progress_clear();
         fprintf(stderr, "unimem " OVERSUB_CMD ": --device %s gives no accelerator (device 1)\n",
@@ -398,9 +410,27 @@ static void print_result(const oversub_opts *o, const result *x)
            w, x->seconds, x->bound_seconds, over_bound, x->h2d, x->d2h);
 }
 
+/* The table's head, printed with the first result: a run that cannot
+ * start (a --limit above the device's memory) prints no table. */
+static void describe_one(const oversub_opts *o)
+{
+    char lim[32], buf[32], bw[32];
+    bool sim = !strncmp(o->device, "sim", 3);
+    printf("unimem bench oversub: devices=%s, device 1 limited to %s, buffers of %s; "
+           "accesses announced %d ahead%s%s%s\n",
+           o->device, tool_bytes(lim, o->limit), tool_bytes(buf, o->limit / BUFFERS_PER_LIMIT),
+           LOOKAHEAD, sim ? "; sim link modelled at " : "", sim ? tool_bytes(bw, o->sim_bandwidth) : "",
+           sim ? "/s each way" : "");
+    printf("mv/wMIN: moved over what the best policy knowing only the announced accesses\n"
+           "moves on accesses with no pattern (random only; see window_misses)\n");
+    printf("%-7s %6s %-5s %12s %12s %8s %8s %9s %9s %8s %8s %8s\n", "work", "over", "pol",
+           "moved", "MIN", "mv/MIN", "mv/wMIN", "seconds", "bound_s", "tp/bnd", "h2d_GB/s",
+           "d2h_GB/s");
+}
+
 /* One workload with one policy: the inputs, the access sequence, the run. */
 static int bench_one(const oversub_opts *o, const char *workload, double factor,
-                     const char *policy)
+                     const char *policy, bool *described)
 {
     size_t size = o->limit / BUFFERS_PER_LIMIT;
     int slots = (int)(o->limit / size);
@@ -464,6 +494,9 @@ static int bench_one(const oversub_opts *o, const char *workload, double factor,
     double t_up = (double)min_up / (h2d * 1e9), t_down = (double)min_down / (d2h * 1e9);
     x.bound_seconds = t_up > t_down ? t_up : t_down;
     tool_progress_clear();
+    if (!o->json && !*described)
+        describe_one(o);
+    *described = true;
     print_result(o, &x);
     note_run_stats(r.ctx);
     progress.done++;
@@ -885,30 +918,16 @@ int um_cmd_bench_oversub(int argc, char **argv)
                 rc = bench_all(&o, all_factors[f], policy[p], &described);
         return print_run_stats(rc);
     }
-    char lim[32];
-    if (!o.json) {
-        char bw[32];
-        printf("unimem bench oversub: devices=%s, device 1 limited to %s, buffers of %s; "
-               "accesses announced %d ahead%s%s%s\n",
-               o.device, tool_bytes(lim, o.limit), tool_bytes(why, o.limit / BUFFERS_PER_LIMIT),
-               LOOKAHEAD, strncmp(o.device, "sim", 3) ? "" : "; sim link modelled at ",
-               strncmp(o.device, "sim", 3) ? "" : tool_bytes(bw, o.sim_bandwidth),
-               strncmp(o.device, "sim", 3) ? "" : "/s each way");
-        printf("mv/wMIN: moved over what the best policy knowing only the announced accesses\n"
-               "moves on accesses with no pattern (random only; see window_misses)\n");
-        printf("%-7s %6s %-5s %12s %12s %8s %8s %9s %9s %8s %8s %8s\n", "work", "over", "pol",
-               "moved", "MIN", "mv/MIN", "mv/wMIN", "seconds", "bound_s", "tp/bnd", "h2d_GB/s",
-               "d2h_GB/s");
-    }
     static const double factors[] = {1.5, 2.0, 4.0};
+    bool described = false;
     bool streams = !o.workload || !strcmp(o.workload, "stream");
     bool random = !o.workload || !strcmp(o.workload, "random");
     int nfactors = streams ? (o.quick ? 2 : 3) : 0;
     progress.total = (nfactors + (random ? 1 : 0)) * npolicies;
     for (int f = 0; f < nfactors && !rc; f++)
         for (int p = 0; p < npolicies && !rc; p++)
-            rc = bench_one(&o, "stream", factors[f], policy[p]);
+            rc = bench_one(&o, "stream", factors[f], policy[p], &described);
     for (int p = 0; random && p < npolicies && !rc; p++)
-        rc = bench_one(&o, "random", 2.0, policy[p]);
+        rc = bench_one(&o, "random", 2.0, policy[p], &described);
     return print_run_stats(rc);
 }

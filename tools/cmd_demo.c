@@ -157,8 +157,8 @@ static void demo_usage(FILE *f)
             "  --tile T         tile order (default %d on GPUs, %d elsewhere; --quick: 256)\n"
             "  --device SPEC    the devices option (default cuda where the driver reports\n"
             "                   GPUs, else %s: the host and 3 simulated devices)\n"
-            "  --limit BYTES    memory limit of every accelerator (default a third of one\n"
-            "                   matrix, at least 4 tiles, at most the device's capacity)\n"
+            "  --limit BYTES    memory limit of every accelerator, at most its memory (default\n"
+            "                   a third of one matrix, at least 4 tiles, at most the memory)\n"
             "  --sched POLICY   eager, round_robin, locality, cost (default), or all: each\n"
             "                   in turn with a fresh context, then a table of makespans\n"
             "  --sim-gflops G   compute speed of simulated devices (option sim_gflops;\n"
@@ -1083,6 +1083,10 @@ static int run_one(demo_cfg *c, const char *sched, run_result *x)
         cpu_workers += dr->info.kind != UM_DEVICE_CUDA;
         if (d == 0)
             continue;
+        if (!tool_limit_fits(DEMO_CMD, &dr->info, d, c->limit)) {
+            close_run(&r);
+            return TOOL_EXIT_USAGE;
+        }
         /* Memory comes in pages: what a limit holds is rounded down to them. */
         size_t page = dr->info.granularity ? dr->info.granularity : 1;
         if (c->limit && c->limit / page * page < 3 * tile_bytes(c)) {

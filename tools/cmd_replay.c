@@ -77,8 +77,8 @@ static void usage(FILE *f)
             "                  (default " REPLAY_DEFAULT_DEVICE
             ", an H200-sized simulated device; the first\n"
             "                  accelerator is used; cuda:0 for GPU 0), or 'host' for device 0\n"
-            "  --limit BYTES   memory limit for all three runs (K/M/G suffixes); allocations\n"
-            "                  that fail under it are counted\n"
+            "  --limit BYTES   memory limit for all three runs (K/M/G suffixes), at most the\n"
+            "                  device's memory; allocations that fail under it are counted\n"
             "  --min-limit     also bisect, per allocator, the smallest memory limit (in 2 MiB\n"
             "                  steps) under which the trace runs with no failed allocation\n"
             "  --lag N         sim devices: each event is a unit of simulated work that the\n"
@@ -329,6 +329,11 @@ static int replay_once(const rp_opts *o, const rp_trace *t, const char *alloc, u
         goto out;
     }
     out->granularity = info.granularity;
+    /* The user's limit; the bisection of --min-limit may try above it. */
+    if (!tool_limit_fits(REPLAY_CMD, &info, dev, o->limit)) {
+        rc = TOOL_EXIT_USAGE;
+        goto out;
+    }
     if (limit && (s = um_set_memory_limit(ctx, dev, (size_t)limit)) != UM_OK) {
         rc = tool_fail(REPLAY_CMD, s);
         goto out;

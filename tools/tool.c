@@ -51,6 +51,17 @@ double tool_median(double *v, size_t n)
     return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2.0;
 }
 
+bool tool_limit_fits(const char *cmd, const um_device_info *info, int dev, uint64_t limit)
+{
+    if (limit <= info->capacity)
+        return true;
+    char l[32], c[32];
+    tool_progress_clear();
+    fprintf(stderr, "unimem %s: --limit %s is above device %d's memory (%s has %s)\n", cmd,
+            tool_bytes(l, limit), dev, info->name, tool_bytes(c, info->capacity));
+    return false;
+}
+
 bool tool_device_arg_ok(const char *cmd, const char *value)
 {
     size_t len = strlen(value);

@@ -53,6 +53,14 @@ bool tool_progress_on(void);
  * with TOOL_EXIT_USAGE. */
 #define TOOL_MAX_DEVICE_LEN 255
 bool tool_device_arg_ok(const char *cmd, const char *value);
+/* Whether device dev (described by info) has at least `limit` bytes of
+ * memory, as the command's --limit asks. A device holds no more than its
+ * memory (um_set_memory_limit takes the capacity for a larger limit), so a
+ * larger --limit would be reported as given while it does not hold:
+ * refused instead. Otherwise prints "unimem <cmd>: --limit X is above
+ * device N's memory (NAME has Y)" to stderr and returns false; the command
+ * then exits with TOOL_EXIT_USAGE. */
+bool tool_limit_fits(const char *cmd, const um_device_info *info, int dev, uint64_t limit);
 /* tool_fail for um_init of a configuration made from the command line: a
  * refused option (UM_ERR_BAD_OPTION: a --device value, or UNIMEM_CONF) is
  * bad input from the user and gives TOOL_EXIT_USAGE, any other failure
