@@ -1055,6 +1055,44 @@ static void test_limits(void)
     a->ops->destroy(a);
 }
 
+/* A cache limit holds with the thread cache on: small frees that overflow
+ * a bin enforce it, so freeing 100 MiB of 4 KiB blocks leaves at most one
+ * bin's slab cached (100 MiB stayed, even after a large free), and a large
+ * block freed under a limit goes back instead of staying in its thread's
+ * bounce cache (a 64 MiB block stayed cached under a 1 MiB limit). */
+static void test_cache_limit_thread_cache(void)
+{
+    um__allocator *a = make_pool(256 * MiB, 0, 1 * MiB, 1);
+    enum { N = 25600 };
+    void **v = malloc(N * sizeof *v);
+    CHECK(v != NULL);
+    for (int i = 0; i < N; i++)
+        v[i] = xalloc(a, 4096, 0);
+    CHECK_EQ(stats(a).reserved_bytes, 100 * MiB);
+    for (int i = 0; i < N; i++)
+        xfree(a, v[i], 0);
+    um_stats st = stats(a);
+    CHECK_EQ(st.active_bytes, 0);
+    /* What one thread's bin of the class keeps: its slots' slab. */
+    CHECK(st.reserved_bytes <= 2 * MiB);
+    CHECK_OK(a->ops->check(a));
+    /* The large block a thread allocated last goes back on its free. */
+    void *big = xalloc(a, 64 * MiB, 0);
+    xfree(a, big, 0);
+    CHECK(stats(a).reserved_bytes <= 2 * MiB);
+    big = xalloc(a, 64 * MiB, 0);
+    xfree(a, big, 0);
+    CHECK(stats(a).reserved_bytes <= 2 * MiB);
+    /* Without the limit the block stays cached, as before. */
+    CHECK_OK(a->ops->set_cache_limit(a, 0));
+    big = xalloc(a, 64 * MiB, 0);
+    xfree(a, big, 0);
+    CHECK(stats(a).reserved_bytes >= 64 * MiB);
+    CHECK_OK(a->ops->check(a));
+    free(v);
+    a->ops->destroy(a);
+}
+
 /* A request at most the limit whose pages exceed it (5 MiB under a 5 MiB
  * limit takes three 2 MiB pages) can never be served: the error says so.
  * It said the free memory was fragmented, its largest range 0 bytes. */
@@ -1830,6 +1868,7 @@ int main(void)
     test_fenced_pages();
     test_limits();
     test_limit_in_pages();
+    test_cache_limit_thread_cache();
     test_fit_beyond_best();
     test_fit_needs_holes_outside();
     test_largest_free_is_contiguous();

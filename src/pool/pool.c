@@ -2460,7 +2460,8 @@ static bool bounce_take(um__pool *p, um__tcache *tc, size_t size, size_t bytes, 
 static bool bounce_put(um__pool *p, um__tcache *tc, uintptr_t addr, const um__stream_ref *s)
 {
     um__block *b = atomic_load_explicit(&tc->out, memory_order_relaxed);
-    if (!b || tc->out_addr != addr || atomic_load_explicit(&tc->held, memory_order_relaxed))
+    if (!b || tc->out_addr != addr || atomic_load_explicit(&tc->held, memory_order_relaxed) ||
+        atomic_load_explicit(&p->cache_capped, memory_order_relaxed))
         return false;
     uint32_t sid = s ? s->id : tc->out_stream;
     if (!stream_known(p, sid) || atomic_load_explicit(&b->tc_owner, memory_order_relaxed) != tc)
@@ -2786,6 +2787,9 @@ static __attribute__((noinline)) um_status small_free_locked(um__pool *p, unsign
         atomic_store_explicit(&w->w, word, memory_order_relaxed);
         account(p, tc, um__class_size[cls]);
     }
+    /* Small frees come here once a bin is full, so under a cache limit the
+     * slabs they empty go back without waiting for a large free. */
+    enforce_cache_limit(p);
     um__lock_release(&p->lock);
     return parked ? UM_OK : um__fail(UM_ERR_NOMEM, "out of host memory for free records");
 }
@@ -3086,6 +3090,7 @@ static um_status pool_set_cache_limit(um__allocator *a, size_t bytes)
     um__pool *p = P(a);
     um__lock_acquire(&p->lock);
     p->base.cache_limit = bytes ? bytes : SIZE_MAX;
+    atomic_store_explicit(&p->cache_capped, bytes != 0, memory_order_relaxed);
     /* Cached slots and held blocks count as cached memory too. */
     enforce_cache_limit(p);
     um_status s = p->base.cache_limit == SIZE_MAX ? UM_OK : release_holes(p, p->base.cache_limit);
@@ -3960,6 +3965,7 @@ um_status um__pool_create(um__backend *b, const um__pool_config *c, um__allocato
     p->capacity = b->capacity;
     p->base.memory_limit = c->memory_limit ? c->memory_limit : b->capacity;
     p->base.cache_limit = c->cache_limit ? c->cache_limit : SIZE_MAX;
+    atomic_store_explicit(&p->cache_capped, c->cache_limit != 0, memory_order_relaxed);
     p->thread_cache = c->thread_cache;
     /* Other threads take a held block back through the handover, which
      * needs membarrier (see bounce cache). */

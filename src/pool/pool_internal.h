@@ -239,6 +239,10 @@ typedef struct um__pool {
     /* Slots a thread's bin of each class may hold (0 for the medium
      * classes once medium slabs are off); read by the free's fast path. */
     _Atomic uint32_t bin_max[UM_NCLASSES];
+    /* A cache limit is set: a freed large block then takes the locked path,
+     * which enforces it, instead of staying in its thread's bounce cache
+     * (one block a thread, of any size). Read by that fast path. */
+    _Atomic bool cache_capped;
 
     uintptr_t va;                 /* the whole reservation */
     size_t va_size;
