@@ -302,7 +302,9 @@ typedef struct alloc_wait {
     int dev;
     size_t bytes;
     uint64_t t0;
-    bool freed; /* the last call made room */
+    bool freed;        /* the last call made room */
+    uint64_t pause_ns; /* the next wait for candidates held by other calls */
+    failed_set failed; /* candidates whose eviction failed, for this allocation */
 } alloc_wait;
 
 static _Thread_local alloc_wait making_room;
@@ -325,7 +327,8 @@ static void allocation_over(um__reclaim *rc, int dev, bool made)
     if (rc->ctx->events)
         um__event_add(rc->ctx->events, UM_EVENT_RECLAIM_WAIT, dev, -1, making_room.t0, waited,
                       making_room.bytes, room);
-    making_room.rc = NULL;
+    free(making_room.failed.b);
+    making_room = (alloc_wait){0};
 }
 
 /* The context's reclaim hook: one eviction on dev for a failed allocation
@@ -340,9 +343,10 @@ static bool reclaim_hook(um_context *ctx, int dev, size_t bytes, bool made)
         allocation_over(rc, dev, made);
         return false;
     }
-    uint64_t t0 = um__now_ns();
-    if (making_room.rc != rc || making_room.dev != dev)
-        making_room = (alloc_wait){rc, dev, bytes, t0, false};
+    if (making_room.rc != rc || making_room.dev != dev) {
+        free(making_room.failed.b);
+        making_room = (alloc_wait){rc, dev, bytes, um__now_ns(), false, 20000, {NULL, 0, 0, ""}};
+    }
     /* The memory of destroyed buffers whose last copies have completed
      * goes back first: it costs no eviction, and nothing else on this path
      * looks for it (an allocation failed with their copies long done). */
@@ -352,23 +356,29 @@ static bool reclaim_hook(um_context *ctx, int dev, size_t bytes, bool made)
     }
     in_reclaim = true;
     victim_scan scan;
-    failed_set failed = {NULL, 0, 0, ""};
-    bool freed = false;
+    failed_set *failed = &making_room.failed;
+    um__vt_mutex_lock(&rc->one);
+    bool freed = evict_one(rc, dev, &scan, failed);
+    um__vt_mutex_unlock(&rc->one);
     /* Candidates locked by calls in progress (a copy, a read, another
      * allocation) may be evictable once those end: wait for them a while,
      * letting go of rc->one, rather than fail with evictable data there
-     * (found by the stress test). Two allocations that each hold the
-     * other's only candidate both fail when the wait runs out; reclaim
-     * itself only ever try-locks, so nothing deadlocks. Candidates whose
-     * eviction failed are not tried again meanwhile. */
-    for (uint64_t pause_ns = 20000;; pause_ns = pause_ns < 1000000 ? 2 * pause_ns : pause_ns) {
-        um__vt_mutex_lock(&rc->one);
-        freed = evict_one(rc, dev, &scan, &failed);
-        um__vt_mutex_unlock(&rc->one);
-        if (freed || !scan.busy || optional_allocation ||
-            um__now_ns() - t0 > RECLAIM_BUSY_WAIT_NS)
-            break;
-        um__sleep_until_ns(um__now_ns() + pause_ns);
+     * (found by the stress test). After each pause the allocation tries
+     * again, so that memory freed meanwhile (a free in another thread, a
+     * buffer destroyed) serves it without an eviction or the rest of the
+     * wait. Two allocations that each hold the other's only candidate
+     * both fail when the wait runs out; reclaim itself only ever
+     * try-locks, so nothing deadlocks. Candidates whose eviction failed
+     * are not tried again during the allocation. */
+    uint64_t now = um__now_ns();
+    if (!freed && scan.busy && !optional_allocation &&
+        now - making_room.t0 <= RECLAIM_BUSY_WAIT_NS) {
+        um__sleep_until_ns(now + making_room.pause_ns);
+        if (making_room.pause_ns < 1000000)
+            making_room.pause_ns *= 2;
+        in_reclaim = false;
+        making_room.freed = false;
+        return true;
     }
     /* Nothing to evict, but memory dropped earlier (a destroyed buffer's)
      * whose last users are still running is held here: wait for the
@@ -379,13 +389,12 @@ static bool reclaim_hook(um_context *ctx, int dev, size_t bytes, bool made)
      * change that: it failed the same way with such a one there. */
     if (!freed && !optional_allocation)
         freed = um__xfer_wait_held(x, dev);
-    free(failed.b);
     in_reclaim = false;
     making_room.freed = freed;
-    uint64_t waited = um__now_ns() - t0;
-    if (!freed && failed.why[0]) {
+    uint64_t waited = um__now_ns() - making_room.t0;
+    if (!freed && failed->why[0]) {
         um__fail(UM_ERR_NOMEM, "device %d: no room for %zu bytes: evicting failed: %s", dev, bytes,
-                 failed.why);
+                 failed->why);
     } else if (!freed) {
         char held[32], homeless_held[32];
         char busy[96] = "", homeless[160] = "";
