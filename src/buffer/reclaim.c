@@ -81,7 +81,7 @@ static _Thread_local bool optional_allocation;
 /* -------------------------------------------------------------- policy */
 
 /* The buffers whose eviction failed (a write-back with nowhere to go)
- * during one reclaim: an allocation's call of the hook, or a background
+ * during one reclaim: an allocation's calls of the hook, or a background
  * pass over a device. The policy is deterministic, so without this it
  * would choose the same one again and never try the next. A record
  * recycled meanwhile for a new buffer is passed over too, until the
