@@ -1238,11 +1238,12 @@ static int run_record(bench *b)
     cpu_set_t cpus;
     int ncpus = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : 0;
     if (b->o.json) {
+        /* "device" names the device, as the other scenarios' rows do. */
         printf("{\"scenario\":\"record\",\"live_blocks\":%zu,\"threads\":1,\"device\":\"%s\","
                "\"rounds\":%d,\"pairs_per_round\":%llu,\"plain_ns\":%.2f,"
                "\"recording_ns\":%.2f,\"ns_per_event\":%.2f,\"ns_per_event_low\":%.2f,"
                "\"ns_per_event_high\":%.2f,\"ratio\":%.4f,\"trace_bytes\":%lld,\"cpus\":%d}\n",
-               live, b->o.device, rounds, (unsigned long long)timed, plain, recording, event,
+               live, b->info.name, rounds, (unsigned long long)timed, plain, recording, event,
                low, high, pair_ratio, trace_bytes, ncpus);
     } else {
         char tb[32];
