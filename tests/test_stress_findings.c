@@ -324,39 +324,42 @@ static void test_tasks_that_did_not_run_keep_the_order(void)
 static um_buffer *slow_read_buffer;
 static _Atomic uint64_t slow_read_end_ns;
 
-static _Atomic uint64_t delay_free_at_ns;
-
-static void *slow_read_4m(void *arg)
-{
-    CHECK_OK(um_buffer_read(slow_read_buffer, 0, arg, 4 << 20)); /* about 40 ms */
-    atomic_store(&slow_read_end_ns, um__now_ns());
-    return NULL;
-}
-
+/* Reads all of slow_read_buffer into arg: 10 ms a MiB on the link. */
 static void *slow_read(void *arg)
 {
-    CHECK_OK(um_buffer_read(slow_read_buffer, 0, arg, 6 << 20)); /* about 60 ms */
+    CHECK_OK(um_buffer_read(slow_read_buffer, 0, arg, um_buffer_size(slow_read_buffer)));
     atomic_store(&slow_read_end_ns, um__now_ns());
     return NULL;
 }
 
-static void test_allocation_waits_for_a_locked_victim(void)
+/* A context whose device 1 has a 100 MB/s link and a limit of 8 MiB, and a
+ * buffer of x_bytes whose only copy is there (NULL without a context). */
+static um_context *slow_link_context(size_t x_bytes, um_buffer **x)
 {
     um_context *c = NULL;
     CHECK_OK(um_init("devices=sim:64M,links=model,sim_link_bandwidth=100M,watermark_high=100",
                      &c));
     if (!c)
-        return;
+        return NULL;
     CHECK_OK(um_set_memory_limit(c, 1, 8 << 20));
+    CHECK_OK(um_buffer_create(c, x_bytes, NULL, x));
+    void *p = NULL;
+    CHECK_OK(um_buffer_acquire(*x, 1, UM_ACCESS_WRITE_DISCARD, NULL, &p));
+    CHECK_OK(um_buffer_release(*x, 1, NULL));
+    slow_read_buffer = *x;
+    atomic_store(&slow_read_end_ns, 0);
+    return c;
+}
+
+static void test_allocation_waits_for_a_locked_victim(void)
+{
+    um_buffer *x = NULL;
+    um_context *c = slow_link_context(6 << 20, &x);
+    if (!c)
+        return;
     unsigned char *host = malloc(6 << 20);
     CHECK(host != NULL);
-    um_buffer *x = NULL;
-    CHECK_OK(um_buffer_create(c, 6 << 20, NULL, &x));
-    void *p = NULL;
-    CHECK_OK(um_buffer_acquire(x, 1, UM_ACCESS_WRITE_DISCARD, NULL, &p));
-    CHECK_OK(um_buffer_release(x, 1, NULL));
     CHECK_OK(um_stream_synchronize(c, NULL));
-    slow_read_buffer = x;
     pthread_t t;
     CHECK(pthread_create(&t, NULL, slow_read, host) == 0);
     usleep(10000); /* the read is copying, x locked */
@@ -392,6 +395,8 @@ static void test_allocation_waits_for_a_locked_victim(void)
  * 10 ms into the allocation's wait. The allocation tries again after each
  * pause, so it takes y's memory and x stays on the device; it used to wait
  * for the read to end and evict x. */
+static _Atomic uint64_t delay_free_at_ns;
+
 static void *delay_free(void *arg)
 {
     usleep(10000);
@@ -402,26 +407,18 @@ static void *delay_free(void *arg)
 
 static void test_allocation_wait_ends_at_a_free(void)
 {
-    CHECK_OK(um_init("devices=sim:64M,links=model,sim_link_bandwidth=100M,watermark_high=100",
-                     &ctx));
+    um_buffer *x = NULL;
+    ctx = slow_link_context(4 << 20, &x);
     if (!ctx)
         return;
-    CHECK_OK(um_set_memory_limit(ctx, 1, 8 << 20));
-    unsigned char *host = malloc(6 << 20);
+    unsigned char *host = malloc(4 << 20);
     CHECK(host != NULL);
-    um_buffer *x = NULL;
-    CHECK_OK(um_buffer_create(ctx, 4 << 20, NULL, &x));
-    void *p = NULL;
-    CHECK_OK(um_buffer_acquire(x, 1, UM_ACCESS_WRITE_DISCARD, NULL, &p));
-    CHECK_OK(um_buffer_release(x, 1, NULL));
     void *y = NULL;
     CHECK_OK(um_malloc(ctx, 1, 4 << 20, NULL, &y));
     CHECK_OK(um_stream_synchronize(ctx, NULL));
-    slow_read_buffer = x;
-    atomic_store(&slow_read_end_ns, 0);
     pthread_t reader, freer;
-    CHECK(pthread_create(&reader, NULL, slow_read_4m, host) == 0);
-    usleep(5000); /* the read is copying, x locked */
+    CHECK(pthread_create(&reader, NULL, slow_read, host) == 0);
+    usleep(5000); /* the read (about 40 ms) is copying, x locked */
     CHECK(pthread_create(&freer, NULL, delay_free, y) == 0);
     void *q = NULL;
     um_status st = um_malloc(ctx, 1, 4 << 20, NULL, &q);
