@@ -419,8 +419,8 @@ static void describe_one(const oversub_opts *o)
     printf("unimem bench oversub: devices=%s, device 1 limited to %s, buffers of %s; "
            "accesses announced %d ahead%s%s%s\n",
            o->device, tool_bytes(lim, o->limit), tool_bytes(buf, o->limit / BUFFERS_PER_LIMIT),
-           LOOKAHEAD, sim ? "; sim link modelled at " : "", sim ? tool_bytes(bw, o->sim_bandwidth) : "",
-           sim ? "/s each way" : "");
+           LOOKAHEAD, sim ? "; sim link modelled at " : "",
+           sim ? tool_bytes(bw, o->sim_bandwidth) : "", sim ? "/s each way" : "");
     printf("mv/wMIN: moved over what the best policy knowing only the announced accesses\n"
            "moves on accesses with no pattern (random only; see window_misses)\n");
     printf("%-7s %6s %-5s %12s %12s %8s %8s %9s %9s %8s %8s %8s\n", "work", "over", "pol",
