@@ -5,6 +5,7 @@
 #include "harness.h"
 
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -83,10 +84,58 @@ static void test_stream_record(size_t size)
     um_shutdown(ctx);
 }
 
+/* A thread exits while the host is out of memory: its cache's small
+ * slots, freed on a stream whose list of pending slots has no room yet,
+ * cannot be parked there. They must still go back (the stream's work
+ * waited for), not be lost with the cache: a slab that kept them was never
+ * given back, even by um_trim. */
+typedef struct exiting {
+    um_context *ctx;
+    um_stream s;
+} exiting;
+
+static void *alloc_free_and_exit_out_of_memory(void *arg)
+{
+    exiting *x = arg;
+    void *p[3];
+    for (int i = 0; i < 3; i++)
+        CHECK_OK(um_malloc(x->ctx, 1, 4096, x->s, &p[i]));
+    for (int i = 0; i < 3; i++)
+        CHECK_OK(um_free(x->ctx, p[i], x->s)); /* into this thread's cache */
+    host_out = true; /* still set while the cache is taken down */
+    return NULL;
+}
+
+static void test_thread_exit_out_of_memory(void)
+{
+    um_context *ctx = NULL;
+    CHECK_OK(um_init("devices=sim:64M", &ctx));
+    if (!ctx)
+        return;
+    exiting x = {ctx, NULL};
+    CHECK_OK(um_stream_create(ctx, 1, &x.s));
+    pthread_t t;
+    CHECK(pthread_create(&t, NULL, alloc_free_and_exit_out_of_memory, &x) == 0);
+    CHECK(pthread_join(t, NULL) == 0);
+    um_stats st;
+    CHECK_OK(um_stats_get(ctx, 1, &st));
+    CHECK_EQ(st.active_bytes, 0);
+    CHECK_OK(um_trim(ctx, 1));
+    CHECK_OK(um_stats_get(ctx, 1, &st));
+    CHECK_EQ(st.reserved_bytes, 0); /* the slab went back: no slot was lost */
+    /* The slots are reusable: a new thread's allocations take them. */
+    void *q = NULL;
+    CHECK_OK(um_malloc(ctx, 1, 4096, x.s, &q));
+    CHECK_OK(um_free(ctx, q, x.s));
+    CHECK_OK(um_stream_destroy(ctx, x.s));
+    um_shutdown(ctx);
+}
+
 int main(void)
 {
     unsetenv("UNIMEM_CONF");
     test_stream_record(4096);
     test_stream_record((size_t)4 << 20);
+    test_thread_exit_out_of_memory();
     return harness_finish("test_host_nomem");
 }

@@ -1904,6 +1904,33 @@ static bool tcache_drain_others(um__pool *p, bool bins)
     return true;
 }
 
+/* Slots a flush left in an exiting thread's bins: with the host out of
+ * memory, their stream's list of pending slots had no room for them. Once
+ * the stream's work is done they are safe on every stream, so they go
+ * straight back to their slabs instead of being lost with the cache (a
+ * slab holding one was never given back). Where even the stream cannot be
+ * waited for, they stay out of use, and the log says so. */
+static void bins_return_stranded_locked(um__pool *p, um__tcache *tc)
+{
+    for (unsigned c = 0; c < UM_NCLASSES; c++) {
+        um__tc_bin *bin = &tc->bins[c];
+        if (!bin->n)
+            continue;
+        um__stream_state *ss = bin->stream < p->nstreams ? p->streams[bin->stream] : NULL;
+        if (!ss || um__be_stream_sync(fence_backend(p, ss), ss->bstream) != UM_OK) {
+            um__log(UM_LOG_WARN,
+                    "device %d (%s): %u freed slots of %zu bytes stay out of use: an exiting "
+                    "thread's cache held them, and stream %u's work could not be waited for (%s)",
+                    p->base.dev, dev_name(p), bin->n, (size_t)um__class_size[c], bin->stream,
+                    um_last_error());
+            continue;
+        }
+        for (uint32_t i = 0; i < bin->n; i++)
+            slot_return(p, bin->items[i]);
+        bin->n = 0;
+    }
+}
+
 static void tcache_thread_exit(void *arg)
 {
     um__tcache *tc = arg;
@@ -1916,6 +1943,7 @@ static void tcache_thread_exit(void *arg)
     }
     um__lock_acquire(&p->lock);
     tcache_flush_locked(p, tc);
+    bins_return_stranded_locked(p, tc);
     atomic_fetch_add_explicit(&p->active, atomic_load_explicit(&tc->live_delta, memory_order_relaxed),
                               memory_order_relaxed);
     p->dead_allocs += atomic_load_explicit(&tc->allocs, memory_order_relaxed);
