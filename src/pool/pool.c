@@ -1916,8 +1916,9 @@ static void bins_return_stranded_locked(um__pool *p, um__tcache *tc)
         um__tc_bin *bin = &tc->bins[c];
         if (!bin->n)
             continue;
-        um__stream_state *ss = bin->stream < p->nstreams ? p->streams[bin->stream] : NULL;
-        if (!ss || um__be_stream_sync(fence_backend(p, ss), ss->bstream) != UM_OK) {
+        /* The flush parked through this state, so it exists. */
+        um__stream_state *ss = p->streams[bin->stream];
+        if (um__be_stream_sync(fence_backend(p, ss), ss->bstream) != UM_OK) {
             um__log(UM_LOG_WARN,
                     "device %d (%s): %u freed slots of %zu bytes stay out of use: an exiting "
                     "thread's cache held them, and stream %u's work could not be waited for (%s)",
