@@ -9,8 +9,9 @@
  * destroy waits for a give-back in flight on its stream, and one that
  * fails (the backend's destroy, or the wait for a fence and the stream)
  * keeps the stream, its marks and its fences; the baseline allocators
- * refuse inner and freed pointers too; a give-back the allocator refuses
- * waits to be retried; um_set_memory_limit gives back (or waits for) the
+ * refuse inner and freed pointers too; a second free during a give-back
+ * is refused, and a new block at its address is not taken for it; a
+ * give-back the allocator refuses waits to be retried; um_set_memory_limit gives back (or waits for) the
  * frees that wait. Sim devices: um_sim_stream_work holds a stream busy as
  * a kernel holds a GPU's. */
 #include "backend/vmm_memfd.h"
@@ -608,26 +609,30 @@ static void test_destroy_wait_fails(void)
 
 /* The gate of gated_free: the allocator's free of `gated` waits there
  * until `open`, so that a give-back is caught between leaving the deferred
- * list and reaching the allocator. */
+ * list and reaching the allocator; with `after`, between the allocator's
+ * free and the give-back's end. `entered` counts the frees of `gated`
+ * that reached the gate. */
 static struct {
     pthread_mutex_t m;
     pthread_cond_t c;
     const um__allocator_ops *real;
     void *gated;
-    bool entered, open;
-} gate = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, NULL, false, false};
+    bool open, after;
+    int entered;
+} gate = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, NULL, false, false, 0};
 
 static um_status gated_free(um__allocator *a, void *ptr, const um__stream_ref *s)
 {
+    um_status st = gate.after ? gate.real->free(a, ptr, s) : UM_OK;
     pthread_mutex_lock(&gate.m);
     if (ptr == gate.gated) {
-        gate.entered = true;
+        gate.entered++;
         pthread_cond_broadcast(&gate.c);
         while (!gate.open)
             pthread_cond_wait(&gate.c, &gate.m);
     }
     pthread_mutex_unlock(&gate.m);
-    return gate.real->free(a, ptr, s);
+    return gate.after ? st : gate.real->free(a, ptr, s);
 }
 
 typedef struct {
@@ -666,13 +671,22 @@ static void catch_give_back(um_context *ctx, um__allocator_ops *ops, void *p,
     ops->free = gated_free;
     gate.real = a->ops;
     gate.gated = p;
-    gate.entered = gate.open = false;
+    gate.entered = 0;
+    gate.open = false;
     a->ops = ops;
     CHECK_EQ(pthread_create(t, NULL, body, r), 0);
     pthread_mutex_lock(&gate.m);
     while (!gate.entered)
         pthread_cond_wait(&gate.c, &gate.m);
     pthread_mutex_unlock(&gate.m);
+}
+
+static int gate_entries(void)
+{
+    pthread_mutex_lock(&gate.m);
+    int n = gate.entered;
+    pthread_mutex_unlock(&gate.m);
+    return n;
 }
 
 static void open_gate(void)
@@ -724,6 +738,113 @@ static void test_destroy_waits_for_give_back(void)
     CHECK_EQ(active_bytes(ctx, 1), 0);
     CHECK_OK(a->ops->check(a));
     CHECK_OK(um_stream_destroy(ctx, b));
+    um_shutdown(ctx);
+}
+
+static void *free_main(void *arg)
+{
+    race_arg *r = arg;
+    r->st = um_free(r->ctx, r->got, r->s);
+    atomic_store(&r->done, true);
+    return NULL;
+}
+
+/* A second um_free of a marked block while another thread gives its
+ * deferred free back to the allocator is refused as a double free: it
+ * waits for the give-back and never reaches the allocator before it.
+ * Before, the block left the map as the give-back began, so the second
+ * free went to the allocator too, and whichever came second failed: the
+ * program's double free could succeed, and the give-back then warned. */
+static void test_double_free_during_give_back(void)
+{
+    um_stream s = NULL, b = NULL;
+    void *p = NULL;
+    um_context *ctx = marked_block("devices=sim:64M,log_level=error", 3 * MB, 1, &s, &b, &p);
+    CHECK_OK(um_free(ctx, p, s));
+    CHECK_OK(um_sim_stream_work(ctx, 1, b, 0, 1)); /* p's free is ready to go back */
+    um__allocator *a = ctx->devices[1].alloc;
+    um__allocator_ops ops;
+    gate.after = false;
+    race_arg collector = {.ctx = ctx}, again = {.ctx = ctx, .s = s, .got = p};
+    pthread_t tc, tf;
+    catch_give_back(ctx, &ops, p, collect_main, &collector, &tc);
+    CHECK_EQ(pthread_create(&tf, NULL, free_main, &again), 0);
+    /* 200 ms is ample for the second free to reach the allocator if it
+     * does not wait. */
+    um__sleep_until_ns(um__now_ns() + 200 * 1000 * 1000);
+    CHECK(!atomic_load(&again.done));
+    CHECK_EQ(gate_entries(), 1);
+    open_gate();
+    pthread_join(tc, NULL);
+    pthread_join(tf, NULL);
+    a->ops = gate.real;
+    CHECK_OK(collector.st);
+    CHECK_STATUS(again.st, UM_ERR_DOUBLE_FREE);
+    CHECK_ERROR_MENTIONS("freed", NULL, NULL);
+    CHECK_EQ(ctx->devices[1].deferred, 0);
+    CHECK_EQ(ctx->devices[1].marked, 0);
+    CHECK_OK(um_free(ctx, collector.got, NULL));
+    CHECK_EQ(active_bytes(ctx, 1), 0);
+    CHECK_OK(a->ops->check(a));
+    CHECK_OK(um_stream_destroy(ctx, s));
+    CHECK_OK(um_stream_destroy(ctx, b));
+    um_shutdown(ctx);
+}
+
+/* Marks the block r->got for stream r->s2, then frees it on r->s. */
+typedef struct {
+    race_arg r;
+    um_stream s2;
+    um_status marked;
+} mark_arg;
+
+static void *mark_and_free_main(void *arg)
+{
+    mark_arg *m = arg;
+    m->marked = um_record_stream(m->r.ctx, m->r.got, m->s2);
+    m->r.st = um_free(m->r.ctx, m->r.got, m->r.s);
+    atomic_store(&m->r.done, true);
+    return NULL;
+}
+
+/* A block the allocator made again at the address of a block still being
+ * given back (the give-back caught after the allocator's free) is a new
+ * block: marking it waits for the give-back's end and then succeeds, and
+ * so does its free, neither taken for the old block's freed use. */
+static void test_new_block_during_give_back(void)
+{
+    um_stream s = NULL, b = NULL;
+    void *p = NULL, *q = NULL;
+    um_context *ctx = marked_block("devices=sim:64M", 3 * MB, 1, &s, &b, &p);
+    CHECK_OK(um_free(ctx, p, s));
+    CHECK_OK(um_sim_stream_work(ctx, 1, b, 0, 1));
+    um__allocator *a = ctx->devices[1].alloc;
+    um__allocator_ops ops;
+    gate.after = true;
+    race_arg collector = {.ctx = ctx};
+    pthread_t tc, tm;
+    catch_give_back(ctx, &ops, p, collect_main, &collector, &tc);
+    CHECK_OK(um_malloc(ctx, 1, 3 * MB, s, &q));
+    CHECK(q == p); /* the block given back, reused on its own stream */
+    mark_arg marker = {.r = {.ctx = ctx, .s = s, .got = q}, .s2 = b};
+    CHECK_EQ(pthread_create(&tm, NULL, mark_and_free_main, &marker), 0);
+    um__sleep_until_ns(um__now_ns() + 100 * 1000 * 1000);
+    CHECK(!atomic_load(&marker.r.done)); /* waits for the give-back */
+    open_gate();
+    pthread_join(tc, NULL);
+    pthread_join(tm, NULL);
+    a->ops = gate.real;
+    gate.after = false;
+    CHECK_OK(collector.st);
+    CHECK_OK(marker.marked);
+    CHECK_OK(marker.r.st);
+    CHECK_OK(um_free(ctx, collector.got, NULL));
+    CHECK_OK(um_stream_destroy(ctx, b)); /* gives back the new block's free */
+    CHECK_EQ(ctx->devices[1].deferred, 0);
+    CHECK_EQ(ctx->devices[1].marked, 0);
+    CHECK_EQ(active_bytes(ctx, 1), 0);
+    CHECK_OK(a->ops->check(a));
+    CHECK_OK(um_stream_destroy(ctx, s));
     um_shutdown(ctx);
 }
 
@@ -1069,6 +1190,8 @@ int main(void)
     test_destroy_wait_fails();
     test_destroy_waits_for_give_back();
     test_limit_waits_for_give_back();
+    test_double_free_during_give_back();
+    test_new_block_during_give_back();
     test_destroy_fails_keeps_marks();
     test_destroy_fence_wait_fails();
     test_baseline_allocators();

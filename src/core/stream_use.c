@@ -27,10 +27,11 @@ typedef struct use {
     /* Freed: the free's stream (NULL: the allocation stream), one event
      * per marked stream (NULL where recording failed and the stream was
      * synchronized instead), and the next deferred free, oldest first.
-     * giving: done and out of the map, its block being given back outside
-     * the lock; it stays on the `all` list until then, so that destroying
-     * its free's stream waits for it. A give-back that fails puts it back
-     * as it was (counted in failures), to be retried. */
+     * giving: done, its block being given back outside the lock; it stays
+     * in the map and on the `all` list until then, so that a second
+     * um_free of the block is refused as one and destroying its free's
+     * stream waits for it. A give-back that fails puts it back on the
+     * deferred list (counted in failures), to be retried. */
     bool freeing, giving;
     uint32_t failures;
     um_stream free_stream;
@@ -98,6 +99,26 @@ static void use_free(um_context *ctx, use *x)
     free(x);
 }
 
+/* The use of ptr in the map once no other thread is giving it back
+ * (waiting for that under the lock), or NULL; *waited says whether it
+ * waited. A use being given back stays in the map until its block is back
+ * in the allocator: a call on ptr in that window is either a second free
+ * of the block, which must be refused, or a call on a new block the
+ * allocator made at the same address, which must see no use. */
+static use *settled_use_locked(um__stream_uses *u, void *ptr, bool *waited)
+{
+    for (;;) {
+        uint64_t found = 0;
+        if (!um__addrmap_get(&u->by_ptr, (uintptr_t)ptr, &found))
+            return NULL;
+        use *x = (use *)(uintptr_t)found;
+        if (!x->giving)
+            return x;
+        *waited = true;
+        um__cond_wait(&u->gave, &u->lock);
+    }
+}
+
 um_status um_record_stream(um_context *ctx, void *ptr, um_stream s)
 {
     const char *what = "um_record_stream";
@@ -130,19 +151,27 @@ um_status um_record_stream(um_context *ctx, void *ptr, um_stream s)
                         "%s: device %d's allocator (%s) cannot tell whether %p is a live block, "
                         "so it cannot be marked",
                         what, dev, a->ops->name, ptr);
-    um_status live = a->ops->block_live(a, ptr);
-    if (live != UM_OK)
-        return live;
     um__stream_uses *u = uses_of(ctx, dev, true);
     if (!u)
         return um__fail(UM_ERR_NOMEM, "%s: no host memory for the stream uses of device %d",
                         what, dev);
-    um__vt_mutex_lock(&u->lock);
-    uint64_t found = 0;
     use *x = NULL;
+    for (;;) {
+        um_status live = a->ops->block_live(a, ptr);
+        if (live != UM_OK)
+            return live;
+        um__vt_mutex_lock(&u->lock);
+        bool waited = false;
+        x = settled_use_locked(u, ptr, &waited);
+        if (!waited)
+            break;
+        /* Given back meanwhile: the block may be gone, or be a new one.
+         * The allocator is asked again outside the lock, which it must
+         * never be taken under. */
+        um__vt_mutex_unlock(&u->lock);
+    }
     um_status st = UM_OK;
-    if (um__addrmap_get(&u->by_ptr, (uintptr_t)ptr, &found)) {
-        x = (use *)(uintptr_t)found;
+    if (x) {
         if (x->freeing)
             st = um__fail(UM_ERR_INVALID_POINTER,
                           "%s: %p was freed already (its free waits for the streams it was "
@@ -184,26 +213,14 @@ um_status um_record_stream(um_context *ctx, void *ptr, um_stream s)
     return st;
 }
 
-/* Takes use x of device dev out of the map (its block is no longer
- * marked), not off the list. Under the lock. */
-static void unmark_locked(um_context *ctx, int dev, um__stream_uses *u, use *x)
+/* Forgets use x of device dev: out of the map (its block is no longer
+ * marked) and off the list, not freed. Under the lock. */
+static void forget_locked(um_context *ctx, int dev, um__stream_uses *u, use *x)
 {
     (void)um__addrmap_take(&u->by_ptr, (uintptr_t)x->ptr, NULL);
     atomic_fetch_sub_explicit(&ctx->devices[dev].marked, 1, memory_order_relaxed);
-}
-
-static void unlink_locked(use *x)
-{
     x->all_prev->all_next = x->all_next;
     x->all_next->all_prev = x->all_prev;
-}
-
-/* Forgets use x of device dev: out of the map and the list, not freed.
- * Under the lock. */
-static void forget_locked(um_context *ctx, int dev, um__stream_uses *u, use *x)
-{
-    unmark_locked(ctx, dev, u, x);
-    unlink_locked(x);
 }
 
 um_status um__uses_free(um_context *ctx, int dev, void *ptr, um_stream s, bool *taken)
@@ -213,8 +230,8 @@ um_status um__uses_free(um_context *ctx, int dev, void *ptr, um_stream s, bool *
     if (!u)
         return UM_OK;
     um__vt_mutex_lock(&u->lock);
-    uint64_t found = 0;
-    use *x = um__addrmap_get(&u->by_ptr, (uintptr_t)ptr, &found) ? (use *)(uintptr_t)found : NULL;
+    bool waited = false;
+    use *x = settled_use_locked(u, ptr, &waited);
     if (x && !x->freeing && !x->n) {
         /* Every stream it was marked for is gone, and their work is done. */
         forget_locked(ctx, dev, u, x);
@@ -333,13 +350,13 @@ static um_status give_back(um_context *ctx, int dev, use *x)
 /* Takes the deferred frees that are done out of u, into a list: oldest
  * first up to the first not done; or, with `only`, every one whose free or
  * marks name that stream (waiting, when wait), counting in *left those
- * that are not done. Each taken one is unmarked but stays on the `all`
- * list, `giving`, until give_back_all is done with it, and counted in the
+ * that are not done. Each taken one stays marked and on the `all` list,
+ * `giving`, until give_back_all is done with it, and counted in the
  * device's `deferred` until its block is back: an allocation at the limit
  * that sees none deferred does not wait, and would fail while memory is
  * on its way back. Under the lock. */
-static use *take_done_locked(um_context *ctx, int dev, um__stream_uses *u, bool wait,
-                             um_stream only, size_t *left)
+static use *take_done_locked(um_context *ctx, um__stream_uses *u, bool wait, um_stream only,
+                             size_t *left)
 {
     use *done = NULL, **tail = &done;
     use **link = &u->deferred_head;
@@ -365,7 +382,6 @@ static use *take_done_locked(um_context *ctx, int dev, um__stream_uses *u, bool 
         *link = x->next;
         if (u->deferred_tail == x)
             u->deferred_tail = prev;
-        unmark_locked(ctx, dev, u, x);
         x->giving = true;
         u->giving++;
         x->next = NULL;
@@ -386,26 +402,12 @@ typedef struct stream_going {
 } stream_going;
 
 /* Puts use x, whose give-back failed, back as it was before
- * take_done_locked: marked, counted, first on the deferred list (it is
- * the oldest), where the next collect, trim or drain retries it. Under the
- * lock. */
-static void requeue_locked(um_context *ctx, int dev, um__stream_uses *u, use *x)
+ * take_done_locked: first on the deferred list (it is the oldest), where
+ * the next collect, trim or drain retries it. It never left the map, so a
+ * second um_free is still refused. Under the lock. */
+static void requeue_locked(um__stream_uses *u, use *x)
 {
     x->giving = false;
-    if (!um__addrmap_put(&u->by_ptr, (uintptr_t)x->ptr, (uint64_t)(uintptr_t)x)) {
-        /* Waiting unmarked, a second um_free would reach the allocator and
-         * the retry would free the block twice: the free is dropped, and
-         * the block stays live until um_shutdown. */
-        um__log(UM_LOG_ERROR,
-                "device %d: no host memory to keep the free of %p waiting; the block stays "
-                "live until um_shutdown",
-                dev, x->ptr);
-        unlink_locked(x);
-        use_free(ctx, x);
-        atomic_fetch_sub_explicit(&ctx->devices[dev].deferred, 1, memory_order_release);
-        return;
-    }
-    atomic_fetch_add_explicit(&ctx->devices[dev].marked, 1, memory_order_relaxed);
     x->next = u->deferred_head;
     u->deferred_head = x;
     if (!u->deferred_tail)
@@ -442,7 +444,7 @@ static void give_back_all(um_context *ctx, int dev, um__stream_uses *u, use *don
         return;
     um__vt_mutex_lock(&u->lock);
     for (use *x = given; x; x = x->next) {
-        unlink_locked(x);
+        forget_locked(ctx, dev, u, x);
         u->giving--;
         atomic_fetch_sub_explicit(&ctx->devices[dev].deferred, 1, memory_order_release);
     }
@@ -453,7 +455,7 @@ static void give_back_all(um_context *ctx, int dev, um__stream_uses *u, use *don
         /* Under the lock: a drain of another stream reads free_stream. */
         if (going && going->gone && x->free_stream == going->gone)
             x->free_stream = NULL;
-        requeue_locked(ctx, dev, u, x);
+        requeue_locked(u, x);
     }
     um__cond_broadcast(&u->gave);
     um__vt_mutex_unlock(&u->lock);
@@ -482,7 +484,7 @@ void um__uses_collect(um_context *ctx, int dev, bool wait)
     if (!u || !atomic_load_explicit(&ctx->devices[dev].deferred, memory_order_acquire))
         return;
     um__vt_mutex_lock(&u->lock);
-    use *done = take_done_locked(ctx, dev, u, wait, NULL, NULL);
+    use *done = take_done_locked(ctx, u, wait, NULL, NULL);
     um__vt_mutex_unlock(&u->lock);
     give_back_all(ctx, dev, u, done, NULL);
     if (!wait)
@@ -540,7 +542,7 @@ um_status um__uses_stream_drain(um_context *ctx, um_stream s)
         while (giving_on_locked(u, s))
             um__cond_wait(&u->gave, &u->lock);
         size_t before = left;
-        use *done = take_done_locked(ctx, devs[i], u, true, s, &left);
+        use *done = take_done_locked(ctx, u, true, s, &left);
         if (left != before && !why[0])
             snprintf(why, sizeof why, "%s", um_last_error());
         um__vt_mutex_unlock(&u->lock);
@@ -576,7 +578,7 @@ um_status um__uses_stream_destroy(um_context *ctx, um_stream s)
             um__vt_mutex_lock(&u[i]->lock);
     for (int i = 0; i < n; i++)
         if (u[i])
-            done[i] = take_done_locked(ctx, devs[i], u[i], true, s, &left);
+            done[i] = take_done_locked(ctx, u[i], true, s, &left);
     char why[256] = "";
     um_status st = UM_OK;
     if (left)
