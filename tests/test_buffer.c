@@ -901,6 +901,50 @@ static void test_busy_excludes_wait(void)
     um_shutdown(ctx);
 }
 
+/* Copies queued behind one another on the engine's stream are each busy
+ * only while they run. Three prefetches of 4 MiB to device 1, whose
+ * modelled link takes about 80 ms for each, are issued at once and run
+ * one after the other; their link is busy for about 240 ms. Timed from
+ * its issue, each counted the copies before it as well: about 480 ms. */
+static void test_busy_of_queued_copies(void)
+{
+    enum { NBUF = 3 };
+    const size_t n = 4 * MB;
+    const uint64_t link_ns = (uint64_t)(1e9 * (double)n / (50.0 * MB));
+    um_context *ctx = NULL;
+    CHECK_OK(um_init("devices=sim:64M,sim_link_bandwidth=50M,links=model,link_cache=none,"
+                     "watermark_high=100,watermark_low=100", &ctx));
+    unsigned char *data = malloc(n);
+    if (!ctx || !data) {
+        free(data);
+        um_shutdown(ctx);
+        return;
+    }
+    memset(data, 'Q', n);
+    um_buffer *b[NBUF] = {NULL};
+    for (int i = 0; i < NBUF; i++) {
+        CHECK_OK(um_buffer_create(ctx, n, NULL, &b[i]));
+        CHECK_OK(um_buffer_write(b[i], 0, data, n));
+    }
+    uint64_t before = busy_on(ctx, 0, 1);
+    for (int i = 0; i < NBUF; i++)
+        CHECK_OK(um_buffer_prefetch(b[i], 1));
+    /* Each write to the host's replica waits for its prefetch's read; the
+     * copies are counted once they are seen done, at the destroys. */
+    for (int i = 0; i < NBUF; i++)
+        CHECK_OK(um_buffer_write(b[i], 0, data, n));
+    for (int i = 0; i < NBUF; i++)
+        CHECK_OK(um_buffer_destroy(b[i]));
+    uint64_t busy = busy_on(ctx, 0, 1) - before;
+    printf("test_busy_of_queued_copies: %d copies of ~%llu ms each, one after the other: link "
+           "0->1 busy %llu ms\n",
+           NBUF, (unsigned long long)(link_ns / 1000000), (unsigned long long)(busy / 1000000));
+    CHECK(busy >= NBUF * link_ns * 9 / 10);
+    CHECK(busy < NBUF * link_ns * 5 / 4);
+    free(data);
+    um_shutdown(ctx);
+}
+
 /* With trace_file set, every copy is one complete event of the trace. */
 static void test_trace_file(void)
 {
@@ -1253,6 +1297,7 @@ int main(void)
     test_failed_staged_write();
     test_gpu_sim_link();
     test_busy_excludes_wait();
+    test_busy_of_queued_copies();
     test_trace_file();
     test_random(seed);
     test_contention(seed);

@@ -55,6 +55,17 @@ typedef struct um__backend_ops {
     um_status (*event_sync)(um__backend *b, um__bevent *e);
     /* e NULL is nothing to do, as for free(). */
     void (*event_destroy)(um__backend *b, um__bevent *e);
+    /* Timed events, optional (NULL: the backend cannot tell when its
+     * streams' work ran). event_record_timed records an event as
+     * event_record does, usable as any other event, whose completion time
+     * event_elapsed can compare with another timed event's: *ns is the time
+     * from start's completion to end's, both completed (0 if end completed
+     * first); UM_ERR_UNSUPPORTED where the backend cannot say at the time.
+     * A timed event is destroyed with event_destroy_timed (CUDA keeps its
+     * timed and plain events apart: they are made differently). */
+    um_status (*event_record_timed)(um__backend *b, um__bstream *s, um__bevent **out);
+    um_status (*event_elapsed)(um__backend *b, um__bevent *start, um__bevent *end, uint64_t *ns);
+    void (*event_destroy_timed)(um__backend *b, um__bevent *e);
 
     /* A backend stream for a stream the program owns (a CUstream); the
      * backend never destroys `native`. UM_ERR_UNSUPPORTED without one. */
@@ -276,6 +287,22 @@ static inline void um__be_event_destroy(um__backend *b, um__bevent *e)
 {
     atomic_fetch_add_explicit(&b->calls, 1, memory_order_relaxed);
     b->ops->event_destroy(b, e);
+}
+/* Whether b has timed events (event_record_timed and the rest). */
+static inline bool um__be_timed_events(const um__backend *b)
+{
+    return b->ops->event_record_timed && b->ops->event_elapsed && b->ops->event_destroy_timed;
+}
+static inline um_status um__be_event_record_timed(um__backend *b, um__bstream *s,
+                                                  um__bevent **out)
+{ return UM_BE_CALL_(b, event_record_timed, s, out); }
+static inline um_status um__be_event_elapsed(um__backend *b, um__bevent *start, um__bevent *end,
+                                             uint64_t *ns)
+{ return UM_BE_CALL_(b, event_elapsed, start, end, ns); }
+static inline void um__be_event_destroy_timed(um__backend *b, um__bevent *e)
+{
+    atomic_fetch_add_explicit(&b->calls, 1, memory_order_relaxed);
+    b->ops->event_destroy_timed(b, e);
 }
 
 static inline void um__backend_destroy(um__backend *b)

@@ -53,9 +53,11 @@ typedef struct cuda_backend {
     um_cuMemAllocationProp prop;
     um_cuMemAccessDesc access[CUDA_MAX_ACCESS];
     size_t naccess;
-    pthread_mutex_t lock; /* guards the event cache and the stream list */
-    um_cuEvent events[CUDA_EVENT_CACHE];
-    int nevents;
+    pthread_mutex_t lock; /* guards the event caches and the stream list */
+    /* Destroyed events kept for reuse: [0] plain (made without timing,
+     * which waits and queries prefer), [1] timed. */
+    um_cuEvent events[2][CUDA_EVENT_CACHE];
+    int nevents[2];
     cuda_stream streams; /* head of the circular list of live stream records */
     /* Stuck mappings, under stuck_lock; nstuck is also read without it, so
      * that the usual case (none) costs map and release no lock. */
@@ -501,7 +503,8 @@ static um_status cuda_stream_sync(um__backend *b, um__bstream *s)
 
 /* -------------------------------------------------------------- events */
 
-static um_status cuda_event_record(um__backend *b, um__bstream *s, um__bevent **out)
+/* Records an event on s, plain or timed, taken from that kind's cache. */
+static um_status record_event(um__backend *b, um__bstream *s, bool timed, um__bevent **out)
 {
     cuda_backend *c = cb(b);
     um_cuContext saved = NULL;
@@ -515,12 +518,12 @@ static um_status cuda_event_record(um__backend *b, um__bstream *s, um__bevent **
     }
     um_cuEvent e = NULL;
     pthread_mutex_lock(&c->lock);
-    if (c->nevents)
-        e = c->events[--c->nevents];
+    if (c->nevents[timed])
+        e = c->events[timed][--c->nevents[timed]];
     pthread_mutex_unlock(&c->lock);
     const char *what = "cuEventCreate";
     if (!e)
-        r = c->cu->EventCreate(&e, UM_CU_EVENT_DISABLE_TIMING);
+        r = c->cu->EventCreate(&e, timed ? 0 : UM_CU_EVENT_DISABLE_TIMING);
     if (r == UM_CU_SUCCESS) {
         what = "cuEventRecord";
         r = c->cu->EventRecord(e, native_of(s));
@@ -531,6 +534,31 @@ static um_status cuda_event_record(um__backend *b, um__bstream *s, um__bevent **
     if (r != UM_CU_SUCCESS)
         return cuda_fail(b, um__cuda_status(r), r, NULL, "%s", what);
     *out = (um__bevent *)e;
+    return UM_OK;
+}
+
+static um_status cuda_event_record(um__backend *b, um__bstream *s, um__bevent **out)
+{
+    return record_event(b, s, false, out);
+}
+
+static um_status cuda_event_record_timed(um__backend *b, um__bstream *s, um__bevent **out)
+{
+    return record_event(b, s, true, out);
+}
+
+static um_status cuda_event_elapsed(um__backend *b, um__bevent *start, um__bevent *end,
+                                    uint64_t *ns)
+{
+    cuda_backend *c = cb(b);
+    um_cuResult r;
+    const char *ctx_failed;
+    float ms = 0.0f;
+    CUDA_IN_CTX(c, r, ctx_failed,
+                c->cu->EventElapsedTime(&ms, (um_cuEvent)start, (um_cuEvent)end));
+    if (r != UM_CU_SUCCESS)
+        return cuda_fail(b, um__cuda_status(r), r, ctx_failed, "cuEventElapsedTime");
+    *ns = ms > 0.0f ? (uint64_t)((double)ms * 1e6) : 0;
     return UM_OK;
 }
 
@@ -557,7 +585,9 @@ static um_status cuda_event_sync(um__backend *b, um__bevent *e)
     return UM_OK;
 }
 
-static void cuda_event_destroy(um__backend *b, um__bevent *e)
+/* Keeps event e (of the kind `timed`) for reuse, or destroys it when that
+ * kind's cache is full. */
+static void release_event(um__backend *b, um__bevent *e, bool timed)
 {
     cuda_backend *c = cb(b);
     /* NULL is nothing to destroy, as on the host and sim backends; cached,
@@ -565,9 +595,9 @@ static void cuda_event_destroy(um__backend *b, um__bevent *e)
     if (!e)
         return;
     pthread_mutex_lock(&c->lock);
-    bool kept = c->nevents < CUDA_EVENT_CACHE;
+    bool kept = c->nevents[timed] < CUDA_EVENT_CACHE;
     if (kept)
-        c->events[c->nevents++] = (um_cuEvent)e;
+        c->events[timed][c->nevents[timed]++] = (um_cuEvent)e;
     pthread_mutex_unlock(&c->lock);
     if (!kept) {
         um_cuResult r;
@@ -578,6 +608,16 @@ static void cuda_event_destroy(um__backend *b, um__bevent *e)
                     ctx_failed ? ctx_failed : "cuEventDestroy", r,
                     ctx_failed ? ", so an event was not destroyed" : "");
     }
+}
+
+static void cuda_event_destroy(um__backend *b, um__bevent *e)
+{
+    release_event(b, e, false);
+}
+
+static void cuda_event_destroy_timed(um__backend *b, um__bevent *e)
+{
+    release_event(b, e, true);
 }
 
 /* --------------------------------------------------------------- copies */
@@ -725,8 +765,9 @@ static void cuda_destroy(um__backend *b)
     if (c->ctx) {
         um_cuContext saved = NULL;
         if (um__cuda_enter(c->cu, c->ctx, &saved, NULL) == UM_CU_SUCCESS) {
-            for (int i = 0; i < c->nevents; i++)
-                (void)c->cu->EventDestroy(c->events[i]);
+            for (int k = 0; k < 2; k++)
+                for (int i = 0; i < c->nevents[k]; i++)
+                    (void)c->cu->EventDestroy(c->events[k][i]);
             destroy_leftovers(c);
         }
         um__cuda_leave(c->cu, c->ctx, saved);
@@ -823,7 +864,9 @@ static um_status segment_unmap(um__backend *b, uintptr_t va, size_t size)
     .stream_create = cuda_stream_create, .stream_destroy = cuda_stream_destroy,                   \
     .stream_sync = cuda_stream_sync, .event_record = cuda_event_record,                           \
     .event_query = cuda_event_query, .event_sync = cuda_event_sync,                               \
-    .event_destroy = cuda_event_destroy, .stream_wrap = cuda_stream_wrap,                         \
+    .event_destroy = cuda_event_destroy, .event_record_timed = cuda_event_record_timed,           \
+    .event_elapsed = cuda_event_elapsed, .event_destroy_timed = cuda_event_destroy_timed,         \
+    .stream_wrap = cuda_stream_wrap,                                                              \
     .stream_native = cuda_stream_native, .copy = cuda_copy, .copy_async = cuda_copy_async,        \
     .stream_wait = cuda_stream_wait, .memset_async = cuda_memset_async,                           \
     .mem_info = cuda_mem_info, .bind_thread = cuda_bind_thread, .destroy = cuda_destroy

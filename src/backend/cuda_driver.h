@@ -31,6 +31,7 @@ enum {
     UM_CU_ERROR_INVALID_VALUE = 1,
     UM_CU_ERROR_OUT_OF_MEMORY = 2,
     UM_CU_ERROR_NO_DEVICE = 100,
+    UM_CU_ERROR_INVALID_HANDLE = 400,
     UM_CU_ERROR_NOT_READY = 600,
     UM_CU_ERROR_NOT_SUPPORTED = 801,
 
@@ -132,6 +133,7 @@ typedef struct um_cuMemAccessDesc {
     X(EventRecord, "cuEventRecord", (um_cuEvent e, um_cuStream s))                                \
     X(EventQuery, "cuEventQuery", (um_cuEvent e))                                                 \
     X(EventSynchronize, "cuEventSynchronize", (um_cuEvent e))                                     \
+    X(EventElapsedTime, "cuEventElapsedTime", (float *ms, um_cuEvent start, um_cuEvent end))     \
     X(ModuleLoadData, "cuModuleLoadData", (um_cuModule * m, const void *image))                   \
     X(ModuleUnload, "cuModuleUnload", (um_cuModule m))                                            \
     X(ModuleGetFunction, "cuModuleGetFunction",                                                   \

@@ -333,6 +333,21 @@ static void f_event_destroy(um__backend *b, um__bevent *e)
     atomic_fetch_sub(&fb(b)->events, 1);
     fb(b)->inner->ops->event_destroy(fb(b)->inner, e);
 }
+static um_status f_event_record_timed(um__backend *b, um__bstream *s, um__bevent **out)
+{
+    FORWARD_COUNTED(FK_EVENT, events, 1, event_record_timed, s, out);
+}
+static um_status f_event_elapsed(um__backend *b, um__bevent *start, um__bevent *end, uint64_t *ns)
+{
+    FORWARD(FK_EVENT, event_elapsed, start, end, ns);
+}
+static void f_event_destroy_timed(um__backend *b, um__bevent *e)
+{
+    if (!e)
+        return;
+    atomic_fetch_sub(&fb(b)->events, 1);
+    fb(b)->inner->ops->event_destroy_timed(fb(b)->inner, e);
+}
 static um_status f_copy(um__backend *b, void *dst, const void *src, size_t n, int dir)
 {
     FORWARD(FK_COPY, copy, dst, src, n, dir);
@@ -376,29 +391,23 @@ static void f_destroy(um__backend *b)
     free(f);
 }
 
-static const um__backend_ops fault_ops = {
-    .reserve = f_reserve,
-    .unreserve = f_unreserve,
-    .create = f_create,
-    .release = f_release,
-    .map = f_map,
-    .unmap = f_unmap,
-    .stream_create = f_stream_create,
-    .stream_destroy = f_stream_destroy,
-    .stream_sync = f_stream_sync,
-    .event_record = f_event_record,
-    .event_query = f_event_query,
-    .event_sync = f_event_sync,
-    .event_destroy = f_event_destroy,
-    .stream_wrap = f_stream_wrap,
-    .stream_native = f_stream_native,
-    .copy = f_copy,
-    .copy_async = f_copy_async,
-    .stream_wait = f_stream_wait,
-    .memset_async = f_memset_async,
-    .mem_info = f_mem_info,
-    .bind_thread = f_bind_thread,
-    .destroy = f_destroy,
+/* The wrapper has timed events where the backend it wraps has them. */
+#define FAULT_OPS                                                                                  \
+    .reserve = f_reserve, .unreserve = f_unreserve, .create = f_create, .release = f_release,      \
+    .map = f_map, .unmap = f_unmap, .stream_create = f_stream_create,                              \
+    .stream_destroy = f_stream_destroy, .stream_sync = f_stream_sync,                              \
+    .event_record = f_event_record, .event_query = f_event_query, .event_sync = f_event_sync,      \
+    .event_destroy = f_event_destroy, .stream_wrap = f_stream_wrap,                                \
+    .stream_native = f_stream_native, .copy = f_copy, .copy_async = f_copy_async,                  \
+    .stream_wait = f_stream_wait, .memset_async = f_memset_async, .mem_info = f_mem_info,          \
+    .bind_thread = f_bind_thread, .destroy = f_destroy
+
+static const um__backend_ops fault_ops = {FAULT_OPS};
+static const um__backend_ops fault_timed_ops = {
+    FAULT_OPS,
+    .event_record_timed = f_event_record_timed,
+    .event_elapsed = f_event_elapsed,
+    .event_destroy_timed = f_event_destroy_timed,
 };
 
 um_status um__fault_wrap(um__backend *inner, um__fault_plan *plan, int dev, um__backend **out)
@@ -408,7 +417,7 @@ um_status um__fault_wrap(um__backend *inner, um__fault_plan *plan, int dev, um__
         return um__fail(UM_ERR_NOMEM, "option 'fault': no memory for device %d's wrapper", dev);
     /* Everything the layers above read of a backend, as the inner one
      * says; the counters start at 0. */
-    f->base.ops = &fault_ops;
+    f->base.ops = um__be_timed_events(inner) ? &fault_timed_ops : &fault_ops;
     f->base.kind = inner->kind;
     memcpy(f->base.name, inner->name, sizeof f->base.name);
     f->base.capacity = inner->capacity;

@@ -808,6 +808,7 @@ static um_status vmm_event_record(um__backend *b, um__bstream *s, um__bevent **o
     e->target = atomic_load_explicit(&st->submitted, memory_order_acquire);
     e->busy_until = atomic_load_explicit(&st->busy_until, memory_order_acquire);
     e->vt_mark = um__vt_on() ? um__vdev_mark(st) : 0;
+    e->recorded_ns = 0;
     e->magic = UM_MEMFD_EVENT_MAGIC;
     *out = e;
     return UM_OK;
@@ -850,6 +851,38 @@ static void vmm_event_destroy(um__backend *b, um__bevent *e)
     e->magic = 0;
     stream_unref(mb(b), e->stream);
     free(e);
+}
+
+/* A timed event completes when the work queued before it does: at its
+ * recording, or later at the end its stream's modelled link work had
+ * then. Virtual time keeps no such times, so nothing is timed there. */
+static um_status vmm_event_record_timed(um__backend *b, um__bstream *s, um__bevent **out)
+{
+    um_status st = vmm_event_record(b, s, out);
+    if (st == UM_OK)
+        (*out)->recorded_ns = um__now_ns();
+    return st;
+}
+
+static uint64_t completed_at(const um__bevent *e)
+{
+    return e->busy_until > e->recorded_ns ? e->busy_until : e->recorded_ns;
+}
+
+static um_status vmm_event_elapsed(um__backend *b, um__bevent *start, um__bevent *end,
+                                   uint64_t *ns)
+{
+    if (!event_check(b, start, "event_elapsed") || !event_check(b, end, "event_elapsed"))
+        return UM_ERR_INVALID;
+    if (!start->recorded_ns || !end->recorded_ns)
+        return um__fail(UM_ERR_INVALID, "%s: event_elapsed: an event was not recorded timed",
+                        b->name);
+    if (um__vt_on())
+        return um__fail(UM_ERR_UNSUPPORTED,
+                        "%s: event_elapsed: virtual time keeps no completion times", b->name);
+    uint64_t a = completed_at(start), z = completed_at(end);
+    *ns = z > a ? z - a : 0;
+    return UM_OK;
 }
 
 /* ------------------------------------------------------- copy, destroy */
@@ -1049,6 +1082,9 @@ const um__backend_ops um__memfd_ops = {
     .event_query = vmm_event_query,
     .event_sync = vmm_event_sync,
     .event_destroy = vmm_event_destroy,
+    .event_record_timed = vmm_event_record_timed,
+    .event_elapsed = vmm_event_elapsed,
+    .event_destroy_timed = vmm_event_destroy,
     .stream_wrap = vmm_stream_wrap,
     .stream_native = vmm_stream_native,
     .copy = vmm_copy,

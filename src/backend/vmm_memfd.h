@@ -71,6 +71,7 @@ struct um__bevent {
     uint64_t target; /* the stream's submitted count when recorded */
     uint64_t busy_until; /* the stream's busy_until when recorded */
     uint64_t vt_mark;    /* virtual time: the stream's work queued when recorded */
+    uint64_t recorded_ns; /* a timed event's time of recording (0: not timed) */
     uint32_t magic;
 };
 #define UM_MEMFD_EVENT_MAGIC 0x42455654u /* "BEVT" */

@@ -30,14 +30,17 @@
 typedef struct um__fence {
     um__backend *be;
     um__bevent *ev;
+    /* A copy timed on its stream: start is a timed event recorded just
+     * before it, and ev is timed too (both destroyed as timed events). */
+    um__bevent *start;
     const void *stream;
-    uint64_t start_ns;
+    uint64_t start_ns; /* the copy's issue */
     uint64_t bytes;    /* the copy's size */
     struct um__xfer *xfer; /* a copy's engine, which counts its time */
     int16_t from, to;  /* the copy's link, or -1 */
 } um__fence;
 
-#define UM_FENCE_NONE ((um__fence){NULL, NULL, NULL, 0, 0, NULL, -1, -1})
+#define UM_FENCE_NONE ((um__fence){.from = -1, .to = -1})
 #define UM_REPLICA_USES 4
 
 typedef struct um__replica {

@@ -72,34 +72,50 @@ static bool streamed(um_context *ctx, int dev)
 
 /* ------------------------------------------------------------- fences */
 
-/* A copy's time on its link, seen done now: into the link's busy time
+/* A copy's time on its link, dur from start_ns: into the link's busy time
  * and, when recording, the trace. */
-static void copy_done(um__xfer *x, int from, int to, uint64_t start_ns, uint64_t bytes,
-                      bool staged)
+static void copy_done(um__xfer *x, int from, int to, uint64_t start_ns, uint64_t dur,
+                      uint64_t bytes, bool staged)
 {
-    uint64_t dur = um__now_ns() - start_ns;
     atomic_fetch_add_explicit(&x->links[from * x->ndev + to].busy_ns, dur, memory_order_relaxed);
     if (x->ctx->events)
         um__event_add(x->ctx->events, UM_EVENT_COPY, to, from, start_ns, dur, bytes, staged);
 }
 
-static void count_busy(um__xfer *x, const um__fence *f)
+/* The busy time of f's copy, seen done now (or, where not `completed`,
+ * given up on). A timed copy ran for the time between its events, which
+ * leaves out what it waited for on its stream (earlier copies, the fences
+ * it was ordered after); it ended by now, so it began at most that long
+ * ago. An untimed one counts from its issue. */
+static void count_busy(um__xfer *x, const um__fence *f, bool completed)
 {
-    if (f->from >= 0 && f->to >= 0)
-        copy_done(x, f->from, f->to, f->start_ns, f->bytes, false);
+    if (f->from < 0 || f->to < 0)
+        return;
+    uint64_t now = um__now_ns(), ran = 0;
+    if (completed && f->start && um__be_event_elapsed(f->be, f->start, f->ev, &ran) == UM_OK) {
+        uint64_t began = now - f->start_ns > ran ? now - ran : f->start_ns;
+        copy_done(x, f->from, f->to, began, ran, f->bytes, false);
+        return;
+    }
+    copy_done(x, f->from, f->to, f->start_ns, now - f->start_ns, f->bytes, false);
 }
 
 static void release_fence(um__fence *f)
 {
-    if (f->ev)
+    if (f->start) {
+        um__be_event_destroy_timed(f->be, f->start);
+        if (f->ev)
+            um__be_event_destroy_timed(f->be, f->ev);
+    } else if (f->ev) {
         um__be_event_destroy(f->be, f->ev);
+    }
     *f = UM_FENCE_NONE;
 }
 
 void um__fence_drop(um__fence *f)
 {
     if (f->ev && f->xfer)
-        count_busy(f->xfer, f);
+        count_busy(f->xfer, f, false);
     release_fence(f);
 }
 
@@ -113,7 +129,7 @@ static um_status poll_fence(um__xfer *x, um__fence *f, bool *done)
     int finished = 0;
     um_status st = um__be_event_query(f->be, f->ev, &finished);
     if (st == UM_OK && finished) {
-        count_busy(x, f);
+        count_busy(x, f, true);
         release_fence(f);
         *done = true;
     }
@@ -141,7 +157,7 @@ um_status um__fence_wait(um__xfer *x, um__fence *f)
     um_status st = um__be_event_sync(f->be, f->ev);
     if (st != UM_OK)
         return st;
-    count_busy(x, f);
+    count_busy(x, f, true);
     release_fence(f);
     return UM_OK;
 }
@@ -157,7 +173,7 @@ um_status um__fence_record(um_context *ctx, int dev, um_stream s, um__fence *out
     um_status st = um__be_event_record(be, us->ref.bstream, &ev);
     if (st != UM_OK)
         return st;
-    *out = (um__fence){be, ev, us, 0, 0, NULL, -1, -1};
+    *out = (um__fence){.be = be, .ev = ev, .stream = us, .from = -1, .to = -1};
     return UM_OK;
 }
 
@@ -681,25 +697,35 @@ static void count_copy(um__xfer *x, int from, int to, size_t n)
 }
 
 /* The completion of what the runner just queued (a copy of n bytes from
- * `from` to `to`; from -1 for a fill). */
+ * `from` to `to`; from -1 for a fill), issued at t0. start: a timed event
+ * recorded on the runner's stream just before the copy, or NULL; the
+ * fence then ends with a timed event too, so that the copy's own time can
+ * be read (count_busy). */
 static um_status finish(um__xfer *x, const runner *r, int from, int to, uint64_t t0, size_t n,
-                        bool staged, um__fence *done)
+                        bool staged, um__bevent *start, um__fence *done)
 {
     *done = UM_FENCE_NONE;
     if (!r->stream) {
         if (from >= 0)
-            copy_done(x, from, to, t0, n, staged);
+            copy_done(x, from, to, t0, um__now_ns() - t0, n, staged);
         return UM_OK;
     }
     um__bevent *ev = NULL;
-    um_status st = um__be_event_record(r->be, r->stream->ref.bstream, &ev);
+    um__bstream *bs = r->stream->ref.bstream;
+    um_status st = start ? um__be_event_record_timed(r->be, bs, &ev)
+                         : um__be_event_record(r->be, bs, &ev);
     if (st != UM_OK) {
+        if (start)
+            um__be_event_destroy_timed(r->be, start);
         /* Without an event, the copy is waited for here. */
-        um_status s2 = um__be_stream_sync(r->be, r->stream->ref.bstream);
+        um_status s2 = um__be_stream_sync(r->be, bs);
+        if (s2 == UM_OK && from >= 0)
+            copy_done(x, from, to, t0, um__now_ns() - t0, n, staged);
         return s2 == UM_OK ? UM_OK : st;
     }
-    *done = (um__fence){r->be, ev, r->stream, t0, n, from >= 0 ? x : NULL, (int16_t)from,
-                        (int16_t)to};
+    *done = (um__fence){.be = r->be, .ev = ev, .start = start, .stream = r->stream,
+                        .start_ns = t0, .bytes = n, .xfer = from >= 0 ? x : NULL,
+                        .from = (int16_t)from, .to = (int16_t)to};
     return UM_OK;
 }
 
@@ -1195,7 +1221,7 @@ um_status um__xfer_copy(um__xfer *x, int dd, void *dst, int sd, const void *src,
             return st;
         runner none = {NULL, NULL};
         count_copy(x, sd, dd, n);
-        return finish(x, &none, sd, dd, t0, n, true, done);
+        return finish(x, &none, sd, dd, t0, n, true, NULL, done);
     }
     runner r = pick_runner(x, dd, sd);
     um_status st = order_after(&r, after, nafter);
@@ -1205,10 +1231,11 @@ um_status um__xfer_copy(um__xfer *x, int dd, void *dst, int sd, const void *src,
      * that runs on the host waited for them just now (order_after), and
      * timed from before that wait, it counted as busy on its link for
      * the whole of an earlier copy it had to wait for. A copy queued on a
-     * stream still starts at its issue, as far as the engine can tell:
-     * its stream waits for the fences on the device, at times the
-     * backend does not report. */
+     * stream waits for them (and for the stream's earlier work) on the
+     * device, so it is timed there, between timed events, where the
+     * backend has them; else it counts from its issue. */
     uint64_t t0 = um__now_ns();
+    um__bevent *start = NULL;
     bool gpu_to_host = r.stream && dd == 0 && is_gpu(x->ctx, sd);
     bool host_to_gpu = r.stream && sd == 0 && is_gpu(x->ctx, dd);
     bool stage = n >= 2 * x->ctx->opts.copy_chunk && x->ctx->devices[0].backend->pinned &&
@@ -1219,14 +1246,22 @@ um_status um__xfer_copy(um__xfer *x, int dd, void *dst, int sd, const void *src,
                          gpu_to_host ? dst : (char *)src, n, host_to_gpu);
         r.stream = NULL; /* done: nothing to wait for */
     } else if (r.be) {
-        st = um__be_copy_async(r.be, dst, src, n, r.stream ? r.stream->ref.bstream : NULL);
+        um__bstream *bs = r.stream ? r.stream->ref.bstream : NULL;
+        /* Untimed where the start cannot be recorded: nothing else lost. */
+        if (r.stream && um__be_timed_events(r.be) &&
+            um__be_event_record_timed(r.be, bs, &start) != UM_OK)
+            start = NULL;
+        st = um__be_copy_async(r.be, dst, src, n, bs);
     } else {
         memmove(dst, src, n);
     }
-    if (st != UM_OK)
+    if (st != UM_OK) {
+        if (start)
+            um__be_event_destroy_timed(r.be, start);
         return st;
+    }
     count_copy(x, sd, dd, n);
-    return finish(x, &r, sd, dd, t0, n, stage, done);
+    return finish(x, &r, sd, dd, t0, n, stage, start, done);
 }
 
 um_status um__xfer_zero(um__xfer *x, int dev, void *dst, size_t n, const um__fence *after,
@@ -1243,7 +1278,7 @@ um_status um__xfer_zero(um__xfer *x, int dev, void *dst, size_t n, const um__fen
         memset(dst, 0, n);
     if (st != UM_OK)
         return st;
-    return finish(x, &r, -1, -1, 0, 0, false, done);
+    return finish(x, &r, -1, -1, 0, 0, false, NULL, done);
 }
 
 /* ------------------------------------------------ memory still in use */

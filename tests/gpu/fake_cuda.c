@@ -79,6 +79,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "backend/cuda_driver.h"
@@ -1234,14 +1235,32 @@ EXPORT um_cuResult cuStreamWaitEvent(um_cuStream s, um_cuEvent e, unsigned flags
     return UM_CU_SUCCESS;
 }
 
+/* An event: lazy mode's record of the work it stands for (first, so that
+ * the lazy code reads it as a lazy_event), and for cuEventElapsedTime
+ * whether it was made with timing and when it was last recorded. Work
+ * completes when queued here (outside lazy mode), so an event completes
+ * at its recording. */
+typedef struct fake_event {
+    lazy_event lazy;
+    bool timing, recorded;
+    uint64_t recorded_ns;
+} fake_event;
+
+static uint64_t fake_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
 EXPORT um_cuResult cuEventCreate(um_cuEvent *e, unsigned flags)
 {
-    (void)flags;
     FORCED("cuEventCreate");
-    /* Lazy mode's events say which work they stand for. */
-    *e = lazy ? calloc(1, sizeof(lazy_event)) : malloc(1);
-    if (!*e)
+    fake_event *ev = calloc(1, sizeof *ev);
+    if (!ev)
         return UM_CU_ERROR_OUT_OF_MEMORY;
+    ev->timing = !(flags & UM_CU_EVENT_DISABLE_TIMING);
+    *e = (um_cuEvent)ev;
     live_events++;
     return UM_CU_SUCCESS;
 }
@@ -1263,6 +1282,8 @@ EXPORT um_cuResult cuEventRecord(um_cuEvent e, um_cuStream s)
         return UM_CU_ERROR_INVALID_VALUE;
     if (!e || !current)
         return UM_CU_ERROR_INVALID_VALUE;
+    ((fake_event *)e)->recorded = true;
+    ((fake_event *)e)->recorded_ns = fake_now_ns();
     if (lazy) {
         lazy_event *ev = (lazy_event *)e;
         pthread_mutex_lock(&lazy_lock);
@@ -1310,6 +1331,28 @@ EXPORT um_cuResult cuEventSynchronize(um_cuEvent e)
         lazy_complete(ev->stream, ev->seq);
         pthread_mutex_unlock(&lazy_lock);
     }
+    return UM_CU_SUCCESS;
+}
+
+/* As CUDA's: both events made with timing (else CUDA_ERROR_INVALID_HANDLE,
+ * as for one never recorded), both completed (else CUDA_ERROR_NOT_READY);
+ * the time between their recordings, when their work completed. */
+EXPORT um_cuResult cuEventElapsedTime(float *ms, um_cuEvent start, um_cuEvent end)
+{
+    FORCED("cuEventElapsedTime");
+    fake_event *a = (fake_event *)start, *z = (fake_event *)end;
+    if (!ms || !a || !z)
+        return UM_CU_ERROR_INVALID_VALUE;
+    if (!a->timing || !z->timing || !a->recorded || !z->recorded)
+        return UM_CU_ERROR_INVALID_HANDLE;
+    if (lazy) {
+        pthread_mutex_lock(&lazy_lock);
+        bool done = lazy_done(a->lazy.stream, a->lazy.seq) && lazy_done(z->lazy.stream, z->lazy.seq);
+        pthread_mutex_unlock(&lazy_lock);
+        if (!done)
+            return UM_CU_ERROR_NOT_READY;
+    }
+    *ms = (float)((double)((int64_t)(z->recorded_ns - a->recorded_ns)) / 1e6);
     return UM_CU_SUCCESS;
 }
 
