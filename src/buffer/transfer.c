@@ -1224,7 +1224,14 @@ um_status um__xfer_copy(um__xfer *x, int dd, void *dst, int sd, const void *src,
         return finish(x, &none, sd, dd, t0, n, true, NULL, done);
     }
     runner r = pick_runner(x, dd, sd);
-    um_status st = order_after(&r, after, nafter);
+    bool gpu_to_host = r.stream && dd == 0 && is_gpu(x->ctx, sd);
+    bool host_to_gpu = r.stream && sd == 0 && is_gpu(x->ctx, dd);
+    bool stage = n >= 2 * x->ctx->opts.copy_chunk && x->ctx->devices[0].backend->pinned &&
+                 ((gpu_to_host && pageable(x, dst)) || (host_to_gpu && pageable(x, src)));
+    /* A staged copy is the host's work, so the host waits for the fences
+     * (before it takes the staging slots, which other copies share). */
+    runner waiter = {r.be, stage ? NULL : r.stream};
+    um_status st = order_after(&waiter, after, nafter);
     if (st != UM_OK)
         return st;
     /* The copy's busy time starts here, once its fences are done: a copy
@@ -1236,11 +1243,7 @@ um_status um__xfer_copy(um__xfer *x, int dd, void *dst, int sd, const void *src,
      * backend has them; else it counts from its issue. */
     uint64_t t0 = um__now_ns();
     um__bevent *start = NULL;
-    bool gpu_to_host = r.stream && dd == 0 && is_gpu(x->ctx, sd);
-    bool host_to_gpu = r.stream && sd == 0 && is_gpu(x->ctx, dd);
-    bool stage = n >= 2 * x->ctx->opts.copy_chunk && x->ctx->devices[0].backend->pinned &&
-                 ((gpu_to_host && pageable(x, dst)) || (host_to_gpu && pageable(x, src))) &&
-                 (sp = stage_slots(x, n));
+    stage = stage && (sp = stage_slots(x, n));
     if (stage) {
         st = staged_copy(sp, &r, gpu_to_host ? (char *)src : dst,
                          gpu_to_host ? dst : (char *)src, n, host_to_gpu);

@@ -1213,6 +1213,24 @@ static void check_buffer_round_trips(gpu *g, bool fake)
 
 /* A kernel writes a buffer on a stream of the program's; the release on
  * that stream is all that orders later copies after the kernel. */
+/* The busy time of the GPU's link to the host so far. */
+static uint64_t gpu_to_host_busy(gpu *g)
+{
+    um_link_stats st = {0};
+    CHECK_OK(um_link_stats_get(g->ctx, g->dev, 0, &st));
+    return st.busy_ns;
+}
+
+/* Each read below waits 0.3 s for a kernel before its copy of 4 MiB (well
+ * under 10 ms) runs; the link counts the copy, not the wait. */
+static void check_busy_after_kernel(uint64_t before, uint64_t after, const char *what)
+{
+    uint64_t busy = after - before;
+    printf("test_cuda: %s after a 300 ms kernel: the link to the host was busy %.3f ms\n", what,
+           (double)busy / 1e6);
+    CHECK(busy < 100000000ull);
+}
+
 static void check_buffer_stream_order(gpu *g)
 {
     const size_t words = 1u << 20, n = words * 4;
@@ -1225,7 +1243,9 @@ static void check_buffer_stream_order(gpu *g)
     CHECK(p && launch_spin_fill(g, p, words, 300000000ull, 5, s)); /* 0.3 s, then fill */
     CHECK_OK(um_buffer_release(b, g->dev, s));
     uint32_t *out = malloc(n);
-    CHECK_OK(um_buffer_read(b, 0, out, n));
+    uint64_t busy0 = gpu_to_host_busy(g);
+    CHECK_OK(um_buffer_read(b, 0, out, n)); /* program memory: staged */
+    check_busy_after_kernel(busy0, gpu_to_host_busy(g), "a read into program memory");
     size_t bad = 0;
     for (size_t i = 0; i < words; i++)
         bad += out[i] != 5 + (uint32_t)i;
@@ -1235,7 +1255,9 @@ static void check_buffer_stream_order(gpu *g)
     CHECK(p && launch_spin_fill(g, p, words, 300000000ull, 9, s));
     CHECK_OK(um_buffer_release(b, g->dev, s));
     uint32_t *h = NULL;
-    CHECK_OK(um_buffer_acquire(b, 0, UM_ACCESS_READ, NULL, (void **)&h));
+    busy0 = gpu_to_host_busy(g);
+    CHECK_OK(um_buffer_acquire(b, 0, UM_ACCESS_READ, NULL, (void **)&h)); /* on a copy stream */
+    check_busy_after_kernel(busy0, gpu_to_host_busy(g), "a copy into the host's replica");
     bad = 0;
     for (size_t i = 0; h && i < words; i++)
         bad += h[i] != 9 + (uint32_t)i;
