@@ -122,6 +122,9 @@ struct um__backend {
      * run layer launches ahead on streams (um__sim_stream_kernel) as on a
      * GPU, rather than one at a time as on the host. */
     bool launches_ahead;
+    /* Timed events cost about what plain ones do (the sim's), so the
+     * transfer engine times every copy, not only those that may wait. */
+    bool cheap_timed_events;
     /* trace_file's recorder (memory calls become events), or NULL; the
      * device index the events name. */
     um__events *events;

@@ -430,6 +430,7 @@ um_status um__fault_wrap(um__backend *inner, um__fault_plan *plan, int dev, um__
     f->base.vmm = inner->vmm;
     f->base.pinned = inner->pinned;
     f->base.link_ns_per_byte = inner->link_ns_per_byte;
+    f->base.cheap_timed_events = inner->cheap_timed_events;
     f->base.nominal_gflops = inner->nominal_gflops;
     f->base.wrapped = inner;
     f->inner = inner;
