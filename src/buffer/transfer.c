@@ -1153,9 +1153,7 @@ static um_status staged_copy(stage_pool *sp, const runner *r, char *dev, char *h
 static um_status two_hop_copy(um__xfer *x, stage_pool *sp, int dd, char *dst, int sd,
                               const char *src, size_t n, const um__fence *after, int nafter)
 {
-    um_context *ctx = x->ctx;
-    runner out = {ctx->devices[sd].backend, um__xfer_stream(x, sd, false)};
-    runner in = {ctx->devices[dd].backend, um__xfer_stream(x, dd, true)};
+    runner out = engine_runner(x, sd, false), in = engine_runner(x, dd, true);
     um__bstream *os = out.stream->ref.bstream, *is = in.stream->ref.bstream;
     um_status st = order_after(&out, after, nafter);
     if (st == UM_OK)
@@ -1252,7 +1250,7 @@ um_status um__xfer_copy(um__xfer *x, int dd, void *dst, int sd, const void *src,
         um_status st = two_hop_copy(x, sp, dd, dst, sd, src, n, after, nafter);
         if (st != UM_OK)
             return st;
-        runner none = {NULL, NULL};
+        runner none = {NULL, NULL, NULL};
         count_copy(x, sd, dd, n);
         return finish(x, &none, sd, dd, t0, n, true, NULL, done);
     }
