@@ -71,7 +71,8 @@ UM_API const char *um_last_error(void);
 typedef enum um_option_type {
     UM_OPT_INT = 0,
     UM_OPT_BOOL = 1,
-    UM_OPT_SIZE = 2,   /* bytes; accepts K, M, G, T suffixes (powers of 1024), KiB/MiB/... too */
+    UM_OPT_SIZE = 2,   /* bytes; accepts K, M, G, T suffixes (powers of 1024), KiB/MiB/... too,
+                        * and the word none (no cap) where the doc line offers it */
     UM_OPT_STRING = 3,
     UM_OPT_ENUM = 4    /* one word out of the list in the doc line */
 } um_option_type;
@@ -98,7 +99,8 @@ UM_API um_status um_parse_size(const char *text, size_t *out);
 typedef struct um_context um_context;
 
 /* The value option `index` has in ctx (after UNIMEM_CONF and um_init's
- * string), as text: a byte count for sizes, the word for enums. */
+ * string), as text: a byte count for sizes (none for no cap, where the
+ * option takes it), the word for enums. */
 UM_API um_status um_option_current(um_context *ctx, int index, char *buf, size_t len);
 
 /* A stream orders work on one device, like a CUDA stream. NULL means the
@@ -122,7 +124,7 @@ typedef struct um_device_info {
     size_t capacity;        /* bytes of memory the device has */
     size_t granularity;     /* bytes of one physical page of the backend */
     size_t memory_limit;    /* cap on reserved bytes (capacity when unset) */
-    size_t cache_limit;     /* cap on cached bytes kept (SIZE_MAX: none) */
+    size_t cache_limit;     /* cap on cached bytes kept (UM_NO_CACHE_LIMIT: none) */
     const char *allocator;  /* "pool", "direct" or "bufcache" */
     /* What the driver reports; zeros and "" for host and sim devices. */
     int ordinal;            /* CUDA device ordinal (-1 when not a GPU) */
@@ -237,14 +239,20 @@ UM_API um_status um_memcpy(um_context *ctx, void *dst, const void *src, size_t n
 
 /* ------------------------------------------------------- memory control */
 
-/* 0 restores the default (the device capacity for the memory limit, no cap
- * for the cache limit); a memory limit above the capacity is the capacity.
- * Lowering the memory limit below the reserved bytes first gives back the
+/* The memory limit caps the bytes a device reserves: 0 restores the
+ * default, the device capacity, and a limit above the capacity is the
+ * capacity. Lowering it below the reserved bytes first gives back the
  * frees of marked blocks (um_record_stream), waiting for their streams if
- * need be, and trims the cache, and fails with UM_ERR_BUSY if what stays reserved (the pages under
- * live blocks, which can be more than the live bytes) still exceeds it; the
- * limit is then left unchanged. */
+ * need be, and trims the cache, and fails with UM_ERR_BUSY if what stays
+ * reserved (the pages under live blocks, which can be more than the live
+ * bytes) still exceeds it; the limit is then left unchanged. */
 UM_API um_status um_set_memory_limit(um_context *ctx, int dev, size_t bytes);
+/* The cache limit caps the cached bytes (free pages, cached small slots) a
+ * device keeps; above it free pages go back to the backend.
+ * UM_NO_CACHE_LIMIT, the default, removes the cap; 0 keeps no cache, as
+ * mx.set_cache_limit(0) in MLX: what can go back does (pages partly in use
+ * stay). */
+#define UM_NO_CACHE_LIMIT SIZE_MAX
 UM_API um_status um_set_cache_limit(um_context *ctx, int dev, size_t bytes);
 /* Returns cached memory (fully free pages) to the backend, like
  * torch.cuda.empty_cache() or mlx.core.clear_cache(); the memory of

@@ -47,7 +47,7 @@ static void *alloc_on(um__allocator *a, size_t size, const um__stream_ref *s)
 static void test_direct(void)
 {
     um__backend *b = sim_backend(64 * MiB);
-    um__allocator *a = make(um__direct_create, b, 0, 0);
+    um__allocator *a = make(um__direct_create, b, 0, UM_NO_CACHE_LIMIT);
     CHECK(!strcmp(a->ops->name, "direct"));
     CHECK_EQ(a->memory_limit, 64 * MiB);
 
@@ -140,7 +140,7 @@ static void reuse_case(um__allocator *a, size_t nominal, size_t request, bool re
 static void test_bufcache_rule(void)
 {
     um__backend *b = sim_backend(1024 * MiB);
-    um__allocator *a = make(um__bufcache_create, b, 0, 0);
+    um__allocator *a = make(um__bufcache_create, b, 0, UM_NO_CACHE_LIMIT);
     CHECK(!strcmp(a->ops->name, "bufcache"));
     /* s <= b < min(2s, s + 2 pages) */
     reuse_case(a, 8 * MiB, 7 * MiB, true);
@@ -200,7 +200,7 @@ static void test_bufcache_rule(void)
 static void test_bufcache_limits(void)
 {
     um__backend *b = sim_backend(1024 * MiB);
-    um__allocator *a = make(um__bufcache_create, b, 10 * MiB, 0);
+    um__allocator *a = make(um__bufcache_create, b, 10 * MiB, UM_NO_CACHE_LIMIT);
     CHECK_EQ(a->memory_limit, 10 * MiB);
     CHECK_EQ(a->cache_limit, SIZE_MAX);
     void *p = alloc_on(a, 4 * MiB, NULL);
@@ -248,7 +248,7 @@ static void test_bufcache_limits(void)
     CHECK(!a->ops->owns(a, m[0]) && !a->ops->owns(a, m[1]));
     CHECK(a->ops->owns(a, m[2]) && a->ops->owns(a, m[3]));
     CHECK_OK(a->ops->check(a));
-    CHECK_OK(a->ops->set_cache_limit(a, 0));
+    CHECK_OK(a->ops->set_cache_limit(a, UM_NO_CACHE_LIMIT));
     CHECK_EQ(a->cache_limit, SIZE_MAX);
 
     /* Trim empties the cache. */
@@ -262,6 +262,15 @@ static void test_bufcache_limits(void)
     CHECK_EQ(s.cached_bytes, 1 * MiB);
     CHECK_EQ(s.largest_free_bytes, 0);
     CHECK(s.fragmentation == 1.0); /* all of the cached bytes are page rounding */
+    CHECK_OK(a->ops->check(a));
+
+    /* A cache limit of 0 keeps no cache: a freed buffer goes back at once. */
+    CHECK_OK(a->ops->set_cache_limit(a, 0));
+    CHECK_EQ(a->cache_limit, 0);
+    CHECK_OK(a->ops->free(a, live, NULL));
+    s = stats_of(a);
+    CHECK_EQ(s.reserved_bytes, 0);
+    CHECK_EQ(s.cached_bytes, 0);
     CHECK_OK(a->ops->check(a));
     a->ops->destroy(a);
     CHECK_EQ(atomic_load(&b->physical_bytes), 0);
@@ -284,7 +293,7 @@ static void test_streams(void)
     const um__stream_ref s0 = {0, NULL, NULL}, s1 = {1, b1, NULL}, s2 = {2, b2, NULL};
 
     /* Several streams in use: the event is recorded at free time. */
-    um__allocator *a = make(um__bufcache_create, b, 0, 0);
+    um__allocator *a = make(um__bufcache_create, b, 0, UM_NO_CACHE_LIMIT);
     void *x = alloc_on(a, 4 * MiB, &s1);
     void *y = alloc_on(a, 1 * MiB, &s2);
     CHECK_OK(um__sim_stream_launch(b, b1, 1));
@@ -306,7 +315,7 @@ static void test_streams(void)
 
     /* One stream so far: no event at free; another stream records one when
      * it first looks at the block. */
-    a = make(um__bufcache_create, b, 0, 0);
+    a = make(um__bufcache_create, b, 0, UM_NO_CACHE_LIMIT);
     void *p = alloc_on(a, 4 * MiB, &s0);
     CHECK_OK(um__sim_stream_launch(b, NULL, 1));
     CHECK_OK(a->ops->free(a, p, NULL));
@@ -329,7 +338,7 @@ static void test_streams(void)
     a->ops->destroy(a);
 
     /* Freed on another stream than its allocation's; then that stream goes. */
-    a = make(um__bufcache_create, b, 0, 0);
+    a = make(um__bufcache_create, b, 0, UM_NO_CACHE_LIMIT);
     p = alloc_on(a, 4 * MiB, &s1);
     void *q = alloc_on(a, 8 * MiB, &s2);
     CHECK_OK(um__sim_stream_launch(b, b2, 1));
@@ -361,7 +370,8 @@ static void test_block_live(void)
 {
     um__backend *b = sim_backend(64 * MiB);
     for (int caching = 0; caching < 2; caching++) {
-        um__allocator *a = make(caching ? um__bufcache_create : um__direct_create, b, 0, 0);
+        um__allocator *a =
+            make(caching ? um__bufcache_create : um__direct_create, b, 0, UM_NO_CACHE_LIMIT);
         CHECK(a->ops->block_live != NULL);
         if (!a->ops->block_live) {
             a->ops->destroy(a);
@@ -402,7 +412,7 @@ static long script_with_failure(um_status (*create)(um__backend *, const um__poo
                                                     um__allocator **),
                                 flaky *f, long k)
 {
-    um__allocator *a = make(create, &f->base, 0, 0);
+    um__allocator *a = make(create, &f->base, 0, UM_NO_CACHE_LIMIT);
     uint64_t calls0 = atomic_load(&f->base.calls);
     f->countdown = k;
     void *p[5] = {NULL};
@@ -579,7 +589,8 @@ static void random_run(bool caching, uint64_t seed, long steps)
     /* The limits stay far below the capacity, so the device never runs out
      * of contiguous physical pages and every failure is the limit's. */
     um__backend *b = sim_backend(4096ull * MiB);
-    um__allocator *a = make(caching ? um__bufcache_create : um__direct_create, b, 128 * MiB, 0);
+    um__allocator *a = make(caching ? um__bufcache_create : um__direct_create, b, 128 * MiB,
+                            UM_NO_CACHE_LIMIT);
     ref_model m = {.caching = caching, .limit = 128 * MiB, .cache_limit = SIZE_MAX};
     m.cap = 1024;
     m.blocks = calloc(m.cap, sizeof *m.blocks);
@@ -667,10 +678,10 @@ static void random_run(bool caching, uint64_t seed, long steps)
             while (ref_oldest(&m) != SIZE_MAX)
                 ref_evict_oldest(&m);
         } else if (r < 99) {
-            static const size_t cache_limits[] = {0, 8 * MiB, 32 * MiB};
-            size_t lim = cache_limits[harness_rand(&rng) % 3];
+            static const size_t cache_limits[] = {0, 8 * MiB, 32 * MiB, UM_NO_CACHE_LIMIT};
+            size_t lim = cache_limits[harness_rand(&rng) % 4];
             CHECK_OK(a->ops->set_cache_limit(a, lim));
-            m.cache_limit = lim ? lim : SIZE_MAX;
+            m.cache_limit = lim;
             while (m.cached > m.cache_limit)
                 ref_evict_oldest(&m);
         } else {

@@ -733,6 +733,25 @@ static void test_limit_above_memory(void)
                "memory limit 1.00 GiB on each accelerator");
 }
 
+/* `unimem info` shows a cache limit of none (no cap, the default) as none
+ * in the option table and null in the device list, and a limit of 0 (no
+ * cache) as 0; a bad value's message names both forms. The default was 0,
+ * which meant no cap. */
+static void test_info_cache_limit(void)
+{
+    EXPECT_RUN("info --options --json --conf devices=sim:64M", 0,
+               "{\"name\": \"cache_limit\", \"type\": \"size\", \"default\": \"none\", "
+               "\"value\": \"none\"");
+    CHECK(strstr(out, "\"name\": \"sim1\"") && strstr(out, "\"cache_limit\": null"));
+    EXPECT_RUN("info --options --json --conf devices=sim:64M,cache_limit=0", 0,
+               "{\"name\": \"cache_limit\", \"type\": \"size\", \"default\": \"none\", "
+               "\"value\": \"0\"");
+    CHECK(strstr(out, "\"cache_limit\": 0,") && !strstr(out, "\"cache_limit\": null"));
+    EXPECT_RUN("info --conf cache_limit=nothing", 1,
+               "option 'cache_limit' in um_init: bad value 'nothing': expected a size in bytes, "
+               "optionally with a K/M/G/T suffix such as 64M or 1.5GiB, or none");
+}
+
 int main(void)
 {
     if (access(BINARY, X_OK) != 0) {
@@ -764,6 +783,7 @@ int main(void)
     test_bench_copy_json_unmeasured();
     test_sim_limit_page();
     test_limit_above_memory();
+    test_info_cache_limit();
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     CHECK(system(cmd) == 0);

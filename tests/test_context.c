@@ -256,6 +256,89 @@ static void test_bad_specs(const char *alloc)
     }
 }
 
+/* Frees 64 MiB of 4 MiB blocks and 48 small and medium ones on device 1
+ * of ctx, and returns the device's statistics after the frees. */
+static um_stats stats_after_frees(um_context *ctx)
+{
+    enum { LARGE = 16, SMALL = 48 };
+    static const size_t small_sizes[] = {100, 4096, 40000, 300000};
+    void *large[LARGE] = {0}, *small[SMALL] = {0};
+    for (int i = 0; i < LARGE; i++)
+        CHECK_OK(um_malloc(ctx, 1, 4 * MB, NULL, &large[i]));
+    for (int i = 0; i < SMALL; i++)
+        CHECK_OK(um_malloc(ctx, 1, small_sizes[i % 4], NULL, &small[i]));
+    for (int i = 0; i < LARGE; i++)
+        if (large[i])
+            CHECK_OK(um_free(ctx, large[i], NULL));
+    for (int i = 0; i < SMALL; i++)
+        if (small[i])
+            CHECK_OK(um_free(ctx, small[i], NULL));
+    um_stats st;
+    memset(&st, 0, sizeof st);
+    CHECK_OK(um_stats_get(ctx, 1, &st));
+    CHECK_EQ(st.active_bytes, 0);
+    return st;
+}
+
+/* Checks that got, the statistics after the frees under a cache limit of 0
+ * (set as `how` says), keep no more than a limit of 1 byte keeps. */
+static void check_kept_like_limit_one(const char *alloc, const char *how, const um_stats *got,
+                                      const um_stats *one)
+{
+    harness_checks++;
+    if (got->cached_bytes > one->cached_bytes || got->reserved_bytes > one->reserved_bytes)
+        harness_report(__FILE__, __LINE__,
+                       "allocator=%s, %s: %zu bytes cached and %zu reserved after the frees; "
+                       "a cache limit of 1 byte keeps %zu and %zu",
+                       alloc, how, got->cached_bytes, got->reserved_bytes, one->cached_bytes,
+                       one->reserved_bytes);
+}
+
+/* A cache limit of 0 keeps no cache, as mx.set_cache_limit(0) does in MLX:
+ * set by um_set_cache_limit or by the cache_limit option, it keeps no more
+ * than a limit of 1 byte after the same frees, and UM_NO_CACHE_LIMIT lets
+ * frees stay cached again. 0 meant no cap: 70 MiB stayed cached on the
+ * pool, 160 MiB on bufcache, where a limit of 1 byte kept none. */
+static void test_cache_limit_zero(const char *alloc)
+{
+    um_context *ctx = init_ctx(alloc, "devices=sim:256M");
+    if (!ctx)
+        return;
+    CHECK_OK(um_set_cache_limit(ctx, 1, 1));
+    um_stats one = stats_after_frees(ctx);
+    um_shutdown(ctx);
+
+    um_device_info info;
+    ctx = init_ctx(alloc, "devices=sim:256M,cache_limit=0");
+    if (!ctx)
+        return;
+    CHECK_OK(um_device_info_get(ctx, 1, &info));
+    CHECK_EQ(info.cache_limit, 0);
+    um_stats by_option = stats_after_frees(ctx);
+    check_kept_like_limit_one(alloc, "cache_limit=0", &by_option, &one);
+    um_shutdown(ctx);
+
+    ctx = init_ctx(alloc, "devices=sim:256M");
+    if (!ctx)
+        return;
+    CHECK_OK(um_set_cache_limit(ctx, 1, 0));
+    CHECK_OK(um_device_info_get(ctx, 1, &info));
+    CHECK_EQ(info.cache_limit, 0);
+    um_stats by_call = stats_after_frees(ctx);
+    check_kept_like_limit_one(alloc, "um_set_cache_limit(0)", &by_call, &one);
+
+    CHECK_OK(um_set_cache_limit(ctx, 1, UM_NO_CACHE_LIMIT));
+    CHECK_OK(um_device_info_get(ctx, 1, &info));
+    CHECK_EQ(info.cache_limit, SIZE_MAX);
+    um_stats uncapped = stats_after_frees(ctx);
+    /* The direct allocator caches nothing, under any limit. */
+    if (strcmp(alloc, "direct") != 0)
+        CHECK(uncapped.cached_bytes >= 64 * MB);
+    else
+        CHECK_EQ(uncapped.cached_bytes, 0);
+    um_shutdown(ctx);
+}
+
 static void test_bad_inputs(const char *alloc)
 {
     um_context *ctx = init_ctx(alloc, "devices=sim:2x64M");
@@ -358,7 +441,7 @@ static void test_bad_inputs(const char *alloc)
     CHECK_EQ(info.cache_limit, 4 * MB);
     CHECK_STATUS(um_malloc(ctx, 1, 40 * MB, NULL, &p), UM_ERR_NOMEM);
     CHECK_OK(um_set_memory_limit(ctx, 1, 0));
-    CHECK_OK(um_set_cache_limit(ctx, 1, 0));
+    CHECK_OK(um_set_cache_limit(ctx, 1, UM_NO_CACHE_LIMIT));
     CHECK_OK(um_device_info_get(ctx, 1, &info));
     CHECK_EQ(info.memory_limit, 64 * MB);
     CHECK_EQ(info.cache_limit, SIZE_MAX);
@@ -1461,6 +1544,7 @@ int main(void)
         test_max_devices(alloc);
         test_bad_specs(alloc);
         test_bad_inputs(alloc);
+        test_cache_limit_zero(alloc);
         test_streams(alloc);
         test_free_after_stream_destroyed(alloc);
         test_stream_threads(alloc);

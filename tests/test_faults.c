@@ -141,7 +141,8 @@ static void seq_pool(um_context *ctx, run_result *r)
             }
         }
         ok(r, um_trim(ctx, round % 2 + 1));
-        ok(r, um_set_cache_limit(ctx, 2, round == 1 ? 4 * MB : 0));
+        /* No cap, then 4 MiB, then no cache. */
+        ok(r, um_set_cache_limit(ctx, 2, round == 0 ? UM_NO_CACHE_LIMIT : round == 1 ? 4 * MB : 0));
     }
     /* Every block holds its bytes; the stats count exactly these. */
     size_t requested[3] = {0};

@@ -53,7 +53,7 @@ static void test_defaults(void)
     CHECK_EQ(o.devices[0], '\0');
     CHECK_EQ(o.allocator, UM_ALLOCATOR_POOL);
     CHECK_EQ(o.memory_limit, 0);
-    CHECK_EQ(o.cache_limit, 0);
+    CHECK_EQ(o.cache_limit, SIZE_MAX);
     CHECK_EQ(o.sim_granularity, 2u << 20);
     CHECK_EQ(o.host_granularity, 2u << 20);
     CHECK_EQ(o.host_capacity, 0);
@@ -479,6 +479,79 @@ static void test_size_fractions(void)
     CHECK_EQ(o.memory_limit, 0);
 }
 
+/* cache_limit is a size or the word none: none, the default, is no cap
+ * (SIZE_MAX, formatted back as none) and 0 keeps no cache, as
+ * mx.set_cache_limit(0) does in MLX. The other size options do not take
+ * none. The default was 0, meaning no cap, and none was refused. */
+static void test_cache_limit_none(void)
+{
+    int index = -1;
+    for (int i = 0; i < um_option_count(); i++) {
+        um_option_info info;
+        CHECK_OK(um_option_get(i, &info));
+        if (!strcmp(info.name, "cache_limit"))
+            index = i;
+    }
+    CHECK(index >= 0);
+    um__options o;
+    um__options_defaults(&o);
+    CHECK_EQ(o.cache_limit, SIZE_MAX);
+    char value[64] = "";
+    CHECK_OK(um__options_format(&o, index, value, sizeof value));
+    CHECK(strcmp(value, "none") == 0);
+
+    CHECK_OK(um__options_apply(&o, "cache_limit=0", "test"));
+    CHECK_EQ(o.cache_limit, 0);
+    CHECK_OK(um__options_format(&o, index, value, sizeof value));
+    CHECK(strcmp(value, "0") == 0);
+    CHECK_OK(um__options_apply(&o, "cache_limit=none", "test"));
+    CHECK_EQ(o.cache_limit, SIZE_MAX);
+    CHECK_OK(um__options_apply(&o, "cache_limit=64M", "test"));
+    CHECK_EQ(o.cache_limit, 64ull << 20);
+    CHECK_OK(um__options_format(&o, index, value, sizeof value));
+    CHECK(strcmp(value, "67108864") == 0);
+    CHECK_OK(um__options_apply(&o, "cache_limit = None ", "test"));
+    CHECK_EQ(o.cache_limit, SIZE_MAX);
+
+    /* A bad value's message names both forms. */
+    static const char *const bad[] = {"nothing", "", "-1", "non", "none1", "0.5"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char conf[64];
+        snprintf(conf, sizeof conf, "cache_limit=%s", bad[i]);
+        CHECK_STATUS(um__options_apply(&o, conf, "test"), UM_ERR_BAD_OPTION);
+        CHECK_ERROR_MENTIONS("'cache_limit'", "64M", "or none");
+        CHECK_EQ(o.cache_limit, SIZE_MAX);
+    }
+
+    /* Other sizes: none is refused, and the message does not offer it. */
+    CHECK_STATUS(um__options_apply(&o, "memory_limit=none", "test"), UM_ERR_BAD_OPTION);
+    CHECK_ERROR_MENTIONS("'memory_limit'", "'none'", "64M");
+    CHECK(strstr(um_last_error(), "or none") == NULL);
+    CHECK_STATUS(um__options_apply(&o, "host_capacity=none", "test"), UM_ERR_BAD_OPTION);
+    CHECK_EQ(o.memory_limit, 0);
+    CHECK_EQ(o.host_capacity, 0);
+}
+
+/* A size option takes the word none exactly where its doc says so. */
+static void test_size_none_documented(void)
+{
+    for (int i = 0; i < um_option_count(); i++) {
+        um_option_info info;
+        CHECK_OK(um_option_get(i, &info));
+        if (info.type != UM_OPT_SIZE)
+            continue;
+        um__options o;
+        um__options_defaults(&o);
+        char conf[128];
+        snprintf(conf, sizeof conf, "%s=none", info.name);
+        bool takes_none = um__options_apply(&o, conf, "test") == UM_OK;
+        harness_checks++;
+        if (takes_none != (strstr(info.doc, "none") != NULL))
+            harness_report(__FILE__, __LINE__, "option %s %s none, its doc: %s", info.name,
+                           takes_none ? "takes" : "refuses", info.doc);
+    }
+}
+
 /* UNIMEM_CONF is applied first, then the conf string of um_init. */
 static void test_env(void)
 {
@@ -577,6 +650,8 @@ int main(void)
     test_value_splits();
     test_unknown_lists_all();
     test_size_fractions();
+    test_cache_limit_none();
+    test_size_none_documented();
     test_env();
     return harness_finish("test_options");
 }

@@ -440,8 +440,8 @@ static um__allocator *make_pool(size_t capacity, size_t limit)
 {
     /* Medium slabs off: the steps' sizes are all the planner's to see,
      * whatever the planner's state (test_pool covers medium slabs). */
-    um__pool_config c = {.dev = 1, .memory_limit = limit, .thread_cache = 1, .va_factor = 4,
-                         .no_medium = 1};
+    um__pool_config c = {.dev = 1, .cache_limit = UM_NO_CACHE_LIMIT, .memory_limit = limit,
+                         .thread_cache = 1, .va_factor = 4, .no_medium = 1};
     CHECK_OK(um__sim_backend_create("sim1", capacity, 2 * MiB, 0, &backend));
     CHECK_OK(um__be_stream_create(backend, &s1));
     CHECK_OK(um__be_stream_create(backend, &s2));

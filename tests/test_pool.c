@@ -79,7 +79,7 @@ static um_stats stats(um__allocator *a)
 
 static void test_basic(int tc)
 {
-    um__allocator *a = make_pool(256 * MiB, 0, 0, tc);
+    um__allocator *a = make_pool(256 * MiB, 0, UM_NO_CACHE_LIMIT, tc);
     size_t sizes[] = {1, 255, 256, 257, 3072, 4097, 32768, 32769, 100000, 3 * MiB + 17};
     void *ptrs[10];
     size_t req = 0;
@@ -163,7 +163,7 @@ static void run_holder(holder *h)
 
 static void test_bounce_cache(void)
 {
-    um__allocator *a = make_pool(256 * MiB, 0, 0, 1);
+    um__allocator *a = make_pool(256 * MiB, 0, UM_NO_CACHE_LIMIT, 1);
     void *x = xalloc(a, MiB + 100, 0);
     xfree(a, x, 0);
     um_stats st = stats(a);
@@ -233,7 +233,7 @@ static void test_bounce_cache(void)
 
     /* Under a 16 MiB limit, a block this (live) thread holds is taken back
      * when another thread needs the memory. */
-    a = make_pool(256 * MiB, 16 * MiB, 0, 1);
+    a = make_pool(256 * MiB, 16 * MiB, UM_NO_CACHE_LIMIT, 1);
     void *big = xalloc(a, 12 * MiB, 0);
     xfree(a, big, 0);
     CHECK_EQ(stats(a).reserved_bytes, 12 * MiB);
@@ -248,7 +248,7 @@ static void test_bounce_cache(void)
 /* One thread: the peak of live bytes is exact, small and large alike. */
 static void test_peak(void)
 {
-    um__allocator *a = make_pool(256 * MiB, 0, 0, 1);
+    um__allocator *a = make_pool(256 * MiB, 0, UM_NO_CACHE_LIMIT, 1);
     size_t s1sz = um__class_size[um__class_of(3000)], s2sz = um__class_size[um__class_of(20000)];
     void *x = xalloc(a, 3000, 0), *y = xalloc(a, 20000, 0);
     void *big = xalloc(a, 5 * MiB, 0);
@@ -280,7 +280,7 @@ static void test_peak(void)
 /* Freed pages are moved to where the pool grows instead of new memory. */
 static void test_page_recycling(void)
 {
-    um__allocator *a = make_pool(256 * MiB, 0, 0, 1);
+    um__allocator *a = make_pool(256 * MiB, 0, UM_NO_CACHE_LIMIT, 1);
     void *x = xalloc(a, 8 * MiB, 0);
     void *y = xalloc(a, 8 * MiB, 0);
     CHECK_EQ(stats(a).reserved_bytes, 16 * MiB);
@@ -309,7 +309,8 @@ static void test_page_recycling(void)
  * page goes back so that single pages can be made. */
 static void test_large_pages(void)
 {
-    um__pool_config c = {.dev = 1, .thread_cache = 1, .va_factor = 4, .large_page = 8 * MiB};
+    um__pool_config c = {.dev = 1, .cache_limit = UM_NO_CACHE_LIMIT, .thread_cache = 1,
+                         .va_factor = 4, .large_page = 8 * MiB};
     um__allocator *a = make_pool_with(512 * MiB, &c);
     um__pool *p = (um__pool *)a;
     CHECK_EQ(p->big, 4);
@@ -391,8 +392,8 @@ static void test_large_pages(void)
     /* Large pages freed under work still queued: before it grows, the pool
      * waits for that work (fence_wait_ns 1, as while the planner learns)
      * and then moves them rather than make new ones. */
-    um__pool_config cw = {.dev = 1, .thread_cache = 0, .va_factor = 4, .fence_wait_ns = 1,
-                          .no_plan = 1, .large_page = 8 * MiB};
+    um__pool_config cw = {.dev = 1, .cache_limit = UM_NO_CACHE_LIMIT, .thread_cache = 0,
+                          .va_factor = 4, .fence_wait_ns = 1, .no_plan = 1, .large_page = 8 * MiB};
     a = make_pool_with(512 * MiB, &cw);
     p = (um__pool *)a;
     void *fx = xalloc(a, 64 * MiB, 1);
@@ -434,8 +435,9 @@ static void test_large_pages(void)
 static void test_no_page_recycling(void)
 {
     for (int limited = 0; limited < 2; limited++) {
-        um__pool_config c = {.dev = 1, .memory_limit = limited ? 20 * MiB : 0,
-                             .thread_cache = 1, .va_factor = 4, .recycle = UM_RECYCLE_NEVER};
+        um__pool_config c = {.dev = 1, .cache_limit = UM_NO_CACHE_LIMIT,
+                             .memory_limit = limited ? 20 * MiB : 0, .thread_cache = 1,
+                             .va_factor = 4, .recycle = UM_RECYCLE_NEVER};
         um__allocator *a = make_pool_with(256 * MiB, &c);
         void *x = xalloc(a, 8 * MiB, 0);
         void *y = xalloc(a, 8 * MiB, 0);
@@ -465,7 +467,8 @@ static void test_no_page_recycling(void)
 static void test_auto_page_recycling(void)
 {
     for (int learned = 0; learned < 2; learned++) {
-        um__pool_config c = {.dev = 1, .thread_cache = 1, .va_factor = 4};
+        um__pool_config c = {.dev = 1, .cache_limit = UM_NO_CACHE_LIMIT, .thread_cache = 1,
+                             .va_factor = 4};
         um__allocator *a = make_pool_with(256 * MiB, &c);
         uint64_t rng = 12345;
         for (int i = 0; learned && i < 20000; i++) {
@@ -495,8 +498,9 @@ static void test_fence_wait(void)
 {
     for (int mode = 0; mode < 3; mode++) {
         int wait = mode > 0;
-        um__pool_config c = {.dev = 1, .thread_cache = 0, .va_factor = 4,
-                             .fence_wait_ns = mode == 1 ? 1000000 : 0, .no_plan = mode < 2};
+        um__pool_config c = {.dev = 1, .cache_limit = UM_NO_CACHE_LIMIT, .thread_cache = 0,
+                             .va_factor = 4, .fence_wait_ns = mode == 1 ? 1000000 : 0,
+                             .no_plan = mode < 2};
         um__allocator *a = make_pool_with(256 * MiB, &c);
         void *x = xalloc(a, 6 * MiB, 1);
         CHECK_OK(um__sim_stream_launch(backend, s1, 1));
@@ -532,8 +536,8 @@ static void test_fence_wait(void)
  * both slots and empties A. */
 static void test_slab_empties_during_take(void)
 {
-    um__pool_config c = {.dev = 1, .thread_cache = 0, .va_factor = 4, .fence_wait_ns = 1,
-                         .no_plan = 1};
+    um__pool_config c = {.dev = 1, .cache_limit = UM_NO_CACHE_LIMIT, .thread_cache = 0,
+                         .va_factor = 4, .fence_wait_ns = 1, .no_plan = 1};
     um__allocator *a = make_pool_with(256 * MiB, &c);
     void *b_slots[16];
     for (int i = 0; i < 16; i++)
@@ -565,7 +569,7 @@ static void test_slab_empties_during_take(void)
  * stream, and on another stream only once the work has completed. */
 static void test_stream_order(int tc)
 {
-    um__allocator *a = make_pool(256 * MiB, 0, 0, tc);
+    um__allocator *a = make_pool(256 * MiB, 0, UM_NO_CACHE_LIMIT, tc);
     size_t sizes[] = {4096, 5 * MiB};
     for (int k = 0; k < 2; k++) {
         size_t n = sizes[k];
@@ -603,7 +607,7 @@ static void test_stream_order(int tc)
  * fences on the new stream's backend object, not on the old one. */
 static void test_stream_id_reuse(void)
 {
-    um__allocator *a = make_pool(256 * MiB, 0, 0, 1);
+    um__allocator *a = make_pool(256 * MiB, 0, UM_NO_CACHE_LIMIT, 1);
     um__pool *p = (um__pool *)a;
     void *x = xalloc(a, 4096, 1);
     xfree(a, x, 1);
@@ -628,7 +632,8 @@ static void test_stream_id_reuse(void)
  * unretired. */
 static void test_busy_streams(void)
 {
-    um__pool_config c = {.dev = 1, .thread_cache = 0, .va_factor = 4, .no_plan = 1};
+    um__pool_config c = {.dev = 1, .cache_limit = UM_NO_CACHE_LIMIT, .thread_cache = 0,
+                         .va_factor = 4, .no_plan = 1};
     um__allocator *a = make_pool_with(256 * MiB, &c);
     um__pool *p = (um__pool *)a;
     uint32_t states = p->nstates;
@@ -706,7 +711,7 @@ static void *reuser_main(void *arg)
 
 static void test_forget_takes_other_caches(void)
 {
-    um__allocator *a = make_pool(256 * MiB, 0, 0, 1);
+    um__allocator *a = make_pool(256 * MiB, 0, UM_NO_CACHE_LIMIT, 1);
     pthread_barrier_t step;
     CHECK_EQ(pthread_barrier_init(&step, NULL, 2), 0);
     reuser r = {a, &step, NULL, NULL, NULL, NULL, UM_OK};
@@ -781,7 +786,7 @@ static void test_forget_without_membarrier(void)
         printf("test_pool: no seccomp here, membarrier stays (skipped)\n");
         return;
     }
-    um__allocator *a = make_pool(256 * MiB, 0, 0, 1);
+    um__allocator *a = make_pool(256 * MiB, 0, UM_NO_CACHE_LIMIT, 1);
     pthread_barrier_t step;
     CHECK_EQ(pthread_barrier_init(&step, NULL, 2), 0);
     slot_reuser r = {a, &step, NULL, NULL, UM_OK};
@@ -816,7 +821,8 @@ static void test_forget_without_membarrier(void)
  * planner, whose learning would wait for stream 2's work. */
 static void test_second_fencer(void)
 {
-    um__pool_config c = {.dev = 1, .thread_cache = 1, .va_factor = 4, .no_plan = 1};
+    um__pool_config c = {.dev = 1, .cache_limit = UM_NO_CACHE_LIMIT, .thread_cache = 1,
+                         .va_factor = 4, .no_plan = 1};
     um__allocator *a = make_pool_with(256 * MiB, &c);
     um__pool *p = (um__pool *)a;
     CHECK_EQ(p->fencer, UM_NO_FENCE);
@@ -866,8 +872,8 @@ static bool ptr_map_has(um__pool *p, void *ptr)
  * has room, and the 4 KiB block takes the large path into that gap. */
 static void test_small_without_slab_room(void)
 {
-    um__pool_config c = {.dev = 1, .thread_cache = 1, .va_factor = 4, .no_plan = 1,
-                         .memory_limit = 2 * MiB};
+    um__pool_config c = {.dev = 1, .cache_limit = UM_NO_CACHE_LIMIT, .thread_cache = 1,
+                         .va_factor = 4, .no_plan = 1, .memory_limit = 2 * MiB};
     um__allocator *a = make_pool_with(256 * MiB, &c);
     um__pool *p = (um__pool *)a;
     void *big = xalloc(a, 2 * MiB - 8192, 1);
@@ -895,7 +901,8 @@ static void test_small_without_slab_room(void)
 static void test_medium_slabs(void)
 {
     const size_t K = 1024;
-    um__pool_config c = {.dev = 1, .thread_cache = 1, .va_factor = 4, .no_plan = 1};
+    um__pool_config c = {.dev = 1, .cache_limit = UM_NO_CACHE_LIMIT, .thread_cache = 1,
+                         .va_factor = 4, .no_plan = 1};
     um__allocator *a = make_pool_with(256 * MiB, &c);
     um__pool *p = (um__pool *)a;
     CHECK_EQ(p->slab_max, UM_MEDIUM_MAX);
@@ -975,9 +982,10 @@ static void test_medium_slabs(void)
 
     /* With the planner learning (from the start), medium sizes are large
      * blocks; medium_slabs=0 keeps them so. */
-    const um__pool_config off[] = {{.dev = 1, .thread_cache = 1, .va_factor = 4},
-                                   {.dev = 1, .thread_cache = 1, .va_factor = 4, .no_plan = 1,
-                                    .no_medium = 1}};
+    const um__pool_config off[] = {
+        {.dev = 1, .cache_limit = UM_NO_CACHE_LIMIT, .thread_cache = 1, .va_factor = 4},
+        {.dev = 1, .cache_limit = UM_NO_CACHE_LIMIT, .thread_cache = 1, .va_factor = 4,
+         .no_plan = 1, .no_medium = 1}};
     for (int i = 0; i < 2; i++) {
         a = make_pool_with(256 * MiB, &off[i]);
         p = (um__pool *)a;
@@ -993,7 +1001,7 @@ static void test_medium_slabs(void)
  * before that work completes: under a tight limit the pool waits for it. */
 static void test_fenced_pages(void)
 {
-    um__allocator *a = make_pool(256 * MiB, 8 * MiB, 0, 1);
+    um__allocator *a = make_pool(256 * MiB, 8 * MiB, UM_NO_CACHE_LIMIT, 1);
     void *x = xalloc(a, 6 * MiB, 1);
     CHECK_OK(um__sim_stream_launch(backend, s1, 2));
     xfree(a, x, 1);
@@ -1016,7 +1024,7 @@ static void test_fenced_pages(void)
 
 static void test_limits(void)
 {
-    um__allocator *a = make_pool(256 * MiB, 16 * MiB, 0, 1);
+    um__allocator *a = make_pool(256 * MiB, 16 * MiB, UM_NO_CACHE_LIMIT, 1);
     void *x = xalloc(a, 6 * MiB, 0);
     void *y = xalloc(a, 6 * MiB, 0);
     um__stream_ref ref = {0, NULL, NULL};
@@ -1083,8 +1091,15 @@ static void test_cache_limit_thread_cache(void)
     big = xalloc(a, 64 * MiB, 0);
     xfree(a, big, 0);
     CHECK(stats(a).reserved_bytes <= 2 * MiB);
-    /* Without the limit the block stays cached, as before. */
+    /* A limit of 0 keeps no cache: the same. */
     CHECK_OK(a->ops->set_cache_limit(a, 0));
+    CHECK_EQ(a->cache_limit, 0);
+    big = xalloc(a, 64 * MiB, 0);
+    xfree(a, big, 0);
+    CHECK(stats(a).reserved_bytes <= 2 * MiB);
+    /* Without the limit the block stays cached, as before. */
+    CHECK_OK(a->ops->set_cache_limit(a, UM_NO_CACHE_LIMIT));
+    CHECK_EQ(a->cache_limit, SIZE_MAX);
     big = xalloc(a, 64 * MiB, 0);
     xfree(a, big, 0);
     CHECK(stats(a).reserved_bytes >= 64 * MiB);
@@ -1098,7 +1113,7 @@ static void test_cache_limit_thread_cache(void)
  * It said the free memory was fragmented, its largest range 0 bytes. */
 static void test_limit_in_pages(void)
 {
-    um__allocator *a = make_pool(256 * MiB, 5 * MiB, 0, 1);
+    um__allocator *a = make_pool(256 * MiB, 5 * MiB, UM_NO_CACHE_LIMIT, 1);
     um__stream_ref ref = {0, NULL, NULL};
     void *x = NULL;
     uint64_t calls = stats(a).num_backend_calls;
@@ -1124,7 +1139,7 @@ static void test_limit_in_pages(void)
  * (test_stress found the pool failing such requests and evicting for them). */
 static void test_fit_beyond_best(void)
 {
-    um__allocator *a = make_pool(256 * MiB, 0, 0, 1);
+    um__allocator *a = make_pool(256 * MiB, 0, UM_NO_CACHE_LIMIT, 1);
     void *x = xalloc(a, 5 * MiB / 2, 0); /* pages 0 and 1 */
     void *y = xalloc(a, MiB / 2, 0);     /* page 1, up to 3 MiB */
     CHECK_EQ((uintptr_t)y, (uintptr_t)x + 5 * MiB / 2);
@@ -1152,8 +1167,8 @@ static void test_fit_beyond_best(void)
 static void test_largest_free_is_contiguous(void)
 {
     /* Blocks of 1 MiB are large ones here, not medium slots. */
-    um__pool_config c = {.dev = 1, .thread_cache = 0, .va_factor = 4, .no_plan = 1,
-                         .no_medium = 1};
+    um__pool_config c = {.dev = 1, .cache_limit = UM_NO_CACHE_LIMIT, .thread_cache = 0,
+                         .va_factor = 4, .no_plan = 1, .no_medium = 1};
     um__allocator *a = make_pool_with(256 * MiB, &c);
     char *x = xalloc(a, MiB, 0);     /* page 0, first half */
     char *y = xalloc(a, 4 * MiB, 0); /* the rest of page 0, page 1, half of page 2 */
@@ -1198,7 +1213,8 @@ static void check_free_does_not_wait(um__allocator *a, uint32_t sid)
 static void test_deferred_frees(void)
 {
     const size_t K = 1024;
-    um__pool_config c = {.dev = 1, .thread_cache = 1, .va_factor = 4, .no_plan = 1,
+    um__pool_config c = {.dev = 1, .cache_limit = UM_NO_CACHE_LIMIT, .thread_cache = 1,
+                         .va_factor = 4, .no_plan = 1,
                          .no_medium = 1 /* the sizes below are medium */};
     um__allocator *a = make_pool_with(1024 * MiB, &c);
     um__pool *p = (um__pool *)a;
@@ -1301,8 +1317,8 @@ static void test_deferred_frees(void)
 
     /* Off (defer_frees=0), and while the step planner learns: no block waits. */
     for (int k = 0; k < 2; k++) {
-        um__pool_config off = {.dev = 1, .thread_cache = 1, .va_factor = 4, .no_plan = k == 0,
-                               .no_defer = k == 0};
+        um__pool_config off = {.dev = 1, .cache_limit = UM_NO_CACHE_LIMIT, .thread_cache = 1,
+                               .va_factor = 4, .no_plan = k == 0, .no_defer = k == 0};
         a = make_pool_with(1024 * MiB, &off);
         fill = xalloc(a, 256 * MiB, 0);
         xfree(a, fill, 0);
@@ -1313,7 +1329,7 @@ static void test_deferred_frees(void)
 
 static void test_bad_pointers(void)
 {
-    um__allocator *a = make_pool(64 * MiB, 0, 0, 1);
+    um__allocator *a = make_pool(64 * MiB, 0, UM_NO_CACHE_LIMIT, 1);
     um__stream_ref ref = {0, NULL, NULL};
     void *small = xalloc(a, 1000, 0), *large = xalloc(a, 1 * MiB, 0);
     CHECK(a->ops->owns(a, small) && a->ops->owns(a, large));
@@ -1343,7 +1359,7 @@ static void test_bad_pointers(void)
  * page's list, and a pointer next to a start (or a freed one) must not be. */
 static void test_shared_start_pages(void)
 {
-    um__allocator *a = make_pool(256 * MiB, 0, 0, 0);
+    um__allocator *a = make_pool(256 * MiB, 0, UM_NO_CACHE_LIMIT, 0);
     um__stream_ref ref = {0, NULL, NULL};
     enum { N = 200 };
     unsigned char *p[N];
@@ -1393,7 +1409,7 @@ typedef struct {
 static void test_small_pages(void)
 {
     granularity = 4096;
-    um__allocator *a = make_pool(64 * MiB, 0, 0, 1);
+    um__allocator *a = make_pool(64 * MiB, 0, UM_NO_CACHE_LIMIT, 1);
     enum { N = 300 };
     unsigned char *p[N];
     size_t n[N];
@@ -1425,8 +1441,9 @@ static void test_small_pages(void)
 static void test_random(uint64_t seed, int tc, uint32_t streams, size_t limit, int check_every,
                         int no_plan, size_t large_page)
 {
-    um__pool_config c = {.dev = 1, .memory_limit = limit, .thread_cache = tc, .va_factor = 4,
-                         .no_plan = no_plan, .large_page = large_page};
+    um__pool_config c = {.dev = 1, .cache_limit = UM_NO_CACHE_LIMIT, .memory_limit = limit,
+                         .thread_cache = tc, .va_factor = 4, .no_plan = no_plan,
+                         .large_page = large_page};
     um__allocator *a = make_pool_with(4096ull * MiB, &c);
     /* Large pages under any block that holds one, so that they come and
      * go often at this test's sizes. */
@@ -1511,7 +1528,8 @@ static void test_random(uint64_t seed, int tc, uint32_t streams, size_t limit, i
  * the script made. */
 static long pool_script(flaky *f, long k, size_t large_page)
 {
-    um__pool_config c = {.dev = 1, .thread_cache = 1, .va_factor = 4, .large_page = large_page};
+    um__pool_config c = {.dev = 1, .cache_limit = UM_NO_CACHE_LIMIT, .thread_cache = 1,
+                         .va_factor = 4, .large_page = large_page};
     um__allocator *a = NULL;
     uint64_t calls0 = atomic_load(&f->base.calls);
     f->countdown = k;
@@ -1601,8 +1619,8 @@ static void test_largest_free_random(uint64_t seed)
 {
     size_t was = granularity;
     granularity = 64 * 1024;
-    um__pool_config c = {.dev = 1, .thread_cache = 0, .va_factor = 2, .no_plan = 1,
-                         .no_medium = 1};
+    um__pool_config c = {.dev = 1, .cache_limit = UM_NO_CACHE_LIMIT, .thread_cache = 0,
+                         .va_factor = 2, .no_plan = 1, .no_medium = 1};
     um__allocator *a = make_pool_with(16 * MiB, &c);
     uint64_t r = seed;
     enum { N = 48 };
@@ -1645,8 +1663,8 @@ static void test_largest_free_random(uint64_t seed)
  * older epoch, and stream 2 then got Y's bytes under that work. */
 static void test_deferred_release_keeps_newer_fence(void)
 {
-    um__pool_config c = {.dev = 1, .thread_cache = 0, .va_factor = 4, .no_plan = 1,
-                         .no_medium = 1};
+    um__pool_config c = {.dev = 1, .cache_limit = UM_NO_CACHE_LIMIT, .thread_cache = 0,
+                         .va_factor = 4, .no_plan = 1, .no_medium = 1};
     um__allocator *a = make_pool_with(256 * MiB, &c);
     um__pool *p = (um__pool *)a;
     void *filler = xalloc(a, 130 * MiB, 0);
@@ -1681,7 +1699,8 @@ static void test_deferred_release_keeps_newer_fence(void)
  * its period signatures include. */
 static void test_bounce_keeps_planner_bytes(void)
 {
-    um__pool_config c = {.dev = 1, .thread_cache = 1, .va_factor = 4, .no_medium = 1};
+    um__pool_config c = {.dev = 1, .cache_limit = UM_NO_CACHE_LIMIT, .thread_cache = 1,
+                         .va_factor = 4, .no_medium = 1};
     um__allocator *a = make_pool_with(256 * MiB, &c);
     um__pool *p = (um__pool *)a;
     /* Learning over: deferred frees on. */
@@ -1714,7 +1733,8 @@ static void test_bounce_keeps_planner_bytes(void)
  * request. */
 static void test_largest_free_without_medium_slabs(void)
 {
-    um__pool_config c = {.dev = 1, .thread_cache = 0, .va_factor = 4, .no_plan = 1};
+    um__pool_config c = {.dev = 1, .cache_limit = UM_NO_CACHE_LIMIT, .thread_cache = 0,
+                         .va_factor = 4, .no_plan = 1};
     um__allocator *a = make_pool_with(256 * MiB, &c);
     um__pool *p = (um__pool *)a;
     CHECK_EQ(atomic_load(&p->slab_max), UM_MEDIUM_MAX);
@@ -1747,7 +1767,8 @@ static void test_largest_free_without_medium_slabs(void)
  * requests were then served with no new page. */
 static void test_largest_free_counts_cached_blocks(void)
 {
-    um__pool_config c = {.dev = 1, .thread_cache = 1, .va_factor = 4};
+    um__pool_config c = {.dev = 1, .cache_limit = UM_NO_CACHE_LIMIT, .thread_cache = 1,
+                         .va_factor = 4};
     um__allocator *a = make_pool_with(256 * MiB, &c);
     um__pool *p = (um__pool *)a;
     void *x = xalloc(a, 4 * MiB, 0);
@@ -1765,8 +1786,8 @@ static void test_largest_free_counts_cached_blocks(void)
     }
     a->ops->destroy(a);
 
-    um__pool_config d = {.dev = 1, .thread_cache = 0, .va_factor = 4, .no_plan = 1,
-                         .no_medium = 1};
+    um__pool_config d = {.dev = 1, .cache_limit = UM_NO_CACHE_LIMIT, .thread_cache = 0,
+                         .va_factor = 4, .no_plan = 1, .no_medium = 1};
     a = make_pool_with(256 * MiB, &d);
     p = (um__pool *)a;
     void *filler = xalloc(a, 130 * MiB, 0); /* 65 pages: the next block starts a page */
@@ -1797,8 +1818,8 @@ static void test_largest_free_counts_cached_blocks(void)
  * the two holes, and failed with 5.5 MiB free under the limit. */
 static void test_fit_needs_holes_outside(void)
 {
-    um__pool_config c = {.dev = 1, .thread_cache = 0, .va_factor = 4, .no_plan = 1,
-                         .no_medium = 1, .no_defer = 1};
+    um__pool_config c = {.dev = 1, .cache_limit = UM_NO_CACHE_LIMIT, .thread_cache = 0,
+                         .va_factor = 4, .no_plan = 1, .no_medium = 1, .no_defer = 1};
     um__allocator *a = make_pool_with(256 * MiB, &c);
     char *a0 = xalloc(a, MiB, 0);
     char *b1 = xalloc(a, 3 * MiB, 0);

@@ -418,14 +418,13 @@ static void do_trim(world *w, int dev)
 
 static void do_cache_limit(world *w, int dev)
 {
-    static const size_t limits[] = {0, 16 * MIB, 64 * MIB};
+    static const size_t limits[] = {0, 16 * MIB, 64 * MIB, UM_NO_CACHE_LIMIT};
     devmodel *m = &w->d[dev];
-    size_t limit = limits[rnd_below(w, 3)];
+    size_t limit = limits[rnd_below(w, 4)];
     CHECK_OK(um_set_cache_limit(w->ctx, dev, limit));
     um_device_info info;
     CHECK_OK(um_device_info_get(w->ctx, dev, &info));
-    if (limit)
-        CHECK_EQ(info.cache_limit, limit);
+    CHECK_EQ(info.cache_limit, limit);
     um_stats st = stats_now(w, dev);
     CHECK_EQ(st.active_bytes, m->last.active_bytes);
     CHECK(st.reserved_bytes <= m->last.reserved_bytes);
@@ -662,7 +661,7 @@ static void cache_limit_test(world *w, int dev)
                 "cache limit of %zu\n",
                 w->pass, dev, st.reserved_bytes, cap);
     m->last = st;
-    CHECK_OK(um_set_cache_limit(w->ctx, dev, 0));
+    CHECK_OK(um_set_cache_limit(w->ctx, dev, UM_NO_CACHE_LIMIT));
     do_trim(w, dev);
     CHECK_EQ(m->last.reserved_bytes, 0);
 }

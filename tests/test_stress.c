@@ -1881,9 +1881,10 @@ static void op_control(thr *t, int op)
         break;
     }
     case OP_SET_CACHE: {
-        static const size_t choices[] = {0, 1 * MIB, 4 * MIB, 16 * MIB, 64 * MIB};
+        static const size_t choices[] = {0,        1 * MIB,  4 * MIB,
+                                         16 * MIB, 64 * MIB, UM_NO_CACHE_LIMIT};
         dev = (int)below(t, NDEV);
-        size_t c = choices[below(t, 5)];
+        size_t c = choices[below(t, 6)];
         begin(t, op, dev, c);
         st = um_set_cache_limit(W.ctx, dev, c);
         ok = st == UM_OK;

@@ -68,6 +68,19 @@ static void range_of(const opt_entry *e, long *min, long *max)
     }
 }
 
+/* SIZE options that also take the word none, stored as SIZE_MAX: no cap
+ * where 0 means something else (a cache limit of 0 keeps no cache). Their
+ * docs say so; keyed by field, as int_ranges is. */
+static const size_t sizes_with_none[] = {offsetof(um__options, cache_limit)};
+
+static bool takes_none(const opt_entry *e)
+{
+    for (size_t i = 0; i < sizeof sizes_with_none / sizeof sizes_with_none[0]; i++)
+        if (sizes_with_none[i] == e->offset)
+            return true;
+    return false;
+}
+
 /* ------------------------------------------------------------- sizes */
 
 /* Largest number of decimal places um_parse_size accepts; far more than a
@@ -175,7 +188,8 @@ bool um__parse_size(const char *text, size_t len, size_t *out, const char **why)
         }
     }
     /* Truncating a fraction of a byte would change the value silently
-     * ("0.5" would become 0, which means "no limit" for several options). */
+     * ("0.5" would become 0, which means "no limit" or "no cache" for
+     * several options). */
     if (!shift && frac_nonzero) {
         *why = "without a unit it is a number of bytes, which cannot have a fraction of a byte";
         return false;
@@ -202,7 +216,7 @@ bool um__parse_size(const char *text, size_t len, size_t *out, const char **why)
         return false;
     }
     /* A value that is not 0 must not round down to 0, which options read
-     * as "no limit" or "the default". */
+     * as "no limit", "no cache" or "the default". */
     if (bytes + carry_bytes == 0 && (whole || frac_nonzero)) {
         *why = "it is more than 0 but less than one byte";
         return false;
@@ -319,11 +333,14 @@ static um_status set_value(um__options *o, const opt_entry *e, const char *v, si
     case UM_OPT_SIZE: {
         size_t bytes;
         const char *why = NULL;
-        if (!um__parse_size(v, len, &bytes, &why))
+        bool none = takes_none(e);
+        if (none && len == 4 && !strncasecmp(v, "none", 4))
+            bytes = SIZE_MAX;
+        else if (!um__parse_size(v, len, &bytes, &why))
             return um__fail(UM_ERR_BAD_OPTION,
                             "option '%s' in %s: bad value '%.*s%s': expected a size in bytes, "
-                            "optionally with a K/M/G/T suffix such as 64M or 1.5GiB (%s)",
-                            name, source, shown, v, more, why);
+                            "optionally with a K/M/G/T suffix such as 64M or 1.5GiB%s (%s)",
+                            name, source, shown, v, more, none ? ", or none" : "", why);
         *(size_t *)field = bytes;
         return UM_OK;
     }
@@ -533,9 +550,12 @@ um_status um__options_format(const um__options *o, int index, char *buf, size_t 
     const char *field = (const char *)o + e->offset;
     int n = 0;
     switch (e->info.type) {
-    case UM_OPT_SIZE:
-        n = snprintf(buf, len, "%zu", *(const size_t *)(const void *)field);
+    case UM_OPT_SIZE: {
+        size_t bytes = *(const size_t *)(const void *)field;
+        n = bytes == SIZE_MAX && takes_none(e) ? snprintf(buf, len, "none")
+                                               : snprintf(buf, len, "%zu", bytes);
         break;
+    }
     case UM_OPT_STRING:
         n = snprintf(buf, len, "%s", field);
         break;

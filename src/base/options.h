@@ -9,7 +9,8 @@
 #include "base.h"
 
 /* X(field, type, default, doc). For UM_OPT_ENUM the accepted words are the
- * '|'-separated list that starts the doc line. */
+ * '|'-separated list that starts the doc line. A UM_OPT_SIZE option whose
+ * doc offers none takes that word too (sizes_with_none in options.c). */
 #define UM_OPTION_LIST(X)                                                                     \
     X(log_level, UM_OPT_ENUM, "warn",                                                         \
       "error|warn|info|debug: messages at this level and above go to stderr")                 \
@@ -22,8 +23,9 @@
       "MLX-style buffer cache (baselines)")                                                   \
     X(memory_limit, UM_OPT_SIZE, "0",                                                         \
       "cap on reserved bytes per device; 0 = the device capacity")                            \
-    X(cache_limit, UM_OPT_SIZE, "0",                                                          \
-      "cap on cached bytes (free pages, cached small slots) a device keeps; 0 = no cap")                            \
+    X(cache_limit, UM_OPT_SIZE, "none",                                                       \
+      "cap on cached bytes (free pages, cached small slots) a device keeps; none = no cap; " \
+      "0 = no cache, as MLX's set_cache_limit(0): free pages go back to the backend")        \
     X(sim_granularity, UM_OPT_SIZE, "2M",                                                     \
       "physical page size of simulated devices (CUDA VMM granularity on an H200)")            \
     X(sim_link_bandwidth, UM_OPT_SIZE, "0",                                                   \

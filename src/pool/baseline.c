@@ -811,7 +811,7 @@ static um_status bl_set_cache_limit(um__allocator *a, size_t bytes)
 {
     baseline *bl = (baseline *)a;
     pthread_mutex_lock(&bl->lock);
-    a->cache_limit = bytes ? bytes : SIZE_MAX;
+    a->cache_limit = bytes;
     bl_enforce_cache_limit(bl);
     pthread_mutex_unlock(&bl->lock);
     return UM_OK;
@@ -1119,7 +1119,7 @@ static um_status bl_create(const um__allocator_ops *ops, bool caching, um__backe
     bl->base.backend = b;
     bl->base.dev = c->dev;
     bl->base.memory_limit = c->memory_limit ? c->memory_limit : b->capacity;
-    bl->base.cache_limit = c->cache_limit ? c->cache_limit : SIZE_MAX;
+    bl->base.cache_limit = c->cache_limit;
     bl->caching = caching;
     bl->events = c->events;
     bl->gran = b->granularity;

@@ -639,7 +639,7 @@ static void enforce_cache_limit_slow(um__pool *p)
 /* Without a cache limit (the default) a free pays one compare for it. */
 static inline void enforce_cache_limit(um__pool *p)
 {
-    if (p->base.cache_limit != SIZE_MAX)
+    if (p->base.cache_limit != UM_NO_CACHE_LIMIT)
         enforce_cache_limit_slow(p);
 }
 
@@ -3118,11 +3118,11 @@ static um_status pool_set_cache_limit(um__allocator *a, size_t bytes)
 {
     um__pool *p = P(a);
     um__lock_acquire(&p->lock);
-    p->base.cache_limit = bytes ? bytes : SIZE_MAX;
-    atomic_store_explicit(&p->cache_capped, bytes != 0, memory_order_relaxed);
+    p->base.cache_limit = bytes;
+    atomic_store_explicit(&p->cache_capped, bytes != UM_NO_CACHE_LIMIT, memory_order_relaxed);
     /* Cached slots and held blocks count as cached memory too. */
     enforce_cache_limit(p);
-    um_status s = p->base.cache_limit == SIZE_MAX ? UM_OK : release_holes(p, p->base.cache_limit);
+    um_status s = bytes == UM_NO_CACHE_LIMIT ? UM_OK : release_holes(p, bytes);
     um__lock_release(&p->lock);
     return s;
 }
@@ -3993,8 +3993,9 @@ um_status um__pool_create(um__backend *b, const um__pool_config *c, um__allocato
     p->events = c->events;
     p->capacity = b->capacity;
     p->base.memory_limit = c->memory_limit ? c->memory_limit : b->capacity;
-    p->base.cache_limit = c->cache_limit ? c->cache_limit : SIZE_MAX;
-    atomic_store_explicit(&p->cache_capped, c->cache_limit != 0, memory_order_relaxed);
+    p->base.cache_limit = c->cache_limit;
+    atomic_store_explicit(&p->cache_capped, c->cache_limit != UM_NO_CACHE_LIMIT,
+                          memory_order_relaxed);
     p->thread_cache = c->thread_cache;
     /* Other threads take a held block back through the handover, which
      * needs membarrier (see bounce cache). */

@@ -45,7 +45,7 @@ typedef enum um__recycle {
 typedef struct um__pool_config {
     int dev;               /* device index, for messages */
     size_t memory_limit;   /* 0: backend capacity */
-    size_t cache_limit;    /* 0: no cap */
+    size_t cache_limit;    /* UM_NO_CACHE_LIMIT: no cap; 0: no cache */
     int thread_cache;      /* per-thread caches on/off */
     int va_factor;         /* address space reserved = factor x limit */
     uint64_t fence_wait_ns;/* see the fence_wait_us option; 0: never wait */
@@ -98,9 +98,10 @@ struct um__allocator {
     const um__allocator_ops *ops;
     um__backend *backend;
     int dev;
-    /* Effective caps on reserved bytes and on cached pages (SIZE_MAX:
-     * none). Atomic: set under the allocator's lock, read without it by
-     * placement, reclaim and device info. */
+    /* Effective caps on reserved bytes and on cached pages (the cache's:
+     * UM_NO_CACHE_LIMIT none, 0 no cache). Atomic: set under the
+     * allocator's lock, read without it by placement, reclaim and device
+     * info. */
     _Atomic size_t memory_limit;
     _Atomic size_t cache_limit;
     /* Allocators whose memory is one address range say so here, so the
