@@ -5,7 +5,9 @@
  * wait for it, as: plain (one event without timing after the copy), timed
  * (a timed event before and after it, and cuEventElapsedTime), timed end
  * only, and timed without the elapsed call; then the host's cost of one
- * cuEventRecord of each kind alone. Rounds alternate the variants; the
+ * cuEventRecord of each kind alone, and of asking an idle stream
+ * (cuStreamQuery) and a completed event (cuEventQuery) whether they are
+ * done, as the engine does to decide whether to time a copy. Rounds alternate the variants; the
  * median of each is printed in microseconds per iteration.
  * Build: cc -O2 -Isrc -Iinclude bench/gpu/event_cost.c BUILD/libunimem.a -lz -lpthread -ldl -lm
  */
@@ -27,10 +29,13 @@
         }                                                                                         \
     } while (0)
 
-enum { PLAIN, TIMED, END_ONLY, NO_ELAPSED, RECORD_PLAIN, RECORD_TIMED, NVARIANTS };
+enum { PLAIN, TIMED, END_ONLY, NO_ELAPSED, RECORD_PLAIN, RECORD_TIMED, QUERY_STREAM, QUERY_EVENT,
+       NVARIANTS };
 static const char *names[NVARIANTS] = {"copy + plain event", "copy timed (2 events + elapsed)",
                                        "copy + timed end event", "copy timed, no elapsed call",
-                                       "cuEventRecord, plain", "cuEventRecord, timed"};
+                                       "cuEventRecord, plain", "cuEventRecord, timed",
+                                       "cuStreamQuery, idle stream",
+                                       "cuEventQuery, completed event"};
 
 static int cmp(const void *a, const void *b)
 {
@@ -91,6 +96,12 @@ int main(void)
                     break;
                 case RECORD_TIMED:
                     CK(cu->EventRecord(t1, s));
+                    break;
+                case QUERY_STREAM:
+                    CK(cu->StreamQuery(s));
+                    break;
+                case QUERY_EVENT:
+                    CK(cu->EventQuery(plain));
                     break;
                 }
             }

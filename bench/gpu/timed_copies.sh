@@ -5,8 +5,9 @@
 # link's busy time after a kernel), then `unimem bench copy --quick` and
 # issue 5's stream workload (`unimem bench oversub --workload stream
 # --policy cost`) from both trees, alternating, ROUNDS rounds, and the
-# whole ctest suite in what time is left.
-# Usage: OLD_TREE=DIR bench/gpu/timed_copies.sh [ROUNDS]   (results under $OUT; TOTAL seconds)
+# whole ctest suite in what time is left; last, bench/gpu/event_cost.c
+# (what timed events and the queries that decide on them cost).
+# Usage: OLD_TREE=DIR [OVERSUB=0] bench/gpu/timed_copies.sh [ROUNDS]   (results under $OUT; TOTAL seconds)
 set -u
 ROUNDS=${1:-2}
 TOTAL=${TOTAL:-560}
@@ -21,6 +22,7 @@ for r in $(seq "$ROUNDS"); do
     um=build-dev/unimem; [ "$which" = old ] && um=$OLD_TREE/build-dev/unimem
     timeout "$(left 60)" $um bench copy --quick > "$OUT/copy_${which}_$r.txt" 2>&1
     mark "copy $which $r rc=$?"; grep -E "^(h2d|d2h)|acquire" "$OUT/copy_${which}_$r.txt"
+    [ "${OVERSUB:-1}" = 0 ] && continue
     timeout "$(left 90)" $um bench oversub --workload stream --policy cost \
       > "$OUT/oversub_${which}_$r.txt" 2>&1
     mark "oversub $which $r rc=$?"; grep -E "^stream" "$OUT/oversub_${which}_$r.txt"
@@ -28,3 +30,5 @@ for r in $(seq "$ROUNDS"); do
 done
 (cd build-dev && timeout "$(left 200)" ctest -j 8 --output-on-failure) > "$OUT/ctest.txt" 2>&1
 mark "ctest rc=$?"; grep -E "tests passed|Failed|\*\*\*|Skipped|Not Run" "$OUT/ctest.txt" | tail -12
+cc -O2 -Isrc -Iinclude bench/gpu/event_cost.c build-dev/libunimem.a -lz -lpthread -ldl -lm \
+  -o build-dev/event_cost && timeout "$(left 60)" build-dev/event_cost | tee "$OUT/event_cost.txt"

@@ -47,6 +47,9 @@ typedef struct um__backend_ops {
     um_status (*stream_create)(um__backend *b, um__bstream **out);
     um_status (*stream_destroy)(um__backend *b, um__bstream *s);
     um_status (*stream_sync)(um__backend *b, um__bstream *s);
+    /* *idle = 1 when all the work queued on s has completed. Optional
+     * (NULL: the backend cannot say without waiting). */
+    um_status (*stream_query)(um__backend *b, um__bstream *s, int *idle);
     /* Creates an event that completes when the work queued on s so far has
      * completed. s NULL is the device's default stream. */
     um_status (*event_record)(um__backend *b, um__bstream *s, um__bevent **out);
@@ -258,6 +261,8 @@ static inline um_status um__be_stream_destroy(um__backend *b, um__bstream *s)
 { return UM_BE_CALL_(b, stream_destroy, s); }
 static inline um_status um__be_stream_sync(um__backend *b, um__bstream *s)
 { return UM_BE_CALL_(b, stream_sync, s); }
+static inline um_status um__be_stream_query(um__backend *b, um__bstream *s, int *idle)
+{ return UM_BE_CALL_(b, stream_query, s, idle); }
 static inline um_status um__be_copy(um__backend *b, void *dst, const void *src, size_t n, int dir)
 { return UM_BE_CALL_(b, copy, dst, src, n, dir); }
 static inline um_status um__be_copy_async(um__backend *b, void *dst, const void *src, size_t n,

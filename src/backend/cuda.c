@@ -501,6 +501,18 @@ static um_status cuda_stream_sync(um__backend *b, um__bstream *s)
     return UM_OK;
 }
 
+static um_status cuda_stream_query(um__backend *b, um__bstream *s, int *idle)
+{
+    cuda_backend *c = cb(b);
+    um_cuResult r;
+    const char *ctx_failed;
+    CUDA_IN_CTX(c, r, ctx_failed, c->cu->StreamQuery(native_of(s)));
+    *idle = r == UM_CU_SUCCESS;
+    if (r == UM_CU_SUCCESS || (r == UM_CU_ERROR_NOT_READY && !ctx_failed))
+        return UM_OK;
+    return cuda_fail(b, UM_ERR_BACKEND, r, ctx_failed, "cuStreamQuery");
+}
+
 /* -------------------------------------------------------------- events */
 
 /* Records an event on s, plain or timed, taken from that kind's cache. */
@@ -862,7 +874,8 @@ static um_status segment_unmap(um__backend *b, uintptr_t va, size_t size)
 /* Streams, events, copies and teardown are the same with or without VMM. */
 #define CUDA_COMMON_OPS                                                                           \
     .stream_create = cuda_stream_create, .stream_destroy = cuda_stream_destroy,                   \
-    .stream_sync = cuda_stream_sync, .event_record = cuda_event_record,                           \
+    .stream_sync = cuda_stream_sync, .stream_query = cuda_stream_query,                           \
+    .event_record = cuda_event_record,                                                            \
     .event_query = cuda_event_query, .event_sync = cuda_event_sync,                               \
     .event_destroy = cuda_event_destroy, .event_record_timed = cuda_event_record_timed,           \
     .event_elapsed = cuda_event_elapsed, .event_destroy_timed = cuda_event_destroy_timed,         \

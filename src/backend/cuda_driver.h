@@ -127,6 +127,7 @@ typedef struct um_cuMemAccessDesc {
     X(StreamCreate, "cuStreamCreate", (um_cuStream * s, unsigned flags))                          \
     X(StreamDestroy, "cuStreamDestroy_v2", (um_cuStream s))                                       \
     X(StreamSynchronize, "cuStreamSynchronize", (um_cuStream s))                                  \
+    X(StreamQuery, "cuStreamQuery", (um_cuStream s))                                              \
     X(StreamWaitEvent, "cuStreamWaitEvent", (um_cuStream s, um_cuEvent e, unsigned flags))        \
     X(EventCreate, "cuEventCreate", (um_cuEvent * e, unsigned flags))                             \
     X(EventDestroy, "cuEventDestroy_v2", (um_cuEvent e))                                          \

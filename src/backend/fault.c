@@ -301,6 +301,13 @@ static um_status f_stream_sync(um__backend *b, um__bstream *s)
 {
     FORWARD(FK_STREAM, stream_sync, s);
 }
+static um_status f_stream_query(um__backend *b, um__bstream *s, int *idle)
+{
+    if (!fb(b)->inner->ops->stream_query)
+        return um__fail(UM_ERR_UNSUPPORTED, "%s: stream_query: not supported",
+                        fb(b)->inner->name);
+    FORWARD(FK_STREAM, stream_query, s, idle);
+}
 static um_status f_stream_wait(um__backend *b, um__bstream *s, um__backend *eb, um__bevent *e)
 {
     /* The event belongs to eb's own backend: unwrapped, as the inner
@@ -391,7 +398,9 @@ static void f_destroy(um__backend *b)
     free(f);
 }
 
-/* The wrapper has timed events where the backend it wraps has them. */
+/* The wrapper has timed events (and asks its streams whether they are
+ * idle, which deciding to time a copy needs) where the backend it wraps
+ * has them. */
 #define FAULT_OPS                                                                                  \
     .reserve = f_reserve, .unreserve = f_unreserve, .create = f_create, .release = f_release,      \
     .map = f_map, .unmap = f_unmap, .stream_create = f_stream_create,                              \
@@ -405,6 +414,7 @@ static void f_destroy(um__backend *b)
 static const um__backend_ops fault_ops = {FAULT_OPS};
 static const um__backend_ops fault_timed_ops = {
     FAULT_OPS,
+    .stream_query = f_stream_query,
     .event_record_timed = f_event_record_timed,
     .event_elapsed = f_event_elapsed,
     .event_destroy_timed = f_event_destroy_timed,

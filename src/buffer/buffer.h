@@ -34,7 +34,6 @@ typedef struct um__fence {
      * before it, and ev is timed too (both destroyed as timed events). */
     um__bevent *start;
     const void *stream;
-    _Atomic uint32_t *queued; /* an engine copy's count of copies queued on its stream */
     uint64_t start_ns; /* the copy's issue */
     uint64_t bytes;    /* the copy's size */
     struct um__xfer *xfer; /* a copy's engine, which counts its time */

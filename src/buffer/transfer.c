@@ -36,9 +36,6 @@ struct um__xfer {
     um_stream to[UM_MAX_DEVICES]; /* copy-in stream of each GPU, made on first use */
     um_stream from[UM_MAX_DEVICES];
     um_stream join[UM_MAX_DEVICES]; /* where fences are merged (um__xfer_join) */
-    /* The engine's copies queued on each to and from stream and not yet
-     * seen done: a copy issued behind one of them may wait there. */
-    _Atomic uint32_t to_queued[UM_MAX_DEVICES], from_queued[UM_MAX_DEVICES];
     link_counters *links;         /* ndev x ndev, from-major */
     double *lat_ns, *ns_per_byte; /* the route cost model, ndev x ndev */
     /* Per link: its cost was timed (or read from the link cache), not the
@@ -105,8 +102,6 @@ static void count_busy(um__xfer *x, const um__fence *f, bool completed)
 
 static void release_fence(um__fence *f)
 {
-    if (f->queued)
-        atomic_fetch_sub_explicit(f->queued, 1, memory_order_relaxed);
     if (f->start) {
         um__be_event_destroy_timed(f->be, f->start);
         if (f->ev)
@@ -644,13 +639,12 @@ double um__xfer_cost(const um__xfer *x, int from, int to, size_t n)
 struct runner {
     um__backend *be;
     um_stream stream; /* NULL: the copy is done when issued */
-    _Atomic uint32_t *queued; /* the engine's copies queued on stream */
 };
 
+/* The engine's copy-in (to) or copy-out stream of dev. */
 static runner engine_runner(um__xfer *x, int dev, bool to)
 {
-    return (runner){x->ctx->devices[dev].backend, um__xfer_stream(x, dev, to),
-                    to ? &x->to_queued[dev] : &x->from_queued[dev]};
+    return (runner){x->ctx->devices[dev].backend, um__xfer_stream(x, dev, to)};
 }
 
 static runner pick_runner(um__xfer *x, int dd, int sd)
@@ -665,19 +659,20 @@ static runner pick_runner(um__xfer *x, int dd, int sd)
     if (streamed(ctx, sd))
         return engine_runner(x, sd, false);
     um__backend *d = ctx->devices[dd].backend, *s = ctx->devices[sd].backend;
-    return (runner){!d->pinned ? d : !s->pinned ? s : NULL, NULL, NULL};
+    return (runner){!d->pinned ? d : !s->pinned ? s : NULL, NULL};
 }
 
 /* Whether a copy about to be queued on r's stream may wait there, so that
- * its issue may not be its start: behind the engine's earlier copies on
- * that stream, or for a fence that has not completed (asked of the
- * driver: a copy's fence is a copy of its owner's, so it is not released
- * here). Where the answer costs a timed event (CUDA: 1.3 us a record
- * against 0.1 for a plain one on an H100), copies that cannot wait go
- * untimed. */
+ * its issue may not be its start: behind work still queued on that stream,
+ * or for a fence that has not completed (both asked of the driver; a
+ * copy's fence is a copy of its owner's, so it is not released here).
+ * Where timing costs a timed event (CUDA: 1.3 us a record against 0.1
+ * for a plain one on an H100), copies that cannot wait go untimed. */
 static bool may_wait(const runner *r, const um__fence *after, int nafter)
 {
-    if (r->queued && atomic_load_explicit(r->queued, memory_order_relaxed))
+    int idle = 0;
+    if (!r->be->ops->stream_query ||
+        um__be_stream_query(r->be, r->stream->ref.bstream, &idle) != UM_OK || !idle)
         return true;
     for (int i = 0; i < nafter; i++) {
         int done = 0;
@@ -755,10 +750,8 @@ static um_status finish(um__xfer *x, const runner *r, int from, int to, uint64_t
         return s2 == UM_OK ? UM_OK : st;
     }
     *done = (um__fence){.be = r->be, .ev = ev, .start = start, .stream = r->stream,
-                        .queued = r->queued, .start_ns = t0, .bytes = n,
-                        .xfer = from >= 0 ? x : NULL, .from = (int16_t)from, .to = (int16_t)to};
-    if (r->queued)
-        atomic_fetch_add_explicit(r->queued, 1, memory_order_relaxed);
+                        .start_ns = t0, .bytes = n, .xfer = from >= 0 ? x : NULL,
+                        .from = (int16_t)from, .to = (int16_t)to};
     return UM_OK;
 }
 
@@ -1250,7 +1243,7 @@ um_status um__xfer_copy(um__xfer *x, int dd, void *dst, int sd, const void *src,
         um_status st = two_hop_copy(x, sp, dd, dst, sd, src, n, after, nafter);
         if (st != UM_OK)
             return st;
-        runner none = {NULL, NULL, NULL};
+        runner none = {NULL, NULL};
         count_copy(x, sd, dd, n);
         return finish(x, &none, sd, dd, t0, n, true, NULL, done);
     }
@@ -1261,7 +1254,7 @@ um_status um__xfer_copy(um__xfer *x, int dd, void *dst, int sd, const void *src,
                  ((gpu_to_host && pageable(x, dst)) || (host_to_gpu && pageable(x, src)));
     /* A staged copy is the host's work, so the host waits for the fences
      * (before it takes the staging slots, which other copies share). */
-    runner waiter = {r.be, stage ? NULL : r.stream, NULL};
+    runner waiter = {r.be, stage ? NULL : r.stream};
     um_status st = order_after(&waiter, after, nafter);
     if (st != UM_OK)
         return st;

@@ -1221,6 +1221,23 @@ EXPORT um_cuResult cuStreamSynchronize(um_cuStream s)
     return UM_CU_SUCCESS;
 }
 
+/* Idle unless lazy mode holds work of the stream pending. */
+EXPORT um_cuResult cuStreamQuery(um_cuStream s)
+{
+    FORCED("cuStreamQuery");
+    if (!current)
+        return UM_CU_ERROR_INVALID_VALUE;
+    um_cuResult r = UM_CU_SUCCESS;
+    if (lazy) {
+        pthread_mutex_lock(&lazy_lock);
+        int slot = lazy_stream_of(s);
+        if (!lazy_done(slot, lazy_streams[slot].last_seq))
+            r = UM_CU_ERROR_NOT_READY;
+        pthread_mutex_unlock(&lazy_lock);
+    }
+    return r;
+}
+
 EXPORT um_cuResult cuStreamWaitEvent(um_cuStream s, um_cuEvent e, unsigned flags)
 {
     (void)flags;
