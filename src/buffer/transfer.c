@@ -1265,8 +1265,6 @@ um_status um__xfer_copy(um__xfer *x, int dd, void *dst, int sd, const void *src,
      * stream waits for them (and for the stream's earlier work) on the
      * device, so it is timed there, between timed events, where the
      * backend has them; else it counts from its issue. */
-    bool timed = r.stream && um__be_timed_events(r.be) &&
-                 (r.be->cheap_timed_events || may_wait(&r, after, nafter));
     uint64_t t0 = um__now_ns();
     um__bevent *start = NULL;
     stage = stage && (sp = stage_slots(x, n));
@@ -1276,6 +1274,8 @@ um_status um__xfer_copy(um__xfer *x, int dd, void *dst, int sd, const void *src,
         r.stream = NULL; /* done: nothing to wait for */
     } else if (r.be) {
         um__bstream *bs = r.stream ? r.stream->ref.bstream : NULL;
+        bool timed = r.stream && um__be_timed_events(r.be) &&
+                     (r.be->cheap_timed_events || may_wait(&r, after, nafter));
         /* Untimed where the start cannot be recorded: nothing else lost. */
         if (timed && um__be_event_record_timed(r.be, bs, &start) != UM_OK)
             start = NULL;
