@@ -1078,10 +1078,36 @@ static void record_fence(um__pool *p, um__stream_state *ss)
     ss->open_frees = false;
 }
 
+/* Synchronizes ss's stream, then retires its fences and closes the epoch
+ * of the frees no fence covers, as a fence's completion would (later frees
+ * get the next epoch): slower than fences, for when one cannot be recorded
+ * or waited for. False when even the synchronization fails. */
+static bool sync_stream(um__pool *p, um__stream_state *ss)
+{
+    um__backend *b = fence_backend(p, ss);
+    if (um__be_stream_sync(b, ss->bstream) != UM_OK)
+        return false;
+    while (ss->fence_n) {
+        migrate(p, ss, ss->fences[ss->fence_head].epoch);
+        um__be_event_destroy(b, ss->fences[ss->fence_head].event);
+        ss->fence_head = (ss->fence_head + 1) % UM_FENCE_RING;
+        ss->fence_n--;
+    }
+    if (ss->open_frees) {
+        migrate(p, ss, ss->epoch++);
+        ss->open_frees = false;
+    }
+    return true;
+}
+
 /* Checks (wait = false) or waits for (wait = true) the stream's fences,
  * oldest first, and makes what they cover reusable; records a new fence
- * when frees are uncovered. Returns true when everything freed on the
- * stream has completed. */
+ * when frees are uncovered. Waiting, where a fence cannot be recorded or
+ * waited for, it waits for the stream itself, which covers every fence and
+ * free on it so far (a trim, a lowered limit, a stream going away). Returns
+ * true when everything freed on the stream has completed; false also when
+ * the stream cannot be waited for either: its fences stay, still answered
+ * by the stream's own backend. */
 static bool poll_stream(um__pool *p, um__stream_state *ss, bool wait)
 {
     /* The second round looks at the fence the first one recorded: a
@@ -1092,6 +1118,10 @@ static bool poll_stream(um__pool *p, um__stream_state *ss, bool wait)
         if (round == 0)
             record_fence(p, ss);
     }
+    /* A trim whose fence record failed used to return with the frees it
+     * had not covered still reserved. */
+    if (wait && (ss->fence_n || ss->open_frees) && !sync_stream(p, ss))
+        return false;
     return !ss->fence_n && !stream_has_pending(ss);
 }
 
@@ -3127,33 +3157,6 @@ static um_status pool_set_cache_limit(um__allocator *a, size_t bytes)
     return s;
 }
 
-/* Waits for everything freed on the stream (pool_stream_forget). Where a
- * fence cannot be waited for, or one cannot be recorded, waits for the
- * stream itself instead, which covers every fence and every free on it so
- * far. False when that fails too: the fences stay, still answered by the
- * stream's own backend. */
-static bool drain_stream(um__pool *p, um__stream_state *ss)
-{
-    if (poll_stream(p, ss, true))
-        return true;
-    um__backend *b = fence_backend(p, ss);
-    if (um__be_stream_sync(b, ss->bstream) != UM_OK)
-        return false;
-    while (ss->fence_n) {
-        migrate(p, ss, ss->fences[ss->fence_head].epoch);
-        um__be_event_destroy(b, ss->fences[ss->fence_head].event);
-        ss->fence_head = (ss->fence_head + 1) % UM_FENCE_RING;
-        ss->fence_n--;
-    }
-    /* The frees no fence covers are done too: their epoch closes, as a
-     * fence's would (later frees get the next one). */
-    if (ss->open_frees) {
-        migrate(p, ss, ss->epoch++);
-        ss->open_frees = false;
-    }
-    return !stream_has_pending(ss);
-}
-
 static um_status pool_stream_forget(um__allocator *a, const um__stream_ref *s)
 {
     um__pool *p = P(a);
@@ -3187,7 +3190,7 @@ static um_status pool_stream_forget(um__allocator *a, const um__stream_ref *s)
          * unless some free had reached the pool. */
         if (!taken)
             note_open_frees(p, ss);
-        if (!drain_stream(p, ss)) {
+        if (!poll_stream(p, ss, true)) {
             /* Its fences are still the stream's backend's to answer (on
              * another device's stream, for host memory), and what they cover
              * must not be reused before its work is done: the stream stays,
