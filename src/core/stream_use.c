@@ -100,8 +100,8 @@ static void use_free(um_context *ctx, use *x)
 }
 
 /* The use of ptr in the map once no other thread is giving it back
- * (waiting for that under the lock), or NULL; *waited says whether it
- * waited. A use being given back stays in the map until its block is back
+ * (waiting for that under the lock), or NULL; *waited (when not NULL)
+ * says whether it waited. A use being given back stays in the map until its block is back
  * in the allocator: a call on ptr in that window is either a second free
  * of the block, which must be refused, or a call on a new block the
  * allocator made at the same address, which must see no use. */
@@ -114,7 +114,8 @@ static use *settled_use_locked(um__stream_uses *u, void *ptr, bool *waited)
         use *x = (use *)(uintptr_t)found;
         if (!x->giving)
             return x;
-        *waited = true;
+        if (waited)
+            *waited = true;
         um__cond_wait(&u->gave, &u->lock);
     }
 }
@@ -230,8 +231,7 @@ um_status um__uses_free(um_context *ctx, int dev, void *ptr, um_stream s, bool *
     if (!u)
         return UM_OK;
     um__vt_mutex_lock(&u->lock);
-    bool waited = false;
-    use *x = settled_use_locked(u, ptr, &waited);
+    use *x = settled_use_locked(u, ptr, NULL);
     if (x && !x->freeing && !x->n) {
         /* Every stream it was marked for is gone, and their work is done. */
         forget_locked(ctx, dev, u, x);
