@@ -750,11 +750,11 @@ static void *free_main(void *arg)
 }
 
 /* A second um_free of a marked block while another thread gives its
- * deferred free back to the allocator is refused as a double free: it
- * waits for the give-back and never reaches the allocator before it.
- * Before, the block left the map as the give-back began, so the second
- * free went to the allocator too, and whichever came second failed: the
- * program's double free could succeed, and the give-back then warned. */
+ * deferred free back to the allocator is refused as a double free, at
+ * once, and never reaches the allocator. Before, the block left the map as
+ * the give-back began, so the second free went to the allocator too, and
+ * whichever came second failed: the program's double free could succeed,
+ * and the give-back then warned. */
 static void test_double_free_during_give_back(void)
 {
     um_stream s = NULL, b = NULL;
@@ -769,10 +769,9 @@ static void test_double_free_during_give_back(void)
     pthread_t tc, tf;
     catch_give_back(ctx, &ops, p, collect_main, &collector, &tc);
     CHECK_EQ(pthread_create(&tf, NULL, free_main, &again), 0);
-    /* 200 ms is ample for the second free to reach the allocator if it
-     * does not wait. */
+    /* It waits for nothing: 200 ms is ample for it to return. */
     um__sleep_until_ns(um__now_ns() + 200 * 1000 * 1000);
-    CHECK(!atomic_load(&again.done));
+    CHECK(atomic_load(&again.done));
     CHECK_EQ(gate_entries(), 1);
     open_gate();
     pthread_join(tc, NULL);
@@ -807,35 +806,57 @@ static void *mark_and_free_main(void *arg)
     return NULL;
 }
 
-/* A block the allocator made again at the address of a block still being
- * given back (the give-back caught after the allocator's free) is a new
- * block: marking it waits for the give-back's end and then succeeds, and
- * so does its free, neither taken for the old block's freed use. */
+/* An allocation of 3 MiB on r->s (the address of the block caught in
+ * its give-back). */
+static void *reuse_main(void *arg)
+{
+    race_arg *r = arg;
+    r->st = um_malloc(r->ctx, 1, 3 * MB, r->s, &r->got);
+    atomic_store(&r->done, true);
+    return NULL;
+}
+
+/* The allocator may make a block again at the address of one still being
+ * given back (the give-back caught after the allocator's free): that
+ * allocation waits for the give-back's end, so a second free of the old
+ * block in that window is refused at once and cannot free the new one.
+ * Before, the second free waited for the give-back, found no use, and
+ * freed the new block under its owner. After the wait the new block is
+ * marked and freed as any other. */
 static void test_new_block_during_give_back(void)
 {
     um_stream s = NULL, b = NULL;
     void *p = NULL, *q = NULL;
-    um_context *ctx = marked_block("devices=sim:64M", 3 * MB, 1, &s, &b, &p);
+    um_context *ctx = marked_block("devices=sim:64M,log_level=error", 3 * MB, 1, &s, &b, &p);
     CHECK_OK(um_free(ctx, p, s));
     CHECK_OK(um_sim_stream_work(ctx, 1, b, 0, 1));
     um__allocator *a = ctx->devices[1].alloc;
     um__allocator_ops ops;
     gate.after = true;
-    race_arg collector = {.ctx = ctx};
-    pthread_t tc, tm;
+    race_arg collector = {.ctx = ctx}, again = {.ctx = ctx, .s = s, .got = p},
+             reuser = {.ctx = ctx, .s = s};
+    pthread_t tc, tf, tr, tm;
     catch_give_back(ctx, &ops, p, collect_main, &collector, &tc);
-    CHECK_OK(um_malloc(ctx, 1, 3 * MB, s, &q));
-    CHECK(q == p); /* the block given back, reused on its own stream */
-    mark_arg marker = {.r = {.ctx = ctx, .s = s, .got = q}, .s2 = b};
-    CHECK_EQ(pthread_create(&tm, NULL, mark_and_free_main, &marker), 0);
-    um__sleep_until_ns(um__now_ns() + 100 * 1000 * 1000);
-    CHECK(!atomic_load(&marker.r.done)); /* waits for the give-back */
+    CHECK_EQ(pthread_create(&tr, NULL, reuse_main, &reuser), 0);
+    CHECK_EQ(pthread_create(&tf, NULL, free_main, &again), 0);
+    um__sleep_until_ns(um__now_ns() + 200 * 1000 * 1000);
+    CHECK(!atomic_load(&reuser.done)); /* waits for the give-back */
+    CHECK(atomic_load(&again.done));   /* refused at once */
     open_gate();
     pthread_join(tc, NULL);
-    pthread_join(tm, NULL);
+    pthread_join(tf, NULL);
+    pthread_join(tr, NULL);
     a->ops = gate.real;
     gate.after = false;
     CHECK_OK(collector.st);
+    CHECK_STATUS(again.st, UM_ERR_DOUBLE_FREE);
+    CHECK_OK(reuser.st);
+    q = reuser.got;
+    CHECK(q == p); /* the block given back, reused on its own stream */
+    CHECK_EQ(active_bytes(ctx, 1), 3 * MB + 4096);
+    mark_arg marker = {.r = {.ctx = ctx, .s = s, .got = q}, .s2 = b};
+    CHECK_EQ(pthread_create(&tm, NULL, mark_and_free_main, &marker), 0);
+    pthread_join(tm, NULL);
     CHECK_OK(marker.marked);
     CHECK_OK(marker.r.st);
     CHECK_OK(um_free(ctx, collector.got, NULL));

@@ -125,6 +125,8 @@ static __attribute__((noinline)) um_status malloc_checked(um_context *ctx, int d
     }
     if (UM_UNLIKELY(st == UM_ERR_NOMEM))
         st = alloc_after_reclaim(ctx, dev, size, ref, ptr);
+    if (st == UM_OK)
+        um__uses_given(ctx, dev, *ptr);
     return st;
 }
 

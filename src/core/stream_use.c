@@ -30,8 +30,11 @@ typedef struct use {
      * giving: done, its block being given back outside the lock; it stays
      * in the map and on the `all` list until then, so that a second
      * um_free of the block is refused as one and destroying its free's
-     * stream waits for it. A give-back that fails puts it back on the
-     * deferred list (counted in failures), to be retried. */
+     * stream waits for it. An allocation the allocator gives the same
+     * address meanwhile waits for the end (um__uses_given), so that the
+     * address never means a new block while its old use is in the map.
+     * A give-back that fails puts it back on the deferred list (counted in
+     * failures), to be retried. */
     bool freeing, giving;
     uint32_t failures;
     um_stream free_stream;
@@ -99,25 +102,27 @@ static void use_free(um_context *ctx, use *x)
     free(x);
 }
 
-/* The use of ptr in the map once no other thread is giving it back
- * (waiting for that under the lock), or NULL; *waited (when not NULL)
- * says whether it waited. A use being given back stays in the map until its block is back
- * in the allocator: a call on ptr in that window is either a second free
- * of the block, which must be refused, or a call on a new block the
- * allocator made at the same address, which must see no use. */
-static use *settled_use_locked(um__stream_uses *u, void *ptr, bool *waited)
+/* The use of ptr in the map, or NULL. Under the lock. A use being given
+ * back stays there until its block is back in the allocator, and no
+ * allocation returns its address before then (um__uses_given): a call on
+ * ptr that finds it `giving` is on the freed block. */
+static use *use_of_locked(um__stream_uses *u, const void *ptr)
 {
-    for (;;) {
-        uint64_t found = 0;
-        if (!um__addrmap_get(&u->by_ptr, (uintptr_t)ptr, &found))
-            return NULL;
-        use *x = (use *)(uintptr_t)found;
-        if (!x->giving)
-            return x;
-        if (waited)
-            *waited = true;
+    uint64_t found = 0;
+    if (!um__addrmap_get(&u->by_ptr, (uintptr_t)ptr, &found))
+        return NULL;
+    return (use *)(uintptr_t)found;
+}
+
+void um__uses_given(um_context *ctx, int dev, const void *ptr)
+{
+    um__stream_uses *u = uses_of(ctx, dev, false);
+    if (!u || !atomic_load_explicit(&ctx->devices[dev].deferred, memory_order_acquire))
+        return;
+    um__vt_mutex_lock(&u->lock);
+    for (use *x; (x = use_of_locked(u, ptr)) && x->giving;)
         um__cond_wait(&u->gave, &u->lock);
-    }
+    um__vt_mutex_unlock(&u->lock);
 }
 
 um_status um_record_stream(um_context *ctx, void *ptr, um_stream s)
@@ -156,24 +161,16 @@ um_status um_record_stream(um_context *ctx, void *ptr, um_stream s)
     if (!u)
         return um__fail(UM_ERR_NOMEM, "%s: no host memory for the stream uses of device %d",
                         what, dev);
-    use *x = NULL;
-    for (;;) {
-        um_status live = a->ops->block_live(a, ptr);
-        if (live != UM_OK)
-            return live;
-        um__vt_mutex_lock(&u->lock);
-        bool waited = false;
-        x = settled_use_locked(u, ptr, &waited);
-        if (!waited)
-            break;
-        /* Given back meanwhile: the block may be gone, or be a new one.
-         * The allocator is asked again outside the lock, which it must
-         * never be taken under. */
-        um__vt_mutex_unlock(&u->lock);
-    }
+    /* The allocator is asked outside the lock, which it must never be
+     * taken under. */
+    um_status live = a->ops->block_live(a, ptr);
+    if (live != UM_OK)
+        return live;
+    um__vt_mutex_lock(&u->lock);
+    use *x = use_of_locked(u, ptr);
     um_status st = UM_OK;
     if (x) {
-        if (x->freeing)
+        if (x->freeing || x->giving)
             st = um__fail(UM_ERR_INVALID_POINTER,
                           "%s: %p was freed already (its free waits for the streams it was "
                           "recorded on)",
@@ -231,8 +228,8 @@ um_status um__uses_free(um_context *ctx, int dev, void *ptr, um_stream s, bool *
     if (!u)
         return UM_OK;
     um__vt_mutex_lock(&u->lock);
-    use *x = settled_use_locked(u, ptr, NULL);
-    if (x && !x->freeing && !x->n) {
+    use *x = use_of_locked(u, ptr);
+    if (x && !x->freeing && !x->giving && !x->n) {
         /* Every stream it was marked for is gone, and their work is done. */
         forget_locked(ctx, dev, u, x);
         use_free(ctx, x);
@@ -243,11 +240,13 @@ um_status um__uses_free(um_context *ctx, int dev, void *ptr, um_stream s, bool *
         return UM_OK;
     }
     *taken = true;
-    if (x->freeing) {
+    if (x->freeing || x->giving) {
         um__vt_mutex_unlock(&u->lock);
         return um__fail(UM_ERR_DOUBLE_FREE,
-                        "um_free: %p was freed already (its free waits for the streams it was "
-                        "recorded on)",
+                        x->giving ? "um_free: %p was freed already (its block is being given "
+                                    "back to the allocator)"
+                                  : "um_free: %p was freed already (its free waits for the "
+                                    "streams it was recorded on)",
                         ptr);
     }
     um_status st = UM_OK;
