@@ -521,6 +521,38 @@ static void test_trim_past_refused_release(void)
     um_shutdown(ctx);
 }
 
+/* Frees whose stream can be waited for neither through a fence nor by
+ * synchronizing it keep their memory: um_trim says so, and a lower memory
+ * limit names that cause, not live data. Trim used to return UM_OK with
+ * everything still reserved, and the limit blamed live data with none
+ * active. */
+static void test_trim_when_stream_cannot_be_waited_for(void)
+{
+    um_context *ctx = NULL;
+    CHECK_OK(um_init("devices=sim:64M,fault=1:event~1+1:stream~1,log_level=error", &ctx));
+    if (!ctx)
+        return;
+    enum { N = 6 };
+    void *blocks[N] = {0};
+    for (int i = 0; i < N; i++)
+        CHECK_OK(um_malloc(ctx, 1, 2 * MB, NULL, &blocks[i]));
+    for (int i = 0; i < N; i++)
+        CHECK_OK(um_free(ctx, blocks[i], NULL));
+    um_stats st;
+    CHECK_OK(um_stats_get(ctx, 1, &st));
+    size_t reserved = st.reserved_bytes;
+    CHECK(reserved >= N * 2 * MB);
+    CHECK_STATUS(um_trim(ctx, 1), UM_ERR_BACKEND);
+    CHECK_ERROR_MENTIONS("cannot be waited for", "stays reserved", NULL);
+    CHECK_OK(um_stats_get(ctx, 1, &st));
+    CHECK_EQ(st.reserved_bytes, reserved);
+    CHECK_EQ(st.active_bytes, (size_t)0);
+    CHECK_STATUS(um_set_memory_limit(ctx, 1, 4 * MB), UM_ERR_BACKEND);
+    CHECK_ERROR_MENTIONS("memory limit", "cannot be waited for", NULL);
+    CHECK(strstr(um_last_error(), "live data") == NULL);
+    um_shutdown(ctx);
+}
+
 /* allocator=direct: a free whose release the backend refuses has still
  * taken the block (unmapped, parked to be given back later), so it
  * succeeds and a second free fails as a free of freed memory does. It
@@ -636,6 +668,7 @@ int main(void)
     test_null_event_destroy();
     test_physical_after_unmap();
     test_trim_past_refused_release();
+    test_trim_when_stream_cannot_be_waited_for();
     test_direct_free_parks_refused_release();
     test_free_after_stream_destroyed();
     every_position("pool", seq_pool, "any");

@@ -599,7 +599,7 @@ static um_status release_holes(um__pool *p, size_t keep)
     return UM_OK;
 }
 
-static void poll_all(um__pool *p, bool wait);
+static um_status poll_all(um__pool *p, bool wait);
 static bool wait_old_fences(um__pool *p, uint64_t min_age_ns);
 static void bounce_flush_locked(um__pool *p, struct um__tcache *tc);
 static void bounce_unlink_out_locked(struct um__tcache *tc, um__block *b);
@@ -1142,9 +1142,14 @@ static bool wait_old_fences(um__pool *p, uint64_t min_age_ns)
     return any;
 }
 
-static void poll_all(um__pool *p, bool wait)
+/* Polls (or, when wait, waits for) every busy stream. Waiting, fails
+ * where a stream's frees could not be waited for, nor the stream itself
+ * (naming the first and why): what they cover stays reserved. */
+static um_status poll_all(um__pool *p, bool wait)
 {
     bool idle = true;
+    uint32_t stuck = 0;
+    char why[256] = "";
     for (uint32_t i = 0; i < p->nbusy;) {
         um__stream_state *ss = p->busy[i];
         if (poll_stream(p, ss, wait)) {
@@ -1152,6 +1157,8 @@ static void poll_all(um__pool *p, bool wait)
             ss->busy = false;
             p->busy[i] = p->busy[--p->nbusy];
         } else {
+            if (wait && !stuck++)
+                snprintf(why, sizeof why, "%s", um_last_error());
             idle = false;
             i++;
         }
@@ -1159,6 +1166,12 @@ static void poll_all(um__pool *p, bool wait)
     /* Pages freed by several busy streams wait for a moment like this. */
     if (idle)
         p->full_syncs++;
+    if (!stuck)
+        return UM_OK;
+    return um__fail(UM_ERR_BACKEND,
+                    "device %d (%s): the work of the frees on %u stream%s cannot be waited for, "
+                    "nor the stream itself (%s), so their memory stays reserved",
+                    p->base.dev, dev_name(p), stuck, stuck == 1 ? "" : "s", why);
 }
 
 /* Whether the fence of page pg, set by another stream, has completed (it
@@ -3102,9 +3115,16 @@ static um_status pool_trim(um__allocator *a)
     /* The arena holds memory for the plan alone: a trim ends the plan, and
      * the arena dissolves into ordinary memory whose idle pages go back. */
     plan_stop(p);
-    poll_all(p, true);
+    um_status polled = poll_all(p, true);
+    char why[512] = "";
+    if (polled != UM_OK)
+        snprintf(why, sizeof why, "%s", um_last_error());
     release_spare_slabs(p);
     um_status s = release_holes(p, 0);
+    /* What could be given back was; the streams' failure is the one to
+     * report (a trim that returned UM_OK kept their memory). */
+    if (s == UM_OK && polled != UM_OK)
+        s = um__fail(polled, "%s", why);
     size_t after = p->reserved;
     um__lock_release(&p->lock);
     if (p->events)
@@ -3122,15 +3142,23 @@ static um_status pool_set_memory_limit(um__allocator *a, size_t bytes)
     size_t limit = bytes ? bytes : p->capacity;
     um__lock_acquire(&p->lock);
     um_status s = UM_OK;
+    um_status polled = UM_OK;
+    char why[512] = "";
     if (p->reserved > limit) {
         flush_caches_locked(p);
         plan_stop(p);
-        poll_all(p, true);
+        if ((polled = poll_all(p, true)) != UM_OK)
+            snprintf(why, sizeof why, "%s", um_last_error());
         release_spare_slabs(p);
         size_t excess = p->reserved - limit, hole_bytes = p->holes * p->page;
         s = release_holes(p, hole_bytes > excess ? hole_bytes - excess : 0);
     }
-    if (s == UM_OK && p->reserved > limit) {
+    if (s == UM_OK && p->reserved > limit && polled != UM_OK) {
+        char lim[32];
+        s = um__fail(polled, "device %d (%s): cannot lower the memory limit to %s: %s; the limit "
+                     "is unchanged",
+                     p->base.dev, dev_name(p), um__format_bytes(lim, sizeof lim, limit), why);
+    } else if (s == UM_OK && p->reserved > limit) {
         char lim[32], res[32];
         s = um__fail(UM_ERR_BUSY,
                      "device %d (%s): cannot lower the memory limit to %s: %s are still "
