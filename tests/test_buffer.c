@@ -945,6 +945,151 @@ static void test_busy_of_queued_copies(void)
     um_shutdown(ctx);
 }
 
+/* Prefetches from several threads at once share the copy-in stream and
+ * run one after the other on the link: each is busy for its own time
+ * only. A copy's timed window used to span the copies other threads
+ * queued between its start event and its copy: four 80 ms copies counted
+ * 480-930 ms of busy link. */
+typedef struct prefetch_arg {
+    um_buffer *b;
+    pthread_barrier_t *go;
+    um_status st;
+} prefetch_arg;
+
+static void *prefetch_main(void *p)
+{
+    prefetch_arg *a = p;
+    pthread_barrier_wait(a->go);
+    a->st = um_buffer_prefetch(a->b, 1);
+    return NULL;
+}
+
+static void test_busy_of_concurrent_copies(void)
+{
+    enum { NBUF = 4 };
+    const size_t n = 4 * MB;
+    const uint64_t link_ns = (uint64_t)(1e9 * (double)n / (50.0 * MB));
+    um_context *ctx = NULL;
+    CHECK_OK(um_init("devices=sim:64M,sim_link_bandwidth=50M,links=model,link_cache=none,"
+                     "watermark_high=100,watermark_low=100", &ctx));
+    unsigned char *data = malloc(n);
+    if (!ctx || !data) {
+        free(data);
+        um_shutdown(ctx);
+        return;
+    }
+    memset(data, 'C', n);
+    um_buffer *b[NBUF] = {NULL};
+    for (int i = 0; i < NBUF; i++) {
+        CHECK_OK(um_buffer_create(ctx, n, NULL, &b[i]));
+        CHECK_OK(um_buffer_write(b[i], 0, data, n));
+    }
+    uint64_t before = busy_on(ctx, 0, 1);
+    pthread_barrier_t go;
+    pthread_barrier_init(&go, NULL, NBUF);
+    pthread_t t[NBUF];
+    prefetch_arg arg[NBUF];
+    for (int i = 0; i < NBUF; i++) {
+        arg[i] = (prefetch_arg){b[i], &go, UM_OK};
+        CHECK(pthread_create(&t[i], NULL, prefetch_main, &arg[i]) == 0);
+    }
+    for (int i = 0; i < NBUF; i++) {
+        pthread_join(t[i], NULL);
+        CHECK_OK(arg[i].st);
+    }
+    pthread_barrier_destroy(&go);
+    for (int i = 0; i < NBUF; i++) {
+        CHECK_OK(um_buffer_write(b[i], 0, data, n)); /* waits for the prefetch's read */
+        CHECK_OK(um_buffer_destroy(b[i]));
+    }
+    uint64_t busy = busy_on(ctx, 0, 1) - before;
+    printf("test_busy_of_concurrent_copies: %d copies of ~%llu ms from %d threads: link 0->1 "
+           "busy %llu ms\n",
+           NBUF, (unsigned long long)(link_ns / 1000000), NBUF,
+           (unsigned long long)(busy / 1000000));
+    CHECK(busy >= NBUF * link_ns * 9 / 10);
+    CHECK(busy < NBUF * link_ns * 5 / 4);
+    free(data);
+    um_shutdown(ctx);
+}
+
+/* The first event named `name` at or after p in a trace's text: its ts and
+ * dur in microseconds; NULL when there is none. */
+static const char *next_span(const char *p, const char *name, double *ts, double *dur)
+{
+    char key[64];
+    snprintf(key, sizeof key, "{\"name\":\"%s\"", name);
+    if (!(p = strstr(p, key)))
+        return NULL;
+    const char *t = strstr(p, "\"ts\":"), *d = strstr(p, "\"dur\":");
+    if (!t || !d)
+        return NULL;
+    *ts = strtod(t + 5, NULL);
+    *dur = strtod(d + 6, NULL);
+    return p + 1;
+}
+
+/* A copy seen done late is drawn where it ran. Two 80 ms prefetches
+ * queued back to back run one after the other; their completion is seen
+ * only after 400 ms. The spans used to end when they were seen done, the
+ * second drawn over the first. */
+static void test_copy_spans_where_they_ran(void)
+{
+    char path[] = "/tmp/unimem_test_buffer_spans_XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    if (fd < 0)
+        return;
+    close(fd);
+    char conf[256];
+    snprintf(conf, sizeof conf,
+             "devices=sim:64M,sim_link_bandwidth=50M,links=model,link_cache=none,"
+             "watermark_high=100,watermark_low=100,trace_file=%s", path);
+    const size_t n = 4 * MB;
+    um_context *ctx = NULL;
+    CHECK_OK(um_init(conf, &ctx));
+    unsigned char *data = calloc(1, n);
+    um_buffer *b[2] = {NULL, NULL};
+    if (ctx && data) {
+        for (int i = 0; i < 2; i++) {
+            CHECK_OK(um_buffer_create(ctx, n, NULL, &b[i]));
+            CHECK_OK(um_buffer_write(b[i], 0, data, n));
+        }
+        for (int i = 0; i < 2; i++)
+            CHECK_OK(um_buffer_prefetch(b[i], 1));
+        usleep(400000);
+        for (int i = 0; i < 2; i++)
+            CHECK_OK(um_buffer_write(b[i], 0, data, n)); /* sees each prefetch done */
+        for (int i = 0; i < 2; i++)
+            CHECK_OK(um_buffer_destroy(b[i]));
+    }
+    free(data);
+    um_shutdown(ctx);
+    static char text[1 << 20];
+    FILE *f = fopen(path, "r");
+    size_t len = f ? fread(text, 1, sizeof text - 1, f) : 0;
+    text[len] = '\0';
+    if (f)
+        fclose(f);
+    remove(path);
+    double ts[2], dur[2], wts = 0, wdur = 0;
+    const char *p = text;
+    for (int i = 0; i < 2; i++)
+        CHECK((p = next_span(p ? p : text, "copy 0->1", &ts[i], &dur[i])) != NULL);
+    /* The host's copies: the writes before the prefetches, then the two
+     * after the sleep; wts is the last one's. */
+    for (const char *q = text; (q = next_span(q, "copy 0->0", &wts, &wdur)) != NULL;)
+        ;
+    if (!p)
+        return;
+    printf("test_copy_spans_where_they_ran: prefetches at %.0f-%.0f us and %.0f-%.0f us, the "
+           "last write at %.0f us\n",
+           ts[0], ts[0] + dur[0], ts[1], ts[1] + dur[1], wts);
+    CHECK(dur[0] > 70000 && dur[0] < 100000 && dur[1] > 70000 && dur[1] < 100000);
+    CHECK(ts[1] >= ts[0] + dur[0] - 5.0); /* one after the other */
+    CHECK(ts[1] + dur[1] < wts - 150000); /* long before they were seen done */
+}
+
 /* With trace_file set, every copy is one complete event of the trace. */
 static void test_trace_file(void)
 {
@@ -1298,6 +1443,8 @@ int main(void)
     test_gpu_sim_link();
     test_busy_excludes_wait();
     test_busy_of_queued_copies();
+    test_busy_of_concurrent_copies();
+    test_copy_spans_where_they_ran();
     test_trace_file();
     test_random(seed);
     test_contention(seed);

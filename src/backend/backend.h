@@ -64,10 +64,14 @@ typedef struct um__backend_ops {
      * event_elapsed can compare with another timed event's: *ns is the time
      * from start's completion to end's, both completed (0 if end completed
      * first); UM_ERR_UNSUPPORTED where the backend cannot say at the time.
+     * event_time gives the time on um__now_ns's clock at which a completed
+     * timed event completed, as near as the backend can tell (CUDA: within
+     * a few microseconds); UM_ERR_UNSUPPORTED where it cannot say.
      * A timed event is destroyed with event_destroy_timed (CUDA keeps its
      * timed and plain events apart: they are made differently). */
     um_status (*event_record_timed)(um__backend *b, um__bstream *s, um__bevent **out);
     um_status (*event_elapsed)(um__backend *b, um__bevent *start, um__bevent *end, uint64_t *ns);
+    um_status (*event_time)(um__backend *b, um__bevent *e, uint64_t *ns);
     void (*event_destroy_timed)(um__backend *b, um__bevent *e);
 
     /* A backend stream for a stream the program owns (a CUstream); the
@@ -299,7 +303,8 @@ static inline void um__be_event_destroy(um__backend *b, um__bevent *e)
 /* Whether b has timed events (event_record_timed and the rest). */
 static inline bool um__be_timed_events(const um__backend *b)
 {
-    return b->ops->event_record_timed && b->ops->event_elapsed && b->ops->event_destroy_timed;
+    return b->ops->event_record_timed && b->ops->event_elapsed && b->ops->event_time &&
+           b->ops->event_destroy_timed;
 }
 static inline um_status um__be_event_record_timed(um__backend *b, um__bstream *s,
                                                   um__bevent **out)
@@ -307,6 +312,8 @@ static inline um_status um__be_event_record_timed(um__backend *b, um__bstream *s
 static inline um_status um__be_event_elapsed(um__backend *b, um__bevent *start, um__bevent *end,
                                              uint64_t *ns)
 { return UM_BE_CALL_(b, event_elapsed, start, end, ns); }
+static inline um_status um__be_event_time(um__backend *b, um__bevent *e, uint64_t *ns)
+{ return UM_BE_CALL_(b, event_time, e, ns); }
 static inline void um__be_event_destroy_timed(um__backend *b, um__bevent *e)
 {
     atomic_fetch_add_explicit(&b->calls, 1, memory_order_relaxed);

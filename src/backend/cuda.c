@@ -59,6 +59,14 @@ typedef struct cuda_backend {
     um_cuEvent events[2][CUDA_EVENT_CACHE];
     int nevents[2];
     cuda_stream streams; /* head of the circular list of live stream records */
+    /* event_time's anchor, under anchor_lock: a timed event recorded on a
+     * stream of the backend's own, idle, so that it completed at a host time
+     * known within a few microseconds (anchor_ns); other timed events are
+     * placed by their time from it (see cuda_event_time). */
+    pthread_mutex_t anchor_lock;
+    um_cuStream anchor_stream;
+    um_cuEvent anchor;
+    uint64_t anchor_ns;
     /* Stuck mappings, under stuck_lock; nstuck is also read without it, so
      * that the usual case (none) costs map and release no lock. */
     pthread_mutex_t stuck_lock;
@@ -574,6 +582,79 @@ static um_status cuda_event_elapsed(um__backend *b, um__bevent *start, um__beven
     return UM_OK;
 }
 
+/* A new anchor is taken when the last is older than this: the driver's
+ * times are float milliseconds, whose step at 2 s from the anchor is
+ * 0.12 us, and the GPU's clock may drift from the host's. */
+#define CUDA_ANCHOR_NS 1000000000ull
+
+/* Records a new anchor and waits for it, in the context, under
+ * anchor_lock; its host time is the middle of the record and the wait,
+ * which the idle stream makes a few microseconds apart. */
+static um_cuResult new_anchor(cuda_backend *c, const char **what)
+{
+    um_cuResult r = UM_CU_SUCCESS;
+    *what = "cuStreamCreate";
+    if (!c->anchor_stream)
+        r = c->cu->StreamCreate(&c->anchor_stream, UM_CU_STREAM_NON_BLOCKING);
+    if (r == UM_CU_SUCCESS && !c->anchor) {
+        *what = "cuEventCreate";
+        r = c->cu->EventCreate(&c->anchor, 0);
+    }
+    if (r != UM_CU_SUCCESS)
+        return r;
+    uint64_t before = um__now_ns();
+    *what = "cuEventRecord";
+    r = c->cu->EventRecord(c->anchor, c->anchor_stream);
+    if (r == UM_CU_SUCCESS) {
+        *what = "cuEventSynchronize";
+        r = c->cu->EventSynchronize(c->anchor);
+    }
+    uint64_t after = um__now_ns();
+    c->anchor_ns = r == UM_CU_SUCCESS ? before + (after - before) / 2 : 0;
+    return r;
+}
+
+/* e's time from the anchor, signed: the driver's sign for events that
+ * completed before the anchor is not documented, so the other order is
+ * asked where the first gives none. */
+static um_cuResult from_anchor(cuda_backend *c, um_cuEvent e, int64_t *ns)
+{
+    float ms = 0.0f;
+    um_cuResult r = c->cu->EventElapsedTime(&ms, c->anchor, e);
+    if (r == UM_CU_SUCCESS && ms <= 0.0f) {
+        float back = 0.0f;
+        if (c->cu->EventElapsedTime(&back, e, c->anchor) == UM_CU_SUCCESS && back > 0.0f)
+            ms = -back;
+    }
+    *ns = (int64_t)((double)ms * 1e6);
+    return r;
+}
+
+static um_status cuda_event_time(um__backend *b, um__bevent *e, uint64_t *ns)
+{
+    cuda_backend *c = cb(b);
+    um_cuContext saved = NULL;
+    const char *ctx_failed = NULL, *what = "cuEventElapsedTime";
+    um_cuResult r = um__cuda_enter(c->cu, c->ctx, &saved, &ctx_failed);
+    int64_t off = 0;
+    if (r == UM_CU_SUCCESS) {
+        pthread_mutex_lock(&c->anchor_lock);
+        if (!c->anchor_ns || um__now_ns() - c->anchor_ns > CUDA_ANCHOR_NS)
+            r = new_anchor(c, &what);
+        if (r == UM_CU_SUCCESS) {
+            what = "cuEventElapsedTime";
+            r = from_anchor(c, (um_cuEvent)e, &off);
+        }
+        if (r == UM_CU_SUCCESS)
+            *ns = off >= 0 || (uint64_t)-off < c->anchor_ns ? c->anchor_ns + (uint64_t)off : 0;
+        pthread_mutex_unlock(&c->anchor_lock);
+    }
+    um__cuda_leave(c->cu, c->ctx, saved);
+    if (r != UM_CU_SUCCESS)
+        return cuda_fail(b, um__cuda_status(r), r, ctx_failed, "%s", what);
+    return UM_OK;
+}
+
 static um_status cuda_event_query(um__backend *b, um__bevent *e, int *done)
 {
     cuda_backend *c = cb(b);
@@ -780,6 +861,10 @@ static void cuda_destroy(um__backend *b)
             for (int k = 0; k < 2; k++)
                 for (int i = 0; i < c->nevents[k]; i++)
                     (void)c->cu->EventDestroy(c->events[k][i]);
+            if (c->anchor)
+                (void)c->cu->EventDestroy(c->anchor);
+            if (c->anchor_stream)
+                (void)c->cu->StreamDestroy(c->anchor_stream);
             destroy_leftovers(c);
         }
         um__cuda_leave(c->cu, c->ctx, saved);
@@ -792,6 +877,7 @@ static void cuda_destroy(um__backend *b)
     }
     free(c->stuck);
     pthread_mutex_destroy(&c->stuck_lock);
+    pthread_mutex_destroy(&c->anchor_lock);
     pthread_mutex_destroy(&c->lock);
     free(c);
 }
@@ -878,7 +964,8 @@ static um_status segment_unmap(um__backend *b, uintptr_t va, size_t size)
     .event_record = cuda_event_record,                                                            \
     .event_query = cuda_event_query, .event_sync = cuda_event_sync,                               \
     .event_destroy = cuda_event_destroy, .event_record_timed = cuda_event_record_timed,           \
-    .event_elapsed = cuda_event_elapsed, .event_destroy_timed = cuda_event_destroy_timed,         \
+    .event_elapsed = cuda_event_elapsed, .event_time = cuda_event_time,                           \
+    .event_destroy_timed = cuda_event_destroy_timed,                                              \
     .stream_wrap = cuda_stream_wrap,                                                              \
     .stream_native = cuda_stream_native, .copy = cuda_copy, .copy_async = cuda_copy_async,        \
     .stream_wait = cuda_stream_wait, .memset_async = cuda_memset_async,                           \
@@ -930,6 +1017,7 @@ static um_status cuda_new(const um__cuda_api *cu, int ordinal, const char *what,
     um__backend_no_driver_info(&c->base);
     pthread_mutex_init(&c->lock, NULL);
     pthread_mutex_init(&c->stuck_lock, NULL);
+    pthread_mutex_init(&c->anchor_lock, NULL);
     c->streams.next = c->streams.prev = &c->streams;
     atomic_init(&c->nstuck, 0);
     um_cuResult r = cu->DeviceGet(&c->dev, ordinal);

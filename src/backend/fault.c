@@ -348,6 +348,10 @@ static um_status f_event_elapsed(um__backend *b, um__bevent *start, um__bevent *
 {
     FORWARD(FK_EVENT, event_elapsed, start, end, ns);
 }
+static um_status f_event_time(um__backend *b, um__bevent *e, uint64_t *ns)
+{
+    FORWARD(FK_EVENT, event_time, e, ns);
+}
 static void f_event_destroy_timed(um__backend *b, um__bevent *e)
 {
     if (!e)
@@ -417,6 +421,7 @@ static const um__backend_ops fault_timed_ops = {
     .stream_query = f_stream_query,
     .event_record_timed = f_event_record_timed,
     .event_elapsed = f_event_elapsed,
+    .event_time = f_event_time,
     .event_destroy_timed = f_event_destroy_timed,
 };
 

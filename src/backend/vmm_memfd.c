@@ -885,6 +885,20 @@ static um_status vmm_event_elapsed(um__backend *b, um__bevent *start, um__bevent
     return UM_OK;
 }
 
+static um_status vmm_event_time(um__backend *b, um__bevent *e, uint64_t *ns)
+{
+    if (!event_check(b, e, "event_time"))
+        return UM_ERR_INVALID;
+    if (!e->recorded_ns)
+        return um__fail(UM_ERR_INVALID, "%s: event_time: the event was not recorded timed",
+                        b->name);
+    if (um__vt_on())
+        return um__fail(UM_ERR_UNSUPPORTED,
+                        "%s: event_time: virtual time keeps no completion times", b->name);
+    *ns = completed_at(e);
+    return UM_OK;
+}
+
 /* ------------------------------------------------------- copy, destroy */
 
 static um_status vmm_copy(um__backend *b, void *dst, const void *src, size_t n, int dir)
@@ -1084,6 +1098,7 @@ const um__backend_ops um__memfd_ops = {
     .event_destroy = vmm_event_destroy,
     .event_record_timed = vmm_event_record_timed,
     .event_elapsed = vmm_event_elapsed,
+    .event_time = vmm_event_time,
     .event_destroy_timed = vmm_event_destroy,
     .stream_wrap = vmm_stream_wrap,
     .stream_native = vmm_stream_native,

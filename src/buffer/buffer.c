@@ -926,8 +926,7 @@ um_status um__buffer_evict(um_buffer *b, int dev, size_t *bytes_written, bool *s
     um_stream in = um__xfer_stream(x, dev, true);
     for (int i = 0; i < n; i++) {
         bool ordered = in && (!f[i].ev || um__fence_done(x, &f[i]) ||
-                              um__be_stream_wait(b->ctx->devices[dev].backend, in->ref.bstream,
-                                                 f[i].be, f[i].ev) == UM_OK);
+                              um__xfer_order_in(x, dev, &f[i]) == UM_OK);
         /* Where the stream could not wait, the host does. */
         if (ordered || um__fence_wait(x, &f[i]) != UM_OK)
             um__fence_drop(&f[i]);

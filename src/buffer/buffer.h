@@ -165,6 +165,10 @@ um_status um__xfer_zero(um__xfer *x, int dev, void *dst, size_t n, const um__fen
 /* The stream the engine copies into (to = true) or out of device dev with:
  * NULL (the default stream) where copies are synchronous. */
 um_stream um__xfer_stream(um__xfer *x, int dev, bool to);
+/* Orders what is queued next on dev's copy-in stream after f (a stream
+ * wait: the host does not block). Work queued on the engine's streams goes
+ * through the engine, so that none lands inside a timed copy's window. */
+um_status um__xfer_order_in(um__xfer *x, int dev, const um__fence *f);
 /* Estimated nanoseconds to copy n bytes from `from` to `to`. */
 double um__xfer_cost(const um__xfer *x, int from, int to, size_t n);
 /* Frees ptr (of device dev, from its pool) once the fences have completed;

@@ -36,6 +36,12 @@ struct um__xfer {
     um_stream to[UM_MAX_DEVICES]; /* copy-in stream of each GPU, made on first use */
     um_stream from[UM_MAX_DEVICES];
     um_stream join[UM_MAX_DEVICES]; /* where fences are merged (um__xfer_join) */
+    /* Held by each call that queues work on an engine stream (to[d]: [d][1],
+     * from[d]: [d][0]), across a timed copy's start event, copy and end
+     * event: with other threads' work queued in between, a copy's timed
+     * window spanned their copies too (four threads' 4 MiB prefetches on a
+     * 50 MB/s sim link counted up to 930 ms busy where the link ran 320). */
+    pthread_mutex_t order[UM_MAX_DEVICES][2];
     link_counters *links;         /* ndev x ndev, from-major */
     double *lat_ns, *ns_per_byte; /* the route cost model, ndev x ndev */
     /* Per link: its cost was timed (or read from the link cache), not the
@@ -85,15 +91,20 @@ static void copy_done(um__xfer *x, int from, int to, uint64_t start_ns, uint64_t
 /* The busy time of f's copy, seen done now (or, where not `completed`,
  * given up on). A timed copy ran for the time between its events, which
  * leaves out what it waited for on its stream (earlier copies, the fences
- * it was ordered after); it ended by now, so it began at most that long
- * ago. An untimed one counts from its issue. */
+ * it was ordered after). It began when its start event completed, as the
+ * backend places it on the host's clock, kept between its issue and now
+ * less its time: placed at now less its time, a copy seen done late was
+ * drawn after the copies queued behind it. An untimed one counts from its
+ * issue. */
 static void count_busy(um__xfer *x, const um__fence *f, bool completed)
 {
     if (f->from < 0 || f->to < 0)
         return;
-    uint64_t now = um__now_ns(), ran = 0;
+    uint64_t now = um__now_ns(), ran = 0, at = 0;
     if (completed && f->start && um__be_event_elapsed(f->be, f->start, f->ev, &ran) == UM_OK) {
-        uint64_t began = now - f->start_ns > ran ? now - ran : f->start_ns;
+        uint64_t latest = now - f->start_ns > ran ? now - ran : f->start_ns, began = latest;
+        if (um__be_event_time(f->be, f->start, &at) == UM_OK && at < latest)
+            began = at > f->start_ns ? at : f->start_ns;
         copy_done(x, f->from, f->to, began, ran, f->bytes, false);
         return;
     }
@@ -477,6 +488,9 @@ um_status um__xfer_get(um_context *ctx, um__xfer **out)
         pthread_mutexattr_settype(&attr, PTHREAD_MUTEX_RECURSIVE);
         pthread_mutex_init(&x->lock, &attr);
         pthread_mutexattr_destroy(&attr);
+        for (int d = 0; d < UM_MAX_DEVICES; d++)
+            for (int k = 0; k < 2; k++)
+                pthread_mutex_init(&x->order[d][k], NULL);
         set_routes(x);
         ctx->buffers_fini = buffers_fini;
         /* Complete (its reclaimer made and started) before it is
@@ -639,12 +653,27 @@ double um__xfer_cost(const um__xfer *x, int from, int to, size_t n)
 struct runner {
     um__backend *be;
     um_stream stream; /* NULL: the copy is done when issued */
+    pthread_mutex_t *order; /* the stream's x->order lock; NULL without a stream */
 };
 
 /* The engine's copy-in (to) or copy-out stream of dev. */
 static runner engine_runner(um__xfer *x, int dev, bool to)
 {
-    return (runner){x->ctx->devices[dev].backend, um__xfer_stream(x, dev, to)};
+    um_stream s = um__xfer_stream(x, dev, to);
+    return (runner){x->ctx->devices[dev].backend, s, s ? &x->order[dev][to] : NULL};
+}
+
+/* Taken around work queued on r's stream (see um__xfer.order). */
+static void order_lock(const runner *r)
+{
+    if (r->order)
+        um__vt_mutex_lock(r->order);
+}
+
+static void order_unlock(const runner *r)
+{
+    if (r->order)
+        um__vt_mutex_unlock(r->order);
 }
 
 static runner pick_runner(um__xfer *x, int dd, int sd)
@@ -659,7 +688,7 @@ static runner pick_runner(um__xfer *x, int dd, int sd)
     if (streamed(ctx, sd))
         return engine_runner(x, sd, false);
     um__backend *d = ctx->devices[dd].backend, *s = ctx->devices[sd].backend;
-    return (runner){!d->pinned ? d : !s->pinned ? s : NULL, NULL};
+    return (runner){!d->pinned ? d : !s->pinned ? s : NULL, NULL, NULL};
 }
 
 /* Whether a copy about to be queued on r's stream may wait there, so that
@@ -703,16 +732,24 @@ static um_status time_copy(um__xfer *x, int dd, void *dst, int sd, const void *s
 /* Orders the runner's next work after the fences. */
 static um_status order_after(const runner *r, const um__fence *after, int nafter)
 {
-    for (int i = 0; i < nafter; i++) {
-        if (!after[i].ev)
-            continue;
-        um_status st = r->stream ? um__be_stream_wait(r->be, r->stream->ref.bstream, after[i].be,
-                                                     after[i].ev)
-                                 : um__be_event_sync(after[i].be, after[i].ev);
-        if (st != UM_OK)
-            return st;
-    }
-    return UM_OK;
+    um_status st = UM_OK;
+    order_lock(r);
+    for (int i = 0; i < nafter && st == UM_OK; i++)
+        if (after[i].ev)
+            st = r->stream ? um__be_stream_wait(r->be, r->stream->ref.bstream, after[i].be,
+                                                after[i].ev)
+                           : um__be_event_sync(after[i].be, after[i].ev);
+    order_unlock(r);
+    return st;
+}
+
+um_status um__xfer_order_in(um__xfer *x, int dev, const um__fence *f)
+{
+    runner r = engine_runner(x, dev, true);
+    if (!r.stream)
+        return um__fail(UM_ERR_UNSUPPORTED, "transfer engine: device %d has no copy-in stream",
+                        dev);
+    return order_after(&r, f, 1);
 }
 
 static void count_copy(um__xfer *x, int from, int to, size_t n)
@@ -769,6 +806,7 @@ typedef struct stage_job {
     size_t n, chunk;
     bool to_gpu;
     char *slots;            /* STAGE_SLOTS chunks per worker, pinned host memory */
+    const runner *r;        /* the stream's runner, for its order lock */
     _Atomic size_t next;    /* the next chunk to take */
     _Atomic bool failed;
 } stage_job;
@@ -874,11 +912,13 @@ static void *stage_run(void *arg)
          * (streaming stores there halved the bandwidth on the H200). */
         if (j->to_gpu)
             memcpy(slot[s], j->host + off[s], len[s]);
+        order_lock(j->r);
         um_status st = j->to_gpu
                            ? um__be_copy_async(j->gpu, j->dev + off[s], slot[s], len[s], j->stream)
                            : um__be_copy_async(j->gpu, slot[s], j->dev + off[s], len[s], j->stream);
         if (st == UM_OK)
             st = um__be_event_record(j->gpu, j->stream, &ev[s]);
+        order_unlock(j->r);
         if (st != UM_OK) {
             stage_fail(w, st);
             break;
@@ -1105,7 +1145,7 @@ static um_status staged_copy(stage_pool *sp, const runner *r, char *dev, char *h
 {
     um_status st = UM_OK;
     stage_job j = {r->be, r->stream->ref.bstream, dev, host, n, sp->chunk, to_gpu, sp->slots,
-                   0, false};
+                   r, 0, false};
     size_t chunks = (n + j.chunk - 1) / j.chunk;
     int nw = sp->nworkers;
     if ((size_t)nw > (chunks + 1) / 2)
@@ -1163,6 +1203,7 @@ static um_status two_hop_copy(um__xfer *x, stage_pool *sp, int dd, char *dst, in
         char *slot = sp->slots + (size_t)k * sp->chunk;
         size_t off = i * sp->chunk, len = n - off < sp->chunk ? n - off : sp->chunk;
         /* The slot's previous second hop must have read it. */
+        order_lock(&out);
         if (hop2[k])
             st = um__be_stream_wait(out.be, os, in.be, hop2[k]);
         if (st == UM_OK)
@@ -1173,6 +1214,8 @@ static um_status two_hop_copy(um__xfer *x, stage_pool *sp, int dd, char *dst, in
         }
         if (st == UM_OK)
             st = um__be_event_record(out.be, os, &hop1[k]);
+        order_unlock(&out);
+        order_lock(&in);
         if (st == UM_OK)
             st = um__be_stream_wait(in.be, is, out.be, hop1[k]);
         if (st == UM_OK)
@@ -1183,6 +1226,7 @@ static um_status two_hop_copy(um__xfer *x, stage_pool *sp, int dd, char *dst, in
         }
         if (st == UM_OK)
             st = um__be_event_record(in.be, is, &hop2[k]);
+        order_unlock(&in);
     }
     /* The slots are free again once both streams are past them; on a
      * failure (st), the streams are waited for all the same. */
@@ -1243,7 +1287,7 @@ um_status um__xfer_copy(um__xfer *x, int dd, void *dst, int sd, const void *src,
         um_status st = two_hop_copy(x, sp, dd, dst, sd, src, n, after, nafter);
         if (st != UM_OK)
             return st;
-        runner none = {NULL, NULL};
+        runner none = {NULL, NULL, NULL};
         count_copy(x, sd, dd, n);
         return finish(x, &none, sd, dd, t0, n, true, NULL, done);
     }
@@ -1254,7 +1298,7 @@ um_status um__xfer_copy(um__xfer *x, int dd, void *dst, int sd, const void *src,
                  ((gpu_to_host && pageable(x, dst)) || (host_to_gpu && pageable(x, src)));
     /* A staged copy is the host's work, so the host waits for the fences
      * (before it takes the staging slots, which other copies share). */
-    runner waiter = {r.be, stage ? NULL : r.stream};
+    runner waiter = {r.be, stage ? NULL : r.stream, stage ? NULL : r.order};
     um_status st = order_after(&waiter, after, nafter);
     if (st != UM_OK)
         return st;
@@ -1272,9 +1316,15 @@ um_status um__xfer_copy(um__xfer *x, int dd, void *dst, int sd, const void *src,
         st = staged_copy(sp, &r, gpu_to_host ? (char *)src : dst,
                          gpu_to_host ? dst : (char *)src, n, host_to_gpu);
         r.stream = NULL; /* done: nothing to wait for */
+        r.order = NULL;
     } else if (r.be) {
         um__bstream *bs = r.stream ? r.stream->ref.bstream : NULL;
-        bool timed = r.stream && um__be_timed_events(r.be) &&
+        /* From the question whether the copy may wait to its end event,
+         * nothing else is queued on the stream (see um__xfer.order). */
+        order_lock(&r);
+        /* Virtual time keeps no completion times (the sim's timed events
+         * cannot say when they completed there). */
+        bool timed = r.stream && um__be_timed_events(r.be) && !um__vt_on() &&
                      (r.be->cheap_timed_events || may_wait(&r, after, nafter));
         /* Untimed where the start cannot be recorded: nothing else lost. */
         if (timed && um__be_event_record_timed(r.be, bs, &start) != UM_OK)
@@ -1284,12 +1334,15 @@ um_status um__xfer_copy(um__xfer *x, int dd, void *dst, int sd, const void *src,
         memmove(dst, src, n);
     }
     if (st != UM_OK) {
+        order_unlock(&r);
         if (start)
             um__be_event_destroy_timed(r.be, start);
         return st;
     }
     count_copy(x, sd, dd, n);
-    return finish(x, &r, sd, dd, t0, n, stage, start, done);
+    st = finish(x, &r, sd, dd, t0, n, stage, start, done);
+    order_unlock(&r);
+    return st;
 }
 
 um_status um__xfer_zero(um__xfer *x, int dev, void *dst, size_t n, const um__fence *after,
@@ -1300,13 +1353,15 @@ um_status um__xfer_zero(um__xfer *x, int dev, void *dst, size_t n, const um__fen
     um_status st = order_after(&r, after, nafter);
     if (st != UM_OK)
         return st;
+    order_lock(&r);
     if (r.be)
         st = um__be_memset_async(r.be, dst, 0, n, r.stream ? r.stream->ref.bstream : NULL);
     else
         memset(dst, 0, n);
-    if (st != UM_OK)
-        return st;
-    return finish(x, &r, -1, -1, 0, 0, false, NULL, done);
+    if (st == UM_OK)
+        st = finish(x, &r, -1, -1, 0, 0, false, NULL, done);
+    order_unlock(&r);
+    return st;
 }
 
 /* ------------------------------------------------ memory still in use */
@@ -1483,6 +1538,9 @@ static void buffers_fini(um_context *ctx)
     free(x->ns_per_byte);
     free(x->timed);
     pthread_mutex_destroy(&x->lock);
+    for (int d = 0; d < UM_MAX_DEVICES; d++)
+        for (int k = 0; k < 2; k++)
+            pthread_mutex_destroy(&x->order[d][k]);
     free(x);
     ctx->xfer = NULL;
     ctx->buffers_fini = NULL;

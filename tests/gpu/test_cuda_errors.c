@@ -16,12 +16,14 @@
  *   - CUDA_ERROR_OUT_OF_MEMORY is UM_ERR_NOMEM for cuEventRecord,
  *     cuEventCreate and cuMemUnmap too;
  *   - a trim whose fences cannot be recorded waits for the stream and
- *     gives every free page back.
+ *     gives every free page back;
+ *   - a timed event's time on the host's clock, from the backend's anchor.
  * Skips (77) without the stand-in driver.
  */
 #include "backend/backend.h"
 #include "backend/cuda_driver.h"
 #include "backend/vdev.h"
+#include "base/vtime.h"
 #include "core/core.h"
 #include "harness.h"
 
@@ -222,6 +224,44 @@ static void test_event_destroy_null(void)
     CHECK_EQ(live("events"), events0);
 }
 
+/* A timed event's time on the host's clock (event_time, which places the
+ * transfer engine's copies in a trace): read from an anchor event the
+ * backend records on a stream of its own, for events before the anchor as
+ * well as after it; a failed cuEventElapsedTime is named; the anchor's
+ * event and stream go at teardown. The stand-in driver's events complete
+ * when recorded, at its CLOCK_MONOTONIC time, the clock of um__now_ns. */
+static void test_event_time(void)
+{
+    um__backend *b = new_gpu();
+    if (!b)
+        return;
+    long events0 = live("events"), streams0 = live("streams");
+    um__bevent *e[2] = {NULL, NULL};
+    uint64_t before[2], after[2], at[2] = {0, 0};
+    for (int i = 0; i < 2; i++) {
+        before[i] = um__now_ns();
+        CHECK_OK(um__be_event_record_timed(b, NULL, &e[i]));
+        after[i] = um__now_ns();
+        if (i == 0)
+            um__sleep_until_ns(um__now_ns() + 20 * 1000000ull);
+    }
+    /* e[0] completed before the anchor the first call records. */
+    for (int i = 0; i < 2; i++) {
+        CHECK_OK(um__be_event_time(b, e[i], &at[i]));
+        CHECK(at[i] + 200000 >= before[i] && at[i] <= after[i] + 200000);
+    }
+    CHECK(at[1] - at[0] > 19 * 1000000ull);
+    fail("cuEventElapsedTime", 1, 999 /* CUDA_ERROR_UNKNOWN */);
+    CHECK_STATUS(um__be_event_time(b, e[0], &at[0]), UM_ERR_BACKEND);
+    CHECK(strstr(um_last_error(), "cuEventElapsedTime") != NULL);
+    fail_clear();
+    for (int i = 0; i < 2; i++)
+        um__be_event_destroy_timed(b, e[i]);
+    um__backend_destroy(b);
+    CHECK_EQ(live("events"), events0);
+    CHECK_EQ(live("streams"), streams0);
+}
+
 /* Virtual time models memfd devices only: pinned host memory is a CUDA
  * backend, which the model used to take for a memfd one (it wrote the
  * device's index into the CUDA backend's record, and a copy on a sim stream
@@ -372,6 +412,7 @@ int main(void)
     test_stuck_map_pool();
     test_context_switch();
     test_event_destroy_null();
+    test_event_time();
     test_virtual_time_pinned();
     test_out_of_memory();
     test_stream_destroy();
