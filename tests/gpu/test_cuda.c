@@ -13,6 +13,7 @@
  * FAKE_CUDA_OPAQUE=1). Exits 77 (skipped) when there is no driver or no
  * GPU, saying why.
  */
+#include "backend/backend.h"
 #include "backend/cuda_driver.h"
 #include "harness.h"
 
@@ -1231,6 +1232,57 @@ static void check_busy_after_kernel(uint64_t before, uint64_t after, const char 
     CHECK(busy < 100000000ull);
 }
 
+/* A timed event's time on the host's clock (event_time, which places the
+ * copies of a trace), against the host's clock around it: events before
+ * the backend's anchor and after it, and one behind a 200 ms kernel,
+ * which completes when the kernel ends, not when it was recorded. */
+static void check_event_time(gpu *g)
+{
+    um__backend *b = NULL;
+    CHECK_OK(um__cuda_backend_create(0, 1, 0, &b));
+    if (!b)
+        return;
+    const uint64_t slack = 2000000; /* 2 ms: launch latency, a busy host */
+    uint64_t t0 = um__now_ns(), at = 0;
+    um__bevent *e0 = NULL, *e1 = NULL, *e2 = NULL;
+    CHECK_OK(um__be_event_record_timed(b, NULL, &e0));
+    CHECK_OK(um__be_event_sync(b, e0));
+    void *p = NULL;
+    uint64_t t1 = 0, t2 = 0;
+    if (g->spin_fill) {
+        CHECK_OK(um_malloc(g->ctx, g->dev, 4096 * 4, NULL, &p));
+        CHECK(p && launch_spin_fill(g, p, 4096, 200000000ull, 3, NULL));
+        CHECK_OK(um__be_event_record_timed(b, NULL, &e1));
+        t1 = um__now_ns();
+        CHECK_OK(um__be_event_sync(b, e1));
+        t2 = um__now_ns();
+    }
+    /* The anchor is made now, after them. */
+    CHECK_OK(um__be_event_time(b, e0, &at));
+    printf("test_cuda: event_time: an event %.3f ms after it was recorded\n",
+           ((double)at - (double)t0) / 1e6);
+    CHECK(at + slack >= t0 && at <= t0 + slack);
+    if (e1) {
+        CHECK_OK(um__be_event_time(b, e1, &at));
+        printf("test_cuda: event_time: behind a 200 ms kernel, %.3f ms after its record, "
+               "%.3f ms before its wait ended\n",
+               ((double)at - (double)t1) / 1e6, ((double)t2 - (double)at) / 1e6);
+        CHECK(at >= t1 + 150000000ull && at <= t2 + slack);
+    }
+    uint64_t t3 = um__now_ns();
+    CHECK_OK(um__be_event_record_timed(b, NULL, &e2));
+    CHECK_OK(um__be_event_sync(b, e2));
+    CHECK_OK(um__be_event_time(b, e2, &at));
+    CHECK(at + slack >= t3 && at <= um__now_ns() + slack);
+    um__be_event_destroy_timed(b, e0);
+    if (e1)
+        um__be_event_destroy_timed(b, e1);
+    um__be_event_destroy_timed(b, e2);
+    if (p)
+        CHECK_OK(um_free(g->ctx, p, NULL));
+    um__backend_destroy(b);
+}
+
 static void check_buffer_stream_order(gpu *g)
 {
     const size_t words = 1u << 20, n = words * 4;
@@ -1400,6 +1452,7 @@ int main(void)
     check_two_gpus(&g, gpus);
     check_buffer_round_trips(&g, fake);
     check_failed_task_not_busy(&g);
+    check_event_time(&g);
     if (g.spin_fill) {
         check_buffer_stream_order(&g);
         check_tasks(&g);
