@@ -17,7 +17,9 @@
  *     cuEventCreate and cuMemUnmap too;
  *   - a trim whose fences cannot be recorded waits for the stream and
  *     gives every free page back;
- *   - a timed event's time on the host's clock, from the backend's anchor.
+ *   - a timed event's time on the host's clock, from the backend's anchor;
+ *   - timed copies whose events, timing or copy fail keep the data whole
+ *     and give every event back.
  * Skips (77) without the stand-in driver.
  */
 #include "backend/backend.h"
@@ -262,6 +264,57 @@ static void test_event_time(void)
     CHECK_EQ(live("streams"), streams0);
 }
 
+/* Timed copies (every GPU stream answering cuStreamQuery NOT_READY, so
+ * that each copy may wait and is timed) whose timing fails part way: the
+ * end event's record, the start's, the end event's creation, the
+ * driver's elapsed time (which event_time needs too), the copy after its
+ * start was recorded. The data arrives whole, and every event goes back:
+ * the driver holds as many after shutdown as before. */
+static void timed_copy_case(const char *call, unsigned skip, unsigned times, int result)
+{
+    long events0 = live("events");
+    um_context *ctx = NULL;
+    CHECK_OK(um_init("devices=cuda:0,links=model,link_cache=none,log_level=error", &ctx));
+    if (!ctx)
+        return;
+    const size_t n = MIB;
+    unsigned char *in = malloc(n), *out = calloc(1, n);
+    for (size_t i = 0; in && i < n; i++)
+        in[i] = (unsigned char)(i * 7 + 3);
+    um_buffer *b = NULL;
+    CHECK_OK(um_buffer_create(ctx, n, NULL, &b));
+    CHECK_OK(um_buffer_write(b, 0, in, n));
+    CHECK_EQ(fail_call("cuStreamQuery", 0, 1000000, UM_CU_ERROR_NOT_READY), 0);
+    if (call)
+        CHECK_EQ(fail_call(call, skip, times, result), 0);
+    (void)um_buffer_prefetch(b, 1); /* may fail: the read below must still work */
+    void *p = NULL;
+    if (um_buffer_acquire(b, 1, UM_ACCESS_READ_WRITE, NULL, &p) == UM_OK)
+        CHECK_OK(um_buffer_release(b, 1, NULL));
+    CHECK_OK(um_buffer_read(b, 0, out, n));
+    fail_clear();
+    CHECK(in && memcmp(in, out, n) == 0);
+    um_link_stats st = {0};
+    CHECK_OK(um_link_stats_get(ctx, 0, 1, &st));
+    if (!call)
+        CHECK(st.copies >= 1 && st.busy_ns > 0);
+    CHECK_OK(um_buffer_destroy(b));
+    um_shutdown(ctx);
+    CHECK_EQ(live("events"), events0);
+    free(in);
+    free(out);
+}
+
+static void test_timed_copies_failing(void)
+{
+    timed_copy_case(NULL, 0, 0, 0);
+    timed_copy_case("cuEventRecord", 1, 1, UM_CU_ERROR_INVALID_VALUE); /* the end event */
+    timed_copy_case("cuEventRecord", 0, 1, UM_CU_ERROR_INVALID_VALUE); /* the start event */
+    timed_copy_case("cuEventCreate", 1, 1, UM_CU_ERROR_OUT_OF_MEMORY);
+    timed_copy_case("cuEventElapsedTime", 0, 100, UM_CU_ERROR_INVALID_VALUE);
+    timed_copy_case("cuMemcpyAsync", 0, 1, UM_CU_ERROR_INVALID_VALUE);
+}
+
 /* Virtual time models memfd devices only: pinned host memory is a CUDA
  * backend, which the model used to take for a memfd one (it wrote the
  * device's index into the CUDA backend's record, and a copy on a sim stream
@@ -413,6 +466,7 @@ int main(void)
     test_context_switch();
     test_event_destroy_null();
     test_event_time();
+    test_timed_copies_failing();
     test_virtual_time_pinned();
     test_out_of_memory();
     test_stream_destroy();
