@@ -901,55 +901,14 @@ static void test_busy_excludes_wait(void)
     um_shutdown(ctx);
 }
 
-/* Copies queued behind one another on the engine's stream are each busy
- * only while they run. Three prefetches of 4 MiB to device 1, whose
- * modelled link takes about 80 ms for each, are issued at once and run
- * one after the other; their link is busy for about 240 ms. Timed from
- * its issue, each counted the copies before it as well: about 480 ms. */
-static void test_busy_of_queued_copies(void)
-{
-    enum { NBUF = 3 };
-    const size_t n = 4 * MB;
-    const uint64_t link_ns = (uint64_t)(1e9 * (double)n / (50.0 * MB));
-    um_context *ctx = NULL;
-    CHECK_OK(um_init("devices=sim:64M,sim_link_bandwidth=50M,links=model,link_cache=none,"
-                     "watermark_high=100,watermark_low=100", &ctx));
-    unsigned char *data = malloc(n);
-    if (!ctx || !data) {
-        free(data);
-        um_shutdown(ctx);
-        return;
-    }
-    memset(data, 'Q', n);
-    um_buffer *b[NBUF] = {NULL};
-    for (int i = 0; i < NBUF; i++) {
-        CHECK_OK(um_buffer_create(ctx, n, NULL, &b[i]));
-        CHECK_OK(um_buffer_write(b[i], 0, data, n));
-    }
-    uint64_t before = busy_on(ctx, 0, 1);
-    for (int i = 0; i < NBUF; i++)
-        CHECK_OK(um_buffer_prefetch(b[i], 1));
-    /* Each write to the host's replica waits for its prefetch's read; the
-     * copies are counted once they are seen done, at the destroys. */
-    for (int i = 0; i < NBUF; i++)
-        CHECK_OK(um_buffer_write(b[i], 0, data, n));
-    for (int i = 0; i < NBUF; i++)
-        CHECK_OK(um_buffer_destroy(b[i]));
-    uint64_t busy = busy_on(ctx, 0, 1) - before;
-    printf("test_busy_of_queued_copies: %d copies of ~%llu ms each, one after the other: link "
-           "0->1 busy %llu ms\n",
-           NBUF, (unsigned long long)(link_ns / 1000000), (unsigned long long)(busy / 1000000));
-    CHECK(busy >= NBUF * link_ns * 9 / 10);
-    CHECK(busy < NBUF * link_ns * 5 / 4);
-    free(data);
-    um_shutdown(ctx);
-}
-
-/* Prefetches from several threads at once share the copy-in stream and
- * run one after the other on the link: each is busy for its own time
- * only. A copy's timed window used to span the copies other threads
- * queued between its start event and its copy: four 80 ms copies counted
- * 480-930 ms of busy link. */
+/* A copy queued behind others on a stream is busy on its link only while
+ * it runs. Prefetches of 4 MiB to device 1, whose modelled link takes
+ * about 80 ms for each, are issued at once and run one after the other:
+ * three from one thread, then four from four threads, which share the
+ * copy-in stream. Timed from its issue, each counted the copies before it
+ * as well (three counted about 480 ms); timed between events without the
+ * engine's order lock, a copy's window spanned the copies other threads
+ * queued inside it (four counted 480-930 ms). */
 typedef struct prefetch_arg {
     um_buffer *b;
     pthread_barrier_t *go;
@@ -964,53 +923,66 @@ static void *prefetch_main(void *p)
     return NULL;
 }
 
-static void test_busy_of_concurrent_copies(void)
+static void busy_of_queued_copies(int nbuf, bool from_threads)
 {
-    enum { NBUF = 4 };
+    enum { MAXBUF = 4 };
     const size_t n = 4 * MB;
     const uint64_t link_ns = (uint64_t)(1e9 * (double)n / (50.0 * MB));
     um_context *ctx = NULL;
     CHECK_OK(um_init("devices=sim:64M,sim_link_bandwidth=50M,links=model,link_cache=none,"
                      "watermark_high=100,watermark_low=100", &ctx));
     unsigned char *data = malloc(n);
-    if (!ctx || !data) {
+    if (!ctx || !data || nbuf > MAXBUF) {
         free(data);
         um_shutdown(ctx);
         return;
     }
-    memset(data, 'C', n);
-    um_buffer *b[NBUF] = {NULL};
-    for (int i = 0; i < NBUF; i++) {
+    memset(data, 'Q', n);
+    um_buffer *b[MAXBUF] = {NULL};
+    for (int i = 0; i < nbuf; i++) {
         CHECK_OK(um_buffer_create(ctx, n, NULL, &b[i]));
         CHECK_OK(um_buffer_write(b[i], 0, data, n));
     }
     uint64_t before = busy_on(ctx, 0, 1);
-    pthread_barrier_t go;
-    pthread_barrier_init(&go, NULL, NBUF);
-    pthread_t t[NBUF];
-    prefetch_arg arg[NBUF];
-    for (int i = 0; i < NBUF; i++) {
-        arg[i] = (prefetch_arg){b[i], &go, UM_OK};
-        CHECK(pthread_create(&t[i], NULL, prefetch_main, &arg[i]) == 0);
+    if (from_threads) {
+        pthread_barrier_t go;
+        pthread_barrier_init(&go, NULL, (unsigned)nbuf);
+        pthread_t t[MAXBUF];
+        prefetch_arg arg[MAXBUF];
+        for (int i = 0; i < nbuf; i++) {
+            arg[i] = (prefetch_arg){b[i], &go, UM_OK};
+            CHECK(pthread_create(&t[i], NULL, prefetch_main, &arg[i]) == 0);
+        }
+        for (int i = 0; i < nbuf; i++) {
+            pthread_join(t[i], NULL);
+            CHECK_OK(arg[i].st);
+        }
+        pthread_barrier_destroy(&go);
+    } else {
+        for (int i = 0; i < nbuf; i++)
+            CHECK_OK(um_buffer_prefetch(b[i], 1));
     }
-    for (int i = 0; i < NBUF; i++) {
-        pthread_join(t[i], NULL);
-        CHECK_OK(arg[i].st);
-    }
-    pthread_barrier_destroy(&go);
-    for (int i = 0; i < NBUF; i++) {
-        CHECK_OK(um_buffer_write(b[i], 0, data, n)); /* waits for the prefetch's read */
+    /* Each write to the host's replica waits for its prefetch's read; the
+     * copies are counted once they are seen done, at the destroys. */
+    for (int i = 0; i < nbuf; i++)
+        CHECK_OK(um_buffer_write(b[i], 0, data, n));
+    for (int i = 0; i < nbuf; i++)
         CHECK_OK(um_buffer_destroy(b[i]));
-    }
     uint64_t busy = busy_on(ctx, 0, 1) - before;
-    printf("test_busy_of_concurrent_copies: %d copies of ~%llu ms from %d threads: link 0->1 "
-           "busy %llu ms\n",
-           NBUF, (unsigned long long)(link_ns / 1000000), NBUF,
-           (unsigned long long)(busy / 1000000));
-    CHECK(busy >= NBUF * link_ns * 9 / 10);
-    CHECK(busy < NBUF * link_ns * 5 / 4);
+    printf("test_busy_of_queued_copies: %d copies of ~%llu ms each from %s, one after the "
+           "other: link 0->1 busy %llu ms\n",
+           nbuf, (unsigned long long)(link_ns / 1000000),
+           from_threads ? "as many threads" : "one thread", (unsigned long long)(busy / 1000000));
+    CHECK(busy >= (uint64_t)nbuf * link_ns * 9 / 10);
+    CHECK(busy < (uint64_t)nbuf * link_ns * 5 / 4);
     free(data);
     um_shutdown(ctx);
+}
+
+static void test_busy_of_queued_copies(void)
+{
+    busy_of_queued_copies(3, false);
+    busy_of_queued_copies(4, true);
 }
 
 /* The first event named `name` at or after p in a trace's text: its ts and
@@ -1443,7 +1415,6 @@ int main(void)
     test_gpu_sim_link();
     test_busy_excludes_wait();
     test_busy_of_queued_copies();
-    test_busy_of_concurrent_copies();
     test_copy_spans_where_they_ran();
     test_trace_file();
     test_random(seed);

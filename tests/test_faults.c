@@ -491,6 +491,23 @@ static void test_physical_after_unmap(void)
     um__fault_plan_free(plan);
 }
 
+enum { FREED_BLOCKS = 6 };
+
+/* Allocates FREED_BLOCKS blocks of 2 MiB on device 1 and frees them on the
+ * default stream; returns the device's reserved bytes then. */
+static size_t freed_blocks(um_context *ctx)
+{
+    void *blocks[FREED_BLOCKS] = {0};
+    for (int i = 0; i < FREED_BLOCKS; i++)
+        CHECK_OK(um_malloc(ctx, 1, 2 * MB, NULL, &blocks[i]));
+    for (int i = 0; i < FREED_BLOCKS; i++)
+        CHECK_OK(um_free(ctx, blocks[i], NULL));
+    um_stats st;
+    CHECK_OK(um_stats_get(ctx, 1, &st));
+    CHECK(st.reserved_bytes >= FREED_BLOCKS * 2 * MB);
+    return st.reserved_bytes;
+}
+
 /* A page the backend refuses to release does not keep the other idle
  * pages: trim gives back all of them but that one, reports the refusal,
  * and a later trim takes the last. Trim used to stop at the first refusal
@@ -501,16 +518,8 @@ static void test_trim_past_refused_release(void)
     CHECK_OK(um_init("devices=sim:64M,fault=1:release@1", &ctx));
     if (!ctx)
         return;
-    enum { N = 6 };
-    void *blocks[N] = {0};
-    for (int i = 0; i < N; i++)
-        CHECK_OK(um_malloc(ctx, 1, 2 * MB, NULL, &blocks[i]));
-    for (int i = 0; i < N; i++)
-        CHECK_OK(um_free(ctx, blocks[i], NULL));
     um_stats st;
-    CHECK_OK(um_stats_get(ctx, 1, &st));
-    size_t page = st.reserved_bytes / N;
-    CHECK(st.reserved_bytes >= N * 2 * MB);
+    size_t page = freed_blocks(ctx) / FREED_BLOCKS;
     CHECK_STATUS(um_trim(ctx, 1), UM_ERR_BACKEND);
     CHECK_OK(um_stats_get(ctx, 1, &st));
     CHECK_EQ(st.reserved_bytes, page);
@@ -532,16 +541,8 @@ static void test_trim_when_stream_cannot_be_waited_for(void)
     CHECK_OK(um_init("devices=sim:64M,fault=1:event~1+1:stream~1,log_level=error", &ctx));
     if (!ctx)
         return;
-    enum { N = 6 };
-    void *blocks[N] = {0};
-    for (int i = 0; i < N; i++)
-        CHECK_OK(um_malloc(ctx, 1, 2 * MB, NULL, &blocks[i]));
-    for (int i = 0; i < N; i++)
-        CHECK_OK(um_free(ctx, blocks[i], NULL));
     um_stats st;
-    CHECK_OK(um_stats_get(ctx, 1, &st));
-    size_t reserved = st.reserved_bytes;
-    CHECK(reserved >= N * 2 * MB);
+    size_t reserved = freed_blocks(ctx);
     CHECK_STATUS(um_trim(ctx, 1), UM_ERR_BACKEND);
     CHECK_ERROR_MENTIONS("cannot be waited for", "stays reserved", NULL);
     CHECK_OK(um_stats_get(ctx, 1, &st));
