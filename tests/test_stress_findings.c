@@ -448,6 +448,59 @@ static void test_allocation_wait_ends_at_a_free(void)
     ctx = NULL;
 }
 
+/* The wait for a candidate held by another call is timed from when the
+ * allocation first meets one, not from its start: an allocation that
+ * spent 1.2 s writing a 24 MiB buffer back over a 20 MB/s link then found
+ * x held by a read queued behind that write-back, and failed at once
+ * ("in use by other calls for 1200 ms", having waited for none of it;
+ * found by an audit). It waits for the read and evicts x. */
+static void *read_x_later(void *arg)
+{
+    usleep(300000); /* the allocation is writing W back */
+    CHECK_OK(um_buffer_read(slow_read_buffer, 0, arg, 4 << 20));
+    return NULL;
+}
+
+static void test_allocation_waits_after_a_long_write_back(void)
+{
+    CHECK_OK(um_init("devices=sim:256M,links=model,sim_link_bandwidth=20M,watermark_high=100",
+                     &ctx));
+    if (!ctx)
+        return;
+    CHECK_OK(um_set_memory_limit(ctx, 1, 32 << 20));
+    um_buffer *w = NULL, *x = NULL;
+    void *p = NULL;
+    CHECK_OK(um_buffer_create(ctx, 24 << 20, NULL, &w));
+    CHECK_OK(um_buffer_acquire(w, 1, UM_ACCESS_WRITE_DISCARD, NULL, &p));
+    CHECK_OK(um_buffer_release(w, 1, NULL));
+    CHECK_OK(um_buffer_create(ctx, 4 << 20, NULL, &x));
+    CHECK_OK(um_buffer_acquire(x, 1, UM_ACCESS_WRITE_DISCARD, NULL, &p));
+    CHECK_OK(um_buffer_release(x, 1, NULL));
+    CHECK_OK(um_stream_synchronize(ctx, NULL));
+    unsigned char *host = malloc(4 << 20);
+    CHECK(host != NULL);
+    slow_read_buffer = x;
+    pthread_t reader;
+    CHECK(pthread_create(&reader, NULL, read_x_later, host) == 0);
+    void *q = NULL;
+    um_status st = um_malloc(ctx, 1, 30 << 20, NULL, &q); /* needs W and x gone */
+    if (st != UM_OK)
+        printf("test_stress_findings: %s\n", um_last_error());
+    CHECK(pthread_join(reader, NULL) == 0);
+    CHECK_STATUS(st, UM_OK);
+    um_reclaim_stats rs;
+    CHECK_OK(um_reclaim_stats_get(ctx, 1, &rs));
+    CHECK_EQ(rs.evictions, 2);
+    CHECK_EQ(rs.failed, 0);
+    if (q)
+        CHECK_OK(um_free(ctx, q, NULL));
+    CHECK_OK(um_buffer_destroy(w));
+    CHECK_OK(um_buffer_destroy(x));
+    free(host);
+    um_shutdown(ctx);
+    ctx = NULL;
+}
+
 /* F7: threads allocate small blocks on device 1, free them all and stay
  * alive; an allocation as large as the room left must succeed, and so
  * must one after um_trim, which returns the pages. */
@@ -571,6 +624,7 @@ int main(void)
     test_forced_task_whose_device_shrank();
     test_allocation_waits_for_a_locked_victim();
     test_allocation_wait_ends_at_a_free();
+    test_allocation_waits_after_a_long_write_back();
     test_other_threads_caches_are_taken_back();
     test_failed_acquisition_keeps_data();
     return harness_finish("test_stress_findings");

@@ -304,6 +304,11 @@ typedef struct alloc_wait {
     uint64_t t0;
     bool freed;        /* the last call made room */
     uint64_t pause_ns; /* the next wait for candidates held by other calls */
+    /* When the calls began to find only candidates held by other calls (0:
+     * the last one made room or found none held): the wait for them is
+     * timed from there, not from the allocation's start, which may have
+     * spent its second on write-backs already. */
+    uint64_t busy_since;
     failed_set failed; /* candidates whose eviction failed, for this allocation */
 } alloc_wait;
 
@@ -345,13 +350,15 @@ static bool reclaim_hook(um_context *ctx, int dev, size_t bytes, bool made)
     }
     if (making_room.rc != rc || making_room.dev != dev) {
         free(making_room.failed.b);
-        making_room = (alloc_wait){rc, dev, bytes, um__now_ns(), false, 20000, {NULL, 0, 0, ""}};
+        making_room = (alloc_wait){rc, dev, bytes, um__now_ns(), false, 20000, 0,
+                                   {NULL, 0, 0, ""}};
     }
     /* The memory of destroyed buffers whose last copies have completed
      * goes back first: it costs no eviction, and nothing else on this path
      * looks for it (an allocation failed with their copies long done). */
     if ((um__xfer_poll(x) >> dev) & 1) {
         making_room.freed = true;
+        making_room.busy_since = 0;
         return true;
     }
     in_reclaim = true;
@@ -371,8 +378,12 @@ static bool reclaim_hook(um_context *ctx, int dev, size_t bytes, bool made)
      * try-locks, so nothing deadlocks. Candidates whose eviction failed
      * are not tried again during the allocation. */
     uint64_t now = um__now_ns();
+    if (freed || !scan.busy)
+        making_room.busy_since = 0;
+    else if (!making_room.busy_since)
+        making_room.busy_since = now;
     if (!freed && scan.busy && !optional_allocation &&
-        now - making_room.t0 <= RECLAIM_BUSY_WAIT_NS) {
+        now - making_room.busy_since <= RECLAIM_BUSY_WAIT_NS) {
         um__sleep_until_ns(now + making_room.pause_ns);
         if (making_room.pause_ns < 1000000)
             making_room.pause_ns *= 2;
@@ -391,7 +402,7 @@ static bool reclaim_hook(um_context *ctx, int dev, size_t bytes, bool made)
         freed = um__xfer_wait_held(x, dev);
     in_reclaim = false;
     making_room.freed = freed;
-    uint64_t waited = um__now_ns() - making_room.t0;
+    uint64_t waited = making_room.busy_since ? um__now_ns() - making_room.busy_since : 0;
     if (!freed && failed->why[0]) {
         um__fail(UM_ERR_NOMEM, "device %d: no room for %zu bytes: evicting failed: %s", dev, bytes,
                  failed->why);
