@@ -84,6 +84,46 @@ static void test_stream_record(size_t size)
     um_shutdown(ctx);
 }
 
+/* The same request with buffers' replicas on the device: none is
+ * evicted for it, since no eviction gives the host memory back. The
+ * reclaim loop took the UM_ERR_NOMEM for a full device and evicted every
+ * replica, one per retry (found by an audit). */
+static void test_stream_record_keeps_replicas(void)
+{
+    um_context *ctx = NULL;
+    CHECK_OK(um_init("devices=sim:64M,watermark_high=100", &ctx));
+    if (!ctx)
+        return;
+    enum { N = 8 };
+    static unsigned char data[1 << 20];
+    memset(data, 7, sizeof data);
+    um_buffer *b[N] = {NULL};
+    for (int i = 0; i < N; i++) {
+        void *p = NULL;
+        CHECK_OK(um_buffer_create(ctx, sizeof data, NULL, &b[i]));
+        CHECK_OK(um_buffer_write(b[i], 0, data, sizeof data));
+        CHECK_OK(um_buffer_acquire(b[i], 1, UM_ACCESS_READ, NULL, &p)); /* a clean replica */
+        CHECK_OK(um_buffer_release(b[i], 1, NULL));
+    }
+    um_stream s = NULL;
+    CHECK_OK(um_stream_create(ctx, 1, &s));
+    void *q = NULL;
+    host_out = true;
+    um_status st = um_malloc(ctx, 1, 4096, s, &q);
+    host_out = false;
+    CHECK_STATUS(st, UM_ERR_NOMEM);
+    CHECK_ERROR_MENTIONS("no host memory", NULL, NULL);
+    um_reclaim_stats rs;
+    CHECK_OK(um_reclaim_stats_get(ctx, 1, &rs));
+    CHECK_EQ(rs.evictions, 0);
+    for (int i = 0; i < N; i++) {
+        CHECK(um_buffer_replica_state(b[i], 1) != UM_REPLICA_INVALID);
+        CHECK_OK(um_buffer_destroy(b[i]));
+    }
+    CHECK_OK(um_stream_destroy(ctx, s));
+    um_shutdown(ctx);
+}
+
 /* A thread exits while the host is out of memory: its cache's small
  * slots, freed on a stream whose list of pending slots has no room yet,
  * cannot be parked there. They must still go back (the stream's work
@@ -136,6 +176,7 @@ int main(void)
     unsetenv("UNIMEM_CONF");
     test_stream_record(4096);
     test_stream_record((size_t)4 << 20);
+    test_stream_record_keeps_replicas();
     test_thread_exit_out_of_memory();
     return harness_finish("test_host_nomem");
 }

@@ -26,6 +26,13 @@
 um_status um__fail(um_status s, const char *fmt, ...) UM_PRINTF(2, 3);
 /* Clears this thread's last error (used by tests). */
 void um__clear_error(void);
+/* An allocator's request failed with UM_ERR_NOMEM for want of host memory
+ * for its own records, not of device memory: evicting from the device
+ * cannot help it (memory.c asks, and then does not reclaim). Noted per
+ * thread; um__host_nomem_take answers whether it was noted since the last
+ * take, and clears it. */
+void um__note_host_nomem(void);
+bool um__host_nomem_take(void);
 
 typedef enum um_log_level {
     UM_LOG_ERROR = 0,

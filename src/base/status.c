@@ -35,6 +35,17 @@ const char *um_last_error(void) { return last_error; }
 
 void um__clear_error(void) { last_error[0] = '\0'; }
 
+static _Thread_local bool host_nomem;
+
+void um__note_host_nomem(void) { host_nomem = true; }
+
+bool um__host_nomem_take(void)
+{
+    bool was = host_nomem;
+    host_nomem = false;
+    return was;
+}
+
 um_status um__fail(um_status s, const char *fmt, ...)
 {
     int n = snprintf(last_error, sizeof last_error, "%s: ", um_status_name(s));

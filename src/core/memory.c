@@ -57,7 +57,7 @@ static um_status alloc_after_reclaim(um_context *ctx, int dev, size_t size,
          * call's last. */
         atomic_fetch_add_explicit(&ctx->devices[dev].ooms_retried, 1, memory_order_release);
         st = a->ops->alloc(a, size, ref, ptr);
-        if (st != UM_ERR_NOMEM) {
+        if (st != UM_ERR_NOMEM || um__host_nomem_take()) {
             (void)reclaim(ctx, dev, 0, st == UM_OK);
             return st;
         }
@@ -116,6 +116,7 @@ static __attribute__((noinline)) um_status malloc_checked(um_context *ctx, int d
     /* Blocks whose frees waited for other streams go back first, so that
      * their memory is reused before the pool grows. */
     um__uses_collect(ctx, dev, false);
+    (void)um__host_nomem_take();
     um_status st = d->alloc->ops->alloc(d->alloc, size, ref, ptr);
     if (UM_UNLIKELY(st == UM_ERR_NOMEM) &&
         atomic_load_explicit(&d->deferred, memory_order_acquire)) {
@@ -123,7 +124,9 @@ static __attribute__((noinline)) um_status malloc_checked(um_context *ctx, int d
         atomic_fetch_add_explicit(&d->ooms_retried, 1, memory_order_release);
         st = d->alloc->ops->alloc(d->alloc, size, ref, ptr);
     }
-    if (UM_UNLIKELY(st == UM_ERR_NOMEM))
+    /* Out of host memory for the allocator's own records, evicting from
+     * the device would only drop its replicas, every one, for nothing. */
+    if (UM_UNLIKELY(st == UM_ERR_NOMEM) && !um__host_nomem_take())
         st = alloc_after_reclaim(ctx, dev, size, ref, ptr);
     if (st == UM_OK)
         um__uses_given(ctx, dev, *ptr);

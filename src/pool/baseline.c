@@ -456,9 +456,11 @@ static um_status bl_map_new(baseline *bl, size_t nominal, size_t phys, bl_block 
 {
     um__backend *be = bl->base.backend;
     bl_block *b = calloc(1, sizeof *b);
-    if (!b)
+    if (!b) {
+        um__note_host_nomem();
         return um__fail(UM_ERR_NOMEM, "device %d (%s): cannot allocate a block record",
                         bl->base.dev, bl->base.ops->name);
+    }
     b->nominal = nominal;
     b->phys = phys;
     um_status s = um__be_reserve(be, phys, &b->va);

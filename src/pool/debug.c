@@ -89,6 +89,7 @@ static um_status d_alloc(um__allocator *a, size_t size, const um__stream_ref *s,
     if (!ok) {
         SHADOW_UNPOISON(p + size, UM_DEBUG_GUARD);
         (void)d->inner->ops->free(d->inner, p, s);
+        um__note_host_nomem();
         return um__fail(UM_ERR_NOMEM, "device %d: no memory for the debug allocator's table",
                         a->dev);
     }

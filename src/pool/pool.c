@@ -1494,6 +1494,7 @@ static um_status slab_create(um__pool *p, unsigned cls, um__slab **out)
         (void)slab_map_set(p, NULL, b->fi.addr, bytes);
         pin_range(p, b->fi.addr, b->fi.size, -1);
         make_ready(p, b);
+        um__note_host_nomem();
         return um__fail(UM_ERR_NOMEM, "%s: out of host memory for slab records", dev_name(p));
     }
     s->base = b->fi.addr;
@@ -1568,6 +1569,7 @@ static um_status take_ready(um__pool *p, um__block *b, uintptr_t addr, size_t si
     if ((front && !(mid = block_new(p))) || (back && !(rest = block_new(p)))) {
         if (mid)
             block_put(p, mid);
+        um__note_host_nomem();
         return UM_ERR_NOMEM;
     }
     /* Mapping may wait for old fences, which returns their slots; a slab
@@ -2146,6 +2148,7 @@ static um_status nomem_stream_state(um__pool *p, size_t size, uint32_t stream)
 {
     char req[32];
     p->ooms++;
+    um__note_host_nomem();
     return um__fail(UM_ERR_NOMEM,
                     "device %d (%s): cannot allocate %s: no host memory for the pool's record "
                     "of stream %u",
