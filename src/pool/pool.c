@@ -607,7 +607,7 @@ static um__tcache *own_cache(um__pool *p);
 static void release_spare_slabs(um__pool *p);
 static void flush_caches_locked(um__pool *p);
 static void defer_flush(um__pool *p);
-static bool tcache_drain_others(um__pool *p, bool bins);
+static bool tcache_drain_others(um__pool *p, bool bins, bool every);
 static void tcache_flush_locked(um__pool *p, um__tcache *tc);
 static void plan_stop(um__pool *p);
 
@@ -628,7 +628,7 @@ static void enforce_cache_limit_slow(um__pool *p)
         um__tcache *tc = own_cache(p);
         if (tc)
             tcache_flush_locked(p, tc);
-        tcache_drain_others(p, false);
+        tcache_drain_others(p, false, false);
         defer_flush(p);
         poll_all(p, false);
         release_spare_slabs(p);
@@ -1793,7 +1793,7 @@ static um_status take_range(um__pool *p, size_t size, size_t align, uint32_t sid
         if (attempt == 3) {
             /* Not this thread's own bins: a refill of one may be what
              * called. */
-            tcache_drain_others(p, true);
+            tcache_drain_others(p, true, false);
             poll_all(p, true);
             release_spare_slabs(p);
         }
@@ -1912,14 +1912,18 @@ static bool membarrier_ready(void)
  * and, with `bins`, the slots they keep in their bins (locked), so that
  * memory short at the limit or a trim is not held by a thread that freed
  * it and went idle (found by the stress test: an allocation failed at the
- * limit with nothing live). One barrier serves every cache. False when
- * some cache could not be taken (no membarrier): it keeps what it holds. */
-static bool tcache_drain_others(um__pool *p, bool bins)
+ * limit with nothing live). One barrier serves every cache. With `every`,
+ * caches that hold nothing yet are waited for too, so that a free into
+ * one that is under way is over before this returns (see bounce_put).
+ * False when some cache could not be taken (no membarrier): it keeps what
+ * it holds. */
+static bool tcache_drain_others(um__pool *p, bool bins, bool every)
 {
     um__tcache *own = own_cache(p);
     bool any = false;
     for (um__tcache *tc = p->tcaches; tc; tc = tc->next)
-        if (tc != own && ((bins && atomic_load_explicit(&tc->has_slots, memory_order_relaxed)) ||
+        if (tc != own && (every ||
+                          (bins && atomic_load_explicit(&tc->has_slots, memory_order_relaxed)) ||
                           atomic_load_explicit(&tc->held, memory_order_relaxed))) {
             atomic_store_explicit(&tc->drain, 1, memory_order_relaxed);
             any = true;
@@ -2543,9 +2547,17 @@ static bool bounce_put(um__pool *p, um__tcache *tc, uintptr_t addr, const um__st
         return false;
     /* tc_owner still names this cache, so no other thread has freed the
      * block, and none can now without freeing it twice at once (a race in
-     * the program, which the locked path reports when the two are ordered). */
+     * the program, which the locked path reports when the two are ordered).
+     * A cache limit set since the check above is seen here: setting one
+     * takes every cache through the handover (its barrier orders the limit
+     * before this load, or it waits for this window to close and then
+     * takes the block back). A block held past a new limit stayed cached. */
     if (!tc_enter(tc))
         return false;
+    if (atomic_load_explicit(&p->cache_capped, memory_order_relaxed)) {
+        tc_leave(tc);
+        return false;
+    }
     atomic_store_explicit(&tc->out, NULL, memory_order_relaxed);
     atomic_store_explicit(&b->tc_owner, NULL, memory_order_relaxed);
     b->stream = sid;
@@ -3104,7 +3116,7 @@ static void flush_caches_locked(um__pool *p)
     um__tcache *tc = own_cache(p);
     if (tc)
         tcache_flush_locked(p, tc);
-    tcache_drain_others(p, true);
+    tcache_drain_others(p, true, false);
     defer_flush(p);
 }
 
@@ -3181,6 +3193,11 @@ static um_status pool_set_cache_limit(um__allocator *a, size_t bytes)
     um__lock_acquire(&p->lock);
     p->base.cache_limit = bytes;
     atomic_store_explicit(&p->cache_capped, bytes != UM_NO_CACHE_LIMIT, memory_order_relaxed);
+    /* A free into another thread's bounce cache that read no cap a moment
+     * ago is over, or refused, once every cache has been through the
+     * handover (bounce_put). */
+    if (bytes != UM_NO_CACHE_LIMIT)
+        tcache_drain_others(p, false, true);
     /* Cached slots and held blocks count as cached memory too. */
     enforce_cache_limit(p);
     um_status s = bytes == UM_NO_CACHE_LIMIT ? UM_OK : release_holes(p, bytes);
@@ -3205,7 +3222,7 @@ static um_status pool_stream_forget(um__allocator *a, const um__stream_ref *s)
      * stream, unfenced: once the id names a new stream they would hand it
      * to that stream while the old one's work may still use it. Taken
      * back, it is fenced on this stream and waited for below. */
-    bool taken = tcache_drain_others(p, true);
+    bool taken = tcache_drain_others(p, true, false);
     defer_flush(p);
     /* Planned blocks are ordered by the plan's stream: a plan cannot
      * outlive it (and its id may go to a new stream). */
