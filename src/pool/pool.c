@@ -1144,7 +1144,7 @@ static bool wait_old_fences(um__pool *p, uint64_t min_age_ns)
 
 /* Polls (or, when wait, waits for) every busy stream. Waiting, fails
  * where a stream's frees could not be waited for, nor the stream itself
- * (naming the first and why): what they cover stays reserved. */
+ * (saying why for the first): what they cover stays reserved. */
 static um_status poll_all(um__pool *p, bool wait)
 {
     bool idle = true;
