@@ -40,7 +40,9 @@ struct um__xfer {
      * from[d]: [d][0]), across a timed copy's start event, copy and end
      * event: with other threads' work queued in between, a copy's timed
      * window spanned their copies too (four threads' 4 MiB prefetches on a
-     * 50 MB/s sim link counted up to 930 ms busy where the link ran 320). */
+     * 50 MB/s sim link counted up to 930 ms busy where the link ran 320).
+     * Where a stream could not be made and both fall back to the device's
+     * default stream, two locks guard it: only busy times suffer. */
     pthread_mutex_t order[UM_MAX_DEVICES][2];
     link_counters *links;         /* ndev x ndev, from-major */
     double *lat_ns, *ns_per_byte; /* the route cost model, ndev x ndev */
