@@ -56,6 +56,7 @@ static um_status alloc_after_reclaim(um_context *ctx, int dev, size_t size,
          * one task's three tiles). The failure before it was not the
          * call's last. */
         atomic_fetch_add_explicit(&ctx->devices[dev].ooms_retried, 1, memory_order_release);
+        (void)um__host_nomem_take(); /* not left by the eviction's own allocations */
         st = a->ops->alloc(a, size, ref, ptr);
         if (st != UM_ERR_NOMEM || um__host_nomem_take()) {
             (void)reclaim(ctx, dev, 0, st == UM_OK);
@@ -122,6 +123,7 @@ static __attribute__((noinline)) um_status malloc_checked(um_context *ctx, int d
         atomic_load_explicit(&d->deferred, memory_order_acquire)) {
         um__uses_collect(ctx, dev, true);
         atomic_fetch_add_explicit(&d->ooms_retried, 1, memory_order_release);
+        (void)um__host_nomem_take(); /* the retry's own cause counts */
         st = d->alloc->ops->alloc(d->alloc, size, ref, ptr);
     }
     /* Out of host memory for the allocator's own records, evicting from
@@ -136,10 +138,11 @@ static __attribute__((noinline)) um_status malloc_checked(um_context *ctx, int d
 /* um_malloc's and um_free's common calls (valid arguments and, for
  * um_malloc, no buffer layer that could evict for a retry, and no free
  * waiting for other streams; for um_free, no block of the device marked by
- * um_record_stream) end in a tail call to the allocator, so they need no
- * frame of their own. While a trace is recorded, the allocator's
- * operations record (pool/record.c), so these calls test for no recorder.
- * Every other call takes the checked path, which says what is wrong. */
+ * um_record_stream) go straight to the allocator; um_free's ends in a tail
+ * call, so it needs no frame of its own. While a trace is recorded, the
+ * allocator's operations record (pool/record.c), so these calls test for
+ * no recorder. Every other call takes the checked path, which says what
+ * is wrong. */
 um_status um_malloc(um_context *ctx, int dev, size_t size, um_stream s, void **ptr)
 {
     if (UM_LIKELY(ctx != NULL && ptr != NULL && size != 0) &&
@@ -149,8 +152,17 @@ um_status um_malloc(um_context *ctx, int dev, size_t size, um_stream s, void **p
         if (UM_LIKELY(!s || stream_on(ctx, s, dev)) &&
             UM_LIKELY(!atomic_load_explicit(&d->deferred, memory_order_relaxed))) {
             *ptr = NULL;
-            return d->alloc->ops->alloc(d->alloc, size, s ? &s->ref : &d->default_stream->ref,
-                                        ptr);
+            um_status st = d->alloc->ops->alloc(
+                d->alloc, size, s ? &s->ref : &d->default_stream->ref, ptr);
+            /* A marked block's free may have been deferred and handed back
+             * since the check above, and the allocator may have given this
+             * call its address: the hand-back must end first, as on the
+             * checked path (um__uses_given; an audit found the fast path
+             * returning such a block, whose free was then refused). */
+            if (UM_UNLIKELY(atomic_load_explicit(&d->deferred, memory_order_acquire)) &&
+                st == UM_OK)
+                um__uses_given(ctx, dev, *ptr);
+            return st;
         }
     }
     return malloc_checked(ctx, dev, size, s, ptr);
