@@ -250,7 +250,7 @@ static void test_event_time(void)
     /* e[0] completed before the anchor the first call records. */
     for (int i = 0; i < 2; i++) {
         CHECK_OK(um__be_event_time(b, e[i], &at[i]));
-        CHECK(at[i] + 200000 >= before[i] && at[i] <= after[i] + 200000);
+        CHECK(at[i] + 2000000 >= before[i] && at[i] <= after[i] + 2000000); /* a busy host */
     }
     CHECK(at[1] - at[0] > 19 * 1000000ull);
     fail("cuEventElapsedTime", 1, 999 /* CUDA_ERROR_UNKNOWN */);
