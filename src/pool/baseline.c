@@ -602,6 +602,7 @@ static um_status bl_grow(baseline *bl, size_t size, size_t nominal, size_t phys,
          * its capacity): give the whole cache back and try once more. */
         while (bl->cached_blocks)
             bl_evict_oldest(bl);
+        (void)um__host_nomem_take(); /* the retry's own cause counts */
         s = bl_map_new(bl, nominal, phys, out);
     }
     if (s == UM_ERR_NOMEM) {

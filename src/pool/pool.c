@@ -1819,6 +1819,10 @@ static um_status take_range(um__pool *p, size_t size, size_t align, uint32_t sid
             continue;
         if (!pages_fit(p, at, size, need))
             continue;
+        /* Only the last try's cause counts (memory.c reads it): a record
+         * the host had no memory for on an earlier try must not stop
+         * reclaim after this one fails for device memory. */
+        (void)um__host_nomem_take();
         last = take_ready(p, b, at, size, attempt >= 2, out);
         if (last == UM_OK)
             return UM_OK;
@@ -1828,8 +1832,11 @@ static um_status take_range(um__pool *p, size_t size, size_t align, uint32_t sid
     if (last == UM_ERR_NOMEM) {
         uintptr_t at = 0;
         um__block *b = any_fit(p, size, align, sid, &at);
-        if (b && (last = take_ready(p, b, at, size, true, out)) == UM_OK)
-            return UM_OK;
+        if (b) {
+            (void)um__host_nomem_take();
+            if ((last = take_ready(p, b, at, size, true, out)) == UM_OK)
+                return UM_OK;
+        }
     }
     /* The arena's free space serves only the plan: short of memory, the
      * plan gives way (once: the arena is gone after this). */
@@ -2259,6 +2266,7 @@ static __attribute__((noinline)) um_status small_alloc_locked(um__pool *p, unsig
          * block then takes the large path, which frees find by its address
          * as any large one. */
         um__lock_release(&p->lock);
+        (void)um__host_nomem_take(); /* the large path's own cause counts */
         return large_alloc_locked(p, size, um__align_up(size, UM_ALIGN), s, tc, ptr);
     } else {
         st = ss ? fail_locked(p, st, size) : nomem_stream_state(p, size, s->id);
