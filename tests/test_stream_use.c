@@ -944,11 +944,9 @@ static void *fast_alloc_main(void *arg)
     return NULL;
 }
 
-static void test_fast_allocation_during_give_back(void)
+static void test_fast_allocation_during_give_back(const char *conf)
 {
-    /* No cache: the freed block goes back to the pool, where the
-     * allocation finds it. */
-    um_context *ctx = init_ctx("devices=sim:64M,cache_limit=0");
+    um_context *ctx = init_ctx(conf);
     um_stream b = NULL;
     CHECK_OK(um_stream_create(ctx, 1, &b));
     CHECK_OK(um_malloc(ctx, 1, MB, NULL, &fast.p));
@@ -970,7 +968,7 @@ static void test_fast_allocation_during_give_back(void)
     a->ops = fast.real;
     CHECK_OK(f.alloc);
     if (f.got != fast.p)
-        printf("test_stream_use: the allocation got another address: not checked\n");
+        printf("test_stream_use: %s: the allocation got another address: not checked\n", conf);
     CHECK_OK(f.mark);
     CHECK_OK(f.free);
     CHECK_OK(um_stream_destroy(ctx, b));
@@ -1324,7 +1322,10 @@ int main(void)
     test_limit_waits_for_give_back();
     test_double_free_during_give_back();
     test_new_block_during_give_back();
-    test_fast_allocation_during_give_back();
+    /* No cache: the freed block goes back to the pool, where the
+     * allocation finds it; the buffer cache finds it in its cache. */
+    test_fast_allocation_during_give_back("devices=sim:64M,cache_limit=0");
+    test_fast_allocation_during_give_back("devices=sim:64M,allocator=bufcache");
     test_destroy_fails_keeps_marks();
     test_destroy_fence_wait_fails();
     test_baseline_allocators();

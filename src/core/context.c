@@ -899,6 +899,13 @@ static um_status create_backends(um_context *ctx, const device_spec *specs, int 
     return UM_OK;
 }
 
+/* The allocators' wait before an address is used again: while a
+ * marked block's free at that address is being handed back. */
+static void reuse_wait(void *ctx, int dev, const void *ptr)
+{
+    um__uses_given(ctx, dev, ptr);
+}
+
 static um_status create_allocators(um_context *ctx)
 {
     const um__options *o = &ctx->opts;
@@ -920,6 +927,8 @@ static um_status create_allocators(um_context *ctx)
             .no_medium = !o->medium_slabs,
             .large_page = o->large_page,
             .events = ctx->events,
+            .reuse_wait = reuse_wait,
+            .reuse_arg = ctx,
         };
         um_status st;
         int kind = o->allocator;

@@ -130,16 +130,14 @@ static __attribute__((noinline)) um_status malloc_checked(um_context *ctx, int d
      * the device would only drop its replicas, every one, for nothing. */
     if (UM_UNLIKELY(st == UM_ERR_NOMEM) && !um__host_nomem_take())
         st = alloc_after_reclaim(ctx, dev, size, ref, ptr);
-    if (st == UM_OK)
-        um__uses_given(ctx, dev, *ptr);
     return st;
 }
 
 /* um_malloc's and um_free's common calls (valid arguments and, for
  * um_malloc, no buffer layer that could evict for a retry, and no free
  * waiting for other streams; for um_free, no block of the device marked by
- * um_record_stream) go straight to the allocator; um_free's ends in a tail
- * call, so it needs no frame of its own. While a trace is recorded, the
+ * um_record_stream) go straight to the allocator, each in a tail call, so
+ * that they need no frame of their own. While a trace is recorded, the
  * allocator's operations record (pool/record.c), so these calls test for
  * no recorder. Every other call takes the checked path, which says what
  * is wrong. */
@@ -152,17 +150,12 @@ um_status um_malloc(um_context *ctx, int dev, size_t size, um_stream s, void **p
         if (UM_LIKELY(!s || stream_on(ctx, s, dev)) &&
             UM_LIKELY(!atomic_load_explicit(&d->deferred, memory_order_relaxed))) {
             *ptr = NULL;
-            um_status st = d->alloc->ops->alloc(
-                d->alloc, size, s ? &s->ref : &d->default_stream->ref, ptr);
-            /* A marked block's free may have been deferred and handed back
-             * since the check above, and the allocator may have given this
-             * call its address: the hand-back must end first, as on the
-             * checked path (um__uses_given; an audit found the fast path
-             * returning such a block, whose free was then refused). */
-            if (UM_UNLIKELY(atomic_load_explicit(&d->deferred, memory_order_acquire)) &&
-                st == UM_OK)
-                um__uses_given(ctx, dev, *ptr);
-            return st;
+            /* A marked block's free may be deferred and handed back after
+             * the check above; an allocation the allocator gives its
+             * address then waits inside the allocator for the hand-back's
+             * end (um__allocator's reuse_wait), so this stays a tail call. */
+            return d->alloc->ops->alloc(d->alloc, size, s ? &s->ref : &d->default_stream->ref,
+                                        ptr);
         }
     }
     return malloc_checked(ctx, dev, size, s, ptr);

@@ -659,6 +659,8 @@ static um_status bl_alloc(um__allocator *a, size_t size, const um__stream_ref *s
     bl->num_allocs++;
     bl_peaks(bl);
     pthread_mutex_unlock(&bl->lock);
+    /* No cache of its own per thread: any block may be another thread's. */
+    um__allocator_reuse_wait(a, (void *)b->va);
     *ptr = (void *)b->va;
     return UM_OK;
 }
@@ -1123,6 +1125,8 @@ static um_status bl_create(const um__allocator_ops *ops, bool caching, um__backe
     bl->base.dev = c->dev;
     bl->base.memory_limit = c->memory_limit ? c->memory_limit : b->capacity;
     bl->base.cache_limit = c->cache_limit;
+    bl->base.reuse_wait = c->reuse_wait;
+    bl->base.reuse_arg = c->reuse_arg;
     bl->caching = caching;
     bl->events = c->events;
     bl->gran = b->granularity;

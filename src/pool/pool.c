@@ -2272,6 +2272,10 @@ static __attribute__((noinline)) um_status small_alloc_locked(um__pool *p, unsig
         st = ss ? fail_locked(p, st, size) : nomem_stream_state(p, size, s->id);
     }
     um__lock_release(&p->lock);
+    /* The slot may come from another thread's free (the stream's pending
+     * slots, a slab's free list). */
+    if (st == UM_OK)
+        um__allocator_reuse_wait(&p->base, *ptr);
     return st;
 }
 
@@ -2808,6 +2812,8 @@ static __attribute__((noinline)) um_status large_alloc_locked(um__pool *p, size_
     }
     sync_medium_slabs(p);
     um__lock_release(&p->lock);
+    if (st == UM_OK)
+        um__allocator_reuse_wait(&p->base, *ptr);
     return st;
 }
 
@@ -4049,6 +4055,8 @@ um_status um__pool_create(um__backend *b, const um__pool_config *c, um__allocato
     p->base.ops = &pool_ops;
     p->base.backend = b;
     p->base.dev = c->dev;
+    p->base.reuse_wait = c->reuse_wait;
+    p->base.reuse_arg = c->reuse_arg;
     p->events = c->events;
     p->capacity = b->capacity;
     p->base.memory_limit = c->memory_limit ? c->memory_limit : b->capacity;
