@@ -901,9 +901,9 @@ static um_status create_backends(um_context *ctx, const device_spec *specs, int 
 
 /* The allocators' wait before an address is used again: while a
  * marked block's free at that address is being handed back. */
-static void reuse_wait(void *ctx, int dev, const void *ptr)
+static void reuse_wait(void *ctx, int dev, void *const *ptrs, size_t n)
 {
-    um__uses_given(ctx, dev, ptr);
+    um__uses_given(ctx, dev, ptrs, n);
 }
 
 static um_status create_allocators(um_context *ctx)

@@ -116,11 +116,12 @@ um_status um__uses_free(um_context *ctx, int dev, void *ptr, um_stream s, bool *
 /* Gives the deferred blocks of dev whose streams are done back to the
  * allocator: those that are done now, or every one (waiting) when wait. */
 void um__uses_collect(um_context *ctx, int dev, bool wait);
-/* An allocation on dev got ptr: returns once no give-back of an old block
- * at that address is in progress, so that a call on ptr that finds its old
- * use is a call on the freed block (a second free, refused). The
- * allocators call it (their reuse_wait, set by the context). */
-void um__uses_given(um_context *ctx, int dev, const void *ptr);
+/* An allocator on dev is about to hand out the n addresses ptrs: returns
+ * once no give-back of an old block at any of them is in progress, so
+ * that a call on one that finds its old use is a call on the freed block
+ * (a second free, refused). The allocators call it (their reuse_wait, set
+ * by the context). */
+void um__uses_given(um_context *ctx, int dev, void *const *ptrs, size_t n);
 /* Stream s is about to be destroyed, in two steps. Drain, before the
  * allocators forget s: the deferred frees that need s are done and given
  * back, those other threads are giving back too; the marks stay. Destroy:

@@ -114,14 +114,15 @@ static use *use_of_locked(um__stream_uses *u, const void *ptr)
     return (use *)(uintptr_t)found;
 }
 
-void um__uses_given(um_context *ctx, int dev, const void *ptr)
+void um__uses_given(um_context *ctx, int dev, void *const *ptrs, size_t n)
 {
     um__stream_uses *u = uses_of(ctx, dev, false);
     if (!u || !atomic_load_explicit(&ctx->devices[dev].deferred, memory_order_acquire))
         return;
     um__vt_mutex_lock(&u->lock);
-    for (use *x; (x = use_of_locked(u, ptr)) && x->giving;)
-        um__cond_wait(&u->gave, &u->lock);
+    for (size_t i = 0; i < n; i++)
+        for (use *x; (x = use_of_locked(u, ptrs[i])) && x->giving;)
+            um__cond_wait(&u->gave, &u->lock);
     um__vt_mutex_unlock(&u->lock);
 }
 

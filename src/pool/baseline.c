@@ -660,8 +660,8 @@ static um_status bl_alloc(um__allocator *a, size_t size, const um__stream_ref *s
     bl_peaks(bl);
     pthread_mutex_unlock(&bl->lock);
     /* No cache of its own per thread: any block may be another thread's. */
-    um__allocator_reuse_wait(a, (void *)b->va);
     *ptr = (void *)b->va;
+    um__allocator_reuse_wait(a, ptr, 1);
     return UM_OK;
 }
 

@@ -2206,6 +2206,13 @@ static __attribute__((noinline)) um_status small_alloc_locked(um__pool *p, unsig
     um_status st = ss ? UM_OK : UM_ERR_NOMEM;
     void *x = NULL;
     um__slot_word *w = NULL;
+    /* The slots this call takes from memory shared between threads (the
+     * stream's pending slots, slabs' free slots): the one it returns and
+     * those it puts in the thread's bin, whose later allocations take
+     * them without the lock. Copied: once the lock is let go, a drain may
+     * take the bin back. */
+    void *taken[UM_TC_MAX];
+    uint32_t ntaken = 0;
     if (st == UM_OK && tc) {
         um__tc_bin *bin = &tc->bins[cls];
         if (bin->n)
@@ -2232,8 +2239,11 @@ static __attribute__((noinline)) um_status small_alloc_locked(um__pool *p, unsig
                     break;
                 bin->n++;
             }
-            for (uint32_t i = 0; i < bin->n; i++)
+            for (uint32_t i = 0; i < bin->n; i++) {
                 bin->words[i] = slot_word_of(p, bin->items[i]);
+                taken[i] = bin->items[i];
+            }
+            ntaken = bin->n;
             if (bin->n)
                 st = UM_OK;
         }
@@ -2246,8 +2256,10 @@ static __attribute__((noinline)) um_status small_alloc_locked(um__pool *p, unsig
         }
     } else if (st == UM_OK) {
         st = small_take(p, cls, ss, &x);
-        if (st == UM_OK)
+        if (st == UM_OK) {
             w = slot_word_of(p, x);
+            taken[ntaken++] = x;
+        }
     }
     if (st == UM_OK) {
         if (!tc)
@@ -2272,10 +2284,8 @@ static __attribute__((noinline)) um_status small_alloc_locked(um__pool *p, unsig
         st = ss ? fail_locked(p, st, size) : nomem_stream_state(p, size, s->id);
     }
     um__lock_release(&p->lock);
-    /* The slot may come from another thread's free (the stream's pending
-     * slots, a slab's free list). */
     if (st == UM_OK)
-        um__allocator_reuse_wait(&p->base, *ptr);
+        um__allocator_reuse_wait(&p->base, taken, ntaken);
     return st;
 }
 
@@ -2813,7 +2823,7 @@ static __attribute__((noinline)) um_status large_alloc_locked(um__pool *p, size_
     sync_medium_slabs(p);
     um__lock_release(&p->lock);
     if (st == UM_OK)
-        um__allocator_reuse_wait(&p->base, *ptr);
+        um__allocator_reuse_wait(&p->base, ptr, 1);
     return st;
 }
 

@@ -57,7 +57,7 @@ typedef struct um__pool_config {
     struct um__events *events; /* trace_file's recorder: reserved memory goes there; or NULL */
     /* The layer above's wait before an address is used again (see
      * um__allocator's reuse_wait); NULL: none. */
-    void (*reuse_wait)(void *arg, int dev, const void *ptr);
+    void (*reuse_wait)(void *arg, int dev, void *const *ptrs, size_t n);
     void *reuse_arg;
 } um__pool_config;
 
@@ -113,25 +113,25 @@ struct um__allocator {
      * to owns(); range_size 0: ask owns(). */
     uintptr_t range_lo;
     size_t range_size;
-    /* Called by alloc, outside the allocator's locks, with the address it
-     * is about to return, whenever the block may have been freed by
-     * another thread: taken from memory shared between threads rather
-     * than from the calling thread's own cache. The layer above waits
-     * there while that address's old block is still being handed back
-     * (core/stream_use.c). A thread's own cache needs no call: a block
-     * reaches it only by that thread's free, and a thread handing a block
-     * back allocates nothing before the hand-back ends. So um_malloc's
-     * fast path, served from the thread's cache, stays a tail call.
-     * Copied from the config; NULL: none. */
-    void (*reuse_wait)(void *arg, int dev, const void *ptr);
+    /* Called by alloc, outside the allocator's locks, with the addresses
+     * of blocks that may have been freed by another thread: taken from
+     * memory shared between threads into the calling thread's hands (the
+     * block it returns, and the slots a refill puts in its own cache). The
+     * layer above waits there while the old block at such an address is
+     * still being handed back (core/stream_use.c). What a thread's own
+     * cache got from that thread's own free needs no call: a thread
+     * handing a block back allocates nothing before the hand-back ends.
+     * So um_malloc's fast path, served from the thread's cache, stays a
+     * tail call. Copied from the config; NULL: none. */
+    void (*reuse_wait)(void *arg, int dev, void *const *ptrs, size_t n);
     void *reuse_arg;
 };
 
-/* An allocator's call of its reuse_wait for the block at ptr. */
-static inline void um__allocator_reuse_wait(const um__allocator *a, const void *ptr)
+/* An allocator's call of its reuse_wait for the n blocks at ptrs. */
+static inline void um__allocator_reuse_wait(const um__allocator *a, void *const *ptrs, size_t n)
 {
     if (a->reuse_wait)
-        a->reuse_wait(a->reuse_arg, a->dev, ptr);
+        a->reuse_wait(a->reuse_arg, a->dev, ptrs, n);
 }
 
 um_status um__pool_create(um__backend *b, const um__pool_config *c, um__allocator **out);
