@@ -33,6 +33,13 @@ void um__clear_error(void);
  * take, and clears it. */
 void um__note_host_nomem(void);
 bool um__host_nomem_take(void);
+/* An allocator's free returned an error although it took the block (the
+ * debug allocator's report of overwritten guard bytes): noted per thread,
+ * so that the caller, which must not free the block again, learns it at
+ * once. Asking the allocator afterwards would race with another thread's
+ * allocation of the same address. */
+void um__note_free_took(void);
+bool um__free_took_take(void);
 
 typedef enum um_log_level {
     UM_LOG_ERROR = 0,

@@ -35,16 +35,21 @@ const char *um_last_error(void) { return last_error; }
 
 void um__clear_error(void) { last_error[0] = '\0'; }
 
-static _Thread_local bool host_nomem;
+/* This thread's notes (base.h), one bit each. */
+enum { NOTE_HOST_NOMEM = 1, NOTE_FREE_TOOK = 2 };
+static _Thread_local unsigned notes;
 
-void um__note_host_nomem(void) { host_nomem = true; }
-
-bool um__host_nomem_take(void)
+static bool note_take(unsigned which)
 {
-    bool was = host_nomem;
-    host_nomem = false;
+    bool was = notes & which;
+    notes &= ~which;
     return was;
 }
+
+void um__note_host_nomem(void) { notes |= NOTE_HOST_NOMEM; }
+bool um__host_nomem_take(void) { return note_take(NOTE_HOST_NOMEM); }
+void um__note_free_took(void) { notes |= NOTE_FREE_TOOK; }
+bool um__free_took_take(void) { return note_take(NOTE_FREE_TOOK); }
 
 um_status um__fail(um_status s, const char *fmt, ...)
 {

@@ -323,16 +323,20 @@ static um_status give_back(um_context *ctx, int dev, use *x)
     const um__stream_ref *ref = s ? &s->ref : NULL;
     if (s && s->dev != dev)
         ref = um__stream_host_ref(ctx, s); /* made when the free was checked */
+    (void)um__free_took_take();
     um_status st = a->ops->free(a, x->ptr, ref);
     if (st == UM_OK)
         return UM_OK;
-    /* A free that failed half way may have taken the block anyway (direct
-     * keeps what it could not release and retries that itself): then it
-     * must not be freed again. block_live leaves the error as it is when it
-     * answers UM_OK. */
+    /* A free that failed may have taken the block anyway (the debug
+     * allocator's report of overwritten guard bytes): then it must not be
+     * freed again. The free says so itself. Asking block_live here took a
+     * new block that another thread's allocation had got at the same
+     * address for the old one still live: the use was put back, the new
+     * block's mark and free were refused, and the retry freed it under its
+     * owner (found by an audit). */
     char why[512];
     snprintf(why, sizeof why, "%s", um_last_error());
-    if (a->ops->block_live && a->ops->block_live(a, x->ptr) != UM_OK) {
+    if (um__free_took_take()) {
         um__log(UM_LOG_WARN,
                 "device %d: a free that waited for recorded streams failed, but the allocator "
                 "took %p: %s",

@@ -148,11 +148,13 @@ static um_status d_free(um__allocator *a, void *ptr, const um__stream_ref *s)
         pthread_mutex_unlock(&d->lock);
     }
     free(saved);
-    if (st == UM_OK && bad)
+    if (st == UM_OK && bad) {
+        um__note_free_took();
         return um__fail(UM_ERR_INTERNAL,
                         "device %d (%s): %zu of the %d guard bytes after the %zu-byte block at "
                         "%p were overwritten: something wrote past its end (the block is freed)",
                         a->dev, a->backend->name, bad, UM_DEBUG_GUARD, size, ptr);
+    }
     return st;
 }
 

@@ -68,7 +68,8 @@ typedef struct um__allocator_ops {
     um_status (*alloc)(um__allocator *a, size_t size, const um__stream_ref *s, void **ptr);
     /* s NULL: the block's allocation stream. Errors: UM_ERR_DOUBLE_FREE,
      * UM_ERR_INVALID_POINTER (for a pointer owns() accepted but that is not
-     * the start of a block). */
+     * the start of a block). After an error the block is still live,
+     * unless the free says that it took the block (um__note_free_took). */
     um_status (*free)(um__allocator *a, void *ptr, const um__stream_ref *s);
     /* True when ptr lies in memory this allocator manages; reads no device
      * memory. */
