@@ -3,6 +3,7 @@
  * poisoned (filled, and in ASan builds marked in ASan's shadow), live
  * blocks are not, and the statistics count what callers asked. Other
  * builds skip it, saying so. */
+#include "core/core.h"
 #include "harness.h"
 #include "pool/pool.h"
 
@@ -77,6 +78,110 @@ static void test_guard_bytes(const char *devices)
     CHECK_OK(um_free(ctx, q, NULL));
     CHECK_STATUS(um_free(ctx, q, NULL), UM_ERR_DOUBLE_FREE);
     um_shutdown(ctx);
+}
+
+/* A marked block (um_record_stream) written one byte past its end,
+ * freed while its stream still works and handed back later: the debug
+ * free reports the write and takes the block, and says so
+ * (um__note_free_took), so the give-back neither keeps the free waiting
+ * to be retried (each retry a double free) nor frees the address again
+ * once it is reused. Every allocator, a slab's slot and a large block. */
+static void test_guard_bytes_of_a_marked_block(void)
+{
+    static const char *const confs[] = {"devices=sim:64M,log_level=error",
+                                        "devices=sim:64M,thread_cache=0,log_level=error",
+                                        "devices=sim:64M,allocator=bufcache,log_level=error",
+                                        "devices=sim:64M,allocator=direct,log_level=error"};
+    static const size_t sizes[] = {100, 3u << 20};
+    for (size_t c = 0; c < sizeof confs / sizeof confs[0]; c++)
+        for (size_t z = 0; z < 2; z++) {
+            um_context *ctx = NULL;
+            CHECK_OK(um_init(confs[c], &ctx));
+            if (!ctx)
+                continue;
+            um_stream a = NULL, b = NULL;
+            uint8_t *p = NULL;
+            CHECK_OK(um_stream_create(ctx, 1, &a));
+            CHECK_OK(um_stream_create(ctx, 1, &b));
+            CHECK_OK(um_malloc(ctx, 1, sizes[z], a, (void **)&p));
+            CHECK_OK(um_record_stream(ctx, p, b));
+            CHECK_OK(um_sim_stream_work(ctx, 1, b, 1, 0)); /* the free waits */
+#ifdef HAVE_ASAN
+            __asan_unpoison_memory_region(p + sizes[z], 1);
+#endif
+            p[sizes[z]] = 0x42;
+#ifdef HAVE_ASAN
+            __asan_poison_memory_region(p + sizes[z], 1);
+#endif
+            CHECK_OK(um_free(ctx, p, a));
+            CHECK_EQ(ctx->devices[1].deferred, 1);
+            CHECK_OK(um_sim_stream_work(ctx, 1, b, 0, 1));
+            CHECK_OK(um_trim(ctx, 1)); /* the hand-back: the debug free reports */
+            CHECK_EQ(ctx->devices[1].deferred, 0);
+            CHECK_EQ(ctx->devices[1].marked, 0);
+            um_stats st;
+            CHECK_OK(um_stats_get(ctx, 1, &st));
+            CHECK_EQ(st.active_blocks, 0ull);
+            void *q = NULL;
+            CHECK_OK(um_malloc(ctx, 1, sizes[z], a, &q));
+            CHECK_OK(um_record_stream(ctx, q, b));
+            CHECK_OK(um_trim(ctx, 1)); /* no retry of the old free frees q */
+            CHECK_OK(um_stats_get(ctx, 1, &st));
+            CHECK_EQ(st.active_blocks, 1ull);
+            CHECK_OK(um_free(ctx, q, a));
+            CHECK_OK(um_trim(ctx, 1));
+            CHECK_OK(um_stats_get(ctx, 1, &st));
+            CHECK_EQ(st.active_bytes, 0ull);
+            CHECK_OK(um_stream_destroy(ctx, a));
+            CHECK_OK(um_stream_destroy(ctx, b));
+            um_shutdown(ctx);
+        }
+}
+
+/* Counts occurrences of needle in the file at path. */
+static int count_in_file(const char *path, const char *needle)
+{
+    FILE *f = fopen(path, "r");
+    CHECK(f != NULL);
+    if (!f)
+        return -1;
+    static char text[1 << 20];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    int count = 0;
+    for (const char *c = text; (c = strstr(c, needle)); c++)
+        count++;
+    return count;
+}
+
+/* A free that reports overwritten guard bytes has freed the block: a
+ * recorded trace shows the free too (it kept the block live for good). */
+static void test_guard_bytes_recorded(void)
+{
+    char path[] = "/tmp/unimem_test_debug_trace_XXXXXX";
+    if (!harness_temp_file(path))
+        return;
+    char conf[128];
+    snprintf(conf, sizeof conf, "devices=sim:64M,trace_file=%s", path);
+    um_context *ctx = NULL;
+    CHECK_OK(um_init(conf, &ctx));
+    if (!ctx)
+        return;
+    uint8_t *p = NULL;
+    CHECK_OK(um_malloc(ctx, 1, 100, NULL, (void **)&p));
+#ifdef HAVE_ASAN
+    __asan_unpoison_memory_region(p + 100, 1);
+#endif
+    p[100] = 0x42;
+#ifdef HAVE_ASAN
+    __asan_poison_memory_region(p + 100, 1);
+#endif
+    CHECK_STATUS(um_free(ctx, p, NULL), UM_ERR_INTERNAL);
+    um_shutdown(ctx);
+    CHECK_EQ(count_in_file(path, "\"name\":\"alloc\""), 1);
+    CHECK_EQ(count_in_file(path, "\"name\":\"free\""), 1);
+    remove(path);
 }
 
 /* calloc fails at the Nth call of the thread that armed it (0: never);
@@ -185,6 +290,8 @@ int main(void)
 #else
     unsetenv("UNIMEM_CONF");
     test_guard_bytes("sim:64M");
+    test_guard_bytes_of_a_marked_block();
+    test_guard_bytes_recorded();
     test_failed_free_keeps_block();
     test_table_nomem_counted();
     return harness_finish("test_debug");

@@ -117,7 +117,7 @@ static use *use_of_locked(um__stream_uses *u, const void *ptr)
 void um__uses_given(um_context *ctx, int dev, void *const *ptrs, size_t n)
 {
     um__stream_uses *u = uses_of(ctx, dev, false);
-    if (!u || !atomic_load_explicit(&ctx->devices[dev].deferred, memory_order_acquire))
+    if (!n || !u || !atomic_load_explicit(&ctx->devices[dev].deferred, memory_order_acquire))
         return;
     um__vt_mutex_lock(&u->lock);
     for (size_t i = 0; i < n; i++)

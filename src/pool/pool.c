@@ -2792,10 +2792,14 @@ static __attribute__((noinline)) um_status large_alloc_locked(um__pool *p, size_
     bool in_map = false;
     if (!b && ss)
         in_map = (b = defer_take(p, bytes, s->id)) != NULL;
-    if (b)
+    if (b) {
         st = UM_OK;
-    else if (ss)
+    } else if (ss) {
+        /* The block's own try decides whether a shortage was the host's
+         * (not the plan's arena, which may have missed host memory). */
+        (void)um__host_nomem_take();
         st = take_range(p, bytes, UM_ALIGN, s->id, &b);
+    }
     if (st == UM_OK) {
         if (!in_map)
             ptr_map_put(p, b);

@@ -33,6 +33,17 @@ static um_status rec_alloc(um__allocator *a, size_t size, const um__stream_ref *
     return st;
 }
 
+/* Whether a free that failed took the block anyway (the debug
+ * allocator's report of overwritten guard bytes): then the block is gone
+ * from the trace too. The note stays for the caller. */
+static bool free_took(void)
+{
+    if (!um__free_took_take())
+        return false;
+    um__note_free_took();
+    return true;
+}
+
 /* The free's time is taken before the block can be reused, so that it
  * precedes the next allocation at its address whichever thread makes it. */
 static um_status rec_free(um__allocator *a, void *ptr, const um__stream_ref *s)
@@ -40,7 +51,7 @@ static um_status rec_free(um__allocator *a, void *ptr, const um__stream_ref *s)
     const recording_ops *r = R(a);
     uint64_t t = um__events_clock(r->events);
     um_status st = r->inner->free(a, ptr, s);
-    if (UM_LIKELY(st == UM_OK))
+    if (UM_LIKELY(st == UM_OK) || free_took())
         um__event_instant_at(r->events, UM_EVENT_FREE, a->dev, t, 0, (uint64_t)(uintptr_t)ptr);
     return st;
 }
