@@ -87,7 +87,9 @@ typedef struct um__backend_ops {
     um_status (*copy_async)(um__backend *b, void *dst, const void *src, size_t n,
                             um__bstream *s);
     /* Work queued on s after this call waits until e (of any backend of the
-     * same driver) has completed; the host does not wait. */
+     * same driver) has completed; the host does not wait. An event of
+     * another driver (um__be_same_driver false) is waited for by the host
+     * instead, before this returns. */
     um_status (*stream_wait)(um__backend *b, um__bstream *s, um__backend *eb, um__bevent *e);
     /* Sets n bytes at dst (this backend's memory) to value, queued on s. */
     um_status (*memset_async)(um__backend *b, void *dst, int value, size_t n, um__bstream *s);
@@ -140,6 +142,15 @@ struct um__backend {
      * events these are); NULL for a backend of its own. */
     um__backend *wrapped;
 };
+
+/* Whether backends a and b are of the same driver, so that a's streams
+ * can wait for b's events on the device (stream_wait): a fault-injection
+ * wrapper counts as the backend it wraps. */
+static inline bool um__be_same_driver(const um__backend *a, const um__backend *b)
+{
+    const um__backend *ia = a->wrapped ? a->wrapped : a, *ib = b->wrapped ? b->wrapped : b;
+    return ia->ops == ib->ops;
+}
 
 /* Sets the driver-reported fields of a backend that has none. */
 static inline void um__backend_no_driver_info(um__backend *b)

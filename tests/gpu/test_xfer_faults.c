@@ -21,13 +21,24 @@
  *  - the staging allocation at the host memory limit, waiting in reclaim
  *    for a buffer another call holds, does not hold the engine's lock:
  *    other calls into the engine go on meanwhile, and the allocation
- *    succeeds once the buffer is let go.
+ *    succeeds once the buffer is let go;
+ *  - no deadlock between two-hop copies and evictions whose write-back is
+ *    staged (the staging pool's one_copy and the engine's lock, taken in
+ *    opposite orders before): threads copy between the GPUs, fill the
+ *    GPUs past their limits and make staged copies, and a watchdog fails
+ *    the test when none of them gets on for 5 s;
+ *  - a copy to a GPU ordered after another driver's fence (a sim
+ *    device's modelled copy, which the host waits for) does not hold up
+ *    the other copies to that GPU meanwhile.
  * Skips (77) unless UM_TEST_FAKE_CUDA is set and there are two GPUs.
  */
+#include "base/vtime.h"
 #include "buffer/buffer.h"
 #include "harness.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -654,6 +665,204 @@ static void test_alloc_unlocked(void)
     um_shutdown(ctx);
 }
 
+/* ----------------------------------------- two-hop copies and evictions */
+
+static struct {
+    um_context *ctx;
+    _Atomic unsigned long progress[3];
+    _Atomic bool stop;
+} lk;
+
+/* Two-hop prefetches from GPU 1 to GPU 2 (the staging pool's one_copy,
+ * then the engine's streams). */
+static void *hop_main(void *arg)
+{
+    (void)arg;
+    um_buffer *b[4] = {NULL};
+    for (int i = 0; i < 4; i++)
+        CHECK_OK(um_buffer_create(lk.ctx, 1 << 20, NULL, &b[i]));
+    for (unsigned long k = 0; !atomic_load(&lk.stop); k++) {
+        um_buffer *x = b[k % 4];
+        void *p;
+        if (x && um_buffer_acquire(x, 1, UM_ACCESS_WRITE_DISCARD, NULL, &p) == UM_OK)
+            CHECK_OK(um_buffer_release(x, 1, NULL));
+        if (x)
+            (void)um_buffer_prefetch(x, 2);
+        atomic_fetch_add(&lk.progress[0], 1);
+    }
+    for (int i = 0; i < 4; i++)
+        if (b[i])
+            CHECK_OK(um_buffer_destroy(b[i]));
+    return NULL;
+}
+
+/* New dirty replicas on full GPUs: their allocations evict others, whose
+ * write-backs (to the full host's spill file, or to the other GPU) are
+ * staged, under the engine's lock. */
+static void *fill_main(void *arg)
+{
+    (void)arg;
+    enum { N = 24 };
+    um_buffer *b[N] = {NULL};
+    for (unsigned long k = 0; !atomic_load(&lk.stop); k++) {
+        int i = (int)(k % N), dev = 1 + (int)(k & 1);
+        if (b[i])
+            CHECK_OK(um_buffer_destroy(b[i]));
+        b[i] = NULL;
+        if (um_buffer_create(lk.ctx, 1 << 20, NULL, &b[i]) != UM_OK)
+            continue;
+        void *p;
+        if (um_buffer_acquire(b[i], dev, UM_ACCESS_WRITE_DISCARD, NULL, &p) == UM_OK)
+            CHECK_OK(um_buffer_release(b[i], dev, NULL));
+        atomic_fetch_add(&lk.progress[1], 1);
+    }
+    for (int i = 0; i < N; i++)
+        if (b[i])
+            CHECK_OK(um_buffer_destroy(b[i]));
+    return NULL;
+}
+
+/* Staged copies between program memory and a GPU's replica, which keep the
+ * staging pool busy. */
+static void *staged_main(void *arg)
+{
+    (void)arg;
+    size_t n = 4 << 20;
+    char *data = malloc(n);
+    um_buffer *b = NULL;
+    CHECK(data != NULL);
+    CHECK_OK(um_buffer_create(lk.ctx, n, NULL, &b));
+    if (!data || !b) {
+        free(data);
+        return NULL;
+    }
+    memset(data, 7, n);
+    for (; !atomic_load(&lk.stop); atomic_fetch_add(&lk.progress[2], 1)) {
+        void *p;
+        if (um_buffer_acquire(b, 1, UM_ACCESS_WRITE_DISCARD, NULL, &p) == UM_OK)
+            CHECK_OK(um_buffer_release(b, 1, NULL));
+        (void)um_buffer_write(b, 0, data, n);
+        (void)um_buffer_read(b, 0, data, n);
+    }
+    CHECK_OK(um_buffer_destroy(b));
+    free(data);
+    return NULL;
+}
+
+static void test_two_hops_while_evicting(void)
+{
+    char dir[] = "/tmp/unimem_test_xfer_spill_XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    char extra[128];
+    snprintf(extra, sizeof extra, ",peer_copies=0,copy_threads=2,spill_dir=%s", dir);
+    lk.ctx = open_two_gpus(extra);
+    if (!lk.ctx) {
+        rmdir(dir);
+        return;
+    }
+    CHECK_OK(um_set_memory_limit(lk.ctx, 0, 16 << 20));
+    CHECK_OK(um_set_memory_limit(lk.ctx, 1, 12 << 20));
+    CHECK_OK(um_set_memory_limit(lk.ctx, 2, 12 << 20));
+    atomic_store(&lk.stop, false);
+    for (int i = 0; i < 3; i++)
+        atomic_store(&lk.progress[i], 0);
+    void *(*mains[5])(void *) = {hop_main, hop_main, fill_main, fill_main, staged_main};
+    pthread_t t[5];
+    for (int i = 0; i < 5; i++)
+        CHECK_EQ(pthread_create(&t[i], NULL, mains[i], NULL), 0);
+    /* 8 s of it (the deadlock came within a few), watched every 100 ms. */
+    unsigned long last = 0;
+    uint64_t end = um__now_ns() + 8000000000ull, moved_at = um__now_ns();
+    while (um__now_ns() < end) {
+        um__sleep_until_ns(um__now_ns() + 100000000ull);
+        unsigned long sum = 0;
+        for (int i = 0; i < 3; i++)
+            sum += atomic_load(&lk.progress[i]);
+        if (sum != last) {
+            last = sum;
+            moved_at = um__now_ns();
+        } else if (um__now_ns() - moved_at > 5000000000ull) {
+            printf("test_xfer_faults: no thread got on for 5 s (two-hop copies %lu, "
+                   "fills %lu, staged copies %lu): a deadlock\n",
+                   atomic_load(&lk.progress[0]), atomic_load(&lk.progress[1]),
+                   atomic_load(&lk.progress[2]));
+            fflush(stdout);
+            _exit(1);
+        }
+    }
+    atomic_store(&lk.stop, true);
+    for (int i = 0; i < 5; i++)
+        pthread_join(t[i], NULL);
+    printf("test_xfer_faults: 8 s of two-hop copies (%lu), fills (%lu) and staged copies "
+           "(%lu)\n",
+           atomic_load(&lk.progress[0]), atomic_load(&lk.progress[1]),
+           atomic_load(&lk.progress[2]));
+    for (int i = 0; i < 3; i++)
+        CHECK(atomic_load(&lk.progress[i]) > 0);
+    um_shutdown(lk.ctx);
+    CHECK_EQ(rmdir(dir), 0); /* the spill file went with the context */
+}
+
+/* Thread 1 writes 4 MiB on a sim device behind a 10 MB/s modelled link
+ * (about 400 ms) and then copies it to GPU 1, ordered after that sim
+ * copy: the host waits for it. Meanwhile another 64 KiB copy to GPU 1
+ * goes at once; it waited for the whole sim copy behind the GPU stream's
+ * order lock (306 ms found by an audit). */
+static struct {
+    um_buffer *x;
+    int sim;
+    uint64_t t0, wrote_at, copied_at;
+} hw;
+
+static void *slow_copy_main(void *arg)
+{
+    (void)arg;
+    void *p;
+    if (um_buffer_acquire(hw.x, hw.sim, UM_ACCESS_WRITE, NULL, &p) == UM_OK)
+        CHECK_OK(um_buffer_release(hw.x, hw.sim, NULL));
+    hw.wrote_at = um__now_ns();
+    CHECK_OK(um_buffer_prefetch(hw.x, 1));
+    hw.copied_at = um__now_ns();
+    return NULL;
+}
+
+static void test_host_wait_outside_order_lock(void)
+{
+    um_context *ctx = NULL;
+    CHECK_OK(um_init("devices=cuda+sim:64M,sim_link_bandwidth=10M,links=model,link_cache=none,"
+                     "host_memory=pageable",
+                     &ctx));
+    if (!ctx)
+        return;
+    hw.sim = um_device_count(ctx) - 1;
+    size_t n = 4 << 20, m = 64 << 10;
+    char *data = calloc(1, n);
+    um_buffer *y = NULL;
+    CHECK_OK(um_buffer_create(ctx, n, NULL, &hw.x));
+    CHECK_OK(um_buffer_create(ctx, m, NULL, &y));
+    CHECK_OK(um_buffer_write(hw.x, 0, data, n));
+    CHECK_OK(um_buffer_write(y, 0, data, m));
+    CHECK_OK(um_buffer_prefetch(y, 1)); /* the GPU's copy-in stream exists */
+    CHECK_OK(um_buffer_write(y, 0, data, m));
+    pthread_t t;
+    hw.t0 = um__now_ns();
+    CHECK_EQ(pthread_create(&t, NULL, slow_copy_main, NULL), 0);
+    um__sleep_until_ns(hw.t0 + 100000000ull); /* thread 1 waits for the sim */
+    uint64_t a = um__now_ns();
+    CHECK_OK(um_buffer_prefetch(y, 1));
+    uint64_t took = um__now_ns() - a;
+    pthread_join(t, NULL);
+    printf("test_xfer_faults: a 64 KiB copy to the GPU took %.1f ms while another waited "
+           "%.0f ms for a sim copy\n",
+           (double)took / 1e6, (double)(hw.copied_at - hw.t0) / 1e6);
+    CHECK(hw.copied_at - hw.t0 > 250000000ull); /* the sim copy was still on */
+    CHECK(took < 100000000ull);
+    CHECK_OK(um_buffer_destroy(hw.x));
+    CHECK_OK(um_buffer_destroy(y));
+    um_shutdown(ctx);
+    free(data);
+}
+
 int main(void)
 {
     const char *g = getenv("FAKE_CUDA_GPUS");
@@ -667,5 +876,7 @@ int main(void)
     test_alloc_fails();
     test_host_full();
     test_alloc_unlocked();
+    test_two_hops_while_evicting();
+    test_host_wait_outside_order_lock();
     return harness_finish("test_xfer_faults");
 }
