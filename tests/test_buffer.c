@@ -973,8 +973,13 @@ static void busy_of_queued_copies(int nbuf, bool from_threads)
            "other: link 0->1 busy %llu ms\n",
            nbuf, (unsigned long long)(link_ns / 1000000),
            from_threads ? "as many threads" : "one thread", (unsigned long long)(busy / 1000000));
+    /* Above it, by the host's delays only: a copy's span begins at its
+     * start event, and a thread descheduled between that event and the
+     * copy's issue (a loaded CI machine under TSan: over 1.25 times)
+     * counts the idle link in between, as it would on a GPU. Copies that
+     * counted each other's time gave 1.5-2.9 times. */
     CHECK(busy >= (uint64_t)nbuf * link_ns * 9 / 10);
-    CHECK(busy < (uint64_t)nbuf * link_ns * 5 / 4);
+    CHECK(busy < (uint64_t)nbuf * link_ns * 3 / 2);
     free(data);
     um_shutdown(ctx);
 }
