@@ -79,6 +79,25 @@ static uint64_t ooms(um_context *ctx, int dev)
     return s.num_ooms;
 }
 
+/* n buffers of `size` bytes of 7s in b, each with a clean replica on
+ * device 1 (written on the host, then read there). */
+static void clean_replicas(um_context *ctx, um_buffer **b, int n, size_t size)
+{
+    unsigned char *data = malloc(size);
+    CHECK(data != NULL);
+    if (!data)
+        return;
+    memset(data, 7, size);
+    for (int i = 0; i < n; i++) {
+        void *p = NULL;
+        CHECK_OK(um_buffer_create(ctx, size, NULL, &b[i]));
+        CHECK_OK(um_buffer_write(b[i], 0, data, size));
+        CHECK_OK(um_buffer_acquire(b[i], 1, UM_ACCESS_READ, NULL, &p));
+        CHECK_OK(um_buffer_release(b[i], 1, NULL));
+    }
+    free(data);
+}
+
 /* A first request on a new stream, small (a slab's slot) or large (pages
  * of its own), while the host has no memory for the stream's record. */
 static void test_stream_record(size_t size)
@@ -123,16 +142,8 @@ static void test_stream_record_keeps_replicas(void)
     if (!ctx)
         return;
     enum { N = 8 };
-    static unsigned char data[1 << 20];
-    memset(data, 7, sizeof data);
     um_buffer *b[N] = {NULL};
-    for (int i = 0; i < N; i++) {
-        void *p = NULL;
-        CHECK_OK(um_buffer_create(ctx, sizeof data, NULL, &b[i]));
-        CHECK_OK(um_buffer_write(b[i], 0, data, sizeof data));
-        CHECK_OK(um_buffer_acquire(b[i], 1, UM_ACCESS_READ, NULL, &p)); /* a clean replica */
-        CHECK_OK(um_buffer_release(b[i], 1, NULL));
-    }
+    clean_replicas(ctx, b, N, 1 << 20);
     um_stream s = NULL;
     CHECK_OK(um_stream_create(ctx, 1, &s));
     void *q = NULL;
@@ -173,16 +184,8 @@ static void test_host_then_device_nomem(const char *conf, bool cached, int callo
         if (!ctx)
             return;
         enum { N = 4, MB = 1 << 20 };
-        static unsigned char data[2 * MB];
-        memset(data, 7, sizeof data);
         um_buffer *b[N] = {NULL};
-        for (int i = 0; i < N; i++) {
-            void *p = NULL;
-            CHECK_OK(um_buffer_create(ctx, sizeof data, NULL, &b[i]));
-            CHECK_OK(um_buffer_write(b[i], 0, data, sizeof data));
-            CHECK_OK(um_buffer_acquire(b[i], 1, UM_ACCESS_READ, NULL, &p));
-            CHECK_OK(um_buffer_release(b[i], 1, NULL));
-        }
+        clean_replicas(ctx, b, N, 2 * MB);
         void *q = NULL;
         if (cached) {
             CHECK_OK(um_malloc(ctx, 1, 2 * MB, NULL, &q));
