@@ -895,6 +895,44 @@ static void test_small_without_slab_room(void)
     a->ops->destroy(a);
 }
 
+/* A thread's own cached slots at the limit: a freed 1 MiB block (a slot
+ * of a 4 MiB medium slab) stays in the thread's bin with its slab's other
+ * slots, and the slab keeps its pages. An allocation at the limit that
+ * finds no room takes that thread's bins back too, but for the one a
+ * refill is filling. Before, it took only other threads' bins, and
+ * failed with nothing live: 10 MiB under a 12 MiB limit ("the free
+ * memory is fragmented"), and a 40 KiB slot under a 4 MiB limit (a
+ * refill of its own class, whose new slab found no room). */
+static void test_own_bins_at_the_limit(void)
+{
+    for (int small = 0; small < 2; small++) {
+        um__pool_config c = {.dev = 1, .cache_limit = UM_NO_CACHE_LIMIT, .thread_cache = 1,
+                             .va_factor = 4, .no_plan = 1,
+                             .memory_limit = small ? 4 * MiB : 12 * MiB};
+        um__allocator *a = make_pool_with(64 * MiB, &c);
+        um__pool *p = (um__pool *)a;
+        CHECK_EQ(atomic_load(&p->slab_max), UM_MEDIUM_MAX);
+        void *m = xalloc(a, MiB, 1);
+        xfree(a, m, 1);
+        CHECK_EQ(tcache_bin_count(p, um__class_of(MiB)), 4); /* the whole slab, cached */
+        CHECK_EQ(stats(a).reserved_bytes, 4 * MiB);
+        size_t want = small ? 40 * 1024 : 10 * MiB;
+        um__stream_ref ref = {1, s1, NULL};
+        void *q = NULL;
+        CHECK_OK(a->ops->alloc(a, want, &ref, &q));
+        CHECK_EQ(tcache_bin_count(p, um__class_of(MiB)), 0);
+        if (q) {
+            harness_pattern_fill(q, want, 9);
+            unsigned char got, exp;
+            CHECK_EQ(harness_pattern_find_bad(q, want, 9, &got, &exp), SIZE_MAX);
+            xfree(a, q, 1);
+        }
+        CHECK_EQ(stats(a).active_bytes, 0);
+        CHECK_OK(a->ops->check(a));
+        a->ops->destroy(a);
+    }
+}
+
 /* Requests of 32 KiB-1 MiB come from slabs while one stream fences and no
  * plan learns; from the second stream's first large free they take the
  * large path, and the medium slabs go once their slots are freed. */
@@ -1872,6 +1910,7 @@ int main(void)
     test_largest_free_without_medium_slabs();
     test_largest_free_counts_cached_blocks();
     test_small_without_slab_room();
+    test_own_bins_at_the_limit();
     test_deferred_frees();
     test_bounce_keeps_planner_bytes();
     test_peak();

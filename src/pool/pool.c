@@ -609,6 +609,7 @@ static void flush_caches_locked(um__pool *p);
 static void defer_flush(um__pool *p);
 static bool tcache_drain_others(um__pool *p, bool bins, bool every);
 static void tcache_flush_locked(um__pool *p, um__tcache *tc);
+static void flush_bin_locked(um__pool *p, um__tc_bin *bin, unsigned cls, uint32_t count);
 static void plan_stop(um__pool *p);
 
 /* Over the cache limit, free pages go back to the backend. Fresh holes are
@@ -1791,8 +1792,15 @@ static um_status take_range(um__pool *p, size_t size, size_t align, uint32_t sid
         if (attempt == 2)
             poll_all(p, false);
         if (attempt == 3) {
-            /* Not this thread's own bins: a refill of one may be what
-             * called. */
+            /* This thread's own bins too, but for the one a refill is
+             * filling (the caller's caller): slots cached there keep
+             * their slabs' pages, and an allocation at the limit failed
+             * with nothing live, its own thread's freed 1 MiB slots
+             * holding the pages (found by an audit's stress test). */
+            um__tcache *own = own_cache(p);
+            for (unsigned c = 0; own && c < UM_NCLASSES; c++)
+                if (c != p->refill_cls && own->bins[c].n)
+                    flush_bin_locked(p, &own->bins[c], c, own->bins[c].n);
             tcache_drain_others(p, true, false);
             poll_all(p, true);
             release_spare_slabs(p);
@@ -2233,12 +2241,14 @@ static __attribute__((noinline)) um_status small_alloc_locked(um__pool *p, unsig
                 ss->small_pending -= k;
                 bin->n = k;
             }
+            p->refill_cls = cls;
             while (!k && bin->n < want) {
                 st = small_take(p, cls, ss, &bin->items[bin->n]);
                 if (st != UM_OK)
                     break;
                 bin->n++;
             }
+            p->refill_cls = UM_NCLASSES;
             for (uint32_t i = 0; i < bin->n; i++) {
                 bin->words[i] = slot_word_of(p, bin->items[i]);
                 taken[i] = bin->items[i];
@@ -4088,6 +4098,7 @@ um_status um__pool_create(um__backend *b, const um__pool_config *c, um__allocato
     p->medium = !c->no_medium;
     /* Medium slabs start off; sync_medium_slabs below decides. */
     atomic_init(&p->slab_max, UM_SMALL_MAX);
+    p->refill_cls = UM_NCLASSES;
     for (unsigned k = 0; k < UM_NCLASSES; k++)
         atomic_init(&p->bin_max[k], k < UM_NSMALL_CLASSES ? class_bin_max[k] : 0);
     p->page = page;

@@ -231,6 +231,11 @@ typedef struct um__pool {
      * fences retired meanwhile may return slots, and a slab that empties
      * then is kept rather than destroyed (pool.c, slot_return). */
     bool taking;
+    /* small_alloc_locked is filling the calling thread's bin of this class
+     * (UM_NCLASSES: none): take_range's last attempt, which returns the
+     * caller's other bins, leaves that one alone. Under the lock, which
+     * the refill holds throughout. */
+    unsigned refill_cls;
     /* Requests up to this many bytes come from slabs: UM_MEDIUM_MAX while
      * medium slabs are on, else UM_SMALL_MAX (pool.c, slabs). Read without
      * the lock by the allocation's fast path. */
