@@ -1294,7 +1294,7 @@ um_status um__xfer_copy(um__xfer *x, int dd, void *dst, int sd, const void *src,
     stage_pool *sp = NULL;
     /* Without slots the copy goes directly, which the driver does between
      * GPUs without peer access too (slower). */
-    runner out, in;
+    runner out = {NULL, NULL, NULL}, in = {NULL, NULL, NULL};
     if (dd != sd && is_gpu(x->ctx, dd) && is_gpu(x->ctx, sd) && !peer_access(x->ctx, sd, dd) &&
         n >= x->ctx->opts.copy_chunk) {
         /* The engine's streams first: taking x->lock (a stream made on
