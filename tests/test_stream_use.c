@@ -928,6 +928,20 @@ static um_status held_free(um__allocator *a, void *ptr, const um__stream_ref *s)
     return st;
 }
 
+/* Puts held_free (and held_alloc when `alloc`, armed) into allocator a,
+ * through *ops, for the block fast.p. */
+static void hold_hand_back(um__allocator *a, um__allocator_ops *ops, bool alloc)
+{
+    *ops = *a->ops;
+    fast.real = a->ops;
+    if (alloc)
+        ops->alloc = held_alloc;
+    ops->free = held_free;
+    fast.arm_alloc = alloc;
+    fast.in_alloc = fast.freed = fast.done = false;
+    a->ops = ops;
+}
+
 typedef struct {
     um_context *ctx;
     void *got;
@@ -952,13 +966,8 @@ static void test_fast_allocation_during_give_back(const char *conf)
     CHECK_OK(um_malloc(ctx, 1, MB, NULL, &fast.p));
     CHECK_OK(um_record_stream(ctx, fast.p, b));
     um__allocator *a = ctx->devices[1].alloc;
-    um__allocator_ops ops = *a->ops;
-    fast.real = a->ops;
-    ops.alloc = held_alloc;
-    ops.free = held_free;
-    fast.arm_alloc = true;
-    fast.in_alloc = fast.freed = fast.done = false;
-    a->ops = &ops;
+    um__allocator_ops ops;
+    hold_hand_back(a, &ops, true);
     fast_arg f = {.ctx = ctx};
     pthread_t t;
     CHECK_EQ(pthread_create(&t, NULL, fast_alloc_main, &f), 0);
@@ -1056,11 +1065,8 @@ static void test_refill_during_give_back(void)
     CHECK_OK(um_malloc(ctx, 1, REFILL_SIZE, NULL, &fast.p));
     CHECK_OK(um_record_stream(ctx, fast.p, b));
     um__allocator *a = ctx->devices[1].alloc;
-    um__allocator_ops ops = *a->ops;
-    fast.real = a->ops;
-    ops.free = held_free;
-    fast.arm_alloc = fast.in_alloc = fast.freed = fast.done = false;
-    a->ops = &ops;
+    um__allocator_ops ops;
+    hold_hand_back(a, &ops, false);
     CHECK_EQ(pthread_create(&th, NULL, hand_back_main, ctx), 0);
     fast_wait(&fast.freed, 10ull * 1000 * 1000 * 1000); /* x is in th's bin */
     CHECK_OK(um_stream_destroy(ctx, s2));                /* which this drains */
