@@ -108,6 +108,9 @@ static um_status d_block_live(um__allocator *a, const void *ptr)
 static um_status d_free(um__allocator *a, void *ptr, const um__stream_ref *s)
 {
     dbg_alloc *d = D(a);
+    /* The note (below) says what this free did, never an earlier one's
+     * (a program's um_free does not take it). */
+    (void)um__free_took_take();
     pthread_mutex_lock(&d->lock);
     uint64_t size64 = 0;
     bool ours = um__addrmap_take(&d->blocks, (uintptr_t)ptr, &size64);
