@@ -141,14 +141,8 @@ static void test_guard_bytes_of_a_marked_block(void)
 /* Counts occurrences of needle in the file at path. */
 static int count_in_file(const char *path, const char *needle)
 {
-    FILE *f = fopen(path, "r");
-    CHECK(f != NULL);
-    if (!f)
-        return -1;
     static char text[1 << 20];
-    size_t n = fread(text, 1, sizeof text - 1, f);
-    fclose(f);
-    text[n] = '\0';
+    harness_slurp(path, text, sizeof text);
     int count = 0;
     for (const char *c = text; (c = strstr(c, needle)); c++)
         count++;
