@@ -956,6 +956,77 @@ static void test_sim_stream_work(const char *alloc)
 }
 
 /* um_stats_json and um_stats_print carry the figures um_stats_get gives. */
+/* A stand-in for the buffer layer's reclaim hook (ctx->reclaim), for
+ * test_reclaim_after_the_device_filled: its first look finds nothing to
+ * evict, but by the allocation's next try another thread has filled the
+ * device (played by the hook itself, which frees `first` and takes its
+ * room); every later look finds that thread's block and evicts it, unless
+ * `never` says every look finds nothing. */
+static struct {
+    bool never;
+    int looks, over, over_made;
+    void *first, *filler;
+} filling;
+
+static bool reclaim_while_filling(um_context *ctx, int dev, size_t bytes, bool made)
+{
+    if (!bytes) {
+        filling.over++;
+        filling.over_made = made;
+        return false;
+    }
+    if (++filling.looks == 1 && !filling.never) {
+        CHECK_OK(um_free(ctx, filling.first, NULL));
+        CHECK_OK(um_malloc(ctx, dev, 8 * MB, NULL, &filling.filler));
+    } else if (filling.filler && !filling.never) {
+        CHECK_OK(um_free(ctx, filling.filler, NULL));
+        filling.filler = NULL;
+        return true;
+    }
+    um__fail(UM_ERR_NOMEM, "device %d: no room for %zu bytes and nothing left to evict (stand-in)",
+             dev, bytes);
+    return false;
+}
+
+/* An allocation at the limit did not fail on the first look that found
+ * nothing to evict: the device may have filled between that look and the
+ * try, with memory the next look can free (an audit's stress program in
+ * virtual time failed with "nothing left to evict" that way). Looks that
+ * keep finding nothing do end it, a few in a row, with both messages. */
+static void test_reclaim_after_the_device_filled(const char *alloc)
+{
+    um_context *ctx = init_ctx(alloc, "devices=sim:64M");
+    if (!ctx)
+        return;
+    CHECK_OK(um_set_memory_limit(ctx, 1, 8 * MB));
+    for (int never = 0; never <= 1; never++) {
+        memset(&filling, 0, sizeof filling);
+        filling.never = never;
+        CHECK_OK(um_malloc(ctx, 1, 8 * MB, NULL, &filling.first));
+        atomic_store(&ctx->reclaim, reclaim_while_filling);
+        void *p = NULL;
+        um_status st = um_malloc(ctx, 1, 4 * MB, NULL, &p);
+        atomic_store(&ctx->reclaim, NULL);
+        if (!never) {
+            CHECK_OK(st);
+            CHECK(p != NULL);
+            CHECK_EQ(filling.looks, 2);
+            CHECK_EQ(filling.over_made, 1);
+            CHECK_OK(um_free(ctx, p, NULL));
+        } else {
+            CHECK_EQ(st, UM_ERR_NOMEM);
+            CHECK_EQ(filling.looks, 3);
+            CHECK_EQ(filling.over_made, 0);
+            CHECK_ERROR_MENTIONS("cannot allocate", "(stand-in)", NULL);
+            CHECK_OK(um_free(ctx, filling.first, NULL));
+        }
+        CHECK_EQ(filling.over, 1);
+        if (filling.filler)
+            CHECK_OK(um_free(ctx, filling.filler, NULL));
+    }
+    um_shutdown(ctx);
+}
+
 static void test_stats_json_and_table(void)
 {
     um_context *ctx = NULL;
@@ -1553,6 +1624,7 @@ int main(void)
         test_copies_links_memory(alloc);
         test_host_memory_on_device_stream(alloc);
         test_sim_stream_work(alloc);
+        test_reclaim_after_the_device_filled(alloc);
         if (harness_failures != before)
             fprintf(stderr, "test_context: %d failures with allocator=%s\n",
                     harness_failures - before, alloc);

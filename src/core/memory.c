@@ -24,7 +24,8 @@ static const char *dev_name(um_context *ctx, int dev)
 
 /* At the memory limit: room is made (buffer replicas evicted, one per call
  * of the hook) and the allocation retried, for as long as making room
- * frees something. A last call for 0 bytes tells the hook the allocation
+ * frees something, or until the hook has found nothing to evict a few
+ * times in a row. A last call for 0 bytes tells the hook the allocation
  * is over and whether it was made, so that it counts it once, with its
  * whole wait, and as failed only if it failed. */
 static um_status alloc_after_reclaim(um_context *ctx, int dev, size_t size,
@@ -44,6 +45,14 @@ static um_status alloc_after_reclaim(um_context *ctx, int dev, size_t size,
      * buffer um_last_error points into). */
     char pool_says[512], reclaim_says[512] = "";
     um_status st = UM_ERR_NOMEM;
+    /* Calls in a row that found nothing to evict, each followed by a try
+     * that failed. One is not enough to fail: other threads may fill the
+     * device between the hook's look and the try, with replicas the next
+     * look can evict (an audit's stress test in virtual time saw "nothing
+     * left to evict" with the device empty at the look and full of
+     * evictable replicas at the try). A few in a row bound the calls. */
+    enum { NOTHING_TO_EVICT_TRIES = 3 };
+    unsigned found_nothing = 0;
     for (;;) {
         bool made_room = reclaim(ctx, dev, size, false);
         if (!made_room)
@@ -63,7 +72,8 @@ static um_status alloc_after_reclaim(um_context *ctx, int dev, size_t size,
             return st;
         }
         snprintf(pool_says, sizeof pool_says, "%s", um_last_error());
-        if (!made_room)
+        found_nothing = made_room ? 0 : found_nothing + 1;
+        if (found_nothing == NOTHING_TO_EVICT_TRIES)
             break;
     }
     (void)reclaim(ctx, dev, 0, false);
