@@ -21,6 +21,7 @@
  * model simple allocators and need no thread caches.
  */
 #include "pool.h"
+#include "../base/vtime.h"
 #include "../trace/events.h"
 
 #include <pthread.h>
@@ -625,10 +626,10 @@ static um_status bl_alloc(um__allocator *a, size_t size, const um__stream_ref *s
     uint32_t sid = sr ? sr->id : 0;
     um__bstream *bs = sr ? sr->bstream : NULL;
     um__backend *sbe = sr ? sr->backend : NULL;
-    pthread_mutex_lock(&bl->lock);
+    um__vt_mutex_lock(&bl->lock);
     if (size > SIZE_MAX - UM_ALIGN - bl->gran) {
         um_status s = bl_nomem(bl, size, size, "larger than any address range");
-        pthread_mutex_unlock(&bl->lock);
+        um__vt_mutex_unlock(&bl->lock);
         return s;
     }
     size_t nominal = um__align_up(size, UM_ALIGN);
@@ -641,7 +642,7 @@ static um_status bl_alloc(um__allocator *a, size_t size, const um__stream_ref *s
     } else {
         um_status s = bl_grow(bl, size, nominal, um__align_up(nominal, bl->gran), &b);
         if (s != UM_OK) {
-            pthread_mutex_unlock(&bl->lock);
+            um__vt_mutex_unlock(&bl->lock);
             return s;
         }
         bl_index(bl, b);
@@ -658,7 +659,7 @@ static um_status bl_alloc(um__allocator *a, size_t size, const um__stream_ref *s
     bl->live_blocks++;
     bl->num_allocs++;
     bl_peaks(bl);
-    pthread_mutex_unlock(&bl->lock);
+    um__vt_mutex_unlock(&bl->lock);
     /* No cache of its own per thread: any block may be another thread's. */
     *ptr = (void *)b->va;
     um__allocator_reuse_wait(a, ptr, 1);
@@ -684,11 +685,11 @@ static um_status bl_free(um__allocator *a, void *ptr, const um__stream_ref *sr)
 {
     baseline *bl = (baseline *)a;
     uintptr_t va = (uintptr_t)ptr;
-    pthread_mutex_lock(&bl->lock);
+    um__vt_mutex_lock(&bl->lock);
     bl_block *b = bl_find(bl, va);
     if (!b || b->state != BL_LIVE) {
         um_status s = bl_not_live_locked(bl, ptr, b, UM_ERR_DOUBLE_FREE);
-        pthread_mutex_unlock(&bl->lock);
+        um__vt_mutex_unlock(&bl->lock);
         return s;
     }
     if (!bl->caching) {
@@ -710,7 +711,7 @@ static um_status bl_free(um__allocator *a, void *ptr, const um__stream_ref *sr)
             s = um__be_stream_sync(bl_event_backend(bl, b), b->bstream);
         if (s != UM_OK ||
             (b->mapped && (s = um__be_unmap(a->backend, b->va, b->phys)) != UM_OK)) {
-            pthread_mutex_unlock(&bl->lock);
+            um__vt_mutex_unlock(&bl->lock);
             return s;
         }
         b->mapped = false;
@@ -722,7 +723,7 @@ static um_status bl_free(um__allocator *a, void *ptr, const um__stream_ref *sr)
     bl->num_frees++;
     if (!bl->caching) {
         bl_dispose(bl, b);
-        pthread_mutex_unlock(&bl->lock);
+        um__vt_mutex_unlock(&bl->lock);
         return UM_OK;
     }
     if (sr) {
@@ -747,7 +748,7 @@ static um_status bl_free(um__allocator *a, void *ptr, const um__stream_ref *sr)
         um__be_event_record(bl_event_backend(bl, b), b->bstream, &b->event) != UM_OK)
         b->event = NULL;
     bl_enforce_cache_limit(bl);
-    pthread_mutex_unlock(&bl->lock);
+    um__vt_mutex_unlock(&bl->lock);
     return UM_OK;
 }
 
@@ -756,12 +757,12 @@ static um_status bl_free(um__allocator *a, void *ptr, const um__stream_ref *sr)
 static um_status bl_block_live(um__allocator *a, const void *ptr)
 {
     baseline *bl = (baseline *)a;
-    pthread_mutex_lock(&bl->lock);
+    um__vt_mutex_lock(&bl->lock);
     bl_block *b = bl_find(bl, (uintptr_t)ptr);
     um_status s = b && b->state == BL_LIVE
                       ? UM_OK
                       : bl_not_live_locked(bl, (void *)ptr, b, UM_ERR_INVALID_POINTER);
-    pthread_mutex_unlock(&bl->lock);
+    um__vt_mutex_unlock(&bl->lock);
     return s;
 }
 
@@ -774,20 +775,20 @@ static um_status bl_block_live(um__allocator *a, const void *ptr)
 static bool bl_owns(um__allocator *a, const void *ptr)
 {
     baseline *bl = (baseline *)a;
-    pthread_mutex_lock(&bl->lock);
+    um__vt_mutex_lock(&bl->lock);
     bool owned = bl_inside(bl, (uintptr_t)ptr);
-    pthread_mutex_unlock(&bl->lock);
+    um__vt_mutex_unlock(&bl->lock);
     return owned;
 }
 
 static um_status bl_trim(um__allocator *a)
 {
     baseline *bl = (baseline *)a;
-    pthread_mutex_lock(&bl->lock);
+    um__vt_mutex_lock(&bl->lock);
     while (bl->cached_blocks)
         bl_evict_oldest(bl);
     um_status s = bl_retry_limbo(bl);
-    pthread_mutex_unlock(&bl->lock);
+    um__vt_mutex_unlock(&bl->lock);
     return s;
 }
 
@@ -795,7 +796,7 @@ static um_status bl_set_memory_limit(um__allocator *a, size_t bytes)
 {
     baseline *bl = (baseline *)a;
     size_t limit = bytes ? bytes : a->backend->capacity;
-    pthread_mutex_lock(&bl->lock);
+    um__vt_mutex_lock(&bl->lock);
     while (bl->cached_blocks && bl->reserved > limit)
         bl_evict_oldest(bl);
     if (bl->reserved > limit) {
@@ -804,37 +805,37 @@ static um_status bl_set_memory_limit(um__allocator *a, size_t bytes)
                                "%zu bytes are reserved by %llu live blocks",
                                a->dev, a->ops->name, limit, bl->reserved,
                                (unsigned long long)bl->live_blocks);
-        pthread_mutex_unlock(&bl->lock);
+        um__vt_mutex_unlock(&bl->lock);
         return s;
     }
     a->memory_limit = limit;
-    pthread_mutex_unlock(&bl->lock);
+    um__vt_mutex_unlock(&bl->lock);
     return UM_OK;
 }
 
 static um_status bl_set_cache_limit(um__allocator *a, size_t bytes)
 {
     baseline *bl = (baseline *)a;
-    pthread_mutex_lock(&bl->lock);
+    um__vt_mutex_lock(&bl->lock);
     a->cache_limit = bytes;
     bl_enforce_cache_limit(bl);
-    pthread_mutex_unlock(&bl->lock);
+    um__vt_mutex_unlock(&bl->lock);
     return UM_OK;
 }
 
 static size_t bl_active_bytes(um__allocator *a)
 {
     baseline *bl = (baseline *)a;
-    pthread_mutex_lock(&bl->lock);
+    um__vt_mutex_lock(&bl->lock);
     size_t n = bl->active;
-    pthread_mutex_unlock(&bl->lock);
+    um__vt_mutex_unlock(&bl->lock);
     return n;
 }
 
 static void bl_stats(um__allocator *a, um_stats *out)
 {
     baseline *bl = (baseline *)a;
-    pthread_mutex_lock(&bl->lock);
+    um__vt_mutex_lock(&bl->lock);
     memset(out, 0, sizeof *out);
     out->active_bytes = bl->active;
     out->requested_bytes = bl->requested;
@@ -854,16 +855,16 @@ static void bl_stats(um__allocator *a, um_stats *out)
         atomic_load_explicit(&a->backend->calls, memory_order_relaxed) - bl->calls_at_create;
     out->num_cache_hits = bl->num_hits;
     out->num_ooms = bl->num_ooms;
-    pthread_mutex_unlock(&bl->lock);
+    um__vt_mutex_unlock(&bl->lock);
 }
 
 static void bl_reset_peak(um__allocator *a)
 {
     baseline *bl = (baseline *)a;
-    pthread_mutex_lock(&bl->lock);
+    um__vt_mutex_lock(&bl->lock);
     bl->peak_active = bl->active;
     bl->peak_reserved = bl->reserved;
-    pthread_mutex_unlock(&bl->lock);
+    um__vt_mutex_unlock(&bl->lock);
 }
 
 /* The stream goes away: live blocks allocated on it are freed later as if
@@ -874,7 +875,7 @@ static um_status bl_stream_forget(um__allocator *a, const um__stream_ref *sr)
     baseline *bl = (baseline *)a;
     if (!sr)
         return UM_OK;
-    pthread_mutex_lock(&bl->lock);
+    um__vt_mutex_lock(&bl->lock);
     bool pending = false;
     for (size_t i = 0; i < bl->nbuckets; i++)
         for (bl_block *b = bl->buckets[i]; b; b = b->hnext)
@@ -914,7 +915,7 @@ static um_status bl_stream_forget(um__allocator *a, const um__stream_ref *sr)
         }
         b = next;
     }
-    pthread_mutex_unlock(&bl->lock);
+    um__vt_mutex_unlock(&bl->lock);
     return UM_OK; /* what it could not wait for was released above */
 }
 
@@ -1046,9 +1047,9 @@ static um_status bl_check_locked(baseline *bl)
 static um_status bl_check(um__allocator *a)
 {
     baseline *bl = (baseline *)a;
-    pthread_mutex_lock(&bl->lock);
+    um__vt_mutex_lock(&bl->lock);
     um_status s = bl_check_locked(bl);
-    pthread_mutex_unlock(&bl->lock);
+    um__vt_mutex_unlock(&bl->lock);
     return s;
 }
 
