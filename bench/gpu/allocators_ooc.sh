@@ -3,14 +3,15 @@
 # caching allocator (bufcache), alternating, ROUNDS rounds: whether the
 # pool's host waits for fenced memory at the limit, which the runtime
 # engine in virtual time shows costing 13-45% of the makespan, happen on
-# a real GPU. Then test_cuda. Usage: TOTAL=seconds bench/gpu/allocators_ooc.sh [ROUNDS]
-# (results under $OUT)
+# a real GPU. Then test_cuda. Usage: TOTAL=seconds [CONFIGS="N TILE LIMIT;..."]
+# bench/gpu/allocators_ooc.sh [ROUNDS]   (results under $OUT)
 set -u
 ROUNDS=${1:-2}
 TOTAL=${TOTAL:-400}
 source "$(dirname "$0")/job_steps.sh"
 for r in $(seq "$ROUNDS"); do
-  for c in "32768 8192 4G" "32768 8192 2G" "65536 8192 8G"; do
+  IFS=';' read -ra configs <<< "${CONFIGS:-32768 8192 4G;32768 8192 2G;65536 8192 8G}"
+  for c in "${configs[@]}"; do
     set -- $c
     for a in pool bufcache; do
       f="$OUT/gemm_${1}_${3}_${a}_$r.txt"
