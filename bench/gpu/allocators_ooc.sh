@@ -15,7 +15,7 @@ for r in $(seq "$ROUNDS"); do
     set -- $c
     for a in pool bufcache; do
       f="$OUT/gemm_${1}_${3}_${a}_$r.txt"
-      UNIMEM_CONF=allocator=$a timeout "$(left 90)" build-dev/unimem demo gemm --device cuda \
+      UNIMEM_CONF=allocator=$a timeout "$(left 90)" build-dev/unimem demo gemm --device cuda:0 \
         --n "$1" --tile "$2" --limit "$3" --gpu-only --no-verify > "$f" 2>&1
       mark "gemm n $1 tile $2 limit $3 $a round $r rc=$?"; grep -E "makespan|cuda0" "$f" | head -3
     done
