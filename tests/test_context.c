@@ -955,7 +955,6 @@ static void test_sim_stream_work(const char *alloc)
     um_shutdown(ctx);
 }
 
-/* um_stats_json and um_stats_print carry the figures um_stats_get gives. */
 /* A stand-in for the buffer layer's reclaim hook (ctx->reclaim), for
  * test_reclaim_after_the_device_filled: its first look finds nothing to
  * evict, but by the allocation's next try another thread has filled the
@@ -1027,6 +1026,7 @@ static void test_reclaim_after_the_device_filled(const char *alloc)
     um_shutdown(ctx);
 }
 
+/* um_stats_json and um_stats_print carry the figures um_stats_get gives. */
 static void test_stats_json_and_table(void)
 {
     um_context *ctx = NULL;
