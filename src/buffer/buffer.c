@@ -793,11 +793,7 @@ static bool write_back_ok(const um_buffer *b, int d, const void *arg)
         return false;
     if (d == 0 || b->rep[d].ptr)
         return true;
-    um_context *ctx = b->ctx;
-    size_t used = atomic_load_explicit(&ctx->devices[d].backend->physical_bytes,
-                                       memory_order_relaxed);
-    size_t limit = ctx->devices[d].alloc->memory_limit;
-    return used < limit && limit - used >= b->size &&
+    return b->size <= um__device_room(&b->ctx->devices[d]) &&
            um__reclaim_write_back_ok(um__xfer_reclaim(engine(b)), d, b->size);
 }
 

@@ -33,6 +33,19 @@ typedef struct um_device {
     _Atomic uint64_t ooms_retried;
 } um_device;
 
+/* The bytes an allocation on d can still have before reclaim must make
+ * room: its limit less its live bytes. The allocator's cached memory is
+ * room, since an allocation at the limit reuses it (the pool) or gives it
+ * back first (the others). The backend's physical bytes count that memory
+ * as used: with them the runtime prefetched nothing into a device where
+ * the pool kept 16 MiB of freed pages (test_task,
+ * test_prefetch_into_cached_memory). */
+static inline size_t um__device_room(const um_device *d)
+{
+    size_t limit = d->alloc->memory_limit, live = d->alloc->ops->active_bytes(d->alloc);
+    return live < limit ? limit - live : 0;
+}
+
 struct um_stream_s {
     um_context *ctx;
     int dev;

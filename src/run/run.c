@@ -750,14 +750,11 @@ static bool being_prefetched(const um__run *r, const um_buffer *b)
  * Unlocked. */
 static void prefetch_listed(worker *w, bool copy)
 {
-    um_context *ctx = w->r->ctx;
-    size_t limit = ctx->devices[w->dev].alloc->memory_limit;
+    const um_device *d = &w->r->ctx->devices[w->dev];
     int n = w->nprefetching;
     for (int i = 0; copy && i < n; i++) {
         um_buffer *b = atomic_load_explicit(&w->prefetching[i], memory_order_relaxed);
-        size_t used = atomic_load_explicit(&ctx->devices[w->dev].backend->physical_bytes,
-                                           memory_order_relaxed);
-        if (used + um_buffer_size(b) > limit)
+        if (um_buffer_size(b) > um__device_room(d))
             break;
         (void)um_buffer_prefetch(b, w->dev);
     }
