@@ -200,8 +200,10 @@ static void print_text(const um__vs_machine *m, const um__vs_dag *d, const char 
             snprintf(pct, sizeof pct, "%5.1f%%", share);
         else
             snprintf(pct, sizeof pct, "  n/a");
-        printf("    %-8s %6llu tasks, busy %8.4f s (%s)\n", m->dev[dev].name,
-               (unsigned long long)r->tasks_on[dev], r->busy_s[dev], pct);
+        char peak[32];
+        printf("    %-8s %6llu tasks, busy %8.4f s (%s), held at most %s\n", m->dev[dev].name,
+               (unsigned long long)r->tasks_on[dev], r->busy_s[dev], pct,
+               bytes_text(peak, (double)r->peak_bytes[dev]));
     }
     for (int s = 0; s < m->ndev; s++)
         for (int t = 0; t < m->ndev; t++)
@@ -245,7 +247,7 @@ static void print_json(const um__vs_machine *m, const um__vs_dag *d, const char 
         tool_json_string(stdout, m->dev[dev].name);
         printf(",\"tasks\":%llu,\"busy_s\":", (unsigned long long)r->tasks_on[dev]);
         json_double("%.6f", r->busy_s[dev]);
-        printf("}");
+        printf(",\"peak_bytes\":%llu}", (unsigned long long)r->peak_bytes[dev]);
     }
     printf("],\"links\":[");
     bool first = true;

@@ -272,6 +272,7 @@ static um_status device_line(parser *ps, kv *kvs, int n)
         d->host = host;
         d->launches_ahead = gpu;
         d->memory = memory;
+        d->capacity = memory;
         d->granularity = granularity;
         d->model = model;
     }

@@ -98,7 +98,11 @@ typedef struct um__vs_device {
     char group[32];                  /* the device line's name */
     bool host;
     bool launches_ahead;             /* a gpu: see the format above */
-    uint64_t memory, granularity;
+    /* capacity: the device's memory as the machine describes it; memory:
+     * what it may hold, the capacity or a limit below it (`unimem sim
+     * --limit`). The runtime engine makes the device of its capacity and
+     * sets the limit as a program sets one on a GPU. */
+    uint64_t memory, capacity, granularity;
     int model;                       /* index into models, or -1: runs no kernel */
 } um__vs_device;
 

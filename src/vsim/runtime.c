@@ -182,6 +182,18 @@ static um_status install_links(const um__vs_machine *m)
     return st;
 }
 
+/* The memory the sim device for m's device dev is made with: the
+ * device's own. A limit below it (memory) is set on the context, as a
+ * program limits a GPU: made with only the limit, the device's pool
+ * reserved address space for the limit alone (va_factor 1), and one 16
+ * MiB block the link measurement freed at its start cut that space so
+ * that a device of eight 256 MiB tiles held seven. */
+static uint64_t made_with(const um__vs_machine *m, int dev)
+{
+    const um__vs_device *v = &m->dev[dev];
+    return v->capacity > v->memory ? v->capacity : v->memory;
+}
+
 /* The context's configuration for m: its GPUs as sim devices. */
 static um_status config(const um__vs_machine *m, const um__vs_dag *d, int policy,
                         bool host_runs, char *buf, size_t len)
@@ -215,7 +227,7 @@ static um_status config(const um__vs_machine *m, const um__vs_dag *d, int policy
                             (unsigned long long)m->dev[dev].granularity, m->dev[1].name,
                             (unsigned long long)m->dev[1].granularity);
         n += snprintf(buf + n, len - (size_t)n, "%ssim:%llu", dev > 1 ? "+" : "",
-                      (unsigned long long)m->dev[dev].memory);
+                      (unsigned long long)made_with(m, dev));
     }
     if (n < 0 || (size_t)n >= len)
         return um__fail(UM_ERR_INVALID, "sim: machine %s has too many devices for one "
@@ -282,6 +294,9 @@ static void collect(um_context *ctx, const um__vs_machine *m, um__vs_result *out
             out->busy_s[dev] = (double)ts.busy_ns / 1e9;
             out->tasks_on[dev] = ts.tasks;
         }
+        um_stats ms;
+        if (um_stats_get(ctx, dev, &ms) == UM_OK)
+            out->peak_bytes[dev] = ms.peak_active_bytes;
         um_reclaim_stats rs;
         if (um_reclaim_stats_get(ctx, dev, &rs) == UM_OK) {
             out->evictions += rs.evictions;
@@ -324,6 +339,15 @@ um_status um__vs_run_runtime(const um__vs_machine *m, const um__vs_dag *d, int p
     if (st == UM_OK)
         st = um_init(conf, &ctx);
     if (st != UM_OK) {
+        free(device);
+        free(host_ns);
+        return st;
+    }
+    for (int dev = 1; dev < m->ndev && st == UM_OK; dev++)
+        if (m->dev[dev].memory < made_with(m, dev))
+            st = um_set_memory_limit(ctx, dev, (size_t)m->dev[dev].memory);
+    if (st != UM_OK) {
+        um_shutdown(ctx);
         free(device);
         free(host_ns);
         return st;

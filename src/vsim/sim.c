@@ -297,6 +297,15 @@ static bool has_room(const sim *s, int dev, uint64_t bytes)
     return bytes <= s->m->dev[dev].memory - s->dev[dev].used;
 }
 
+/* tile's memory on dev is taken (dev has room for it). */
+static void take_memory(sim *s, uint32_t tile, int dev)
+{
+    s->alloc[tile] |= 1ull << dev;
+    s->dev[dev].used += um__vs_tile_size(s->d, tile);
+    if (s->dev[dev].used > s->out->peak_bytes[dev])
+        s->out->peak_bytes[dev] = s->dev[dev].used;
+}
+
 static void free_copy(sim *s, uint32_t tile, int dev)
 {
     if (!(s->alloc[tile] >> dev & 1) || dev == 0)
@@ -365,8 +374,7 @@ static bool stage(sim *s, uint32_t ti)
                 ok = false;
                 break;
             }
-            s->alloc[tile] |= bit;
-            s->dev[dev].used += um__vs_tile_size(s->d, tile);
+            take_memory(s, tile, dev);
         }
         s->pins[at(s, tile, dev)]++;
         if ((t->access[i].mode & UM_VS_READ) && !(s->valid[tile] & bit) &&
@@ -416,8 +424,7 @@ static bool prefetch_free(sim *s, uint32_t ti)
         int src = has_room(s, dev, size) ? best_source(s, tile, dev, &secs) : -1;
         if (src < 0 || start_copy(s, FLOW_FETCH, tile, src, dev) != 0)
             return false;
-        s->alloc[tile] |= bit;
-        s->dev[dev].used += size;
+        take_memory(s, tile, dev);
         s->arriving[tile] |= bit;
     }
     return true;

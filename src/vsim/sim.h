@@ -36,6 +36,7 @@ typedef struct um__vs_result {
     double link_bytes[UM_VS_MAX_DEVICES][UM_VS_MAX_DEVICES]; /* copies [from][to] */
     uint64_t copies, evictions, writebacks;
     uint64_t events;
+    uint64_t peak_bytes[UM_VS_MAX_DEVICES]; /* the most a device held at once */
 } um__vs_result;
 
 /* Simulates d on m with placement policy `policy` (UM_SCHED_*). */
