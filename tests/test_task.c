@@ -296,6 +296,20 @@ static int probe_fn(const um_task_exec *e)
     return p->result;
 }
 
+/* Holds device 1's worker with a task that waits until *gate is set;
+ * returns its id once it runs, so that the tasks submitted next queue
+ * behind it. */
+static um_task_id hold_device(um_context *ctx, probe *g, _Atomic int *gate)
+{
+    g->gate = gate;
+    um_task t = {.name = "gate", .cpu = probe_fn, .device = 1, .user = g};
+    um_task_id id = 0;
+    CHECK_OK(um_task_submit(ctx, &t, &id));
+    while (id && !atomic_load(&g->ran))
+        usleep(1000);
+    return id;
+}
+
 static void probe_done(um_task_id id, um_status st, void *user)
 {
     (void)id;
@@ -1364,12 +1378,9 @@ static void test_prefetch_keeps_buffer(void)
     CHECK_OK(um_buffer_write(y, 0, data, sizeof data));
     _Atomic int gate = 0;
     probe g = {0}, a = {0}, b1 = {0}, b2 = {0};
-    g.gate = &gate;
-    um_task t = {.name = "gate", .cpu = probe_fn, .device = 1, .user = &g};
-    um_task_id ig, ia, ib1, ib2;
-    CHECK_OK(um_task_submit(ctx, &t, &ig));
-    while (!atomic_load(&g.ran))
-        usleep(1000);
+    hold_device(ctx, &g, &gate);
+    um_task_id ia, ib1, ib2;
+    um_task t;
     /* Queued behind the gate: a, then b1 reading w and b2 reading y, whose
      * inputs the worker prefetches once it takes a. */
     t = (um_task){.name = "a", .cpu = probe_fn, .device = 1, .user = &a};
@@ -1442,12 +1453,9 @@ static void test_announcements_withdrawn(void)
     CHECK_OK(um_buffer_create(ctx, MiB, NULL, &b));
     _Atomic int gate = 0;
     probe g = {0}, r = {0}, two = {0};
-    g.gate = &gate;
-    um_task t = {.name = "gate", .cpu = probe_fn, .device = 1, .user = &g};
-    um_task_id ig, ir, itwo;
-    CHECK_OK(um_task_submit(ctx, &t, &ig));
-    while (!atomic_load(&g.ran))
-        usleep(1000);
+    hold_device(ctx, &g, &gate);
+    um_task_id ir, itwo;
+    um_task t;
     t = (um_task){.name = "reader", .cpu = probe_fn, .device = 1, .nbuffers = 1, .user = &r};
     t.buffers[0] = x;
     t.modes[0] = UM_ACCESS_READ;
@@ -1674,14 +1682,9 @@ static void test_prefetch_after_acquire(void)
     }
     _Atomic int gate = 0;
     probe g = {0};
-    g.gate = &gate;
-    um_task t = {.name = "gate", .cpu = probe_fn, .device = 1, .user = &g};
-    um_task_id id;
-    CHECK_OK(um_task_submit(ctx, &t, &id));
-    while (!atomic_load(&g.ran))
-        usleep(1000);
+    um_task_id id = hold_device(ctx, &g, &gate);
     for (int i = 0; i < N; i++) {
-        t = (um_task){.name = "reader", .cpu = short_nap_fn, .device = 1, .nbuffers = 1};
+        um_task t = (um_task){.name = "reader", .cpu = short_nap_fn, .device = 1, .nbuffers = 1};
         t.buffers[0] = b[i];
         t.modes[0] = UM_ACCESS_READ;
         CHECK_OK(um_task_submit(ctx, &t, &id));
@@ -1742,15 +1745,10 @@ static void test_prefetch_into_cached_memory(void)
     CHECK_OK(um_buffer_write(b, 0, data, 2 * MiB));
     _Atomic int gate = 0;
     probe g = {0};
-    g.gate = &gate;
-    um_task t = {.name = "gate", .cpu = probe_fn, .device = 1, .user = &g};
-    um_task_id id;
-    CHECK_OK(um_task_submit(ctx, &t, &id));
-    while (!atomic_load(&g.ran))
-        usleep(1000);
+    um_task_id id = hold_device(ctx, &g, &gate);
     /* a's task looks for b while it runs; b's task is queued behind it. */
     atomic_store(&next_input_present, 0);
-    t = (um_task){.name = "reads a", .cpu = check_next_input_fn, .device = 1, .nbuffers = 1,
+    um_task t = (um_task){.name = "reads a", .cpu = check_next_input_fn, .device = 1, .nbuffers = 1,
                   .user = b};
     t.buffers[0] = a;
     t.modes[0] = UM_ACCESS_READ;
