@@ -184,6 +184,7 @@ static void test_limit_below_memory(void)
         printf("test_vsim_sim: %s engine: the GPU held at most %llu MiB of a 2048 MiB limit\n",
                engine ? "runtime" : "model", (unsigned long long)(r->peak_bytes[1] >> 20));
         CHECK_EQ(r->peak_bytes[1], 8 * tile_bytes);
+        CHECK(r->peak_bytes[0] >= d.ntiles * tile_bytes); /* the host holds every tile */
         CHECK(r->evictions > 0);
     }
     uint64_t reserved = reserved_in_trace(trace, 1);

@@ -600,9 +600,12 @@ static um_status sim_init(sim *s, const um__vs_machine *m, const um__vs_dag *d, 
     um_status st = um__vs_check_copies(m, d->tile_bytes);
     if (st != UM_OK)
         return st;
-    /* Every tile starts on the host, where the program made it. */
-    for (uint32_t tile = 0; tile < d->ntiles; tile++)
+    /* Every tile starts on the host, where the program made it, and stays
+     * there (its memory is never given back). */
+    for (uint32_t tile = 0; tile < d->ntiles; tile++) {
         s->valid[tile] = s->alloc[tile] = 1;
+        s->out->peak_bytes[0] += um__vs_tile_size(d, tile);
+    }
     int *prio = malloc((nt ? nt : 1) * sizeof *prio);
     if (!prio || um__vs_dag_priorities(d, prio) != 0) {
         free(prio);
