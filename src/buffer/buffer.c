@@ -702,14 +702,25 @@ void um__buffer_discard(um_buffer *b)
     if (write_back_home(b) != UM_OK)
         um__log(UM_LOG_ERROR, "%s", um_last_error());
     um__xfer *x = engine(b);
+    um__reclaim *rc = um__xfer_reclaim(x);
+    bool had[UM_MAX_DEVICES];
     /* Under the lock: reclaim reads it under the lock until the buffer is
-     * off the engine's list. */
+     * off the engine's list. From there until each replica's memory is
+     * freed, reclaim finds it nowhere: the count says it is coming back
+     * (without it an allocation failed with "nothing left to evict" in
+     * that window, under ASan on a loaded machine). */
     um__vt_mutex_lock(&b->lock);
     b->magic = 0;
+    for (int d = 0; d < b->ctx->ndevices; d++)
+        if ((had[d] = b->rep[d].ptr != NULL))
+            um__reclaim_destroying(rc, d, 1);
     um__vt_mutex_unlock(&b->lock);
     um__xfer_track(x, b, false);
-    for (int d = 0; d < b->ctx->ndevices; d++)
+    for (int d = 0; d < b->ctx->ndevices; d++) {
         free_replica(b, d);
+        if (had[d])
+            um__reclaim_destroying(rc, d, -1);
+    }
     um__spill *sp;
     if (b->spill && um__xfer_spill(x, &sp) == UM_OK)
         um__spill_free(sp, b->spill, b->spill_off, b->size);

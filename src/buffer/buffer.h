@@ -225,6 +225,12 @@ void um__reclaim_start(struct um__reclaim *rc, um_context *ctx);
 void um__reclaim_destroy(struct um__reclaim *rc);
 /* Replica memory on dev grew or shrank by `bytes` (what watermarks count). */
 void um__reclaim_account(struct um__reclaim *rc, int dev, int64_t bytes);
+/* A destroy begins (+1) or ends (-1) giving back a replica's memory on
+ * dev: from when the buffer leaves the engine's list, where reclaim finds
+ * candidates, until its memory is freed or held for its last copies,
+ * where reclaim finds it too. Meanwhile that memory counts as held by a
+ * call in progress. */
+void um__reclaim_destroying(struct um__reclaim *rc, int dev, int delta);
 /* A buffer got UM_HINT_WILL_USE: the program announces its uses. */
 void um__reclaim_announced(struct um__reclaim *rc);
 /* Whether a write-back of `bytes` may go to a new replica on dev: always,

@@ -46,6 +46,7 @@ typedef struct device_counters {
     _Atomic size_t low, high;
     _Atomic unsigned marks_seq;
     _Atomic int64_t replica_bytes; /* memory held by buffer replicas */
+    _Atomic int32_t destroying;    /* um__reclaim_destroying's count */
 } device_counters;
 
 struct um__reclaim {
@@ -264,8 +265,14 @@ static bool evict_one(um__reclaim *rc, int dev, victim_scan *scan, failed_set *f
         *scan = (victim_scan){rc, dev, rc->ctx->opts.evict_policy, atomic_load(&rc->announcing),
                               failed, NULL, {0}, 0, 0, 0, 0, 0, 0};
         um__xfer_each_buffer(rc->x, consider, scan);
-        if (!scan->best)
+        if (!scan->best) {
+            /* Memory a destroy is giving back is on no list for a moment:
+             * held by a call in progress, not gone. */
+            int32_t destroying = atomic_load(&rc->dev[dev].destroying);
+            if (destroying > 0)
+                scan->busy += (uint32_t)destroying;
             return false;
+        }
         evict_job j = {scan, false, false, UM_OK, 0, 0};
         uint64_t t0 = um__now_ns();
         um__xfer_each_buffer(rc->x, evict_chosen, &j);
@@ -566,6 +573,12 @@ void um__reclaim_destroy(um__reclaim *rc)
 }
 
 /* ----------------------------------------------------------- accounting */
+
+void um__reclaim_destroying(um__reclaim *rc, int dev, int delta)
+{
+    if (rc)
+        atomic_fetch_add(&rc->dev[dev].destroying, delta);
+}
 
 void um__reclaim_announced(um__reclaim *rc)
 {
