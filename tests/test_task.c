@@ -1652,6 +1652,19 @@ static void test_name_copied(void)
     um_shutdown(ctx);
 }
 
+/* A context whose sim device 1 holds at most `limit` bytes, with no
+ * reclaim ahead of need (both watermarks at the limit); NULL on failure. */
+static um_context *limited_device(size_t limit)
+{
+    um_context *ctx = NULL;
+    CHECK_OK(um_init("devices=sim:64M,links=model,sim_granularity=64K,sched=eager", &ctx));
+    if (ctx) {
+        CHECK_OK(um_set_memory_limit(ctx, 1, limit));
+        CHECK_OK(um_set_watermarks(ctx, 1, limit, limit));
+    }
+    return ctx;
+}
+
 static int short_nap_fn(const um_task_exec *e)
 {
     (void)e;
@@ -1667,12 +1680,9 @@ static int short_nap_fn(const um_task_exec *e)
 static void test_prefetch_after_acquire(void)
 {
     const size_t MiB = (size_t)1 << 20;
-    um_context *ctx = NULL;
-    CHECK_OK(um_init("devices=sim:64M,links=model,sim_granularity=64K,sched=eager", &ctx));
+    um_context *ctx = limited_device(2 * MiB);
     if (!ctx)
         return;
-    CHECK_OK(um_set_memory_limit(ctx, 1, 2 * MiB));
-    CHECK_OK(um_set_watermarks(ctx, 1, 2 * MiB, 2 * MiB)); /* no reclaim ahead of need */
     enum { N = 8 };
     um_buffer *b[N];
     char *data = calloc(1, MiB);
@@ -1723,12 +1733,9 @@ static int check_next_input_fn(const um_task_exec *e)
 static void test_prefetch_into_cached_memory(void)
 {
     const size_t KiB = 1024, MiB = KiB * KiB;
-    um_context *ctx = NULL;
-    CHECK_OK(um_init("devices=sim:64M,links=model,sim_granularity=64K,sched=eager", &ctx));
+    um_context *ctx = limited_device(4 * MiB);
     if (!ctx)
         return;
-    CHECK_OK(um_set_memory_limit(ctx, 1, 4 * MiB));
-    CHECK_OK(um_set_watermarks(ctx, 1, 4 * MiB, 4 * MiB)); /* no reclaim ahead of need */
     void *p = NULL;
     CHECK_OK(um_malloc(ctx, 1, 64 * KiB, NULL, &p));
     CHECK_OK(um_free(ctx, p, NULL));
