@@ -378,24 +378,30 @@ static void test_many_streams(const char *dir)
         fprintf(f, "a %u 64 %llu\n", i, stream_value(0));
     fputs("x\n", f);
     fclose(f);
-    snprintf(args, sizeof args, "replay --json %s", one);
-    double t0 = seconds_now();
-    CHECK_EQ(run(args, true), 1);
-    double base = seconds_now() - t0;
-    snprintf(args, sizeof args, "replay --json %s", path);
-    t0 = seconds_now();
-    CHECK_EQ(run(args, true), 1);
-    double elapsed = seconds_now() - t0;
-    snprintf(want, sizeof want, "%s:%u: unknown op 'x'", path, many + 1);
-    CHECK(strstr(out, want) != NULL);
-    if (!strstr(out, want))
-        fprintf(stderr, "  got: %s\n", out);
     /* The list took 40 times the one stream's time (8 s against 0.2);
-     * the map takes about as long as one stream. */
-    double bound = 4.0 * base + 0.5;
+     * the map takes about as long as one stream. A pair over the bound
+     * is measured once more: under ThreadSanitizer, beside the heaviest
+     * tests, one pair took 6.55 s against 0.47 (bound 2.4), where the
+     * list would be over it every time. */
+    double elapsed = 0, base = 0, bound = 0;
+    for (int attempt = 0; attempt < 2 && !(elapsed > 0 && elapsed < bound); attempt++) {
+        snprintf(args, sizeof args, "replay --json %s", one);
+        double t0 = seconds_now();
+        CHECK_EQ(run(args, true), 1);
+        base = seconds_now() - t0;
+        snprintf(args, sizeof args, "replay --json %s", path);
+        t0 = seconds_now();
+        CHECK_EQ(run(args, true), 1);
+        elapsed = seconds_now() - t0;
+        snprintf(want, sizeof want, "%s:%u: unknown op 'x'", path, many + 1);
+        CHECK(strstr(out, want) != NULL);
+        if (!strstr(out, want))
+            fprintf(stderr, "  got: %s\n", out);
+        bound = 4.0 * base + 0.5;
+        printf("test_replay: %u streams read in %.2f s, one stream's %u allocations in %.2f s "
+               "(bound %.1f s)\n", many, elapsed, many, base, bound);
+    }
     CHECK(elapsed < bound);
-    printf("test_replay: %u streams read in %.2f s, one stream's %u allocations in %.2f s "
-           "(bound %.1f s)\n", many, elapsed, many, base, bound);
     remove(one);
 
     f = fopen(path, "w");
