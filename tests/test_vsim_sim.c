@@ -171,16 +171,24 @@ static void test_limit_below_memory(void)
     um__vs_dag d;
     CHECK_EQ(um__vs_dag_gemm(32768, 8192, &d), 0); /* 48 tiles of 256 MiB */
     um__vs_result *r = malloc(sizeof *r);
-    char trace[64], conf[96];
+    char trace[64], conf[512];
     snprintf(trace, sizeof trace, "/tmp/test_vsim_limit_%d.json", (int)getpid());
-    snprintf(conf, sizeof conf, "trace_file=%s", trace);
+    /* The trace, and the pool, whose one reservation is the device's
+     * memory, after whatever UNIMEM_CONF the run was given (put back). */
+    const char *given = getenv("UNIMEM_CONF");
+    char *kept = given ? strdup(given) : NULL;
+    snprintf(conf, sizeof conf, "%s%strace_file=%s,allocator=pool", given ? given : "",
+             given ? "," : "", trace);
     for (int engine = 0; engine < 2; engine++) {
         uint64_t forced = 1;
         if (engine)
             setenv("UNIMEM_CONF", conf, 1);
         CHECK_OK(engine ? um__vs_run_runtime(m, &d, UM_SCHED_COST, r, &forced)
                         : um__vs_simulate(m, &d, UM_SCHED_COST, r));
-        unsetenv("UNIMEM_CONF");
+        if (kept)
+            setenv("UNIMEM_CONF", kept, 1);
+        else
+            unsetenv("UNIMEM_CONF");
         printf("test_vsim_sim: %s engine: the GPU held at most %llu MiB of a 2048 MiB limit\n",
                engine ? "runtime" : "model", (unsigned long long)(r->peak_bytes[1] >> 20));
         CHECK_EQ(r->peak_bytes[1], 8 * tile_bytes);
@@ -192,6 +200,7 @@ static void test_limit_below_memory(void)
            (unsigned long long)(reserved >> 20));
     CHECK(reserved >= m->dev[1].capacity);
     unlink(trace);
+    free(kept);
     free(r);
     um__vs_dag_free(&d);
     free(m);
