@@ -338,16 +338,11 @@ um_status um__vs_run_runtime(const um__vs_machine *m, const um__vs_dag *d, int p
     um_context *ctx = NULL;
     if (st == UM_OK)
         st = um_init(conf, &ctx);
-    if (st != UM_OK) {
-        free(device);
-        free(host_ns);
-        return st;
-    }
     for (int dev = 1; dev < m->ndev && st == UM_OK; dev++)
         if (m->dev[dev].memory < made_with(m, dev))
             st = um_set_memory_limit(ctx, dev, (size_t)m->dev[dev].memory);
     if (st != UM_OK) {
-        um_shutdown(ctx);
+        um_shutdown(ctx); /* none where um_init failed */
         free(device);
         free(host_ns);
         return st;
