@@ -81,6 +81,10 @@
       "backs each aligned run of that many pages inside an allocation, taking one create "   \
       "and one map where pages take one each, and moving or going back only whole; single " \
       "pages fill the rest, so recycling stays fine where it is needed")                     \
+    X(host_large_page, UM_OPT_SIZE, "32M",                                                    \
+      "large_page for the host pool when its memory is pinned, where every page costs "      \
+      "driver calls (create, map, access) that pinning makes slow: 0 = off; pageable host "  \
+      "memory takes large_page as the other devices do")                                     \
     X(copy_threads, UM_OPT_INT, "0",                                                          \
       "host threads that copy program (pageable) memory through pinned staging buffers "     \
       "for a GPU copy; 0 = half the online CPUs, at most 8")                                  \
@@ -156,6 +160,7 @@ typedef struct um__options {
     int cuda_vmm;
     size_t cuda_page_size;
     size_t large_page;
+    size_t host_large_page;
     int copy_threads;
     size_t copy_chunk;
     int peer_copies;

@@ -911,6 +911,7 @@ static um_status create_allocators(um_context *ctx)
     const um__options *o = &ctx->opts;
     for (int i = 0; i < ctx->ndevices; i++) {
         um_device *d = &ctx->devices[i];
+        bool pinned_host = d->backend->kind == UM_DEVICE_HOST && d->backend->pinned;
         um__pool_config c = {
             .dev = i,
             /* A limit above the capacity is the capacity, for every
@@ -925,7 +926,8 @@ static um_status create_allocators(um_context *ctx)
             .no_plan = !o->plan,
             .no_defer = !o->defer_frees,
             .no_medium = !o->medium_slabs,
-            .large_page = o->large_page,
+            .large_page = pinned_host ? o->host_large_page : o->large_page,
+            .large_page_option = pinned_host ? "host_large_page" : "large_page",
             .events = ctx->events,
             .reuse_wait = reuse_wait,
             .reuse_arg = ctx,

@@ -4064,9 +4064,10 @@ um_status um__pool_create(um__backend *b, const um__pool_config *c, um__allocato
     uint32_t big = 1;
     if (c->large_page && (!um__is_pow2(c->large_page) || c->large_page / page > 64))
         return um__fail(UM_ERR_BAD_OPTION,
-                        "device %d (%s): option 'large_page' is %zu bytes: not a power of two "
+                        "device %d (%s): option '%s' is %zu bytes: not a power of two "
                         "of at most 64 of the device's %zu-byte pages",
-                        c->dev, b->name, c->large_page, page);
+                        c->dev, b->name, c->large_page_option ? c->large_page_option : "large_page",
+                        c->large_page, page);
     if (c->large_page > page)
         big = (uint32_t)(c->large_page / page);
 

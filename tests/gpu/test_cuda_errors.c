@@ -19,7 +19,9 @@
  *     gives every free page back;
  *   - a timed event's time on the host's clock, from the backend's anchor;
  *   - timed copies whose events, timing or copy fail keep the data whole
- *     and give every event back.
+ *     and give every event back;
+ *   - the pinned host pool's large pages (host_large_page) and their
+ *     errors.
  * Skips (77) without the stand-in driver.
  */
 #include "backend/backend.h"
@@ -346,6 +348,52 @@ static void test_virtual_time_pinned(void)
     }
 }
 
+/* Chunks the driver makes for one allocation of size bytes on device dev
+ * of a context made with conf, the allocation's bytes checked on the host
+ * where dev is the host. */
+static long chunks_for(const char *conf, int dev, size_t size)
+{
+    um_context *c = NULL;
+    CHECK_OK(um_init(conf, &c));
+    if (!c)
+        return -1;
+    long before = live("chunks");
+    void *p = NULL;
+    CHECK_OK(um_malloc(c, dev, size, NULL, &p));
+    long made = live("chunks") - before;
+    if (p && dev == 0) {
+        memset(p, 0x5a, size);
+        CHECK_EQ(((unsigned char *)p)[size - 1], 0x5a);
+    }
+    if (p)
+        CHECK_OK(um_free(c, p, NULL));
+    um_shutdown(c);
+    return made;
+}
+
+/* Pinned host pages cost slow driver calls each, so the host pool backs
+ * large allocations with large pages by default (host_large_page, 32 MiB:
+ * eight chunks for 256 MiB instead of 128), while GPUs keep large_page,
+ * off by default. A bad value is refused under its own name. */
+static void test_host_large_pages(void)
+{
+    const size_t size = 256 * MIB;
+    CHECK_EQ(chunks_for("devices=cuda:0,host_capacity=1G", 0, size), 8);
+    CHECK_EQ(chunks_for("devices=cuda:0,host_capacity=1G,host_large_page=0", 0, size), 128);
+    CHECK_EQ(chunks_for("devices=cuda:0,host_capacity=1G,host_large_page=64M", 0, size), 4);
+    CHECK_EQ(chunks_for("devices=cuda:0,host_capacity=1G", 1, 128 * MIB), 64);
+    CHECK_EQ(chunks_for("devices=cuda:0,host_capacity=1G,large_page=32M", 1, 128 * MIB), 4);
+    /* large_page leaves the pinned host alone. */
+    CHECK_EQ(chunks_for("devices=cuda:0,host_capacity=1G,host_large_page=0,large_page=32M", 0,
+                        size),
+             128);
+    um_context *c = NULL;
+    CHECK_STATUS(um_init("devices=cuda:0,host_capacity=1G,host_large_page=12M", &c),
+                 UM_ERR_BAD_OPTION);
+    CHECK_ERROR_MENTIONS("'host_large_page'", "power of two", "host");
+    CHECK(c == NULL);
+}
+
 /* CUDA_ERROR_OUT_OF_MEMORY is UM_ERR_NOMEM, as for cuMemCreate. */
 static void test_out_of_memory(void)
 {
@@ -468,6 +516,7 @@ int main(void)
     test_event_time();
     test_timed_copies_failing();
     test_virtual_time_pinned();
+    test_host_large_pages();
     test_out_of_memory();
     test_stream_destroy();
     test_trim_without_fence();
