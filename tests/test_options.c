@@ -11,7 +11,7 @@
 
 static void test_table(void)
 {
-    CHECK_EQ(um_option_count(), 38);
+    CHECK_EQ(um_option_count(), 39);
     um_option_info info;
     for (int i = 0; i < um_option_count(); i++) {
         CHECK_OK(um_option_get(i, &info));
@@ -35,7 +35,7 @@ static void test_table(void)
     }
     CHECK_STATUS(um_option_get(-1, &info), UM_ERR_INVALID);
     CHECK_STATUS(um_option_get(um_option_count(), &info), UM_ERR_INVALID);
-    CHECK_ERROR_MENTIONS("index 38", NULL, NULL);
+    CHECK_ERROR_MENTIONS("index 39", NULL, NULL);
     CHECK_STATUS(um_option_get(0, NULL), UM_ERR_INVALID);
 
     CHECK_OK(um_option_get(0, &info));

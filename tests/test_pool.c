@@ -357,6 +357,29 @@ static void test_large_pages(void)
     CHECK_OK(a->ops->check(a));
     a->ops->destroy(a);
 
+    /* A block of wholly new pages starts on a large page's boundary, so
+     * that large pages back all of it: 32 MiB right after a 6 MiB block
+     * would take three chunks and four single pages (14 calls). */
+    a = make_pool_with(512 * MiB, &c);
+    p = (um__pool *)a;
+    void *small6 = xalloc(a, 6 * MiB, 0);
+    calls = stats(a).num_backend_calls;
+    void *q = xalloc(a, 32 * MiB, 0);
+    CHECK_EQ((uintptr_t)q, p->region.lo + 8 * MiB);
+    CHECK_EQ(((uintptr_t)q - p->va) % (8 * MiB), 0);
+    CHECK_EQ(stats(a).num_backend_calls - calls, 8);
+    CHECK_EQ(stats(a).reserved_bytes, 38 * MiB);
+    harness_pattern_fill(q, 32 * MiB, 3);
+    /* The gap below it still takes a block that fits. */
+    void *r2 = xalloc(a, 2 * MiB, 0);
+    CHECK((uintptr_t)r2 >= (uintptr_t)small6 + 6 * MiB && (uintptr_t)r2 < (uintptr_t)q);
+    CHECK_EQ(harness_pattern_find_bad(q, 32 * MiB, 3, &got, &want), SIZE_MAX);
+    xfree(a, r2, 0);
+    xfree(a, q, 0);
+    xfree(a, small6, 0);
+    CHECK_OK(a->ops->check(a));
+    a->ops->destroy(a);
+
     /* At a limit of 64 MiB, eight blocks of one large page each fill it.
      * With every other one freed, a 10 MiB block fits only at the top,
      * over the last freed large page and one unmapped page: no single
@@ -563,6 +586,61 @@ static void test_slab_empties_during_take(void)
     CHECK_OK(a->ops->check(a));
     CHECK_EQ(stats(a).active_blocks, 0);
     a->ops->destroy(a);
+}
+
+/* At the memory limit, a block freed on stream 1 with work still queued
+ * there goes to stream 2 at once, stream 2 made to wait for that work on
+ * the device (cross_stream_reuse; a sim stream's wait completes it),
+ * rather than idle pages elsewhere moving under a new address and the host
+ * waiting for the rest. Not for a page that several busy streams freed
+ * (no one fence covers it), and not with the option off (the host waits). */
+static void test_cross_stream_reuse_at_limit(void)
+{
+    for (int on = 1; on >= 0; on--) {
+        um__pool_config c = {.dev = 1, .memory_limit = 64 * MiB,
+                             .cache_limit = UM_NO_CACHE_LIMIT, .va_factor = 4, .no_plan = 1,
+                             .no_cross_stream_reuse = !on};
+        um__allocator *a = make_pool_with(256 * MiB, &c);
+        um__pool *p = (um__pool *)a;
+        void *x = xalloc(a, 32 * MiB, 1);
+        void *mid = xalloc(a, 16 * MiB, 0);
+        void *idle = xalloc(a, 16 * MiB, 0);
+        harness_pattern_fill(mid, 16 * MiB, 7);
+        CHECK_EQ(stats(a).reserved_bytes, 64 * MiB);
+        xfree(a, idle, 0); /* its pages could move */
+        CHECK_OK(um__sim_stream_launch(backend, s1, 1));
+        xfree(a, x, 1);
+        uint64_t queued = 0;
+        CHECK_OK(um__sim_stream_queued(backend, s1, &queued));
+        CHECK_EQ(queued, 1);
+        uint64_t calls = stats(a).num_backend_calls;
+        void *y = xalloc(a, 32 * MiB, 2);
+        CHECK(y == x);
+        CHECK_EQ(p->adopted_spots, (uint64_t)on);
+        CHECK_OK(um__sim_stream_queued(backend, s1, &queued));
+        CHECK_EQ(queued, 0); /* ordered after stream 1's work */
+        if (on)
+            CHECK(stats(a).num_backend_calls - calls <= 2); /* a fence and the wait */
+        CHECK_EQ(stats(a).reserved_bytes, 64 * MiB);
+        unsigned char got, want;
+        CHECK_EQ(harness_pattern_find_bad(mid, 16 * MiB, 7, &got, &want), SIZE_MAX);
+        /* A page that two busy streams freed: the host waits instead. */
+        CHECK_OK(um__sim_stream_launch(backend, s2, 1));
+        xfree(a, y, 2);
+        size_t pg = (size_t)((uintptr_t)y - p->va) >> p->page_shift;
+        p->pages[pg + 3].fence_stream = UM_MIXED_FENCE;
+        p->pages[pg + 3].fence_epoch = p->full_syncs;
+        uint64_t before = p->adopted_spots;
+        void *z = xalloc(a, 32 * MiB, 1);
+        CHECK(z == y);
+        CHECK_EQ(p->adopted_spots, before);
+        CHECK_OK(um__sim_stream_queued(backend, s2, &queued));
+        CHECK_EQ(queued, 0);
+        xfree(a, z, 1);
+        xfree(a, mid, 0);
+        CHECK_OK(a->ops->check(a));
+        a->ops->destroy(a);
+    }
 }
 
 /* A block freed on a stream with queued work is reused at once on that
@@ -1906,6 +1984,7 @@ int main(void)
     test_random(seed + 5, 1, 3, 0, 500, 0, 8 * MiB);
     test_random(seed + 6, 1, 1, 2048 * MiB, 500, 1, 4 * MiB);
     test_large_pages();
+    test_cross_stream_reuse_at_limit();
     test_medium_slabs();
     test_largest_free_without_medium_slabs();
     test_largest_free_counts_cached_blocks();

@@ -66,6 +66,11 @@
       "thread caches' fast path) "                                                            \
       "while the frees of one stream alone fence pages; from the first large free on a "     \
       "second stream they take the large path, whose placement keeps less memory")           \
+    X(cross_stream_reuse, UM_OPT_BOOL, "1",                                                   \
+      "at its memory limit, where it would move pages or wait, the pool takes mapped memory " \
+      "that other streams freed and makes the allocating stream wait on the device for "    \
+      "their frees, as CUDA's pools do (internal dependencies); 0: moves pages, or waits "  \
+      "on the host")                                                                          \
     X(host_memory, UM_OPT_ENUM, "auto",                                                       \
       "auto|pinned|pageable: host pool memory; auto pins it (CUDA VMM host pages) when "      \
       "devices lists a GPU and the driver can, else pageable")                                \
@@ -156,6 +161,7 @@ typedef struct um__options {
     int plan;
     int defer_frees;
     int medium_slabs;
+    int cross_stream_reuse;
     int host_memory;        /* um__host_memory */
     int cuda_vmm;
     size_t cuda_page_size;

@@ -926,6 +926,7 @@ static um_status create_allocators(um_context *ctx)
             .no_plan = !o->plan,
             .no_defer = !o->defer_frees,
             .no_medium = !o->medium_slabs,
+            .no_cross_stream_reuse = !o->cross_stream_reuse,
             .large_page = pinned_host ? o->host_large_page : o->large_page,
             .large_page_option = pinned_host ? "host_large_page" : "large_page",
             .events = ctx->events,

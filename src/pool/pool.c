@@ -1690,6 +1690,20 @@ static uintptr_t fewest_pages_spot(um__pool *p, um__block *b, uintptr_t at, size
                                    size_t align, uint32_t sid, size_t *need)
 {
     *need = unmapped_pages(p, at, size);
+    size_t span = page_of(p, at + size - 1) - page_of(p, at) + 1;
+    if (p->big > 1 && span >= p->big_min_pages && *need == span) {
+        /* Wholly new pages: a spot on a large page's boundary takes them
+         * as whole large pages. Left where the last block happened to end
+         * (16 MiB past one, in the tiled GEMM's host pool), a 256 MiB
+         * block took 7 of its 8 chunks and 16 single pages, slow pinned
+         * ones (BENCHMARKS.md). The gap stays free address space. */
+        size_t big_bytes = (size_t)p->big * p->page;
+        uintptr_t up = p->va + um__align_up(at - p->va, big_bytes);
+        if (up % align == 0 && up + size <= b->fi.addr + b->fi.size &&
+            unmapped_pages(p, up, size) == *need &&
+            spot_usable(p, up, size, sid))
+            return up;
+    }
     uintptr_t high = um__align_down(b->fi.addr + b->fi.size - size, align);
     if (*need && high > at) {
         size_t need_high = unmapped_pages(p, high, size);
@@ -1747,12 +1761,120 @@ static um__block *any_fit(um__pool *p, size_t size, size_t align, uint32_t sid, 
     return best;
 }
 
+/* The fence of stream u's state ss that covers its frees of epoch e (the
+ * first recorded with an epoch at least e), recording one when e is still
+ * open; NULL when none can be had (ring full, or the record failed). */
+static um__bevent *fence_covering(um__pool *p, um__stream_state *ss, uint64_t e)
+{
+    if (e >= ss->epoch)
+        record_fence(p, ss);
+    for (uint32_t k = 0; k < ss->fence_n; k++) {
+        uint32_t i = (ss->fence_head + k) % UM_FENCE_RING;
+        if (ss->fences[i].epoch >= e)
+            return ss->fences[i].event;
+    }
+    return NULL;
+}
+
+/* Makes the mapped spot [at, at+size) usable by stream sid in stream order
+ * rather than by waiting on the host: sid's stream is made to wait on the
+ * device for the fences of the other streams that freed its pages, as
+ * CUDA's pools do by default (internal dependencies). At a memory limit
+ * the alternative is moving pages, and unmapping them while a GPU is busy
+ * took 17 ms a call on an H100 (BENCHMARKS.md), against a wait that
+ * usually ends when a copy does. False, with nothing waited for, where a
+ * page was freed by several streams (no one fence covers it), sid is no
+ * stream, or more than a few streams or no fence would be needed. */
+static bool adopt_fenced_spot(um__pool *p, uintptr_t at, size_t size, uint32_t sid)
+{
+    enum { MAX_WAITS = 4 };
+    um__stream_state *mine = sid < p->nstreams ? p->streams[sid] : NULL;
+    if (!mine || !mine->known)
+        return false;
+    uint32_t streams[MAX_WAITS];
+    uint64_t epochs[MAX_WAITS];
+    int n = 0;
+    size_t first = page_of(p, at), last = page_of(p, at + size - 1);
+    for (size_t pg = first; pg <= last; pg++) {
+        uint32_t u = p->pages[pg].fence_stream;
+        if (u == UM_NO_FENCE || u == sid || page_fence_done(p, pg))
+            continue;
+        if (u == UM_MIXED_FENCE)
+            return false;
+        int k = 0;
+        while (k < n && streams[k] != u)
+            k++;
+        if (k == n) {
+            if (n == MAX_WAITS)
+                return false;
+            streams[n] = u;
+            epochs[n++] = 0;
+        }
+        if (p->pages[pg].fence_epoch > epochs[k])
+            epochs[k] = p->pages[pg].fence_epoch;
+    }
+    um__bevent *events[MAX_WAITS];
+    for (int k = 0; k < n; k++)
+        if (!(events[k] = fence_covering(p, p->streams[streams[k]], epochs[k])))
+            return false;
+    for (int k = 0; k < n; k++)
+        if (um__be_stream_wait(fence_backend(p, mine), mine->bstream,
+                               fence_backend(p, p->streams[streams[k]]), events[k]) != UM_OK)
+            return false;
+    /* sid's later work now follows those frees, so the pages wholly under
+     * the spot carry no fence on: the spot's own free will stamp sid's. A
+     * page the spot shares with free bytes around it keeps its fence,
+     * which those bytes still need. */
+    size_t whole_end = page_of(p, at + size);
+    for (size_t pg = first + ((at - p->va) % p->page != 0); pg < whole_end; pg++)
+        p->pages[pg].fence_stream = UM_NO_FENCE;
+    p->adopted_spots++;
+    return true;
+}
+
+/* The best-fitting ready block, at most a page and 1/16 larger than size,
+ * with a mapped spot that adopt_fenced_spot takes for stream sid, and the
+ * spot; NULL when none of the next few fits has one. */
+static um__block *adopt_mapped_fit(um__pool *p, size_t size, size_t align, uint32_t sid,
+                                   uintptr_t *spot)
+{
+    enum { TRIES = 8 };
+    um__region *r = &p->region;
+    um__block *skipped[TRIES], *found = NULL;
+    int n = 0;
+    while (n < TRIES) {
+        um__block *b = (um__block *)um__fi_find(&r->ready, size + align - UM_ALIGN);
+        /* Up to a page and 1/16 larger, as for the mapped fits of attempt
+         * 0: splitting a larger mapped range here left the two-stream
+         * pipeline trace (lag 8) needing 1.0205x its live bytes at its
+         * smallest limit instead of 1.0176x. */
+        if (!b || b->fi.size > size + p->page + size / 16)
+            break;
+        uintptr_t low = um__align_up(b->fi.addr, align);
+        uintptr_t high = um__align_down(b->fi.addr + b->fi.size - size, align);
+        uintptr_t at = fully_mapped(p, low, size) ? low : fully_mapped(p, high, size) ? high : 0;
+        if (at && adopt_fenced_spot(p, at, size, sid)) {
+            *spot = at;
+            found = b;
+            break;
+        }
+        um__fi_remove(&r->ready, &b->fi);
+        skipped[n++] = b;
+    }
+    while (n)
+        um__fi_insert(&r->ready, &skipped[--n]->fi);
+    return found;
+}
+
 /* Finds size bytes (aligned) for stream sid:
  * 0. ready memory that is already mapped: the best fit, or else one of the
  *    next few fits, up to a page and 1/16 larger, that needs no page moved
  *    (a move costs backend calls now and tends to leave partly used pages);
- * 1. the same, moving holes that are known to be idle onto the rest (no
- *    backend call but the moves themselves);
+ * 1. at the limit, mapped memory that other streams freed, their fences
+ *    made the stream's own by a wait on the device (adopt_fenced_spot,
+ *    option cross_stream_reuse); then the same as 0, moving
+ *    holes that are known to be idle onto the rest (no backend call but
+ *    the moves themselves);
  * 2. after polling every stream's fence: holes that became idle, then new
  *    pages while under the limit;
  * 3. after waiting for every fence and dropping empty slabs: step 2 again;
@@ -1788,6 +1910,21 @@ static um_status take_range(um__pool *p, size_t size, size_t align, uint32_t sid
         if (attempt == 1 && p->deferred.count) {
             defer_flush(p);
             return take_range(p, size, align, sid, out);
+        }
+        if (attempt == 1 && p->cross_stream_reuse && !all_usable(p, sid) &&
+            p->reserved + size > p->base.memory_limit) {
+            /* At the limit, where pages would move or the host wait,
+             * mapped memory that other streams freed is taken in stream
+             * order instead. Below it the pool makes pages rather than
+             * tie one stream's work to another's. */
+            uintptr_t at = 0;
+            um__block *b = adopt_mapped_fit(p, size, align, sid, &at);
+            if (b) {
+                (void)um__host_nomem_take();
+                last = take_ready(p, b, at, size, false, out);
+                if (last != UM_ERR_NOMEM)
+                    return last;
+            }
         }
         if (attempt == 2)
             poll_all(p, false);
@@ -4097,6 +4234,7 @@ um_status um__pool_create(um__backend *b, const um__pool_config *c, um__allocato
     p->plan_on = !c->no_plan;
     p->defer = !c->no_defer;
     p->medium = !c->no_medium;
+    p->cross_stream_reuse = !c->no_cross_stream_reuse;
     /* Medium slabs start off; sync_medium_slabs below decides. */
     atomic_init(&p->slab_max, UM_SMALL_MAX);
     p->refill_cls = UM_NCLASSES;

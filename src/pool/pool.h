@@ -53,6 +53,7 @@ typedef struct um__pool_config {
     int no_plan;           /* the plan option, negated (0: step planning on) */
     int no_defer;          /* the defer_frees option, negated (0: deferred frees on) */
     int no_medium;         /* the medium_slabs option, negated (0: medium slabs on) */
+    int no_cross_stream_reuse; /* the cross_stream_reuse option, negated */
     size_t large_page;     /* the large_page option: bytes; 0 or at most a page: none */
     const char *large_page_option; /* the option that set it, for errors; NULL: large_page */
     struct um__events *events; /* trace_file's recorder: reserved memory goes there; or NULL */

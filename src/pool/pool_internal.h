@@ -289,6 +289,8 @@ typedef struct um__pool {
     struct um__block *plan_spare; /* records kept for the arena's gaps when it dissolves */
     size_t nplan_spare;
     uint64_t full_syncs;          /* times every stream was seen idle */
+    bool cross_stream_reuse;      /* the option: adopt_fenced_spot before moving pages */
+    uint64_t adopted_spots;       /* spots taken in stream order from other streams (adopt_fenced_spot) */
     /* The one stream whose frees have fenced pages so far (UM_NO_FENCE:
      * none yet; UM_MIXED_FENCE: several). While it is one stream, every
      * page is usable by it, and the placement skips its per-page checks. */
