@@ -1649,12 +1649,15 @@ static uintptr_t usable_spot(um__pool *p, um__block *b, size_t size, size_t alig
     return 0;
 }
 
-/* The best-fitting ready block that stream sid may use now, and the spot in
- * it; blocks with no usable spot are passed over (a few at most, so the
- * search stays O(1)). With mapped_slack, only blocks up to size +
- * mapped_slack bytes whose low or high end needs no new page qualify. */
-static um__block *find_usable(um__pool *p, size_t size, size_t align, uint32_t sid,
-                              size_t mapped_slack, uintptr_t *spot)
+/* A spot for size bytes in ready block b, or 0: the test of walk_fits. */
+typedef uintptr_t (*fit_test)(um__pool *p, um__block *b, size_t size, size_t align,
+                              uint32_t sid, size_t mapped_slack);
+
+/* The best-fitting ready block in which test finds a spot, and the spot;
+ * blocks without one are passed over (a few at most, so the search stays
+ * O(1)), and with mapped_slack so are blocks over size + mapped_slack. */
+static um__block *walk_fits(um__pool *p, size_t size, size_t align, uint32_t sid,
+                            size_t mapped_slack, fit_test test, uintptr_t *spot)
 {
     enum { TRIES = 8 };
     um__region *r = &p->region;
@@ -1664,13 +1667,7 @@ static um__block *find_usable(um__pool *p, size_t size, size_t align, uint32_t s
         um__block *b = (um__block *)um__fi_find(&r->ready, size + align - UM_ALIGN);
         if (!b || (mapped_slack && b->fi.size > size + mapped_slack))
             break;
-        uintptr_t at = usable_spot(p, b, size, align, sid);
-        if (at && mapped_slack && !fully_mapped(p, at, size)) {
-            uintptr_t high = um__align_down(b->fi.addr + b->fi.size - size, align);
-            at = high > at && fully_mapped(p, high, size) && spot_usable(p, high, size, sid)
-                     ? high
-                     : 0;
-        }
+        uintptr_t at = test(p, b, size, align, sid, mapped_slack);
         if (at) {
             *spot = at;
             found = b;
@@ -1682,6 +1679,30 @@ static um__block *find_usable(um__pool *p, size_t size, size_t align, uint32_t s
     while (n)
         um__fi_insert(&r->ready, &skipped[--n]->fi);
     return found;
+}
+
+/* find_usable's test: the lowest spot stream sid may use now; with
+ * mapped_slack, only where its low or high end needs no new page. */
+static uintptr_t usable_fit(um__pool *p, um__block *b, size_t size, size_t align, uint32_t sid,
+                            size_t mapped_slack)
+{
+    uintptr_t at = usable_spot(p, b, size, align, sid);
+    if (at && mapped_slack && !fully_mapped(p, at, size)) {
+        uintptr_t high = um__align_down(b->fi.addr + b->fi.size - size, align);
+        at = high > at && fully_mapped(p, high, size) && spot_usable(p, high, size, sid) ? high
+                                                                                        : 0;
+    }
+    return at;
+}
+
+/* The best-fitting ready block that stream sid may use now, and the spot in
+ * it; blocks with no usable spot are passed over (a few at most, so the
+ * search stays O(1)). With mapped_slack, only blocks up to size +
+ * mapped_slack bytes whose low or high end needs no new page qualify. */
+static um__block *find_usable(um__pool *p, size_t size, size_t align, uint32_t sid,
+                              size_t mapped_slack, uintptr_t *spot)
+{
+    return walk_fits(p, size, align, sid, mapped_slack, usable_fit, spot);
 }
 
 /* The spot for size bytes in ready block b that needs the fewest new pages
@@ -1832,38 +1853,28 @@ static bool adopt_fenced_spot(um__pool *p, uintptr_t at, size_t size, uint32_t s
     return true;
 }
 
+/* adopt_mapped_fit's test: the block's low or high end where wholly
+ * mapped, made stream sid's own by adopt_fenced_spot. */
+static uintptr_t adopted_fit(um__pool *p, um__block *b, size_t size, size_t align, uint32_t sid,
+                             size_t mapped_slack)
+{
+    UM_UNUSED(mapped_slack);
+    uintptr_t low = um__align_up(b->fi.addr, align);
+    uintptr_t high = um__align_down(b->fi.addr + b->fi.size - size, align);
+    uintptr_t at = fully_mapped(p, low, size) ? low : fully_mapped(p, high, size) ? high : 0;
+    return at && adopt_fenced_spot(p, at, size, sid) ? at : 0;
+}
+
 /* The best-fitting ready block, at most a page and 1/16 larger than size,
  * with a mapped spot that adopt_fenced_spot takes for stream sid, and the
- * spot; NULL when none of the next few fits has one. */
+ * spot; NULL when none of the next few fits has one. The bound is attempt
+ * 0's for mapped fits: splitting a larger mapped range here left the
+ * two-stream pipeline trace (lag 8) needing 1.0205x its live bytes at its
+ * smallest limit instead of 1.0176x. */
 static um__block *adopt_mapped_fit(um__pool *p, size_t size, size_t align, uint32_t sid,
                                    uintptr_t *spot)
 {
-    enum { TRIES = 8 };
-    um__region *r = &p->region;
-    um__block *skipped[TRIES], *found = NULL;
-    int n = 0;
-    while (n < TRIES) {
-        um__block *b = (um__block *)um__fi_find(&r->ready, size + align - UM_ALIGN);
-        /* Up to a page and 1/16 larger, as for the mapped fits of attempt
-         * 0: splitting a larger mapped range here left the two-stream
-         * pipeline trace (lag 8) needing 1.0205x its live bytes at its
-         * smallest limit instead of 1.0176x. */
-        if (!b || b->fi.size > size + p->page + size / 16)
-            break;
-        uintptr_t low = um__align_up(b->fi.addr, align);
-        uintptr_t high = um__align_down(b->fi.addr + b->fi.size - size, align);
-        uintptr_t at = fully_mapped(p, low, size) ? low : fully_mapped(p, high, size) ? high : 0;
-        if (at && adopt_fenced_spot(p, at, size, sid)) {
-            *spot = at;
-            found = b;
-            break;
-        }
-        um__fi_remove(&r->ready, &b->fi);
-        skipped[n++] = b;
-    }
-    while (n)
-        um__fi_insert(&r->ready, &skipped[--n]->fi);
-    return found;
+    return walk_fits(p, size, align, sid, p->page + size / 16, adopted_fit, spot);
 }
 
 /* Finds size bytes (aligned) for stream sid:
