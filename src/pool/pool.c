@@ -1656,8 +1656,10 @@ typedef uintptr_t (*fit_test)(um__pool *p, um__block *b, size_t size, size_t ali
 /* The best-fitting ready block in which test finds a spot, and the spot;
  * blocks without one are passed over (a few at most, so the search stays
  * O(1)), and with mapped_slack so are blocks over size + mapped_slack. */
-static um__block *walk_fits(um__pool *p, size_t size, size_t align, uint32_t sid,
-                            size_t mapped_slack, fit_test test, uintptr_t *spot)
+/* Inlined into each caller, so that test is a direct call. */
+static inline __attribute__((always_inline)) um__block *
+walk_fits(um__pool *p, size_t size, size_t align, uint32_t sid, size_t mapped_slack,
+          fit_test test, uintptr_t *spot)
 {
     enum { TRIES = 8 };
     um__region *r = &p->region;
