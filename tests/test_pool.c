@@ -593,7 +593,8 @@ static void test_slab_empties_during_take(void)
  * the device (cross_stream_reuse; a sim stream's wait completes it),
  * rather than idle pages elsewhere moving under a new address and the host
  * waiting for the rest. Not for a page that several busy streams freed
- * (no one fence covers it), and not with the option off (the host waits). */
+ * (no one fence covers it), not for the host's own use, and not with the
+ * option off (the host waits). */
 static void test_cross_stream_reuse_at_limit(void)
 {
     for (int on = 1; on >= 0; on--) {
@@ -636,7 +637,17 @@ static void test_cross_stream_reuse_at_limit(void)
         CHECK_EQ(p->adopted_spots, before);
         CHECK_OK(um__sim_stream_queued(backend, s2, &queued));
         CHECK_EQ(queued, 0);
+        /* Nor for the host's use: its memory is used at once, whatever a
+         * stream waits for (this sim device posing as the host). */
+        CHECK_OK(um__sim_stream_launch(backend, s1, 1));
         xfree(a, z, 1);
+        backend->kind = UM_DEVICE_HOST;
+        before = p->adopted_spots;
+        void *h = xalloc(a, 32 * MiB, 2);
+        backend->kind = UM_DEVICE_SIM;
+        CHECK(h == z);
+        CHECK_EQ(p->adopted_spots, before);
+        xfree(a, h, 2);
         xfree(a, mid, 0);
         CHECK_OK(a->ops->check(a));
         a->ops->destroy(a);

@@ -1655,8 +1655,8 @@ typedef uintptr_t (*fit_test)(um__pool *p, um__block *b, size_t size, size_t ali
 
 /* The best-fitting ready block in which test finds a spot, and the spot;
  * blocks without one are passed over (a few at most, so the search stays
- * O(1)), and with mapped_slack so are blocks over size + mapped_slack. */
-/* Inlined into each caller, so that test is a direct call. */
+ * O(1)), and with mapped_slack so are blocks over size + mapped_slack.
+ * Inlined into each caller, so that test is a direct call. */
 static inline __attribute__((always_inline)) um__block *
 walk_fits(um__pool *p, size_t size, size_t align, uint32_t sid, size_t mapped_slack,
           fit_test test, uintptr_t *spot)
@@ -1806,13 +1806,15 @@ static um__bevent *fence_covering(um__pool *p, um__stream_state *ss, uint64_t e)
  * the alternative is moving pages, and unmapping them while a GPU is busy
  * took 17 ms a call on an H100 (BENCHMARKS.md), against a wait that
  * usually ends when a copy does. False, with nothing waited for, where a
- * page was freed by several streams (no one fence covers it), sid is no
- * stream, or more than a few streams or no fence would be needed. */
+ * page was freed by several streams (no one fence covers it), sid is not
+ * a device's stream (the host uses its memory at once, whatever a stream
+ * waits for), or more than a few streams or no fence would be needed. The
+ * caller clears the fences once it has the spot (clear_spot_fences). */
 static bool adopt_fenced_spot(um__pool *p, uintptr_t at, size_t size, uint32_t sid)
 {
     enum { MAX_WAITS = 4 };
     um__stream_state *mine = sid < p->nstreams ? p->streams[sid] : NULL;
-    if (!mine || !mine->known)
+    if (!mine || !mine->known || fence_backend(p, mine)->kind == UM_DEVICE_HOST)
         return false;
     uint32_t streams[MAX_WAITS];
     uint64_t epochs[MAX_WAITS];
@@ -1844,15 +1846,20 @@ static bool adopt_fenced_spot(um__pool *p, uintptr_t at, size_t size, uint32_t s
         if (um__be_stream_wait(fence_backend(p, mine), mine->bstream,
                                fence_backend(p, p->streams[streams[k]]), events[k]) != UM_OK)
             return false;
-    /* sid's later work now follows those frees, so the pages wholly under
-     * the spot carry no fence on: the spot's own free will stamp sid's. A
-     * page the spot shares with free bytes around it keeps its fence,
-     * which those bytes still need. */
+    return true;
+}
+
+/* After adopt_fenced_spot, once the spot is taken: its stream's later work
+ * follows those frees, so the pages wholly under it carry no fence on (its
+ * own free will stamp its stream's). A page it shares with free bytes
+ * around it keeps its fence, which those bytes still need; so do all of
+ * them while the spot is not taken. */
+static void clear_spot_fences(um__pool *p, uintptr_t at, size_t size)
+{
     size_t whole_end = page_of(p, at + size);
-    for (size_t pg = first + ((at - p->va) % p->page != 0); pg < whole_end; pg++)
+    for (size_t pg = page_of(p, at) + ((at - p->va) % p->page != 0); pg < whole_end; pg++)
         p->pages[pg].fence_stream = UM_NO_FENCE;
     p->adopted_spots++;
-    return true;
 }
 
 /* adopt_mapped_fit's test: the block's low or high end where wholly
@@ -1935,6 +1942,8 @@ static um_status take_range(um__pool *p, size_t size, size_t align, uint32_t sid
             if (b) {
                 (void)um__host_nomem_take();
                 last = take_ready(p, b, at, size, false, out);
+                if (last == UM_OK)
+                    clear_spot_fences(p, at, size);
                 if (last != UM_ERR_NOMEM)
                     return last;
             }
