@@ -1,5 +1,5 @@
 /*
- * Whether the driver's page calls scale across threads: PAGES 2 MiB pages
+ * Whether the driver's page calls scale across threads: 1,024 pages of 2 MiB
  * created, mapped and given access (what the pool does for each page of
  * fresh memory) by 1, 2, 4 and 8 threads, each on its own part of one
  * reservation, then unmapped and released. If they scale, a pool growing
@@ -27,7 +27,7 @@ static bench_driver drv;
 static um_cuContext ctx;
 static um_cuDeviceptr va;
 static um_cuMemHandle handles[MAX_PAGES];
-static int PAGES = MAX_PAGES;
+static int npages = MAX_PAGES;
 static um_cuMemAccessDesc access[2];
 static int naccess = 1;
 static pthread_barrier_t start;
@@ -71,7 +71,7 @@ static double timed(bool grow, int threads)
     part parts[MAX_THREADS];
     pthread_barrier_init(&start, NULL, (unsigned)threads + 1);
     for (int i = 0; i < threads; i++) {
-        parts[i] = (part){i * (PAGES / threads), PAGES / threads, grow, 0};
+        parts[i] = (part){i * (npages / threads), npages / threads, grow, 0};
         pthread_create(&t[i], NULL, work, &parts[i]);
     }
     pthread_barrier_wait(&start);
@@ -104,22 +104,31 @@ int main(int argc, char **argv)
             fprintf(stderr, "vmm_threads: no granularity for pinned host memory\n");
             return 1;
         }
-        if (argc > 2)
-            drv.granularity = (size_t)atol(argv[2]) << 20;
+        if (argc > 2) {
+            size_t chunk = (size_t)atol(argv[2]) << 20;
+            if (!chunk || chunk % drv.granularity) {
+                fprintf(stderr,
+                        "vmm_threads: CHUNK_MIB '%s' is not a positive multiple of the "
+                        "granularity, %zu KiB\n",
+                        argv[2], drv.granularity >> 10);
+                return 1;
+            }
+            drv.granularity = chunk;
+        }
         access[1] = (um_cuMemAccessDesc){{UM_CU_MEM_LOCATION_TYPE_HOST_NUMA, 0},
                                          UM_CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
         naccess = 2;
-        PAGES = (int)(((size_t)2 << 30) / drv.granularity);
-        if (PAGES > MAX_PAGES)
-            PAGES = MAX_PAGES;
+        npages = (int)(((size_t)2 << 30) / drv.granularity);
+        if (npages > MAX_PAGES)
+            npages = MAX_PAGES;
     }
     if (drv.cu->CtxGetCurrent(&ctx) != UM_CU_SUCCESS ||
-        drv.cu->MemAddressReserve(&va, (size_t)PAGES * drv.granularity, drv.granularity, 0, 0) !=
+        drv.cu->MemAddressReserve(&va, (size_t)npages * drv.granularity, drv.granularity, 0, 0) !=
             UM_CU_SUCCESS) {
         fprintf(stderr, "vmm_threads: no context or no reservation\n");
         return 1;
     }
-    printf("%d pages of %zu KiB; us a page (create + map + access | unmap + release)\n", PAGES,
+    printf("%d pages of %zu KiB; us a page (create + map + access | unmap + release)\n", npages,
            drv.granularity >> 10);
     double one_grow = 0, one_shrink = 0;
     for (int round = 0; round < 2; round++)
@@ -132,7 +141,7 @@ int main(int argc, char **argv)
                 one_shrink = shrink_us;
             }
             printf("round %d, %d threads: %7.2f us a page (%.2fx) | %7.2f us a page (%.2fx)\n",
-                   round + 1, threads, grow_us / PAGES, one_grow / grow_us, shrink_us / PAGES,
+                   round + 1, threads, grow_us / npages, one_grow / grow_us, shrink_us / npages,
                    one_shrink / shrink_us);
         }
     return 0;
