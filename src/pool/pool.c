@@ -1853,7 +1853,7 @@ static bool adopt_fenced_spot(um__pool *p, uintptr_t at, size_t size, uint32_t s
  * follows those frees, so the pages wholly under it carry no fence on (its
  * own free will stamp its stream's). A page it shares with free bytes
  * around it keeps its fence, which those bytes still need; so do all of
- * them while the spot is not taken. */
+ * them while the spot is not taken. Counts the spot in adopted_spots. */
 static void clear_spot_fences(um__pool *p, uintptr_t at, size_t size)
 {
     size_t whole_end = page_of(p, at + size);
