@@ -5,9 +5,11 @@ Prints the misses of Belady's MIN and of the window rule (evict a buffer
 with no use announced in the next WINDOW accesses, least recently used
 first, else the one announced farthest ahead) on the tool's own access
 sequence (its LCG), for the full run and --quick, and the window rule's
-mean over random sequences. The ctest bench_oversub_window_min checks the
-tool's bytes against the --quick figures printed here.
-Usage: bench/oversub_window_model.py [--sequences N]
+mean over random sequences. The ctests bench_oversub_window_min and
+bench_oversub_slots check the tool's bytes against the --quick figures
+printed here (the default and --slots 16).
+Usage: bench/oversub_window_model.py [--sequences N] [--slots N]
+(--slots as the tool's: N buffers fit in the device, 2N are used.)
 """
 import random
 import sys
@@ -47,8 +49,15 @@ def misses(seq, window):
     return count
 
 
+def arg(name, default):
+    return int(sys.argv[sys.argv.index(name) + 1]) if name in sys.argv else default
+
+
 def main():
-    n = int(sys.argv[sys.argv.index("--sequences") + 1]) if "--sequences" in sys.argv else 200
+    global SLOTS, BUFFERS
+    n = arg("--sequences", 200)
+    SLOTS = arg("--slots", SLOTS)
+    BUFFERS = 2 * SLOTS
     for name, length in (("full", BUFFERS * 6), ("quick", BUFFERS * 3)):
         seq = tool_sequence(length)
         m, w = misses(seq, float("inf")), misses(seq, WINDOW)

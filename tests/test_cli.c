@@ -694,7 +694,9 @@ static void test_sim_limit_page(void)
 
 /* bench oversub's --workload and --policy pick the runs: one workload
  * with one policy gives one JSON line; other values, and the random
- * workload with --all-devices (which has none), are argument errors. */
+ * workload with --all-devices (which has none), are argument errors, as
+ * are a --slots or --random-length out of range and slots whose buffers
+ * would not be whole GPU pages. */
 static void test_oversub_filters(void)
 {
     EXPECT_RUN("bench oversub --quick --limit 64M --workload random --policy lru --json", 0,
@@ -708,6 +710,15 @@ static void test_oversub_filters(void)
     EXPECT_RUN("bench oversub --quick --policy LRU", 2, "--policy takes cost or lru, not 'LRU'");
     EXPECT_RUN("bench oversub --quick --all-devices --workload random", 2,
                "--all-devices runs the stream workload only");
+    EXPECT_RUN("bench oversub --quick --slots 3", 2,
+               "--slots takes a whole number from 4 to 4096, not '3'");
+    EXPECT_RUN("bench oversub --quick --slots 16x", 2,
+               "--slots takes a whole number from 4 to 4096, not '16x'");
+    EXPECT_RUN("bench oversub --quick --slots 24", 2,
+               "the limit (512.00 MiB) over --slots 24 must be a whole multiple of 2 MiB");
+    EXPECT_RUN("bench oversub --quick --random-length 0", 2,
+               "--random-length takes a whole number of accesses per buffer from 1 to 1000, "
+               "not '0'");
 }
 
 /* A --limit above the device's memory is an argument error naming both

@@ -349,9 +349,8 @@ static int parse(int argc, char **argv, copy_opts *o)
             if (!tool_device_arg_ok(COPY_CMD, o->device))
                 return TOOL_EXIT_USAGE;
         } else if (!strcmp(a, "--repeats") && i + 1 < argc) {
-            char *end;
-            long v = strtol(argv[++i], &end, 10);
-            if (*end || v < 1 || v > 63) {
+            long v;
+            if (!tool_parse_long(argv[++i], 1, 63, &v)) {
                 fprintf(stderr, "unimem " COPY_CMD ": --repeats takes 1..63, not '%s'\n",
                         argv[i]);
                 return 2;

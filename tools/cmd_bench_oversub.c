@@ -37,7 +37,14 @@
 
 #define OVERSUB_CMD "bench oversub"
 #define LOOKAHEAD 32
-#define BUFFERS_PER_LIMIT 32
+/* Buffers that fit in the limit (--slots): the default sizes them at
+ * 1/32 of it, as many as accesses are announced. */
+#define DEFAULT_SLOTS 32
+/* Random accesses per buffer (--random-length): full run, --quick. */
+#define RANDOM_LENGTH 6
+#define RANDOM_LENGTH_QUICK 3
+/* Each buffer's size is a multiple of this (a GPU's page). */
+#define BUFFER_ALIGN ((size_t)2 << 20)
 
 typedef struct oversub_opts {
     bool json, quick;
@@ -47,6 +54,8 @@ typedef struct oversub_opts {
     const char *device;
     size_t limit;
     size_t sim_bandwidth; /* a sim device's modelled link, bytes/s */
+    int slots;            /* --slots: buffers that fit in the limit */
+    int random_length;    /* --random-length: random accesses per buffer */
 } oversub_opts;
 
 /* Progress over the command's runs: runs done of all, and this run's name. */
@@ -83,6 +92,7 @@ static void oversub_usage(FILE *f)
     fprintf(f,
             "usage: unimem bench oversub [--json] [--quick] [--device SPEC] [--limit BYTES]\n"
             "                            [--sim-bandwidth BYTES] [--all-devices]\n"
+            "                            [--slots N] [--random-length K]\n"
             "\n"
             "Streams and randomly reads buffers totalling 1.5x-4x a device's memory limit and\n"
             "compares the bytes moved and the time with what Belady's MIN would need.\n"
@@ -99,6 +109,10 @@ static void oversub_usage(FILE *f)
             "                 MIN bytes at its own host link (no random workload)\n"
             "  --workload W   only the stream or only the random workload\n"
             "  --policy P     only the cost-aware or only the LRU eviction policy\n"
+            "  --slots N      buffers of LIMIT/N bytes, so that N fit in the device (default\n"
+            "                 32; 4-4096, buffers of 1 MiB or more): with accesses announced\n"
+            "                 32 ahead, the fewer slots the closer any policy can come to MIN\n"
+            "  --random-length K  random accesses per buffer (default 6, --quick 3)\n"
             "  --quick        fewer passes, stream at 1.5x and 2x only (with --all-devices,\n"
             "                 the cost policy only)\n"
             "  --json         one JSON object per workload and policy\n");
@@ -399,7 +413,7 @@ static void print_result(const oversub_opts *o, const result *x)
         if (x->window_min_bytes)
             printf(",\"window_min_bytes\":%llu,\"moved_over_window_min\":%.4f",
                    (unsigned long long)x->window_min_bytes, over_window);
-        printf("}\n");
+        printf(",\"slots\":%d}\n", o->slots);
         return;
     }
     char a[32], b[32], w[16] = "-";
@@ -418,7 +432,7 @@ static void describe_one(const oversub_opts *o)
     bool sim = !strncmp(o->device, "sim", 3);
     printf("unimem bench oversub: devices=%s, device 1 limited to %s, buffers of %s; "
            "accesses announced %d ahead%s%s%s\n",
-           o->device, tool_bytes(lim, o->limit), tool_bytes(buf, o->limit / BUFFERS_PER_LIMIT),
+           o->device, tool_bytes(lim, o->limit), tool_bytes(buf, o->limit / (size_t)o->slots),
            LOOKAHEAD, sim ? "; sim link modelled at " : "",
            sim ? tool_bytes(bw, o->sim_bandwidth) : "", sim ? "/s each way" : "");
     printf("mv/wMIN: moved over what the best policy knowing only the announced accesses\n"
@@ -432,12 +446,12 @@ static void describe_one(const oversub_opts *o)
 static int bench_one(const oversub_opts *o, const char *workload, double factor,
                      const char *policy, bool *described)
 {
-    size_t size = o->limit / BUFFERS_PER_LIMIT;
+    size_t size = o->limit / (size_t)o->slots;
     int slots = (int)(o->limit / size);
     int n = (int)(factor * slots + 0.5);
     bool stream = !strcmp(workload, "stream");
     int passes = o->quick ? 2 : 3;
-    size_t len = stream ? (size_t)n * (size_t)passes : (size_t)n * (size_t)(o->quick ? 3 : 6);
+    size_t len = stream ? (size_t)n * (size_t)passes : (size_t)n * (size_t)o->random_length;
     int *seq = malloc(len * sizeof *seq);
     uint64_t rng = 0x6f76657273756221ull;
     for (size_t t = 0; t < len; t++) {
@@ -657,7 +671,7 @@ static void describe_all(const oversub_opts *o, int nd)
            "buffers of %s; each device streams its own share on its own thread, accesses "
            "announced %d ahead%s%s%s\n",
            o->device, nd, nd == 1 ? "" : "s", tool_bytes(lim, o->limit),
-           tool_bytes(buf, o->limit / BUFFERS_PER_LIMIT), LOOKAHEAD,
+           tool_bytes(buf, o->limit / (size_t)o->slots), LOOKAHEAD,
            sim ? "; sim link modelled at " : "", sim ? tool_bytes(bw, o->sim_bandwidth) : "",
            sim ? "/s each way" : "");
     printf("over: data over the sum of the limits; bound_s: the slowest device's MIN bytes at "
@@ -671,7 +685,7 @@ static void describe_all(const oversub_opts *o, int nd)
  * the sum of the limits, each device streaming factor x its limit. */
 static int bench_all(const oversub_opts *o, double factor, const char *policy, bool *described)
 {
-    size_t size = o->limit / BUFFERS_PER_LIMIT;
+    size_t size = o->limit / (size_t)o->slots;
     int slots = (int)(o->limit / size);
     int n = (int)(factor * slots + 0.5);
     int passes = o->quick ? 2 : 3;
@@ -845,6 +859,7 @@ int um_cmd_bench_oversub(int argc, char **argv)
     oversub_opts o = {0};
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];
+        long v;
         if (!strcmp(a, "--json")) {
             o.json = true;
         } else if (!strcmp(a, "--quick")) {
@@ -881,6 +896,20 @@ int um_cmd_bench_oversub(int argc, char **argv)
                         "not '%s'\n", argv[i]);
                 return 2;
             }
+        } else if (!strcmp(a, "--slots") && i + 1 < argc) {
+            if (!tool_parse_long(argv[++i], 4, 4096, &v)) {
+                fprintf(stderr, "unimem " OVERSUB_CMD ": --slots takes a whole number from 4 "
+                        "to 4096, not '%s'\n", argv[i]);
+                return TOOL_EXIT_USAGE;
+            }
+            o.slots = (int)v;
+        } else if (!strcmp(a, "--random-length") && i + 1 < argc) {
+            if (!tool_parse_long(argv[++i], 1, 1000, &v)) {
+                fprintf(stderr, "unimem " OVERSUB_CMD ": --random-length takes a whole number "
+                        "of accesses per buffer from 1 to 1000, not '%s'\n", argv[i]);
+                return TOOL_EXIT_USAGE;
+            }
+            o.random_length = (int)v;
         } else {
             return tool_other_arg(OVERSUB_CMD, a, oversub_usage);
         }
@@ -901,6 +930,20 @@ int um_cmd_bench_oversub(int argc, char **argv)
         o.sim_bandwidth = (size_t)4 << 30;
     if (!o.limit)
         o.limit = strncmp(o.device, "cuda", 4) == 0 ? (size_t)8 << 30 : (size_t)512 << 20;
+    if (!o.slots)
+        o.slots = DEFAULT_SLOTS;
+    if (!o.random_length)
+        o.random_length = o.quick ? RANDOM_LENGTH_QUICK : RANDOM_LENGTH;
+    /* A buffer that is not a whole number of GPU pages would take more
+     * than its share of the limit, so that fewer than N would fit and the
+     * MIN computed for N slots would be wrong. */
+    if (o.limit % (size_t)o.slots || (o.limit / (size_t)o.slots) % BUFFER_ALIGN) {
+        char lim[32];
+        fprintf(stderr, "unimem " OVERSUB_CMD ": the limit (%s) over --slots %d must be a "
+                "whole multiple of 2 MiB, the size of each buffer\n", tool_bytes(lim, o.limit),
+                o.slots);
+        return TOOL_EXIT_USAGE;
+    }
     static const char *const policies[] = {"cost", "lru"};
     int rc = 0;
     if (!o.json)

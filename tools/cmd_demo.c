@@ -26,7 +26,6 @@
 #include "vsim/dag.h"
 
 #include <cblas.h>
-#include <errno.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -177,18 +176,6 @@ static void demo_usage(FILE *f)
             32768, 3072, 4096, 512, DEMO_SIM_DEVICES, DEMO_SIM_GFLOPS, DEMO_SIM_BANDWIDTH);
 }
 
-/* A whole number from min to max; false when text is anything else. */
-static bool parse_long(const char *text, long min, long max, long *out)
-{
-    char *end;
-    errno = 0;
-    long v = strtol(text, &end, 10);
-    if (errno || end == text || *end || v < min || v > max)
-        return false;
-    *out = v;
-    return true;
-}
-
 static int arg_error(const char *option, const char *need, const char *got)
 {
     fprintf(stderr, "unimem " DEMO_CMD ": %s takes %s, not '%s'\n", option, need, got);
@@ -231,10 +218,10 @@ static int demo_parse(int argc, char **argv, demo_cfg *c)
         } else if (!strcmp(a, "--gpu-only")) {
             c->gpu_only = true;
         } else if (!strcmp(a, "--n") && has_value) {
-            if (!parse_long(argv[++i], 1, 1L << 20, &n))
+            if (!tool_parse_long(argv[++i], 1, 1L << 20, &n))
                 return arg_error("--n", "a matrix order from 1 to 1048576", argv[i]);
         } else if (!strcmp(a, "--tile") && has_value) {
-            if (!parse_long(argv[++i], 1, 32768, &tile))
+            if (!tool_parse_long(argv[++i], 1, 32768, &tile))
                 return arg_error("--tile", "a tile order from 1 to 32768", argv[i]);
         } else if (!strcmp(a, "--device") && has_value) {
             c->device = argv[++i];
@@ -251,7 +238,7 @@ static int demo_parse(int argc, char **argv, demo_cfg *c)
             if (!known)
                 return arg_error("--sched", "eager, round_robin, locality, cost or all", c->sched);
         } else if (!strcmp(a, "--sim-gflops") && has_value) {
-            if (!parse_long(argv[++i], 0, 1L << 30, &c->sim_gflops))
+            if (!tool_parse_long(argv[++i], 0, 1L << 30, &c->sim_gflops))
                 return arg_error("--sim-gflops", "a whole number of GFLOP/s, 0 or more", argv[i]);
         } else if (!strcmp(a, "--sim-bandwidth") && has_value) {
             if (um_parse_size(argv[++i], &c->sim_bandwidth) != UM_OK || !c->sim_bandwidth)

@@ -3,6 +3,7 @@
  * (unimem.c), so that a harness can link a command without its main. */
 #include "tool.h"
 
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -60,6 +61,17 @@ bool tool_limit_fits(const char *cmd, const um_device_info *info, int dev, uint6
     fprintf(stderr, "unimem %s: --limit %s is above device %d's memory (%s has %s)\n", cmd,
             tool_bytes(l, limit), dev, info->name, tool_bytes(c, info->capacity));
     return false;
+}
+
+bool tool_parse_long(const char *text, long min, long max, long *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(text, &end, 10);
+    if (errno || end == text || *end || v < min || v > max)
+        return false;
+    *out = v;
+    return true;
 }
 
 bool tool_device_arg_ok(const char *cmd, const char *value)

@@ -71,6 +71,9 @@ int tool_init_fail(const char *cmd, um_status s);
  * files and paths may hold any of them), and bytes that are not
  * well-formed UTF-8 as \ufffd. */
 void tool_json_string(FILE *f, const char *s);
+/* Whether text is a whole number from min to max in decimal (no sign
+ * other than '-', nothing after it), stored in *out; false otherwise. */
+bool tool_parse_long(const char *text, long min, long max, long *out);
 /* An argument a command does not take: -h/--help prints the usage and
  * gives 0; anything else is reported with the usage on stderr and gives 2. */
 int tool_other_arg(const char *cmd, const char *arg, void (*usage)(FILE *));
