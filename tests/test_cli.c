@@ -714,7 +714,7 @@ static void test_oversub_filters(void)
                "--slots takes a whole number from 4 to 4096, not '3'");
     EXPECT_RUN("bench oversub --quick --slots 16x", 2,
                "--slots takes a whole number from 4 to 4096, not '16x'");
-    EXPECT_RUN("bench oversub --quick --slots 24", 2,
+    EXPECT_RUN("bench oversub --quick --limit 512M --slots 24", 2,
                "the limit (512.00 MiB) over --slots 24 must be a whole multiple of 2 MiB");
     EXPECT_RUN("bench oversub --quick --random-length 0", 2,
                "--random-length takes a whole number of accesses per buffer from 1 to 1000, "
