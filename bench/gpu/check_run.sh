@@ -11,5 +11,4 @@ timeout "$(left 90)" build-dev/tests/test_cuda > "$OUT/test_cuda.txt" 2>&1
 mark "test_cuda rc=$?"; grep -E "event_time|busy|passed|failed" "$OUT/test_cuda.txt" | tail -8
 timeout "$(left 60)" build-dev/unimem bench copy --quick > "$OUT/copy.txt" 2>&1
 mark "copy rc=$?"; grep -E "^(h2d|d2h)|acquire" "$OUT/copy.txt"
-(cd build-dev && timeout "$(left 300)" ctest -j 8 --output-on-failure) > "$OUT/ctest.txt" 2>&1
-mark "ctest rc=$?"; grep -E "tests passed|Failed|\*\*\*|Skipped|Not Run" "$OUT/ctest.txt" | tail -12
+ctest_all 300

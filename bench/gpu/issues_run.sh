@@ -29,9 +29,5 @@ for f in sorted(glob.glob(os.path.join(sys.argv[1], "replay_cuda_*.json"))):
     except Exception as e:
         print(n, "unreadable:", e)
 PY
-for r in 1 2 3; do
-  TMPDIR=/dev/shm timeout "$(left 40)" build-dev/unimem bench alloc --scenario record --quick > "$OUT/record_$r.txt" 2>&1
-  mark "record round $r rc=$?"; head -3 "$OUT/record_$r.txt"
-done
-(cd build-dev && timeout "$(left 240)" ctest -j 8 --output-on-failure) > "$OUT/ctest.txt" 2>&1
-mark "ctest rc=$?"; grep -E "tests passed|Failed|\*\*\*|Skipped|Not Run" "$OUT/ctest.txt" | tail -12
+record_rounds
+ctest_all 240

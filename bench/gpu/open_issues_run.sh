@@ -16,9 +16,5 @@ for s in 16 64; do
     --json > "$OUT/oversub_slots$s.json" 2>&1
   mark "bench oversub --slots $s rc=$?"; cat "$OUT/oversub_slots$s.json"
 done
-for r in 1 2 3; do
-  TMPDIR=/dev/shm timeout "$(left 40)" build-dev/unimem bench alloc --scenario record --quick > "$OUT/record_$r.txt" 2>&1
-  mark "record round $r rc=$?"; head -4 "$OUT/record_$r.txt"
-done
-(cd build-dev && timeout "$(left 300)" ctest -j 8 --output-on-failure) > "$OUT/ctest.txt" 2>&1
-mark "ctest rc=$?"; grep -E "tests passed|Failed|\*\*\*|Skipped|Not Run" "$OUT/ctest.txt" | tail -12
+record_rounds
+ctest_all 300

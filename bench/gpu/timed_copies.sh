@@ -28,7 +28,6 @@ for r in $(seq "$ROUNDS"); do
     mark "oversub $which $r rc=$?"; grep -E "^stream" "$OUT/oversub_${which}_$r.txt"
   done
 done
-(cd build-dev && timeout "$(left 200)" ctest -j 8 --output-on-failure) > "$OUT/ctest.txt" 2>&1
-mark "ctest rc=$?"; grep -E "tests passed|Failed|\*\*\*|Skipped|Not Run" "$OUT/ctest.txt" | tail -12
+ctest_all 200
 cc -O2 -Isrc -Iinclude bench/gpu/event_cost.c build-dev/libunimem.a -lz -lpthread -ldl -lm \
   -o build-dev/event_cost && timeout "$(left 60)" build-dev/event_cost | tee "$OUT/event_cost.txt"
