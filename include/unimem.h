@@ -198,7 +198,10 @@ UM_API um_status um_cuda_driver_info(int *version, int *gpus, char *why, size_t 
 /* --------------------------------------------------------- pooled memory */
 
 /* Stream-ordered, like cudaMallocAsync: the block may be used on stream s at
- * once. size 0 is UM_ERR_INVALID. The pointer is aligned to 256 bytes.
+ * once, and on another stream only once that stream is ordered after s (an
+ * event, or a synchronize): at the memory limit the block may be memory
+ * another stream freed with its work still queued, which s waits for on
+ * the device (option cross_stream_reuse). size 0 is UM_ERR_INVALID. The pointer is aligned to 256 bytes.
  * s must belong to dev, except that host memory (dev 0) may be ordered by
  * any device's stream (the pinned buffers of its copies); otherwise
  * UM_ERR_WRONG_DEVICE. */

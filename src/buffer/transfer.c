@@ -362,9 +362,21 @@ static void measure_routes(um__xfer *x)
 {
     um_context *ctx = x->ctx;
     void *buf[UM_MAX_DEVICES] = {0};
-    for (int d = 0; d < x->ndev; d++)
-        if (um_malloc(ctx, d, MEASURE_BIG, NULL, &buf[d]) != UM_OK)
+    for (int d = 0; d < x->ndev; d++) {
+        if (um_malloc(ctx, d, MEASURE_BIG, NULL, &buf[d]) != UM_OK) {
             buf[d] = NULL;
+            continue;
+        }
+        /* The block is ready in the default stream's order only: at the
+         * memory limit it may be memory another stream freed with work
+         * still queued, which the default stream waits for on the device
+         * (cross_stream_reuse). The copies below run on the engine's own
+         * streams, so they wait here for that work. */
+        if (um__be_stream_sync(ctx->devices[d].backend, NULL) != UM_OK) {
+            (void)um_free(ctx, buf[d], NULL);
+            buf[d] = NULL;
+        }
+    }
     for (int i = 0; i < x->ndev; i++) {
         for (int j = 0; j < x->ndev; j++) {
             x->timed[i * x->ndev + j] = i == j;

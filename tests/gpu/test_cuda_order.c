@@ -111,6 +111,45 @@ static void check_shutdown_waits(bool own_stream)
     CHECK_EQ(unmaps_since(c), 0);
 }
 
+/* The transfer engine, made by the first buffer, times the links with a
+ * 16 MiB block of each device taken on the default stream and copies into
+ * it on streams of its own. At the memory limit the pool may hand that
+ * block memory another stream freed behind a kernel still queued, ordered
+ * after the kernel for the default stream only (cross_stream_reuse): the
+ * engine must wait for it before its copies write there. */
+static void check_link_measurement_at_limit(void)
+{
+    counts c;
+    um_context *ctx = check_open("the link measurement at the memory limit",
+                                 "devices=cuda:0,memory_limit=64M,link_cache=none,plan=0", &c);
+    if (!ctx)
+        return;
+    um_stream s = NULL;
+    CHECK_OK(um_stream_create(ctx, 1, &s));
+    void *freed = NULL, *keep = NULL;
+    CHECK_OK(um_malloc(ctx, 1, 16 * MIB, s, &freed));
+    CHECK_OK(um_malloc(ctx, 1, 48 * MIB, NULL, &keep));
+    if (freed && keep) {
+        CHECK_EQ(lazy_launch(native_of(s), freed, 16 * MIB), 0);
+        CHECK_OK(um_free(ctx, freed, s));
+        um_buffer *b = NULL;
+        CHECK_OK(um_buffer_create(ctx, 4096, NULL, &b));
+        CHECK_EQ(races_since(c), 0);
+        um_link_stats link;
+        /* The measurement had its block: the link was timed, not modelled. */
+        CHECK_OK(um_link_stats_get(ctx, 0, 1, &link));
+        CHECK_EQ(link.measured, 1);
+        if (b)
+            CHECK_OK(um_buffer_destroy(b));
+    }
+    if (keep)
+        CHECK_OK(um_free(ctx, keep, NULL));
+    CHECK_OK(um_stream_synchronize(ctx, s));
+    CHECK_OK(um_stream_destroy(ctx, s));
+    um_shutdown(ctx);
+    CHECK_EQ(unmaps_since(c), 0);
+}
+
 /* The buffer cache keeps a block freed on a stream with that stream's work
  * pending; um_trim must wait for that work or leave the block cached
  * rather than unmap memory a kernel still writes. Once the stream is
@@ -407,6 +446,7 @@ int main(void)
     check_shutdown_waits(true);
     check_shutdown_waits(false);
     check_bufcache_trim();
+    check_link_measurement_at_limit();
     check_special_handles();
     check_one_gpu_context();
     /* Steps per thread: about a second each (allocator=direct maps and
