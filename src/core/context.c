@@ -906,6 +906,21 @@ static void reuse_wait(void *ctx, int dev, void *const *ptrs, size_t n)
     um__uses_given(ctx, dev, ptrs, n);
 }
 
+/* The pinned host pool's large page: the option as given, except that its
+ * default (32 MiB) is more than the 64 pages a large page may span where
+ * the pinned host pages are smaller than 512 KiB; there the default
+ * becomes the largest large page allowed, so that no default fails
+ * um_init. A value the program gives is checked by the pool as given. */
+static size_t pinned_host_large_page(const um__options *o, const um__backend *b)
+{
+    um__options defaults;
+    um__options_defaults(&defaults);
+    size_t most = 64 * b->granularity;
+    return o->host_large_page == defaults.host_large_page && o->host_large_page > most
+               ? most
+               : o->host_large_page;
+}
+
 static um_status create_allocators(um_context *ctx)
 {
     const um__options *o = &ctx->opts;
@@ -927,7 +942,7 @@ static um_status create_allocators(um_context *ctx)
             .no_defer = !o->defer_frees,
             .no_medium = !o->medium_slabs,
             .no_cross_stream_reuse = !o->cross_stream_reuse,
-            .large_page = pinned_host ? o->host_large_page : o->large_page,
+            .large_page = pinned_host ? pinned_host_large_page(o, d->backend) : o->large_page,
             .large_page_option = pinned_host ? "host_large_page" : "large_page",
             .events = ctx->events,
             .reuse_wait = reuse_wait,

@@ -88,6 +88,10 @@
 #define MAX_MAPS 65536
 #define MAX_RES 256
 #define PAGE ((size_t)2 << 20)
+/* The granularity of pinned host (HOST_NUMA) memory: PAGE, or a smaller
+ * power of two from FAKE_CUDA_HOST_PAGE, as on a host of small pages.
+ * Sizes and addresses are checked against it, the smaller of the two. */
+static size_t host_page = PAGE;
 
 typedef struct chunk {
     size_t off, size; /* in the memfd */
@@ -687,6 +691,11 @@ static int setup(void)
     if (getenv("FAKE_CUDA_FAIL_EVERY"))
         fail_every = (unsigned)atoi(getenv("FAKE_CUDA_FAIL_EVERY"));
     opaque = getenv("FAKE_CUDA_OPAQUE") && atoi(getenv("FAKE_CUDA_OPAQUE"));
+    if (getenv("FAKE_CUDA_HOST_PAGE")) {
+        size_t hp = strtoull(getenv("FAKE_CUDA_HOST_PAGE"), NULL, 0);
+        if (hp >= 4096 && hp <= PAGE && !(hp & (hp - 1)))
+            host_page = hp;
+    }
     if (lazy_setup() != 0)
         return -1;
     fd = memfd_create("fake_cuda", 0);
@@ -844,7 +853,7 @@ EXPORT um_cuResult cuMemGetAllocationGranularity(size_t *g, const um_cuMemAlloca
     (void)option;
     if (!vmm || prop->type != UM_CU_MEM_ALLOCATION_TYPE_PINNED)
         return UM_CU_ERROR_NOT_SUPPORTED;
-    *g = PAGE;
+    *g = prop->location.type == UM_CU_MEM_LOCATION_TYPE_HOST_NUMA ? host_page : PAGE;
     return UM_CU_SUCCESS;
 }
 
@@ -852,7 +861,7 @@ EXPORT um_cuResult cuMemAddressReserve(um_cuDeviceptr *p, size_t size, size_t al
                                        um_cuDeviceptr addr, unsigned long long flags)
 {
     FORCED("cuMemAddressReserve");
-    if (!size || size % PAGE || (align && align % PAGE) || addr || flags)
+    if (!size || size % host_page || (align && align % host_page) || addr || flags)
         return UM_CU_ERROR_INVALID_VALUE;
     void *m = mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (m == MAP_FAILED)
@@ -894,7 +903,7 @@ EXPORT um_cuResult cuMemCreate(um_cuMemHandle *h, size_t size,
                                const um_cuMemAllocationProp *prop, unsigned long long flags)
 {
     FORCED("cuMemCreate");
-    if (!vmm || flags || !size || size % PAGE)
+    if (!vmm || flags || !size || size % host_page)
         return UM_CU_ERROR_INVALID_VALUE;
     if (injected(F_CREATE))
         return UM_CU_ERROR_OUT_OF_MEMORY;
@@ -973,7 +982,8 @@ EXPORT um_cuResult cuMemMap(um_cuDeviceptr p, size_t size, size_t offset, um_cuM
     chunk *c = (chunk *)(uintptr_t)h;
     uintptr_t va = (uintptr_t)p;
     FORCED("cuMemMap");
-    if (!c || c->released || flags || offset + size > c->size || size % PAGE || va % PAGE ||
+    if (!c || c->released || flags || offset + size > c->size || size % host_page ||
+        va % host_page ||
         injected(F_MAP))
         return UM_CU_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&lock);

@@ -394,6 +394,25 @@ static void test_host_large_pages(void)
     CHECK(c == NULL);
 }
 
+/* On a host whose pinned pages are 256 KiB (FAKE_CUDA_HOST_PAGE; its own
+ * ctest, as the stand-in driver reads it once), the default host_large_page
+ * of 32 MiB would be 128 pages, more than a large page may span: um_init
+ * failed with the default options. The default becomes 64 pages (16 MiB,
+ * sixteen chunks for 256 MiB); a value the program gives is still checked
+ * as given. */
+static void test_small_host_pages(void)
+{
+    const size_t size = 256 * MIB;
+    CHECK_EQ(chunks_for("devices=cuda:0,host_capacity=1G", 0, size), 16);
+    CHECK_EQ(chunks_for("devices=cuda:0,host_capacity=1G,host_large_page=4M", 0, size), 64);
+    CHECK_EQ(chunks_for("devices=cuda:0,host_capacity=1G,host_large_page=0", 0, size), 1024);
+    um_context *c = NULL;
+    CHECK_STATUS(um_init("devices=cuda:0,host_capacity=1G,host_large_page=64M", &c),
+                 UM_ERR_BAD_OPTION);
+    CHECK_ERROR_MENTIONS("'host_large_page'", "64 of the device's 262144-byte pages", NULL);
+    CHECK(c == NULL);
+}
+
 /* CUDA_ERROR_OUT_OF_MEMORY is UM_ERR_NOMEM, as for cuMemCreate. */
 static void test_out_of_memory(void)
 {
@@ -508,6 +527,11 @@ int main(void)
         printf("test_cuda_errors: SKIPPED: needs the stand-in driver (UM_TEST_FAKE_CUDA=1, "
                "LD_LIBRARY_PATH to its libcuda.so.1)\n");
         return 77;
+    }
+    if (getenv("FAKE_CUDA_HOST_PAGE")) {
+        test_small_host_pages();
+        dlclose(lib);
+        return harness_finish("test_cuda_errors (small host pages)");
     }
     test_stuck_map();
     test_stuck_map_pool();
