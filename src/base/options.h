@@ -88,8 +88,9 @@
       "pages fill the rest, so recycling stays fine where it is needed")                     \
     X(host_large_page, UM_OPT_SIZE, "32M",                                                    \
       "large_page for the host pool when its memory is pinned, where every page costs "      \
-      "driver calls (create, map, access) that pinning makes slow: 0 = off; pageable host "  \
-      "memory takes large_page as the other devices do")                                     \
+      "driver calls (create, map, access) that pinning makes slow: 0 = off; the default "   \
+      "is at most 64 of the host's pinned pages; pageable host memory takes large_page as "  \
+      "the other devices do")                                                                \
     X(copy_threads, UM_OPT_INT, "0",                                                          \
       "host threads that copy program (pageable) memory through pinned staging buffers "     \
       "for a GPU copy; 0 = half the online CPUs, at most 8")                                  \
