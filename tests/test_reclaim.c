@@ -1784,6 +1784,121 @@ static void test_destroy_in_progress_is_waited_for(void)
     }
 }
 
+/* Two allocations on a device whose only memory is a destroyed buffer's,
+ * held while its copy to the device is still on the link (8 MiB at a
+ * modelled 10 MB/s: about 840 ms). The first takes the held memory off the
+ * engine's list and waits for the copy; the second, 50 ms later, must
+ * wait too, for memory coming back, and not fail with "nothing left to
+ * evict" (it did: an audit found the held memory counted nowhere while
+ * waited for). */
+typedef struct later_malloc {
+    um_context *ctx;
+    um_status st;
+    void *p;
+} later_malloc;
+
+static void *malloc_later(void *arg)
+{
+    later_malloc *m = arg;
+    usleep(50 * 1000);
+    m->st = um_malloc(m->ctx, 1, 4 * MB, NULL, &m->p);
+    return NULL;
+}
+
+static void test_held_memory_waited_for_by_two(void)
+{
+    um_context *ctx = open_ctx(8 * MB, ",watermark_high=100,sim_link_bandwidth=10M");
+    if (!ctx)
+        return;
+    um_buffer *dead = NULL;
+    unsigned char *h = calloc(1, 8 * MB);
+    CHECK_OK(um_buffer_create(ctx, 8 * MB, NULL, &dead));
+    CHECK_OK(um_buffer_write(dead, 0, h, 8 * MB));
+    free(h);
+    CHECK_OK(um_buffer_prefetch(dead, 1));
+    CHECK_OK(um_buffer_destroy(dead)); /* its copy to device 1 still runs */
+    later_malloc m = {ctx, UM_ERR_INTERNAL, NULL};
+    pthread_t t;
+    CHECK_EQ(pthread_create(&t, NULL, malloc_later, &m), 0);
+    void *p = NULL;
+    CHECK_OK(um_malloc(ctx, 1, 4 * MB, NULL, &p));
+    CHECK_EQ(pthread_join(t, NULL), 0);
+    CHECK_STATUS(m.st, UM_OK);
+    um_reclaim_stats rs;
+    CHECK_OK(um_reclaim_stats_get(ctx, 1, &rs));
+    CHECK_EQ(rs.failed, 0);
+    if (p)
+        CHECK_OK(um_free(ctx, p, NULL));
+    if (m.p)
+        CHECK_OK(um_free(ctx, m.p, NULL));
+    um_shutdown(ctx);
+}
+
+/* A host allocation that cannot fit (the host's replicas are the only
+ * copies of their data, no file tier) while two threads keep reading those
+ * buffers, each read holding its buffer's lock with a gap of 2 us: most of
+ * reclaim's looks find a buffer busy and pause, a few find none. Each such
+ * look restarted the 1 s bound on waiting for busy buffers, so the
+ * allocation failed after 1.0-2.9 s (an audit's runs) instead of about
+ * 1 s. The bound is wall-clock time, so it is checked only without a
+ * sanitizer; the check can miss the old fault in a run (it was not past
+ * 1.3 s in half of them). */
+typedef struct busy_reader {
+    um_buffer *b;
+    _Atomic bool *stop;
+} busy_reader;
+
+static void *read_busily(void *arg)
+{
+    busy_reader *r = arg;
+    char *dst = malloc(2 * MB);
+    while (dst && !atomic_load(r->stop)) {
+        (void)um_buffer_read(r->b, 0, dst, 2 * MB);
+        uint64_t t0 = monotonic_ns();
+        while (monotonic_ns() - t0 < 2000) /* the lock is free this long */
+            ;
+    }
+    free(dst);
+    return NULL;
+}
+
+static void test_busy_wait_bounded(void)
+{
+    um_context *ctx = NULL;
+    CHECK_OK(um_init("devices=sim:64M,links=model,watermark_high=100", &ctx));
+    if (!ctx)
+        return;
+    um_buffer *b[2] = {NULL, NULL};
+    char *data = calloc(1, 2 * MB);
+    for (int i = 0; i < 2; i++) {
+        CHECK_OK(um_buffer_create(ctx, 2 * MB, NULL, &b[i]));
+        CHECK_OK(um_buffer_write(b[i], 0, data, 2 * MB));
+    }
+    free(data);
+    um_stats st;
+    CHECK_OK(um_stats_get(ctx, 0, &st));
+    CHECK_OK(um_set_memory_limit(ctx, 0, st.reserved_bytes + 4 * MB));
+    _Atomic bool stop = false;
+    busy_reader r[2] = {{b[0], &stop}, {b[1], &stop}};
+    pthread_t t[2];
+    for (int i = 0; i < 2; i++)
+        CHECK_EQ(pthread_create(&t[i], NULL, read_busily, &r[i]), 0);
+    usleep(20 * 1000);
+    void *p = NULL;
+    uint64_t t0 = monotonic_ns();
+    CHECK_STATUS(um_malloc(ctx, 0, 6 * MB, NULL, &p), UM_ERR_NOMEM);
+    double took = (double)(monotonic_ns() - t0) / 1e9;
+    atomic_store(&stop, true);
+    for (int i = 0; i < 2; i++)
+        CHECK_EQ(pthread_join(t[i], NULL), 0);
+    printf("test_busy_wait_bounded: NOMEM after %.3f s\n", took);
+    if (!HARNESS_SANITIZED)
+        CHECK(took < 1.3);
+    for (int i = 0; i < 2; i++)
+        CHECK_OK(um_buffer_destroy(b[i]));
+    um_shutdown(ctx);
+}
+
 int main(void)
 {
     uint64_t seed = harness_seed("test_reclaim");
@@ -1807,6 +1922,8 @@ int main(void)
     test_alloc_waits_once();
     test_alloc_made_late_not_failed();
     test_destroy_in_progress_is_waited_for();
+    test_held_memory_waited_for_by_two();
+    test_busy_wait_bounded();
     for (int factor = 2; factor <= 8; factor *= 2)
         test_oversubscribe(seed, factor, NULL);
     char dir[] = "/tmp/unimem-spill-test-XXXXXX";

@@ -1776,6 +1776,62 @@ static void test_prefetch_into_cached_memory(void)
     um_shutdown(ctx);
 }
 
+static int long_nap_fn(const um_task_exec *e)
+{
+    (void)e;
+    usleep(300 * 1000); /* the next tasks' inputs are prefetched meanwhile */
+    return 0;
+}
+
+/* A prefetch goes into free memory only: it never evicts. The room the
+ * runtime checks counts live bytes, not the 2 MiB pages they round up to:
+ * on a device of 13 MiB running a task on A (4 MiB + 4 KiB, three pages)
+ * with B and C of the same size queued, B is prefetched (five pages) and
+ * the room left looks like 4.99 MiB, though C needs three more pages than
+ * the one left. C's prefetch then evicted B, which B's task fetched again
+ * (an audit's run: 4 copies, 4 MiB fetched twice). */
+static void test_prefetch_never_evicts(void)
+{
+    const size_t MiB = (size_t)1 << 20, size = 4 * MiB + 4096;
+    um_context *ctx = NULL;
+    CHECK_OK(um_init("devices=sim:64M,links=model,sched=eager", &ctx));
+    if (!ctx)
+        return;
+    CHECK_OK(um_set_memory_limit(ctx, 1, 13 * MiB));
+    CHECK_OK(um_set_watermarks(ctx, 1, 13 * MiB, 13 * MiB));
+    um_buffer *b[3] = {NULL, NULL, NULL};
+    char *data = calloc(1, size);
+    for (int i = 0; i < 3; i++) {
+        CHECK_OK(um_buffer_create(ctx, size, NULL, &b[i]));
+        if (b[i] && data)
+            CHECK_OK(um_buffer_write(b[i], 0, data, size));
+    }
+    free(data);
+    if (!b[0] || !b[1] || !b[2])
+        return;
+    _Atomic int gate = 0;
+    probe g = {0};
+    um_task_id id = hold_device(ctx, &g, &gate);
+    for (int i = 0; i < 3; i++) {
+        um_task t = {.name = i ? "next" : "runs", .cpu = i ? short_nap_fn : long_nap_fn,
+                     .device = 1, .nbuffers = 1};
+        t.buffers[0] = b[i];
+        t.modes[0] = UM_ACCESS_READ;
+        CHECK_OK(um_task_submit(ctx, &t, &id));
+    }
+    atomic_store(&gate, 1);
+    CHECK_OK(um_wait_all(ctx));
+    um_reclaim_stats rs;
+    um_link_stats ls;
+    CHECK_OK(um_reclaim_stats_get(ctx, 1, &rs));
+    CHECK_OK(um_link_stats_get(ctx, 0, 1, &ls));
+    CHECK_EQ(rs.refetched_bytes, 0);
+    CHECK_EQ(ls.copies, 3); /* each input came in once */
+    for (int i = 0; i < 3; i++)
+        CHECK_OK(um_buffer_destroy(b[i]));
+    um_shutdown(ctx);
+}
+
 static um_context *callback_ctx;
 static _Atomic int callback_wait_self, callback_wait_all;
 static char callback_self_error[256], callback_all_error[256];
@@ -1979,6 +2035,7 @@ int main(void)
     test_name_copied();
     test_prefetch_after_acquire();
     test_prefetch_into_cached_memory();
+    test_prefetch_never_evicts();
     test_wait_in_callback();
     test_wait_in_callback_for_other();
     test_gpu_bind_failure();

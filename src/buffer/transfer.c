@@ -1478,11 +1478,18 @@ bool um__xfer_wait_held(um__xfer *x, int dev)
     memmove(&x->held[i], &x->held[i + 1], (x->nheld - i - 1) * sizeof *x->held);
     x->nheld--;
     atomic_store_explicit(&x->nheld_pending, x->nheld, memory_order_release);
+    /* Off the list, the memory is on no list reclaim looks at until it is
+     * freed: counted as a destroy in progress, so that another allocation
+     * waits for it as for a busy buffer rather than fail with "nothing
+     * left to evict" (found by an audit: two allocations, one waiting here
+     * for the copy of a destroyed buffer, the other failing at once). */
+    um__reclaim_destroying(x->reclaim, dev, 1);
     um__vt_mutex_unlock(&x->lock);
     for (int k = 0; k < h.nfences; k++)
         if (um__fence_wait(x, &h.fences[k]) != UM_OK)
             um__fence_drop(&h.fences[k]);
     (void)um_free(x->ctx, h.ptr, NULL);
+    um__reclaim_destroying(x->reclaim, dev, -1);
     return true;
 }
 

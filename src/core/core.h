@@ -120,6 +120,12 @@ um_device *um__device(um_context *ctx, int dev, const char *what);
  * first use; NULL after um__fail when no host stream id is left. */
 const um__stream_ref *um__stream_host_ref(um_context *ctx, um_stream s);
 
+/* While on, this thread's allocations at a memory limit fail instead of
+ * evicting buffer replicas to make room: for work that is only worth
+ * doing in free memory (the runtime's prefetch of queued tasks' inputs).
+ * Returns the setting it replaces. */
+bool um__alloc_no_reclaim(bool on);
+
 /* Blocks used on more streams than their own (stream_use.c, um_record_stream).
  * um_free of a marked block: *taken is true when the free is the module's
  * (deferred until the marked streams' work is done, or refused); else the

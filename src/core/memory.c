@@ -22,6 +22,9 @@ static const char *dev_name(um_context *ctx, int dev)
     return ctx->devices[dev].backend->name;
 }
 
+/* Set while this thread's allocations must not evict (um__alloc_no_reclaim). */
+static _Thread_local bool no_reclaim;
+
 /* At the memory limit: room is made (buffer replicas evicted, one per call
  * of the hook) and the allocation retried, for as long as making room
  * frees something, or until the hook has found nothing to evict a few
@@ -138,9 +141,16 @@ static __attribute__((noinline)) um_status malloc_checked(um_context *ctx, int d
     }
     /* Out of host memory for the allocator's own records, evicting from
      * the device would only drop its replicas, every one, for nothing. */
-    if (UM_UNLIKELY(st == UM_ERR_NOMEM) && !um__host_nomem_take())
+    if (UM_UNLIKELY(st == UM_ERR_NOMEM) && !um__host_nomem_take() && !no_reclaim)
         st = alloc_after_reclaim(ctx, dev, size, ref, ptr);
     return st;
+}
+
+bool um__alloc_no_reclaim(bool on)
+{
+    bool was = no_reclaim;
+    no_reclaim = on;
+    return was;
 }
 
 /* um_malloc's and um_free's common calls (valid arguments and, for

@@ -752,12 +752,18 @@ static void prefetch_listed(worker *w, bool copy)
 {
     const um_device *d = &w->r->ctx->devices[w->dev];
     int n = w->nprefetching;
+    /* Free memory only: room counts live bytes, not the pages they round
+     * up to, so a prefetch it lets through may still find the device
+     * full; evicting then would drop what the running or next task needs
+     * (an audit's run evicted the next task's input and fetched it again). */
+    bool was = um__alloc_no_reclaim(true);
     for (int i = 0; copy && i < n; i++) {
         um_buffer *b = atomic_load_explicit(&w->prefetching[i], memory_order_relaxed);
-        if (um_buffer_size(b) > um__device_room(d))
+        if (um_buffer_size(b) > um__device_room(d) ||
+            um_buffer_prefetch(b, w->dev) == UM_ERR_NOMEM)
             break;
-        (void)um_buffer_prefetch(b, w->dev);
     }
+    um__alloc_no_reclaim(was);
     /* From the last, so that what is listed stays a prefix of the array. */
     while (n > 0)
         atomic_store(&w->prefetching[--n], NULL);
