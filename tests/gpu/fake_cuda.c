@@ -863,9 +863,18 @@ EXPORT um_cuResult cuMemAddressReserve(um_cuDeviceptr *p, size_t size, size_t al
     FORCED("cuMemAddressReserve");
     if (!size || size % host_page || (align && align % host_page) || addr || flags)
         return UM_CU_ERROR_INVALID_VALUE;
-    void *m = mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (m == MAP_FAILED)
+    /* Aligned as the driver aligns a reservation: to `align`, else to the
+     * largest granularity that divides the size (mmap alone gives pages of
+     * 4 KiB, and the 2 MiB it often gives large sizes is luck). */
+    size_t a = align ? align : size % PAGE == 0 ? PAGE : host_page;
+    char *raw = mmap(NULL, size + a, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (raw == MAP_FAILED)
         return UM_CU_ERROR_OUT_OF_MEMORY;
+    char *m = (char *)(((uintptr_t)raw + a - 1) & ~(uintptr_t)(a - 1));
+    if (m > raw)
+        munmap(raw, (size_t)(m - raw));
+    if (raw + a > m)
+        munmap(m + size, (size_t)(raw + a - m));
     pthread_mutex_lock(&lock);
     if (nres == MAX_RES) {
         pthread_mutex_unlock(&lock);
