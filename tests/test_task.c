@@ -1672,6 +1672,34 @@ static int short_nap_fn(const um_task_exec *e)
     return 0;
 }
 
+static int long_nap_fn(const um_task_exec *e)
+{
+    (void)e;
+    usleep(300 * 1000); /* the next tasks' inputs are prefetched meanwhile */
+    return 0;
+}
+
+/* Device 1 held by a gate task while one reader task per buffer of b is
+ * queued there (the first running `first`, the others short_nap_fn), so
+ * that all are queued when the first starts; then the gate opens and all
+ * run. */
+static void read_each_behind_gate(um_context *ctx, um_buffer **b, int n,
+                                  int (*first)(const um_task_exec *))
+{
+    _Atomic int gate = 0;
+    probe g = {0};
+    um_task_id id = hold_device(ctx, &g, &gate);
+    for (int i = 0; i < n; i++) {
+        um_task t = {.name = "reader", .cpu = i ? short_nap_fn : first, .device = 1,
+                     .nbuffers = 1};
+        t.buffers[0] = b[i];
+        t.modes[0] = UM_ACCESS_READ;
+        CHECK_OK(um_task_submit(ctx, &t, &id));
+    }
+    atomic_store(&gate, 1);
+    CHECK_OK(um_wait_all(ctx));
+}
+
 /* Prefetches come after the running task's acquisition, so they take
  * only the room it leaves: eight readers of 1 MiB each on a device of
  * 2 MiB copy 8 MiB in 8 copies. Prefetching first filled the device, the
@@ -1690,17 +1718,7 @@ static void test_prefetch_after_acquire(void)
         CHECK_OK(um_buffer_create(ctx, MiB, NULL, &b[i]));
         CHECK_OK(um_buffer_write(b[i], 0, data, MiB));
     }
-    _Atomic int gate = 0;
-    probe g = {0};
-    um_task_id id = hold_device(ctx, &g, &gate);
-    for (int i = 0; i < N; i++) {
-        um_task t = (um_task){.name = "reader", .cpu = short_nap_fn, .device = 1, .nbuffers = 1};
-        t.buffers[0] = b[i];
-        t.modes[0] = UM_ACCESS_READ;
-        CHECK_OK(um_task_submit(ctx, &t, &id));
-    }
-    atomic_store(&gate, 1);
-    CHECK_OK(um_wait_all(ctx));
+    read_each_behind_gate(ctx, b, N, short_nap_fn);
     um_link_stats ls;
     CHECK_OK(um_link_stats_get(ctx, 0, 1, &ls));
     printf("test_task: %d readers of 1 MiB on a 2 MiB device: %llu copies in\n", N,
@@ -1776,13 +1794,6 @@ static void test_prefetch_into_cached_memory(void)
     um_shutdown(ctx);
 }
 
-static int long_nap_fn(const um_task_exec *e)
-{
-    (void)e;
-    usleep(300 * 1000); /* the next tasks' inputs are prefetched meanwhile */
-    return 0;
-}
-
 /* A prefetch goes into free memory only: it never evicts. The room the
  * runtime checks counts live bytes, not the 2 MiB pages they round up to:
  * on a device of 13 MiB running a task on A (4 MiB + 4 KiB, three pages)
@@ -1807,20 +1818,11 @@ static void test_prefetch_never_evicts(void)
             CHECK_OK(um_buffer_write(b[i], 0, data, size));
     }
     free(data);
-    if (!b[0] || !b[1] || !b[2])
+    if (!b[0] || !b[1] || !b[2]) {
+        um_shutdown(ctx);
         return;
-    _Atomic int gate = 0;
-    probe g = {0};
-    um_task_id id = hold_device(ctx, &g, &gate);
-    for (int i = 0; i < 3; i++) {
-        um_task t = {.name = i ? "next" : "runs", .cpu = i ? short_nap_fn : long_nap_fn,
-                     .device = 1, .nbuffers = 1};
-        t.buffers[0] = b[i];
-        t.modes[0] = UM_ACCESS_READ;
-        CHECK_OK(um_task_submit(ctx, &t, &id));
     }
-    atomic_store(&gate, 1);
-    CHECK_OK(um_wait_all(ctx));
+    read_each_behind_gate(ctx, b, 3, long_nap_fn);
     um_reclaim_stats rs;
     um_link_stats ls;
     CHECK_OK(um_reclaim_stats_get(ctx, 1, &rs));
