@@ -2155,9 +2155,60 @@ static void bins_return_stranded_locked(um__pool *p, um__tcache *tc)
     }
 }
 
+/* Every pool's thread caches, across pools. pthread_key_delete does not
+ * wait for destructors already running, so a thread exiting while another
+ * destroys the pool could flush a cache (and take the lock of a pool)
+ * already freed (an audit's TSan run). The destructor therefore works
+ * under this lock, on a cache it finds here, and pool_destroy takes its
+ * caches out of here under it before it frees them: whichever comes first
+ * does the work, and a destructor that comes second finds nothing. Lock
+ * order: this lock, then a pool's. */
+static pthread_mutex_t tcache_registry_lock = PTHREAD_MUTEX_INITIALIZER;
+static um__tcache *tcache_registry;
+
+static void tcache_register(um__tcache *tc)
+{
+    pthread_mutex_lock(&tcache_registry_lock);
+    tc->reg_prev = NULL;
+    tc->reg_next = tcache_registry;
+    if (tcache_registry)
+        tcache_registry->reg_prev = tc;
+    tcache_registry = tc;
+    pthread_mutex_unlock(&tcache_registry_lock);
+}
+
+/* With tcache_registry_lock held. */
+static void tcache_unregister_locked(um__tcache *tc)
+{
+    if (tc->reg_prev)
+        tc->reg_prev->reg_next = tc->reg_next;
+    else
+        tcache_registry = tc->reg_next;
+    if (tc->reg_next)
+        tc->reg_next->reg_prev = tc->reg_prev;
+}
+
+/* Whether tc is a live cache of the calling thread (with the lock held).
+ * Compared by address only, a cache freed by pool_destroy whose memory
+ * went to another thread's new cache would pass: the owner tells them
+ * apart. */
+static bool tcache_registered_locked(const um__tcache *tc)
+{
+    for (const um__tcache *r = tcache_registry; r; r = r->reg_next)
+        if (r == tc)
+            return pthread_equal(r->owner, pthread_self());
+    return false;
+}
+
 static void tcache_thread_exit(void *arg)
 {
     um__tcache *tc = arg;
+    pthread_mutex_lock(&tcache_registry_lock);
+    if (!tcache_registered_locked(tc)) {
+        /* Its pool was destroyed, and the cache with it. */
+        pthread_mutex_unlock(&tcache_registry_lock);
+        return;
+    }
     um__pool *p = tc->pool;
     /* The thread's shortcut must not name the cache once it goes, for the
      * flush below (own_cache) and any later destructor that frees. */
@@ -2184,6 +2235,8 @@ static void tcache_thread_exit(void *arg)
     if (tc->next)
         tc->next->prev = tc->prev;
     um__lock_release(&p->lock);
+    tcache_unregister_locked(tc);
+    pthread_mutex_unlock(&tcache_registry_lock);
     free(tc);
 }
 
@@ -2197,10 +2250,12 @@ static __attribute__((noinline)) um__tcache *tcache_find(um__pool *p)
             return NULL;
         memset(tc, 0, sizeof *tc);
         tc->pool = p;
+        tc->owner = pthread_self();
         if (pthread_setspecific(p->tkey, tc) != 0) {
             free(tc);
             return NULL;
         }
+        tcache_register(tc);
         um__lock_acquire(&p->lock);
         tc->next = p->tcaches;
         if (tc->next)
@@ -4103,12 +4158,15 @@ static void pool_destroy(um__allocator *a)
     /* Everything goes back below: the trace's reserved memory ends at 0. */
     if (p->events)
         um__event_instant(p->events, UM_EVENT_RESERVED, p->base.dev, 0, 0);
+    pthread_mutex_lock(&tcache_registry_lock);
     pthread_key_delete(p->tkey);
     while (p->tcaches) {
         um__tcache *tc = p->tcaches;
         p->tcaches = tc->next;
+        tcache_unregister_locked(tc);
         free(tc);
     }
+    pthread_mutex_unlock(&tcache_registry_lock);
     for (uint32_t i = 0; i < p->nstreams; i++) {
         um__stream_state *ss = p->streams[i];
         if (!ss)

@@ -178,6 +178,11 @@ typedef struct um__tc_bin {
 typedef struct um__tcache {
     _Alignas(64) struct um__pool *pool;
     struct um__tcache *prev, *next;
+    /* Every pool's caches, for an exiting thread's destructor to tell
+     * whether its cache still exists (pool.c, tcache_registry), and the
+     * thread that owns this one. */
+    struct um__tcache *reg_prev, *reg_next;
+    pthread_t owner;
     _Atomic uint64_t allocs, frees; /* written by the owner thread only */
     /* Live bytes this thread allocated minus freed that are not yet added
      * to the pool's `active` (written by the owner thread only). */
