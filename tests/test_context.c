@@ -1206,6 +1206,44 @@ static void test_trace_counters(void)
     remove(path);
 }
 
+/* A block marked by um_record_stream and freed while the marked stream's
+ * work is queued waits for that work before it goes back to the pool.
+ * At um_shutdown, with the work done, it must go back (a free event in the
+ * trace): it was dropped instead, and the trace ended with 1 MiB live
+ * though the program had freed everything (an audit). */
+static void test_trace_marked_free_at_shutdown(void)
+{
+    char path[] = "/tmp/unimem_test_context_trace_XXXXXX";
+    if (!harness_temp_file(path))
+        return;
+    char conf[128];
+    snprintf(conf, sizeof conf, "devices=sim:64M,trace_file=%s", path);
+    um_context *ctx = NULL;
+    CHECK_OK(um_init(conf, &ctx));
+    if (!ctx)
+        return;
+    um_stream s2 = NULL;
+    void *x = NULL, *y = NULL;
+    CHECK_OK(um_stream_create(ctx, 1, &s2));
+    CHECK_OK(um_malloc(ctx, 1, 1 << 20, NULL, &x));
+    CHECK_OK(um_malloc(ctx, 1, 4096, NULL, &y));
+    CHECK_OK(um_record_stream(ctx, x, s2));
+    CHECK_OK(um_sim_stream_work(ctx, 1, s2, 1, 0));
+    CHECK_OK(um_free(ctx, x, NULL));
+    CHECK_OK(um_free(ctx, y, NULL));
+    um_shutdown(ctx);
+    const char *text = slurp(path);
+    int frees = 0, allocs = 0;
+    for (const char *c = text; (c = strstr(c, "\"name\":\"free\"")); c++)
+        frees++;
+    for (const char *c = text; (c = strstr(c, "\"name\":\"alloc\"")); c++)
+        allocs++;
+    CHECK_EQ(allocs, 2);
+    CHECK_EQ(frees, 2);
+    CHECK(trace_ends_empty(text));
+    remove(path);
+}
+
 /* Several threads recording at once, more events each than one buffer
  * holds, and short-lived threads that exit with events buffered: every
  * event reaches the file once, in time order, each block's free after its
@@ -1640,6 +1678,7 @@ int main(void)
 {
     unsetenv("UNIMEM_CONF");
     test_trace_counters();
+    test_trace_marked_free_at_shutdown();
     test_trace_threads();
     test_trace_spill_full();
     test_trace_order_per_address();

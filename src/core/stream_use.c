@@ -616,12 +616,16 @@ void um__uses_fini(um_context *ctx)
         while (u->all.all_next != &u->all) {
             use *x = u->all.all_next;
             u->all.all_next = x->all_next;
-            stuck += x->freeing && x->failures;
+            /* The program freed it and every stream's work is done: it goes
+             * back now, so that the allocator (and a recorded trace) sees
+             * the free; dropped, it stayed live to the end of the trace
+             * (an audit). Tried once only, so that a block the allocator
+             * always refuses cannot hold up the shutdown: the allocator's
+             * destroy gives its memory back with the rest. */
+            if (x->freeing && give_back(ctx, dev, x) != UM_OK)
+                stuck++;
             use_free(ctx, x);
         }
-        /* Not retried here, so that a block the allocator always refuses
-         * cannot hold up the shutdown: the allocator's destroy gives its
-         * memory back with the rest. */
         if (stuck)
             um__log(UM_LOG_WARN,
                     "um_shutdown: device %d: %zu freed block%s marked by um_record_stream could "
