@@ -2,12 +2,18 @@
  * its internal calls: what the JSON writer makes of events recorded out of
  * order, and the recorder's bookkeeping when threads come and go. The
  * recorder's tests through a context are in test_context.c. */
+#include "base/vtime.h"
 #include "harness.h"
 #include "trace/events.h"
 
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 /* The whole file at path, in a static buffer. */
@@ -29,7 +35,7 @@ static um__events *open_temp(char *path)
 }
 
 /* The recorder's ticks in a millisecond, measured over 20 ms. */
-static uint64_t ticks_per_ms(const um__events *e)
+static uint64_t ticks_per_ms(um__events *e)
 {
     uint64_t c0 = um__events_clock(e), n0 = um__now_ns();
     usleep(20000);
@@ -242,11 +248,224 @@ static void test_two_recorders(void)
         remove(path[i]);
 }
 
+/* One allocation's or free's instant, or one counter sample, of the
+ * trace: the fields the tests below look at (0 where a record has none). */
+typedef struct trace_rec {
+    bool instant, sample, alloc;
+    double ts;
+    long pid;
+    unsigned long long bytes, live, block;
+} trace_rec;
+
+/* The record that starts at c ("{\"name\":..."), if it is an instant of
+ * category memory or a counter sample; false for any other. */
+static bool trace_rec_at(const char *c, trace_rec *r)
+{
+    static const char sample_head[] = "{\"name\":\"memory\",\"ph\":\"C\"";
+    const char *end = strstr(c, "}}");
+    const char *cat = strstr(c, "\"cat\":\"memory\"");
+    *r = (trace_rec){.pid = -1};
+    r->instant = cat && end && cat < end;
+    r->sample = strncmp(c, sample_head, strlen(sample_head)) == 0;
+    if (!r->instant && !r->sample)
+        return false;
+    r->alloc = strncmp(c, "{\"name\":\"alloc\"", 15) == 0;
+    const char *ts = strstr(c, "\"ts\":"), *pid = strstr(c, "\"pid\":");
+    const char *bytes = strstr(c, "\"bytes\":"), *live = strstr(c, "\"live\":");
+    const char *block = strstr(c, "\"block\":\"0x");
+    r->ts = ts && ts < end ? strtod(ts + 5, NULL) : -1e30;
+    r->pid = pid && pid < end ? strtol(pid + 6, NULL, 10) : -1;
+    r->bytes = bytes && bytes < end ? strtoull(bytes + 8, NULL, 10) : 0;
+    r->live = live && live < end ? strtoull(live + 7, NULL, 10) : 0;
+    r->block = block && block < end ? strtoull(block + 11, NULL, 16) : 0;
+    return true;
+}
+
+/* The auditor's scenario in virtual time, where the clock stands still
+ * while no device works and every event below reads the same time: the
+ * main thread allocates block x (2 MiB) and frees it, a second thread
+ * allocates 1.5 MiB, which bufcache serves at x's address, and exits, the
+ * clock moves on 50 ms, and the main thread frees it. The writer orders
+ * equal times by the order in which the threads' buffers reached it, and
+ * the second thread's, handed over at its exit, came first: the trace
+ * showed the allocation of 1.5 MiB before the first allocation, a free of
+ * 1.5 MiB while 2 MiB were live, 2 MiB live for the 50 ms and a final free
+ * of 2 MiB. Without the TSC every clock read now has a time of its own, in
+ * the order the reads happened. */
+static um_context *reuse_ctx;
+static void *reuse_block;
+
+static void *reuse_main(void *arg)
+{
+    (void)arg;
+    CHECK_OK(um_malloc(reuse_ctx, 1, 3 << 19, NULL, &reuse_block));
+    return NULL;
+}
+
+static void test_virtual_time_reuse(void)
+{
+    char path[] = "/tmp/unimem_test_events_vtreuse_XXXXXX";
+    if (!harness_temp_file(path))
+        return;
+    char conf[192];
+    snprintf(conf, sizeof conf,
+             "devices=sim:2x1G,virtual_time=1,allocator=bufcache,log_level=error,trace_file=%s",
+             path);
+    CHECK_OK(um_init(conf, &reuse_ctx));
+    if (!reuse_ctx)
+        return;
+    uint64_t opened_ns = um__now_ns();
+    void *x = NULL;
+    CHECK_OK(um_malloc(reuse_ctx, 1, 2 << 20, NULL, &x));
+    CHECK_OK(um_free(reuse_ctx, x, NULL));
+    pthread_t th;
+    CHECK(pthread_create(&th, NULL, reuse_main, NULL) == 0);
+    pthread_join(th, NULL);
+    /* The case needs the address reused; bufcache hands the cached block
+     * to the next allocation it fits. */
+    CHECK(reuse_block == x);
+    um__sleep_until_ns(um__now_ns() + 50000000);
+    uint64_t freed_ns = um__now_ns() - opened_ns;
+    CHECK_OK(um_free(reuse_ctx, reuse_block, NULL));
+    um_shutdown(reuse_ctx);
+    reuse_ctx = NULL;
+
+    /* x's events in the file's order, and device 1's live bytes at each
+     * of its samples, a run of equal values counted once. Device 1 has no
+     * other blocks. */
+    static const bool want_alloc[] = {true, false, true, false};
+    static const unsigned long long want_bytes[] = {2 << 20, 2 << 20, 3 << 19, 3 << 19};
+    static const unsigned long long want_live[] = {0, 2 << 20, 0, 3 << 19, 0};
+    const char *text = slurp(path);
+    int nx = 0, nlive = 0;
+    unsigned long long live[16];
+    double last_ts = -1e30, last_free_ts = -1;
+    trace_rec r;
+    for (const char *c = text; (c = strstr(c, "{\"name\":\"")); c++) {
+        if (!trace_rec_at(c, &r) || r.pid != 1)
+            continue;
+        CHECK(r.ts >= last_ts);
+        last_ts = r.ts;
+        if (r.instant && r.block == (uintptr_t)x) {
+            if (nx < 4) {
+                if (r.alloc != want_alloc[nx] || r.bytes != want_bytes[nx])
+                    printf("test_virtual_time_reuse: event %d of x is %s of %llu bytes at %.3f us; "
+                           "want %s of %llu\n",
+                           nx, r.alloc ? "an alloc" : "a free", r.bytes, r.ts,
+                           want_alloc[nx] ? "an alloc" : "a free", want_bytes[nx]);
+                CHECK(r.alloc == want_alloc[nx]);
+                CHECK_EQ(r.bytes, want_bytes[nx]);
+            }
+            if (!r.alloc)
+                last_free_ts = r.ts;
+            nx++;
+        } else if (r.sample && (!nlive || live[nlive - 1] != r.live) && nlive < 16) {
+            live[nlive++] = r.live;
+        }
+    }
+    CHECK_EQ(nx, 4);
+    CHECK_EQ(nlive, 5);
+    for (int i = 0; i < nlive && i < 5; i++)
+        CHECK_EQ(live[i], want_live[i]);
+    /* The times stay those of the clock: the unique ones run ahead of it
+     * by a nanosecond an event at most, a few events here. */
+    CHECK(last_free_ts * 1000 >= (double)freed_ns);
+    CHECK(last_free_ts * 1000 <= (double)freed_ns + 1000);
+    remove(path);
+}
+
+/* A trace whose name is the longest a file's may be (255 bytes): the
+ * spill file's name was the trace's with ".rawXXXXXX" added, too long, so
+ * um_init failed and left the trace truncated to nothing. The spill file
+ * now has a short name of its own in the same directory, and nothing of
+ * it stays there. The name is relative (the option holds 255 bytes), so
+ * the case runs in a directory of its own. */
+static void test_long_trace_name(void)
+{
+    char dir[] = "/tmp/unimem_test_events_dir_XXXXXX", cwd[PATH_MAX];
+    CHECK(mkdtemp(dir) != NULL);
+    CHECK(getcwd(cwd, sizeof cwd) != NULL);
+    char name[256];
+    memset(name, 'a', 250);
+    strcpy(name + 250, ".json");
+    char conf[320];
+    snprintf(conf, sizeof conf, "devices=sim:64M,log_level=error,trace_file=%s", name);
+    CHECK_EQ(chdir(dir), 0);
+    um_context *ctx = NULL;
+    CHECK_OK(um_init(conf, &ctx));
+    if (ctx) {
+        void *p = NULL;
+        CHECK_OK(um_malloc(ctx, 1, 4096, NULL, &p));
+        CHECK_OK(um_free(ctx, p, NULL));
+        um_shutdown(ctx);
+    }
+    CHECK_EQ(chdir(cwd), 0);
+    char path[sizeof dir + sizeof name];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    const char *text = slurp(path);
+    static const char head[] = "{\"displayTimeUnit\":\"ns\",\"traceEvents\":[";
+    size_t len = strlen(text);
+    CHECK(strncmp(text, head, strlen(head)) == 0);
+    CHECK(len > 4 && strcmp(text + len - 4, "\n]}\n") == 0);
+    CHECK_EQ(count_in(path, "{\"name\":\"alloc\""), 1);
+    CHECK_EQ(count_in(path, "{\"name\":\"free\""), 1);
+    remove(path);
+    CHECK_EQ(rmdir(dir), 0); /* nothing else was left there */
+}
+
+/* A recorder that cannot open its trace must leave a file already at
+ * the path as it was. The trace was opened (and truncated) first, so a
+ * spill file that could not be made then left it empty. A directory
+ * without write permission does not stop root, so here the process has a
+ * single descriptor left: the recorder's first file takes it, the second
+ * cannot be opened. */
+static void test_failed_open_keeps_file(void)
+{
+    char dir[] = "/tmp/unimem_test_events_keep_dir_XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    char path[sizeof dir + 16];
+    snprintf(path, sizeof path, "%s/trace.json", dir);
+    static const char old_text[] = "an earlier trace\n";
+    FILE *f = fopen(path, "w");
+    CHECK(f != NULL);
+    if (!f)
+        return;
+    fputs(old_text, f);
+    fclose(f);
+
+    struct rlimit saved, few;
+    CHECK_EQ(getrlimit(RLIMIT_NOFILE, &saved), 0);
+    few = saved;
+    few.rlim_cur = saved.rlim_cur < 256 ? saved.rlim_cur : 256;
+    CHECK_EQ(setrlimit(RLIMIT_NOFILE, &few), 0);
+    int fds[256], nfds = 0;
+    while (nfds < 256 && (fds[nfds] = open("/dev/null", O_RDONLY)) >= 0)
+        nfds++;
+    CHECK(nfds > 0 && nfds < 256 && errno == EMFILE);
+    if (nfds > 0)
+        close(fds[--nfds]); /* the one descriptor left */
+    um__events *e = um__events_open(path, 2);
+    while (nfds > 0)
+        close(fds[--nfds]);
+    CHECK_EQ(setrlimit(RLIMIT_NOFILE, &saved), 0);
+    CHECK(e == NULL);
+    if (e)
+        um__events_close(e);
+    else
+        CHECK_ERROR_MENTIONS("trace_file", "trace.json", NULL);
+    CHECK(strcmp(slurp(path), old_text) == 0);
+    remove(path);
+    CHECK_EQ(rmdir(dir), 0); /* and no spill file was left there */
+}
+
 int main(void)
 {
     test_long_spans();
     test_held_in_order();
     test_held_keep_order();
     test_two_recorders();
+    test_virtual_time_reuse();
+    test_long_trace_name();
+    test_failed_open_keeps_file();
     return harness_finish("test_events");
 }

@@ -45,7 +45,10 @@ static bool free_took(void)
 }
 
 /* The free's time is taken before the block can be reused, so that it
- * precedes the next allocation at its address whichever thread makes it. */
+ * precedes the next allocation at its address whichever thread makes it
+ * (an allocation's is taken after it). Without the TSC this holds while
+ * the clock stands still too, in virtual time: the recorder's clock gives
+ * every read a time of its own, later than every read before it. */
 static um_status rec_free(um__allocator *a, void *ptr, const um__stream_ref *s)
 {
     const recording_ops *r = R(a);

@@ -67,7 +67,7 @@ typedef struct run {
 
 struct um__events {
     uint64_t gen;         /* tells this recorder apart from one at the same address */
-    bool tsc;             /* times are TSC ticks; else um__now_ns */
+    bool tsc;             /* times are TSC ticks; else um__now_ns, made unique */
     pthread_mutex_t lock; /* the lists below, the queue, the runs, the names */
     pthread_cond_t work, space;
     pthread_t writer;
@@ -92,6 +92,8 @@ struct um__events {
     /* The clock: ns = t0_ns + (ticks - t0_ticks) * ns_per_tick. */
     uint64_t t0_ticks, t0_ns;
     double ns_per_tick, ticks_per_ns;
+    /* Without the TSC, the latest time the clock handed out (logical_clock). */
+    _Atomic uint64_t clock_last;
 
     /* The JSON writer, at close. */
     FILE *f;
@@ -135,24 +137,49 @@ static bool tsc_invariant(void)
 #endif
 }
 
-static inline uint64_t rec_clock(const um__events *e)
+/* The clock where the TSC is not used: clock_gettime's, or in virtual time
+ * the virtual clock, which stands still while no device works. Many events
+ * then read the same time, and the writer orders equal times by the order
+ * in which their threads' buffers reached it, not by the order in which
+ * they happened: a block freed by one thread and allocated again by
+ * another could come out allocated before it was freed, with the wrong
+ * size and live bytes after it. So each read returns at least one more
+ * than any read before it in any thread, and every event gets a time of
+ * its own, in causal order: a read that happens after another (through a
+ * lock or a block handed over) sees its value or a later one, which the
+ * coherence of a single atomic's modification order guarantees even with
+ * relaxed operations. While the clock stands still, times move on by 1 ns
+ * an event. The TSC path keeps no shared state: an atomic read-modify-write
+ * on every event would cost more there than the rest of recording. */
+static __attribute__((noinline)) uint64_t logical_clock(um__events *e)
+{
+    uint64_t now = um__now_ns();
+    uint64_t last = atomic_load_explicit(&e->clock_last, memory_order_relaxed);
+    uint64_t t;
+    do
+        t = now > last ? now : last + 1;
+    while (!atomic_compare_exchange_weak_explicit(&e->clock_last, &last, t, memory_order_relaxed,
+                                                  memory_order_relaxed));
+    return t;
+}
+
+static inline uint64_t rec_clock(um__events *e)
 {
 #if HAVE_TSC
     if (UM_LIKELY(e->tsc))
         return __rdtsc();
 #endif
-    (void)e;
-    return um__now_ns();
+    return logical_clock(e);
 }
 
-uint64_t um__events_clock(const um__events *e)
+uint64_t um__events_clock(um__events *e)
 {
     return rec_clock(e);
 }
 
 /* Ticks against um__now_ns over at least min_ns (both read close together),
  * so that the mapping holds to a few parts in a million. */
-static void clock_pair(const um__events *e, uint64_t *ticks, uint64_t *ns)
+static void clock_pair(um__events *e, uint64_t *ticks, uint64_t *ns)
 {
     uint64_t best = UINT64_MAX;
     /* The first round always replaces these; set so that -O3 can see it. */
@@ -352,12 +379,12 @@ void um__event_instant_at(um__events *e, um__event_kind kind, int dev, uint64_t 
     instant(e, kind, dev, t, a0, a1);
 }
 
-/* An instant timed by the system clock (no usable TSC): out of line for
- * the same reason. */
+/* An instant timed by the system clock (no usable TSC), made unique by
+ * logical_clock: out of line for the same reason. */
 static __attribute__((noinline)) void instant_now(um__events *e, um__event_kind kind, int dev,
                                                   uint64_t a0, uint64_t a1)
 {
-    instant(e, kind, dev, um__now_ns(), a0, a1);
+    instant(e, kind, dev, logical_clock(e), a0, a1);
 }
 
 void um__event_instant(um__events *e, um__event_kind kind, int dev, uint64_t a0, uint64_t a1)
@@ -1045,6 +1072,16 @@ static void write_merged(um__events *e, const event_rec *recs)
 
 /* ----------------------------------------------------------- open, close */
 
+/* Waits for the writer to spill the buffers queued for it and end. */
+static void writer_stop(um__events *e)
+{
+    pthread_mutex_lock(&e->lock);
+    e->stop = true;
+    pthread_cond_signal(&e->work);
+    pthread_mutex_unlock(&e->lock);
+    pthread_join(e->writer, NULL);
+}
+
 static void events_free(um__events *e)
 {
     while (e->spare) {
@@ -1094,22 +1131,26 @@ um__events *um__events_open(const char *path, int ndevices)
     e->last_ns = INT64_MIN;
     e->live = calloc((size_t)ndevices + 1, sizeof *e->live);
     e->reserved = calloc((size_t)ndevices + 1, sizeof *e->reserved);
-    size_t plen = strlen(path);
-    e->spill_path = malloc(plen + 16);
+    /* The spill file sits in the trace's directory (its size is of the
+     * same order), unlinked at once so that nothing is left behind. Its
+     * name is short and does not grow with the trace's: "<path>.rawXXXXXX"
+     * was too long for the file system where the trace's own name was
+     * near the longest legal one, and the recorder failed. */
+    static const char spill_name[] = ".unimem-rawXXXXXX";
+    const char *slash = strrchr(path, '/');
+    size_t dir_len = slash ? (size_t)(slash - path) + 1 : 0;
+    e->spill_path = malloc(dir_len + sizeof spill_name);
     if (!e->live || !e->reserved || !e->spill_path) {
         events_free(e);
         um__fail(UM_ERR_NOMEM, "trace_file: no memory for the event recorder");
         return NULL;
     }
-    e->f = fopen(path, "w");
-    if (!e->f) {
-        um__fail(UM_ERR_IO, "trace_file: cannot open '%s' for writing (%s)", path, strerror(errno));
-        events_free(e);
-        return NULL;
-    }
-    /* The spill file sits next to the trace (its size is of the same
-     * order), unlinked at once so that nothing is left behind. */
-    snprintf(e->spill_path, plen + 16, "%s.rawXXXXXX", path);
+    memcpy(e->spill_path, path, dir_len);
+    memcpy(e->spill_path + dir_len, spill_name, sizeof spill_name);
+    /* The spill file and the writer come before the trace, whose opening
+     * truncates a file already at path: opened first, a recorder that then
+     * failed left that file empty. The trace's opening is the last step
+     * that can fail, so a failure leaves path as it was. */
     int fd = mkstemp(e->spill_path);
     if (fd >= 0) {
         unlink(e->spill_path);
@@ -1124,8 +1165,8 @@ um__events *um__events_open(const char *path, int ndevices)
     if (e->spill)
         setvbuf(e->spill, NULL, _IONBF, 0);
     if (!e->spill) {
-        um__fail(UM_ERR_IO, "trace_file: cannot create the spill file '%s' (%s)", e->spill_path,
-                 strerror(errno));
+        um__fail(UM_ERR_IO, "trace_file: cannot create the spill file '%s' for '%s' (%s)",
+                 e->spill_path, path, strerror(errno));
         events_free(e);
         return NULL;
     }
@@ -1135,9 +1176,22 @@ um__events *um__events_open(const char *path, int ndevices)
         return NULL;
     }
     e->writer_started = true;
+    e->f = fopen(path, "w");
+    if (!e->f) {
+        um__fail(UM_ERR_IO, "trace_file: cannot open '%s' for writing (%s)", path, strerror(errno));
+        writer_stop(e);
+        events_free(e);
+        return NULL;
+    }
     /* In virtual time every event's time is the virtual clock's. */
     e->tsc = tsc_invariant() && !atomic_load(&um__vt_active);
-    clock_pair(e, &e->t0_ticks, &e->t0_ns);
+    /* Without the TSC, ticks are the clock's ns, and the origin is the
+     * clock's own reading: one of logical_clock's would stand a ns or more
+     * ahead of it, and so would every time written after. */
+    if (e->tsc)
+        clock_pair(e, &e->t0_ticks, &e->t0_ns);
+    else
+        e->t0_ticks = e->t0_ns = um__now_ns();
     /* A first estimate of the tick rate, for spans' start times; close
      * fits it again over the whole run. */
     clock_fit(e, 1000000);
@@ -1182,10 +1236,8 @@ void um__events_close(um__events *e)
             chunk_queue_locked(e, tb->c);
             tb->c = NULL;
         }
-    e->stop = true;
-    pthread_cond_signal(&e->work);
     pthread_mutex_unlock(&e->lock);
-    pthread_join(e->writer, NULL);
+    writer_stop(e);
     clock_fit(e, 20000000);
 
     const event_rec *recs = NULL;

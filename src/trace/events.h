@@ -8,7 +8,8 @@
  * (Perfetto, chrome://tracing). Owns the files, the buffers and the writer.
  *
  * Times come from the TSC where it is invariant (a few ns to read, where
- * clock_gettime takes 20-40), mapped to um__now_ns's clock at close.
+ * clock_gettime takes 20-40), mapped to um__now_ns's clock at close; else
+ * from um__now_ns, each read made later than the one before.
  *
  * Allocations, frees and the pools' reserved memory also become counter
  * tracks (live, reserved and cached bytes per device): the JSON writer
@@ -53,8 +54,12 @@ typedef enum um__backend_op {
 /* Opens path for writing (truncated); NULL after um__fail. ndevices names
  * the tracks. */
 um__events *um__events_open(const char *path, int ndevices);
-/* The recorder's clock, for an instant's time (um__event_instant_at). */
-uint64_t um__events_clock(const um__events *e);
+/* The recorder's clock, for an instant's time (um__event_instant_at).
+ * Without the TSC (no invariant one, or virtual time) every read returns
+ * a time of its own, later than every read before it in any thread, so
+ * that events which share a clock reading keep the order they happened in
+ * (at most 1 ns an event ahead of the clock while it stands still). */
+uint64_t um__events_clock(um__events *e);
 /* Adds an event that happens now on device dev: the hot path (a clock read
  * and a 32-byte store). */
 void um__event_instant(um__events *e, um__event_kind kind, int dev, uint64_t a0, uint64_t a1);
