@@ -495,14 +495,21 @@ typedef struct um_task {
     /* Called once when the task has finished (its GPU work too), failed
      * or been cancelled: on the worker of the device it ran on, or, for a
      * task that ends without running, on the thread that ended it (a
-     * worker, or the caller of um_task_submit or um_task_cancel). Waits
+     * worker, or the caller of um_task_submit or um_task_cancel). st is
+     * what um_task_wait returns for it: UM_OK, UM_ERR_TASK (whatever the
+     * cause; um_task_wait's message names it) or UM_ERR_CANCELLED. Waits
      * on other threads return after it. It may submit and cancel tasks;
      * um_task_wait on its own id returns the task's status at once (so
      * does one on a task whose callback this thread runs next, such as
      * the task it failed with), and
      * um_wait_all fails with UM_ERR_BUSY there (it would wait for this
-     * task, and on a worker for the tasks queued behind it). A wait for
-     * another task holds the thread, so a worker's other tasks wait too. */
+     * task, and on a worker for the tasks queued behind it). A worker
+     * takes no new task while it runs callbacks. A wait for another task
+     * holds the thread: on a worker, the tasks queued there go to other
+     * devices meanwhile, and a wait for a task that only that worker can
+     * run (forced onto its device, or the only one with an implementation
+     * or room for it), or that waits for such a task, fails with
+     * UM_ERR_BUSY. */
     void (*done)(um_task_id id, um_status st, void *user);
     /* Among ready tasks, and those queued on a device and not started, a
      * higher priority goes first (0 by default; equal ones in the order

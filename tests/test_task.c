@@ -600,6 +600,13 @@ static void test_no_host_tasks(void)
     um_task_id id;
     CHECK_STATUS(um_task_submit(ctx, &t, &id), UM_ERR_UNSUPPORTED);
     CHECK_ERROR_MENTIONS("only for the host", "host_tasks=0", NULL);
+    /* With a CUDA implementation too, a GPU would run it, and there is
+     * none: it was told that it had an implementation only for the host. */
+    t.name = "cpu_and_cuda";
+    t.cuda = noop;
+    CHECK_STATUS(um_task_submit(ctx, &t, &id), UM_ERR_UNSUPPORTED);
+    CHECK_ERROR_MENTIONS("has a CUDA implementation", "has no GPU", "host_tasks=0");
+    CHECK(strstr(um_last_error(), "only for the host") == NULL);
     um_shutdown(ctx);
 }
 
@@ -1967,6 +1974,188 @@ static void test_wait_in_callback_for_other(void)
     um_shutdown(ctx);
 }
 
+/* A task that notes its device and, gate set, waits until *gate != 0;
+ * its done callback (callback_waiter_done) waits for task wait_for. */
+typedef struct callback_waiter {
+    _Atomic int *gate;
+    _Atomic int device;           /* where it ran; -1: not yet */
+    _Atomic um_task_id wait_for;
+    _Atomic int status;           /* what the callback's wait returned; -1: not yet */
+    char error[512];
+} callback_waiter;
+
+static int callback_waiter_fn(const um_task_exec *e)
+{
+    callback_waiter *c = e->user;
+    atomic_store(&c->device, e->device);
+    while (c->gate && !atomic_load(c->gate))
+        usleep(1000);
+    return 0;
+}
+
+static void callback_waiter_done(um_task_id id, um_status st, void *user)
+{
+    (void)id;
+    (void)st;
+    callback_waiter *c = user;
+    um_status s = um_task_wait(callback_ctx, atomic_load(&c->wait_for));
+    snprintf(c->error, sizeof c->error, "%s", um_last_error());
+    atomic_store(&c->status, (int)s);
+}
+
+/* A task on buffer x (mode m) running callback_waiter_fn with c; its done
+ * callback waits when `waits`. Its id. */
+static um_task_id submit_waiter(um_context *ctx, const char *name, int device, callback_waiter *c,
+                                um_buffer *x, um_access m, bool waits)
+{
+    um_task t = {.name = name, .cpu = callback_waiter_fn, .device = device, .user = c,
+                 .done = waits ? callback_waiter_done : NULL};
+    if (x) {
+        t.nbuffers = 1;
+        t.buffers[0] = x;
+        t.modes[0] = m;
+    }
+    um_task_id id = 0;
+    CHECK_OK(um_task_submit(ctx, &t, &id));
+    return id;
+}
+
+/* A done callback that waits for a task that reads what its own task
+ * wrote, with another device idle, under every policy. The reader becomes
+ * ready as the task ends, before the callback runs, and was placed on the
+ * worker about to run the callback (eager took it, its queue had just
+ * emptied; locality and cost for its data), behind the callback, which
+ * then waited for ever. */
+static void test_callback_waits_for_dependent(void)
+{
+    for (int k = 0; k < 4; k++) {
+        char conf[128];
+        snprintf(conf, sizeof conf, "devices=sim:2x64M,links=model,host_tasks=0,sched=%s",
+                 policies[k]);
+        um_context *ctx = NULL;
+        CHECK_OK(um_init(conf, &ctx));
+        if (!ctx)
+            return;
+        callback_ctx = ctx;
+        um_buffer *x;
+        CHECK_OK(um_buffer_create(ctx, 4096, NULL, &x));
+        _Atomic int gate = 0;
+        callback_waiter a = {.gate = &gate, .device = -1, .status = -1};
+        callback_waiter d = {.device = -1, .status = -1};
+        um_task_id ia = submit_waiter(ctx, "writer", -1, &a, x, UM_ACCESS_WRITE, true);
+        atomic_store(&a.wait_for, submit_waiter(ctx, "reader", -1, &d, x, UM_ACCESS_READ, false));
+        atomic_store(&gate, 1);
+        watch("a done callback waiting for a task that depends on its own", 30);
+        CHECK_OK(um_task_wait(ctx, ia));
+        unwatch();
+        CHECK_EQ(atomic_load(&a.status), UM_OK);
+        int ran = atomic_load(&a.device), dep = atomic_load(&d.device);
+        CHECK(dep >= 1 && dep != ran);
+        CHECK_OK(um_wait_all(ctx));
+        CHECK_OK(um_buffer_destroy(x));
+        um_shutdown(ctx);
+    }
+}
+
+/* A done callback that waits for a task queued on its own worker before
+ * the callback began (locality put it there: its input is on that
+ * device): the worker's queue goes back to the ready list, and the other
+ * device runs it. */
+static void test_callback_waits_for_queued(void)
+{
+    um_context *ctx = NULL;
+    CHECK_OK(um_init("devices=sim:2x64M,links=model,host_tasks=0,sched=locality", &ctx));
+    if (!ctx)
+        return;
+    callback_ctx = ctx;
+    um_buffer *x;
+    CHECK_OK(um_buffer_create(ctx, 4096, NULL, &x));
+    callback_waiter w = {.device = -1, .status = -1};
+    /* x's only valid copy on device 1. */
+    CHECK_OK(um_task_wait(ctx, submit_waiter(ctx, "init", 1, &w, x, UM_ACCESS_WRITE, false)));
+    _Atomic int gate = 0;
+    callback_waiter a = {.gate = &gate, .device = -1, .status = -1};
+    callback_waiter q = {.device = -1, .status = -1};
+    um_task_id ia = submit_waiter(ctx, "held", 1, &a, NULL, 0, true);
+    while (atomic_load(&a.device) < 0)
+        usleep(1000);
+    atomic_store(&a.wait_for, submit_waiter(ctx, "queued", -1, &q, x, UM_ACCESS_READ, false));
+    atomic_store(&gate, 1);
+    watch("a done callback waiting for a task queued behind it", 30);
+    CHECK_OK(um_task_wait(ctx, ia));
+    unwatch();
+    CHECK_EQ(atomic_load(&a.status), UM_OK);
+    CHECK_EQ(atomic_load(&q.device), 2);
+    CHECK_OK(um_wait_all(ctx));
+    CHECK_OK(um_buffer_destroy(x));
+    um_shutdown(ctx);
+}
+
+/* A done callback that waits for a task only its own worker can run: one
+ * forced onto that device, or one that waits for such a task. It cannot
+ * end before the callback returns, so the wait fails with UM_ERR_BUSY,
+ * naming why (it hung), and the task runs once the callback returns. */
+static void test_callback_waits_for_own_device(void)
+{
+    um_context *ctx = NULL;
+    CHECK_OK(um_init("devices=sim:2x64M,links=model,host_tasks=0,sched=eager", &ctx));
+    if (!ctx)
+        return;
+    callback_ctx = ctx;
+    um_buffer *x;
+    CHECK_OK(um_buffer_create(ctx, 4096, NULL, &x));
+    for (int indirect = 0; indirect < 2; indirect++) {
+        _Atomic int gate = 0;
+        callback_waiter a = {.gate = &gate, .device = -1, .status = -1};
+        callback_waiter f = {.device = -1, .status = -1}, e = {.device = -1, .status = -1};
+        um_task_id ia = submit_waiter(ctx, "writer", 1, &a, x, UM_ACCESS_WRITE, true);
+        um_task_id forced = submit_waiter(ctx, "forced", 1, &f, x, UM_ACCESS_READ_WRITE, false);
+        um_task_id after = submit_waiter(ctx, "after", -1, &e, x, UM_ACCESS_READ, false);
+        atomic_store(&a.wait_for, indirect ? after : forced);
+        atomic_store(&gate, 1);
+        watch("a done callback waiting for a task only its worker can run", 30);
+        CHECK_OK(um_task_wait(ctx, ia));
+        unwatch();
+        CHECK_EQ(atomic_load(&a.status), UM_ERR_BUSY);
+        CHECK(strstr(a.error, "only that worker can run") != NULL);
+        CHECK_OK(um_task_wait(ctx, after));
+        CHECK_EQ(atomic_load(&f.device), 1);
+    }
+    CHECK_OK(um_wait_all(ctx));
+    CHECK_OK(um_buffer_destroy(x));
+    um_shutdown(ctx);
+}
+
+/* A task whose buffers cannot be had fails with UM_ERR_TASK, its cause
+ * (UM_ERR_NOMEM here) in the message, and its done callback gets that
+ * status too: it got the acquisition's own status while um_task_wait and
+ * um_wait_all said UM_ERR_TASK. */
+static void test_callback_status(void)
+{
+    um_context *ctx = NULL;
+    CHECK_OK(um_init("devices=sim:64M,links=model,host_tasks=0", &ctx));
+    if (!ctx)
+        return;
+    CHECK_OK(um_set_memory_limit(ctx, 1, 1u << 20));
+    um_buffer *b;
+    CHECK_OK(um_buffer_create(ctx, 2u << 20, NULL, &b));
+    probe p = {.done_status = -1};
+    um_task t = {.name = "too_big", .cpu = probe_fn, .device = -1, .nbuffers = 1, .user = &p,
+                 .done = probe_done};
+    t.buffers[0] = b;
+    t.modes[0] = UM_ACCESS_READ;
+    um_task_id id;
+    CHECK_OK(um_task_submit(ctx, &t, &id));
+    CHECK_STATUS(um_task_wait(ctx, id), UM_ERR_TASK);
+    CHECK_ERROR_MENTIONS("could not be had", "UM_ERR_NOMEM", NULL);
+    CHECK_EQ(atomic_load(&p.ran), 0);
+    CHECK_EQ(atomic_load(&p.done_calls), 1);
+    CHECK_EQ(atomic_load(&p.done_status), UM_ERR_TASK);
+    CHECK_STATUS(um_wait_all(ctx), UM_ERR_TASK);
+    CHECK_OK(um_buffer_destroy(b));
+    um_shutdown(ctx);
+}
+
 /* A GPU worker that cannot make its GPU's context current refuses its
  * tasks, naming why, rather than run task code against no context (or
  * the first GPU's). On the stand-in driver only, which fails the call:
@@ -2040,6 +2229,10 @@ int main(void)
     test_prefetch_never_evicts();
     test_wait_in_callback();
     test_wait_in_callback_for_other();
+    test_callback_waits_for_dependent();
+    test_callback_waits_for_queued();
+    test_callback_waits_for_own_device();
+    test_callback_status();
     test_gpu_bind_failure();
     test_cancel_frees_queue();
     test_runtime_start_failure();

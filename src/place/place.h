@@ -46,7 +46,8 @@ typedef struct um__place_task {
 typedef struct um__place_device {
     double queued_ns; /* estimated compute time of its queued and running tasks */
     int queued;       /* those tasks */
-    bool full;        /* its queue takes no more now */
+    bool full;        /* it takes no task now: its queue is full, or its worker runs done
+                       * callbacks */
 } um__place_device;
 
 /* What placement asks of the world. */

@@ -60,6 +60,10 @@ struct task {
     task *next;             /* in a worker's queue, the ready list, or a list of finished tasks */
     bool retired;           /* its callback ran; freed once settled */
     task *work_next;        /* in finish's worklists */
+    /* In waits_for_worker's search only (false outside it): marked, and
+     * the next task marked. */
+    bool marked;
+    task *marked_next;
     um_status status;
     /* The program's name copied (t.name points here, or is NULL): a name
      * in a buffer the program reuses after submitting was read later by
@@ -119,6 +123,16 @@ typedef struct worker {
     int nprefetching;       /* set in prefetching[] (only its own thread's) */
     int queued;             /* queued and running */
     double queued_ns;
+    /* Its thread runs done callbacks (ended's retire): it takes no task
+     * until they return (placement sees it full), so a callback that
+     * waits for a dependent of its task does not find that dependent
+     * queued behind itself. Set only for the tasks that have callbacks. */
+    bool in_callbacks;
+    /* A done callback on its thread waits for an unfinished task
+     * (um_task_wait): placement leaves it out until the wait returns, and
+     * the tasks queued on it went back to the ready list, for the other
+     * devices. */
+    bool waiting;
     um_stream stream;                    /* the first of streams[] */
     um_stream streams[GPU_IN_FLIGHT];    /* a GPU's; one elsewhere */
     int nstreams;
@@ -368,6 +382,13 @@ static bool eligible_on(const um__run *r, const task *t, int d)
            runs_on(r->ctx, &t->t, d);
 }
 
+/* Whether w's worker takes a task now (locked): it runs, its queue has
+ * room, and its thread is neither in done callbacks nor waiting in one. */
+static bool takes_tasks(const worker *w)
+{
+    return w->started && w->queued < QUEUE_MAX && !w->in_callbacks && !w->waiting;
+}
+
 /* The bytes t's buffers take on dev at least: their sum rounded up to
  * whole pages of dev's granularity, as the pool reserves memory (it packs
  * blocks across page boundaries, so three of 2 MiB + 4 KiB fit in four 2
@@ -412,9 +433,19 @@ static int eligible_devices(const um__run *r, const task *t, int *open)
     for (int d = 0; d < r->ctx->ndevices; d++) {
         bool ok = eligible_on(r, t, d);
         n += ok;
-        *open += ok && r->w[d].queued < QUEUE_MAX;
+        *open += ok && takes_tasks(&r->w[d]);
     }
     return n;
+}
+
+/* Whether t may run on device d and its buffers fit under d's memory
+ * limit (the host's is not limited). */
+static bool fits_on(const um__run *r, const task *t, int d)
+{
+    return eligible_on(r, t, d) &&
+           (d == 0 || task_footprint(r->ctx, &t->t, d) <=
+                          atomic_load_explicit(&r->ctx->devices[d].alloc->memory_limit,
+                                               memory_order_relaxed));
 }
 
 /* For a task whose buffers fit under no eligible device's memory limit
@@ -426,14 +457,10 @@ static int eligible_devices(const um__run *r, const task *t, int *open)
 static int device_to_fail_on(const um__run *r, const task *t)
 {
     for (int d = 0; d < r->ctx->ndevices; d++)
-        if (eligible_on(r, t, d) &&
-            (d == 0 ||
-             task_footprint(r->ctx, &t->t, d) <=
-                 atomic_load_explicit(&r->ctx->devices[d].alloc->memory_limit,
-                                      memory_order_relaxed)))
+        if (fits_on(r, t, d))
             return -1;
     for (int d = 0; d < r->ctx->ndevices; d++)
-        if (eligible_on(r, t, d) && r->w[d].queued < QUEUE_MAX)
+        if (eligible_on(r, t, d) && takes_tasks(&r->w[d]))
             return d;
     return -1;
 }
@@ -465,9 +492,14 @@ static bool place_now(um__run *r, task *t)
     um__place_task pt;
     fill_place_task(r, t, &pt);
     um__place_device devs[UM_MAX_DEVICES];
-    for (int d = 0; d < r->ctx->ndevices; d++)
-        devs[d] = (um__place_device){r->w[d].queued_ns, r->w[d].queued,
-                                     r->w[d].queued >= QUEUE_MAX};
+    for (int d = 0; d < r->ctx->ndevices; d++) {
+        /* A worker whose callback waits is left out: the wait may be for
+         * this very task. One only in callbacks is full: a policy that
+         * wants it (its data is there) waits for it. */
+        if (r->w[d].waiting)
+            pt.eligible[d] = false;
+        devs[d] = (um__place_device){r->w[d].queued_ns, r->w[d].queued, !takes_tasks(&r->w[d])};
+    }
     t->dev = um__place_pick(r->place, &pt, devs, &t->est_ns);
     if (t->dev < 0) {
         t->dev = device_to_fail_on(r, t);
@@ -503,7 +535,7 @@ static void dispatch(um__run *r)
     while (*pp) {
         bool room = false;
         for (int d = 0; d < r->ctx->ndevices; d++)
-            room |= r->w[d].started && r->w[d].queued < QUEUE_MAX;
+            room |= takes_tasks(&r->w[d]);
         if (!room)
             return;
         task *t = *pp;
@@ -563,12 +595,16 @@ static void free_task(um__run *r, task *t)
 
 /* t has ended with st (locked): its state, why it failed (its own reason
  * `why`, or with how FAILED_WITH or FAILED_AT_SUBMIT the failed task
- * `cause`), its buffers' records, and onto *done for its callback. */
+ * `cause`), its buffers' records, and onto *done for its callback. Its
+ * status is one that um_task_wait returns: UM_OK, UM_ERR_CANCELLED, or
+ * UM_ERR_TASK for any failure, whose own status (a buffer that could not
+ * be had: UM_ERR_NOMEM, UM_ERR_BUSY, UM_ERR_BACKEND) stays in `why`. The
+ * done callback got that raw status while the waits said UM_ERR_TASK. */
 static void mark_done(um__run *r, task *t, um_status st, const char *why, uint8_t how,
                       um_task_id cause, bool cause_cancelled, task **done)
 {
     t->state = DONE;
-    t->status = st;
+    t->status = st == UM_OK || st == UM_ERR_CANCELLED ? st : UM_ERR_TASK;
     if (st != UM_OK) {
         note_failure(r, t, why, how, cause, cause_cancelled);
         if (!r->first_failed)
@@ -650,6 +686,10 @@ static void finish(um__run *r, task *t, um_status st, const char *why, task **do
 {
     finish_as(r, t, st, why, FAILED_ITSELF, 0, false, done);
 }
+
+/* The worker whose thread this is, NULL on other threads: a done
+ * callback that waits holds it (leave_for_wait). */
+static _Thread_local worker *worker_here;
 
 /* The done callbacks this thread is in, innermost first (a callback may
  * submit a task that fails at once, whose callback runs inside it): a
@@ -1037,7 +1077,21 @@ static bool land(worker *w, um__xfer *x, in_flight *f, uint64_t *prev_end)
 #define LAND_POLL_MIN_NS 5000ull
 #define LAND_POLL_MAX_NS 200000ull
 
-/* A task has ended on w (locked): its queue has room again. */
+/* Whether a task on the list `done` (linked by next) has a done callback. */
+static bool any_callback(const task *done)
+{
+    for (; done; done = done->next)
+        if (done->t.done)
+            return true;
+    return false;
+}
+
+/* A task has ended on w (locked): its queue has room again, for the
+ * tasks ready then, unless w's thread runs done callbacks next: until
+ * they return it takes none. Placed on w before its callback ran, a
+ * dependent of t queued behind that callback, and a callback waiting for
+ * it waited for ever, even with another device idle (eager took w, whose
+ * queue had just emptied; locality and cost took it for its data). */
 static void ended(um__run *r, worker *w, task *t, um_status st, const char *why)
 {
     w->queued--;
@@ -1046,10 +1100,17 @@ static void ended(um__run *r, worker *w, task *t, um_status st, const char *why)
         w->queued_ns = 0;
     task *done = NULL;
     finish(r, t, st, why, &done);
+    bool callbacks = any_callback(done);
+    w->in_callbacks = callbacks;
     dispatch(r);
     um__vt_mutex_unlock(&r->lock);
     retire(r, done);
     um__vt_mutex_lock(&r->lock);
+    if (callbacks) {
+        /* The tasks that waited for w (their data is here) go there now. */
+        w->in_callbacks = false;
+        dispatch(r);
+    }
 }
 
 /* A worker: runs its device's queue in order. On a GPU up to GPU_IN_FLIGHT
@@ -1084,6 +1145,7 @@ static void *worker_main(void *arg)
             um__log(UM_LOG_WARN, "device %d: its worker thread cannot bind to it: %s", w->dev,
                     um_last_error());
     }
+    worker_here = w;
     in_flight fl[GPU_IN_FLIGHT];
     int nfl = 0;
     unsigned launches = 0;
@@ -1477,10 +1539,14 @@ static um_status check_task(um_context *ctx, const um_task *t)
     bool any = false;
     for (int d = 0; d < ctx->ndevices; d++)
         any |= (t->device < 0 || t->device == d) && runs_on(ctx, t, d);
+    /* Only the host could run it: with cpu alone that is what it has; with
+     * cuda too, the context has no GPU (such a task was told that it had
+     * an implementation only for the host). */
     if (!any && !ctx->opts.host_tasks && (t->device == 0 || (t->device < 0 && t->cpu)))
         return um__fail(UM_ERR_UNSUPPORTED, "%s: task '%s' %s, and the option host_tasks=0 "
-                        "keeps the host from running tasks", what, name,
+                        "keeps tasks off the host", what, name,
                         t->device == 0 ? "is forced onto the host"
+                        : t->cuda      ? "has a CUDA implementation but the context has no GPU"
                                        : "has an implementation only for the host");
     if (!any)
         return um__fail(UM_ERR_UNSUPPORTED, "%s: task '%s' has no implementation for %s", what,
@@ -1720,6 +1786,90 @@ static um_status run_of(um_context *ctx, um_task_id id, const char *what, um__ru
     return UM_OK;
 }
 
+/* Whether t, unfinished, can run on a device other than dev (locked). */
+static bool runs_elsewhere(const um__run *r, const task *t, int dev)
+{
+    for (int d = 0; d < r->ctx->ndevices; d++)
+        if (d != dev && fits_on(r, t, d))
+            return true;
+    return false;
+}
+
+/* Whether unfinished task `target` is, or waits however indirectly for, a
+ * task that only w's thread can run or end (locked): one running there
+ * (launched on its GPU, which only that thread lands), or one not started
+ * that no other device may run (forced there, the only device with its
+ * implementation, or the only one its buffers fit). A done callback on
+ * w's thread that waited for it would wait for ever. Searched from those
+ * tasks along the dependency edges; a callback's wait is rare, so it
+ * looks through every task. */
+static bool waits_for_worker(um__run *r, const worker *w, const task *target)
+{
+    task *work = NULL;
+    for (size_t i = 0; i < r->tasks.cap; i++) {
+        if (!r->tasks.slots[i].key)
+            continue;
+        task *x = (task *)(uintptr_t)r->tasks.slots[i].value;
+        bool only_here = x->state == RUNNING ? x->dev == w->dev
+                                             : x->state != DONE && !runs_elsewhere(r, x, w->dev);
+        if (only_here) {
+            x->marked = true;
+            x->marked_next = work;
+            work = x;
+        }
+    }
+    bool found = false;
+    while (work && !found) {
+        task *x = work;
+        work = x->marked_next;
+        found = x == target;
+        for (int k = 0; k < x->ndependents; k++) {
+            task *d = x->dependents[k].to;
+            if (!d->marked) {
+                d->marked = true;
+                d->marked_next = work;
+                work = d;
+            }
+        }
+    }
+    for (size_t i = 0; i < r->tasks.cap; i++)
+        if (r->tasks.slots[i].key)
+            ((task *)(uintptr_t)r->tasks.slots[i].value)->marked = false;
+    return found;
+}
+
+/* Before a done callback on w's thread waits for unfinished task t
+ * (locked): w runs nothing until the wait returns, so placement leaves it
+ * out, and the tasks queued on it and not started go back to the ready
+ * list, for the other devices (t may be one of them, or wait for one).
+ * UM_ERR_BUSY, nothing changed, when t could still not end. */
+static um_status leave_for_wait(um__run *r, worker *w, const task *t)
+{
+    if (waits_for_worker(r, w, t))
+        return um__fail(UM_ERR_BUSY,
+                        "um_task_wait: called from a done callback on device %d's worker for "
+                        "task %llu (%s), which is, or waits for, a task that only that worker "
+                        "can run (forced there, or no other device has its implementation or "
+                        "room for its buffers) or is running there, and the worker runs "
+                        "nothing until the callback returns; wait outside done callbacks",
+                        w->dev, (unsigned long long)t->id, task_name(t));
+    w->waiting = true;
+    while (w->head) {
+        task *q = w->head;
+        w->head = q->next;
+        w->queued--;
+        w->queued_ns -= q->est_ns;
+        q->dev = -1;
+        q->est_ns = 0;
+        enqueue(&r->ready_head, &r->ready_tail, q);
+    }
+    w->tail = NULL;
+    if (w->queued_ns < 0 || !w->queued)
+        w->queued_ns = 0; /* as in ended: rounding must not leave a credit */
+    dispatch(r);
+    return UM_OK;
+}
+
 um_status um_task_wait(um_context *ctx, um_task_id id)
 {
     um__run *r = NULL;
@@ -1732,9 +1882,26 @@ um_status um_task_wait(um_context *ctx, um_task_id id)
      * never end. */
     const task *self = in_callback_of(r, id);
     uint8_t o = self ? outcome_of(self->status) : r->outcome[id - 1];
+    /* From a done callback on a worker, for a task still to run: the
+     * worker cannot run it (nor those queued on it) until the callback
+     * returns, so they go to other devices, or the wait fails when none
+     * can take them. */
+    worker *held = NULL;
+    const task *t = o == ID_PENDING ? task_of(r, id) : NULL;
+    if (t && t->state != DONE && worker_here && worker_here->r == r && in_callback_of(r, 0)) {
+        if ((st = leave_for_wait(r, worker_here, t)) != UM_OK) {
+            um__vt_mutex_unlock(&r->lock);
+            return st;
+        }
+        held = worker_here;
+    }
     while (o == ID_PENDING) {
         um__cond_wait(&r->finished, &r->lock);
         o = r->outcome[id - 1];
+    }
+    if (held) {
+        held->waiting = false;
+        dispatch(r); /* the tasks that only it can run */
     }
     st = outcome_status(r, id, o);
     um__vt_mutex_unlock(&r->lock);

@@ -17,7 +17,10 @@
  * not destroyed until that is over), waits for the task's buffers, runs
  * the implementation for its kind of device (a GPU's launches on the
  * stream and is waited for), releases them, and learns the compute time
- * for placement. A task that fails fails its dependents without running
+ * for placement. While its thread runs done callbacks a worker takes no
+ * task, and one whose callback waits for a task gives its queue to the
+ * other devices (or the wait fails, when only it could run that task).
+ * A task that fails fails its dependents without running
  * them; the buffers stay coherent (what a failed task wrote is what its
  * buffers hold). Per finished task only its outcome byte stays, and per
  * failed one a small record its message is made from.
