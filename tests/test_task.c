@@ -1841,6 +1841,97 @@ static void test_prefetch_never_evicts(void)
     um_shutdown(ctx);
 }
 
+static _Atomic int ran_on_device = -1;
+
+static int note_device_fn(const um_task_exec *e)
+{
+    atomic_store(&ran_on_device, e->device);
+    return 0;
+}
+
+/* Memory that eviction cannot free (the program's own um_malloc block, or
+ * a pinned buffer) does not count in placement, which checks a task's
+ * pages against the limit: a 32 MiB task went to a 64 MiB device that
+ * held 48 MiB so, failed there (UM_ERR_NOMEM) and failed every task after
+ * it, though the host could run it. It is placed again, with that device
+ * ruled out, under every policy (an audit). */
+static void test_placed_again_where_memory_is_held(void)
+{
+    for (int pin = 0; pin < 2; pin++)
+        for (int p = 0; p < 4; p++) {
+            char conf[96];
+            snprintf(conf, sizeof conf, "devices=sim:64M,links=model,sched=%s", policies[p]);
+            um_context *ctx = NULL;
+            CHECK_OK(um_init(conf, &ctx));
+            if (!ctx)
+                return;
+            CHECK_OK(um_set_memory_limit(ctx, 1, 64 << 20));
+            void *held = NULL;
+            um_buffer *pinned = NULL, *b = NULL;
+            if (pin) {
+                um_buffer_opts on1 = {1};
+                CHECK_OK(um_buffer_create(ctx, 48 << 20, &on1, &pinned));
+                CHECK_OK(um_buffer_hint(pinned, UM_HINT_PIN));
+            } else {
+                CHECK_OK(um_malloc(ctx, 1, 48 << 20, NULL, &held));
+            }
+            CHECK_OK(um_buffer_create(ctx, 32 << 20, NULL, &b));
+            um_task t = {.name = "writes 32 MiB", .cpu = note_device_fn, .device = -1,
+                         .nbuffers = 1};
+            t.buffers[0] = b;
+            t.modes[0] = UM_ACCESS_WRITE_DISCARD;
+            um_task_id id = 0;
+            atomic_store(&ran_on_device, -1);
+            CHECK_OK(um_task_submit(ctx, &t, &id));
+            CHECK_OK(um_task_wait(ctx, id));
+            CHECK_EQ(atomic_load(&ran_on_device), 0);
+            CHECK_OK(um_buffer_destroy(b));
+            if (pinned)
+                CHECK_OK(um_buffer_destroy(pinned));
+            if (held)
+                CHECK_OK(um_free(ctx, held, NULL));
+            um_shutdown(ctx);
+        }
+}
+
+/* A task's own replicas can split a device's free memory: reading A and B
+ * (60 KiB each, already there among others) and writing C (120 KiB) under
+ * a 256 KiB limit of 64 KiB pages, C fitted nowhere once A and B were
+ * held, and with no other device (host_tasks=0) the task failed with
+ * nothing else on the device. Its acquisition lets go and takes the
+ * buffers again, largest first (an audit). */
+static void test_own_replicas_fragment(void)
+{
+    um_context *ctx = NULL;
+    CHECK_OK(um_init("devices=sim:64M,sim_granularity=64K,links=model,host_tasks=0", &ctx));
+    if (!ctx)
+        return;
+    CHECK_OK(um_set_memory_limit(ctx, 1, 256 << 10));
+    um_buffer_opts on1 = {1};
+    um_buffer *a = NULL, *x = NULL, *b = NULL, *y = NULL, *c = NULL;
+    CHECK_OK(um_buffer_create(ctx, 60 << 10, &on1, &a));
+    CHECK_OK(um_buffer_create(ctx, 60 << 10, &on1, &x));
+    CHECK_OK(um_buffer_create(ctx, 60 << 10, &on1, &b));
+    CHECK_OK(um_buffer_create(ctx, 60 << 10, &on1, &y));
+    CHECK_OK(um_buffer_create(ctx, 120 << 10, NULL, &c));
+    um_task t = {.name = "a b -> c", .cpu = note_device_fn, .device = -1, .nbuffers = 3};
+    t.buffers[0] = a;
+    t.modes[0] = UM_ACCESS_READ;
+    t.buffers[1] = b;
+    t.modes[1] = UM_ACCESS_READ;
+    t.buffers[2] = c;
+    t.modes[2] = UM_ACCESS_WRITE_DISCARD;
+    um_task_id id = 0;
+    atomic_store(&ran_on_device, -1);
+    CHECK_OK(um_task_submit(ctx, &t, &id));
+    CHECK_OK(um_task_wait(ctx, id));
+    CHECK_EQ(atomic_load(&ran_on_device), 1);
+    um_buffer *all[] = {a, x, b, y, c};
+    for (int i = 0; i < 5; i++)
+        CHECK_OK(um_buffer_destroy(all[i]));
+    um_shutdown(ctx);
+}
+
 static um_context *callback_ctx;
 static _Atomic int callback_wait_self, callback_wait_all;
 static char callback_self_error[256], callback_all_error[256];
@@ -2227,6 +2318,8 @@ int main(void)
     test_prefetch_after_acquire();
     test_prefetch_into_cached_memory();
     test_prefetch_never_evicts();
+    test_placed_again_where_memory_is_held();
+    test_own_replicas_fragment();
     test_wait_in_callback();
     test_wait_in_callback_for_other();
     test_callback_waits_for_dependent();

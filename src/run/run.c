@@ -72,6 +72,9 @@ struct task {
     /* The tickets of the WILL_USE announcements make_ready made for its
      * buffers (0: none), withdrawn if it ends without acquiring them. */
     uint64_t announced[UM_TASK_MAX_BUFFERS];
+    /* Devices ruled out for it (a bit each): its buffers could not be had
+     * there for lack of memory (place_again). */
+    uint64_t excluded;
 };
 
 /* What tasks do with one buffer: its last writer and the readers since
@@ -379,7 +382,7 @@ static bool runs_on(const um_context *ctx, const um_task *t, int d)
 static bool eligible_on(const um__run *r, const task *t, int d)
 {
     return (t->t.device < 0 || t->t.device == d) && r->w[d].started &&
-           runs_on(r->ctx, &t->t, d);
+           !((t->excluded >> d) & 1) && runs_on(r->ctx, &t->t, d);
 }
 
 /* Whether w's worker takes a task now (locked): it runs, its queue has
@@ -833,6 +836,31 @@ typedef struct in_flight {
  * copies; the host does not): held[i] says which were. WRITE_DISCARD ones
  * come last, so that a buffer that cannot be had fails the task before
  * any data is about to be replaced. Counts the bytes that must come in. */
+/* Acquires t's buffer i on w's device into ptrs[i] (its size in
+ * sizes[i]), adding the bytes that came in to *in. */
+static um_status acquire_one(worker *w, um_stream s, task *t, int i, void **ptrs, size_t *sizes,
+                             bool *held, uint64_t *in)
+{
+    const um_task *ut = &t->t;
+    double ns;
+    bool comes_in = ut->modes[i] != UM_ACCESS_WRITE_DISCARD &&
+                    !um__buffer_fetch_cost(ut->buffers[i], w->dev, &ns);
+    sizes[i] = um_buffer_size(ut->buffers[i]);
+    um_status st = UM_ERR_BUSY;
+    /* Busy: the program itself holds the buffer; it is its to release. */
+    for (int tries = 0; tries < 10000; tries++) {
+        st = um_buffer_acquire(ut->buffers[i], w->dev, ut->modes[i], s, &ptrs[i]);
+        if (st != UM_ERR_BUSY)
+            break;
+        um__sleep_until_ns(um__now_ns() + 1000000);
+    }
+    held[i] = st == UM_OK;
+    /* A buffer that could not be had did not come in. */
+    if (held[i] && comes_in)
+        *in += sizes[i];
+    return st;
+}
+
 static um_status acquire_all(worker *w, um_stream s, task *t, void **ptrs, size_t *sizes,
                              bool *held, char *why, size_t why_len)
 {
@@ -842,25 +870,34 @@ static um_status acquire_all(worker *w, um_stream s, task *t, void **ptrs, size_
     for (int i = 0; i < ut->nbuffers; i++)
         held[i] = false;
     for (int pass = 0; pass < 2; pass++)
-        for (int i = 0; i < ut->nbuffers && st == UM_OK; i++) {
-            bool discards = ut->modes[i] == UM_ACCESS_WRITE_DISCARD;
-            if (discards != (pass == 1))
-                continue;
-            double ns;
-            bool comes_in = !discards && !um__buffer_fetch_cost(ut->buffers[i], w->dev, &ns);
-            sizes[i] = um_buffer_size(ut->buffers[i]);
-            /* Busy: the program itself holds the buffer; it is its to release. */
-            for (int tries = 0; tries < 10000; tries++) {
-                st = um_buffer_acquire(ut->buffers[i], w->dev, ut->modes[i], s, &ptrs[i]);
-                if (st != UM_ERR_BUSY)
-                    break;
-                um__sleep_until_ns(um__now_ns() + 1000000);
+        for (int i = 0; i < ut->nbuffers && st == UM_OK; i++)
+            if ((ut->modes[i] == UM_ACCESS_WRITE_DISCARD) == (pass == 1))
+                st = acquire_one(w, s, t, i, ptrs, sizes, held, &in);
+    if (st == UM_ERR_NOMEM && ut->nbuffers > 1) {
+        /* The replicas it holds may split the device's free memory so that
+         * the next one fits nowhere, though all would fit (an audit: 240
+         * KiB of buffers under a 256 KiB limit, nothing else there). Let
+         * go of them, announced again, and take them once more, largest
+         * first: reclaim can then move what is in the way before the
+         * large ones are placed. */
+        for (int i = 0; i < ut->nbuffers; i++)
+            if (held[i]) {
+                (void)um__buffer_release(ut->buffers[i], w->dev, s, false);
+                (void)um__buffer_announce(ut->buffers[i], &t->announced[i]);
+                held[i] = false;
             }
-            held[i] = st == UM_OK;
-            /* A buffer that could not be had did not come in. */
-            if (held[i] && comes_in)
-                in += sizes[i];
+        int order[UM_TASK_MAX_BUFFERS];
+        for (int i = 0; i < ut->nbuffers; i++) {
+            int k = i;
+            size_t size = um_buffer_size(ut->buffers[i]);
+            for (; k > 0 && um_buffer_size(ut->buffers[order[k - 1]]) < size; k--)
+                order[k] = order[k - 1];
+            order[k] = i;
         }
+        st = UM_OK;
+        for (int k = 0; k < ut->nbuffers && st == UM_OK; k++)
+            st = acquire_one(w, s, t, order[k], ptrs, sizes, held, &in);
+    }
     atomic_fetch_add(&w->bytes_in, in);
     if (st != UM_OK) {
         snprintf(why, why_len, "task %llu (%s) on device %d: its buffers could not be had: %s",
@@ -1086,6 +1123,29 @@ static bool any_callback(const task *done)
     return false;
 }
 
+/* t's buffers could not be had on w's device for lack of memory that
+ * eviction could free (locked): memory the program holds there (its own
+ * um_malloc blocks, pinned buffers), or t's own replicas splitting the
+ * free memory. Placement counts only t's pages against the limit, so it
+ * cannot see either. Unless t was forced there, that device is ruled out
+ * for t and t goes back to the ready list, announced again, for another
+ * device; false (t fails) where none is left. A task the host could run
+ * failed on an accelerator, with every task after it (an audit). */
+static bool place_again(um__run *r, worker *w, task *t)
+{
+    if (t->t.device >= 0)
+        return false;
+    t->excluded |= (uint64_t)1 << w->dev;
+    for (int d = 0; d < r->ctx->ndevices; d++)
+        if (eligible_on(r, t, d)) {
+            um__log(UM_LOG_INFO, "task %llu (%s): no room on device %d, placed again",
+                    (unsigned long long)t->id, task_name(t), w->dev);
+            make_ready(r, t);
+            return true;
+        }
+    return false;
+}
+
 /* A task has ended on w (locked): its queue has room again, for the
  * tasks ready then, unless w's thread runs done callbacks next: until
  * they return it takes none. Placed on w before its callback ran, a
@@ -1098,6 +1158,10 @@ static void ended(um__run *r, worker *w, task *t, um_status st, const char *why)
     w->queued_ns -= t->est_ns;
     if (w->queued_ns < 0 || !w->queued)
         w->queued_ns = 0;
+    /* Out of memory there that eviction could not free: another device
+     * may have it. */
+    if (st == UM_ERR_NOMEM && place_again(r, w, t))
+        return;
     task *done = NULL;
     finish(r, t, st, why, &done);
     bool callbacks = any_callback(done);
