@@ -1132,6 +1132,29 @@ static const char *slurp(const char *path)
     return harness_slurp(path, text, sizeof text);
 }
 
+/* A context of one 64 MiB sim device recording to a new temporary file,
+ * whose name goes to path (a "/tmp/..._XXXXXX" template); NULL (reported
+ * where the context failed) when either cannot be made. */
+static um_context *traced_context(char *path)
+{
+    if (!harness_temp_file(path))
+        return NULL;
+    char conf[128];
+    snprintf(conf, sizeof conf, "devices=sim:64M,trace_file=%s", path);
+    um_context *ctx = NULL;
+    CHECK_OK(um_init(conf, &ctx));
+    return ctx;
+}
+
+/* How many times needle occurs in text. */
+static int occurrences(const char *text, const char *needle)
+{
+    int n = 0;
+    for (const char *c = text; (c = strstr(c, needle)); c++)
+        n++;
+    return n;
+}
+
 /* Whether device 1's last counter sample in a trace has nothing live or
  * reserved. */
 static bool trace_ends_empty(const char *text)
@@ -1148,12 +1171,7 @@ static bool trace_ends_empty(const char *text)
 static void test_trace_counters(void)
 {
     char path[] = "/tmp/unimem_test_context_trace_XXXXXX";
-    if (!harness_temp_file(path))
-        return;
-    char conf[128];
-    snprintf(conf, sizeof conf, "devices=sim:64M,trace_file=%s", path);
-    um_context *ctx = NULL;
-    CHECK_OK(um_init(conf, &ctx));
+    um_context *ctx = traced_context(path);
     if (!ctx)
         return;
     void *a = NULL, *b = NULL;
@@ -1188,13 +1206,8 @@ static void test_trace_counters(void)
              st.reserved_bytes);
     CHECK(strstr(text, want) != NULL);
     CHECK(strstr(text, "\"name\":\"free\",\"cat\":\"memory\"") != NULL);
-    int frees = 0, allocs = 0;
-    for (const char *c = text; (c = strstr(c, "\"name\":\"free\"")); c++)
-        frees++;
-    for (const char *c = text; (c = strstr(c, "\"name\":\"alloc\"")); c++)
-        allocs++;
-    CHECK_EQ(frees, 3);
-    CHECK_EQ(allocs, 3);
+    CHECK_EQ(occurrences(text, "\"name\":\"free\""), 3);
+    CHECK_EQ(occurrences(text, "\"name\":\"alloc\""), 3);
     const char *trim = strstr(text, "{\"name\":\"trim\",\"cat\":\"trim\",\"ph\":\"X\"");
     CHECK(trim != NULL);
     snprintf(want, sizeof want, "\"pid\":1,\"tid\":5,\"args\":{\"bytes\":%zu,\"device\":1}}",
@@ -1214,12 +1227,7 @@ static void test_trace_counters(void)
 static void test_trace_marked_free_at_shutdown(void)
 {
     char path[] = "/tmp/unimem_test_context_trace_XXXXXX";
-    if (!harness_temp_file(path))
-        return;
-    char conf[128];
-    snprintf(conf, sizeof conf, "devices=sim:64M,trace_file=%s", path);
-    um_context *ctx = NULL;
-    CHECK_OK(um_init(conf, &ctx));
+    um_context *ctx = traced_context(path);
     if (!ctx)
         return;
     um_stream s2 = NULL;
@@ -1233,13 +1241,8 @@ static void test_trace_marked_free_at_shutdown(void)
     CHECK_OK(um_free(ctx, y, NULL));
     um_shutdown(ctx);
     const char *text = slurp(path);
-    int frees = 0, allocs = 0;
-    for (const char *c = text; (c = strstr(c, "\"name\":\"free\"")); c++)
-        frees++;
-    for (const char *c = text; (c = strstr(c, "\"name\":\"alloc\"")); c++)
-        allocs++;
-    CHECK_EQ(allocs, 2);
-    CHECK_EQ(frees, 2);
+    CHECK_EQ(occurrences(text, "\"name\":\"alloc\""), 2);
+    CHECK_EQ(occurrences(text, "\"name\":\"free\""), 2);
     CHECK(trace_ends_empty(text));
     remove(path);
 }

@@ -2111,6 +2111,31 @@ static um_task_id submit_waiter(um_context *ctx, const char *name, int device, c
     return id;
 }
 
+/* Two sim devices (no host tasks) with policy sched, the context the
+ * waiters' callbacks use, and *x, a 4 KiB buffer for the tasks; NULL
+ * (reported) when the context cannot be made. */
+static um_context *callback_context(const char *sched, um_buffer **x)
+{
+    char conf[128];
+    snprintf(conf, sizeof conf, "devices=sim:2x64M,links=model,host_tasks=0,sched=%s", sched);
+    um_context *ctx = NULL;
+    *x = NULL;
+    CHECK_OK(um_init(conf, &ctx));
+    if (!ctx)
+        return NULL;
+    callback_ctx = ctx;
+    CHECK_OK(um_buffer_create(ctx, 4096, NULL, x));
+    return ctx;
+}
+
+/* Waits for every task, then destroys x and ctx. */
+static void callback_context_close(um_context *ctx, um_buffer *x)
+{
+    CHECK_OK(um_wait_all(ctx));
+    CHECK_OK(um_buffer_destroy(x));
+    um_shutdown(ctx);
+}
+
 /* A done callback that waits for a task that reads what its own task
  * wrote, with another device idle, under every policy. The reader becomes
  * ready as the task ends, before the callback runs, and was placed on the
@@ -2120,16 +2145,10 @@ static um_task_id submit_waiter(um_context *ctx, const char *name, int device, c
 static void test_callback_waits_for_dependent(void)
 {
     for (int k = 0; k < 4; k++) {
-        char conf[128];
-        snprintf(conf, sizeof conf, "devices=sim:2x64M,links=model,host_tasks=0,sched=%s",
-                 policies[k]);
-        um_context *ctx = NULL;
-        CHECK_OK(um_init(conf, &ctx));
+        um_buffer *x;
+        um_context *ctx = callback_context(policies[k], &x);
         if (!ctx)
             return;
-        callback_ctx = ctx;
-        um_buffer *x;
-        CHECK_OK(um_buffer_create(ctx, 4096, NULL, &x));
         _Atomic int gate = 0;
         callback_waiter a = {.gate = &gate, .device = -1, .status = -1};
         callback_waiter d = {.device = -1, .status = -1};
@@ -2142,9 +2161,7 @@ static void test_callback_waits_for_dependent(void)
         CHECK_EQ(atomic_load(&a.status), UM_OK);
         int ran = atomic_load(&a.device), dep = atomic_load(&d.device);
         CHECK(dep >= 1 && dep != ran);
-        CHECK_OK(um_wait_all(ctx));
-        CHECK_OK(um_buffer_destroy(x));
-        um_shutdown(ctx);
+        callback_context_close(ctx, x);
     }
 }
 
@@ -2154,13 +2171,10 @@ static void test_callback_waits_for_dependent(void)
  * device runs it. */
 static void test_callback_waits_for_queued(void)
 {
-    um_context *ctx = NULL;
-    CHECK_OK(um_init("devices=sim:2x64M,links=model,host_tasks=0,sched=locality", &ctx));
+    um_buffer *x;
+    um_context *ctx = callback_context("locality", &x);
     if (!ctx)
         return;
-    callback_ctx = ctx;
-    um_buffer *x;
-    CHECK_OK(um_buffer_create(ctx, 4096, NULL, &x));
     callback_waiter w = {.device = -1, .status = -1};
     /* x's only valid copy on device 1. */
     CHECK_OK(um_task_wait(ctx, submit_waiter(ctx, "init", 1, &w, x, UM_ACCESS_WRITE, false)));
@@ -2177,9 +2191,7 @@ static void test_callback_waits_for_queued(void)
     unwatch();
     CHECK_EQ(atomic_load(&a.status), UM_OK);
     CHECK_EQ(atomic_load(&q.device), 2);
-    CHECK_OK(um_wait_all(ctx));
-    CHECK_OK(um_buffer_destroy(x));
-    um_shutdown(ctx);
+    callback_context_close(ctx, x);
 }
 
 /* A done callback that waits for a task only its own worker can run: one
@@ -2188,13 +2200,10 @@ static void test_callback_waits_for_queued(void)
  * naming why (it hung), and the task runs once the callback returns. */
 static void test_callback_waits_for_own_device(void)
 {
-    um_context *ctx = NULL;
-    CHECK_OK(um_init("devices=sim:2x64M,links=model,host_tasks=0,sched=eager", &ctx));
+    um_buffer *x;
+    um_context *ctx = callback_context("eager", &x);
     if (!ctx)
         return;
-    callback_ctx = ctx;
-    um_buffer *x;
-    CHECK_OK(um_buffer_create(ctx, 4096, NULL, &x));
     for (int indirect = 0; indirect < 2; indirect++) {
         _Atomic int gate = 0;
         callback_waiter a = {.gate = &gate, .device = -1, .status = -1};
@@ -2212,9 +2221,7 @@ static void test_callback_waits_for_own_device(void)
         CHECK_OK(um_task_wait(ctx, after));
         CHECK_EQ(atomic_load(&f.device), 1);
     }
-    CHECK_OK(um_wait_all(ctx));
-    CHECK_OK(um_buffer_destroy(x));
-    um_shutdown(ctx);
+    callback_context_close(ctx, x);
 }
 
 /* A task whose buffers cannot be had fails with UM_ERR_TASK, its cause
