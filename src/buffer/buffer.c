@@ -43,7 +43,20 @@ static um_status bad_buffer(const char *what, const um_buffer *b)
 
 static bool live(const um_buffer *b)
 {
-    return b && b->magic == UM_BUFFER_MAGIC;
+    return b && atomic_load_explicit(&b->magic, memory_order_relaxed) == UM_BUFFER_MAGIC;
+}
+
+/* Takes b's lock for a call that found b live, and looks again under it:
+ * a destroy in another thread may have ended it between the two (an
+ * audit's acquire then worked on a buffer being torn down, and freed its
+ * fences twice). UM_OK with the lock held, else the unlocked failure. */
+static um_status lock_live(um_buffer *b, const char *what)
+{
+    um__vt_mutex_lock(&b->lock);
+    if (UM_LIKELY(b->magic == UM_BUFFER_MAGIC))
+        return UM_OK;
+    um__vt_mutex_unlock(&b->lock);
+    return bad_buffer(what, b);
 }
 
 static um_status check_device(const um_buffer *b, int dev, const char *what)
@@ -479,7 +492,8 @@ um_status um_buffer_acquire(um_buffer *b, int dev, um_access mode, um_stream s, 
                         "WRITE_DISCARD (4)",
                         what, (void *)b, (int)mode);
     um__xfer *x = engine(b);
-    um__vt_mutex_lock(&b->lock);
+    if ((st = lock_live(b, what)) != UM_OK)
+        return st;
     st = conflict(b, mode, what);
     um__replica *r = &b->rep[dev];
     if (st == UM_OK && r->state == UM_REPLICA_INVALID) {
@@ -539,7 +553,8 @@ um_status um__buffer_release(um_buffer *b, int dev, um_stream s, bool used)
     if (st != UM_OK)
         return st;
     um__xfer *x = engine(b);
-    um__vt_mutex_lock(&b->lock);
+    if ((st = lock_live(b, what)) != UM_OK)
+        return st;
     um__replica *r = &b->rep[dev];
     if (!r->writer && !r->readers) {
         um__vt_mutex_unlock(&b->lock);
@@ -577,9 +592,8 @@ um_status um_buffer_prefetch(um_buffer *b, int dev)
     if (!live(b))
         return bad_buffer(what, b);
     um_status st = check_device(b, dev, what);
-    if (st != UM_OK)
+    if (st != UM_OK || (st = lock_live(b, what)) != UM_OK)
         return st;
-    um__vt_mutex_lock(&b->lock);
     st = conflict(b, UM_ACCESS_READ, what);
     if (st == UM_OK && b->rep[dev].state == UM_REPLICA_INVALID)
         st = fill(b, dev);
@@ -601,7 +615,8 @@ um_status um_buffer_read(um_buffer *b, size_t offset, void *dst, size_t n)
     if (st != UM_OK || n == 0)
         return st;
     um__xfer *x = engine(b);
-    um__vt_mutex_lock(&b->lock);
+    if ((st = lock_live(b, what)) != UM_OK)
+        return st;
     st = conflict(b, UM_ACCESS_READ, what);
     int src = st == UM_OK ? best_source(b, 0, -1) : -1;
     if (st == UM_OK && src < 0 && b->spill_valid) {
@@ -633,7 +648,8 @@ um_status um_buffer_write(um_buffer *b, size_t offset, const void *src, size_t n
     if (st != UM_OK || n == 0)
         return st;
     um__xfer *x = engine(b);
-    um__vt_mutex_lock(&b->lock);
+    if ((st = lock_live(b, what)) != UM_OK)
+        return st;
     st = conflict(b, UM_ACCESS_WRITE, what);
     int dev = owner_of(b);
     if (st == UM_OK && dev < 0) {
@@ -729,8 +745,18 @@ void um__buffer_discard(um_buffer *b)
     free(b->spill_sums);
     b->spill_sums = NULL;
     free(b->announced);
-    pthread_mutex_destroy(&b->lock);
+    /* The lock stays whole while the record waits for reuse: a call that
+     * found the handle live just before the destroy ended it takes the lock
+     * after, finds it dead and fails (lock_live). It is made again when
+     * the record is, and destroyed with the records at shutdown. */
     um__xfer_recycle(x, b);
+}
+
+/* A destroy's refusal while the buffer is acquired. */
+static um_status still_acquired(const char *what, const um_buffer *b, unsigned holders)
+{
+    return um__fail(UM_ERR_BUSY, "%s: buffer %p is still acquired (%u acquisition%s held)", what,
+                    (const void *)b, holders, holders == 1 ? "" : "s");
 }
 
 um_status um_buffer_destroy(um_buffer *b)
@@ -750,8 +776,7 @@ um_status um_buffer_destroy(um_buffer *b)
     unsigned holders = b->holders;
     um__vt_mutex_unlock(&b->lock);
     if (holders)
-        return um__fail(UM_ERR_BUSY, "%s: buffer %p is still acquired (%u acquisition%s held)",
-                        what, (void *)b, holders, holders == 1 ? "" : "s");
+        return still_acquired(what, b, holders);
     if (st != UM_OK)
         return st; /* the buffer stays, with its data */
     bool (*forget)(um_context *, const um_buffer *) =
@@ -759,9 +784,18 @@ um_status um_buffer_destroy(um_buffer *b)
     if (forget && !forget(b->ctx, b))
         return um__fail(UM_ERR_BUSY, "%s: buffer %p is used by tasks that have not finished "
                         "(um_task_wait or um_wait_all first)", what, (void *)b);
-    um__vt_mutex_lock(&b->lock);
-    b->magic = 0;
+    /* The lock was let go for the task layer: another thread may have
+     * acquired the buffer (or destroyed it) meanwhile. Ended only as
+     * checked under the lock that ends it; an audit's destroy freed the
+     * replicas of a buffer acquired in that window (a use after free). */
+    if ((st = lock_live(b, what)) != UM_OK)
+        return st;
+    holders = b->holders;
+    if (!holders)
+        b->magic = 0;
     um__vt_mutex_unlock(&b->lock);
+    if (holders)
+        return still_acquired(what, b, holders);
     um__xfer *x = engine(b);
     um__buffer_discard(b);
     um__xfer_poll(x);
@@ -1031,8 +1065,9 @@ um_status um_buffer_hint(um_buffer *b, um_hint hint)
         return um__fail(UM_ERR_INVALID,
                         "%s: buffer %p: hint %d is none of WONT_USE (1), WILL_USE (2), PIN (3), "
                         "UNPIN (4)", what, (void *)b, (int)hint);
-    um_status st = UM_OK;
-    um__vt_mutex_lock(&b->lock);
+    um_status st = lock_live(b, what);
+    if (st != UM_OK)
+        return st;
     switch (hint) {
     case UM_HINT_WONT_USE:
         b->wont_use = true;

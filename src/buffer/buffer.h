@@ -58,7 +58,9 @@ typedef struct um__replica {
 #define UM_BUFFER_MAGIC 0x42554646u
 
 struct um_buffer {
-    uint32_t magic;         /* UM_BUFFER_MAGIC while the handle is valid */
+    /* UM_BUFFER_MAGIC while the handle is valid: read without the lock
+     * (live) and again under it, written under it. */
+    _Atomic uint32_t magic;
     um_context *ctx;
     size_t size;
     bool wrapped;           /* the host replica is the program's memory */

@@ -1573,6 +1573,7 @@ static void buffers_fini(um_context *ctx)
     while (x->spare) {
         um_buffer *b = x->spare;
         x->spare = b->next;
+        pthread_mutex_destroy(&b->lock);
         free(b);
     }
     free(x->held);
