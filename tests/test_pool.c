@@ -991,21 +991,23 @@ static void test_small_without_slab_room(void)
  * refill is filling. Before, it took only other threads' bins, and
  * failed with nothing live: 10 MiB under a 12 MiB limit ("the free
  * memory is fragmented"), and a 40 KiB slot under a 4 MiB limit (a
- * refill of its own class, whose new slab found no room). */
+ * refill of its own class, whose new slab found no room). The limit is
+ * now 32 MiB, where a 4 MiB slab may be made (slab_room), the rest filled
+ * by a live block for the 40 KiB slot. */
 static void test_own_bins_at_the_limit(void)
 {
     for (int small = 0; small < 2; small++) {
         um__pool_config c = {.dev = 1, .cache_limit = UM_NO_CACHE_LIMIT, .thread_cache = 1,
-                             .va_factor = 4, .no_plan = 1,
-                             .memory_limit = small ? 4 * MiB : 12 * MiB};
+                             .va_factor = 4, .no_plan = 1, .memory_limit = 32 * MiB};
         um__allocator *a = make_pool_with(64 * MiB, &c);
         um__pool *p = (um__pool *)a;
         CHECK_EQ(atomic_load(&p->slab_max), UM_MEDIUM_MAX);
         void *m = xalloc(a, MiB, 1);
+        void *fill = small ? xalloc(a, 28 * MiB, 1) : NULL;
         xfree(a, m, 1);
         CHECK_EQ(tcache_bin_count(p, um__class_of(MiB)), 4); /* the whole slab, cached */
-        CHECK_EQ(stats(a).reserved_bytes, 4 * MiB);
-        size_t want = small ? 40 * 1024 : 10 * MiB;
+        CHECK_EQ(stats(a).reserved_bytes, small ? 32 * MiB : 4 * MiB);
+        size_t want = small ? 40 * 1024 : 30 * MiB;
         um__stream_ref ref = {1, s1, NULL};
         void *q = NULL;
         CHECK_OK(a->ops->alloc(a, want, &ref, &q));
@@ -1016,6 +1018,8 @@ static void test_own_bins_at_the_limit(void)
             CHECK_EQ(harness_pattern_find_bad(q, want, 9, &got, &exp), SIZE_MAX);
             xfree(a, q, 1);
         }
+        if (fill)
+            xfree(a, fill, 1);
         CHECK_EQ(stats(a).active_bytes, 0);
         CHECK_OK(a->ops->check(a));
         a->ops->destroy(a);
@@ -1080,7 +1084,9 @@ static void test_medium_slabs(void)
     /* Under a limit too tight for a medium slab (16 slots of 256 KiB are
      * 4 MiB; the limit is 3 MiB), the block takes the large path: found
      * by unimem demo gemm --gpu-only, whose 256 KiB tiles failed with
-     * UM_ERR_NOMEM at 0 bytes live. A slab that fits is still used. */
+     * UM_ERR_NOMEM at 0 bytes live. So does one whose slab is more than
+     * an eighth of the one 2 MiB page the limit allows (slab_room: 16 x
+     * 40 KiB are 640 KiB); a 64 KiB slab of 4 KiB blocks is still made. */
     c.memory_limit = 3 * MiB;
     a = make_pool_with(256 * MiB, &c);
     p = (um__pool *)a;
@@ -1088,8 +1094,9 @@ static void test_medium_slabs(void)
     void *t1 = xalloc(a, 256 * K, 1), *t2 = xalloc(a, 256 * K, 1);
     CHECK(t1 && t2 && ptr_map_has(p, t1) && ptr_map_has(p, t2));
     CHECK(p->partial[um__class_of(256 * K)] == NULL);
-    void *small = xalloc(a, 40 * K, 1); /* 16 x 40 KiB: a slab of 640 KiB fits */
-    CHECK(small && !ptr_map_has(p, small));
+    void *small = xalloc(a, 40 * K, 1), *tiny = xalloc(a, 4 * K, 1);
+    CHECK(small && ptr_map_has(p, small));
+    CHECK(tiny && !ptr_map_has(p, tiny));
     if (t1 && t2) { /* NULL only after a failure, reported above */
         /* Both blocks whole and apart: each keeps its own bytes. */
         harness_pattern_fill(t1, 256 * K, 11);
@@ -1098,11 +1105,12 @@ static void test_medium_slabs(void)
         CHECK_EQ(harness_pattern_find_bad(t1, 256 * K, 11, &got, &want), SIZE_MAX);
         CHECK_EQ(harness_pattern_find_bad(t2, 256 * K, 22, &got, &want), SIZE_MAX);
     }
-    CHECK_EQ(stats(a).requested_bytes, 512 * K + 40 * K);
+    CHECK_EQ(stats(a).requested_bytes, 512 * K + 40 * K + 4 * K);
     CHECK_OK(a->ops->check(a));
     xfree(a, t1, 1);
     xfree(a, t2, 1);
     xfree(a, small, 1);
+    xfree(a, tiny, 1);
     CHECK_EQ(stats(a).active_bytes, 0);
     CHECK_OK(a->ops->check(a));
     a->ops->destroy(a);

@@ -324,6 +324,54 @@ static void test_cannot_fit(void)
     remove(trace);
 }
 
+/* A small buffer acquired under a tight limit keeps no more than a small
+ * slab: under a 3 MiB limit (one 2 MiB page of a sim device), a 32 KiB
+ * buffer and then a 1.56 MiB one are both acquired, 1.59 MiB in all.
+ * Before, the 32 KiB replica took a slot of a 512 KiB slab, whose other
+ * slots only 32 KiB requests could use: the second acquisition failed
+ * with 32 KiB live ("the free memory is fragmented: its largest range is
+ * 1.50 MiB"). Found by an audit's random acquisitions at a 3 MiB limit. */
+static void test_small_replica_keeps_no_large_slab(void)
+{
+    um_context *ctx = open_ctx(3 * MB, ",watermark_high=100");
+    if (!ctx)
+        return;
+    const size_t small = 32 * KB, big = 1600 * KB;
+    um_buffer *a, *b;
+    void *pa, *pb;
+    CHECK_OK(um_buffer_create(ctx, small, NULL, &a));
+    CHECK_OK(um_buffer_create(ctx, big, NULL, &b));
+    CHECK_OK(um_buffer_acquire(a, 1, UM_ACCESS_WRITE_DISCARD, NULL, &pa));
+    void *va = harness_dev_map(ctx, 1, pa, small);
+    if (va)
+        harness_pattern_fill(va, small, 31);
+    harness_dev_unmap(ctx, 1, pa, va, small, true);
+    um_status st = um_buffer_acquire(b, 1, UM_ACCESS_WRITE_DISCARD, NULL, &pb);
+    CHECK_OK(st);
+    if (st == UM_OK) {
+        void *vb = harness_dev_map(ctx, 1, pb, big);
+        if (vb)
+            harness_pattern_fill(vb, big, 32);
+        harness_dev_unmap(ctx, 1, pb, vb, big, true);
+        CHECK_OK(um_buffer_release(b, 1, NULL));
+    }
+    CHECK_OK(um_buffer_release(a, 1, NULL));
+    unsigned char *h = malloc(big);
+    CHECK(h != NULL);
+    if (h) {
+        CHECK_OK(um_buffer_read(a, 0, h, small));
+        CHECK(same_pattern(h, small, 31));
+        if (st == UM_OK) {
+            CHECK_OK(um_buffer_read(b, 0, h, big));
+            CHECK(same_pattern(h, big, 32));
+        }
+        free(h);
+    }
+    CHECK_OK(um_buffer_destroy(a));
+    CHECK_OK(um_buffer_destroy(b));
+    um_shutdown(ctx);
+}
+
 /* um_malloc at the limit makes room too: with the buffer layer in use it
  * must not take the fast path that only fails (memory.c), but evict a
  * released replica, write its data back and succeed; the data survives. */
@@ -1905,6 +1953,7 @@ int main(void)
     pthread_t wd;
     CHECK_EQ(pthread_create(&wd, NULL, watchdog_main, NULL), 0);
     test_cannot_fit();
+    test_small_replica_keeps_no_large_slab();
     test_malloc_evicts();
     test_malloc_collects_held();
     test_stuck_victim_waits_for_held();

@@ -1473,9 +1473,23 @@ static void slot_return(um__pool *p, void *ptr)
 static um_status take_range(um__pool *p, size_t size, size_t align, uint32_t sid,
                             um__block **out);
 
+/* The most bytes a new slab may take: an eighth of the memory the limit
+ * lets the pool map (whole pages). A slab's free slots serve only its own
+ * class, and one slot held keeps the whole slab, so under a tight limit a
+ * larger slab kept larger requests from fitting where their bytes did: a
+ * 512 KiB slab for one acquired 32 KiB buffer, under a limit of one 2 MiB
+ * page, failed a 1.56 MiB request with 32 KiB live (found by an audit).
+ * The block then takes the large path (small_alloc_locked). */
+static size_t slab_room(const um__pool *p)
+{
+    return p->base.memory_limit / p->page * p->page / 8;
+}
+
 static um_status slab_create(um__pool *p, unsigned cls, um__slab **out)
 {
     size_t bytes = slab_bytes(cls);
+    if (bytes > slab_room(p))
+        return UM_ERR_NOMEM;
     um__block *b;
     um_status st = take_range(p, bytes, UM_SLAB_UNIT, UM_NO_FENCE, &b);
     if (st != UM_OK)
@@ -2498,9 +2512,9 @@ static __attribute__((noinline)) um_status small_alloc_locked(um__pool *p, unsig
         /* A slab is 4-16 blocks of its class, and 64 KiB at least: under a
          * tight limit it may not fit where the block alone does (a 4 MiB
          * slab for a 256 KiB block under a 3 MiB limit; a 64 KiB slab for
-         * a 4 KiB block where the limit leaves only an 8 KiB gap). The
-         * block then takes the large path, which frees find by its address
-         * as any large one. */
+         * a 4 KiB block where the limit leaves only an 8 KiB gap), or may
+         * not be made at all (slab_room). The block then takes the large
+         * path, which frees find by its address as any large one. */
         um__lock_release(&p->lock);
         (void)um__host_nomem_take(); /* the large path's own cause counts */
         return large_alloc_locked(p, size, um__align_up(size, UM_ALIGN), s, tc, ptr);
