@@ -509,7 +509,9 @@ typedef struct um_task {
      * devices meanwhile, and a wait for a task that only that worker can
      * run (forced onto its device, or the only one with an implementation
      * or room for it), or that waits for such a task, fails with
-     * UM_ERR_BUSY. */
+     * UM_ERR_BUSY; so does one that would close a cycle of such waits
+     * through callbacks on several workers (each waiting for a task that
+     * only the next one's device can run): the last of them to wait. */
     void (*done)(um_task_id id, um_status st, void *user);
     /* Among ready tasks, and those queued on a device and not started, a
      * higher priority goes first (0 by default; equal ones in the order

@@ -33,6 +33,9 @@ static const char *const policies[] = {"eager", "round_robin", "locality", "cost
  * clears it, and a thread started in main exits the program past it. */
 static _Atomic long long watch_deadline_ns; /* 0: nothing watched */
 static const char *_Atomic watch_what = "";
+/* Prints what the watched test knows of the hang before the exit (NULL:
+ * nothing). */
+static void (*_Atomic watch_dump)(void);
 
 static long long mono_ns(void)
 {
@@ -52,6 +55,7 @@ static void watch(const char *what, int seconds)
 static void unwatch(void)
 {
     atomic_store(&watch_deadline_ns, 0);
+    atomic_store(&watch_dump, NULL);
 }
 
 static void *watchdog_main(void *arg)
@@ -63,6 +67,9 @@ static void *watchdog_main(void *arg)
         if (d && mono_ns() > d) {
             fprintf(stderr, "test_task: FAILED: %s did not return (a hang)\n",
                     atomic_load(&watch_what));
+            void (*dump)(void) = atomic_load(&watch_dump);
+            if (dump)
+                dump();
             _exit(1);
         }
     }
@@ -2224,6 +2231,189 @@ static void test_callback_waits_for_own_device(void)
     callback_context_close(ctx, x);
 }
 
+/* Done callbacks in a ring: member i's task runs on device i + 1 (forced
+ * there), and its callback, once every member's callback has begun, waits
+ * for the task ring_targets[i]. */
+#define RING_MAX 3
+static callback_waiter ring_members[RING_MAX], ring_targets[RING_MAX];
+static int ring_size;
+static _Atomic int ring_begun; /* callbacks begun */
+
+static void ring_done(um_task_id id, um_status st, void *user)
+{
+    atomic_fetch_add(&ring_begun, 1);
+    while (atomic_load(&ring_begun) < ring_size)
+        usleep(1000);
+    callback_waiter_done(id, st, user);
+}
+
+/* For the watchdog: where each member and its target stand. */
+static void ring_dump(void)
+{
+    fprintf(stderr, "test_task: %d of %d ring callbacks began\n", atomic_load(&ring_begun),
+            ring_size);
+    for (int i = 0; i < ring_size; i++)
+        fprintf(stderr,
+                "test_task: member on device %d: its wait returned %d (-1: not yet); its "
+                "target ran on device %d (-1: not yet)\n",
+                atomic_load(&ring_members[i].device), atomic_load(&ring_members[i].status),
+                atomic_load(&ring_targets[i].device));
+}
+
+/* Done callbacks on n devices, each waiting for a task that only the next
+ * device of the ring can run (forced there): a worker runs nothing until
+ * its callback returns, so no wait could end. Each worker's own check
+ * accepted every wait, and all hung. Now the callback that waits last (a
+ * race) gets UM_ERR_BUSY, naming the cycle; once it returns, its worker
+ * runs the task the one before it waits for, and the other waits end in
+ * turn. With `open`, the last member waits for a task running on a device
+ * outside the ring (until the callbacks wait), so every wait ends and none
+ * is refused. */
+static void test_callback_wait_cycle(int n, bool open)
+{
+    char conf[128];
+    snprintf(conf, sizeof conf, "devices=sim:%dx64M,links=model,host_tasks=0,sched=eager",
+             n + open);
+    um_context *ctx = NULL;
+    CHECK_OK(um_init(conf, &ctx));
+    if (!ctx)
+        return;
+    callback_ctx = ctx;
+    ring_size = n;
+    atomic_store(&ring_begun, 0);
+    _Atomic int gate = 0, outside_gate = 0;
+    um_task_id ids[RING_MAX];
+    int target_dev[RING_MAX];
+    for (int i = 0; i < n; i++) {
+        ring_members[i] = (callback_waiter){.gate = &gate, .device = -1, .status = -1};
+        um_task t = {.name = "member",
+                     .cpu = callback_waiter_fn,
+                     .device = i + 1,
+                     .user = &ring_members[i],
+                     .done = ring_done};
+        CHECK_OK(um_task_submit(ctx, &t, &ids[i]));
+    }
+    for (int i = 0; i < n; i++) {
+        bool outside = open && i == n - 1;
+        ring_targets[i] =
+            (callback_waiter){.gate = outside ? &outside_gate : NULL, .device = -1, .status = -1};
+        target_dev[i] = outside ? n + 1 : (i + 1) % n + 1;
+        atomic_store(&ring_members[i].wait_for,
+                     submit_waiter(ctx, "target", target_dev[i], &ring_targets[i], NULL, 0, false));
+    }
+    atomic_store(&watch_dump, ring_dump);
+    watch(open ? "done callbacks waiting in a chain that leaves the ring"
+               : "done callbacks waiting for one another's devices",
+          30);
+    atomic_store(&gate, 1);
+    if (open) {
+        while (atomic_load(&ring_begun) < n)
+            usleep(1000);
+        usleep(50000); /* the callbacks wait meanwhile */
+        atomic_store(&outside_gate, 1);
+    }
+    for (int i = 0; i < n; i++)
+        CHECK_OK(um_task_wait(ctx, ids[i]));
+    CHECK_OK(um_wait_all(ctx));
+    unwatch();
+    int refused = 0;
+    for (int i = 0; i < n; i++) {
+        int st = atomic_load(&ring_members[i].status);
+        if (st == UM_ERR_BUSY) {
+            refused++;
+            CHECK(strstr(ring_members[i].error, "would form a cycle through callbacks") != NULL);
+        } else {
+            CHECK_EQ(st, UM_OK);
+        }
+        CHECK_EQ(atomic_load(&ring_members[i].device), i + 1);
+        CHECK_EQ(atomic_load(&ring_targets[i].device), target_dev[i]);
+    }
+    CHECK_EQ(refused, open ? 0 : 1);
+    um_shutdown(ctx);
+}
+
+/* A task that submits, from its body, a reader of a buffer whose writer
+ * failed: the reader fails at once, and its done callback (`reader`) runs
+ * on this task's worker inside the body and waits for this task. */
+typedef struct running_waiter {
+    um_context *ctx;
+    um_buffer *failed;
+    _Atomic um_task_id self;
+    _Atomic int device;
+    _Atomic int submitted; /* the reader's submission's status; -1: not yet */
+    callback_waiter reader;
+} running_waiter;
+
+static int submits_failing_reader(const um_task_exec *e)
+{
+    running_waiter *w = e->user;
+    atomic_store(&w->device, e->device);
+    um_task_id self;
+    while (!(self = atomic_load(&w->self)))
+        usleep(1000);
+    atomic_store(&w->reader.wait_for, self);
+    um_task t = {.name = "reader",
+                 .cpu = noop,
+                 .cuda = noop,
+                 .device = -1,
+                 .nbuffers = 1,
+                 .user = &w->reader,
+                 .done = callback_waiter_done};
+    t.buffers[0] = w->failed;
+    t.modes[0] = UM_ACCESS_READ;
+    um_task_id id;
+    atomic_store(&w->submitted, (int)um_task_submit(w->ctx, &t, &id));
+    return 0;
+}
+
+/* A done callback on a device's worker that waits for a task running on
+ * that device: the task's body (or, on a GPU, its launch) is on that very
+ * thread, below the callback, so the wait fails with UM_ERR_BUSY. The
+ * task is not forced there (the other device could run it), so only its
+ * running there rules the wait out. On a GPU, a task's callback also runs
+ * while the tasks launched after it are in flight, which only that thread
+ * lands; the stand-in driver ends work as it is launched, so the test
+ * reaches the case through the launch instead. */
+static void test_callback_waits_for_running_task(const char *devices, bool gpu)
+{
+    char conf[128];
+    snprintf(conf, sizeof conf, "devices=%s,links=model,host_tasks=0,sched=eager", devices);
+    um_context *ctx = NULL;
+    CHECK_OK(um_init(conf, &ctx));
+    if (!ctx)
+        return;
+    callback_ctx = ctx;
+    um_buffer *y;
+    CHECK_OK(um_buffer_create(ctx, 4096, NULL, &y));
+    probe p = {.result = 1};
+    um_task t = {.name = "fails", .device = -1, .nbuffers = 1, .user = &p};
+    *(gpu ? &t.cuda : &t.cpu) = probe_fn;
+    t.buffers[0] = y;
+    t.modes[0] = UM_ACCESS_WRITE;
+    um_task_id id;
+    CHECK_OK(um_task_submit(ctx, &t, &id));
+    CHECK_STATUS(um_task_wait(ctx, id), UM_ERR_TASK);
+    running_waiter w = {.ctx = ctx,
+                        .failed = y,
+                        .device = -1,
+                        .submitted = -1,
+                        .reader = {.device = -1, .status = -1}};
+    t = (um_task){.name = "running", .device = -1, .user = &w};
+    *(gpu ? &t.cuda : &t.cpu) = submits_failing_reader;
+    CHECK_OK(um_task_submit(ctx, &t, &id));
+    atomic_store(&w.self, id);
+    watch("a done callback waiting for the task running on its worker", 30);
+    CHECK_OK(um_task_wait(ctx, id));
+    unwatch();
+    CHECK(atomic_load(&w.device) >= 1);
+    CHECK_EQ(atomic_load(&w.submitted), UM_OK);
+    CHECK_EQ(atomic_load(&w.reader.status), UM_ERR_BUSY);
+    CHECK(strstr(w.reader.error, "or is running there") != NULL);
+    CHECK_STATUS(um_wait_all(ctx), UM_ERR_TASK); /* "fails" */
+    CHECK_OK(um_buffer_destroy(y));
+    um_shutdown(ctx);
+}
+
 /* A task whose buffers cannot be had fails with UM_ERR_TASK, its cause
  * (UM_ERR_NOMEM here) in the message, and its done callback gets that
  * status too: it got the acquisition's own status while um_task_wait and
@@ -2332,6 +2522,12 @@ int main(void)
     test_callback_waits_for_dependent();
     test_callback_waits_for_queued();
     test_callback_waits_for_own_device();
+    test_callback_wait_cycle(2, false);
+    test_callback_wait_cycle(3, false);
+    test_callback_wait_cycle(2, true);
+    test_callback_waits_for_running_task("sim:2x64M", false);
+    if (getenv("UM_TEST_FAKE_CUDA"))
+        test_callback_waits_for_running_task("cuda", true);
     test_callback_status();
     test_gpu_bind_failure();
     test_cancel_frees_queue();

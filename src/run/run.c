@@ -60,7 +60,7 @@ struct task {
     task *next;             /* in a worker's queue, the ready list, or a list of finished tasks */
     bool retired;           /* its callback ran; freed once settled */
     task *work_next;        /* in finish's worklists */
-    /* In waits_for_worker's search only (false outside it): marked, and
+    /* In waits_for_workers' search only (false outside it): marked, and
      * the next task marked. */
     bool marked;
     task *marked_next;
@@ -136,6 +136,10 @@ typedef struct worker {
      * the tasks queued on it went back to the ready list, for the other
      * devices. */
     bool waiting;
+    /* While waiting: the id of the task that wait is for. Kept as an id,
+     * not a pointer: the task's record is freed once it settles, before
+     * this thread wakes. */
+    um_task_id awaited;
     um_stream stream;                    /* the first of streams[] */
     um_stream streams[GPU_IN_FLIGHT];    /* a GPU's; one elsewhere */
     int nstreams;
@@ -1850,33 +1854,35 @@ static um_status run_of(um_context *ctx, um_task_id id, const char *what, um__ru
     return UM_OK;
 }
 
-/* Whether t, unfinished, can run on a device other than dev (locked). */
-static bool runs_elsewhere(const um__run *r, const task *t, int dev)
+/* Whether t, unfinished, can run on a device whose bit is clear in `held`
+ * (locked). */
+static bool runs_outside(const um__run *r, const task *t, uint64_t held)
 {
     for (int d = 0; d < r->ctx->ndevices; d++)
-        if (d != dev && fits_on(r, t, d))
+        if (!((held >> d) & 1) && fits_on(r, t, d))
             return true;
     return false;
 }
 
 /* Whether unfinished task `target` is, or waits however indirectly for, a
- * task that only w's thread can run or end (locked): one running there
- * (launched on its GPU, which only that thread lands), or one not started
- * that no other device may run (forced there, the only device with its
- * implementation, or the only one its buffers fit). A done callback on
- * w's thread that waited for it would wait for ever. Searched from those
- * tasks along the dependency edges; a callback's wait is rare, so it
- * looks through every task. */
-static bool waits_for_worker(um__run *r, const worker *w, const task *target)
+ * task that only the threads of the workers in `held` (a bit per device)
+ * can run or end (locked): one running on one of them (launched on its
+ * GPU, which only that thread lands), or one not started that no other
+ * device may run (forced there, or the others lack its implementation or
+ * room for its buffers). While those threads are held in done callbacks,
+ * a wait for it would never end. Searched from those tasks along the
+ * dependency edges; a callback's wait is rare, so it looks through every
+ * task. */
+static bool waits_for_workers(um__run *r, uint64_t held, const task *target)
 {
     task *work = NULL;
     for (size_t i = 0; i < r->tasks.cap; i++) {
         if (!r->tasks.slots[i].key)
             continue;
         task *x = (task *)(uintptr_t)r->tasks.slots[i].value;
-        bool only_here = x->state == RUNNING ? x->dev == w->dev
-                                             : x->state != DONE && !runs_elsewhere(r, x, w->dev);
-        if (only_here) {
+        bool only_held = x->state == RUNNING ? (held >> x->dev) & 1
+                                             : x->state != DONE && !runs_outside(r, x, held);
+        if (only_held) {
             x->marked = true;
             x->marked_next = work;
             work = x;
@@ -1902,14 +1908,49 @@ static bool waits_for_worker(um__run *r, const worker *w, const task *target)
     return found;
 }
 
+/* The workers (a bit per device) whose callbacks' waits would never end
+ * if w's callback waited for t as well (locked); w's bit is set when its
+ * wait would be one of them. Each waiting worker holds its thread, so a
+ * wait ends only if its task can be run or ended by a worker that is not
+ * held: the greatest set of held workers consistent with that is found by
+ * starting from every waiting worker and w, and letting go each whose
+ * task some worker outside the set can finish, until none is let go.
+ * Checking each worker alone accepted two callbacks each waiting for a
+ * task that only the other's device could run, and both hung. */
+static uint64_t held_in_waits(um__run *r, const worker *w, const task *t)
+{
+    uint64_t held = 1ull << w->dev;
+    for (int d = 0; d < r->ctx->ndevices; d++)
+        if (r->w[d].waiting)
+            held |= 1ull << d;
+    for (bool changed = true; changed;) {
+        changed = false;
+        for (int d = 0; d < r->ctx->ndevices; d++) {
+            if (!((held >> d) & 1))
+                continue;
+            /* A finished task lets its waiter go once its callback has
+             * run; as in the check of one worker, the thread running that
+             * callback is taken to be free. */
+            const task *awaited = d == w->dev ? t : task_of(r, r->w[d].awaited);
+            if (!awaited || awaited->state == DONE || !waits_for_workers(r, held, awaited)) {
+                held &= ~(1ull << d);
+                changed = true;
+            }
+        }
+    }
+    return held;
+}
+
 /* Before a done callback on w's thread waits for unfinished task t
  * (locked): w runs nothing until the wait returns, so placement leaves it
  * out, and the tasks queued on it and not started go back to the ready
  * list, for the other devices (t may be one of them, or wait for one).
- * UM_ERR_BUSY, nothing changed, when t could still not end. */
+ * UM_ERR_BUSY, nothing changed, when t could still not end: only w could
+ * run it, or the callbacks waiting on other workers and this one would
+ * wait for one another. */
 static um_status leave_for_wait(um__run *r, worker *w, const task *t)
 {
-    if (waits_for_worker(r, w, t))
+    if (waits_for_workers(r, 1ull << w->dev, t))
         return um__fail(UM_ERR_BUSY,
                         "um_task_wait: called from a done callback on device %d's worker for "
                         "task %llu (%s), which is, or waits for, a task that only that worker "
@@ -1917,7 +1958,23 @@ static um_status leave_for_wait(um__run *r, worker *w, const task *t)
                         "room for its buffers) or is running there, and the worker runs "
                         "nothing until the callback returns; wait outside done callbacks",
                         w->dev, (unsigned long long)t->id, task_name(t));
+    uint64_t held = held_in_waits(r, w, t);
+    if ((held >> w->dev) & 1) {
+        char devs[UM_MAX_DEVICES * 4] = "";
+        size_t n = 0;
+        for (int d = 0; d < r->ctx->ndevices && n < sizeof devs; d++)
+            if ((held >> d) & 1)
+                n += (size_t)snprintf(devs + n, sizeof devs - n, "%s%d", n ? ", " : "", d);
+        return um__fail(UM_ERR_BUSY,
+                        "um_task_wait: called from a done callback on device %d's worker for "
+                        "task %llu (%s), which is, or waits for, a task that only workers whose "
+                        "callbacks wait too can run: the waits would form a cycle through "
+                        "callbacks on devices %s, and none would end; wait outside done "
+                        "callbacks",
+                        w->dev, (unsigned long long)t->id, task_name(t), devs);
+    }
     w->waiting = true;
+    w->awaited = t->id;
     while (w->head) {
         task *q = w->head;
         w->head = q->next;
@@ -1965,6 +2022,7 @@ um_status um_task_wait(um_context *ctx, um_task_id id)
     }
     if (held) {
         held->waiting = false;
+        held->awaited = 0;
         dispatch(r); /* the tasks that only it can run */
     }
     st = outcome_status(r, id, o);
