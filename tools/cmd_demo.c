@@ -25,7 +25,6 @@
 #include "tool.h"
 #include "vsim/dag.h"
 
-#include <cblas.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -68,9 +67,9 @@ typedef struct demo_cfg {
     const char *workload_name;
     int n, tile, nt;
     const char *device;
-    size_t limit;      /* 0: the default */
-    const char *sched; /* a policy, or "all" */
-    long sim_gflops;   /* < 0: not given */
+    size_t limit;         /* 0: the default */
+    const char *sched;    /* a policy, or "all" */
+    long sim_gflops;      /* < 0: not given */
     size_t sim_bandwidth; /* a sim device's modelled link, bytes/s; 0: not given */
     const char *timeline;
     bool json, quick, verify;
@@ -121,7 +120,7 @@ typedef struct demo_run {
     demo_op op_gemm_first, op_gemm_acc, op_chol_gemm, op_trsm, op_syrk, op_potrf;
     um_buffer *potrf_work; /* cuSOLVER's workspace for GPU potrf tasks (NULL: host only) */
     progress prog;
-    int *priority;     /* each task's, in submission order (vsim/dag.h) */
+    int *priority; /* each task's, in submission order (vsim/dag.h) */
     size_t nsubmitted;
     bool submitted;
     bool reported; /* the failure has been described on stderr already */
@@ -662,8 +661,7 @@ static um_status verify_gemm(demo_run *r, run_result *x)
                     b[(size_t)j * (size_t)n + (size_t)i] =
                         mat_value(c, MAT_B, (uint64_t)i, (uint64_t)j);
                 }
-            cblas_sgemm(CblasColMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f,
-                        c->gemm_ref, n);
+            demo_ref_sgemm(n, a, b, c->gemm_ref);
             free(a);
             free(b);
         }
@@ -771,10 +769,10 @@ static um_status verify_cholesky(demo_run *r, run_result *x)
             for (int j = 0; j < n; j++)
                 for (int i = 0; i < n; i++)
                     lf[(size_t)j * (size_t)n + (size_t)i] = l_entry(c, l, i, j);
-            cblas_ssyrk(CblasColMajor, CblasLower, CblasNoTrans, n, n, 1.0f, lf, n, 0.0f, prod, n);
+            demo_ref_syrk(n, lf, prod);
             for (size_t k = 0; k < nn; k++)
                 lf[k] = fabsf(lf[k]);
-            cblas_ssyrk(CblasColMajor, CblasLower, CblasNoTrans, n, n, 1.0f, lf, n, 0.0f, bound, n);
+            demo_ref_syrk(n, lf, bound);
             for (int j = 0; j < n; j++)
                 for (int i = j; i < n; i++) {
                     size_t k = (size_t)j * (size_t)n + (size_t)i;
@@ -1251,8 +1249,9 @@ static void print_json(const demo_cfg *c, const run_result *x)
     tool_json_string(stdout, c->device);
     printf(",\"simulated\":%s,\"gpu_only\":%s,\"limit_bytes\":%llu,\"tasks\":%llu,"
            "\"gflop\":%.3f,\"makespan_s\":%.6f,\"gflops\":%.3f,\"check\":\"%s\",\"verified\":%s,",
-           simulated ? "true" : "false", c->gpu_only ? "true" : "false", (unsigned long long)(x->ndev > 1 ? x->dev[1].limit : 0),
-           (unsigned long long)x->tasks, x->flops / 1e9, x->makespan_s, x->gflops, check_name(c, x),
+           simulated ? "true" : "false", c->gpu_only ? "true" : "false",
+           (unsigned long long)(x->ndev > 1 ? x->dev[1].limit : 0), (unsigned long long)x->tasks,
+           x->flops / 1e9, x->makespan_s, x->gflops, check_name(c, x),
            x->checked && x->verified ? "true" : "false");
     if (x->checked && isfinite(x->max_error))
         printf("\"max_error\":%.6g,", x->max_error);
@@ -1334,6 +1333,11 @@ int um_cmd_demo(int argc, char **argv)
     int rc = demo_parse(argc, argv, &c);
     if (rc >= 0)
         return rc;
+    char why[320];
+    if (!demo_openblas_load(why, sizeof why)) {
+        fprintf(stderr, "unimem " DEMO_CMD ": %s\n", why);
+        return 1;
+    }
     rc = 0;
     bool all = !strcmp(c.sched, "all");
     int nruns = all ? DEMO_NPOLICIES : 1;

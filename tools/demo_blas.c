@@ -23,7 +23,130 @@
 void spotrf_(const char *uplo, const blasint *n, float *a, const blasint *lda, blasint *info,
              size_t uplo_len);
 
+/* A function pointer to fill from a loaded library. */
+typedef struct symbol {
+    void **slot;
+    const char *name;
+} symbol;
+
+/* Fills every slot from lib; the name of the first symbol it lacks, or
+ * NULL when it has them all. */
+static const char *find_symbols(void *lib, const symbol *syms, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!(*syms[i].slot = dlsym(lib, syms[i].name)))
+            return syms[i].name;
+    return NULL;
+}
+
 /* ------------------------------------------------------------- OpenBLAS */
+
+/* OpenBLAS is loaded when `unimem demo` starts, not linked: its library
+ * constructor starts a thread pool whose threads spin (sched_yield) for
+ * about 2^28 cycles before they sleep, so linked into the binary it ran the
+ * first tenth of a second of every command, each benchmark's included,
+ * beside one spinning thread per CPU but one. The file CMake found is tried
+ * first (UM_OPENBLAS_PATH), then the library's usual name; LAPACK's spotrf_
+ * comes from it or from the separate liblapack CMake found
+ * (UM_LAPACK_PATH). */
+#ifndef UM_OPENBLAS_PATH
+#define UM_OPENBLAS_PATH "libopenblas.so.0"
+#endif
+
+static struct {
+    pthread_mutex_t lock;
+    bool tried, loaded;
+    char why[320];
+    __typeof__(cblas_sgemm) *sgemm;
+    __typeof__(cblas_strsm) *strsm;
+    __typeof__(cblas_ssyrk) *ssyrk;
+    __typeof__(spotrf_) *spotrf;
+    __typeof__(openblas_get_num_threads) *get_threads;
+    __typeof__(openblas_set_num_threads) *set_threads;
+} blas = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+/* dlopen of the first of names that loads (RTLD_GLOBAL: a separate
+ * liblapack finds its BLAS routines in it), or NULL with dlerror's last
+ * message in *err. */
+static void *open_first(const char *const *names, size_t n, const char **err)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (!names[i])
+            continue;
+        void *lib = dlopen(names[i], RTLD_NOW | RTLD_GLOBAL);
+        if (lib)
+            return lib;
+        const char *e = dlerror();
+        *err = e ? e : "unknown error";
+    }
+    return NULL;
+}
+
+static void load_openblas(void)
+{
+    static const char *const blas_names[] = {UM_OPENBLAS_PATH, "libopenblas.so.0",
+                                             "libopenblas.so"};
+    const char *err = "not looked for";
+    void *lib = open_first(blas_names, sizeof blas_names / sizeof blas_names[0], &err);
+    if (!lib) {
+        snprintf(blas.why, sizeof blas.why,
+                 "OpenBLAS not found (dlopen %s, libopenblas.so.0 and libopenblas.so: last "
+                 "error: %s); on Debian: apt-get install libopenblas0",
+                 UM_OPENBLAS_PATH, err);
+        return;
+    }
+    symbol syms[] = {
+        {(void **)&blas.sgemm, "cblas_sgemm"},
+        {(void **)&blas.strsm, "cblas_strsm"},
+        {(void **)&blas.ssyrk, "cblas_ssyrk"},
+        {(void **)&blas.get_threads, "openblas_get_num_threads"},
+        {(void **)&blas.set_threads, "openblas_set_num_threads"},
+    };
+    const char *missing = find_symbols(lib, syms, sizeof syms / sizeof syms[0]);
+    if (missing) {
+        snprintf(blas.why, sizeof blas.why, "the OpenBLAS library found lacks %s", missing);
+        return;
+    }
+    blas.spotrf = (__typeof__(spotrf_) *)dlsym(lib, "spotrf_");
+#ifdef UM_LAPACK_PATH
+    if (!blas.spotrf) {
+        static const char *const lapack_names[] = {UM_LAPACK_PATH, "liblapack.so.3"};
+        void *lapack = open_first(lapack_names, 2, &err);
+        if (lapack)
+            blas.spotrf = (__typeof__(spotrf_) *)dlsym(lapack, "spotrf_");
+    }
+#endif
+    if (!blas.spotrf) {
+        snprintf(blas.why, sizeof blas.why,
+                 "neither the OpenBLAS library found nor a liblapack has LAPACK's spotrf_");
+        return;
+    }
+    blas.loaded = true;
+}
+
+bool demo_openblas_load(char *why, size_t why_len)
+{
+    pthread_mutex_lock(&blas.lock);
+    if (!blas.tried) {
+        blas.tried = true;
+        load_openblas();
+    }
+    bool ok = blas.loaded;
+    if (!ok && why && why_len)
+        snprintf(why, why_len, "%s", blas.why);
+    pthread_mutex_unlock(&blas.lock);
+    return ok;
+}
+
+void demo_ref_sgemm(int n, const float *a, const float *b, float *c)
+{
+    blas.sgemm(CblasColMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+}
+
+void demo_ref_syrk(int n, const float *a, float *c)
+{
+    blas.ssyrk(CblasColMajor, CblasLower, CblasNoTrans, n, n, 1.0f, a, n, 0.0f, c, n);
+}
 
 static const demo_op *op_of(const um_task_exec *e)
 {
@@ -36,8 +159,8 @@ int demo_cpu_gemm(const um_task_exec *e)
     const float *a = e->ptrs[0], *b = e->ptrs[1];
     float *c = e->ptrs[2];
     int t = op->tile;
-    cblas_sgemm(CblasColMajor, CblasNoTrans, op->trans_b ? CblasTrans : CblasNoTrans, t, t, t,
-                op->alpha, a, t, b, t, op->beta, c, t);
+    blas.sgemm(CblasColMajor, CblasNoTrans, op->trans_b ? CblasTrans : CblasNoTrans, t, t, t,
+               op->alpha, a, t, b, t, op->beta, c, t);
     return 0;
 }
 
@@ -47,8 +170,8 @@ int demo_cpu_trsm(const um_task_exec *e)
     const float *l = e->ptrs[0];
     float *a = e->ptrs[1];
     int t = op->tile;
-    cblas_strsm(CblasColMajor, CblasRight, CblasLower, CblasTrans, CblasNonUnit, t, t, 1.0f, l, t,
-                a, t);
+    blas.strsm(CblasColMajor, CblasRight, CblasLower, CblasTrans, CblasNonUnit, t, t, 1.0f, l, t, a,
+               t);
     return 0;
 }
 
@@ -58,7 +181,7 @@ int demo_cpu_syrk(const um_task_exec *e)
     const float *a = e->ptrs[0];
     float *c = e->ptrs[1];
     int t = op->tile;
-    cblas_ssyrk(CblasColMajor, CblasLower, CblasNoTrans, t, t, -1.0f, a, t, 1.0f, c, t);
+    blas.ssyrk(CblasColMajor, CblasLower, CblasNoTrans, t, t, -1.0f, a, t, 1.0f, c, t);
     return 0;
 }
 
@@ -67,7 +190,7 @@ int demo_cpu_potrf(const um_task_exec *e)
     const demo_op *op = op_of(e);
     float *a = e->ptrs[0];
     blasint t = op->tile, info = 0;
-    spotrf_("L", &t, a, &t, &info, 1);
+    blas.spotrf("L", &t, a, &t, &info, 1);
     if (info != 0)
         fprintf(stderr, "unimem demo: spotrf on device %d failed with info %d (%s)\n", e->device,
                 (int)info, info > 0 ? "the tile is not positive definite" : "a bad argument");
@@ -79,14 +202,14 @@ static int default_threads = -1;
 void demo_blas_set_threads(int n)
 {
     if (default_threads < 0)
-        default_threads = openblas_get_num_threads();
-    openblas_set_num_threads(n < 1 ? 1 : n);
+        default_threads = blas.get_threads();
+    blas.set_threads(n < 1 ? 1 : n);
 }
 
 int demo_blas_default_threads(void)
 {
     if (default_threads < 0)
-        default_threads = openblas_get_num_threads();
+        default_threads = blas.get_threads();
     return default_threads;
 }
 
@@ -140,30 +263,14 @@ static struct {
     bool solver_loaded;                        /* cuSOLVER too (optional) */
     cusolver_api solver;
     void *solver_handle[DEMO_MAX_GPUS][DEMO_STREAMS]; /* beside handle[][] */
-    int potrf_lwork;                           /* floats spotrf needs at the tile's size */
-    bool potrf_sized;                          /* potrf_lwork was asked (it may be 0) */
-    void *stream[DEMO_MAX_GPUS][DEMO_STREAMS]; /* the stream each handle is bound to */
-    int create_status[DEMO_MAX_GPUS];          /* cublasCreate's failure there (0: none yet) */
-    bool kernels_loaded[DEMO_MAX_GPUS];        /* every task's kernels ran once there */
+    int potrf_lwork;                                  /* floats spotrf needs at the tile's size */
+    bool potrf_sized;                                 /* potrf_lwork was asked (it may be 0) */
+    void *stream[DEMO_MAX_GPUS][DEMO_STREAMS];        /* the stream each handle is bound to */
+    int create_status[DEMO_MAX_GPUS];   /* cublasCreate's failure there (0: none yet) */
+    bool kernels_loaded[DEMO_MAX_GPUS]; /* every task's kernels ran once there */
     pthread_mutex_t device_lock[DEMO_MAX_GPUS];
     bool device_lock_ready;
 } cublas = {.lock = PTHREAD_MUTEX_INITIALIZER};
-
-/* A function pointer to fill from a loaded library. */
-typedef struct symbol {
-    void **slot;
-    const char *name;
-} symbol;
-
-/* Fills every slot from lib; the name of the first symbol it lacks, or
- * NULL when it has them all. */
-static const char *find_symbols(void *lib, const symbol *syms, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        if (!(*syms[i].slot = dlsym(lib, syms[i].name)))
-            return syms[i].name;
-    return NULL;
-}
 
 /* Loads cuSOLVER when it is there (under the lock); without it POTRF runs
  * on the host only (solver_why says why). The toolkit's directory is often
@@ -173,8 +280,7 @@ static char solver_why[256];
 
 static void load_cusolver(void)
 {
-    static const char *const names[] = {"libcusolver.so.12", "libcusolver.so.11",
-                                        "libcusolver.so"};
+    static const char *const names[] = {"libcusolver.so.12", "libcusolver.so.11", "libcusolver.so"};
     char dir[200] = "", path[512];
     Dl_info info;
     if (dladdr((void *)cublas.api.create, &info) && info.dli_fname) {
@@ -369,8 +475,8 @@ static int load_kernels(void *h, void *sh, int tile, int lwork, float *a, float 
                         size_t tile_bytes)
 {
     const float one = 1.0f, minus_one = -1.0f;
-    int rc = cublas.api.sgemm(h, CUBLAS_OP_N, CUBLAS_OP_T, tile, tile, tile, &minus_one, a, tile,
-                              b, tile, &one, c, tile);
+    int rc = cublas.api.sgemm(h, CUBLAS_OP_N, CUBLAS_OP_T, tile, tile, tile, &minus_one, a, tile, b,
+                              tile, &one, c, tile);
     if (rc == 0)
         rc = cublas.api.strsm(h, CUBLAS_SIDE_RIGHT, CUBLAS_FILL_MODE_LOWER, CUBLAS_OP_T,
                               CUBLAS_DIAG_NON_UNIT, tile, tile, &one, a, tile, b, tile);
@@ -396,21 +502,20 @@ int demo_cuda_init(const um_task_exec *e)
     while ((size_t)(t + 1) * (size_t)(t + 1) * sizeof(float) <= e->sizes[0])
         t++;
     const float one = 1.0f, zero = 0.0f;
-    int rc = cublas.api.sgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, t, t, t, &one, e->ptrs[0], t,
-                              e->ptrs[1], t, &zero, e->ptrs[2], t);
+    int rc = cublas.api.sgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, t, t, t, &one, e->ptrs[0], t, e->ptrs[1],
+                              t, &zero, e->ptrs[2], t);
     const demo_op *op = op_of(e);
     void *sh = solver_handle(e->device, e->stream);
     int lwork = 0;
     if (rc == 0 && sh && op && op->tile <= t) {
-        int bs = cublas.solver.spotrf_buffer_size(sh, CUBLAS_FILL_MODE_LOWER, op->tile,
-                                                  e->ptrs[0], op->tile, &lwork);
+        int bs = cublas.solver.spotrf_buffer_size(sh, CUBLAS_FILL_MODE_LOWER, op->tile, e->ptrs[0],
+                                                  op->tile, &lwork);
         pthread_mutex_lock(&cublas.lock);
         if (bs == 0) {
             cublas.potrf_sized = true;
             if (lwork > cublas.potrf_lwork)
                 cublas.potrf_lwork = lwork;
-        }
-        else if (bs != 0)
+        } else if (bs != 0)
             snprintf(solver_why, sizeof solver_why,
                      "cusolverDnSpotrf_bufferSize at tile %d: status %d", op->tile, bs);
         pthread_mutex_unlock(&cublas.lock);

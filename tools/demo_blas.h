@@ -72,6 +72,16 @@ int demo_cuda_fini(const um_task_exec *e);
  * down. */
 void demo_cublas_release(void);
 
+/* Loads OpenBLAS once for the process (with dlopen: see demo_blas.c for
+ * why it is not linked). false, with the reason in why, when it cannot be
+ * loaded; later calls give the first answer. Call it before any other
+ * function here that uses OpenBLAS. */
+bool demo_openblas_load(char *why, size_t why_len);
+/* The demo's reference results, with OpenBLAS, on column-major n x n
+ * matrices: c = a b, and the lower part of c = a a^T. */
+void demo_ref_sgemm(int n, const float *a, const float *b, float *c);
+void demo_ref_syrk(int n, const float *a, float *c);
+
 /* Threads OpenBLAS uses for one call (at least 1), and the number it would
  * use by itself. */
 void demo_blas_set_threads(int n);
