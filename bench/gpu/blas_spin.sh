@@ -1,22 +1,25 @@
 #!/usr/bin/env bash
-# Whether OpenBLAS's thread pool, which the `unimem` binary starts at load
-# and whose threads spin (sched_yield) for about 2^28 cycles, weighs on issue
-# 8's recording figure: `unimem bench alloc --scenario record --quick` with
-# OpenBLAS's default threads and with OPENBLAS_NUM_THREADS=1 (no pool),
-# alternating; spill file in /dev/shm. Usage: TOTAL=s bench/gpu/blas_spin.sh [ROUNDS]
+# Whether OpenBLAS's thread pool weighs on issue 8's recording figure. The
+# unimem binary no longer links OpenBLAS (the demo loads it); preloading the
+# library (LD_PRELOAD) runs its constructor at start as linking did, so its
+# threads spin (sched_yield) for about 2^28 cycles beside the command.
+# `unimem bench alloc --scenario record`, --quick rounds then full runs,
+# with and without the preload, alternating; spill file in /dev/shm.
+# Usage: TOTAL=s bench/gpu/blas_spin.sh [ROUNDS]   (results under $OUT)
 set -u
 TOTAL=${TOTAL:-200}
 source "$(dirname "$0")/job_steps.sh"
+BLAS=$(ldconfig -p | awk '/libopenblas\.so\.0 / {print $NF; exit}')
+echo "OpenBLAS: ${BLAS:-not found}; ldd of the binary: $(ldd build-dev/unimem | grep -c blas) BLAS lines"
+rec() { # $1 = none|preload, $2.. = bench arguments
+  local how=$1; shift
+  if [ "$how" = preload ]; then export LD_PRELOAD=$BLAS; else unset LD_PRELOAD; fi
+  echo "$how $*: $(TMPDIR=/dev/shm timeout "$(left 60)" build-dev/unimem bench alloc \
+    --scenario record "$@" | sed -n '2p;3p' | tr '\n' ' ')"
+  unset LD_PRELOAD
+}
 for r in $(seq "${1:-4}"); do
-  for e in default 1; do
-    if [ $e = 1 ]; then export OPENBLAS_NUM_THREADS=1; else unset OPENBLAS_NUM_THREADS; fi
-    echo "openblas threads $e: $(TMPDIR=/dev/shm timeout "$(left 30)" build-dev/unimem bench alloc \
-      --scenario record --quick | sed -n '2p;3p' | tr '\n' ' ')"
-  done
+  if [ $((r % 2)) = 1 ]; then rec none --quick; rec preload --quick
+  else rec preload --quick; rec none --quick; fi
 done
-unset OPENBLAS_NUM_THREADS
-for e in default 1; do
-  if [ $e = 1 ]; then export OPENBLAS_NUM_THREADS=1; else unset OPENBLAS_NUM_THREADS; fi
-  echo "full run, openblas threads $e: $(TMPDIR=/dev/shm timeout "$(left 60)" build-dev/unimem bench alloc \
-    --scenario record | sed -n '2p;3p' | tr '\n' ' ')"
-done
+rec none; rec preload
