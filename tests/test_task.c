@@ -2332,6 +2332,85 @@ static void test_callback_wait_cycle(int n, bool open)
     um_shutdown(ctx);
 }
 
+/* A cycle through a callback that has not run yet. Device 2's worker ends
+ * task z, which fails, and z's reader x with it; it runs x's callback
+ * first, which waits for a task forced onto device 1, and z's callback
+ * after it, and only then is z's outcome published. Device 1's worker is
+ * in a callback meanwhile that waits for z. The wait for z, a task that
+ * had ended, was never checked, and both waits hung; now the one that
+ * waits last (a race: device 1's callback waits 50 ms after device 2's
+ * begins) fails with UM_ERR_BUSY, naming the cycle, and the other ends. */
+static _Atomic int through_reader_began;
+
+static void through_reader_done(um_task_id id, um_status st, void *user)
+{
+    atomic_store(&through_reader_began, 1);
+    callback_waiter_done(id, st, user);
+}
+
+static void through_held_done(um_task_id id, um_status st, void *user)
+{
+    while (!atomic_load(&through_reader_began))
+        usleep(1000);
+    usleep(50000); /* the reader's callback waits meanwhile */
+    callback_waiter_done(id, st, user);
+}
+
+static void test_callback_wait_cycle_through_callback(void)
+{
+    um_buffer *y;
+    um_context *ctx = callback_context("eager", &y);
+    if (!ctx)
+        return;
+    atomic_store(&through_reader_began, 0);
+    _Atomic int gate = 0;
+    callback_waiter held = {.device = -1, .status = -1}, reader = {.device = -1, .status = -1},
+                    forced = {.device = -1, .status = -1};
+    um_task th = {.name = "held",
+                  .cpu = callback_waiter_fn,
+                  .device = 1,
+                  .user = &held,
+                  .done = through_held_done};
+    um_task_id ih, iz, ix;
+    CHECK_OK(um_task_submit(ctx, &th, &ih));
+    while (atomic_load(&held.device) < 0)
+        usleep(1000);
+    probe zp = {.result = 1, .gate = &gate};
+    um_task tz = {.name = "fails", .cpu = probe_fn, .device = 2, .nbuffers = 1, .user = &zp};
+    tz.buffers[0] = y;
+    tz.modes[0] = UM_ACCESS_WRITE;
+    CHECK_OK(um_task_submit(ctx, &tz, &iz));
+    um_task tx = {.name = "reader",
+                  .cpu = callback_waiter_fn,
+                  .device = -1,
+                  .nbuffers = 1,
+                  .user = &reader,
+                  .done = through_reader_done};
+    tx.buffers[0] = y;
+    tx.modes[0] = UM_ACCESS_READ;
+    CHECK_OK(um_task_submit(ctx, &tx, &ix));
+    um_task_id iw = submit_waiter(ctx, "forced", 1, &forced, NULL, 0, false);
+    atomic_store(&reader.wait_for, iw);
+    atomic_store(&held.wait_for, iz);
+    watch("done callbacks waiting through a callback not yet run", 30);
+    atomic_store(&gate, 1);
+    CHECK_OK(um_task_wait(ctx, ih));
+    CHECK_STATUS(um_task_wait(ctx, iz), UM_ERR_TASK);
+    CHECK_STATUS(um_task_wait(ctx, ix), UM_ERR_TASK);
+    CHECK_OK(um_task_wait(ctx, iw));
+    unwatch();
+    int sh = atomic_load(&held.status), sr = atomic_load(&reader.status);
+    CHECK((sh == UM_ERR_BUSY) != (sr == UM_ERR_BUSY));
+    CHECK_EQ(sh == UM_ERR_BUSY ? sr : sh, UM_OK);
+    CHECK(strstr(sh == UM_ERR_BUSY ? held.error : reader.error, "would form a cycle") != NULL);
+    CHECK_EQ(atomic_load(&zp.ran), 1);
+    CHECK_EQ(atomic_load(&reader.device), -1); /* failed with z, never run */
+    CHECK_EQ(atomic_load(&forced.device), 1);
+    CHECK_STATUS(um_wait_all(ctx), UM_ERR_TASK);
+    CHECK_OK(um_buffer_destroy(y));
+    um_shutdown(ctx);
+}
+
 /* A task that submits, from its body, a reader of a buffer whose writer
  * failed: the reader fails at once, and its done callback (`reader`) runs
  * on this task's worker inside the body and waits for this task. */
@@ -2525,6 +2604,7 @@ int main(void)
     test_callback_wait_cycle(2, false);
     test_callback_wait_cycle(3, false);
     test_callback_wait_cycle(2, true);
+    test_callback_wait_cycle_through_callback();
     test_callback_waits_for_running_task("sim:2x64M", false);
     if (getenv("UM_TEST_FAKE_CUDA"))
         test_callback_waits_for_running_task("cuda", true);

@@ -59,6 +59,10 @@ struct task {
     um_task_id failed_dep;  /* a dependency that failed before it was submitted */
     task *next;             /* in a worker's queue, the ready list, or a list of finished tasks */
     bool retired;           /* its callback ran; freed once settled */
+    /* Once it has ended: the device whose worker's thread runs its done
+     * callback and then publishes its outcome, or -1 for another thread
+     * (the one that finished it: see mark_done). */
+    int callback_dev;
     task *work_next;        /* in finish's worklists */
     /* In waits_for_workers' search only (false outside it): marked, and
      * the next task marked. */
@@ -600,6 +604,10 @@ static void free_task(um__run *r, task *t)
     free(t);
 }
 
+/* The worker whose thread this is, NULL on other threads: a done
+ * callback that waits holds it (leave_for_wait). */
+static _Thread_local worker *worker_here;
+
 /* t has ended with st (locked): its state, why it failed (its own reason
  * `why`, or with how FAILED_WITH or FAILED_AT_SUBMIT the failed task
  * `cause`), its buffers' records, and onto *done for its callback. Its
@@ -612,6 +620,8 @@ static void mark_done(um__run *r, task *t, um_status st, const char *why, uint8_
 {
     t->state = DONE;
     t->status = st == UM_OK || st == UM_ERR_CANCELLED ? st : UM_ERR_TASK;
+    /* The thread that puts t on *done retires that list (retire). */
+    t->callback_dev = worker_here && worker_here->r == r ? worker_here->dev : -1;
     if (st != UM_OK) {
         note_failure(r, t, why, how, cause, cause_cancelled);
         if (!r->first_failed)
@@ -693,10 +703,6 @@ static void finish(um__run *r, task *t, um_status st, const char *why, task **do
 {
     finish_as(r, t, st, why, FAILED_ITSELF, 0, false, done);
 }
-
-/* The worker whose thread this is, NULL on other threads: a done
- * callback that waits holds it (leave_for_wait). */
-static _Thread_local worker *worker_here;
 
 /* The done callbacks this thread is in, innermost first (a callback may
  * submit a task that fails at once, whose callback runs inside it): a
@@ -1875,6 +1881,11 @@ static bool runs_outside(const um__run *r, const task *t, uint64_t held)
  * task. */
 static bool waits_for_workers(um__run *r, uint64_t held, const task *target)
 {
+    /* Ended, with its outcome not yet published: that waits only for its
+     * done callback, on the thread that ended it (its dependents do not;
+     * they were let go when it ended). */
+    if (target->state == DONE)
+        return target->callback_dev >= 0 && ((held >> target->callback_dev) & 1);
     task *work = NULL;
     for (size_t i = 0; i < r->tasks.cap; i++) {
         if (!r->tasks.slots[i].key)
@@ -1928,11 +1939,12 @@ static uint64_t held_in_waits(um__run *r, const worker *w, const task *t)
         for (int d = 0; d < r->ctx->ndevices; d++) {
             if (!((held >> d) & 1))
                 continue;
-            /* A finished task lets its waiter go once its callback has
-             * run; as in the check of one worker, the thread running that
-             * callback is taken to be free. */
+            /* A task whose outcome is published lets its waiter go; one
+             * that has ended but whose callback has not run waits for the
+             * thread that runs it (waits_for_workers). */
             const task *awaited = d == w->dev ? t : task_of(r, r->w[d].awaited);
-            if (!awaited || awaited->state == DONE || !waits_for_workers(r, held, awaited)) {
+            if (!awaited || r->outcome[awaited->id - 1] != ID_PENDING ||
+                !waits_for_workers(r, held, awaited)) {
                 held &= ~(1ull << d);
                 changed = true;
             }
@@ -1941,8 +1953,8 @@ static uint64_t held_in_waits(um__run *r, const worker *w, const task *t)
     return held;
 }
 
-/* Before a done callback on w's thread waits for unfinished task t
- * (locked): w runs nothing until the wait returns, so placement leaves it
+/* Before a done callback on w's thread waits for task t, whose outcome
+ * is still to come (locked): w runs nothing until the wait returns, so placement leaves it
  * out, and the tasks queued on it and not started go back to the ready
  * list, for the other devices (t may be one of them, or wait for one).
  * UM_ERR_BUSY, nothing changed, when t could still not end: only w could
@@ -1968,9 +1980,10 @@ static um_status leave_for_wait(um__run *r, worker *w, const task *t)
         return um__fail(UM_ERR_BUSY,
                         "um_task_wait: called from a done callback on device %d's worker for "
                         "task %llu (%s), which is, or waits for, a task that only workers whose "
-                        "callbacks wait too can run: the waits would form a cycle through "
-                        "callbacks on devices %s, and none would end; wait outside done "
-                        "callbacks",
+                        "callbacks wait too can run or finish (a task that has ended waits for "
+                        "its own done callback, on the worker that ended it): the waits would "
+                        "form a cycle through callbacks on devices %s, and none would end; wait "
+                        "outside done callbacks",
                         w->dev, (unsigned long long)t->id, task_name(t), devs);
     }
     w->waiting = true;
@@ -2003,13 +2016,14 @@ um_status um_task_wait(um_context *ctx, um_task_id id)
      * never end. */
     const task *self = in_callback_of(r, id);
     uint8_t o = self ? outcome_of(self->status) : r->outcome[id - 1];
-    /* From a done callback on a worker, for a task still to run: the
-     * worker cannot run it (nor those queued on it) until the callback
-     * returns, so they go to other devices, or the wait fails when none
-     * can take them. */
+    /* From a done callback on a worker, for a task whose outcome is still
+     * to come: the worker cannot run it (nor those queued on it) until the
+     * callback returns, so they go to other devices, or the wait fails
+     * when none can take them, or when the task has ended but its own
+     * callback is on a worker held by such waits. */
     worker *held = NULL;
     const task *t = o == ID_PENDING ? task_of(r, id) : NULL;
-    if (t && t->state != DONE && worker_here && worker_here->r == r && in_callback_of(r, 0)) {
+    if (t && worker_here && worker_here->r == r && in_callback_of(r, 0)) {
         if ((st = leave_for_wait(r, worker_here, t)) != UM_OK) {
             um__vt_mutex_unlock(&r->lock);
             return st;
