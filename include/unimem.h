@@ -126,7 +126,9 @@ typedef struct um_device_info {
     size_t memory_limit;    /* cap on reserved bytes (capacity when unset) */
     size_t cache_limit;     /* cap on cached bytes kept (UM_NO_CACHE_LIMIT: none) */
     const char *allocator;  /* "pool", "direct" or "bufcache" */
-    /* What the driver reports; zeros and "" for host and sim devices. */
+    /* What the driver reports; zeros and "" for host and sim devices, but
+     * ordinal (-1) and vmm (1: their memory is reserved and mapped in
+     * pages as with CUDA VMM). */
     int ordinal;            /* CUDA device ordinal (-1 when not a GPU) */
     char product[96];       /* the driver's name for it ("NVIDIA H200") */
     int cc_major, cc_minor; /* compute capability */
@@ -209,7 +211,11 @@ UM_API um_status um_malloc(um_context *ctx, int dev, size_t size, um_stream s, v
 /* The block becomes reusable at once on stream s (NULL: its allocation
  * stream), and on other streams once the work queued on s before this call
  * has completed. s is of the block's device, or any device's for host
- * memory, as for um_malloc. */
+ * memory, as for um_malloc; otherwise UM_ERR_WRONG_DEVICE. ptr NULL does
+ * nothing and returns UM_OK, as free(NULL) does. A block the pool freed
+ * already is UM_ERR_DOUBLE_FREE (UM_ERR_INVALID_POINTER once its memory
+ * has gone back to the backend, and always with allocator=direct); a
+ * pointer inside a block, or not from um_malloc, is UM_ERR_INVALID_POINTER. */
 UM_API um_status um_free(um_context *ctx, void *ptr, um_stream s);
 /* The live block at ptr (from um_malloc) is also used on stream s (NULL:
  * the default stream of the block's device), as PyTorch's
@@ -462,9 +468,10 @@ typedef struct um_task_exec {
 } um_task_exec;
 
 /* 0 on success; anything else fails the task and, without running them,
- * the tasks that read what it writes, and theirs in turn (UM_ERR_TASK).
- * A task that only writes after it (or replaces a buffer it wrote whole,
- * with WRITE_DISCARD: the repair) still runs, after it. */
+ * the tasks that read what it writes, and theirs in turn (UM_ERR_TASK);
+ * every mode but WRITE_DISCARD reads. A task that writes a buffer the
+ * failed one only read, or that replaces with WRITE_DISCARD a buffer it
+ * wrote (the repair), still runs, after it. */
 typedef int (*um_task_fn)(const um_task_exec *e);
 
 #define UM_TASK_MAX_BUFFERS 16
@@ -554,7 +561,7 @@ UM_API um_status um_task_stats_get(um_context *ctx, int dev, um_task_stats *out)
 
 /* --------------------------------------------------- allocation traces */
 
-/* A reader for the allocation-trace format of shared/traces (gzip or plain
+/* A reader for the allocation-trace format of the traces in data/ (gzip or plain
  * text): "a <id> <size> <stream>" and "f <id>" lines, '#' comments, lines
  * of at most 511 characters (comments excepted); a UTF-8 byte-order mark
  * before the first line is skipped (its bytes count towards that line's

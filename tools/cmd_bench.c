@@ -152,7 +152,9 @@ static void bench_usage(FILE *f)
             "                    (trace_file, in $TMPDIR, deleted after): what a recorded\n"
             "                    event costs, and the ratio of a recorded pair to a plain one\n"
             "  --live N          only the rings (or trace-pattern runs) of N live blocks (10, 100,\n"
-            "                    1000 or 10000)\n",
+            "                    1000 or 10000)\n"
+            "\n"
+            "The other benchmarks: unimem bench copy|oversub|gpu --help.\n",
             BENCH_DEFAULT_DEVICE, BENCH_TRACE_NAME);
 }
 

@@ -9,7 +9,8 @@ static void usage(FILE *f)
             "usage: unimem <command> [options]\n"
             "\n"
             "commands:\n"
-            "  info [--options] [--json]      devices, their memory, and the option table\n"
+            "  info [--options] [--json] [--conf \"key=value,...\"]\n"
+            "                                 devices, their memory, and the option table\n"
             "  replay FILE [--device SPEC] [--limit BYTES] [--json] [--min-limit]\n"
             "                                 replay an allocation trace against the pool and\n"
             "                                 two baselines (no cache, MLX-style buffer cache)\n"
@@ -34,6 +35,7 @@ static void usage(FILE *f)
             "                                 time, the largest blocks, copies and evictions,\n"
             "                                 from a trace_file trace or an allocation trace\n"
             "\n"
+            "unimem <command> --help lists all the options of a command.\n"
             "UNIMEM_CONF=\"key=value,...\" sets options (see unimem info --options).\n"
             "Exit status: 0 done, 1 a failed run or bad input data, 2 a bad command line\n"
             "(bench gpu: 2 also where it cannot run).\n");
