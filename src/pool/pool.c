@@ -2307,14 +2307,31 @@ static inline bool defer_on_rules(um__pool *p)
            (!p->plan_on || (p->plan.state == UM_PLAN_RECORDING && !um__plan_learning(&p->plan)));
 }
 
+/* The slots a thread's bin of class c may hold now: none while a cache
+ * limit of 0 asks for no cache (MLX's set_cache_limit(0): every free goes
+ * back at once), and none for the medium classes while medium slabs are
+ * off; else up to 2 MiB (class_bin_max). A free that finds its bin full
+ * takes the locked path, where the limit is enforced. */
+static uint32_t bin_max_now(const um__pool *p, unsigned c, bool medium_on)
+{
+    if (p->base.cache_limit == 0 || (c >= UM_NSMALL_CLASSES && !medium_on))
+        return 0;
+    return class_bin_max[c];
+}
+
+static void set_bin_max(um__pool *p, bool medium_on)
+{
+    for (unsigned c = 0; c < UM_NCLASSES; c++)
+        atomic_store_explicit(&p->bin_max[c], bin_max_now(p, c, medium_on), memory_order_relaxed);
+}
+
 /* Medium slabs end (see slabs): later requests of their sizes take the
  * large path. The slots still out stay in their slabs until freed; freed
  * ones no longer stay in the thread caches, and empty slabs go. */
 static __attribute__((noinline)) void medium_slabs_off(um__pool *p)
 {
     atomic_store_explicit(&p->slab_max, UM_SMALL_MAX, memory_order_relaxed);
-    for (unsigned c = UM_NSMALL_CLASSES; c < UM_NCLASSES; c++)
-        atomic_store_explicit(&p->bin_max[c], 0, memory_order_relaxed);
+    set_bin_max(p, false);
     um__tcache *tc = own_cache(p);
     for (unsigned c = UM_NSMALL_CLASSES; tc && c < UM_NCLASSES; c++)
         if (tc->bins[c].n)
@@ -2338,8 +2355,7 @@ static inline void sync_medium_slabs(um__pool *p)
         medium_slabs_off(p);
         return;
     }
-    for (unsigned c = UM_NSMALL_CLASSES; c < UM_NCLASSES; c++)
-        atomic_store_explicit(&p->bin_max[c], class_bin_max[c], memory_order_relaxed);
+    set_bin_max(p, true);
     atomic_store_explicit(&p->slab_max, UM_MEDIUM_MAX, memory_order_relaxed);
 }
 
@@ -3459,11 +3475,13 @@ static um_status pool_set_cache_limit(um__allocator *a, size_t bytes)
     um__lock_acquire(&p->lock);
     p->base.cache_limit = bytes;
     atomic_store_explicit(&p->cache_capped, bytes != UM_NO_CACHE_LIMIT, memory_order_relaxed);
+    set_bin_max(p, atomic_load_explicit(&p->slab_max, memory_order_relaxed) == UM_MEDIUM_MAX);
     /* A free into another thread's bounce cache that read no cap a moment
      * ago is over, or refused, once every cache has been through the
-     * handover (bounce_put). */
+     * handover (bounce_put); with no cache at all, the slots in their bins
+     * go back too. */
     if (bytes != UM_NO_CACHE_LIMIT)
-        tcache_drain_others(p, false, true);
+        tcache_drain_others(p, bytes == 0, true);
     /* Cached slots and held blocks count as cached memory too. */
     enforce_cache_limit(p);
     um_status s = bytes == UM_NO_CACHE_LIMIT ? UM_OK : release_holes(p, bytes);
@@ -4333,7 +4351,7 @@ um_status um__pool_create(um__backend *b, const um__pool_config *c, um__allocato
     atomic_init(&p->slab_max, UM_SMALL_MAX);
     p->refill_cls = UM_NCLASSES;
     for (unsigned k = 0; k < UM_NCLASSES; k++)
-        atomic_init(&p->bin_max[k], k < UM_NSMALL_CLASSES ? class_bin_max[k] : 0);
+        atomic_init(&p->bin_max[k], bin_max_now(p, k, false));
     p->page = page;
     p->page_shift = (unsigned)__builtin_ctzll(page);
     p->big = big;
