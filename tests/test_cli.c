@@ -509,6 +509,9 @@ static void test_device_exit_codes(void)
     snprintf(args, sizeof args, "timeline " PATTERN " -o %s --device sim:lots", page);
     EXPECT_RUN(args, 2, "size 'lots' is not valid");
     CHECK(access(page, F_OK) != 0);
+    /* info's --conf with a misspelled option (it exited 1, found by an
+     * audit). */
+    EXPECT_RUN("info --conf memroy_limit=1G", 2, "unknown option 'memroy_limit'");
     /* Where there is no GPU, 'cuda' makes no accelerator: nothing to run
      * on, which is the argument's fault too. */
     int version = 0, gpus = 0;
@@ -758,7 +761,7 @@ static void test_info_cache_limit(void)
                "{\"name\": \"cache_limit\", \"type\": \"size\", \"default\": \"none\", "
                "\"value\": \"0\"");
     CHECK(strstr(out, "\"cache_limit\": 0,") && !strstr(out, "\"cache_limit\": null"));
-    EXPECT_RUN("info --conf cache_limit=nothing", 1,
+    EXPECT_RUN("info --conf cache_limit=nothing", 2,
                "option 'cache_limit' in um_init: bad value 'nothing': expected a size in bytes, "
                "optionally with a K/M/G/T suffix such as 64M or 1.5GiB, or none");
 }

@@ -239,7 +239,7 @@ int um_cmd_info(int argc, char **argv)
     um_context *ctx = NULL;
     um_status s = um_init(conf, &ctx);
     if (s != UM_OK)
-        return tool_fail("info", s);
+        return tool_init_fail("info", s);
     if (json)
         printf("{\n  \"version\": \"%d.%d.%d\",\n  \"build_features\": \"%s\",\n",
                UNIMEM_VERSION_MAJOR, UNIMEM_VERSION_MINOR, UNIMEM_VERSION_PATCH,

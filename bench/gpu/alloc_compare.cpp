@@ -104,7 +104,8 @@ void usage(FILE *f)
             "                allocator alike), so the process does not move between cores\n"
             "                mid-measurement; the threads scenario runs unpinned\n"
             "\n"
-            "Exit status: 0 ok, 1 a failure (printed), 2 no usable GPU.\n");
+            "Exit status: 0 ok, 1 a failure (printed), 2 a bad command line or no usable\n"
+            "GPU.\n");
 }
 
 /* Returns -1 to go on, else the exit status. */
@@ -121,7 +122,7 @@ int parse_args(int argc, char **argv, Options *o)
         } else if (!strcmp(a, "--json")) {
             if (i + 1 >= argc || argv[i + 1][0] == '\0') {
                 fprintf(stderr, "alloc_compare: --json needs a file name\n");
-                return 1;
+                return 2;
             }
             o->json_path = argv[++i];
         } else if (!strcmp(a, "--pin")) {
@@ -131,7 +132,7 @@ int parse_args(int argc, char **argv, Options *o)
                 core >= CPU_SETSIZE) {
                 fprintf(stderr, "alloc_compare: --pin needs a core number from 0 to %d, not '%s'\n",
                         CPU_SETSIZE - 1, i + 1 < argc ? argv[i + 1] : "");
-                return 1;
+                return 2;
             }
             o->pin = int(core);
             i++;
@@ -141,7 +142,7 @@ int parse_args(int argc, char **argv, Options *o)
         } else {
             fprintf(stderr, "alloc_compare: unknown option '%s'\n\n", a);
             usage(stderr);
-            return 1;
+            return 2;
         }
     }
     if (o->quick) {
