@@ -1947,6 +1947,136 @@ static void test_busy_wait_bounded(void)
     um_shutdown(ctx);
 }
 
+/* A replica being allocated: another thread prefetches b (1.5 MiB) to
+ * device 1, whose limit lets one 2 MiB page be mapped, and device 1's
+ * allocator, once it has given b's replica its memory, holds that thread
+ * there (the window before the replica is noted as having memory) until
+ * 150 ms after this thread asked for 1 MiB. The request must wait for the
+ * prefetch, a call in progress with memory there, and then evict b. It
+ * failed at once, "nothing left to evict: 0 acquired replicas hold 0 B"
+ * beside 1.5 MiB live: reclaim saw b locked with no memory noted, neither
+ * busy nor a candidate (an audit's eight threads saw it a few times a
+ * second). */
+static const um__allocator_ops *gate_inner;
+static um__allocator_ops gate_ops;
+static size_t gate_size;
+static _Atomic bool gate_entered, gate_open;
+
+static um_status gated_alloc(um__allocator *a, size_t size, const um__stream_ref *s, void **ptr)
+{
+    um_status st = gate_inner->alloc(a, size, s, ptr);
+    if (st == UM_OK && size == gate_size) {
+        atomic_store(&gate_entered, true);
+        while (!atomic_load(&gate_open))
+            usleep(1000);
+    }
+    return st;
+}
+
+static void *prefetch_to_1(void *b)
+{
+    CHECK_OK(um_buffer_prefetch(b, 1));
+    return NULL;
+}
+
+static void *open_gate_later(void *arg)
+{
+    (void)arg;
+    usleep(150 * 1000);
+    atomic_store(&gate_open, true);
+    return NULL;
+}
+
+static void test_replica_being_allocated_is_waited_for(void)
+{
+    um_context *ctx = NULL;
+    CHECK_OK(um_init("devices=sim:64M,links=model,watermark_high=100", &ctx));
+    if (!ctx)
+        return;
+    CHECK_OK(um_set_memory_limit(ctx, 1, 2 * MB));
+    um_buffer *b = NULL;
+    CHECK_OK(um_buffer_create(ctx, 3 * MB / 2, NULL, &b));
+    um__allocator *a = ctx->devices[1].alloc;
+    gate_inner = a->ops;
+    gate_ops = *gate_inner;
+    gate_ops.alloc = gated_alloc;
+    gate_size = 3 * MB / 2;
+    atomic_store(&gate_entered, false);
+    atomic_store(&gate_open, false);
+    a->ops = &gate_ops;
+    pthread_t t, opener;
+    CHECK_EQ(pthread_create(&t, NULL, prefetch_to_1, b), 0);
+    while (!atomic_load(&gate_entered))
+        usleep(1000);
+    CHECK_EQ(pthread_create(&opener, NULL, open_gate_later, NULL), 0);
+    void *p = NULL;
+    um_status st = um_malloc(ctx, 1, MB, NULL, &p);
+    if (st != UM_OK)
+        printf("test_replica_being_allocated_is_waited_for: %s\n", um_last_error());
+    atomic_store(&gate_open, true);
+    CHECK_EQ(pthread_join(opener, NULL), 0);
+    CHECK_EQ(pthread_join(t, NULL), 0);
+    a->ops = gate_inner;
+    CHECK_OK(st);
+    um_reclaim_stats rs;
+    CHECK_OK(um_reclaim_stats_get(ctx, 1, &rs));
+    CHECK_EQ(rs.evictions, 1);
+    CHECK_EQ(rs.failed, 0);
+    CHECK_EQ(um_buffer_replica_state(b, 1), UM_REPLICA_INVALID);
+    CHECK(um_buffer_replica_state(b, 0) != UM_REPLICA_INVALID);
+    if (p)
+        CHECK_OK(um_free(ctx, p, NULL));
+    CHECK_OK(um_buffer_destroy(b));
+    um_shutdown(ctx);
+}
+
+/* Two threads keep acquiring buffers on device 1 while a block of the
+ * program's fills it: nothing can be evicted, so every acquisition fails.
+ * Each replica being allocated counts as held by a call in progress for
+ * other threads' reclaim, but not while its own thread looks for room (it
+ * has no memory then): counted then too, the two waited for each other and
+ * each failure took up to the second (a first version of the fix above
+ * made an audit's program 200 times slower). */
+static pthread_barrier_t both_failing;
+
+static void *acquire_failing(void *b)
+{
+    void *p;
+    pthread_barrier_wait(&both_failing);
+    for (int i = 0; i < 100; i++)
+        CHECK_STATUS(um_buffer_acquire(b, 1, UM_ACCESS_WRITE_DISCARD, NULL, &p), UM_ERR_NOMEM);
+    return NULL;
+}
+
+static void test_allocations_do_not_wait_for_each_other(void)
+{
+    um_context *ctx = NULL;
+    CHECK_OK(um_init("devices=sim:64M,links=model,watermark_high=100", &ctx));
+    if (!ctx)
+        return;
+    CHECK_OK(um_set_memory_limit(ctx, 1, 2 * MB));
+    void *block = NULL;
+    CHECK_OK(um_malloc(ctx, 1, 2 * MB, NULL, &block));
+    um_buffer *b[2] = {NULL, NULL};
+    for (int i = 0; i < 2; i++)
+        CHECK_OK(um_buffer_create(ctx, MB, NULL, &b[i]));
+    CHECK_EQ(pthread_barrier_init(&both_failing, NULL, 2), 0);
+    uint64_t t0 = monotonic_ns();
+    pthread_t t[2];
+    for (int i = 0; i < 2; i++)
+        CHECK_EQ(pthread_create(&t[i], NULL, acquire_failing, b[i]), 0);
+    for (int i = 0; i < 2; i++)
+        CHECK_EQ(pthread_join(t[i], NULL), 0);
+    double took = (double)(monotonic_ns() - t0) / 1e9;
+    pthread_barrier_destroy(&both_failing);
+    printf("test_allocations_do_not_wait_for_each_other: 200 failures in %.3f s\n", took);
+    CHECK(took < 2.0);
+    for (int i = 0; i < 2; i++)
+        CHECK_OK(um_buffer_destroy(b[i]));
+    CHECK_OK(um_free(ctx, block, NULL));
+    um_shutdown(ctx);
+}
+
 int main(void)
 {
     uint64_t seed = harness_seed("test_reclaim");
@@ -1973,6 +2103,8 @@ int main(void)
     test_destroy_in_progress_is_waited_for();
     test_held_memory_waited_for_by_two();
     test_busy_wait_bounded();
+    test_replica_being_allocated_is_waited_for();
+    test_allocations_do_not_wait_for_each_other();
     for (int factor = 2; factor <= 8; factor *= 2)
         test_oversubscribe(seed, factor, NULL);
     char dir[] = "/tmp/unimem-spill-test-XXXXXX";

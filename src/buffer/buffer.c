@@ -227,11 +227,21 @@ static um_status ensure_memory(um_buffer *b, int dev, um_stream first_writer)
     um__replica *r = &b->rep[dev];
     if (r->ptr)
         return UM_OK;
+    /* Noted before the allocation: once the pool has given the memory,
+     * other threads' reclaim must see it held by this call in progress,
+     * and wait for it, before um_malloc returns. Noted after, that window
+     * hid it: an allocation there found nothing to evict and nothing busy
+     * and failed at once (an audit's eight threads at one 2 MiB page saw
+     * "0 acquired replicas hold 0 B" beside 1013 KiB live). This thread's
+     * own reclaim passes the buffer over (um__reclaim_allocating). */
+    note_memory(b, dev, true);
+    um_buffer *was = um__reclaim_allocating(b);
     um_status st = um_malloc(b->ctx, dev, b->size, first_writer, &r->ptr);
-    if (st == UM_OK) {
-        note_memory(b, dev, true);
+    um__reclaim_allocating(was);
+    if (st == UM_OK)
         um__reclaim_account(um__xfer_reclaim(engine(b)), dev, (int64_t)b->size);
-    }
+    else
+        note_memory(b, dev, false);
     return st;
 }
 

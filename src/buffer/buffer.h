@@ -67,9 +67,9 @@ struct um_buffer {
     pthread_mutex_t lock;
     struct um_buffer *prev, *next; /* the engine's list of live buffers */
     uint32_t holders;       /* acquisitions held, on every device */
-    /* The devices where a replica has memory (bit d), kept beside
-     * rep[d].ptr: for reclaim, which finds `lock` taken, to judge whether
-     * waiting for it could make room. */
+    /* The devices where a replica has memory or is being given it (bit
+     * d), kept beside rep[d].ptr: for reclaim, which finds `lock` taken,
+     * to judge whether waiting for it could make room. */
     _Atomic uint64_t has_memory;
     /* The write acquisition held is a WRITE_DISCARD of an invalid replica:
      * the other copies stay valid until its release makes that one the
@@ -233,6 +233,13 @@ void um__reclaim_account(struct um__reclaim *rc, int dev, int64_t bytes);
  * where reclaim finds it too. Meanwhile that memory counts as held by a
  * call in progress. */
 void um__reclaim_destroying(struct um__reclaim *rc, int dev, int delta);
+/* Marks b as the buffer whose replica this thread is allocating (NULL:
+ * none) and returns the one marked before, to put back. Such a buffer is
+ * locked and noted with memory on the device from before its allocation,
+ * so that other threads' reclaim waits for it as for any call in
+ * progress, except while this thread looks for room itself (its replica
+ * has none then); this thread's own reclaim passes it over. */
+um_buffer *um__reclaim_allocating(um_buffer *b);
 /* A buffer got UM_HINT_WILL_USE: the program announces its uses. */
 void um__reclaim_announced(struct um__reclaim *rc);
 /* Whether a write-back of `bytes` may go to a new replica on dev: always,

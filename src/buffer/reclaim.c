@@ -79,6 +79,11 @@ static _Thread_local bool in_background;
  * um__reclaim_optional): candidates held locked are not waited for. */
 static _Thread_local bool optional_allocation;
 
+/* The buffer whose replica this thread is allocating (see
+ * um__reclaim_allocating): locked by this thread, so never a candidate,
+ * and not a call in progress that this thread could wait for. */
+static _Thread_local um_buffer *allocating_for;
+
 /* -------------------------------------------------------------- policy */
 
 /* The buffers whose eviction failed (a write-back with nowhere to go)
@@ -193,8 +198,10 @@ static bool consider(um_buffer *b, void *arg)
     victim_scan *s = arg;
     if (!um__vt_mutex_trylock(&b->lock)) {
         /* In use right now: not a victim, but perhaps once the call ends,
-         * if it has memory here. */
-        if (atomic_load_explicit(&b->has_memory, memory_order_relaxed) >> s->dev & 1)
+         * if it has memory here (or is being given it). Not the buffer
+         * this thread allocates for: that call is this one. */
+        if ((atomic_load_explicit(&b->has_memory, memory_order_relaxed) >> s->dev & 1) &&
+            b != allocating_for)
             s->busy++;
         return true;
     }
@@ -352,6 +359,8 @@ static void allocation_over(um__reclaim *rc, int dev, bool made)
     making_room = (alloc_wait){0};
 }
 
+static bool make_room(um__reclaim *rc, um__xfer *x, int dev, size_t bytes);
+
 /* The context's reclaim hook: one eviction on dev for a failed allocation
  * of `bytes`; 0 bytes: that allocation is over, made or not (`made`). */
 static bool reclaim_hook(um_context *ctx, int dev, size_t bytes, bool made)
@@ -364,6 +373,28 @@ static bool reclaim_hook(um_context *ctx, int dev, size_t bytes, bool made)
         allocation_over(rc, dev, made);
         return false;
     }
+    /* While this thread looks for room, the replica it allocates for has
+     * no memory here: other threads need not wait for it. Counted, two
+     * allocations stuck at a full device waited for each other, and every
+     * such failure took up to the second (a first version of this took an
+     * audit's program from 0.2 s to 50 s). Between looks the allocation
+     * is tried, and may get the memory: noted again for that. This thread
+     * holds the buffer's lock, so its replica can be read. */
+    um_buffer *mine = allocating_for;
+    if (mine && mine->rep[dev].ptr)
+        mine = NULL;
+    uint64_t bit = (uint64_t)1 << dev;
+    if (mine)
+        atomic_fetch_and_explicit(&mine->has_memory, ~bit, memory_order_relaxed);
+    bool room = make_room(rc, x, dev, bytes);
+    if (mine)
+        atomic_fetch_or_explicit(&mine->has_memory, bit, memory_order_relaxed);
+    return room;
+}
+
+/* One look of reclaim_hook's for an allocation of `bytes` on dev. */
+static bool make_room(um__reclaim *rc, um__xfer *x, int dev, size_t bytes)
+{
     if (making_room.rc != rc || making_room.dev != dev) {
         free(making_room.failed.b);
         making_room = (alloc_wait){rc, dev, bytes, um__now_ns(), false, 20000, 0,
@@ -382,6 +413,7 @@ static bool reclaim_hook(um_context *ctx, int dev, size_t bytes, bool made)
     failed_set *failed = &making_room.failed;
     um__vt_mutex_lock(&rc->one);
     bool freed = evict_one(rc, dev, &scan, failed);
+    int64_t in_replicas = atomic_load(&rc->dev[dev].replica_bytes); /* at this look */
     um__vt_mutex_unlock(&rc->one);
     /* Candidates locked by calls in progress (a copy, a read, another
      * allocation) may be evictable once those end: wait for them a while,
@@ -427,7 +459,7 @@ static bool reclaim_hook(um_context *ctx, int dev, size_t bytes, bool made)
         um__fail(UM_ERR_NOMEM, "device %d: no room for %zu bytes: evicting failed: %s", dev, bytes,
                  failed->why);
     } else if (!freed) {
-        char held[32], homeless_held[32];
+        char held[32], homeless_held[32], replicas[32];
         char busy[96] = "", homeless[160] = "";
         if (scan.busy)
             snprintf(busy, sizeof busy, ", %u in use by other calls for %.0f ms", scan.busy,
@@ -440,10 +472,19 @@ static bool reclaim_hook(um_context *ctx, int dev, size_t bytes, bool made)
                      "the option spill_dir is not set)",
                      scan.homeless, scan.homeless == 1 ? "y" : "ies",
                      um__format_bytes(homeless_held, sizeof homeless_held, scan.homeless_bytes));
+        /* These figures are this look's, taken before the allocation's
+         * last try, whose pool figures the caller puts first: other
+         * threads may have changed the device in between, so the message
+         * says when each was seen (it read as if the pool had 1013 KiB
+         * live while "0 acquired replicas hold 0 B" there). */
         um__fail(UM_ERR_NOMEM,
-                 "device %d: no room for %zu bytes and nothing left to evict: %u acquired "
-                 "replica%s hold %s there, %u pinned%s%s",
-                 dev, bytes, scan.acquired, scan.acquired == 1 ? "" : "s",
+                 "device %d: no room for %zu bytes; reclaim's last look, before that try, "
+                 "found %s of replicas there and nothing left to evict: %u acquired "
+                 "replica%s hold%s %s, %u pinned%s%s",
+                 dev, bytes,
+                 um__format_bytes(replicas, sizeof replicas,
+                                  in_replicas > 0 ? (size_t)in_replicas : 0),
+                 scan.acquired, scan.acquired == 1 ? "" : "s", scan.acquired == 1 ? "s" : "",
                  um__format_bytes(held, sizeof held, scan.acquired_bytes), scan.pinned, homeless,
                  busy);
     }
@@ -604,6 +645,13 @@ bool um__reclaim_optional(bool on)
 {
     bool was = optional_allocation;
     optional_allocation = on;
+    return was;
+}
+
+um_buffer *um__reclaim_allocating(um_buffer *b)
+{
+    um_buffer *was = allocating_for;
+    allocating_for = b;
     return was;
 }
 
