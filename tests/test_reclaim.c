@@ -2030,6 +2030,51 @@ static void test_replica_being_allocated_is_waited_for(void)
     um_shutdown(ctx);
 }
 
+/* A wrapped buffer's host memory is the program's: no call on it that
+ * ends, its destroy included, gives the host's pool any memory. Here the
+ * destroy waits for the buffer's copy to device 1 (8 MiB at a modelled
+ * 10 MB/s: about 840 ms) while the host, at its limit with nothing to
+ * evict, is asked for more than fits. The allocation must fail at once;
+ * it waited for the destroy (744 ms in an audit's run, up to the second),
+ * which counted the program's memory as coming back, and then failed all
+ * the same. The slow copy is modelled time, so the bound holds under the
+ * sanitizers too. */
+static void *destroy_wrapped(void *b)
+{
+    CHECK_OK(um_buffer_destroy(b));
+    return NULL;
+}
+
+static void test_wrapped_destroy_not_waited_for(void)
+{
+    um_context *ctx = open_ctx(64 * MB, ",watermark_high=100,sim_link_bandwidth=10M");
+    if (!ctx)
+        return;
+    char *mem = calloc(1, 8 * MB);
+    um_buffer *w = NULL;
+    void *held = NULL, *p = NULL;
+    CHECK_OK(um_buffer_wrap(ctx, mem, 8 * MB, &w));
+    CHECK_OK(um_malloc(ctx, 0, 4 * MB, NULL, &held));
+    um_stats st;
+    CHECK_OK(um_stats_get(ctx, 0, &st));
+    CHECK_OK(um_set_memory_limit(ctx, 0, st.reserved_bytes + 2 * MB));
+    CHECK_OK(um_buffer_prefetch(w, 1)); /* its copy still runs */
+    pthread_t t;
+    CHECK_EQ(pthread_create(&t, NULL, destroy_wrapped, w), 0);
+    usleep(50 * 1000);
+    uint64_t t0 = monotonic_ns();
+    CHECK_STATUS(um_malloc(ctx, 0, 4 * MB, NULL, &p), UM_ERR_NOMEM);
+    double took = (double)(monotonic_ns() - t0) / 1e9;
+    CHECK_EQ(pthread_join(t, NULL), 0);
+    printf("test_wrapped_destroy_not_waited_for: NOMEM after %.3f s\n", took);
+    CHECK(took < 0.4);
+    if (p)
+        CHECK_OK(um_free(ctx, p, NULL));
+    CHECK_OK(um_free(ctx, held, NULL));
+    um_shutdown(ctx);
+    free(mem);
+}
+
 /* Two threads keep acquiring buffers on device 1 while a block of the
  * program's fills it: nothing can be evicted, so every acquisition fails.
  * Each replica being allocated counts as held by a call in progress for
@@ -2104,6 +2149,7 @@ int main(void)
     test_held_memory_waited_for_by_two();
     test_busy_wait_bounded();
     test_replica_being_allocated_is_waited_for();
+    test_wrapped_destroy_not_waited_for();
     test_allocations_do_not_wait_for_each_other();
     for (int factor = 2; factor <= 8; factor *= 2)
         test_oversubscribe(seed, factor, NULL);

@@ -450,7 +450,10 @@ um_status um_buffer_wrap(um_context *ctx, void *host_ptr, size_t size, um_buffer
     um__vt_mutex_lock(&b->lock);
     b->wrapped = true;
     b->rep[0].ptr = host_ptr;
-    note_memory(b, 0, true);
+    /* Not noted in has_memory: that memory is the program's, and no call
+     * on the buffer that ends gives the host's pool any of it. Noted,
+     * reclaim waited for such a call (a destroy waiting for a copy out of
+     * it, say) and then failed the host allocation all the same. */
     b->rep[0].state = UM_REPLICA_OWNER;
     um__vt_mutex_unlock(&b->lock);
     *out = b;
@@ -737,8 +740,9 @@ void um__buffer_discard(um_buffer *b)
      * that window, under ASan on a loaded machine). */
     um__vt_mutex_lock(&b->lock);
     b->magic = 0;
+    /* The program's memory under a wrapped buffer comes back to no pool. */
     for (int d = 0; d < b->ctx->ndevices; d++)
-        if ((had[d] = b->rep[d].ptr != NULL))
+        if ((had[d] = b->rep[d].ptr != NULL && !(d == 0 && b->wrapped)))
             um__reclaim_destroying(rc, d, 1);
     um__vt_mutex_unlock(&b->lock);
     um__xfer_track(x, b, false);

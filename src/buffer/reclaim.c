@@ -211,8 +211,9 @@ static bool consider(um_buffer *b, void *arg)
          * holds): its memory comes back as soon as the destroy goes on,
          * so it counts as held by a call in progress. Skipped, it let an
          * allocation report nothing left to evict (an audit's stress
-         * program found such a buffer at 3 of 15 looks that found none). */
-        if (b->rep[s->dev].ptr)
+         * program found such a buffer at 3 of 15 looks that found none).
+         * Not a wrapped buffer's host memory: that is the program's. */
+        if (b->rep[s->dev].ptr && !(s->dev == 0 && b->wrapped))
             s->busy++;
     } else if (!failed_has(s->failed, b)) {
         const um__replica *r = &b->rep[s->dev];
