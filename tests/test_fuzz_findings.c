@@ -4,9 +4,16 @@
  *       device before it failed;
  *   F3: with the limit set to SIZE_MAX, a request near SIZE_MAX wrapped when
  *       rounded up and sent the pool past its page table (ASan: a heap
- *       overflow), or "succeeded" with a block of 0 bytes. */
+ *       overflow), or "succeeded" with a block of 0 bytes;
+ *   F4: fuzz_sim: on a machine whose links to and from the host share one
+ *       resource, a copy between two GPUs through the host crossed it
+ *       twice, the network model refused the route, and the model engine
+ *       stalled under eager and round_robin (UM_ERR_INTERNAL). */
 #include "harness.h"
+#include "base/options.h"
+#include "vsim/sim.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -113,6 +120,59 @@ static void test_huge_requests_under_a_huge_limit(const char *allocator)
     um_shutdown(ctx);
 }
 
+static void test_sim_copy_through_a_shared_bus(void)
+{
+    static const char machine[] =
+        "machine name=small\n"
+        "device name=host kind=host memory=28G model=cpu\n"
+        "device name=gpu count=8 kind=gpu memory=1G granularity=2M model=g\n"
+        "device name=s kind=sim memory=512M model=g\n"
+        "link from=host to=gpu bandwidth=25G latency=10us shared=pcie\n"
+        "link from=gpu to=host bandwidth=25G latency=10us shared=pcie\n"
+        "link from=gpu4 to=gpu bandwidth=300G latency=5us switched=1\n"
+        "link from=host to=s bandwidth=1G latency=1ms\n"
+        "link from=s to=host bandwidth=2G\n"
+        "compute model=g kernel=gemm fit=1e-12,3,1e-5\n"
+        "compute model=g kernel=potrf gflops=100\n"
+        "compute model=cpu kernel=trsm gflops=20\n"
+        "compute model=g kernel=syrk fit=0,1,2\n";
+    static const char trace[] =
+        "# unimem task trace 1\n"
+        "task 1 gemm 33554432 1:262144:r 2:262144:r 3:262144:wd\n"
+        "task 2 gemm 33554432 4:262144:r 5:262144:r 3:262144:rw\n"
+        "task 3 gemm 33554432 1:262144:r 6:262144:r 7:262144:wd\n"
+        "task 4 gemm 33554432 4:262144:r 8:262144:r 7:262144:rw\n"
+        "task 5 potrf 11184810 9:262144:rw\n"
+        "task 6 trsm 33554432 9:262144:r 3:262144:rw\n"
+        "task 7 syrk 33554432 3:262144:r 7:262144:rw\n"
+        "task 8 copy 0 7:262144:r 10:262144:w\n";
+    char path[] = "/tmp/unimem_test_fuzz_findings_XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    if (fd < 0)
+        return;
+    CHECK(write(fd, trace, sizeof trace - 1) == (ssize_t)(sizeof trace - 1));
+    close(fd);
+    um__vs_machine *m = malloc(sizeof *m);
+    um__vs_result *r = malloc(sizeof *r);
+    um__vs_dag d = {0};
+    CHECK(m != NULL && r != NULL);
+    if (m && r) {
+        CHECK_OK(um__vs_machine_parse(machine, "fuzz_sim finding", m));
+        CHECK_OK(um__vs_dag_trace(path, &d));
+        static const int policies[] = {UM_SCHED_EAGER, UM_SCHED_ROUND_ROBIN,
+                                       UM_SCHED_LOCALITY, UM_SCHED_COST};
+        for (int p = 0; p < 4; p++) {
+            CHECK_OK(um__vs_simulate(m, &d, policies[p], r));
+            CHECK(isfinite(r->makespan_s) && r->makespan_s >= r->lower_bound_s);
+        }
+        um__vs_dag_free(&d);
+    }
+    free(r);
+    free(m);
+    remove(path);
+}
+
 int main(void)
 {
     unsetenv("UNIMEM_CONF");
@@ -121,5 +181,6 @@ int main(void)
     test_huge_requests_under_a_huge_limit("pool");
     test_huge_requests_under_a_huge_limit("direct");
     test_huge_requests_under_a_huge_limit("bufcache");
+    test_sim_copy_through_a_shared_bus();
     return harness_finish("test_fuzz_findings");
 }

@@ -213,6 +213,42 @@ static void test_late_start(void)
     um__vs_net_destroy(n);
 }
 
+/* A = 10, B = 40. Flow 1 (20 bytes) crosses A twice and B once (a copy
+ * between two devices through the host, over a bus shared by both
+ * directions), flow 2 (30) crosses A. A counts three crossings: each flow
+ * gets 10 / 3, flow 1 taking 20 / 3 of A. Flow 1 is done at 6 s; flow 2
+ * has 10 left at 10 (done at 7 s). A carried 2 * 20 + 30 bytes. A route
+ * naming a resource twice was refused, and the model engine, given one by
+ * a machine whose links to and from the host share a resource, stalled. */
+static void test_resource_crossed_twice(void)
+{
+    double cap[2] = {10, 40};
+    um__vs_net *n = um__vs_net_create(2, cap);
+    CHECK(n != NULL);
+    if (!n)
+        return;
+    int r1[3] = {0, 1, 0}, r2 = 0;
+    uint64_t done[4];
+    double t;
+    CHECK_EQ(um__vs_net_start(n, 0, r1, 3, 20, 0, 1), 0);
+    CHECK_NEAR(um__vs_net_rate(n, 1), 5, 1e-12);
+    CHECK_EQ(um__vs_net_start(n, 0, &r2, 1, 30, 0, 2), 0);
+    CHECK_NEAR(um__vs_net_rate(n, 1), 10.0 / 3, 1e-12);
+    CHECK_NEAR(um__vs_net_rate(n, 2), 10.0 / 3, 1e-12);
+    CHECK_EQ(step(n, &t, done, 4), 1);
+    CHECK_EQ(done[0], 1);
+    CHECK_NEAR(t, 6, 1e-9);
+    CHECK_NEAR(um__vs_net_rate(n, 2), 10, 1e-12);
+    CHECK_EQ(step(n, &t, done, 4), 1);
+    CHECK_EQ(done[0], 2);
+    CHECK_NEAR(t, 7, 1e-9);
+    CHECK_NEAR(um__vs_net_bytes(n, 0), 70, 1e-9);
+    CHECK_NEAR(um__vs_net_bytes(n, 1), 20, 1e-9);
+    CHECK_NEAR(um__vs_net_busy(n, 0), 7, 1e-9);
+    CHECK_NEAR(um__vs_net_busy(n, 1), 6, 1e-9);
+    um__vs_net_destroy(n);
+}
+
 static void test_bad_input(void)
 {
     double cap[2] = {10, 20}, zero = 0, neg = -1;
@@ -224,7 +260,7 @@ static void test_bad_input(void)
     CHECK(n != NULL);
     if (!n)
         return;
-    int r0 = 0, r2 = 2, rneg = -1, dup[2] = {1, 1}, both[2] = {0, 1};
+    int r0 = 0, r2 = 2, rneg = -1, both[2] = {0, 1}, past[2] = {1, 2};
     uint64_t done[4];
     CHECK_EQ(um__vs_net_start(n, 0, both, 2, 100, 0, 1), 0);
     CHECK_EQ(um__vs_net_advance(n, 1, done, 4), 0);
@@ -238,9 +274,9 @@ static void test_bad_input(void)
     CHECK_EQ(um__vs_net_start(n, 1, &r0, -1, 10, 0, 2), -1);
     CHECK_EQ(um__vs_net_start(n, 1, NULL, 1, 10, 0, 2), -1);
     CHECK_EQ(um__vs_net_start(n, 0.5, &r0, 1, 10, 0, 2), -1);
-    CHECK_EQ(um__vs_net_start(n, 1, dup, 2, 10, 0, 2), -1);
+    CHECK_EQ(um__vs_net_start(n, 1, past, 2, 10, 0, 2), -1);
     /* A bad start later in the future must not advance the time either. */
-    CHECK_EQ(um__vs_net_start(n, 5, dup, 2, 10, 0, 2), -1);
+    CHECK_EQ(um__vs_net_start(n, 5, past, 2, 10, 0, 2), -1);
     CHECK_EQ(um__vs_net_advance(n, 0.5, done, 4), -1);
     CHECK_EQ(um__vs_net_advance(n, 2, NULL, 4), -1);
     CHECK_EQ(um__vs_net_advance(n, 2, done, -1), -1);
@@ -252,8 +288,8 @@ static void test_bad_input(void)
     CHECK_NEAR(um__vs_net_next(n), 10, 1e-9);
     CHECK_NEAR(um__vs_net_bytes(n, 2), -1, 0);
     CHECK_NEAR(um__vs_net_busy(n, -1), -1, 0);
-    /* The route check leaves no trace: the same resources are fine now. */
-    CHECK_EQ(um__vs_net_start(n, 1, &dup[0], 1, 10, 0, 2), 0);
+    /* The route check leaves no trace: the same resource is fine now. */
+    CHECK_EQ(um__vs_net_start(n, 1, &past[0], 1, 10, 0, 2), 0);
     CHECK_NEAR(um__vs_net_rate(n, 1), 10, 1e-12);
     CHECK_NEAR(um__vs_net_rate(n, 2), 10, 1e-12);
     um__vs_net_destroy(n);
@@ -429,6 +465,7 @@ int main(void)
     test_two_flows();
     test_progressive_filling();
     test_late_start();
+    test_resource_crossed_twice();
     test_bad_input();
     test_random();
     return harness_finish("test_vsim_flow");

@@ -479,6 +479,48 @@ static void test_stale_writeback(void)
     free(m);
 }
 
+/* Links to and from the host that share one resource (shared=pcie both
+ * ways): a copy between two GPUs goes through the host and crosses that
+ * resource twice. The network model refused such a route, so the engine
+ * never started the copy and stalled (UM_ERR_INTERNAL "stalled with 1 of
+ * 2 tasks done"; the fuzzer's machine stalled eager and round_robin).
+ * Here a gemm writes X on gpu0, the only GPU that runs gemm; a syrk that
+ * reads X runs on gpu1, the only one that runs syrk. X goes up and down
+ * the 1 GB/s bus at half its rate: makespan 1 + 2 * 4194304 / 1e9 + 1 s;
+ * then X goes home from either GPU at the full rate. */
+static void test_copy_through_a_shared_bus(void)
+{
+    um__vs_machine *m = load("device name=host kind=host memory=1T\n"
+                             "device name=gpu0 kind=gpu memory=1G model=a\n"
+                             "device name=gpu1 kind=gpu memory=1G model=b\n"
+                             "link from=host to=gpu0 bandwidth=1G latency=0us shared=pcie\n"
+                             "link from=gpu0 to=host bandwidth=1G latency=0us shared=pcie\n"
+                             "link from=host to=gpu1 bandwidth=1G latency=0us shared=pcie\n"
+                             "link from=gpu1 to=host bandwidth=1G latency=0us shared=pcie\n"
+                             "compute model=a kernel=gemm gflops=1\n"
+                             "compute model=b kernel=syrk gflops=1\n");
+    um__vs_task tasks[2] = {{.kernel = UM_VS_GEMM, .tile = 1024, .flops = 1e9, .naccess = 1,
+                             .access = {{0, UM_VS_WRITE}}},
+                            {.kernel = UM_VS_SYRK, .tile = 1024, .flops = 1e9, .naccess = 1,
+                             .access = {{0, UM_VS_READ}}}};
+    um__vs_dag d = {.tasks = tasks, .ntasks = 2, .ntiles = 1, .tile_bytes = 4u << 20,
+                    .tile = 1024, .nt = 1};
+    CHECK_EQ(um__vs_dag_derive_deps(&d), 0);
+    um__vs_result *r = malloc(sizeof *r);
+    for (int p = 0; p < 4; p++) {
+        CHECK_OK(um__vs_simulate(m, &d, policies[p], r));
+        CHECK_NEAR(r->makespan_s, 2 + 2 * 4194304 / 1e9, 1e-9);
+        CHECK_NEAR(r->home_s, 2 + 3 * 4194304 / 1e9, 1e-9);
+        CHECK_EQ(r->tasks_on[1], 1);
+        CHECK_EQ(r->tasks_on[2], 1);
+        CHECK_EQ(r->copies, 2);
+        CHECK_NEAR(r->link_bytes[1][2], 4194304, 1e-12);
+    }
+    free(r);
+    free(d.deps);
+    free(m);
+}
+
 /* ------------------------------------------------------ task traces */
 
 /* Writes text (len bytes: it may hold a NUL) to a new file in path. */
@@ -999,6 +1041,7 @@ int main(void)
     test_priorities();
     test_eviction();
     test_stale_writeback();
+    test_copy_through_a_shared_bus();
     test_room_for_one_task();
     test_limit_below_memory();
     test_bound_counts_capable_devices();

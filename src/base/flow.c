@@ -35,7 +35,7 @@ struct um__vs_net {
     double *cap;
     double *bytes;
     double *busy;
-    /* Scratch of the rate computation and of route checks, nres each. */
+    /* Scratch of the rate computation, nres each. */
     double *left_cap;
     int *count;
     bool *mark;
@@ -97,7 +97,8 @@ void um__vs_net_destroy(um__vs_net *n)
  * it to every unfrozen flow through such a bottleneck and takes it off the
  * capacity left on their routes. The share never decreases from round to
  * round and every round saturates at least one resource, so there are at
- * most nres rounds and every rate is > 0. */
+ * most nres rounds and every rate is > 0. A flow that names a resource k
+ * times counts k times there, in the share and in what it takes off. */
 static void recompute(um__vs_net *n)
 {
     for (int r = 0; r < n->nres; r++)
@@ -293,21 +294,14 @@ int um__vs_net_start(um__vs_net *n, double now, const int *route, int nroute, do
     if (!n || !(now >= n->now) || !isfinite(now) || nroute < 0 || (nroute > 0 && !route) ||
         !(bytes >= 0) || !isfinite(bytes) || !(latency_s >= 0) || !isfinite(latency_s))
         return -1;
-    /* A resource twice in one route is rejected: counting the flow twice on
-     * it has no use in the machines modelled and would only hide mistakes. */
-    int bad = 0;
-    for (int j = 0; j < nroute && !bad; j++) {
-        int r = route[j];
-        if (r < 0 || r >= n->nres || n->mark[r])
-            bad = 1;
-        else
-            n->mark[r] = true;
-    }
+    /* A resource may be named more than once: a copy between two devices
+     * through the host crosses a bus shared by both directions twice, and
+     * takes its bandwidth twice (the rates, bytes and fair shares count it
+     * once for each time it is named). Refusing such a route left the model
+     * engine waiting for a copy it could never start. */
     for (int j = 0; j < nroute; j++)
-        if (route[j] >= 0 && route[j] < n->nres)
-            n->mark[route[j]] = false;
-    if (bad)
-        return -1;
+        if (route[j] < 0 || route[j] >= n->nres)
+            return -1;
     int *copy = NULL;
     if (nroute > 0) {
         copy = malloc((size_t)nroute * sizeof *copy);

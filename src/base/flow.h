@@ -26,11 +26,13 @@ void um__vs_net_destroy(um__vs_net *n);
  * over the resources route[0..nroute-1] (nroute >= 0; nroute 0 or bytes 0
  * means it needs no bandwidth and completes when its latency ends) after a
  * fixed latency of latency_s seconds (>= 0) during which it takes no
- * bandwidth. A route may not name a resource twice. tag is the caller's.
+ * bandwidth. A route may name a resource more than once: the flow then
+ * takes its rate there once for each time (a copy that crosses a shared bus
+ * twice), and its bytes count as often. tag is the caller's.
  * Starting first advances the net to `now`, processing every event up to it
  * (flows that complete meanwhile wait to be reported by
  * um__vs_net_advance). Returns 0, or -1 for bad arguments (a resource index
- * out of range or repeated, negative or non-finite values, now earlier than
+ * out of range, negative or non-finite values, now earlier than
  * the current time) or no memory, leaving the net unchanged. */
 int um__vs_net_start(um__vs_net *n, double now, const int *route, int nroute, double bytes,
                      double latency_s, uint64_t tag);

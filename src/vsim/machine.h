@@ -143,7 +143,9 @@ double um__vs_packed_time(const um__vs_machine *m, int dev, int k, uint32_t tile
 /* The resources a copy from src to dst crosses (up to 4: two links
  * through the host when there is no direct one), into route[]; returns
  * their number (0 when src == dst), -1 when there is no way. *latency_s
- * gets the sum of the links' latencies. */
+ * gets the sum of the links' latencies. Through the host a resource may
+ * come twice (links to and from the host sharing one): the copy crosses
+ * it twice. */
 int um__vs_route(const um__vs_machine *m, int src, int dst, int route[4], double *latency_s);
 
 /* UM_OK when a copy of `bytes` alone takes at most UM_VS_MAX_SECONDS on

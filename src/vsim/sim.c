@@ -78,7 +78,10 @@ static double kernel_time(const sim *s, const um__vs_task *t, int dev)
 }
 
 /* What a copy of bytes from src to dst would take alone on its route
- * (latency + bytes at the route's slowest link); INFINITY without one. */
+ * (latency + bytes at the route's slowest link); INFINITY without one. A
+ * resource the route crosses k times (a bus shared by both directions, on
+ * the way through the host) gives it a k-th of its bandwidth, as the
+ * network model does. */
 static double route_secs(const sim *s, int src, int dst, double bytes)
 {
     int route[4];
@@ -87,8 +90,12 @@ static double route_secs(const sim *s, int src, int dst, double bytes)
     if (n < 0)
         return INFINITY;
     double bw = INFINITY;
-    for (int i = 0; i < n; i++)
-        bw = fmin(bw, s->m->res_bandwidth[route[i]]);
+    for (int i = 0; i < n; i++) {
+        int times = 0;
+        for (int j = 0; j < n; j++)
+            times += route[j] == route[i];
+        bw = fmin(bw, s->m->res_bandwidth[route[i]] / times);
+    }
     return lat + bytes / bw;
 }
 
