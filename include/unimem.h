@@ -360,7 +360,11 @@ UM_API um_status um_buffer_release(um_buffer *b, int dev, um_stream s);
  * allows), so a later acquire finds it there. */
 UM_API um_status um_buffer_prefetch(um_buffer *b, int dev);
 /* Copies n bytes at offset between the buffer and host memory, returning
- * once done. A write makes its replica the owner and the others invalid. */
+ * once done. A write makes its replica the owner and the others invalid.
+ * A write that fails leaves the buffer's old bytes where another copy
+ * holds them; where the replica written was the only valid copy, the
+ * range may be partly written, as after a failed cudaMemcpy, and the
+ * error says so (the rest of the buffer is unchanged). */
 UM_API um_status um_buffer_read(um_buffer *b, size_t offset, void *dst, size_t n);
 UM_API um_status um_buffer_write(um_buffer *b, size_t offset, const void *src, size_t n);
 /* Frees the buffer; copies still in flight finish first (their memory goes

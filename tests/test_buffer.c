@@ -748,6 +748,55 @@ static void test_failed_staged_write(void)
     um_shutdown(ctx);
 }
 
+/* The same failed staged write where the GPU's replica is the only valid
+ * copy, over part of the buffer: nothing holds the range's old bytes, so
+ * the range may be partly written (the first two chunks landed), as after
+ * a failed cudaMemcpy. The error said only that the copy failed; it now
+ * says which bytes may be partly written, and the rest of the buffer
+ * keeps its bytes. Found by an audit's reference-model test. */
+static void test_failed_staged_write_only_copy(void)
+{
+    um_context *ctx = open_ctx_with(",copy_chunk=64K,copy_threads=1");
+    if (!ctx)
+        return;
+    if (ctx->devices[1].backend->kind != UM_DEVICE_CUDA) {
+        printf("test_buffer: the failed staged write to the only copy runs on a GPU only\n");
+        um_shutdown(ctx);
+        return;
+    }
+    const size_t size = MB, off = 256 * 1024, n = 512 * 1024;
+    unsigned char *host = malloc(size), *out = malloc(size), *old = malloc(size);
+    um_buffer *b = patterned(ctx, 1, size, 43);
+    CHECK_EQ(um_buffer_replica_state(b, 0), UM_REPLICA_INVALID);
+    harness_pattern_fill(old, size, 43);
+    harness_pattern_fill(host, size, 44);
+    um__backend *real = ctx->devices[1].backend;
+    flaky f;
+    flaky_init(&f, real);
+    f.copy_countdown = 3;
+    ctx->devices[1].backend = &f.base;
+    CHECK_STATUS(um_buffer_write(b, off, host + off, n), UM_ERR_BACKEND);
+    char want_msg[160];
+    snprintf(want_msg, sizeof want_msg, "bytes %zu-%zu of buffer %p on device 1, its only valid "
+             "copy, may be partly written", off, off + n - 1, (void *)b);
+    const char *msg_range = want_msg;
+    CHECK_ERROR_MENTIONS("injected", msg_range, "the rest of the buffer is unchanged");
+    ctx->devices[1].backend = real;
+    /* Outside the range, the old bytes; the buffer stays usable. */
+    CHECK_OK(um_buffer_read(b, 0, out, size));
+    CHECK(memcmp(out, old, off) == 0);
+    CHECK(memcmp(out + off + n, old + off + n, size - off - n) == 0);
+    CHECK_OK(um_buffer_write(b, off, host + off, n));
+    memcpy(old + off, host + off, n);
+    CHECK_OK(um_buffer_read(b, 0, out, size));
+    CHECK(memcmp(out, old, size) == 0);
+    CHECK_OK(um_buffer_destroy(b));
+    free(host);
+    free(out);
+    free(old);
+    um_shutdown(ctx);
+}
+
 /* With a GPU and a sim device whose link is modelled (so its copies run
  * on its copy streams too), a copy that touches the GPU runs on the GPU's
  * stream, in both directions: the sim backend's copies are memmoves on the
@@ -1483,6 +1532,7 @@ int main(void)
     test_wrap_while_reclaiming();
     test_staging();
     test_failed_staged_write();
+    test_failed_staged_write_only_copy();
     test_gpu_sim_link();
     test_busy_excludes_wait();
     test_busy_of_queued_copies();

@@ -654,6 +654,29 @@ um_status um_buffer_read(um_buffer *b, size_t offset, void *dst, size_t n)
     return st;
 }
 
+/* A failed write into the buffer's only valid copy (no other replica and
+ * no spill copy holds the range's old bytes): the copy may have stopped
+ * midway (a staged one lands chunk by chunk) or ended unknown (its wait
+ * failed), so the range may be partly written, as after a failed
+ * cudaMemcpy; the rest of the buffer is untouched. Keeping the old bytes
+ * would cost a copy of the range out before every such write, half of a
+ * pageable write's bandwidth, so the error says so instead (an audit
+ * found the mix reported only as the copy's failure). st's message stays
+ * first. */
+static um_status range_unknown(const um_buffer *b, int dev, size_t offset, size_t n, um_status st)
+{
+    char why[768];
+    const char *e = um_last_error(), *name = um_status_name(st);
+    size_t len = strlen(name);
+    if (!strncmp(e, name, len) && !strncmp(e + len, ": ", 2))
+        e += len + 2;
+    snprintf(why, sizeof why, "%s", e);
+    return um__fail(st,
+                    "%s; bytes %zu-%zu of buffer %p on device %d, its only valid copy, may be "
+                    "partly written; the rest of the buffer is unchanged",
+                    why, offset, offset + n - 1, (const void *)b, dev);
+}
+
 um_status um_buffer_write(um_buffer *b, size_t offset, const void *src, size_t n)
 {
     static const char what[] = "um_buffer_write";
@@ -689,6 +712,8 @@ um_status um_buffer_write(um_buffer *b, size_t offset, const void *src, size_t n
             int other = best_source(b, dev, dev);
             if (waited == UM_OK || (other < 0 && !b->spill_valid)) {
                 take_ownership(b, dev);
+                if (waited != UM_OK)
+                    waited = range_unknown(b, dev, offset, n, waited);
             } else {
                 /* A failed write leaves the old data where another copy
                  * holds it, rather than r's unknown mix. */
@@ -706,6 +731,8 @@ um_status um_buffer_write(um_buffer *b, size_t offset, const void *src, size_t n
                 if (other >= 0 && r->state == UM_REPLICA_OWNER)
                     b->rep[other].state = UM_REPLICA_OWNER;
                 r->state = UM_REPLICA_INVALID;
+            } else {
+                st = range_unknown(b, dev, offset, n, st);
             }
         }
     }
