@@ -24,6 +24,10 @@
  * reads `return um__fail(UM_ERR_NOMEM, "device %d: ...", dev);`. The message
  * is prefixed with the status name. Also logged at debug level. */
 um_status um__fail(um_status s, const char *fmt, ...) UM_PRINTF(2, 3);
+/* The last error's message without its "UM_ERR_...: " prefix (st's),
+ * copied into buf so that a new um__fail can quote it; st's description
+ * when there is none. Returns buf. */
+const char *um__error_detail(um_status st, char *buf, size_t len);
 /* Clears this thread's last error (used by tests). */
 void um__clear_error(void);
 /* An allocator's request failed with UM_ERR_NOMEM for want of host memory

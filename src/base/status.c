@@ -64,6 +64,17 @@ um_status um__fail(um_status s, const char *fmt, ...)
     return s;
 }
 
+const char *um__error_detail(um_status st, char *buf, size_t len)
+{
+    const char *msg = last_error;
+    const char *name = um_status_name(st);
+    size_t nlen = strlen(name);
+    if (!strncmp(msg, name, nlen) && msg[nlen] == ':' && msg[nlen + 1] == ' ')
+        msg += nlen + 2;
+    snprintf(buf, len, "%s", *msg ? msg : um_strerror(st));
+    return buf;
+}
+
 char *um__format_bytes(char *buf, size_t n, uint64_t bytes)
 {
     static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};

@@ -666,15 +666,11 @@ um_status um_buffer_read(um_buffer *b, size_t offset, void *dst, size_t n)
 static um_status range_unknown(const um_buffer *b, int dev, size_t offset, size_t n, um_status st)
 {
     char why[768];
-    const char *e = um_last_error(), *name = um_status_name(st);
-    size_t len = strlen(name);
-    if (!strncmp(e, name, len) && !strncmp(e + len, ": ", 2))
-        e += len + 2;
-    snprintf(why, sizeof why, "%s", e);
     return um__fail(st,
                     "%s; bytes %zu-%zu of buffer %p on device %d, its only valid copy, may be "
                     "partly written; the rest of the buffer is unchanged",
-                    why, offset, offset + n - 1, (const void *)b, dev);
+                    um__error_detail(st, why, sizeof why), offset, offset + n - 1,
+                    (const void *)b, dev);
 }
 
 um_status um_buffer_write(um_buffer *b, size_t offset, const void *src, size_t n)

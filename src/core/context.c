@@ -172,25 +172,12 @@ um_status um_cuda_driver_info(int *version, int *gpus, char *why, size_t why_len
     return UM_OK;
 }
 
-/* The last error's message without its "UM_ERR_...: " prefix, copied into
- * buf so a new um__fail can quote it. */
-static const char *error_detail(um_status st, char *buf, size_t len)
-{
-    const char *msg = um_last_error();
-    const char *name = um_status_name(st);
-    size_t nlen = strlen(name);
-    if (!strncmp(msg, name, nlen) && msg[nlen] == ':' && msg[nlen + 1] == ' ')
-        msg += nlen + 2;
-    snprintf(buf, len, "%s", *msg ? msg : um_strerror(st));
-    return buf;
-}
-
 /* Fails with st, putting `context` in front of the message the failing
  * layer left. */
 static um_status fail_within(um_status st, const char *context)
 {
     char inner[400];
-    return um__fail(st, "%s: %s", context, error_detail(st, inner, sizeof inner));
+    return um__fail(st, "%s: %s", context, um__error_detail(st, inner, sizeof inner));
 }
 
 /* ------------------------------------------------- the devices option */
@@ -293,7 +280,7 @@ static um_status parse_entry(const char *text, size_t len, int accelerators, dev
     if (st != UM_OK) {
         char why[256];
         return um__fail(UM_ERR_BAD_OPTION, "option 'devices': entry '%.*s': %s", shown, text,
-                        error_detail(st, why, sizeof why));
+                        um__error_detail(st, why, sizeof why));
     }
     if (size == 0)
         return um__fail(UM_ERR_BAD_OPTION,
@@ -784,7 +771,7 @@ static um_status create_host(um_context *ctx, const device_spec *specs, int nspe
             return fail_within(st, "um_init: device 0 (host, host_memory=pinned)");
         char why[300];
         um__log(UM_LOG_INFO, "um_init: host memory stays pageable: %s",
-                error_detail(st, why, sizeof why));
+                um__error_detail(st, why, sizeof why));
     }
     st = um__host_backend_create(o->host_capacity, o->host_granularity, &b);
     if (st == UM_ERR_INVALID) {
