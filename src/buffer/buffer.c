@@ -300,13 +300,28 @@ static um_status fill(um_buffer *b, int dev)
     um__fence_drop(&r->ready);
     r->ready = done;
     if (src >= 0 && done.ev) {
-        /* The copy reads the source: writes there must wait for it. */
+        /* The copy reads the source: writes there, and the reuse of its
+         * memory, must wait for it. Where that can be neither noted nor
+         * waited for, the copy fails: the replica stays invalid (its
+         * memory, ready when the copy is, is harmless), so the source
+         * stays the copy that counts and is never dropped as clean with
+         * the copy still reading it. */
         um__fence use;
         um_stream runner = (um_stream)done.stream;
-        if (um__fence_record(b->ctx, runner->dev, runner, &use) == UM_OK)
+        st = um__fence_record(b->ctx, runner->dev, runner, &use);
+        if (st == UM_OK) {
             add_use(x, &b->rep[src], use);
-        else
-            (void)um__fence_wait(x, &r->ready);
+        } else {
+            char record[300], wait[300];
+            um__error_detail(st, record, sizeof record);
+            if ((st = um__fence_wait(x, &r->ready)) != UM_OK)
+                return um__fail(st,
+                                "copying buffer %p (%zu bytes) from device %d to device %d: the "
+                                "copy's reading of device %d could neither be noted (%s) nor "
+                                "waited for (%s); device %d's copy is left invalid",
+                                (void *)b, b->size, src, dev, src, record,
+                                um__error_detail(st, wait, sizeof wait), dev);
+        }
     }
     /* Zeros, or the spill file's copy, make the first replica: the owner
      * (a spill copy stays valid beside it until the next write). */
@@ -954,9 +969,10 @@ um_status um__buffer_evict(um_buffer *b, int dev, size_t *bytes_written, bool *s
             int t = write_back_target(b, dev, skip);
             if (t < 0) {
                 /* No memory has room: the file tier is the last. */
-                if (spill_out(b, dev) != UM_OK) {
+                um_status spilt = spill_out(b, dev);
+                if (spilt != UM_OK) {
                     char why[300]; /* um__fail writes where um_last_error points */
-                    snprintf(why, sizeof why, "%s", um_last_error());
+                    um__error_detail(spilt, why, sizeof why);
                     return um__fail(UM_ERR_NOMEM,
                                     "buffer %p (%zu bytes): its only valid copy, on device %d, "
                                     "has nowhere to go: %s%s",
@@ -985,10 +1001,11 @@ um_status um__buffer_evict(um_buffer *b, int dev, size_t *bytes_written, bool *s
                 skip[t] = true;
                 /* A target found full after all is what "nowhere to go"
                  * says already. */
-                if (!failed[0] && st != UM_ERR_NOMEM)
-                    snprintf(failed, sizeof failed,
-                             "writing it back to device %d failed (%.300s); ", t,
-                             um_last_error());
+                if (!failed[0] && st != UM_ERR_NOMEM) {
+                    char why[300];
+                    snprintf(failed, sizeof failed, "writing it back to device %d failed (%s); ", t,
+                             um__error_detail(st, why, sizeof why));
+                }
             }
         }
         if (r->state == UM_REPLICA_OWNER && other >= 0)
@@ -1002,13 +1019,39 @@ um_status um__buffer_evict(um_buffer *b, int dev, size_t *bytes_written, bool *s
     um__fence f[UM_REPLICA_USES + 1];
     int n = write_hazards(r, f);
     um_stream in = um__xfer_stream(x, dev, true);
+    um_status unwaited = UM_OK;
+    char why[300] = "";
     for (int i = 0; i < n; i++) {
-        bool ordered = in && (!f[i].ev || um__fence_done(x, &f[i]) ||
-                              um__xfer_order_in(x, dev, &f[i]) == UM_OK);
+        if (in &&
+            (!f[i].ev || um__fence_done(x, &f[i]) || um__xfer_order_in(x, dev, &f[i]) == UM_OK))
+            continue;
         /* Where the stream could not wait, the host does. */
-        if (ordered || um__fence_wait(x, &f[i]) != UM_OK)
-            um__fence_drop(&f[i]);
+        um_status st = um__fence_wait(x, &f[i]);
+        if (st != UM_OK && unwaited == UM_OK) {
+            unwaited = st;
+            um__error_detail(st, why, sizeof why);
+        }
     }
+    if (unwaited != UM_OK) {
+        /* A user, perhaps the write-back just queued, may still read the
+         * memory, and nothing orders its next owner after it: the memory
+         * stays with the replica, whose fences stay as they were (those
+         * seen done are gone), valid beside the copy written back. */
+        r->nused = 0;
+        for (int i = 0; i < n - 1; i++)
+            if (f[i].ev)
+                r->used[r->nused++] = f[i];
+        r->ready = f[n - 1];
+        if (r->state == UM_REPLICA_OWNER && best_source(b, dev, dev) >= 0)
+            r->state = UM_REPLICA_SHARED; /* the copy written back owns the data */
+        return um__fail(unwaited,
+                        "buffer %p (%zu bytes): device %d's copy cannot be dropped: the work "
+                        "using it could neither be ordered before its memory's reuse nor "
+                        "waited for (%s); the memory is kept",
+                        (void *)b, b->size, dev, why);
+    }
+    for (int i = 0; i < n; i++)
+        um__fence_drop(&f[i]);
     /* On `in` whenever there is one: a fence it waited for stands only
      * there, even where a later one had to be waited for here. */
     (void)um_free(b->ctx, r->ptr, in);

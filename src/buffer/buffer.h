@@ -180,8 +180,9 @@ void um__xfer_free_later(um__xfer *x, int dev, void *ptr, um__fence *fences, int
  * returns the devices (bit d) whose memory some of it was. */
 uint64_t um__xfer_poll(um__xfer *x);
 /* Waits for the users of the oldest memory of device dev that
- * um__xfer_free_later holds, then frees it; false when it holds none. */
-bool um__xfer_wait_held(um__xfer *x, int dev);
+ * um__xfer_free_later holds, then frees it: 1; 0 when it holds none; -1
+ * (the error set) when the wait failed, and the memory stays held. */
+int um__xfer_wait_held(um__xfer *x, int dev);
 /* Calls fn(b, arg) for every live buffer, under the engine's lock (which
  * is recursive: fn may call into the engine), until fn returns false. */
 void um__xfer_each_buffer(um__xfer *x, bool (*fn)(um_buffer *b, void *arg), void *arg);

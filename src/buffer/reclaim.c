@@ -108,9 +108,9 @@ static bool failed_has(const failed_set *f, const um_buffer *b)
 
 /* Adds b, with the error its eviction failed with; false when there is no
  * memory to remember it (the reclaim then stops). */
-static bool failed_add(failed_set *f, um_buffer *b)
+static bool failed_add(failed_set *f, um_buffer *b, um_status st)
 {
-    snprintf(f->why, sizeof f->why, "%s", um_last_error());
+    um__error_detail(st, f->why, sizeof f->why);
     if (f->n == f->cap) {
         size_t cap = f->cap ? 2 * f->cap : 8;
         um_buffer **v = realloc(f->b, cap * sizeof *v);
@@ -284,26 +284,28 @@ static bool evict_one(um__reclaim *rc, int dev, victim_scan *scan, failed_set *f
         evict_job j = {scan, false, false, UM_OK, 0, 0};
         uint64_t t0 = um__now_ns();
         um__xfer_each_buffer(rc->x, evict_chosen, &j);
+        /* A write-back counts where the eviction failed after it too: its
+         * bytes moved, and the copy written back stays valid. */
+        device_counters *c = &rc->dev[dev];
+        if (j.written) {
+            atomic_fetch_add(&c->written_back, 1);
+            atomic_fetch_add(&c->written_back_bytes, j.written);
+        }
+        if (j.spilled) {
+            atomic_fetch_add(&c->spilled, 1);
+            atomic_fetch_add(&c->spilled_bytes, j.written);
+        }
         if (j.done) {
             if (rc->ctx->events)
                 um__event_add(rc->ctx->events, UM_EVENT_EVICT, dev, j.spilled, t0,
                               um__now_ns() - t0, j.size, j.written);
-            device_counters *c = &rc->dev[dev];
-            if (j.written) {
-                atomic_fetch_add(&c->written_back, 1);
-                atomic_fetch_add(&c->written_back_bytes, j.written);
-            }
-            if (j.spilled) {
-                atomic_fetch_add(&c->spilled, 1);
-                atomic_fetch_add(&c->spilled_bytes, j.written);
-            }
             atomic_fetch_add(&c->evictions, 1); /* last: readers see the rest first */
             return true;
         }
         /* Its write-back found no room: another candidate may need none (a
          * clean copy). Taken meanwhile: look again, a few times. */
         if (j.st != UM_OK) {
-            if (!failed_add(failed, scan->best))
+            if (!failed_add(failed, scan->best, j.st))
                 return false;
         } else {
             raced++;
@@ -451,12 +453,19 @@ static bool make_room(um__reclaim *rc, um__xfer *x, int dev, size_t bytes)
      * the link, "nothing left to evict" with nothing live. Candidates
      * whose eviction failed (a write-back with nowhere to go) do not
      * change that: it failed the same way with such a one there. */
-    if (!freed && !optional_allocation)
-        freed = um__xfer_wait_held(x, dev);
+    char held_why[320] = "";
+    if (!freed && !optional_allocation) {
+        int held = um__xfer_wait_held(x, dev);
+        freed = held > 0;
+        if (held < 0)
+            snprintf(held_why, sizeof held_why, "%s", um_last_error());
+    }
     in_reclaim = false;
     making_room.freed = freed;
     uint64_t waited = making_room.busy_since ? um__now_ns() - making_room.busy_since : 0;
-    if (!freed && failed->why[0]) {
+    if (!freed && held_why[0]) {
+        um__fail(UM_ERR_NOMEM, "device %d: no room for %zu bytes: %s", dev, bytes, held_why);
+    } else if (!freed && failed->why[0]) {
         um__fail(UM_ERR_NOMEM, "device %d: no room for %zu bytes: evicting failed: %s", dev, bytes,
                  failed->why);
     } else if (!freed) {

@@ -1461,17 +1461,17 @@ uint64_t um__xfer_poll(um__xfer *x)
     return freed;
 }
 
-bool um__xfer_wait_held(um__xfer *x, int dev)
+int um__xfer_wait_held(um__xfer *x, int dev)
 {
     if (!atomic_load_explicit(&x->nheld_pending, memory_order_acquire))
-        return false;
+        return 0;
     um__vt_mutex_lock(&x->lock);
     size_t i = 0;
     while (i < x->nheld && x->held[i].dev != dev)
         i++;
     if (i == x->nheld) {
         um__vt_mutex_unlock(&x->lock);
-        return false;
+        return 0;
     }
     held_memory h = x->held[i];
     /* The oldest stays first: the next wait takes the next oldest. */
@@ -1485,12 +1485,32 @@ bool um__xfer_wait_held(um__xfer *x, int dev)
      * for the copy of a destroyed buffer, the other failing at once). */
     um__reclaim_destroying(x->reclaim, dev, 1);
     um__vt_mutex_unlock(&x->lock);
-    for (int k = 0; k < h.nfences; k++)
-        if (um__fence_wait(x, &h.fences[k]) != UM_OK)
-            um__fence_drop(&h.fences[k]);
-    (void)um_free(x->ctx, h.ptr, NULL);
+    um_status st = UM_OK;
+    for (int k = 0; k < h.nfences && st == UM_OK; k++)
+        st = um__fence_wait(x, &h.fences[k]);
+    if (st == UM_OK) {
+        (void)um_free(x->ctx, h.ptr, NULL);
+        um__reclaim_destroying(x->reclaim, dev, -1);
+        return 1;
+    }
+    /* A copy may still write there: freed, the memory could go to another
+     * buffer under it. It is held again, last (the next wait takes the
+     * next oldest), or, where others filled the list meanwhile, never
+     * freed; and the caller learns why it got no room. */
+    char why[300];
+    um__error_detail(st, why, sizeof why);
+    um__vt_mutex_lock(&x->lock);
+    if (x->nheld < x->held_cap) {
+        x->held[x->nheld++] = h;
+        atomic_store_explicit(&x->nheld_pending, x->nheld, memory_order_release);
+    }
+    um__vt_mutex_unlock(&x->lock);
     um__reclaim_destroying(x->reclaim, dev, -1);
-    return true;
+    um__fail(st,
+             "device %d: the memory of a destroyed buffer is kept: the work using it could "
+             "not be waited for (%s)",
+             dev, why);
+    return -1;
 }
 
 /* um_trim's hook: the memory of destroyed buffers whose users are done. */

@@ -12,6 +12,13 @@
  *   - um_stream_wrap refuses CU_STREAM_PER_THREAD, and wraps CU_STREAM_LEGACY
  *     as the device's legacy default stream;
  *   - a context of GPU 1 alone retains no other GPU's primary context;
+ *   - where the driver can neither record nor wait for an event (failures
+ *     forced with fake_cuda_fail), no memory is handed on under a copy that
+ *     may still use it: a copy between GPUs whose reading of its source
+ *     can't be ordered fails, an eviction whose write-back can't be ordered
+ *     before the memory's reuse keeps the memory, and so does the wait for
+ *     a destroyed buffer's copy; each fails saying why and works when tried
+ *     again, and the buffers' bytes are their own;
  *   - random use from several threads on several streams (with
  *     um_record_stream) of the pool, the direct allocator, the buffer cache
  *     and the pinned host pool makes no unmap or race report.
@@ -37,6 +44,8 @@ static int (*lazy_wait)(void *waiter, void *on);
 static int (*lazy_drain)(void);
 static long (*lazy_violations)(const char *what);
 static int (*lazy_retains)(int gpu);
+static int (*cuda_fail)(const char *call, unsigned skip, unsigned times, int result);
+static void (*cuda_fail_clear)(void);
 
 /* Violation counts at the start of a check, to report its own only. */
 typedef struct counts {
@@ -396,6 +405,188 @@ static void check_stress(const char *name, const char *conf, int dev, int steps,
     CHECK_EQ(races_since(c), 0);
 }
 
+/* Writes n bytes `byte` into b on GPU dev, on stream s (a WRITE_DISCARD
+ * acquisition): the acquisition's status. */
+static um_status write_on(um_context *ctx, um_buffer *b, int dev, size_t n, int byte, um_stream s)
+{
+    void *p = NULL;
+    um_status st = um_buffer_acquire(b, dev, UM_ACCESS_WRITE_DISCARD, s, &p);
+    if (st != UM_OK)
+        return st;
+    unsigned char *h = malloc(n);
+    memset(h, byte, n);
+    CHECK_OK(um_memcpy_async(ctx, p, h, n, s));
+    CHECK_OK(um_buffer_release(b, dev, s));
+    CHECK_OK(um_stream_synchronize(ctx, s));
+    free(h);
+    return UM_OK;
+}
+
+/* The bytes of b (n of them) that are not `byte`. */
+static size_t buffer_count_not(um_buffer *b, size_t n, int byte)
+{
+    unsigned char *h = calloc(1, n);
+    CHECK_OK(um_buffer_read(b, 0, h, n));
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++)
+        bad += h[i] != (unsigned char)byte;
+    free(h);
+    return bad;
+}
+
+/* A buffer of n bytes `byte` on GPU dev (its only copy). */
+static um_buffer *gpu_buffer(um_context *ctx, int dev, size_t n, int byte)
+{
+    um_buffer *b = NULL;
+    CHECK_OK(um_buffer_create(ctx, n, NULL, &b));
+    if (b)
+        CHECK_OK(write_on(ctx, b, dev, n, byte, NULL));
+    return b;
+}
+
+/* A copy of a buffer from GPU 1 to GPU 2 (its acquisition there) whose
+ * use of GPU 1's replica can be neither recorded (cuEventRecord fails)
+ * nor waited for (cuEventSynchronize fails): the copy may still be
+ * reading GPU 1's memory, so the acquisition fails, naming both failures,
+ * and GPU 2's copy stays invalid. GPU 1's memory, taken next by another
+ * buffer's write, is then reused only after the copy: no race. (Taken for
+ * a valid copy, GPU 2's replica had let reclaim drop GPU 1's as clean,
+ * and the other buffer's write raced the queued copy.) */
+static void check_fill_use_unrecorded(void)
+{
+    counts c;
+    um_context *ctx =
+        check_open("a copy between GPUs whose reading of its source can't be ordered",
+                   "devices=cuda:0+cuda:1,links=model,link_cache=none,watermark_high=100,"
+                   "watermark_low=100",
+                   &c);
+    if (!ctx)
+        return;
+    const size_t n = 2 * MIB;
+    um_buffer *b = gpu_buffer(ctx, 1, n, 0xA1);
+    /* The copy's own completion is recorded, the use after it is not. */
+    cuda_fail("cuEventRecord", 1, 1, 999);
+    cuda_fail("cuEventSynchronize", 0, 1, 999);
+    void *p = NULL;
+    um_status st = um_buffer_acquire(b, 2, UM_ACCESS_READ, NULL, &p);
+    CHECK_STATUS(st, UM_ERR_BACKEND);
+    CHECK_ERROR_MENTIONS("from device 1 to device 2", "cuEventRecord", "cuEventSynchronize");
+    if (st == UM_OK)
+        CHECK_OK(um_buffer_release(b, 2, NULL));
+    cuda_fail_clear();
+
+    /* GPU 1 has room for one buffer: the next takes b's memory there. */
+    CHECK_OK(um_set_memory_limit(ctx, 1, n));
+    um_buffer *other = gpu_buffer(ctx, 1, n, 0x5A);
+    CHECK_EQ(races_since(c), 0);
+    CHECK_EQ(buffer_count_not(b, n, 0xA1), 0);
+    CHECK_OK(um_buffer_destroy(b));
+    CHECK_OK(um_buffer_destroy(other));
+    um_shutdown(ctx);
+    CHECK_EQ(unmaps_since(c), 0);
+    CHECK_EQ(races_since(c), 0);
+}
+
+/* The eviction of a buffer's only copy from GPU 1 (for another buffer's
+ * acquisition there) writes it back, then gives its memory back behind the
+ * write-back, which still reads it. Where that can be neither ordered on
+ * the stream that takes the memory next (cuStreamWaitEvent fails) nor
+ * waited for (cuEventSynchronize fails), the memory is kept: the
+ * acquisition fails, saying why, and works when tried again; the other
+ * buffer's write does not race the write-back, and both buffers' bytes are
+ * their own. (The memory had been given back regardless.) */
+static void check_evict_unordered(void)
+{
+    counts c;
+    um_context *ctx =
+        check_open("an eviction whose write-back can't be ordered before the memory's reuse",
+                   "devices=cuda:0+cuda:1,links=model,link_cache=none,watermark_high=100,"
+                   "watermark_low=100",
+                   &c);
+    if (!ctx)
+        return;
+    const size_t n = 2 * MIB;
+    um_buffer *b = gpu_buffer(ctx, 1, n, 0xA1), *other = NULL;
+    CHECK_OK(um_set_memory_limit(ctx, 1, n));
+    CHECK_OK(um_buffer_create(ctx, n, NULL, &other));
+    /* The write-back's own order after b's last write waits; the wait
+     * for the write-back before the memory's reuse does not. */
+    cuda_fail("cuStreamWaitEvent", 1, 1, 999);
+    cuda_fail("cuEventSynchronize", 0, 1, 999);
+    um_status st = write_on(ctx, other, 1, n, 0x5A, NULL);
+    CHECK_STATUS(st, UM_ERR_NOMEM);
+    CHECK_ERROR_MENTIONS("device 1's copy cannot be dropped", "cuEventSynchronize",
+                         "the memory is kept");
+    cuda_fail_clear();
+    um_reclaim_stats rs;
+    CHECK_OK(um_reclaim_stats_get(ctx, 1, &rs));
+    CHECK_EQ(rs.evictions, 0);
+    CHECK_EQ(rs.written_back, 1);
+    /* Again: b's copy on GPU 1 is clean now, and goes without a copy. */
+    if (st != UM_OK) {
+        CHECK_OK(write_on(ctx, other, 1, n, 0x5A, NULL));
+        CHECK_OK(um_reclaim_stats_get(ctx, 1, &rs));
+        CHECK_EQ(rs.evictions, 1);
+        CHECK_EQ(rs.written_back, 1);
+    }
+    CHECK_EQ(races_since(c), 0);
+    CHECK_EQ(buffer_count_not(b, n, 0xA1), 0);
+    CHECK_EQ(buffer_count_not(other, n, 0x5A), 0);
+    CHECK_OK(um_buffer_destroy(b));
+    CHECK_OK(um_buffer_destroy(other));
+    um_shutdown(ctx);
+    CHECK_EQ(unmaps_since(c), 0);
+    CHECK_EQ(races_since(c), 0);
+}
+
+/* A buffer destroyed with a copy into its GPU 2 replica still queued:
+ * that memory is held until the copy is done. An allocation at GPU 2's
+ * limit waits for it; where that wait fails (cuEventSynchronize), the
+ * memory stays held and the allocation fails, saying why; tried again, it
+ * works, and no write races the copy. (The memory had been given to the
+ * allocation regardless, under the copy still writing it.) */
+static void check_held_unwaited(void)
+{
+    counts c;
+    um_context *ctx = check_open("memory of a destroyed buffer whose copy can't be waited for",
+                                 "devices=cuda:0+cuda:1,links=model,link_cache=none,"
+                                 "watermark_high=100,watermark_low=100",
+                                 &c);
+    if (!ctx)
+        return;
+    const size_t n = 2 * MIB;
+    um_buffer *b = gpu_buffer(ctx, 1, n, 0xA1), *other = NULL;
+    /* The copy's reader and the other buffer's writer are streams of
+     * their own: only the engine's waits order them. */
+    um_stream reader = NULL, writer = NULL;
+    CHECK_OK(um_stream_create(ctx, 2, &reader));
+    CHECK_OK(um_stream_create(ctx, 2, &writer));
+    void *p = NULL;
+    CHECK_OK(um_buffer_acquire(b, 2, UM_ACCESS_READ, reader, &p));
+    CHECK_OK(um_buffer_release(b, 2, reader));
+    /* The copy stays queued: polls find it unfinished (CUDA_ERROR_NOT_READY). */
+    cuda_fail("cuEventQuery", 0, 1000, 600);
+    CHECK_OK(um_buffer_destroy(b));
+    CHECK_OK(um_set_memory_limit(ctx, 2, n));
+    CHECK_OK(um_buffer_create(ctx, n, NULL, &other));
+    cuda_fail("cuEventSynchronize", 0, 1000, 999);
+    um_status st = write_on(ctx, other, 2, n, 0x5A, writer);
+    CHECK_STATUS(st, UM_ERR_NOMEM);
+    CHECK_ERROR_MENTIONS("device 2: no room", "memory of a destroyed buffer is kept",
+                         "cuEventSynchronize");
+    cuda_fail_clear();
+    if (st != UM_OK)
+        CHECK_OK(write_on(ctx, other, 2, n, 0x5A, writer));
+    CHECK_EQ(races_since(c), 0);
+    CHECK_EQ(buffer_count_not(other, n, 0x5A), 0);
+    CHECK_OK(um_buffer_destroy(other));
+    CHECK_OK(um_stream_destroy(ctx, reader));
+    CHECK_OK(um_stream_destroy(ctx, writer));
+    um_shutdown(ctx);
+    CHECK_EQ(unmaps_since(c), 0);
+    CHECK_EQ(races_since(c), 0);
+}
+
 /* Resolves the stand-in's entry points; false (with the reason printed)
  * where this is not the stand-in driver in lazy mode. */
 static bool find_lazy_driver(void)
@@ -419,8 +610,11 @@ static bool find_lazy_driver(void)
         *(void **)&lazy_drain = dlsym(lib, "fake_lazy_drain");
         *(void **)&lazy_violations = dlsym(lib, "fake_lazy_violations");
         *(void **)&lazy_retains = dlsym(lib, "fake_lazy_retains");
+        *(void **)&cuda_fail = dlsym(lib, "fake_cuda_fail");
+        *(void **)&cuda_fail_clear = dlsym(lib, "fake_cuda_fail_clear");
     }
-    if (!lazy_launch || !lazy_wait || !lazy_drain || !lazy_violations || !lazy_retains) {
+    if (!lazy_launch || !lazy_wait || !lazy_drain || !lazy_violations || !lazy_retains ||
+        !cuda_fail || !cuda_fail_clear) {
         printf("test_cuda_order: SKIPPED: %s; this libcuda.so.1 lacks fake_lazy_launch\n", need);
         return false;
     }
@@ -449,6 +643,9 @@ int main(void)
     check_link_measurement_at_limit();
     check_special_handles();
     check_one_gpu_context();
+    check_fill_use_unrecorded();
+    check_evict_unordered();
+    check_held_unwaited();
     /* Steps per thread: about a second each (allocator=direct maps and
      * unmaps at every call, so it runs fewer); a tenth of them under a
      * sanitizer, about 16 s in all under ThreadSanitizer. */
