@@ -20,7 +20,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -1578,6 +1580,73 @@ static void test_spill(const char *dir)
     um_shutdown(ctx);
 }
 
+/* The disk under the spill file full (here the process's file size limit,
+ * 3 MiB: the first 2 MiB extent is in, a second does not fit): a write that
+ * needs a second spill fails, naming the spill file and the reason, and
+ * every buffer's data stays whole; once the first extent is given back (its
+ * buffer destroyed) the same write spills into it. The limit applies to
+ * the process, so the case runs in a child, whose failed checks are its
+ * exit status. */
+static void test_spill_disk_full(const char *dir)
+{
+    fflush(NULL);
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        const size_t size = 2 * MB;
+        um_buffer *b[3], *more = NULL;
+        unsigned char *h = malloc(size);
+        um_context *ctx = spill_ctx(dir, 300, b, h);
+        if (!ctx)
+            _exit(1);
+        /* Set once the context is made: the host pool's memfd is sized
+         * (not filled) then, far past the limit. */
+        signal(SIGXFSZ, SIG_IGN); /* a file past the limit fails with EFBIG instead */
+        struct rlimit rl = {3 * MB, RLIM_INFINITY};
+        CHECK_EQ(setrlimit(RLIMIT_FSIZE, &rl), 0);
+        int spilled = spilled_one(b);
+        CHECK(spilled < 2);
+        CHECK_OK(um_buffer_create(ctx, size, NULL, &more));
+        harness_pattern_fill(h, size, 310);
+        CHECK_STATUS(um_buffer_write(more, 0, h, size), UM_ERR_NOMEM);
+        CHECK_ERROR_MENTIONS("nowhere to go", "no room for", "File too large");
+        printf("test_reclaim: a spill to a full disk: %s\n", um_last_error());
+        for (int i = 0; i < 3; i++) {
+            CHECK_OK(um_buffer_read(b[i], 0, h, size));
+            CHECK(same_pattern(h, size, 300 + (uint64_t)i));
+        }
+        /* The spilled buffer gives its extent back: room for the next. */
+        CHECK_EQ(spilled_one(b), spilled);
+        CHECK_OK(um_buffer_destroy(b[spilled]));
+        b[spilled] = NULL;
+        harness_pattern_fill(h, size, 310);
+        CHECK_OK(um_buffer_write(more, 0, h, size));
+        for (int i = 0; i < 3; i++) {
+            if (!b[i])
+                continue;
+            CHECK_OK(um_buffer_read(b[i], 0, h, size));
+            CHECK(same_pattern(h, size, 300 + (uint64_t)i));
+        }
+        CHECK_OK(um_buffer_read(more, 0, h, size));
+        CHECK(same_pattern(h, size, 310));
+        for (int i = 0; i < 3; i++)
+            if (b[i])
+                CHECK_OK(um_buffer_destroy(b[i]));
+        CHECK_OK(um_buffer_destroy(more));
+        um_shutdown(ctx);
+        free(h);
+        fflush(NULL);
+        _exit(harness_failures ? 1 : 0);
+    }
+    int status = 0;
+    if (pid > 0)
+        CHECK(waitpid(pid, &status, 0) == pid);
+    if (WIFSIGNALED(status))
+        printf("test_spill_disk_full: the child died of signal %d\n", WTERMSIG(status));
+    CHECK(WIFEXITED(status));
+    CHECK_EQ(WIFEXITED(status) ? WEXITSTATUS(status) : -1, 0);
+}
+
 /* The entries of dir whose names start with prefix: how many, and the
  * last one's name. */
 static int entries_named(const char *dir, const char *prefix, char *last, size_t len)
@@ -2156,6 +2225,7 @@ int main(void)
     char dir[] = "/tmp/unimem-spill-test-XXXXXX";
     if (mkdtemp(dir)) {
         test_spill(dir);
+        test_spill_disk_full(dir);
         test_spill_integrity(dir);
         test_spill_truncated_respill(dir);
         test_oversubscribe(seed, 8, dir);
