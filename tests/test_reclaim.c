@@ -1585,58 +1585,62 @@ static void test_spill(const char *dir)
  * needs a second spill fails, naming the spill file and the reason, and
  * every buffer's data stays whole; once the first extent is given back (its
  * buffer destroyed) the same write spills into it. The limit applies to
- * the process, so the case runs in a child, whose failed checks are its
- * exit status. */
+ * the process, so the case runs in a process of its own (this program run
+ * again, as fork alone would leave ThreadSanitizer a child with threads),
+ * whose failed checks are its exit status. */
+static int spill_disk_full_child(const char *dir)
+{
+    const size_t size = 2 * MB;
+    um_buffer *b[3], *more = NULL;
+    unsigned char *h = malloc(size);
+    um_context *ctx = spill_ctx(dir, 300, b, h);
+    if (!ctx)
+        return 1;
+    /* Set once the context is made: the host pool's memfd is sized (not
+     * filled) then, far past the limit. */
+    signal(SIGXFSZ, SIG_IGN); /* a file past the limit fails with EFBIG instead */
+    struct rlimit rl = {3 * MB, RLIM_INFINITY};
+    CHECK_EQ(setrlimit(RLIMIT_FSIZE, &rl), 0);
+    int spilled = spilled_one(b);
+    CHECK(spilled < 2);
+    CHECK_OK(um_buffer_create(ctx, size, NULL, &more));
+    harness_pattern_fill(h, size, 310);
+    CHECK_STATUS(um_buffer_write(more, 0, h, size), UM_ERR_NOMEM);
+    CHECK_ERROR_MENTIONS("nowhere to go", "no room for", "File too large");
+    printf("test_reclaim: a spill to a full disk: %s\n", um_last_error());
+    for (int i = 0; i < 3; i++) {
+        CHECK_OK(um_buffer_read(b[i], 0, h, size));
+        CHECK(same_pattern(h, size, 300 + (uint64_t)i));
+    }
+    /* The spilled buffer gives its extent back: room for the next. */
+    CHECK_EQ(spilled_one(b), spilled);
+    CHECK_OK(um_buffer_destroy(b[spilled]));
+    b[spilled] = NULL;
+    harness_pattern_fill(h, size, 310);
+    CHECK_OK(um_buffer_write(more, 0, h, size));
+    for (int i = 0; i < 3; i++) {
+        if (!b[i])
+            continue;
+        CHECK_OK(um_buffer_read(b[i], 0, h, size));
+        CHECK(same_pattern(h, size, 300 + (uint64_t)i));
+        CHECK_OK(um_buffer_destroy(b[i]));
+    }
+    CHECK_OK(um_buffer_read(more, 0, h, size));
+    CHECK(same_pattern(h, size, 310));
+    CHECK_OK(um_buffer_destroy(more));
+    um_shutdown(ctx);
+    free(h);
+    return harness_finish("test_reclaim (a spill to a full disk)");
+}
+
 static void test_spill_disk_full(const char *dir)
 {
     fflush(NULL);
     pid_t pid = fork();
     CHECK(pid >= 0);
     if (pid == 0) {
-        const size_t size = 2 * MB;
-        um_buffer *b[3], *more = NULL;
-        unsigned char *h = malloc(size);
-        um_context *ctx = spill_ctx(dir, 300, b, h);
-        if (!ctx)
-            _exit(1);
-        /* Set once the context is made: the host pool's memfd is sized
-         * (not filled) then, far past the limit. */
-        signal(SIGXFSZ, SIG_IGN); /* a file past the limit fails with EFBIG instead */
-        struct rlimit rl = {3 * MB, RLIM_INFINITY};
-        CHECK_EQ(setrlimit(RLIMIT_FSIZE, &rl), 0);
-        int spilled = spilled_one(b);
-        CHECK(spilled < 2);
-        CHECK_OK(um_buffer_create(ctx, size, NULL, &more));
-        harness_pattern_fill(h, size, 310);
-        CHECK_STATUS(um_buffer_write(more, 0, h, size), UM_ERR_NOMEM);
-        CHECK_ERROR_MENTIONS("nowhere to go", "no room for", "File too large");
-        printf("test_reclaim: a spill to a full disk: %s\n", um_last_error());
-        for (int i = 0; i < 3; i++) {
-            CHECK_OK(um_buffer_read(b[i], 0, h, size));
-            CHECK(same_pattern(h, size, 300 + (uint64_t)i));
-        }
-        /* The spilled buffer gives its extent back: room for the next. */
-        CHECK_EQ(spilled_one(b), spilled);
-        CHECK_OK(um_buffer_destroy(b[spilled]));
-        b[spilled] = NULL;
-        harness_pattern_fill(h, size, 310);
-        CHECK_OK(um_buffer_write(more, 0, h, size));
-        for (int i = 0; i < 3; i++) {
-            if (!b[i])
-                continue;
-            CHECK_OK(um_buffer_read(b[i], 0, h, size));
-            CHECK(same_pattern(h, size, 300 + (uint64_t)i));
-        }
-        CHECK_OK(um_buffer_read(more, 0, h, size));
-        CHECK(same_pattern(h, size, 310));
-        for (int i = 0; i < 3; i++)
-            if (b[i])
-                CHECK_OK(um_buffer_destroy(b[i]));
-        CHECK_OK(um_buffer_destroy(more));
-        um_shutdown(ctx);
-        free(h);
-        fflush(NULL);
-        _exit(harness_failures ? 1 : 0);
+        execl("/proc/self/exe", "test_reclaim", "--spill-disk-full", dir, (char *)NULL);
+        _exit(127);
     }
     int status = 0;
     if (pid > 0)
@@ -2191,8 +2195,10 @@ static void test_allocations_do_not_wait_for_each_other(void)
     um_shutdown(ctx);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    if (argc == 3 && strcmp(argv[1], "--spill-disk-full") == 0)
+        return spill_disk_full_child(argv[2]);
     uint64_t seed = harness_seed("test_reclaim");
     pthread_t wd;
     CHECK_EQ(pthread_create(&wd, NULL, watchdog_main, NULL), 0);
