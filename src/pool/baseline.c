@@ -358,23 +358,31 @@ static um__backend *bl_event_backend(const baseline *bl, const bl_block *b)
 /* ------------------------------------------------------ backend memory */
 
 /* Waits for the work queued before b's free on its stream (its event,
- * else the stream), which may still use the range. A wait that fails
- * (the stream's context is broken) is not tried again: b forgets its
- * stream, so a retry of the teardown never names a stream destroyed
- * meanwhile. */
+ * else, or where the event cannot be waited for, the stream), which may
+ * still use the range. Where neither can be waited for, b keeps its event
+ * and stream and the range stays mapped: the retry of the teardown must
+ * wait again (forgetting them let the retry unmap the range under that
+ * work). A parked block's stream stays valid: bl_stream_forget waits for
+ * it, or keeps the stream, before the stream goes. */
 static um_status bl_wait_stream_work(baseline *bl, bl_block *b)
 {
     um__backend *sbe = bl_event_backend(bl, b);
-    um_status s = UM_OK;
-    if (b->event)
-        s = um__be_event_sync(sbe, b->event);
-    else if (b->stream_valid)
+    um_status s = b->event ? um__be_event_sync(sbe, b->event) : UM_ERR_BACKEND;
+    if (s != UM_OK && b->stream_valid)
         s = um__be_stream_sync(sbe, b->bstream);
+    if (s != UM_OK) {
+        char why[256];
+        return um__fail(s,
+                        "device %d (%s): %zu bytes at %#lx stay mapped: the work queued "
+                        "before their free cannot be waited for (%s)",
+                        bl->base.dev, bl->base.ops->name, b->phys, (unsigned long)b->va,
+                        um__error_detail(s, why, sizeof why));
+    }
     if (b->event)
         um__be_event_destroy(sbe, b->event);
     b->event = NULL;
     b->stream_valid = false;
-    return s;
+    return UM_OK;
 }
 
 /* Gives back whatever of b's backend resources remain, in reverse order of
@@ -868,55 +876,52 @@ static void bl_reset_peak(um__allocator *a)
 }
 
 /* The stream goes away: live blocks allocated on it are freed later as if
- * on no particular stream, and cached blocks freed on it become reusable
- * everywhere once its work is done. */
+ * on no particular stream, and cached and parked blocks freed on it
+ * become reusable everywhere once its work is done. Where that work cannot
+ * be waited for, nothing changes and the forget fails, so that the stream
+ * stays: those blocks keep waiting for it (releasing them unwaited unmapped
+ * memory its queued work still used). */
 static um_status bl_stream_forget(um__allocator *a, const um__stream_ref *sr)
 {
     baseline *bl = (baseline *)a;
     if (!sr)
         return UM_OK;
     um__vt_mutex_lock(&bl->lock);
-    bool pending = false;
+    size_t pending = 0;
+    for (size_t i = 0; i < bl->nbuckets; i++)
+        for (bl_block *b = bl->buckets[i]; b; b = b->hnext)
+            pending += b->state == BL_CACHED && b->stream_valid && b->stream == sr->id;
+    for (bl_block *b = bl->limbo.lru_next; b != &bl->limbo; b = b->lru_next)
+        pending += b->stream_valid && b->stream == sr->id;
+    if (pending &&
+        um__be_stream_sync(sr->backend ? sr->backend : a->backend, sr->bstream) != UM_OK) {
+        char why[256];
+        um_status s =
+            um__fail(UM_ERR_BACKEND,
+                     "device %d (%s): stream %u: %zu buffer%s freed on it stay cached "
+                     "and the stream stays: its work cannot be waited for (%s)",
+                     a->dev, a->ops->name, (unsigned)sr->id, pending, pending == 1 ? "" : "s",
+                     um__error_detail(UM_ERR_BACKEND, why, sizeof why));
+        um__vt_mutex_unlock(&bl->lock);
+        return s;
+    }
     for (size_t i = 0; i < bl->nbuckets; i++)
         for (bl_block *b = bl->buckets[i]; b; b = b->hnext)
             if (b->stream_valid && b->stream == sr->id) {
-                if (b->state == BL_CACHED)
-                    pending = true;
-                else
-                    b->stream_valid = false;
+                if (b->event)
+                    um__be_event_destroy(bl_event_backend(bl, b), b->event);
+                b->event = NULL;
+                b->stream_valid = false;
             }
-    bool synced =
-        !pending || um__be_stream_sync(sr->backend ? sr->backend : a->backend, sr->bstream) == UM_OK;
-    if (!synced)
-        um__log(UM_LOG_WARN,
-                "device %d (%s): stream %u could not be synchronized (%s); releasing the "
-                "buffers freed on it",
-                a->dev, a->ops->name, (unsigned)sr->id, um_last_error());
-    bl_block *b = bl->lru.lru_next;
-    while (b != &bl->lru) {
-        bl_block *next = b->lru_next;
+    for (bl_block *b = bl->limbo.lru_next; b != &bl->limbo; b = b->lru_next)
         if (b->stream_valid && b->stream == sr->id) {
-            if (synced) {
-                if (b->event)
-                    um__be_event_destroy(bl_event_backend(bl, b), b->event);
-                b->event = NULL;
-                b->stream_valid = false;
-            } else {
-                /* The stream is going and its work cannot be waited
-                 * for: the buffer is released without the wait. */
-                if (b->event)
-                    um__be_event_destroy(bl_event_backend(bl, b), b->event);
-                b->event = NULL;
-                b->stream_valid = false;
-                bl_uncache(bl, b);
-                bl_unindex(bl, b);
-                bl_dispose(bl, b);
-            }
+            if (b->event)
+                um__be_event_destroy(bl_event_backend(bl, b), b->event);
+            b->event = NULL;
+            b->stream_valid = false;
         }
-        b = next;
-    }
     um__vt_mutex_unlock(&bl->lock);
-    return UM_OK; /* what it could not wait for was released above */
+    return UM_OK;
 }
 
 /* Checks the AVL shape and order of a subtree; returns its node count or

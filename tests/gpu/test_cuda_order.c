@@ -190,6 +190,82 @@ static void check_bufcache_trim(void)
     CHECK_EQ(unmaps_since(c), 0);
 }
 
+/* The buffer cache's um_trim gives a block freed on a stream back only
+ * after that stream's work: where the wait fails (cuStreamSynchronize),
+ * the block stays mapped and the trim fails, saying why; the retry that
+ * parked blocks get must wait again, not unmap unwaited. Trimmed again
+ * once the wait works, the memory goes back. (The block had been parked
+ * without its stream and unmapped by the same trim's retry, under the
+ * kernel still writing it.) */
+static void check_bufcache_trim_unwaited(void)
+{
+    counts c;
+    um_context *ctx = check_open("buffer cache: um_trim whose wait for a freed block fails",
+                                 "devices=cuda:0,allocator=bufcache", &c);
+    if (!ctx)
+        return;
+    um_stream s = NULL;
+    CHECK_OK(um_stream_create(ctx, 1, &s));
+    void *p = NULL;
+    CHECK_OK(um_malloc(ctx, 1, BLOCK, s, &p));
+    if (p) {
+        CHECK_EQ(lazy_launch(native_of(s), p, BLOCK), 0);
+        CHECK_OK(um_free(ctx, p, s));
+    }
+    cuda_fail("cuStreamSynchronize", 0, 1000, 999);
+    CHECK_STATUS(um_trim(ctx, 1), UM_ERR_BACKEND);
+    CHECK_ERROR_MENTIONS("cuStreamSynchronize", "stay mapped", NULL);
+    CHECK_EQ(unmaps_since(c), 0);
+    cuda_fail_clear();
+    um_stats st;
+    CHECK_OK(um_stats_get(ctx, 1, &st));
+    CHECK_EQ(st.reserved_bytes, BLOCK);
+    CHECK_OK(um_trim(ctx, 1));
+    CHECK_OK(um_stats_get(ctx, 1, &st));
+    CHECK_EQ(st.reserved_bytes, 0);
+    CHECK_EQ(unmaps_since(c), 0);
+    CHECK_OK(um_stream_destroy(ctx, s));
+    um_shutdown(ctx);
+    CHECK_EQ(unmaps_since(c), 0);
+}
+
+/* A stream destroyed with a block freed on it cached in the buffer cache,
+ * its kernel still queued, and the stream's work cannot be waited for
+ * (cuStreamSynchronize fails): the block stays cached and the stream
+ * stays, the destroy failing, saying why; destroyed again once the wait
+ * works, and trimmed, the memory goes back. (The block had been unmapped
+ * at once, under the kernel still writing it.) */
+static void check_bufcache_stream_destroy_unwaited(void)
+{
+    counts c;
+    um_context *ctx = check_open("buffer cache: a stream destroyed whose work can't be waited for",
+                                 "devices=cuda:0,allocator=bufcache", &c);
+    if (!ctx)
+        return;
+    um_stream s = NULL;
+    CHECK_OK(um_stream_create(ctx, 1, &s));
+    void *p = NULL;
+    CHECK_OK(um_malloc(ctx, 1, BLOCK, s, &p));
+    if (p) {
+        CHECK_EQ(lazy_launch(native_of(s), p, BLOCK), 0);
+        CHECK_OK(um_free(ctx, p, s));
+    }
+    cuda_fail("cuStreamSynchronize", 0, 1000, 999);
+    um_status st = um_stream_destroy(ctx, s);
+    CHECK_STATUS(st, UM_ERR_BACKEND);
+    CHECK_ERROR_MENTIONS("cuStreamSynchronize", "stay cached", NULL);
+    CHECK_EQ(unmaps_since(c), 0);
+    cuda_fail_clear();
+    if (st != UM_OK)
+        CHECK_OK(um_stream_destroy(ctx, s));
+    CHECK_OK(um_trim(ctx, 1));
+    um_stats stats;
+    CHECK_OK(um_stats_get(ctx, 1, &stats));
+    CHECK_EQ(stats.reserved_bytes, 0);
+    um_shutdown(ctx);
+    CHECK_EQ(unmaps_since(c), 0);
+}
+
 /* True when the last error names the per-thread stream, in any of the
  * spellings CUDA uses (CU_STREAM_PER_THREAD, cudaStreamPerThread,
  * "per-thread"). */
@@ -640,6 +716,8 @@ int main(void)
     check_shutdown_waits(true);
     check_shutdown_waits(false);
     check_bufcache_trim();
+    check_bufcache_trim_unwaited();
+    check_bufcache_stream_destroy_unwaited();
     check_link_measurement_at_limit();
     check_special_handles();
     check_one_gpu_context();
