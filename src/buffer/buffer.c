@@ -107,16 +107,19 @@ static um__xfer *engine(const um_buffer *b)
  * where they cannot be merged on a stream). On eight GPUs a tile that all
  * of them read had more users in flight than the list holds, and the host
  * waited here for a kernel while it held the buffer's lock, stalling every
- * task that used the tile. */
-static void add_use(um__xfer *x, um__replica *r, um__fence f)
+ * task that used the tile. Where the oldest can be neither merged nor
+ * waited for, the list stays as it was and f is not taken: fails, saying
+ * why (dropping the oldest let a write, or the memory's reuse, run under
+ * its reader). */
+static um_status add_use(um__xfer *x, um__replica *r, um__fence f)
 {
     if (!f.ev)
-        return;
+        return UM_OK;
     for (uint32_t i = 0; i < r->nused; i++) {
         if (r->used[i].stream == f.stream && r->used[i].be == f.be) {
             um__fence_drop(&r->used[i]);
             r->used[i] = f;
-            return;
+            return UM_OK;
         }
     }
     if (r->nused == UM_REPLICA_USES) {
@@ -126,14 +129,22 @@ static void add_use(um__xfer *x, um__replica *r, um__fence f)
                 r->used[kept++] = r->used[i];
         r->nused = kept;
         if (kept == UM_REPLICA_USES) {
-            if (um__xfer_join(x, &r->used[1], &r->used[0]) != UM_OK &&
-                um__fence_wait(x, &r->used[0]) != UM_OK)
-                um__fence_drop(&r->used[0]);
+            um_status st = um__xfer_join(x, &r->used[1], &r->used[0]);
+            if (st != UM_OK) {
+                char join[300], wait[300];
+                um__error_detail(st, join, sizeof join);
+                if ((st = um__fence_wait(x, &r->used[0])) != UM_OK)
+                    return um__fail(st,
+                                    "the oldest of %d uses of a copy still in flight could be "
+                                    "neither merged with the next (%s) nor waited for (%s)",
+                                    UM_REPLICA_USES, join, um__error_detail(st, wait, sizeof wait));
+            }
             memmove(&r->used[0], &r->used[1], (UM_REPLICA_USES - 1) * sizeof r->used[0]);
             r->nused--;
         }
     }
     r->used[r->nused++] = f;
+    return UM_OK;
 }
 
 static void drop_uses(um__replica *r)
@@ -309,9 +320,9 @@ static um_status fill(um_buffer *b, int dev)
         um__fence use;
         um_stream runner = (um_stream)done.stream;
         st = um__fence_record(b->ctx, runner->dev, runner, &use);
-        if (st == UM_OK) {
-            add_use(x, &b->rep[src], use);
-        } else {
+        if (st == UM_OK && (st = add_use(x, &b->rep[src], use)) != UM_OK)
+            um__fence_drop(&use);
+        if (st != UM_OK) {
             char record[300], wait[300];
             um__error_detail(st, record, sizeof record);
             if ((st = um__fence_wait(x, &r->ready)) != UM_OK)
@@ -606,8 +617,20 @@ um_status um__buffer_release(um_buffer *b, int dev, um_stream s, bool used)
             take_ownership(b, dev);
         b->discarding = false;
     } else {
+        um_status su = add_use(x, r, f);
+        if (su != UM_OK) {
+            /* No fence stands for this reader: released, the memory could
+             * be written or reused under its work. */
+            char why[600];
+            um__error_detail(su, why, sizeof why);
+            um__fence_drop(&f);
+            um__vt_mutex_unlock(&b->lock);
+            return um__fail(su,
+                            "%s: buffer %p on device %d: this read's use cannot be noted: %s; "
+                            "the buffer stays acquired, to be released again",
+                            what, (void *)b, dev, why);
+        }
         r->readers--;
-        add_use(x, r, f);
     }
     b->holders--;
     um__vt_mutex_unlock(&b->lock);

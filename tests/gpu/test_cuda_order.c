@@ -663,6 +663,72 @@ static void check_held_unwaited(void)
     CHECK_EQ(races_since(c), 0);
 }
 
+/* A replica read on more streams at once than it keeps fences for
+ * (UM_REPLICA_USES, 4): the release of a fifth reader merges the two
+ * oldest, or waits for the oldest. Where neither works (cuStreamWaitEvent
+ * and cuEventSynchronize fail, the readers still queued), the release
+ * fails, saying why, and the buffer stays acquired; released again once
+ * the driver works, a write on another stream waits for every reader: no
+ * race. (The oldest reader's fence had been dropped, and the write ran
+ * under its queued copy.) */
+static void check_readers_unmerged(void)
+{
+    counts c;
+    um_context *ctx = check_open("a fifth reader whose oldest can't be merged nor waited for",
+                                 "devices=cuda:0+cuda:1,links=model,link_cache=none", &c);
+    if (!ctx)
+        return;
+    enum { READERS = 5 };
+    const size_t n = 2 * MIB;
+    um_buffer *b = gpu_buffer(ctx, 1, n, 0xA1);
+    um_stream rs[READERS] = {NULL}, writer = NULL;
+    unsigned char *out[READERS] = {NULL};
+    CHECK_OK(um_stream_create(ctx, 1, &writer));
+    um_status st = UM_OK;
+    for (int i = 0; i < READERS && b; i++) {
+        CHECK_OK(um_stream_create(ctx, 1, &rs[i]));
+        out[i] = malloc(n);
+        void *p = NULL;
+        CHECK_OK(um_buffer_acquire(b, 1, UM_ACCESS_READ, rs[i], &p));
+        if (!p)
+            continue;
+        /* A copy reading the replica, left queued on the reader's stream. */
+        CHECK_OK(um_memcpy_async(ctx, out[i], p, n, rs[i]));
+        if (i < READERS - 1) {
+            CHECK_OK(um_buffer_release(b, 1, rs[i]));
+            continue;
+        }
+        /* The readers stay unfinished; the merge's wait and the host's
+         * wait fail. */
+        cuda_fail("cuEventQuery", 0, 1000, 600);
+        cuda_fail("cuStreamWaitEvent", 0, 1000, 999);
+        cuda_fail("cuEventSynchronize", 0, 1000, 999);
+        st = um_buffer_release(b, 1, rs[i]);
+        CHECK_STATUS(st, UM_ERR_BACKEND);
+        CHECK_ERROR_MENTIONS("cuStreamWaitEvent", "cuEventSynchronize", "stays acquired");
+        cuda_fail_clear();
+        if (st != UM_OK)
+            CHECK_OK(um_buffer_release(b, 1, rs[i]));
+    }
+    if (b) {
+        CHECK_OK(write_on(ctx, b, 1, n, 0x5A, writer));
+        CHECK_EQ(races_since(c), 0);
+        CHECK_EQ(buffer_count_not(b, n, 0x5A), 0);
+        CHECK_OK(um_buffer_destroy(b));
+    }
+    for (int i = 0; i < READERS; i++) {
+        if (rs[i]) {
+            CHECK_OK(um_stream_synchronize(ctx, rs[i]));
+            CHECK_OK(um_stream_destroy(ctx, rs[i]));
+        }
+        free(out[i]);
+    }
+    CHECK_OK(um_stream_destroy(ctx, writer));
+    um_shutdown(ctx);
+    CHECK_EQ(unmaps_since(c), 0);
+    CHECK_EQ(races_since(c), 0);
+}
+
 /* Resolves the stand-in's entry points; false (with the reason printed)
  * where this is not the stand-in driver in lazy mode. */
 static bool find_lazy_driver(void)
@@ -724,6 +790,7 @@ int main(void)
     check_fill_use_unrecorded();
     check_evict_unordered();
     check_held_unwaited();
+    check_readers_unmerged();
     /* Steps per thread: about a second each (allocator=direct maps and
      * unmaps at every call, so it runs fewer); a tenth of them under a
      * sanitizer, about 16 s in all under ThreadSanitizer. */
