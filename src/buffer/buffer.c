@@ -603,11 +603,23 @@ um_status um__buffer_release(um_buffer *b, int dev, um_stream s, bool used)
     um__fence f;
     st = um__fence_record(b->ctx, dev, s, &f);
     if (st != UM_OK) {
-        /* No event: the stream's work is waited for here instead. */
+        /* No event: the stream's work is waited for here instead. Where
+         * that fails too, nothing would stand for the work, and the
+         * replica could be written or its memory reused under it: the
+         * buffer stays acquired, to be released again. */
+        char record[300], wait[300];
+        um__error_detail(st, record, sizeof record);
         um_stream us = s ? s : b->ctx->devices[dev].default_stream;
-        um_status s2 = um__be_stream_sync(b->ctx->devices[dev].backend, us->ref.bstream);
-        if (s2 == UM_OK)
-            st = UM_OK;
+        st = um__be_stream_sync(b->ctx->devices[dev].backend, us->ref.bstream);
+        if (st != UM_OK) {
+            um__error_detail(st, wait, sizeof wait);
+            um__vt_mutex_unlock(&b->lock);
+            return um__fail(st,
+                            "%s: buffer %p on device %d: the work on its stream can be neither "
+                            "fenced (%s) nor waited for (%s); the buffer stays acquired, to be "
+                            "released again",
+                            what, (void *)b, dev, record, wait);
+        }
     }
     r->last_use = um__xfer_tick(x);
     if (r->writer) {

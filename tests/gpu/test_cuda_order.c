@@ -729,6 +729,53 @@ static void check_readers_unmerged(void)
     CHECK_EQ(races_since(c), 0);
 }
 
+/* The release of a read whose work can be neither fenced (cuEventRecord
+ * fails) nor waited for (cuStreamSynchronize fails) fails, saying why, and
+ * the buffer stays acquired; released again once the driver works, a
+ * write on another stream waits for the read: no race. (It had counted as
+ * released with nothing standing for the read, and the write ran under
+ * the reader's queued copy.) */
+static void check_release_unfenced(void)
+{
+    counts c;
+    um_context *ctx = check_open("a release whose work can be neither fenced nor waited for",
+                                 "devices=cuda:0+cuda:1,links=model,link_cache=none", &c);
+    if (!ctx)
+        return;
+    const size_t n = 2 * MIB;
+    um_buffer *b = gpu_buffer(ctx, 1, n, 0xA1);
+    um_stream reader = NULL, writer = NULL;
+    CHECK_OK(um_stream_create(ctx, 1, &reader));
+    CHECK_OK(um_stream_create(ctx, 1, &writer));
+    unsigned char *out = malloc(n);
+    void *p = NULL;
+    if (b)
+        CHECK_OK(um_buffer_acquire(b, 1, UM_ACCESS_READ, reader, &p));
+    if (p) {
+        CHECK_OK(um_memcpy_async(ctx, out, p, n, reader));
+        cuda_fail("cuEventRecord", 0, 1, 999);
+        cuda_fail("cuStreamSynchronize", 0, 1, 999);
+        um_status st = um_buffer_release(b, 1, reader);
+        CHECK_STATUS(st, UM_ERR_BACKEND);
+        CHECK_ERROR_MENTIONS("cuEventRecord", "cuStreamSynchronize", "stays acquired");
+        cuda_fail_clear();
+        if (st != UM_OK)
+            CHECK_OK(um_buffer_release(b, 1, reader));
+        CHECK_OK(write_on(ctx, b, 1, n, 0x5A, writer));
+        CHECK_EQ(races_since(c), 0);
+        CHECK_EQ(buffer_count_not(b, n, 0x5A), 0);
+    }
+    if (b)
+        CHECK_OK(um_buffer_destroy(b));
+    CHECK_OK(um_stream_synchronize(ctx, reader));
+    CHECK_OK(um_stream_destroy(ctx, reader));
+    CHECK_OK(um_stream_destroy(ctx, writer));
+    free(out);
+    um_shutdown(ctx);
+    CHECK_EQ(unmaps_since(c), 0);
+    CHECK_EQ(races_since(c), 0);
+}
+
 /* Resolves the stand-in's entry points; false (with the reason printed)
  * where this is not the stand-in driver in lazy mode. */
 static bool find_lazy_driver(void)
@@ -791,6 +838,7 @@ int main(void)
     check_evict_unordered();
     check_held_unwaited();
     check_readers_unmerged();
+    check_release_unfenced();
     /* Steps per thread: about a second each (allocator=direct maps and
      * unmaps at every call, so it runs fewer); a tenth of them under a
      * sanitizer, about 16 s in all under ThreadSanitizer. */
