@@ -787,16 +787,30 @@ um_status um_buffer_write(um_buffer *b, size_t offset, const void *src, size_t n
 }
 
 /* A wrapped buffer's newest data goes back into the program's memory
- * before the buffer goes: that memory is the buffer's home. */
+ * before the buffer goes: that memory is the buffer's home. The copies
+ * into and out of it are waited for: the program's once the buffer goes.
+ * Where one cannot be, the buffer stays (its destroy had returned with a
+ * copy still writing the program's memory). */
 static um_status write_back_home(um_buffer *b)
 {
-    if (!b->wrapped || b->rep[0].state != UM_REPLICA_INVALID)
+    if (!b->wrapped)
         return UM_OK;
-    if (fill(b, 0) != UM_OK)
+    if (b->rep[0].state == UM_REPLICA_INVALID && fill(b, 0) != UM_OK)
         return um__fail(UM_ERR_BACKEND, "buffer %p: its newest data (on device %d) could not be "
                         "copied back to the wrapped host memory %p: %s", (void *)b, owner_of(b),
                         b->rep[0].ptr, um_last_error());
-    return um__fence_wait(engine(b), &b->rep[0].ready);
+    um__replica *r = &b->rep[0];
+    um_status st = um__fence_wait(engine(b), &r->ready);
+    for (uint32_t i = 0; st == UM_OK && i < r->nused; i++)
+        st = um__fence_wait(engine(b), &r->used[i]);
+    if (st != UM_OK) {
+        char why[300];
+        return um__fail(st,
+                        "buffer %p: a copy into or out of the wrapped host memory %p cannot be "
+                        "waited for (%s); the buffer stays",
+                        (void *)b, r->ptr, um__error_detail(st, why, sizeof why));
+    }
+    return UM_OK;
 }
 
 void um__buffer_discard(um_buffer *b)

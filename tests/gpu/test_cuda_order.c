@@ -776,6 +776,53 @@ static void check_release_unfenced(void)
     CHECK_EQ(races_since(c), 0);
 }
 
+/* A wrapped buffer destroyed with a copy into the program's memory (a
+ * prefetch from GPU 1) still queued, where that copy cannot be waited for
+ * (cuEventSynchronize fails): the destroy fails, saying why, and the
+ * buffer stays; destroyed again once the wait works, the program's next
+ * use of its memory does not race the copy. (The destroy had returned
+ * UM_OK with the copy still writing the program's memory.) */
+static void check_wrapped_destroy_unwaited(void)
+{
+    counts c;
+    um_context *ctx = check_open("a wrapped buffer destroyed with a copy into it unwaited",
+                                 "devices=cuda:0+cuda:1,links=model,link_cache=none", &c);
+    if (!ctx)
+        return;
+    const size_t n = 2 * MIB;
+    unsigned char *host = calloc(1, n);
+    um_buffer *b = NULL;
+    um_stream writer = NULL;
+    CHECK_OK(um_stream_create(ctx, 1, &writer));
+    CHECK_OK(um_buffer_wrap(ctx, host, n, &b));
+    void *g = NULL;
+    CHECK_OK(um_malloc(ctx, 1, n, writer, &g));
+    if (b && g) {
+        CHECK_OK(write_on(ctx, b, 1, n, 0xA1, NULL));
+        CHECK_OK(um_buffer_prefetch(b, 0));
+        cuda_fail("cuEventQuery", 0, 1000, 600);
+        cuda_fail("cuEventSynchronize", 0, 1000, 999);
+        um_status st = um_buffer_destroy(b);
+        CHECK_STATUS(st, UM_ERR_BACKEND);
+        CHECK_ERROR_MENTIONS("cuEventSynchronize", "wrapped host memory", "stays");
+        cuda_fail_clear();
+        if (st != UM_OK)
+            CHECK_OK(um_buffer_destroy(b));
+        /* The program writes its memory again, on a stream of its own. */
+        CHECK_OK(um_memcpy_async(ctx, host, g, n, writer));
+        CHECK_EQ(races_since(c), 0);
+        CHECK_OK(um_stream_synchronize(ctx, writer));
+    }
+    if (g)
+        CHECK_OK(um_free(ctx, g, writer));
+    CHECK_OK(um_stream_synchronize(ctx, writer));
+    CHECK_OK(um_stream_destroy(ctx, writer));
+    um_shutdown(ctx);
+    free(host);
+    CHECK_EQ(unmaps_since(c), 0);
+    CHECK_EQ(races_since(c), 0);
+}
+
 /* Resolves the stand-in's entry points; false (with the reason printed)
  * where this is not the stand-in driver in lazy mode. */
 static bool find_lazy_driver(void)
@@ -839,6 +886,7 @@ int main(void)
     check_held_unwaited();
     check_readers_unmerged();
     check_release_unfenced();
+    check_wrapped_destroy_unwaited();
     /* Steps per thread: about a second each (allocator=direct maps and
      * unmaps at every call, so it runs fewer); a tenth of them under a
      * sanitizer, about 16 s in all under ThreadSanitizer. */
