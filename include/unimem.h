@@ -354,7 +354,9 @@ UM_API um_status um_buffer_acquire(um_buffer *b, int dev, um_access mode, um_str
                                    void **ptr);
 /* Ends one acquisition on dev. Work queued on s (NULL: the default stream)
  * before this call may still use the replica: later copies and writes wait
- * for it. */
+ * for it. Where the driver can neither record an event for that work nor
+ * wait for it, the release fails and the acquisition stays held (nothing
+ * would order later writes after the work); release again once it can. */
 UM_API um_status um_buffer_release(um_buffer *b, int dev, um_stream s);
 /* Starts making the replica on dev valid (asynchronously where the device
  * allows), so a later acquire finds it there. */
@@ -368,7 +370,9 @@ UM_API um_status um_buffer_prefetch(um_buffer *b, int dev);
 UM_API um_status um_buffer_read(um_buffer *b, size_t offset, void *dst, size_t n);
 UM_API um_status um_buffer_write(um_buffer *b, size_t offset, const void *src, size_t n);
 /* Frees the buffer; copies still in flight finish first (their memory goes
- * back once they have). UM_ERR_BUSY while it is acquired. */
+ * back once they have). UM_ERR_BUSY while it is acquired. A wrapped
+ * buffer's copies into and out of the program's memory are waited for;
+ * where that wait fails, the destroy fails and the buffer stays. */
 UM_API um_status um_buffer_destroy(um_buffer *b);
 UM_API size_t um_buffer_size(const um_buffer *b);
 /* The state of the buffer's replica on dev (INVALID for a bad argument). */
