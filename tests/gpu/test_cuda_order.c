@@ -37,6 +37,8 @@
 #define BLOCK (4 * MIB)
 #define CU_STREAM_LEGACY ((void *)0x1)
 #define CU_STREAM_PER_THREAD ((void *)0x2)
+/* Two stand-in GPUs (devices 1 and 2) with the model's links. */
+#define TWO_GPUS "devices=cuda:0+cuda:1,links=model,link_cache=none"
 
 /* The stand-in driver's entry points for tests. */
 static int (*lazy_launch)(void *stream, void *p, size_t n);
@@ -86,6 +88,15 @@ static long unmaps_since(counts c)
 static long races_since(counts c)
 {
     return lazy_violations("race") - c.race;
+}
+
+/* Ends a check: its context goes, and no memory was unmapped under
+ * pending work, nor bytes touched by two streams unordered, meanwhile. */
+static void check_end(um_context *ctx, counts c)
+{
+    um_shutdown(ctx);
+    CHECK_EQ(unmaps_since(c), 0);
+    CHECK_EQ(races_since(c), 0);
 }
 
 static void *native_of(um_stream s)
@@ -159,6 +170,24 @@ static void check_link_measurement_at_limit(void)
     CHECK_EQ(unmaps_since(c), 0);
 }
 
+/* A check's context of GPU 1 with the buffer cache, and a stream *s of it
+ * on which a block (BLOCK bytes) was freed while a kernel queued there
+ * still writes it; NULL (the failure reported) where it can't be made. */
+static um_context *bufcache_pending_free(const char *name, counts *c, um_stream *s)
+{
+    um_context *ctx = check_open(name, "devices=cuda:0,allocator=bufcache", c);
+    if (!ctx)
+        return NULL;
+    CHECK_OK(um_stream_create(ctx, 1, s));
+    void *p = NULL;
+    CHECK_OK(um_malloc(ctx, 1, BLOCK, *s, &p));
+    if (p) {
+        CHECK_EQ(lazy_launch(native_of(*s), p, BLOCK), 0);
+        CHECK_OK(um_free(ctx, p, *s));
+    }
+    return ctx;
+}
+
 /* The buffer cache keeps a block freed on a stream with that stream's work
  * pending; um_trim must wait for that work or leave the block cached
  * rather than unmap memory a kernel still writes. Once the stream is
@@ -166,18 +195,11 @@ static void check_link_measurement_at_limit(void)
 static void check_bufcache_trim(void)
 {
     counts c;
-    um_context *ctx = check_open("buffer cache: um_trim with a freed block's work pending",
-                                 "devices=cuda:0,allocator=bufcache", &c);
+    um_stream s = NULL;
+    um_context *ctx =
+        bufcache_pending_free("buffer cache: um_trim with a freed block's work pending", &c, &s);
     if (!ctx)
         return;
-    um_stream s = NULL;
-    CHECK_OK(um_stream_create(ctx, 1, &s));
-    void *p = NULL;
-    CHECK_OK(um_malloc(ctx, 1, BLOCK, s, &p));
-    if (p) {
-        CHECK_EQ(lazy_launch(native_of(s), p, BLOCK), 0);
-        CHECK_OK(um_free(ctx, p, s));
-    }
     CHECK_OK(um_trim(ctx, 1));
     CHECK_EQ(unmaps_since(c), 0);
     CHECK_OK(um_stream_synchronize(ctx, s));
@@ -200,18 +222,11 @@ static void check_bufcache_trim(void)
 static void check_bufcache_trim_unwaited(void)
 {
     counts c;
-    um_context *ctx = check_open("buffer cache: um_trim whose wait for a freed block fails",
-                                 "devices=cuda:0,allocator=bufcache", &c);
+    um_stream s = NULL;
+    um_context *ctx =
+        bufcache_pending_free("buffer cache: um_trim whose wait for a freed block fails", &c, &s);
     if (!ctx)
         return;
-    um_stream s = NULL;
-    CHECK_OK(um_stream_create(ctx, 1, &s));
-    void *p = NULL;
-    CHECK_OK(um_malloc(ctx, 1, BLOCK, s, &p));
-    if (p) {
-        CHECK_EQ(lazy_launch(native_of(s), p, BLOCK), 0);
-        CHECK_OK(um_free(ctx, p, s));
-    }
     cuda_fail("cuStreamSynchronize", 0, 1000, 999);
     CHECK_STATUS(um_trim(ctx, 1), UM_ERR_BACKEND);
     CHECK_ERROR_MENTIONS("cuStreamSynchronize", "stay mapped", NULL);
@@ -238,18 +253,11 @@ static void check_bufcache_trim_unwaited(void)
 static void check_bufcache_stream_destroy_unwaited(void)
 {
     counts c;
-    um_context *ctx = check_open("buffer cache: a stream destroyed whose work can't be waited for",
-                                 "devices=cuda:0,allocator=bufcache", &c);
+    um_stream s = NULL;
+    um_context *ctx = bufcache_pending_free(
+        "buffer cache: a stream destroyed whose work can't be waited for", &c, &s);
     if (!ctx)
         return;
-    um_stream s = NULL;
-    CHECK_OK(um_stream_create(ctx, 1, &s));
-    void *p = NULL;
-    CHECK_OK(um_malloc(ctx, 1, BLOCK, s, &p));
-    if (p) {
-        CHECK_EQ(lazy_launch(native_of(s), p, BLOCK), 0);
-        CHECK_OK(um_free(ctx, p, s));
-    }
     cuda_fail("cuStreamSynchronize", 0, 1000, 999);
     um_status st = um_stream_destroy(ctx, s);
     CHECK_STATUS(st, UM_ERR_BACKEND);
@@ -334,9 +342,7 @@ static void check_special_handles(void)
         CHECK_OK(um_stream_synchronize(ctx, legacy));
         CHECK_OK(um_stream_destroy(ctx, legacy));
     }
-    um_shutdown(ctx);
-    CHECK_EQ(unmaps_since(c), 0);
-    CHECK_EQ(races_since(c), 0);
+    check_end(ctx, c);
 }
 
 /* devices=cuda:1 names GPU 1 alone: GPU 0's primary context must stay
@@ -531,11 +537,8 @@ static um_buffer *gpu_buffer(um_context *ctx, int dev, size_t n, int byte)
 static void check_fill_use_unrecorded(void)
 {
     counts c;
-    um_context *ctx =
-        check_open("a copy between GPUs whose reading of its source can't be ordered",
-                   "devices=cuda:0+cuda:1,links=model,link_cache=none,watermark_high=100,"
-                   "watermark_low=100",
-                   &c);
+    um_context *ctx = check_open("a copy between GPUs whose reading of its source can't be ordered",
+                                 TWO_GPUS ",watermark_high=100,watermark_low=100", &c);
     if (!ctx)
         return;
     const size_t n = 2 * MIB;
@@ -558,9 +561,7 @@ static void check_fill_use_unrecorded(void)
     CHECK_EQ(buffer_count_not(b, n, 0xA1), 0);
     CHECK_OK(um_buffer_destroy(b));
     CHECK_OK(um_buffer_destroy(other));
-    um_shutdown(ctx);
-    CHECK_EQ(unmaps_since(c), 0);
-    CHECK_EQ(races_since(c), 0);
+    check_end(ctx, c);
 }
 
 /* The eviction of a buffer's only copy from GPU 1 (for another buffer's
@@ -576,9 +577,7 @@ static void check_evict_unordered(void)
     counts c;
     um_context *ctx =
         check_open("an eviction whose write-back can't be ordered before the memory's reuse",
-                   "devices=cuda:0+cuda:1,links=model,link_cache=none,watermark_high=100,"
-                   "watermark_low=100",
-                   &c);
+                   TWO_GPUS ",watermark_high=100,watermark_low=100", &c);
     if (!ctx)
         return;
     const size_t n = 2 * MIB;
@@ -610,9 +609,7 @@ static void check_evict_unordered(void)
     CHECK_EQ(buffer_count_not(other, n, 0x5A), 0);
     CHECK_OK(um_buffer_destroy(b));
     CHECK_OK(um_buffer_destroy(other));
-    um_shutdown(ctx);
-    CHECK_EQ(unmaps_since(c), 0);
-    CHECK_EQ(races_since(c), 0);
+    check_end(ctx, c);
 }
 
 /* A buffer destroyed with a copy into its GPU 2 replica still queued:
@@ -625,9 +622,7 @@ static void check_held_unwaited(void)
 {
     counts c;
     um_context *ctx = check_open("memory of a destroyed buffer whose copy can't be waited for",
-                                 "devices=cuda:0+cuda:1,links=model,link_cache=none,"
-                                 "watermark_high=100,watermark_low=100",
-                                 &c);
+                                 TWO_GPUS ",watermark_high=100,watermark_low=100", &c);
     if (!ctx)
         return;
     const size_t n = 2 * MIB;
@@ -658,9 +653,7 @@ static void check_held_unwaited(void)
     CHECK_OK(um_buffer_destroy(other));
     CHECK_OK(um_stream_destroy(ctx, reader));
     CHECK_OK(um_stream_destroy(ctx, writer));
-    um_shutdown(ctx);
-    CHECK_EQ(unmaps_since(c), 0);
-    CHECK_EQ(races_since(c), 0);
+    check_end(ctx, c);
 }
 
 /* A replica read on more streams at once than it keeps fences for
@@ -674,8 +667,8 @@ static void check_held_unwaited(void)
 static void check_readers_unmerged(void)
 {
     counts c;
-    um_context *ctx = check_open("a fifth reader whose oldest can't be merged nor waited for",
-                                 "devices=cuda:0+cuda:1,links=model,link_cache=none", &c);
+    um_context *ctx =
+        check_open("a fifth reader whose oldest can't be merged nor waited for", TWO_GPUS, &c);
     if (!ctx)
         return;
     enum { READERS = 5 };
@@ -724,9 +717,7 @@ static void check_readers_unmerged(void)
         free(out[i]);
     }
     CHECK_OK(um_stream_destroy(ctx, writer));
-    um_shutdown(ctx);
-    CHECK_EQ(unmaps_since(c), 0);
-    CHECK_EQ(races_since(c), 0);
+    check_end(ctx, c);
 }
 
 /* The release of a read whose work can be neither fenced (cuEventRecord
@@ -738,8 +729,8 @@ static void check_readers_unmerged(void)
 static void check_release_unfenced(void)
 {
     counts c;
-    um_context *ctx = check_open("a release whose work can be neither fenced nor waited for",
-                                 "devices=cuda:0+cuda:1,links=model,link_cache=none", &c);
+    um_context *ctx =
+        check_open("a release whose work can be neither fenced nor waited for", TWO_GPUS, &c);
     if (!ctx)
         return;
     const size_t n = 2 * MIB;
@@ -771,9 +762,7 @@ static void check_release_unfenced(void)
     CHECK_OK(um_stream_destroy(ctx, reader));
     CHECK_OK(um_stream_destroy(ctx, writer));
     free(out);
-    um_shutdown(ctx);
-    CHECK_EQ(unmaps_since(c), 0);
-    CHECK_EQ(races_since(c), 0);
+    check_end(ctx, c);
 }
 
 /* A wrapped buffer destroyed with a copy into the program's memory (a
@@ -785,8 +774,8 @@ static void check_release_unfenced(void)
 static void check_wrapped_destroy_unwaited(void)
 {
     counts c;
-    um_context *ctx = check_open("a wrapped buffer destroyed with a copy into it unwaited",
-                                 "devices=cuda:0+cuda:1,links=model,link_cache=none", &c);
+    um_context *ctx =
+        check_open("a wrapped buffer destroyed with a copy into it unwaited", TWO_GPUS, &c);
     if (!ctx)
         return;
     const size_t n = 2 * MIB;
@@ -817,10 +806,8 @@ static void check_wrapped_destroy_unwaited(void)
         CHECK_OK(um_free(ctx, g, writer));
     CHECK_OK(um_stream_synchronize(ctx, writer));
     CHECK_OK(um_stream_destroy(ctx, writer));
-    um_shutdown(ctx);
     free(host);
-    CHECK_EQ(unmaps_since(c), 0);
-    CHECK_EQ(races_since(c), 0);
+    check_end(ctx, c);
 }
 
 /* Resolves the stand-in's entry points; false (with the reason printed)
