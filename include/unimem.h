@@ -366,7 +366,9 @@ UM_API um_status um_buffer_prefetch(um_buffer *b, int dev);
  * A write that fails leaves the buffer's old bytes where another copy
  * holds them; where the replica written was the only valid copy, the
  * range may be partly written, as after a failed cudaMemcpy, and the
- * error says so (the rest of the buffer is unchanged). */
+ * error says so (the rest of the buffer is unchanged). A read whose copy
+ * cannot be waited for (the driver fails) fails saying that dst may still
+ * be written by that copy; the buffer's copy it reads is kept until then. */
 UM_API um_status um_buffer_read(um_buffer *b, size_t offset, void *dst, size_t n);
 UM_API um_status um_buffer_write(um_buffer *b, size_t offset, const void *src, size_t n);
 /* Frees the buffer; copies still in flight finish first (their memory goes

@@ -671,6 +671,30 @@ static um_status check_io(const um_buffer *b, size_t offset, const void *p, size
     return live(b) ? check_range(b, offset, p, n, what) : bad_buffer(what, b);
 }
 
+/* A read whose copy out of device src's replica cannot be waited for (b
+ * locked; st the wait's failure): the copy may still read the replica, so
+ * it stays a use of it, and no write there nor reuse of its memory runs
+ * under it (dropped, the next write or eviction raced the copy). Where
+ * the list of uses is full and cannot be merged, the copy stands for the
+ * replica's filler as well, having waited for it. The program's dst may
+ * still be written too, which the error says. */
+static um_status read_unwaited(um_buffer *b, int src, um__fence *done, const void *dst, size_t n,
+                               um_status st)
+{
+    char why[300];
+    um__error_detail(st, why, sizeof why);
+    um__replica *r = &b->rep[src];
+    if (add_use(engine(b), r, *done) != UM_OK) {
+        um__fence_drop(&r->ready);
+        r->ready = *done;
+    }
+    return um__fail(st,
+                    "um_buffer_read: buffer %p: the copy of %zu bytes from device %d to %p "
+                    "cannot be waited for (%s): it may still be writing there, and device %d's "
+                    "copy is kept until it is done",
+                    (void *)b, n, src, dst, why, src);
+}
+
 um_status um_buffer_read(um_buffer *b, size_t offset, void *dst, size_t n)
 {
     static const char what[] = "um_buffer_read";
@@ -698,7 +722,7 @@ um_status um_buffer_read(um_buffer *b, size_t offset, void *dst, size_t n)
         st = um__xfer_copy(x, 0, dst, src, (char *)b->rep[src].ptr + offset, n,
                            &b->rep[src].ready, 1, &done);
         if (st == UM_OK && (st = um__fence_wait(x, &done)) != UM_OK)
-            um__fence_drop(&done);
+            st = read_unwaited(b, src, &done, dst, n, st);
     }
     um__vt_mutex_unlock(&b->lock);
     return st;

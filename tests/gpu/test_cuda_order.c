@@ -17,7 +17,8 @@
  *     may still use it: a copy between GPUs whose reading of its source
  *     can't be ordered fails, an eviction whose write-back can't be ordered
  *     before the memory's reuse keeps the memory, and so does the wait for
- *     a destroyed buffer's copy; each fails saying why and works when tried
+ *     a destroyed buffer's copy, and a um_buffer_read's copy stays a use
+ *     of the replica it reads; each fails saying why and works when tried
  *     again, and the buffers' bytes are their own;
  *   - random use from several threads on several streams (with
  *     um_record_stream) of the pool, the direct allocator, the buffer cache
@@ -810,6 +811,41 @@ static void check_wrapped_destroy_unwaited(void)
     check_end(ctx, c);
 }
 
+/* A um_buffer_read whose copy out of GPU 1 cannot be waited for
+ * (cuEventSynchronize fails, the copy still queued) fails, saying why and
+ * that the program's memory may still be written; the copy stays a use
+ * of GPU 1's replica, so a write there on another stream waits for it: no
+ * race, and the buffer holds the write's bytes. (The copy's fence had
+ * been dropped, and the write ran under the copy still reading.) */
+static void check_read_unwaited(void)
+{
+    counts c;
+    um_context *ctx = check_open("a um_buffer_read whose copy can't be waited for", TWO_GPUS, &c);
+    if (!ctx)
+        return;
+    const size_t n = 2 * MIB;
+    um_buffer *b = gpu_buffer(ctx, 1, n, 0xA1);
+    um_stream writer = NULL;
+    CHECK_OK(um_stream_create(ctx, 1, &writer));
+    unsigned char *out = malloc(n);
+    if (b) {
+        cuda_fail("cuEventQuery", 0, 1000, 600);
+        cuda_fail("cuEventSynchronize", 0, 1000, 999);
+        CHECK_STATUS(um_buffer_read(b, 0, out, n), UM_ERR_BACKEND);
+        CHECK_ERROR_MENTIONS("cuEventSynchronize", "may still be writing", "is kept");
+        cuda_fail_clear();
+        CHECK_OK(write_on(ctx, b, 1, n, 0x5A, writer));
+        CHECK_EQ(races_since(c), 0);
+        CHECK_EQ(buffer_count_not(b, n, 0x5A), 0);
+        CHECK_OK(um_buffer_destroy(b));
+    }
+    CHECK_OK(um_stream_destroy(ctx, writer));
+    check_end(ctx, c);
+    /* The copy into out is done once the driver has nothing pending. */
+    lazy_drain();
+    free(out);
+}
+
 /* Resolves the stand-in's entry points; false (with the reason printed)
  * where this is not the stand-in driver in lazy mode. */
 static bool find_lazy_driver(void)
@@ -874,6 +910,7 @@ int main(void)
     check_readers_unmerged();
     check_release_unfenced();
     check_wrapped_destroy_unwaited();
+    check_read_unwaited();
     /* Steps per thread: about a second each (allocator=direct maps and
      * unmaps at every call, so it runs fewer); a tenth of them under a
      * sanitizer, about 16 s in all under ThreadSanitizer. */
