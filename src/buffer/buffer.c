@@ -323,15 +323,26 @@ static um_status fill(um_buffer *b, int dev)
         if (st == UM_OK && (st = add_use(x, &b->rep[src], use)) != UM_OK)
             um__fence_drop(&use);
         if (st != UM_OK) {
-            char record[300], wait[300];
+            char record[300], wait[300], sync[300];
             um__error_detail(st, record, sizeof record);
-            if ((st = um__fence_wait(x, &r->ready)) != UM_OK)
-                return um__fail(st,
-                                "copying buffer %p (%zu bytes) from device %d to device %d: the "
-                                "copy's reading of device %d could neither be noted (%s) nor "
-                                "waited for (%s); device %d's copy is left invalid",
-                                (void *)b, b->size, src, dev, src, record,
-                                um__error_detail(st, wait, sizeof wait), dev);
+            if ((st = um__fence_wait(x, &r->ready)) != UM_OK) {
+                /* The copy's event stands for r's memory and cannot stand
+                 * for the source's use too: the host waits for the copy's
+                 * stream instead. Failed at once, the copy went on reading
+                 * the source with nothing standing for it, and the
+                 * source's next write ran under it. */
+                um__error_detail(st, wait, sizeof wait);
+                if ((st = um__be_stream_sync(b->ctx->devices[runner->dev].backend,
+                                             runner->ref.bstream)) != UM_OK)
+                    return um__fail(st,
+                                    "copying buffer %p (%zu bytes) from device %d to device %d: "
+                                    "the copy's reading of device %d could neither be noted "
+                                    "(%s) nor waited for (%s; %s); device %d's copy is left "
+                                    "invalid",
+                                    (void *)b, b->size, src, dev, src, record, wait,
+                                    um__error_detail(st, sync, sizeof sync), dev);
+                um__fence_drop(&r->ready);
+            }
         }
     }
     /* Zeros, or the spill file's copy, make the first replica: the owner

@@ -544,9 +544,11 @@ static void check_fill_use_unrecorded(void)
         return;
     const size_t n = 2 * MIB;
     um_buffer *b = gpu_buffer(ctx, 1, n, 0xA1);
-    /* The copy's own completion is recorded, the use after it is not. */
+    /* The copy's own completion is recorded, the use after it is not, and
+     * neither the copy's event nor its stream can be waited for. */
     cuda_fail("cuEventRecord", 1, 1, 999);
     cuda_fail("cuEventSynchronize", 0, 1, 999);
+    cuda_fail("cuStreamSynchronize", 0, 1, 999);
     void *p = NULL;
     um_status st = um_buffer_acquire(b, 2, UM_ACCESS_READ, NULL, &p);
     CHECK_STATUS(st, UM_ERR_BACKEND);
@@ -562,6 +564,42 @@ static void check_fill_use_unrecorded(void)
     CHECK_EQ(buffer_count_not(b, n, 0xA1), 0);
     CHECK_OK(um_buffer_destroy(b));
     CHECK_OK(um_buffer_destroy(other));
+    check_end(ctx, c);
+}
+
+/* A copy from GPU 1 to GPU 2 whose reading of GPU 1 can be neither noted
+ * (cuEventRecord fails after the copy's own event) nor waited for through
+ * its event (cuEventSynchronize fails): the host waits for the copy's
+ * stream instead, and the acquisition works; a write into GPU 1's replica
+ * on another stream then runs after the copy: no race. (The acquisition
+ * had failed with the copy still reading GPU 1, and the write ran under
+ * it.) */
+static void check_fill_stream_waited(void)
+{
+    counts c;
+    um_context *ctx =
+        check_open("a copy between GPUs whose reading is waited for on its stream", TWO_GPUS, &c);
+    if (!ctx)
+        return;
+    const size_t n = 2 * MIB;
+    um_buffer *b = gpu_buffer(ctx, 1, n, 0xA1);
+    um_stream writer = NULL;
+    CHECK_OK(um_stream_create(ctx, 1, &writer));
+    if (b) {
+        cuda_fail("cuEventRecord", 1, 1, 999);
+        cuda_fail("cuEventSynchronize", 0, 1, 999);
+        void *p = NULL;
+        um_status st = um_buffer_acquire(b, 2, UM_ACCESS_READ, NULL, &p);
+        CHECK_OK(st);
+        if (st == UM_OK)
+            CHECK_OK(um_buffer_release(b, 2, NULL));
+        cuda_fail_clear();
+        CHECK_OK(write_on(ctx, b, 1, n, 0x5A, writer));
+        CHECK_EQ(races_since(c), 0);
+        CHECK_EQ(buffer_count_not(b, n, 0x5A), 0);
+        CHECK_OK(um_buffer_destroy(b));
+    }
+    CHECK_OK(um_stream_destroy(ctx, writer));
     check_end(ctx, c);
 }
 
@@ -905,6 +943,7 @@ int main(void)
     check_special_handles();
     check_one_gpu_context();
     check_fill_use_unrecorded();
+    check_fill_stream_waited();
     check_evict_unordered();
     check_held_unwaited();
     check_readers_unmerged();
