@@ -154,6 +154,19 @@ static void drop_uses(um__replica *r)
     r->nused = 0;
 }
 
+/* A copy out of r (done: its completion, which came after r's filler)
+ * that could not be waited for: it stays one of r's uses, so that no
+ * write there nor reuse of its memory runs under it. Where the list of
+ * uses is full and cannot be merged, it stands for the filler instead. */
+static void keep_use(um__xfer *x, um__replica *r, um__fence *done)
+{
+    if (add_use(x, r, *done) != UM_OK) {
+        um__fence_drop(&r->ready);
+        r->ready = *done;
+    }
+    *done = UM_FENCE_NONE;
+}
+
 /* The fences a write into r must wait for: its readers and its filler. */
 static int write_hazards(const um__replica *r, um__fence *out)
 {
@@ -684,21 +697,15 @@ static um_status check_io(const um_buffer *b, size_t offset, const void *p, size
 
 /* A read whose copy out of device src's replica cannot be waited for (b
  * locked; st the wait's failure): the copy may still read the replica, so
- * it stays a use of it, and no write there nor reuse of its memory runs
- * under it (dropped, the next write or eviction raced the copy). Where
- * the list of uses is full and cannot be merged, the copy stands for the
- * replica's filler as well, having waited for it. The program's dst may
- * still be written too, which the error says. */
+ * it stays a use of it (dropped, the next write or eviction raced the
+ * copy). The program's dst may still be written too, which the error
+ * says. */
 static um_status read_unwaited(um_buffer *b, int src, um__fence *done, const void *dst, size_t n,
                                um_status st)
 {
     char why[300];
     um__error_detail(st, why, sizeof why);
-    um__replica *r = &b->rep[src];
-    if (add_use(engine(b), r, *done) != UM_OK) {
-        um__fence_drop(&r->ready);
-        r->ready = *done;
-    }
+    keep_use(engine(b), &b->rep[src], done);
     return um__fail(st,
                     "um_buffer_read: buffer %p: the copy of %zu bytes from device %d to %p "
                     "cannot be waited for (%s): it may still be writing there, and device %d's "
@@ -1023,8 +1030,17 @@ static um_status spill_out(um_buffer *b, int dev)
     um__fence done;
     if (st == UM_OK)
         st = um__xfer_copy(x, 0, b->spill, dev, r->ptr, b->size, &r->ready, 1, &done);
-    if (st == UM_OK && (st = um__fence_wait(x, &done)) != UM_OK)
-        um__fence_drop(&done);
+    if (st == UM_OK && (st = um__fence_wait(x, &done)) != UM_OK) {
+        /* The copy may still read the replica, which stays (dropped, the
+         * next write there raced the copy); the extent stays invalid. */
+        char why[300];
+        um__error_detail(st, why, sizeof why);
+        keep_use(x, r, &done);
+        return um__fail(st,
+                        "writing device %d's copy of buffer %p to the spill file: the copy "
+                        "cannot be waited for (%s); device %d's copy is kept",
+                        dev, (void *)b, why, dev);
+    }
     if (st == UM_OK) {
         um__spill_seal(b->spill, b->size, b->spill_sums);
         b->spill_valid = true;

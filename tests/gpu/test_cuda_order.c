@@ -17,9 +17,9 @@
  *     may still use it: a copy between GPUs whose reading of its source
  *     can't be ordered fails, an eviction whose write-back can't be ordered
  *     before the memory's reuse keeps the memory, and so does the wait for
- *     a destroyed buffer's copy, and a um_buffer_read's copy stays a use
- *     of the replica it reads; each fails saying why and works when tried
- *     again, and the buffers' bytes are their own;
+ *     a destroyed buffer's copy, and a um_buffer_read's or a spill's copy
+ *     stays a use of the replica it reads; each fails saying why and works
+ *     when tried again, and the buffers' bytes are their own;
  *   - random use from several threads on several streams (with
  *     um_record_stream) of the pool, the direct allocator, the buffer cache
  *     and the pinned host pool makes no unmap or race report.
@@ -32,6 +32,7 @@
 #include <dlfcn.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define MIB ((size_t)1 << 20)
 #define SKIP 77
@@ -884,6 +885,54 @@ static void check_read_unwaited(void)
     free(out);
 }
 
+/* The only copy of a buffer, on GPU 1, goes to the spill file for another
+ * buffer's room (the host and GPU 2 have none), and that copy cannot be
+ * waited for (cuEventSynchronize fails, the copy still queued): the
+ * eviction fails, saying why, and the copy stays a use of GPU 1's replica,
+ * so a write there on another stream runs after it: no race. (The copy's
+ * fence had been dropped, and the write ran under the copy still reading.) */
+static void check_spill_unwaited(void)
+{
+    char dir[] = "/tmp/unimem-order-XXXXXX", conf[200];
+    if (!mkdtemp(dir)) {
+        harness_report(__FILE__, __LINE__, "mkdtemp %s failed", dir);
+        return;
+    }
+    snprintf(conf, sizeof conf, TWO_GPUS ",watermark_high=100,watermark_low=100,spill_dir=%s", dir);
+    counts c;
+    um_context *ctx = check_open("a spill whose copy can't be waited for", conf, &c);
+    if (!ctx) {
+        rmdir(dir);
+        return;
+    }
+    const size_t n = 256 << 10;
+    um_buffer *b = gpu_buffer(ctx, 1, n, 0xA1), *other = NULL;
+    um_stream writer = NULL;
+    CHECK_OK(um_stream_create(ctx, 1, &writer));
+    CHECK_OK(um_set_memory_limit(ctx, 0, 4096));
+    CHECK_OK(um_set_memory_limit(ctx, 2, 4096));
+    /* GPU 1 has room for one page, which the other buffer fills. */
+    CHECK_OK(um_set_memory_limit(ctx, 1, 2 * MIB));
+    CHECK_OK(um_buffer_create(ctx, 2 * MIB, NULL, &other));
+    if (b && other) {
+        cuda_fail("cuEventQuery", 0, 1000, 600);
+        cuda_fail("cuEventSynchronize", 0, 1000, 999);
+        CHECK_STATUS(write_on(ctx, other, 1, 2 * MIB, 0x5A, NULL), UM_ERR_NOMEM);
+        CHECK_ERROR_MENTIONS("spill file", "cuEventSynchronize", "is kept");
+        cuda_fail_clear();
+        CHECK_OK(write_on(ctx, b, 1, n, 0x5B, writer));
+        CHECK_EQ(races_since(c), 0);
+        CHECK_EQ(buffer_count_not(b, n, 0x5B), 0);
+    }
+    if (b)
+        CHECK_OK(um_buffer_destroy(b));
+    if (other)
+        CHECK_OK(um_buffer_destroy(other));
+    CHECK_OK(um_stream_destroy(ctx, writer));
+    check_end(ctx, c);
+    rmdir(dir);
+}
+
 /* Resolves the stand-in's entry points; false (with the reason printed)
  * where this is not the stand-in driver in lazy mode. */
 static bool find_lazy_driver(void)
@@ -950,6 +999,7 @@ int main(void)
     check_release_unfenced();
     check_wrapped_destroy_unwaited();
     check_read_unwaited();
+    check_spill_unwaited();
     /* Steps per thread: about a second each (allocator=direct maps and
      * unmaps at every call, so it runs fewer); a tenth of them under a
      * sanitizer, about 16 s in all under ThreadSanitizer. */
