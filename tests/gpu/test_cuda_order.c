@@ -20,6 +20,11 @@
  *     a destroyed buffer's copy, and a um_buffer_read's or a spill's copy
  *     stays a use of the replica it reads; each fails saying why and works
  *     when tried again, and the buffers' bytes are their own;
+ *   - random use of buffers on two GPUs and the host at tight memory
+ *     limits (eviction, write-back, spill), with failures of the calls
+ *     that order GPU work forced before some library calls: every failure
+ *     names its cause, no race or unmap report, every buffer's bytes as a
+ *     model says (RF_TRACE=1 prints each forced failure and each failure);
  *   - random use from several threads on several streams (with
  *     um_record_stream) of the pool, the direct allocator, the buffer cache
  *     and the pinned host pool makes no unmap or race report.
@@ -933,6 +938,426 @@ static void check_spill_unwaited(void)
     rmdir(dir);
 }
 
+/* ------------------------------------------------- random event faults */
+
+/* The driver calls that order GPU work, failed at random below. */
+static const char *const rf_calls[] = {"cuEventRecord", "cuEventSynchronize", "cuEventQuery",
+                                       "cuStreamWaitEvent", "cuStreamSynchronize"};
+
+enum { RF_BUFFERS = 8, RF_STREAMS = 2, RF_GPUS = 2, RF_MAX = 2 * (int)MIB };
+
+/* A buffer and what it must hold: model's bytes while known. A write
+ * whose error says the range may be partly written makes them unknown
+ * until the next write of the whole buffer. */
+typedef struct rf_buffer {
+    um_buffer *b;
+    size_t size;
+    unsigned char *model;
+    bool known;
+    bool pinned;
+} rf_buffer;
+
+typedef struct rf_state {
+    um_context *ctx;
+    uint64_t rng;
+    rf_buffer buf[RF_BUFFERS];
+    /* [dev][0] is NULL, the device's default stream; [dev][1..] are
+     * created streams of GPU dev (the host uses its default stream only). */
+    um_stream streams[1 + RF_GPUS][1 + RF_STREAMS];
+    unsigned char *stage, *out;
+    /* Earlier out buffers a failed read's copy may still write. */
+    unsigned char *abandoned[64];
+    int nabandoned;
+    long op, armed, failures, reports;
+    bool is_armed;
+    char what[200];  /* the operation now, for reports */
+    char fault[160]; /* the rules armed now, for reports */
+    counts c;
+    long violations; /* seen so far, reported once */
+    uint64_t evictions, spilled;
+} rf_state;
+
+static size_t rf_below(rf_state *st, size_t n)
+{
+    return n ? (size_t)(harness_rand(&st->rng) % n) : 0;
+}
+
+/* A failure of one of the calls above (and, one time in three, of a
+ * second: most failures have a way around them through another call),
+ * forced before the next library call, about one call in eight. */
+static bool rf_arm(rf_state *st)
+{
+    st->is_armed = false;
+    if (rf_below(st, 8) != 0)
+        return false;
+    size_t ncalls = sizeof rf_calls / sizeof rf_calls[0];
+    size_t first = rf_below(st, ncalls), rules = rf_below(st, 3) == 0 ? 2 : 1;
+    int len = 0;
+    for (size_t i = 0; i < rules; i++) {
+        const char *call = rf_calls[(first + i * (1 + rf_below(st, ncalls - 1))) % ncalls];
+        /* Not yet: a copy whose end can be neither recorded nor waited
+         * for on its stream is left queued with nothing standing for it
+         * (the engine's finish), a known fault still open. */
+        if (i == 1 && strcmp(rf_calls[first], "cuEventRecord") == 0 &&
+            strcmp(call, "cuStreamSynchronize") == 0)
+            break;
+        if (i == 1 && strcmp(rf_calls[first], "cuStreamSynchronize") == 0 &&
+            strcmp(call, "cuEventRecord") == 0)
+            break;
+        unsigned skip = (unsigned)rf_below(st, 4), times = 1 + (unsigned)rf_below(st, 3);
+        /* A query may also answer "not ready" (CUDA_ERROR_NOT_READY). */
+        int result = strcmp(call, "cuEventQuery") == 0 && rf_below(st, 2) ? 600 : 999;
+        cuda_fail(call, skip, times, result);
+        len += snprintf(st->fault + len, sizeof st->fault - (size_t)len,
+                        "%s%s fails (skip %u, times %u, result %d)", i ? ", " : "", call, skip,
+                        times, result);
+    }
+    st->armed++;
+    st->is_armed = true;
+    if (getenv("RF_TRACE"))
+        printf("op %ld (%s): %s\n", st->op, st->what, st->fault);
+    return true;
+}
+
+static void rf_disarm(rf_state *st)
+{
+    if (st->is_armed)
+        cuda_fail_clear();
+    st->is_armed = false;
+}
+
+static void rf_report(rf_state *st, const char *fmt, const char *detail)
+{
+    harness_checks++;
+    if (st->reports++ < 20)
+        harness_report(__FILE__, __LINE__, "op %ld (%s%s%s): %s %s", st->op, st->what,
+                       st->is_armed ? "; " : "", st->is_armed ? st->fault : "", fmt, detail);
+    else
+        harness_failures++;
+}
+
+/* A library call that returned st: a failure must come with a forced
+ * fault, and its message name the driver call or the cause. */
+static bool rf_result(rf_state *st, um_status s, const char *call)
+{
+    if (s == UM_OK)
+        return true;
+    st->failures++;
+    const char *msg = um_last_error();
+    if (getenv("RF_TRACE"))
+        printf("op %ld: %s failed: %s\n", st->op, call, msg);
+    char detail[700];
+    snprintf(detail, sizeof detail, "%s failed (%s): %s", call, um_status_name(s), msg);
+    if (!st->is_armed) {
+        rf_report(st, "no fault armed, yet", detail);
+        return false;
+    }
+    bool named = strstr(msg, "CUDA_ERROR") != NULL;
+    for (size_t i = 0; i < sizeof rf_calls / sizeof rf_calls[0]; i++)
+        named = named || strstr(msg, rf_calls[i]) != NULL;
+    if (!named)
+        rf_report(st, "the message names no driver call:", detail);
+    return false;
+}
+
+/* New race or unmap reports since the last look. */
+static void rf_violations(rf_state *st)
+{
+    long v = unmaps_since(st->c) + races_since(st->c);
+    if (v != st->violations) {
+        char n[64];
+        snprintf(n, sizeof n, "%ld new (race %ld, unmap %ld in all)", v - st->violations,
+                 races_since(st->c), unmaps_since(st->c));
+        rf_report(st, "driver violations:", n);
+        st->violations = v;
+    }
+}
+
+/* n bytes at got against rb's model from offset off. */
+static void rf_compare(rf_state *st, int k, const unsigned char *got, size_t off, size_t n)
+{
+    rf_buffer *rb = &st->buf[k];
+    if (!rb->known || memcmp(got, rb->model + off, n) == 0)
+        return;
+    size_t i = 0;
+    while (got[i] == rb->model[off + i])
+        i++;
+    size_t bad = 0;
+    for (size_t j = i; j < n; j++)
+        bad += got[j] != rb->model[off + j];
+    char detail[200];
+    snprintf(detail, sizeof detail, "buffer %d, byte %zu: %u, want %u (%zu of %zu bytes wrong)", k,
+             off + i, got[i], rb->model[off + i], bad, n);
+    rf_report(st, "wrong bytes:", detail);
+    rb->known = false; /* reported once */
+}
+
+/* New data for n bytes: words of a random key, each different. */
+static void rf_pattern(rf_state *st, unsigned char *p, size_t n)
+{
+    uint64_t key = harness_rand(&st->rng);
+    for (size_t i = 0; i < n; i++)
+        p[i] = (unsigned char)((key >> (8 * (i & 7))) + (i >> 3) * 0x9Du);
+}
+
+/* A random range of rb: the whole buffer one time in four. */
+static void rf_range(rf_state *st, const rf_buffer *rb, size_t *off, size_t *n)
+{
+    if (rf_below(st, 4) == 0) {
+        *off = 0;
+        *n = rb->size;
+        return;
+    }
+    *off = rf_below(st, rb->size);
+    *n = 1 + rf_below(st, rb->size - *off);
+}
+
+static void rf_create(rf_state *st, int k)
+{
+    rf_buffer *rb = &st->buf[k];
+    rb->size = ((size_t)256 << 10) + rf_below(st, ((size_t)1792 << 10) + 1);
+    rb->b = NULL;
+    rb->pinned = false;
+    memset(rb->model, 0, rb->size); /* a new buffer reads as zeros */
+    rb->known = true;
+    CHECK_OK(um_buffer_create(st->ctx, rb->size, NULL, &rb->b));
+}
+
+/* An acquisition of buffer k on dev in mode, the replica used on stream
+ * s (read out, or written in with um_memcpy_async), and its release. */
+static void rf_acquire(rf_state *st, int k, int dev, um_access mode, int si)
+{
+    rf_buffer *rb = &st->buf[k];
+    um_stream s = st->streams[dev][si];
+    unsigned char *p = NULL;
+    rf_arm(st);
+    um_status s1 = um_buffer_acquire(rb->b, dev, mode, s, (void **)&p);
+    bool ok = rf_result(st, s1, "um_buffer_acquire");
+    rf_disarm(st);
+    if (!ok)
+        return;
+    size_t off = 0, n = rb->size;
+    if (mode != UM_ACCESS_WRITE_DISCARD)
+        rf_range(st, rb, &off, &n);
+    unsigned char *host = mode == UM_ACCESS_READ ? st->out : st->stage;
+    if (mode != UM_ACCESS_READ)
+        rf_pattern(st, st->stage, n);
+    if (dev == 0)
+        memcpy(mode == UM_ACCESS_READ ? host : p + off, mode == UM_ACCESS_READ ? p + off : host, n);
+    else if (mode == UM_ACCESS_READ)
+        CHECK_OK(um_memcpy_async(st->ctx, host, p + off, n, s));
+    else
+        CHECK_OK(um_memcpy_async(st->ctx, p + off, host, n, s));
+    rf_arm(st);
+    um_status s2 = um_buffer_release(rb->b, dev, s);
+    ok = rf_result(st, s2, "um_buffer_release");
+    rf_disarm(st);
+    /* A release that failed leaves the acquisition held: the next works. */
+    if (!ok)
+        CHECK_OK(um_buffer_release(rb->b, dev, s));
+    if (dev != 0)
+        CHECK_OK(um_stream_synchronize(st->ctx, s));
+    if (mode == UM_ACCESS_READ) {
+        rf_compare(st, k, host, off, n);
+    } else {
+        memcpy(rb->model + off, host, n);
+        if (n == rb->size)
+            rb->known = true;
+    }
+}
+
+static void rf_read(rf_state *st, int k)
+{
+    rf_buffer *rb = &st->buf[k];
+    size_t off, n;
+    rf_range(st, rb, &off, &n);
+    rf_arm(st);
+    um_status s = um_buffer_read(rb->b, off, st->out, n);
+    bool ok = rf_result(st, s, "um_buffer_read");
+    rf_disarm(st);
+    if (ok) {
+        rf_compare(st, k, st->out, off, n);
+    } else if (strstr(um_last_error(), "may still be writing there") &&
+               st->nabandoned < (int)(sizeof st->abandoned / sizeof st->abandoned[0])) {
+        /* As the error says, the copy may still write out: a program
+         * leaves that memory alone. */
+        st->abandoned[st->nabandoned++] = st->out;
+        st->out = malloc(RF_MAX);
+    }
+}
+
+static void rf_write(rf_state *st, int k)
+{
+    rf_buffer *rb = &st->buf[k];
+    size_t off, n;
+    rf_range(st, rb, &off, &n);
+    rf_pattern(st, st->stage, n);
+    rf_arm(st);
+    um_status s = um_buffer_write(rb->b, off, st->stage, n);
+    bool ok = rf_result(st, s, "um_buffer_write");
+    /* The documented exception: the range written may be partly so. */
+    bool partly = !ok && strstr(um_last_error(), "may be partly written") != NULL;
+    rf_disarm(st);
+    if (ok) {
+        memcpy(rb->model + off, st->stage, n);
+        if (n == rb->size)
+            rb->known = true;
+    } else if (partly) {
+        rb->known = false;
+    }
+}
+
+/* Every known buffer read whole and compared, with no fault armed. */
+static void rf_check_all(rf_state *st)
+{
+    snprintf(st->what, sizeof st->what, "reading every buffer");
+    for (int k = 0; k < RF_BUFFERS; k++) {
+        rf_buffer *rb = &st->buf[k];
+        if (!rb->b || !rb->known)
+            continue;
+        if (rf_result(st, um_buffer_read(rb->b, 0, st->out, rb->size), "um_buffer_read"))
+            rf_compare(st, k, st->out, 0, rb->size);
+    }
+}
+
+static const char *rf_mode_name(um_access m)
+{
+    return m == UM_ACCESS_READ         ? "READ"
+           : m == UM_ACCESS_READ_WRITE ? "READ_WRITE"
+                                       : "WRITE_DISCARD";
+}
+
+static void rf_step(rf_state *st)
+{
+    int k = (int)rf_below(st, RF_BUFFERS);
+    rf_buffer *rb = &st->buf[k];
+    int dev = (int)rf_below(st, 1 + RF_GPUS);
+    uint64_t r = rf_below(st, 100);
+    if (!rb->b) {
+        snprintf(st->what, sizeof st->what, "creating buffer %d", k);
+        rf_create(st, k);
+    } else if (r < 50) {
+        static const um_access modes[] = {UM_ACCESS_READ, UM_ACCESS_READ, UM_ACCESS_READ_WRITE,
+                                          UM_ACCESS_WRITE_DISCARD};
+        um_access mode = modes[rf_below(st, 4)];
+        int si = dev == 0 ? 0 : (int)rf_below(st, 1 + RF_STREAMS);
+        snprintf(st->what, sizeof st->what,
+                 "buffer %d (%zu bytes) acquired for %s on device %d, stream %d", k, rb->size,
+                 rf_mode_name(mode), dev, si);
+        rf_acquire(st, k, dev, mode, si);
+    } else if (r < 62) {
+        snprintf(st->what, sizeof st->what, "um_buffer_read of buffer %d", k);
+        rf_read(st, k);
+    } else if (r < 74) {
+        snprintf(st->what, sizeof st->what, "um_buffer_write of buffer %d", k);
+        rf_write(st, k);
+    } else if (r < 84) {
+        snprintf(st->what, sizeof st->what, "um_buffer_prefetch of buffer %d to device %d", k, dev);
+        rf_arm(st);
+        rf_result(st, um_buffer_prefetch(rb->b, dev), "um_buffer_prefetch");
+        rf_disarm(st);
+    } else if (r < 91) {
+        /* One pinned buffer at most: wherever its replica lies in a
+         * GPU's 6 MiB, the rest has room for any other buffer. */
+        um_hint h = (um_hint)(1 + rf_below(st, 4));
+        for (int i = 0; h == UM_HINT_PIN && i < RF_BUFFERS; i++)
+            if (i != k && st->buf[i].pinned)
+                h = UM_HINT_UNPIN;
+        snprintf(st->what, sizeof st->what, "hint %d for buffer %d", (int)h, k);
+        rf_arm(st);
+        if (rf_result(st, um_buffer_hint(rb->b, h), "um_buffer_hint"))
+            rb->pinned = h == UM_HINT_PIN ? true : h == UM_HINT_UNPIN ? false : rb->pinned;
+        rf_disarm(st);
+    } else if (r < 96) {
+        snprintf(st->what, sizeof st->what, "destroying buffer %d", k);
+        rf_arm(st);
+        bool ok = rf_result(st, um_buffer_destroy(rb->b), "um_buffer_destroy");
+        rf_disarm(st);
+        if (ok)
+            rf_create(st, k);
+    } else {
+        snprintf(st->what, sizeof st->what, "um_trim of device %d", dev);
+        rf_arm(st);
+        rf_result(st, um_trim(st->ctx, dev), "um_trim");
+        rf_disarm(st);
+    }
+}
+
+/* Random use of buffers on two GPUs and the host, at tight memory limits
+ * (eviction and write-back all along), where before some library calls
+ * one of the driver calls that order GPU work is made to fail: every
+ * failure names its cause, a failed release leaves the acquisition held,
+ * no memory is handed on or written under queued work that may still use
+ * it (no race or unmap report), and every buffer holds its own bytes (a
+ * failed write's range unknown only where its error says so). */
+static void check_buffers_random_event_faults(uint64_t seed)
+{
+    rf_state st = {.rng = harness_mix64(seed ^ 0x6576656e74ull)};
+    /* The host is short of room too: the only copy of some buffers goes
+     * to the spill file. */
+    char dir[] = "/tmp/unimem-order-XXXXXX", conf[200];
+    if (!mkdtemp(dir)) {
+        harness_report(__FILE__, __LINE__, "mkdtemp %s failed", dir);
+        return;
+    }
+    snprintf(conf, sizeof conf, TWO_GPUS ",watermark_high=100,watermark_low=100,spill_dir=%s", dir);
+    st.ctx = check_open("random buffer use with the ordering calls failing", conf, &st.c);
+    if (!st.ctx) {
+        rmdir(dir);
+        return;
+    }
+    CHECK_OK(um_set_memory_limit(st.ctx, 0, 6 * MIB));
+    const int steps = HARNESS_SANITIZED ? 300 : 3000;
+    st.stage = malloc(RF_MAX);
+    st.out = malloc(RF_MAX);
+    for (int d = 1; d <= RF_GPUS; d++) {
+        CHECK_OK(um_set_memory_limit(st.ctx, d, 6 * MIB));
+        for (int i = 1; i <= RF_STREAMS; i++)
+            CHECK_OK(um_stream_create(st.ctx, d, &st.streams[d][i]));
+    }
+    for (int k = 0; k < RF_BUFFERS; k++) {
+        st.buf[k].model = malloc(RF_MAX);
+        rf_create(&st, k);
+    }
+    for (st.op = 0; st.op < steps; st.op++) {
+        rf_step(&st);
+        rf_violations(&st);
+        if (st.op % 64 == 63) {
+            rf_check_all(&st);
+            rf_violations(&st);
+        }
+    }
+    rf_check_all(&st);
+    rf_violations(&st);
+    for (int d = 0; d <= RF_GPUS; d++) {
+        um_reclaim_stats rs;
+        CHECK_OK(um_reclaim_stats_get(st.ctx, d, &rs));
+        st.evictions += rs.evictions;
+        st.spilled += rs.spilled;
+    }
+    for (int k = 0; k < RF_BUFFERS; k++) {
+        if (st.buf[k].b)
+            CHECK_OK(um_buffer_destroy(st.buf[k].b));
+        free(st.buf[k].model);
+    }
+    for (int d = 1; d <= RF_GPUS; d++)
+        for (int i = 1; i <= RF_STREAMS; i++)
+            CHECK_OK(um_stream_destroy(st.ctx, st.streams[d][i]));
+    um_shutdown(st.ctx);
+    free(st.stage);
+    free(st.out);
+    lazy_drain();
+    for (int i = 0; i < st.nabandoned; i++)
+        free(st.abandoned[i]);
+    rmdir(dir);
+    printf("random event faults: %ld operations, %ld faults armed, %ld failures, %llu "
+           "evictions (%llu spilled), %ld race and %ld unmap reports\n",
+           st.op, st.armed, st.failures, (unsigned long long)st.evictions,
+           (unsigned long long)st.spilled, races_since(st.c), unmaps_since(st.c));
+    CHECK_EQ(unmaps_since(st.c), 0);
+    CHECK_EQ(races_since(st.c), 0);
+}
+
 /* Resolves the stand-in's entry points; false (with the reason printed)
  * where this is not the stand-in driver in lazy mode. */
 static bool find_lazy_driver(void)
@@ -1000,6 +1425,7 @@ int main(void)
     check_wrapped_destroy_unwaited();
     check_read_unwaited();
     check_spill_unwaited();
+    check_buffers_random_event_faults(seed);
     /* Steps per thread: about a second each (allocator=direct maps and
      * unmaps at every call, so it runs fewer); a tenth of them under a
      * sanitizer, about 16 s in all under ThreadSanitizer. */
