@@ -366,7 +366,10 @@ UM_API um_status um_buffer_prefetch(um_buffer *b, int dev);
  * A write that fails leaves the buffer's old bytes where another copy
  * holds them; where the replica written was the only valid copy, the
  * range may be partly written, as after a failed cudaMemcpy, and the
- * error says so (the rest of the buffer is unchanged). A read whose copy
+ * error says so (the rest of the buffer is unchanged). Where the driver
+ * can neither fence nor wait for that copy, which may then still be
+ * writing the only copy, the buffer's data is lost: the error says so, and
+ * every later call on the buffer but um_buffer_destroy fails. A read whose copy
  * cannot be waited for (the driver fails) fails saying that dst may still
  * be written by that copy; the buffer's copy it reads is kept until then. */
 UM_API um_status um_buffer_read(um_buffer *b, size_t offset, void *dst, size_t n);

@@ -53,9 +53,17 @@ static bool live(const um_buffer *b)
 static um_status lock_live(um_buffer *b, const char *what)
 {
     um__vt_mutex_lock(&b->lock);
-    if (UM_LIKELY(b->magic == UM_BUFFER_MAGIC))
+    if (UM_LIKELY(b->magic == UM_BUFFER_MAGIC && !b->lost))
         return UM_OK;
+    bool lost = b->magic == UM_BUFFER_MAGIC;
+    int dev = b->lost_dev;
     um__vt_mutex_unlock(&b->lock);
+    if (lost)
+        return um__fail(UM_ERR_BACKEND,
+                        "%s: buffer %p lost its data: a failed write into its only valid copy, "
+                        "on device %d, may still be writing it (the copy could be neither "
+                        "fenced nor waited for); only um_buffer_destroy works on it",
+                        what, (void *)b, dev);
     return bad_buffer(what, b);
 }
 
@@ -290,6 +298,27 @@ static um_status spill_verify(um_buffer *b, size_t from, size_t n)
                        : st;
 }
 
+/* The memory of dev's replica, which a failed copy that nothing stands
+ * for may still write (its fence is lost): never used again. It is
+ * leaked, with a warning, and the replica left invalid without memory;
+ * handed on, the next owner's data raced the copy. */
+static void abandon_memory(um_buffer *b, int dev)
+{
+    um__replica *r = &b->rep[dev];
+    if (!r->ptr)
+        return;
+    um__log(UM_LOG_WARN,
+            "buffer %p: %zu bytes of device %d at %p are leaked: a copy into them can be "
+            "neither fenced nor waited for",
+            (void *)b, b->size, dev, r->ptr);
+    drop_uses(r);
+    um__fence_drop(&r->ready);
+    r->ptr = NULL;
+    note_memory(b, dev, false);
+    um__reclaim_account(um__xfer_reclaim(engine(b)), dev, -(int64_t)b->size);
+    r->state = UM_REPLICA_INVALID;
+}
+
 /* Makes the replica on dev valid: a copy from the cheapest valid replica,
  * or zeros for a buffer that holds no data yet (that replica becomes the
  * owner). On failure the replica stays invalid and the others untouched. */
@@ -317,8 +346,11 @@ static um_status fill(um_buffer *b, int dev)
         after[n++] = b->rep[src].ready;
         st = um__xfer_copy(x, dev, r->ptr, src, b->rep[src].ptr, b->size, after, n, &done);
     }
-    if (st != UM_OK)
+    if (st != UM_OK) {
+        if (done.lost)
+            abandon_memory(b, dev);
         return st;
+    }
     /* The copy ran after every earlier user and filler of r. */
     drop_uses(r);
     um__fence_drop(&r->ready);
@@ -819,10 +851,25 @@ um_status um_buffer_write(um_buffer *b, size_t offset, const void *src, size_t n
                 if (other >= 0 && r->state == UM_REPLICA_OWNER)
                     b->rep[other].state = UM_REPLICA_OWNER;
                 r->state = UM_REPLICA_INVALID;
+            } else if (done.lost) {
+                /* A later write there could land under the lost copy: the
+                 * buffer is unusable from here (lock_live), its memory
+                 * kept until the destroy leaks it. */
+                char why[768];
+                b->lost = true;
+                b->lost_dev = dev;
+                st = um__fail(st,
+                              "%s; buffer %p lost its data: the copy may still be writing its "
+                              "only valid copy, on device %d; only um_buffer_destroy works on "
+                              "it now",
+                              um__error_detail(st, why, sizeof why), (void *)b, dev);
             } else {
                 st = range_unknown(b, dev, offset, n, st);
             }
         }
+        /* Invalid now, r's memory may still be written by the lost copy. */
+        if (st != UM_OK && done.lost && r->state == UM_REPLICA_INVALID)
+            abandon_memory(b, dev);
     }
     um__vt_mutex_unlock(&b->lock);
     return st;
@@ -857,7 +904,7 @@ static um_status write_back_home(um_buffer *b)
 
 void um__buffer_discard(um_buffer *b)
 {
-    if (write_back_home(b) != UM_OK)
+    if (!b->lost && write_back_home(b) != UM_OK)
         um__log(UM_LOG_ERROR, "%s", um_last_error());
     um__xfer *x = engine(b);
     um__reclaim *rc = um__xfer_reclaim(x);
@@ -869,6 +916,8 @@ void um__buffer_discard(um_buffer *b)
      * that window, under ASan on a loaded machine). */
     um__vt_mutex_lock(&b->lock);
     b->magic = 0;
+    if (b->lost)
+        abandon_memory(b, b->lost_dev);
     /* The program's memory under a wrapped buffer comes back to no pool. */
     for (int d = 0; d < b->ctx->ndevices; d++)
         if ((had[d] = b->rep[d].ptr != NULL && !(d == 0 && b->wrapped)))
@@ -915,7 +964,7 @@ um_status um_buffer_destroy(um_buffer *b)
      * record is forgotten outside the buffer's lock, which the task
      * layer's lock never nests in. */
     um__vt_mutex_lock(&b->lock);
-    um_status st = b->holders ? UM_ERR_BUSY : write_back_home(b);
+    um_status st = b->holders ? UM_ERR_BUSY : b->lost ? UM_OK : write_back_home(b);
     unsigned holders = b->holders;
     um__vt_mutex_unlock(&b->lock);
     if (holders)
@@ -930,9 +979,13 @@ um_status um_buffer_destroy(um_buffer *b)
     /* The lock was let go for the task layer: another thread may have
      * acquired the buffer (or destroyed it) meanwhile. Ended only as
      * checked under the lock that ends it; an audit's destroy freed the
-     * replicas of a buffer acquired in that window (a use after free). */
-    if ((st = lock_live(b, what)) != UM_OK)
-        return st;
+     * replicas of a buffer acquired in that window (a use after free).
+     * (Not lock_live: a buffer that lost its data is destroyed too.) */
+    um__vt_mutex_lock(&b->lock);
+    if (b->magic != UM_BUFFER_MAGIC) {
+        um__vt_mutex_unlock(&b->lock);
+        return bad_buffer(what, b);
+    }
     holders = b->holders;
     if (!holders)
         b->magic = 0;
@@ -1006,7 +1059,8 @@ bool um__buffer_evictable(const um_buffer *b, int dev)
     /* A pin keeps the buffer's data, which an out-of-date replica does not
      * hold: its memory may go as any other invalid replica's. */
     bool pinned = b->pinned && r->state != UM_REPLICA_INVALID;
-    return r->ptr && !r->readers && !r->writer && !pinned && !(dev == 0 && b->wrapped) &&
+    return r->ptr && !b->lost && !r->readers && !r->writer && !pinned &&
+           !(dev == 0 && b->wrapped) &&
            (dev != 0 || r->state == UM_REPLICA_INVALID || um__buffer_valid_elsewhere(b, dev) ||
             b->ctx->opts.spill_dir[0]);
 }
@@ -1027,9 +1081,15 @@ static um_status spill_out(um_buffer *b, int dev)
         !(b->spill_sums = malloc(um__spill_sums(b->size) * sizeof *b->spill_sums)))
         st = um__fail(UM_ERR_NOMEM, "spill: no memory for the checksums of %zu bytes", b->size);
     um__replica *r = &b->rep[dev];
-    um__fence done;
+    um__fence done = UM_FENCE_NONE;
     if (st == UM_OK)
         st = um__xfer_copy(x, 0, b->spill, dev, r->ptr, b->size, &r->ready, 1, &done);
+    if (st != UM_OK && done.lost) {
+        /* The lost copy may still write the extent: it is left to it
+         * (leaked in the file), and the next spill takes a new one. */
+        b->spill = NULL;
+        b->spill_off = 0;
+    }
     if (st == UM_OK && (st = um__fence_wait(x, &done)) != UM_OK) {
         /* The copy may still read the replica, which stays (dropped, the
          * next write there raced the copy); the extent stays invalid. */

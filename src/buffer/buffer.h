@@ -38,6 +38,10 @@ typedef struct um__fence {
     uint64_t bytes;    /* the copy's size */
     struct um__xfer *xfer; /* a copy's engine, which counts its time */
     int16_t from, to;  /* the copy's link, or -1 */
+    /* Set by a copy that failed with its work still queued and nothing
+     * standing for it (no end event, and its stream could not be waited
+     * for): the memory it writes must never be used again. */
+    bool lost;
 } um__fence;
 
 #define UM_FENCE_NONE ((um__fence){.from = -1, .to = -1})
@@ -91,6 +95,12 @@ struct um_buffer {
     size_t spill_off;
     bool spill_valid;
     uint32_t *spill_sums;   /* the extent's checksums, while spill_valid */
+    /* The only valid copy, on device lost_dev, may still be written by a
+     * copy that nothing stands for (a failed write whose fence was lost):
+     * the data is lost, every call but a destroy fails, and the destroy
+     * leaks that memory rather than hand it on. */
+    bool lost;
+    int lost_dev;
     um__replica rep[];      /* one per device */
 };
 

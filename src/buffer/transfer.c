@@ -805,13 +805,22 @@ static um_status finish(um__xfer *x, const runner *r, int from, int to, uint64_t
     um_status st = start ? um__be_event_record_timed(r->be, bs, &ev)
                          : um__be_event_record(r->be, bs, &ev);
     if (st != UM_OK) {
+        char record[300], wait[300];
+        um__error_detail(st, record, sizeof record);
         if (start)
             um__be_event_destroy_timed(r->be, start);
         /* Without an event, the copy is waited for here. */
         um_status s2 = um__be_stream_sync(r->be, bs);
-        if (s2 == UM_OK && from >= 0)
-            copy_done(x, from, to, t0, um__now_ns() - t0, n, staged);
-        return s2 == UM_OK ? UM_OK : st;
+        if (s2 == UM_OK) {
+            if (from >= 0)
+                copy_done(x, from, to, t0, um__now_ns() - t0, n, staged);
+            return UM_OK;
+        }
+        done->lost = true;
+        return um__fail(s2,
+                        "a copy queued on a stream of device %d can be neither fenced (%s) nor "
+                        "waited for (%s): it may still be writing its destination",
+                        r->stream->dev, record, um__error_detail(s2, wait, sizeof wait));
     }
     *done = (um__fence){.be = r->be, .ev = ev, .start = start, .stream = r->stream,
                         .start_ns = t0, .bytes = n, .xfer = from >= 0 ? x : NULL,

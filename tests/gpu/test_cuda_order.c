@@ -995,9 +995,11 @@ static bool rf_arm(rf_state *st)
     int len = 0;
     for (size_t i = 0; i < rules; i++) {
         const char *call = rf_calls[(first + i * (1 + rf_below(st, ncalls - 1))) % ncalls];
-        /* Not yet: a copy whose end can be neither recorded nor waited
-         * for on its stream is left queued with nothing standing for it
-         * (the engine's finish), a known fault still open. */
+        /* Not this pair: a copy whose end can be neither recorded nor
+         * waited for on its stream is left queued with nothing standing
+         * for it (the engine's finish). The memory it writes is never used
+         * again (check_fill_lost), but the replica it reads may be written
+         * or freed under it, which this test would report. */
         if (i == 1 && strcmp(rf_calls[first], "cuEventRecord") == 0 &&
             strcmp(call, "cuStreamSynchronize") == 0)
             break;
@@ -1358,6 +1360,70 @@ static void check_buffers_random_event_faults(uint64_t seed)
     CHECK_EQ(races_since(st.c), 0);
 }
 
+/* A prefetch of a new buffer to GPU 2 queues a zero fill of its memory
+ * there; where the fill's end can be neither recorded (cuEventRecord) nor
+ * waited for (cuStreamSynchronize), nothing stands for it: the prefetch
+ * fails saying the fill may still be writing, and that memory is never
+ * used again, so the buffer's next acquisition there, on another stream,
+ * does not race it. (The replica kept the memory, and the acquisition's
+ * write raced the queued fill.) */
+static void check_fill_lost(void)
+{
+    counts c;
+    um_context *ctx =
+        check_open("a fill whose end can be neither fenced nor waited for", TWO_GPUS, &c);
+    if (!ctx)
+        return;
+    const size_t n = 2 * MIB;
+    um_buffer *b = NULL;
+    CHECK_OK(um_buffer_create(ctx, n, NULL, &b));
+    cuda_fail("cuEventRecord", 0, 1, 999);
+    cuda_fail("cuStreamSynchronize", 0, 1, 999);
+    CHECK_STATUS(um_buffer_prefetch(b, 2), UM_ERR_BACKEND);
+    CHECK_ERROR_MENTIONS("cuEventRecord", "cuStreamSynchronize", "may still be writing");
+    cuda_fail_clear();
+    CHECK_OK(write_on(ctx, b, 2, n, 0x3C, NULL));
+    CHECK_EQ(races_since(c), 0);
+    CHECK_EQ(buffer_count_not(b, n, 0x3C), 0);
+    CHECK_OK(um_buffer_destroy(b));
+    check_end(ctx, c);
+}
+
+/* A write into a buffer's only copy, on GPU 2, whose copy's end can be
+ * neither recorded nor waited for: the copy may still be writing that
+ * copy, so the buffer's data is lost. The write fails saying so, every
+ * later call on the buffer but its destroy fails too, and the destroy
+ * leaks the memory: another buffer's write on GPU 2 does not race the
+ * queued copy. (The range was reported partly written, and later reads
+ * and writes raced the copy.) */
+static void check_write_lost(void)
+{
+    counts c;
+    um_context *ctx = check_open("a write whose copy can be neither fenced nor waited for",
+                                 TWO_GPUS ",copy_chunk=4M", &c);
+    if (!ctx)
+        return;
+    const size_t n = 2 * MIB;
+    um_buffer *b = gpu_buffer(ctx, 2, n, 0xA1), *other = NULL;
+    unsigned char *h = malloc(n);
+    memset(h, 0x5A, n);
+    cuda_fail("cuEventRecord", 0, 2, 999);
+    cuda_fail("cuStreamSynchronize", 0, 1, 999);
+    CHECK_STATUS(um_buffer_write(b, 0, h, n), UM_ERR_BACKEND);
+    CHECK_ERROR_MENTIONS("cuStreamSynchronize", "lost its data", "only valid copy, on device 2");
+    cuda_fail_clear();
+    CHECK_STATUS(um_buffer_read(b, 0, h, n), UM_ERR_BACKEND);
+    CHECK_ERROR_MENTIONS("um_buffer_read", "lost its data", "only um_buffer_destroy");
+    CHECK_OK(um_buffer_destroy(b));
+    CHECK_OK(um_buffer_create(ctx, n, NULL, &other));
+    CHECK_OK(write_on(ctx, other, 2, n, 0x3C, NULL));
+    CHECK_EQ(races_since(c), 0);
+    CHECK_EQ(buffer_count_not(other, n, 0x3C), 0);
+    CHECK_OK(um_buffer_destroy(other));
+    free(h);
+    check_end(ctx, c);
+}
+
 /* Resolves the stand-in's entry points; false (with the reason printed)
  * where this is not the stand-in driver in lazy mode. */
 static bool find_lazy_driver(void)
@@ -1420,6 +1486,8 @@ int main(void)
     check_fill_stream_waited();
     check_evict_unordered();
     check_held_unwaited();
+    check_fill_lost();
+    check_write_lost();
     check_readers_unmerged();
     check_release_unfenced();
     check_wrapped_destroy_unwaited();
