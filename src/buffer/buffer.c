@@ -358,10 +358,10 @@ static um_status fill(um_buffer *b, int dev)
     if (src >= 0 && done.ev) {
         /* The copy reads the source: writes there, and the reuse of its
          * memory, must wait for it. Where that can be neither noted nor
-         * waited for, the copy fails: the replica stays invalid (its
-         * memory, ready when the copy is, is harmless), so the source
-         * stays the copy that counts and is never dropped as clean with
-         * the copy still reading it. */
+         * waited for (its event, else its stream), the copy fails: the
+         * replica stays invalid (its memory, ready when the copy is, is
+         * harmless), so the source stays the copy that counts and is
+         * never dropped as clean with the copy still reading it. */
         um__fence use;
         um_stream runner = (um_stream)done.stream;
         st = um__fence_record(b->ctx, runner->dev, runner, &use);
