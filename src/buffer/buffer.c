@@ -298,6 +298,17 @@ static um_status spill_verify(um_buffer *b, size_t from, size_t n)
                        : st;
 }
 
+/* dev's replica is left without memory: its fences were handed on with
+ * the memory or dropped, and it no longer counts as holding any. */
+static void memory_gone(um_buffer *b, int dev)
+{
+    um__replica *r = &b->rep[dev];
+    r->ptr = NULL;
+    note_memory(b, dev, false);
+    r->nused = 0;
+    r->ready = UM_FENCE_NONE;
+}
+
 /* The memory of dev's replica, which a failed copy that nothing stands
  * for may still write (its fence is lost): never used again. It is
  * leaked, with a warning, and the replica left invalid without memory;
@@ -313,8 +324,7 @@ static void abandon_memory(um_buffer *b, int dev)
             (void *)b, b->size, dev, r->ptr);
     drop_uses(r);
     um__fence_drop(&r->ready);
-    r->ptr = NULL;
-    note_memory(b, dev, false);
+    memory_gone(b, dev);
     um__reclaim_account(um__xfer_reclaim(engine(b)), dev, -(int64_t)b->size);
     r->state = UM_REPLICA_INVALID;
 }
@@ -434,10 +444,7 @@ static void free_replica(um_buffer *b, int dev)
         um__xfer_free_later(x, dev, r->ptr, f, n);
         um__reclaim_account(um__xfer_reclaim(x), dev, -(int64_t)b->size);
     }
-    r->ptr = NULL;
-    note_memory(b, dev, false);
-    r->nused = 0;
-    r->ready = UM_FENCE_NONE;
+    memory_gone(b, dev);
     r->state = UM_REPLICA_INVALID;
 }
 
@@ -1216,10 +1223,7 @@ um_status um__buffer_evict(um_buffer *b, int dev, size_t *bytes_written, bool *s
      * there, even where a later one had to be waited for here. */
     (void)um_free(b->ctx, r->ptr, in);
     um__reclaim_account(um__xfer_reclaim(x), dev, -(int64_t)b->size);
-    r->ptr = NULL;
-    note_memory(b, dev, false);
-    r->nused = 0;
-    r->ready = UM_FENCE_NONE;
+    memory_gone(b, dev);
     /* Only dropped data makes a later fill a re-fetch: the memory of an
      * out-of-date copy costs no copy back (its fill is the newer write's). */
     r->evicted = r->evicted || r->state != UM_REPLICA_INVALID;

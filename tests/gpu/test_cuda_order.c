@@ -523,6 +523,17 @@ static size_t buffer_count_not(um_buffer *b, size_t n, int byte)
     return bad;
 }
 
+/* The end of the checks whose failure left a copy out of b's replica on
+ * GPU 1 in flight: a write there on the stream `writer` (another) runs
+ * after that copy (no race since the check began, c), and b then holds the
+ * write's bytes. */
+static void check_written_after(um_context *ctx, um_buffer *b, size_t n, um_stream writer, counts c)
+{
+    CHECK_OK(write_on(ctx, b, 1, n, 0x5A, writer));
+    CHECK_EQ(races_since(c), 0);
+    CHECK_EQ(buffer_count_not(b, n, 0x5A), 0);
+}
+
 /* A buffer of n bytes `byte` on GPU dev (its only copy). */
 static um_buffer *gpu_buffer(um_context *ctx, int dev, size_t n, int byte)
 {
@@ -600,9 +611,7 @@ static void check_fill_stream_waited(void)
         if (st == UM_OK)
             CHECK_OK(um_buffer_release(b, 2, NULL));
         cuda_fail_clear();
-        CHECK_OK(write_on(ctx, b, 1, n, 0x5A, writer));
-        CHECK_EQ(races_since(c), 0);
-        CHECK_EQ(buffer_count_not(b, n, 0x5A), 0);
+        check_written_after(ctx, b, n, writer, c);
         CHECK_OK(um_buffer_destroy(b));
     }
     CHECK_OK(um_stream_destroy(ctx, writer));
@@ -749,9 +758,7 @@ static void check_readers_unmerged(void)
             CHECK_OK(um_buffer_release(b, 1, rs[i]));
     }
     if (b) {
-        CHECK_OK(write_on(ctx, b, 1, n, 0x5A, writer));
-        CHECK_EQ(races_since(c), 0);
-        CHECK_EQ(buffer_count_not(b, n, 0x5A), 0);
+        check_written_after(ctx, b, n, writer, c);
         CHECK_OK(um_buffer_destroy(b));
     }
     for (int i = 0; i < READERS; i++) {
@@ -797,9 +804,7 @@ static void check_release_unfenced(void)
         cuda_fail_clear();
         if (st != UM_OK)
             CHECK_OK(um_buffer_release(b, 1, reader));
-        CHECK_OK(write_on(ctx, b, 1, n, 0x5A, writer));
-        CHECK_EQ(races_since(c), 0);
-        CHECK_EQ(buffer_count_not(b, n, 0x5A), 0);
+        check_written_after(ctx, b, n, writer, c);
     }
     if (b)
         CHECK_OK(um_buffer_destroy(b));
@@ -878,9 +883,7 @@ static void check_read_unwaited(void)
         CHECK_STATUS(um_buffer_read(b, 0, out, n), UM_ERR_BACKEND);
         CHECK_ERROR_MENTIONS("cuEventSynchronize", "may still be writing", "is kept");
         cuda_fail_clear();
-        CHECK_OK(write_on(ctx, b, 1, n, 0x5A, writer));
-        CHECK_EQ(races_since(c), 0);
-        CHECK_EQ(buffer_count_not(b, n, 0x5A), 0);
+        check_written_after(ctx, b, n, writer, c);
         CHECK_OK(um_buffer_destroy(b));
     }
     CHECK_OK(um_stream_destroy(ctx, writer));
