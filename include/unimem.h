@@ -367,9 +367,9 @@ UM_API um_status um_buffer_prefetch(um_buffer *b, int dev);
  * holds them; where the replica written was the only valid copy, the
  * range may be partly written, as after a failed cudaMemcpy, and the
  * error says so (the rest of the buffer is unchanged). Where the driver
- * can neither fence nor wait for that copy, which may then still be
- * writing the only copy, the buffer's data is lost: the error says so, and
- * every later call on the buffer but um_buffer_destroy fails. A read whose copy
+ * can neither fence nor wait for that copy, it may still be queued: later
+ * calls on the buffer wait for it (its stream), and fail, naming the
+ * driver's failure, while they cannot. A read whose copy
  * cannot be waited for (the driver fails) fails saying that dst may still
  * be written by that copy; the buffer's copy it reads is kept until then. */
 UM_API um_status um_buffer_read(um_buffer *b, size_t offset, void *dst, size_t n);

@@ -53,17 +53,9 @@ static bool live(const um_buffer *b)
 static um_status lock_live(um_buffer *b, const char *what)
 {
     um__vt_mutex_lock(&b->lock);
-    if (UM_LIKELY(b->magic == UM_BUFFER_MAGIC && !b->lost))
+    if (UM_LIKELY(b->magic == UM_BUFFER_MAGIC))
         return UM_OK;
-    bool lost = b->magic == UM_BUFFER_MAGIC;
-    int dev = b->lost_dev;
     um__vt_mutex_unlock(&b->lock);
-    if (lost)
-        return um__fail(UM_ERR_BACKEND,
-                        "%s: buffer %p lost its data: a failed write into its only valid copy, "
-                        "on device %d, may still be writing it (the copy could be neither "
-                        "fenced nor waited for); only um_buffer_destroy works on it",
-                        what, (void *)b, dev);
     return bad_buffer(what, b);
 }
 
@@ -121,7 +113,7 @@ static um__xfer *engine(const um_buffer *b)
  * its reader). */
 static um_status add_use(um__xfer *x, um__replica *r, um__fence f)
 {
-    if (!f.ev)
+    if (!um__fence_pending(&f))
         return UM_OK;
     for (uint32_t i = 0; i < r->nused; i++) {
         if (r->used[i].stream == f.stream && r->used[i].be == f.be) {
@@ -186,13 +178,14 @@ static int write_hazards(const um__replica *r, um__fence *out)
 }
 
 /* Orders work queued on s (device dev) after f: a stream wait on a
- * device, a wait on the host for the host's own work. f is dropped once
- * seen complete. */
+ * device, a wait on the host for the host's own work (and for an
+ * unrecorded f that still has no event). f is dropped once seen
+ * complete. */
 static um_status order_stream(um__xfer *x, um_context *ctx, int dev, um_stream s, um__fence *f)
 {
-    if (!f->ev || um__fence_done(x, f))
+    if (!um__fence_pending(f) || um__fence_done(x, f))
         return UM_OK;
-    if (dev == 0 && !s)
+    if ((dev == 0 && !s) || !f->ev)
         return um__fence_wait(x, f);
     um_stream us = s ? s : ctx->devices[dev].default_stream;
     return um__be_stream_wait(ctx->devices[dev].backend, us->ref.bstream, f->be, f->ev);
@@ -309,26 +302,6 @@ static void memory_gone(um_buffer *b, int dev)
     r->ready = UM_FENCE_NONE;
 }
 
-/* The memory of dev's replica, which a failed copy that nothing stands
- * for may still write (its fence is lost): never used again. It is
- * leaked, with a warning, and the replica left invalid without memory;
- * handed on, the next owner's data raced the copy. */
-static void abandon_memory(um_buffer *b, int dev)
-{
-    um__replica *r = &b->rep[dev];
-    if (!r->ptr)
-        return;
-    um__log(UM_LOG_WARN,
-            "buffer %p: %zu bytes of device %d at %p are leaked: a copy into them can be "
-            "neither fenced nor waited for",
-            (void *)b, b->size, dev, r->ptr);
-    drop_uses(r);
-    um__fence_drop(&r->ready);
-    memory_gone(b, dev);
-    um__reclaim_account(um__xfer_reclaim(engine(b)), dev, -(int64_t)b->size);
-    r->state = UM_REPLICA_INVALID;
-}
-
 /* Makes the replica on dev valid: a copy from the cheapest valid replica,
  * or zeros for a buffer that holds no data yet (that replica becomes the
  * owner). On failure the replica stays invalid and the others untouched. */
@@ -356,49 +329,29 @@ static um_status fill(um_buffer *b, int dev)
         after[n++] = b->rep[src].ready;
         st = um__xfer_copy(x, dev, r->ptr, src, b->rep[src].ptr, b->size, after, n, &done);
     }
-    if (st != UM_OK) {
-        if (done.lost)
-            abandon_memory(b, dev);
+    if (st != UM_OK && !done.unrecorded)
         return st;
-    }
     /* The copy ran after every earlier user and filler of r. */
     drop_uses(r);
     um__fence_drop(&r->ready);
     r->ready = done;
+    if (st != UM_OK) {
+        /* Failed, but queued with nothing recording its end: r stays
+         * invalid, and both r's memory and the source wait for it. */
+        if (src >= 0)
+            keep_use(x, &b->rep[src], &done);
+        return st;
+    }
     if (src >= 0 && done.ev) {
         /* The copy reads the source: writes there, and the reuse of its
-         * memory, must wait for it. Where that can be neither noted nor
-         * waited for (its event, else its stream), the copy fails: the
-         * replica stays invalid (its memory, ready when the copy is, is
-         * harmless), so the source stays the copy that counts and is
-         * never dropped as clean with the copy still reading it. */
-        um__fence use;
+         * memory, wait for it. Where no event can be recorded for that
+         * now, the copy's stream stands for it (an event recorded there
+         * later, or a wait for the stream). */
         um_stream runner = (um_stream)done.stream;
-        st = um__fence_record(b->ctx, runner->dev, runner, &use);
-        if (st == UM_OK && (st = add_use(x, &b->rep[src], use)) != UM_OK)
-            um__fence_drop(&use);
-        if (st != UM_OK) {
-            char record[300], wait[300], sync[300];
-            um__error_detail(st, record, sizeof record);
-            if ((st = um__fence_wait(x, &r->ready)) != UM_OK) {
-                /* The copy's event stands for r's memory and cannot stand
-                 * for the source's use too: the host waits for the copy's
-                 * stream instead. Failed at once, the copy went on reading
-                 * the source with nothing standing for it, and the
-                 * source's next write ran under it. */
-                um__error_detail(st, wait, sizeof wait);
-                if ((st = um__be_stream_sync(b->ctx->devices[runner->dev].backend,
-                                             runner->ref.bstream)) != UM_OK)
-                    return um__fail(st,
-                                    "copying buffer %p (%zu bytes) from device %d to device %d: "
-                                    "the copy's reading of device %d could neither be noted "
-                                    "(%s) nor waited for (%s; %s); device %d's copy is left "
-                                    "invalid",
-                                    (void *)b, b->size, src, dev, src, record, wait,
-                                    um__error_detail(st, sync, sizeof sync), dev);
-                um__fence_drop(&r->ready);
-            }
-        }
+        um__fence use;
+        if (um__fence_record(b->ctx, runner->dev, runner, &use) != UM_OK)
+            use = um__fence_unrecorded(done.be, runner);
+        keep_use(x, &b->rep[src], &use);
     }
     /* Zeros, or the spill file's copy, make the first replica: the owner
      * (a spill copy stays valid beside it until the next write). */
@@ -778,7 +731,9 @@ um_status um_buffer_read(um_buffer *b, size_t offset, void *dst, size_t n)
         um__fence done;
         st = um__xfer_copy(x, 0, dst, src, (char *)b->rep[src].ptr + offset, n,
                            &b->rep[src].ready, 1, &done);
-        if (st == UM_OK && (st = um__fence_wait(x, &done)) != UM_OK)
+        if (st == UM_OK)
+            st = um__fence_wait(x, &done);
+        if (st != UM_OK && um__fence_pending(&done))
             st = read_unwaited(b, src, &done, dst, n, st);
     }
     um__vt_mutex_unlock(&b->lock);
@@ -830,9 +785,10 @@ um_status um_buffer_write(um_buffer *b, size_t offset, const void *src, size_t n
         int na = write_hazards(r, after);
         st = um__xfer_copy(x, dev, (char *)r->ptr + offset, 0, src, n, after, na, &done);
         um_status waited = st == UM_OK ? um__fence_wait(x, &done) : st;
-        if (st == UM_OK) {
-            /* The copy was issued: r's bytes are no longer what the other
-             * replicas hold, and its end (done) orders every later use. */
+        if (st == UM_OK || done.unrecorded) {
+            /* The copy was issued (failed with it queued, done is its
+             * stream): r's bytes are no longer what the other replicas
+             * hold, and its end (done) orders every later use. */
             drop_uses(r);
             um__fence_drop(&r->ready);
             r->ready = waited == UM_OK ? UM_FENCE_NONE : done;
@@ -858,25 +814,10 @@ um_status um_buffer_write(um_buffer *b, size_t offset, const void *src, size_t n
                 if (other >= 0 && r->state == UM_REPLICA_OWNER)
                     b->rep[other].state = UM_REPLICA_OWNER;
                 r->state = UM_REPLICA_INVALID;
-            } else if (done.lost) {
-                /* A later write there could land under the lost copy: the
-                 * buffer is unusable from here (lock_live), its memory
-                 * kept until the destroy leaks it. */
-                char why[768];
-                b->lost = true;
-                b->lost_dev = dev;
-                st = um__fail(st,
-                              "%s; buffer %p lost its data: the copy may still be writing its "
-                              "only valid copy, on device %d; only um_buffer_destroy works on "
-                              "it now",
-                              um__error_detail(st, why, sizeof why), (void *)b, dev);
             } else {
                 st = range_unknown(b, dev, offset, n, st);
             }
         }
-        /* Invalid now, r's memory may still be written by the lost copy. */
-        if (st != UM_OK && done.lost && r->state == UM_REPLICA_INVALID)
-            abandon_memory(b, dev);
     }
     um__vt_mutex_unlock(&b->lock);
     return st;
@@ -911,7 +852,7 @@ static um_status write_back_home(um_buffer *b)
 
 void um__buffer_discard(um_buffer *b)
 {
-    if (!b->lost && write_back_home(b) != UM_OK)
+    if (write_back_home(b) != UM_OK)
         um__log(UM_LOG_ERROR, "%s", um_last_error());
     um__xfer *x = engine(b);
     um__reclaim *rc = um__xfer_reclaim(x);
@@ -923,8 +864,6 @@ void um__buffer_discard(um_buffer *b)
      * that window, under ASan on a loaded machine). */
     um__vt_mutex_lock(&b->lock);
     b->magic = 0;
-    if (b->lost)
-        abandon_memory(b, b->lost_dev);
     /* The program's memory under a wrapped buffer comes back to no pool. */
     for (int d = 0; d < b->ctx->ndevices; d++)
         if ((had[d] = b->rep[d].ptr != NULL && !(d == 0 && b->wrapped)))
@@ -971,7 +910,7 @@ um_status um_buffer_destroy(um_buffer *b)
      * record is forgotten outside the buffer's lock, which the task
      * layer's lock never nests in. */
     um__vt_mutex_lock(&b->lock);
-    um_status st = b->holders ? UM_ERR_BUSY : b->lost ? UM_OK : write_back_home(b);
+    um_status st = b->holders ? UM_ERR_BUSY : write_back_home(b);
     unsigned holders = b->holders;
     um__vt_mutex_unlock(&b->lock);
     if (holders)
@@ -986,8 +925,7 @@ um_status um_buffer_destroy(um_buffer *b)
     /* The lock was let go for the task layer: another thread may have
      * acquired the buffer (or destroyed it) meanwhile. Ended only as
      * checked under the lock that ends it; an audit's destroy freed the
-     * replicas of a buffer acquired in that window (a use after free).
-     * (Not lock_live: a buffer that lost its data is destroyed too.) */
+     * replicas of a buffer acquired in that window (a use after free). */
     um__vt_mutex_lock(&b->lock);
     if (b->magic != UM_BUFFER_MAGIC) {
         um__vt_mutex_unlock(&b->lock);
@@ -1066,7 +1004,7 @@ bool um__buffer_evictable(const um_buffer *b, int dev)
     /* A pin keeps the buffer's data, which an out-of-date replica does not
      * hold: its memory may go as any other invalid replica's. */
     bool pinned = b->pinned && r->state != UM_REPLICA_INVALID;
-    return r->ptr && !b->lost && !r->readers && !r->writer && !pinned &&
+    return r->ptr && !r->readers && !r->writer && !pinned &&
            !(dev == 0 && b->wrapped) &&
            (dev != 0 || r->state == UM_REPLICA_INVALID || um__buffer_valid_elsewhere(b, dev) ||
             b->ctx->opts.spill_dir[0]);
@@ -1091,13 +1029,16 @@ static um_status spill_out(um_buffer *b, int dev)
     um__fence done = UM_FENCE_NONE;
     if (st == UM_OK)
         st = um__xfer_copy(x, 0, b->spill, dev, r->ptr, b->size, &r->ready, 1, &done);
-    if (st != UM_OK && done.lost) {
-        /* The lost copy may still write the extent: it is left to it
-         * (leaked in the file), and the next spill takes a new one. */
+    if (st != UM_OK && done.unrecorded) {
+        /* The copy may still write the extent, which nothing frees after
+         * it: it is left to it (leaked in the file), and the next spill
+         * takes a new one. */
         b->spill = NULL;
         b->spill_off = 0;
     }
-    if (st == UM_OK && (st = um__fence_wait(x, &done)) != UM_OK) {
+    if (st == UM_OK)
+        st = um__fence_wait(x, &done);
+    if (st != UM_OK && um__fence_pending(&done)) {
         /* The copy may still read the replica, which stays (dropped, the
          * next write there raced the copy); the extent stays invalid. */
         char why[300];
@@ -1190,7 +1131,8 @@ um_status um__buffer_evict(um_buffer *b, int dev, size_t *bytes_written, bool *s
     char why[300] = "";
     for (int i = 0; i < n; i++) {
         if (in &&
-            (!f[i].ev || um__fence_done(x, &f[i]) || um__xfer_order_in(x, dev, &f[i]) == UM_OK))
+            (!um__fence_pending(&f[i]) || um__fence_done(x, &f[i]) ||
+             um__xfer_order_in(x, dev, &f[i]) == UM_OK))
             continue;
         /* Where the stream could not wait, the host does. */
         um_status st = um__fence_wait(x, &f[i]);
@@ -1206,7 +1148,7 @@ um_status um__buffer_evict(um_buffer *b, int dev, size_t *bytes_written, bool *s
          * seen done are gone), valid beside the copy written back. */
         r->nused = 0;
         for (int i = 0; i < n - 1; i++)
-            if (f[i].ev)
+            if (um__fence_pending(&f[i]))
                 r->used[r->nused++] = f[i];
         r->ready = f[n - 1];
         if (r->state == UM_REPLICA_OWNER && best_source(b, dev, dev) >= 0)

@@ -38,11 +38,28 @@ typedef struct um__fence {
     uint64_t bytes;    /* the copy's size */
     struct um__xfer *xfer; /* a copy's engine, which counts its time */
     int16_t from, to;  /* the copy's link, or -1 */
-    /* Set by a copy that failed with its work still queued and nothing
-     * standing for it (no end event, and its stream could not be waited
-     * for): the memory it writes must never be used again. */
-    bool lost;
+    /* No event: the work it stands for (a copy whose end could be
+     * neither recorded nor waited for) is queued on `stream`, so an event
+     * recorded there later, or a wait for the stream, stands for it. Such
+     * a fence owns nothing and may be copied. */
+    bool unrecorded;
+    /* With unrecorded: a second stream the work is also queued on (the
+     * first hops of a two-hop copy), made to precede `stream` once the
+     * driver records again. */
+    const void *upstream;
 } um__fence;
+
+/* An unrecorded fence for the work queued so far on stream s (of be). */
+static inline um__fence um__fence_unrecorded(um__backend *be, const void *s)
+{
+    return (um__fence){.be = be, .stream = s, .from = -1, .to = -1, .unrecorded = true};
+}
+
+/* Whether f stands for work that may still run. */
+static inline bool um__fence_pending(const um__fence *f)
+{
+    return f->ev || f->unrecorded;
+}
 
 #define UM_FENCE_NONE ((um__fence){.from = -1, .to = -1})
 #define UM_REPLICA_USES 4
@@ -95,12 +112,6 @@ struct um_buffer {
     size_t spill_off;
     bool spill_valid;
     uint32_t *spill_sums;   /* the extent's checksums, while spill_valid */
-    /* The only valid copy, on device lost_dev, may still be written by a
-     * copy that nothing stands for (a failed write whose fence was lost):
-     * the data is lost, every call but a destroy fails, and the destroy
-     * leaks that memory rather than hand it on. */
-    bool lost;
-    int lost_dev;
     um__replica rep[];      /* one per device */
 };
 
@@ -168,7 +179,9 @@ void um__xfer_track(um__xfer *x, um_buffer *b, bool add);
 
 /* Copies n bytes from src (memory of device sd, or program memory when sd
  * is 0) to dst (of device dd), after the `after` fences; *done is the
- * copy's completion (none when it completed already). */
+ * copy's completion (none when it completed already). A failure with *done
+ * unrecorded left the copy queued: dst and src stay its until *done has
+ * completed. */
 um_status um__xfer_copy(um__xfer *x, int dd, void *dst, int sd, const void *src, size_t n,
                         const um__fence *after, int nafter, um__fence *done);
 /* Zeros n bytes at dst (of device dev) after the `after` fences. */
@@ -274,7 +287,8 @@ void um__reclaim_refetched(struct um__reclaim *rc, int dev, size_t bytes);
  * through a stream of a's device that waits for both, so the host does not
  * wait. UM_ERR_UNSUPPORTED where a's device has no engine streams. */
 um_status um__xfer_join(um__xfer *x, um__fence *a, um__fence *b);
-/* True once f has completed (f becomes none then); queries the backend. */
+/* True once f has completed (f becomes none then); queries the backend.
+ * An unrecorded f gets its event here, where the driver records again. */
 bool um__fence_done(um__xfer *x, um__fence *f);
 /* The same, telling a failed query apart: *done false and the backend's
  * failure (f is dropped then, as the work it marks cannot be known). */

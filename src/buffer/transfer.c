@@ -132,15 +132,61 @@ void um__fence_drop(um__fence *f)
     release_fence(f);
 }
 
+/* The unrecorded f's stream (see um__fence). */
+static um__bstream *fence_bstream(const um__fence *f)
+{
+    return ((um_stream)f->stream)->ref.bstream;
+}
+
+static um__backend *stream_backend(um_stream s)
+{
+    return s->ctx->devices[s->dev].backend;
+}
+
+/* Waits on the host for the streams of an unrecorded f. */
+static um_status sync_unrecorded(const um__fence *f)
+{
+    um_stream up = (um_stream)f->upstream;
+    um_status st = up ? um__be_stream_sync(stream_backend(up), up->ref.bstream) : UM_OK;
+    return st == UM_OK ? um__be_stream_sync(f->be, fence_bstream(f)) : st;
+}
+
+/* Gives an unrecorded f its event: one recorded on its stream now comes
+ * after the work f stands for, once that stream waits for its upstream's.
+ * On failure f stays unrecorded. */
+static um_status settle(um__fence *f)
+{
+    if (!f->unrecorded)
+        return UM_OK;
+    um_stream up = (um_stream)f->upstream;
+    if (up) {
+        um__backend *ub = stream_backend(up);
+        um__bevent *e = NULL;
+        um_status st = um__be_event_record(ub, up->ref.bstream, &e);
+        if (st == UM_OK) {
+            st = um__be_stream_wait(f->be, fence_bstream(f), ub, e);
+            um__be_event_destroy(ub, e);
+        }
+        if (st != UM_OK)
+            return st;
+        f->upstream = NULL;
+    }
+    um_status st = um__be_event_record(f->be, fence_bstream(f), &f->ev);
+    if (st == UM_OK)
+        f->unrecorded = false;
+    return st;
+}
+
 /* Queries f's event: *done once it has completed, when f is counted and
  * becomes none. A failed query leaves f as it was. */
 static um_status poll_fence(um__xfer *x, um__fence *f, bool *done)
 {
-    *done = !f->ev;
+    *done = !um__fence_pending(f);
+    um_status st = settle(f);
     if (!f->ev)
-        return UM_OK;
+        return st;
     int finished = 0;
-    um_status st = um__be_event_query(f->be, f->ev, &finished);
+    st = um__be_event_query(f->be, f->ev, &finished);
     if (st == UM_OK && finished) {
         count_busy(x, f, true);
         release_fence(f);
@@ -165,6 +211,12 @@ bool um__fence_done(um__xfer *x, um__fence *f)
 
 um_status um__fence_wait(um__xfer *x, um__fence *f)
 {
+    if (f->unrecorded && settle(f) != UM_OK) {
+        um_status st = sync_unrecorded(f);
+        if (st == UM_OK)
+            *f = UM_FENCE_NONE;
+        return st;
+    }
     if (!f->ev)
         return UM_OK;
     um_status st = um__be_event_sync(f->be, f->ev);
@@ -632,6 +684,11 @@ um_stream um__xfer_stream(um__xfer *x, int dev, bool to)
 um_status um__xfer_join(um__xfer *x, um__fence *a, um__fence *b)
 {
     um_stream as = (um_stream)a->stream;
+    um_status settled = settle(a);
+    if (settled == UM_OK)
+        settled = settle(b);
+    if (settled != UM_OK)
+        return settled;
     if (!a->ev || !b->ev || !as || !streamed(x->ctx, as->dev))
         return um__fail(UM_ERR_UNSUPPORTED, "transfer engine: these fences cannot be merged on "
                         "a stream");
@@ -719,7 +776,8 @@ static bool may_wait(const runner *r, const um__fence *after, int nafter)
         return true;
     for (int i = 0; i < nafter; i++) {
         int done = 0;
-        if (after[i].ev && (um__be_event_query(after[i].be, after[i].ev, &done) != UM_OK || !done))
+        if (after[i].unrecorded ||
+            (after[i].ev && (um__be_event_query(after[i].be, after[i].ev, &done) != UM_OK || !done)))
             return true;
     }
     return false;
@@ -747,12 +805,20 @@ static um_status time_copy(um__xfer *x, int dd, void *dst, int sd, const void *s
  * those its stream cannot wait for (no stream, or another driver's
  * fence) before it takes the stream's order lock: held across such a
  * wait (a sim copy's, for a copy to a GPU), it kept every other copy on
- * the stream waiting too (found by an audit: a 64 KiB prefetch 306 ms). */
+ * the stream waiting too (found by an audit: a 64 KiB prefetch 306 ms).
+ * An unrecorded fence (a copy of its owner's, so no event is made for it
+ * here) is waited for through its streams, unless it has only the
+ * runner's. */
 static um_status order_after(const runner *r, const um__fence *after, int nafter)
 {
     um_status st = UM_OK;
     bool device_waits = false;
     for (int i = 0; i < nafter && st == UM_OK; i++) {
+        if (after[i].unrecorded) {
+            if (after[i].upstream || after[i].stream != (const void *)r->stream)
+                st = sync_unrecorded(&after[i]);
+            continue;
+        }
         if (!after[i].ev)
             continue;
         if (r->stream && um__be_same_driver(r->be, after[i].be))
@@ -816,7 +882,7 @@ static um_status finish(um__xfer *x, const runner *r, int from, int to, uint64_t
                 copy_done(x, from, to, t0, um__now_ns() - t0, n, staged);
             return UM_OK;
         }
-        done->lost = true;
+        *done = um__fence_unrecorded(r->be, r->stream);
         return um__fail(s2,
                         "a copy queued on a stream of device %d can be neither fenced (%s) nor "
                         "waited for (%s): it may still be writing its destination",
@@ -1164,20 +1230,24 @@ static void stage_leak(stage_pool *sp, const char *err, char *why, size_t len)
  * whose event could not be recorded, or whose wait failed, has no one
  * waiting for it): waits for the stream that runs them before the slots
  * are used again, since a stale copy out of the GPU could otherwise land in
- * a slot that the next copy (on any GPU's stream) has just filled. */
-static void stage_settle(stage_pool *sp, um__backend *be, um__bstream *s, char *why, size_t len)
+ * a slot that the next copy (on any GPU's stream) has just filled. False
+ * where that wait failed. */
+static bool stage_settle(stage_pool *sp, um__backend *be, um__bstream *s, char *why, size_t len)
 {
-    if (um__be_stream_sync(be, s) != UM_OK) {
-        char err[512];
-        snprintf(err, sizeof err, "%s", um_last_error());
-        stage_leak(sp, err, why, len);
-    }
+    if (um__be_stream_sync(be, s) == UM_OK)
+        return true;
+    char err[512];
+    snprintf(err, sizeof err, "%s", um_last_error());
+    stage_leak(sp, err, why, len);
+    return false;
 }
 
 /* Copies n bytes between program memory and the GPU r runs on through
- * sp's slots (from stage_slots; released here); waits for the whole copy. */
+ * sp's slots (from stage_slots; released here); waits for the whole copy.
+ * A failure whose chunks may still run on the GPU's side makes *done the
+ * unrecorded fence of r's stream. */
 static um_status staged_copy(stage_pool *sp, const runner *r, char *dev, char *host, size_t n,
-                             bool to_gpu)
+                             bool to_gpu, um__fence *done)
 {
     um_status st = UM_OK;
     stage_job j = {r->be, r->stream->ref.bstream, dev, host, n, sp->chunk, to_gpu, sp->slots,
@@ -1205,7 +1275,8 @@ static um_status staged_copy(stage_pool *sp, const runner *r, char *dev, char *h
         if (sp->w[i].st != UM_OK) {
             char why[768];
             snprintf(why, sizeof why, "%s", sp->w[i].error);
-            stage_settle(sp, j.gpu, j.stream, why, sizeof why);
+            if (!stage_settle(sp, j.gpu, j.stream, why, sizeof why))
+                *done = um__fence_unrecorded(r->be, r->stream);
             st = um__fail(sp->w[i].st, "staged copy of %zu bytes %s the GPU: %s", n,
                           to_gpu ? "to" : "from", why);
         }
@@ -1220,7 +1291,7 @@ static um_status staged_copy(stage_pool *sp, const runner *r, char *dev, char *h
  * stream, each ordered after the other by events, so both hops run at once
  * on different chunks and the host only waits for the end. */
 static um_status two_hop_copy(stage_pool *sp, runner out, runner in, char *dst, const char *src,
-                              size_t n, const um__fence *after, int nafter)
+                              size_t n, const um__fence *after, int nafter, um__fence *done)
 {
     int sd = out.stream->dev, dd = in.stream->dev;
     um__bstream *os = out.stream->ref.bstream, *is = in.stream->ref.bstream;
@@ -1276,10 +1347,14 @@ static um_status two_hop_copy(stage_pool *sp, runner out, runner in, char *dst, 
     if (s3 != UM_OK && s2 == UM_OK)
         snprintf(err, sizeof err, "%s", um_last_error());
     if (s2 != UM_OK || s3 != UM_OK) {
-        /* A hop may still be running into or out of a slot. */
+        /* A hop may still be running into or out of a slot, out of src
+         * or into dst: the second hops' stream, after the first hops',
+         * stands for them. */
         if (st == UM_OK)
             st = s2 != UM_OK ? s2 : s3;
         stage_leak(sp, err, why, sizeof why);
+        *done = um__fence_unrecorded(in.be, in.stream);
+        done->upstream = out.stream;
     }
     for (int k = 0; k < nslots; k++) {
         if (hop1[k])
@@ -1329,7 +1404,7 @@ um_status um__xfer_copy(um__xfer *x, int dd, void *dst, int sd, const void *src,
         /* Its hops wait for the fences on the GPUs' streams, not here, so
          * the copy starts when issued (as far as the host can tell). */
         uint64_t t0 = um__now_ns();
-        um_status st = two_hop_copy(sp, out, in, dst, src, n, after, nafter);
+        um_status st = two_hop_copy(sp, out, in, dst, src, n, after, nafter, done);
         if (st != UM_OK)
             return st;
         runner none = {NULL, NULL, NULL};
@@ -1359,7 +1434,7 @@ um_status um__xfer_copy(um__xfer *x, int dd, void *dst, int sd, const void *src,
     stage = stage && (sp = stage_slots(x, n));
     if (stage) {
         st = staged_copy(sp, &r, gpu_to_host ? (char *)src : dst,
-                         gpu_to_host ? dst : (char *)src, n, host_to_gpu);
+                         gpu_to_host ? dst : (char *)src, n, host_to_gpu, done);
         r.stream = NULL; /* done: nothing to wait for */
         r.order = NULL;
     } else if (r.be) {
@@ -1423,7 +1498,7 @@ void um__xfer_free_later(um__xfer *x, int dev, void *ptr, um__fence *fences, int
 {
     held_memory h = {dev, ptr, {{0}}, 0};
     for (int i = 0; i < nfences; i++)
-        if (fences[i].ev)
+        if (um__fence_pending(&fences[i]))
             h.fences[h.nfences++] = fences[i];
     if (all_done(x, &h)) {
         (void)um_free(x->ctx, ptr, NULL);

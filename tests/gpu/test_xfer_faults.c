@@ -13,7 +13,10 @@
  *    the slots are reused: nothing of it is left queued, and the next
  *    staged copy, from the other GPU, reads back its own bytes;
  *  - when that wait fails as well, the slots are leaked (never reused) and
- *    the error says so, for a staged copy and for a two-hop copy;
+ *    the error says so, for a staged copy and for a two-hop copy, and the
+ *    copy's fence is left unrecorded on its stream (for a two-hop copy,
+ *    the second hops' after the first hops'): waited for once the driver
+ *    works, it runs what is left of the copy;
  *  - when no staging slots can be had (a failed map; a full host pool),
  *    copies go unstaged instead of failing: between a GPU and program
  *    memory, between GPUs without peer copies, and so a full GPU's only
@@ -369,10 +372,18 @@ static void test_stale_chunk(int syncs)
          * alone, and the error says so. */
         CHECK_ERROR_MENTIONS("injected stream sync failure", "leaked", NULL);
         CHECK_EQ(queued(), 1);
+        /* The copy's stream stands for the chunk still queued (out of the
+         * GPU's memory, which must not be reused before it): waited for
+         * once the driver works, it has run. */
+        CHECK(done.unrecorded);
+        arm(0, 0);
+        CHECK_OK(um__fence_wait(x, &done));
+        CHECK_EQ(queued(), 0);
     } else {
         /* The failed copy's stream was waited for: nothing of it is left
          * running against a slot. */
         CHECK_EQ(queued(), 0);
+        CHECK(!um__fence_pending(&done));
     }
     arm(0, 0);
 
@@ -396,7 +407,10 @@ static void test_stale_chunk(int syncs)
 
 /* A two-hop copy (GPU 1 to GPU 2 with peer_copies=0) whose first hop's
  * event record fails and whose streams cannot be waited for: its slots are
- * leaked, and a staged copy out of GPU 2 afterwards reads its own bytes. */
+ * leaked, its fence is the second hops' stream after the first hops'
+ * (both GPUs' memory stays in its use until then), which runs what is left
+ * of it once waited for, and a staged copy out of GPU 2 afterwards reads
+ * its own bytes. */
 static void test_two_hop_leak(void)
 {
     um_context *ctx = open_two_gpus(",peer_copies=0");
@@ -422,7 +436,11 @@ static void test_two_hop_leak(void)
     arm(1, 2);
     CHECK_STATUS(um__xfer_copy(x, 2, g2b, 1, g1, n, NULL, 0, &done), UM_ERR_BACKEND);
     CHECK_ERROR_MENTIONS("two-hop copy", "injected event record failure", "leaked");
+    CHECK(done.unrecorded && done.upstream);
+    CHECK(queued() > 0);
     arm(0, 0);
+    CHECK_OK(um__fence_wait(x, &done));
+    CHECK_EQ(queued(), 0);
 
     memset(h, 0, n);
     CHECK_OK(um__xfer_copy(x, 0, h, 2, g2, n, NULL, 0, &done));
