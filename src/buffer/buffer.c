@@ -102,7 +102,8 @@ static um__xfer *engine(const um_buffer *b)
 /* ------------------------------------------------------------ fences */
 
 /* Adds f to the replica's users. A newer fence of the same stream covers
- * an older one; when the list is full, finished fences are dropped, and if
+ * an older one (not one with an upstream, whose other stream it does not
+ * follow); when the list is full, finished fences are dropped, and if
  * none has finished the two oldest become one (waited for on the host only
  * where they cannot be merged on a stream). On eight GPUs a tile that all
  * of them read had more users in flight than the list holds, and the host
@@ -116,7 +117,7 @@ static um_status add_use(um__xfer *x, um__replica *r, um__fence f)
     if (!um__fence_pending(&f))
         return UM_OK;
     for (uint32_t i = 0; i < r->nused; i++) {
-        if (r->used[i].stream == f.stream && r->used[i].be == f.be) {
+        if (r->used[i].stream == f.stream && r->used[i].be == f.be && !r->used[i].upstream) {
             um__fence_drop(&r->used[i]);
             r->used[i] = f;
             return UM_OK;

@@ -291,7 +291,8 @@ um_status um__xfer_join(um__xfer *x, um__fence *a, um__fence *b);
  * An unrecorded f gets its event here, where the driver records again. */
 bool um__fence_done(um__xfer *x, um__fence *f);
 /* The same, telling a failed query apart: *done false and the backend's
- * failure (f is dropped then, as the work it marks cannot be known). */
+ * failure (f is dropped then, as the work it marks cannot be known; an
+ * unrecorded f that still cannot be recorded stays). */
 um_status um__fence_check(um__xfer *x, um__fence *f, bool *done);
 /* Waits on the host until f has completed; f becomes none. */
 um_status um__fence_wait(um__xfer *x, um__fence *f);

@@ -198,7 +198,7 @@ static um_status poll_fence(um__xfer *x, um__fence *f, bool *done)
 um_status um__fence_check(um__xfer *x, um__fence *f, bool *done)
 {
     um_status st = poll_fence(x, f, done);
-    if (st != UM_OK)
+    if (st != UM_OK && !f->unrecorded)
         um__fence_drop(f);
     return st;
 }

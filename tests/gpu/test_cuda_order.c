@@ -1421,6 +1421,43 @@ static void check_copy_unrecorded_source(void)
     check_end(ctx, c);
 }
 
+/* The same between GPUs without peer copies: two hops, through staging
+ * slots, on GPU 1's copy-out stream and GPU 2's copy-in stream. With an
+ * event record and the streams' waits failing, hops may still read GPU
+ * 1's replica and write GPU 2's: a write into GPU 1's on another stream,
+ * and another buffer's write into GPU 2's memory, both run after them.
+ * (The failed copy left no fence, and both raced the hops.) */
+static void check_two_hop_unrecorded(void)
+{
+    counts c;
+    um_context *ctx = check_open("a two-hop copy whose hops can be neither fenced nor waited for",
+                                 TWO_GPUS ",peer_copies=0,copy_chunk=64K", &c);
+    if (!ctx)
+        return;
+    const size_t n = 2 * MIB;
+    um_buffer *b = gpu_buffer(ctx, 1, n, 0xA1), *other = NULL;
+    um_stream writer = NULL;
+    CHECK_OK(um_stream_create(ctx, 1, &writer));
+    if (b) {
+        cuda_fail("cuEventRecord", 2, 1, 999);
+        cuda_fail("cuStreamSynchronize", 0, 2, 999);
+        CHECK_STATUS(um_buffer_prefetch(b, 2), UM_ERR_BACKEND);
+        CHECK_ERROR_MENTIONS("two-hop copy", "cuEventRecord", "cuStreamSynchronize");
+        cuda_fail_clear();
+        /* GPU 2 has room for one buffer: the next takes b's memory there. */
+        CHECK_OK(um_set_memory_limit(ctx, 2, n));
+        CHECK_OK(um_buffer_create(ctx, n, NULL, &other));
+        CHECK_OK(write_on(ctx, other, 2, n, 0x3C, NULL));
+        CHECK_EQ(races_since(c), 0);
+        check_written_after(ctx, b, n, writer, c);
+        CHECK_EQ(buffer_count_not(other, n, 0x3C), 0);
+        CHECK_OK(um_buffer_destroy(other));
+        CHECK_OK(um_buffer_destroy(b));
+    }
+    CHECK_OK(um_stream_destroy(ctx, writer));
+    check_end(ctx, c);
+}
+
 /* A write into a buffer's only copy, on GPU 2, whose copy's end can be
  * neither recorded nor waited for: the write fails, saying the range may
  * be partly written, and the copy's stream stands for it. The next read
@@ -1526,6 +1563,7 @@ int main(void)
     check_held_unwaited();
     check_fill_unrecorded();
     check_copy_unrecorded_source();
+    check_two_hop_unrecorded();
     check_write_unrecorded();
     check_readers_unmerged();
     check_release_unfenced();
