@@ -133,8 +133,9 @@ bool um__alloc_no_reclaim(bool on);
  * (NULL: the block's allocation stream), already checked by the caller. */
 um_status um__uses_free(um_context *ctx, int dev, void *ptr, um_stream s, bool *taken);
 /* Gives the deferred blocks of dev whose streams are done back to the
- * allocator: those that are done now, or every one (waiting) when wait. */
-void um__uses_collect(um_context *ctx, int dev, bool wait);
+ * allocator: those that are done now, or every one (waiting) when wait.
+ * Waiting, fails (saying why) where some could not be waited for. */
+um_status um__uses_collect(um_context *ctx, int dev, bool wait);
 /* An allocator on dev is about to hand out the n addresses ptrs: returns
  * once no give-back of an old block at any of them is in progress, so
  * that a call on one that finds its old use is a call on the freed block

@@ -132,9 +132,12 @@ static __attribute__((noinline)) um_status malloc_checked(um_context *ctx, int d
     um__uses_collect(ctx, dev, false);
     (void)um__host_nomem_take();
     um_status st = d->alloc->ops->alloc(d->alloc, size, ref, ptr);
+    /* Why deferred frees kept their memory, for the failure's message. */
+    char kept[400] = "";
     if (UM_UNLIKELY(st == UM_ERR_NOMEM) &&
         atomic_load_explicit(&d->deferred, memory_order_acquire)) {
-        um__uses_collect(ctx, dev, true);
+        if (um__uses_collect(ctx, dev, true) != UM_OK)
+            snprintf(kept, sizeof kept, "%s", um_last_error());
         atomic_fetch_add_explicit(&d->ooms_retried, 1, memory_order_release);
         (void)um__host_nomem_take(); /* the retry's own cause counts */
         st = d->alloc->ops->alloc(d->alloc, size, ref, ptr);
@@ -143,6 +146,12 @@ static __attribute__((noinline)) um_status malloc_checked(um_context *ctx, int d
      * the device would only drop its replicas, every one, for nothing. */
     if (UM_UNLIKELY(st == UM_ERR_NOMEM) && !um__host_nomem_take() && !no_reclaim)
         st = alloc_after_reclaim(ctx, dev, size, ref, ptr);
+    if (UM_UNLIKELY(st == UM_ERR_NOMEM && kept[0])) {
+        char full[512];
+        snprintf(full, sizeof full, "%s", um_last_error());
+        const char *says = strchr(full, ':'), *why = strchr(kept, ':');
+        return um__fail(UM_ERR_NOMEM, "%s; %s", says ? says + 2 : full, why ? why + 2 : kept);
+    }
     return st;
 }
 

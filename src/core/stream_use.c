@@ -251,18 +251,35 @@ um_status um__uses_free(um_context *ctx, int dev, void *ptr, um_stream s, bool *
                         ptr);
     }
     um_status st = UM_OK;
+    /* The first stream that can be neither fenced nor waited for, and
+     * why: the error names both driver calls (it named the wait only). */
+    char why[512] = "";
     x->events = x->n ? calloc(x->n, sizeof *x->events) : NULL;
     for (uint32_t i = 0; i < x->n; i++) {
         um_stream m = x->streams[i];
         um__backend *b = backend_of(ctx, m);
         /* Without an event the stream's work is waited for now: slower,
          * never unsafe. */
-        if (!x->events || um__be_event_record(b, m->ref.bstream, &x->events[i]) != UM_OK) {
-            if (x->events)
+        um_status rs =
+            x->events ? um__be_event_record(b, m->ref.bstream, &x->events[i]) : UM_ERR_NOMEM;
+        if (rs != UM_OK) {
+            char record[180];
+            if (x->events) {
                 x->events[i] = NULL;
+                um__error_detail(rs, record, sizeof record);
+            } else {
+                snprintf(record, sizeof record, "no host memory for its events");
+            }
             um_status w = um__be_stream_sync(b, m->ref.bstream);
-            if (w != UM_OK && st == UM_OK)
+            if (w != UM_OK && st == UM_OK) {
+                char wait[180];
+                um__error_detail(w, wait, sizeof wait);
+                snprintf(why, sizeof why,
+                         "stream %u of device %d, which it was recorded on, can be neither "
+                         "fenced (%s) nor waited for (%s)",
+                         m->ref.id, m->dev, record, wait);
                 st = w;
+            }
         }
     }
     if (st != UM_OK) {
@@ -270,7 +287,8 @@ um_status um__uses_free(um_context *ctx, int dev, void *ptr, um_stream s, bool *
          * the program may free it again. */
         drop_events(ctx, x);
         um__vt_mutex_unlock(&u->lock);
-        return st;
+        return um__fail(st, "um_free: %p: %s; the block stays live and marked, to be freed again",
+                        ptr, why);
     }
     x->freeing = true;
     x->free_stream = s;
@@ -482,23 +500,38 @@ static bool giving_on_locked(um__stream_uses *u, um_stream s)
     return false;
 }
 
-void um__uses_collect(um_context *ctx, int dev, bool wait)
+um_status um__uses_collect(um_context *ctx, int dev, bool wait)
 {
     um__stream_uses *u = uses_of(ctx, dev, false);
     if (!u || !atomic_load_explicit(&ctx->devices[dev].deferred, memory_order_acquire))
-        return;
+        return UM_OK;
     um__vt_mutex_lock(&u->lock);
     use *done = take_done_locked(ctx, u, wait, NULL, NULL);
+    /* Waiting, a free left deferred is one whose work could be neither
+     * waited for through its events nor through its streams: said, so
+     * that an allocation at the limit that needed its memory names the
+     * driver's failure (it said only that the device was full). */
+    um_status st = UM_OK;
+    if (wait && u->deferred_head) {
+        char why[300]; /* copied: um__fail writes where um_last_error points */
+        snprintf(why, sizeof why, "%s", um_last_error());
+        st = um__fail(UM_ERR_BACKEND,
+                      "device %d: freed blocks marked by um_record_stream are kept, as the work "
+                      "on their streams can be waited for neither through its events nor "
+                      "through the streams (%s)",
+                      dev, why);
+    }
     um__vt_mutex_unlock(&u->lock);
     give_back_all(ctx, dev, u, done, NULL);
     if (!wait)
-        return;
+        return st;
     /* Blocks other threads are giving back count as coming: waiting for
      * them is what lets an allocation at the limit have their memory. */
     um__vt_mutex_lock(&u->lock);
     while (u->giving)
         um__cond_wait(&u->gave, &u->lock);
     um__vt_mutex_unlock(&u->lock);
+    return st;
 }
 
 /* The live marked blocks of u forget stream s. Under the lock. */
