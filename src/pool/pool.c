@@ -1921,6 +1921,7 @@ static um_status take_range(um__pool *p, size_t size, size_t align, uint32_t sid
                             um__block **out)
 {
     um_status last = UM_ERR_NOMEM;
+    p->unwaited[0] = '\0';
     bounce_flush_locked(p, own_cache(p));
     /* Attempt 0's common case, taken directly: no other stream's fence to
      * respect, and the best fit's low end already mapped. The loop below
@@ -1975,7 +1976,14 @@ static um_status take_range(um__pool *p, size_t size, size_t align, uint32_t sid
                 if (c != p->refill_cls && own->bins[c].n)
                     flush_bin_locked(p, &own->bins[c], c, own->bins[c].n);
             tcache_drain_others(p, true, false);
-            poll_all(p, true);
+            /* Memory whose frees' work can be neither fenced nor waited
+             * for stays reserved: if the allocation fails, its message
+             * says so, naming the driver's failure (it gave only the
+             * figures, as if the device were full). */
+            if (poll_all(p, true) != UM_OK) {
+                const char *why = strstr(um_last_error(), "): ");
+                snprintf(p->unwaited, sizeof p->unwaited, "%s", why ? why + 3 : um_last_error());
+            }
             release_spare_slabs(p);
         }
         uintptr_t at = 0;
@@ -2394,13 +2402,17 @@ static um_status nomem(um__pool *p, size_t size)
             snprintf(why, sizeof why, " (the free memory is fragmented: its largest range is %s)",
                      um__format_bytes(big, sizeof big, largest));
     }
+    char unwaited[sizeof p->unwaited];
+    snprintf(unwaited, sizeof unwaited, "%s", p->unwaited);
+    p->unwaited[0] = '\0';
     return um__fail(UM_ERR_NOMEM,
                     "device %d (%s): cannot allocate: requested %s, live %s, reserved %s, "
-                    "limit %s%s",
+                    "limit %s%s%s%s",
                     p->base.dev, dev_name(p), um__format_bytes(req, sizeof req, size),
                     um__format_bytes(live, sizeof live, active),
                     um__format_bytes(res, sizeof res, p->reserved),
-                    um__format_bytes(lim, sizeof lim, p->base.memory_limit), why);
+                    um__format_bytes(lim, sizeof lim, p->base.memory_limit), why,
+                    unwaited[0] ? "; " : "", unwaited);
 }
 
 /* UM_ERR_NOMEM for a request that failed before it looked for device

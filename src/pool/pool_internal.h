@@ -355,6 +355,9 @@ typedef struct um__pool {
     uint64_t dead_allocs, dead_frees; /* counters of exited threads' caches */
     uint64_t calls_at_create;
     size_t capacity;
+    /* Why the last wait for the frees' fences at the limit failed (empty:
+     * it did not), for nomem's message; under the lock. */
+    char unwaited[256];
 } um__pool;
 
 /* Size class table (bytes per slot) and the class of a request. */
