@@ -832,14 +832,24 @@ static void prefetch_listed(worker *w, bool copy)
 }
 
 /* A GPU task launched and not seen finished yet: its buffers are released
- * on the worker's stream, and `done` marks the end of its work there. */
+ * on the worker's stream s, and `done` marks the end of its work there. */
 typedef struct in_flight {
     task *t;
+    um_stream s;
     um__fence done;
     uint64_t launched_ns;
     um_status st;
     bool all_held; /* its buffers were had, so it ran (or failed running) */
+    bool ran;      /* its implementation was called */
+    /* The buffers (bit i: buffer i) whose release could be neither fenced
+     * nor waited for: still acquired, released again once the task's
+     * work is seen done (land), tried until release_given_up_ns. */
+    uint32_t unreleased;
+    uint64_t release_given_up_ns;
     char why[512];
+    /* Where the end could be neither fenced nor waited for at the
+     * launch (done is then unrecorded), why; else empty. */
+    char unfenced[400];
 } in_flight;
 
 /* Acquires t's buffers on the worker's stream (the stream waits for their
@@ -890,12 +900,23 @@ static um_status acquire_all(worker *w, um_stream s, task *t, void **ptrs, size_
          * go of them, announced again, and take them once more, largest
          * first: reclaim can then move what is in the way before the
          * large ones are placed. */
-        for (int i = 0; i < ut->nbuffers; i++)
-            if (held[i]) {
-                (void)um__buffer_release(ut->buffers[i], w->dev, s, false);
-                (void)um__buffer_announce(ut->buffers[i], &t->announced[i]);
-                held[i] = false;
+        um_status released = UM_OK;
+        for (int i = 0; i < ut->nbuffers; i++) {
+            if (!held[i])
+                continue;
+            /* A release that fails leaves the buffer acquired (its copies
+             * may still be queued on s): it stays held, released with the
+             * rest once the task has failed, and is not acquired again
+             * (dropped here, it stayed acquired for good, and acquiring it
+             * again waited ten seconds for itself). */
+            um_status rs = um__buffer_release(ut->buffers[i], w->dev, s, false);
+            if (rs != UM_OK) {
+                released = rs;
+                continue;
             }
+            (void)um__buffer_announce(ut->buffers[i], &t->announced[i]);
+            held[i] = false;
+        }
         int order[UM_TASK_MAX_BUFFERS];
         for (int i = 0; i < ut->nbuffers; i++) {
             int k = i;
@@ -904,7 +925,7 @@ static um_status acquire_all(worker *w, um_stream s, task *t, void **ptrs, size_
                 order[k] = order[k - 1];
             order[k] = i;
         }
-        st = UM_OK;
+        st = released;
         for (int k = 0; k < ut->nbuffers && st == UM_OK; k++)
             st = acquire_one(w, s, t, order[k], ptrs, sizes, held, &in);
     }
@@ -920,17 +941,23 @@ static um_status acquire_all(worker *w, um_stream s, task *t, void **ptrs, size_
 /* Releases t's buffers that are held on the worker's stream; st, or a
  * failure if a release fails. Those of a task that did not run (not all
  * could be had, or its inputs did not arrive) keep their data: what a
- * WRITE_DISCARD would have replaced stays (found by the stress test). */
+ * WRITE_DISCARD would have replaced stays (found by the stress test).
+ * With `unreleased`, a release that fails sets the buffer's bit there
+ * instead, to be tried again (release_again). */
 static um_status release_all(worker *w, um_stream s, task *t, const bool *held, bool ran,
-                             um_status st, char *why, size_t why_len)
+                             um_status st, char *why, size_t why_len, uint32_t *unreleased)
 {
-    for (int i = 0; i < t->t.nbuffers; i++)
-        if (held[i] && um__buffer_release(t->t.buffers[i], w->dev, s, ran) != UM_OK &&
-            st == UM_OK) {
+    for (int i = 0; i < t->t.nbuffers; i++) {
+        if (!held[i] || um__buffer_release(t->t.buffers[i], w->dev, s, ran) == UM_OK)
+            continue;
+        if (unreleased)
+            *unreleased |= (uint32_t)1 << i;
+        else if (st == UM_OK) {
             st = UM_ERR_TASK;
             snprintf(why, why_len, "task %llu (%s) on device %d: a release failed: %s",
                      (unsigned long long)t->id, task_name(t), w->dev, um_last_error());
         }
+    }
     return st;
 }
 
@@ -1023,7 +1050,7 @@ static um_status run_on_cpu(worker *w, task *t, char *why, size_t why_len)
         }
     }
     uint64_t t2 = um__now_ns();
-    st = release_all(w, w->stream, t, held, ran, st, why, why_len);
+    st = release_all(w, w->stream, t, held, ran, st, why, why_len, NULL);
     if (all_held)
         account(w, t, t1, t2, st);
     else
@@ -1042,8 +1069,11 @@ static void launch_on_gpu(worker *w, um_stream s, task *t, in_flight *f)
     size_t sizes[UM_TASK_MAX_BUFFERS];
     bool held[UM_TASK_MAX_BUFFERS];
     f->t = t;
+    f->s = s;
     f->done = UM_FENCE_NONE;
-    f->why[0] = '\0';
+    f->unreleased = 0;
+    f->release_given_up_ns = 0;
+    f->why[0] = f->unfenced[0] = '\0';
     f->launched_ns = um__now_ns();
     f->st = acquire_all(w, s, t, ptrs, sizes, held, f->why, sizeof f->why);
     /* The next tasks' inputs, queued behind this one's copies; the host's
@@ -1052,7 +1082,7 @@ static void launch_on_gpu(worker *w, um_stream s, task *t, in_flight *f)
     prefetch_listed(w, true);
     f->launched_ns += um__now_ns() - p0;
     bool ran = f->st == UM_OK;
-    f->all_held = ran;
+    f->all_held = f->ran = ran;
     um__backend *be = ctx->devices[w->dev].backend;
     if (ran && be->kind != UM_DEVICE_CUDA) {
         /* A modelled GPU (virtual time): the program's function, then the
@@ -1080,13 +1110,66 @@ static void launch_on_gpu(worker *w, um_stream s, task *t, in_flight *f)
                      (unsigned long long)t->id, task_name(t), w->dev, rc);
         }
     }
-    f->st = release_all(w, s, t, held, ran, f->st, f->why, sizeof f->why);
-    if (f->st == UM_OK && um__fence_record(ctx, w->dev, s, &f->done) != UM_OK &&
-        um_stream_synchronize(ctx, s) != UM_OK) {
-        f->st = UM_ERR_TASK;
-        snprintf(f->why, sizeof f->why, "task %llu (%s) on device %d: its GPU work failed: %s",
-                 (unsigned long long)t->id, task_name(t), w->dev, um_last_error());
+    /* A release that can be neither fenced nor waited for leaves its
+     * buffer acquired, to be released again: land does that once the
+     * task's work is seen done. Failed here, the buffer stayed acquired
+     * for good, and every later task on it failed. */
+    f->st = release_all(w, s, t, held, ran, f->st, f->why, sizeof f->why, &f->unreleased);
+    /* The end of the task's work, a failed one's too: it may have queued
+     * work before it failed, and the task's end (its callback, the waits
+     * for it) must come after that work, which may use the program's
+     * memory. */
+    if (ran && um__fence_record(ctx, w->dev, s, &f->done) != UM_OK) {
+        char record[200];
+        snprintf(record, sizeof record, "%s", um_last_error());
+        if (um_stream_synchronize(ctx, s) != UM_OK) {
+            /* The work is still queued on s, so an event recorded there
+             * later (land settles the fence) or a wait for s stands for
+             * its end. Failed here, the task ended with its kernels
+             * queued: its waits returned, and memory they used, freed by
+             * the program then, was reused under them. */
+            snprintf(f->unfenced, sizeof f->unfenced,
+                     "its end could be neither fenced (%s) nor waited for (%s) at its launch",
+                     record, um_last_error());
+            f->done = um__fence_unrecorded(be, s);
+        }
     }
+}
+
+/* Releases again the buffers of f whose release failed at the launch (w's
+ * lock held, let go meanwhile, as a release may wait for the stream):
+ * true once none is left. Tried at each look for a second, since the
+ * driver may record again; then f fails, saying why, and those buffers
+ * stay acquired. */
+static bool release_again(worker *w, in_flight *f)
+{
+    um__run *r = w->r;
+    const um_task *ut = &f->t->t;
+    char why[300] = "";
+    um__vt_mutex_unlock(&r->lock);
+    for (int i = 0; i < ut->nbuffers; i++) {
+        if (!(f->unreleased & (uint32_t)1 << i))
+            continue;
+        if (um__buffer_release(ut->buffers[i], w->dev, f->s, f->ran) == UM_OK)
+            f->unreleased &= ~((uint32_t)1 << i);
+        else if (!why[0])
+            snprintf(why, sizeof why, "%s", um_last_error());
+    }
+    um__vt_mutex_lock(&r->lock);
+    if (!f->unreleased)
+        return true;
+    uint64_t now = um__now_ns();
+    if (!f->release_given_up_ns)
+        f->release_given_up_ns = now + 1000000000ull;
+    if (now < f->release_given_up_ns && !r->quit)
+        return false;
+    if (f->st == UM_OK) {
+        f->st = UM_ERR_TASK;
+        snprintf(f->why, sizeof f->why, "task %llu (%s) on device %d: a release failed: %s",
+                 (unsigned long long)f->t->id, task_name(f->t), w->dev, why);
+    }
+    f->unreleased = 0;
+    return true;
 }
 
 /* Looks whether a launched task has ended; true when it has, its compute
@@ -1095,15 +1178,34 @@ static bool land(worker *w, um__xfer *x, in_flight *f, uint64_t *prev_end)
 {
     bool done;
     if (um__fence_check(x, &f->done, &done) != UM_OK) {
-        if (f->st == UM_OK) {
-            f->st = UM_ERR_TASK;
-            snprintf(f->why, sizeof f->why, "task %llu (%s) on device %d: its GPU work failed: "
-                     "%s", (unsigned long long)f->t->id, task_name(f->t), w->dev,
-                     um_last_error());
+        /* Its end cannot be asked (or, unrecorded, still not recorded):
+         * the stream is waited for instead, without the lock. Ended at
+         * once, the task's waits returned with its kernels still queued. */
+        char asked[200];
+        snprintf(asked, sizeof asked, "%s", um_last_error());
+        um__vt_mutex_unlock(&w->r->lock);
+        um_status st = um_stream_synchronize(w->r->ctx, f->s);
+        um__vt_mutex_lock(&w->r->lock);
+        if (st != UM_OK) {
+            if (f->st == UM_OK) {
+                char why[sizeof f->why];
+                f->st = UM_ERR_TASK;
+                snprintf(why, sizeof why,
+                         "task %llu (%s) on device %d: %s%s (%s) nor waited for (%s): its GPU "
+                         "work may still be running",
+                         (unsigned long long)f->t->id, task_name(f->t), w->dev, f->unfenced,
+                         f->unfenced[0] ? ", nor seen later" : "its end can be neither seen", asked,
+                         um_last_error());
+                memcpy(f->why, why, sizeof why);
+            }
+            /* Nothing can tell when its work ends: its buffers stay. */
+            f->unreleased = 0;
         }
     } else if (!done) {
         return false;
     }
+    if (f->unreleased && !release_again(w, f))
+        return false;
     uint64_t end = um__now_ns(), start = f->launched_ns > *prev_end ? f->launched_ns : *prev_end;
     /* A task whose buffers could not be had never ran: no busy time and no
      * span, as on the host, and the next task's compute does not start
