@@ -401,10 +401,10 @@ static void check_deferred_unasked(void)
 /* A block marked for s2, whose kernel there is still queued, when s2 is
  * destroyed (legal: the stream's work still runs): the block's free on s1
  * must wait for that work, so the memory taken again on s1 is written
- * after the kernel: no race. Where s2 cannot be waited for
- * (cuStreamSynchronize), the destroy fails, saying why, and s2 stays.
- * (The destroy dropped the mark, and the free went straight back to the
- * pool under the kernel.) */
+ * after the kernel: no race. The backend's destroy waits for the stream
+ * first; where that wait fails (cuStreamSynchronize), the destroy fails,
+ * saying why, and s2 stays with its marks. (Correct when written: a guard
+ * for the marks a destroy drops.) */
 static void check_marked_stream_destroyed(void)
 {
     counts c;
