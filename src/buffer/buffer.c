@@ -833,10 +833,18 @@ static um_status write_back_home(um_buffer *b)
 {
     if (!b->wrapped)
         return UM_OK;
-    if (b->rep[0].state == UM_REPLICA_INVALID && fill(b, 0) != UM_OK)
-        return um__fail(UM_ERR_BACKEND, "buffer %p: its newest data (on device %d) could not be "
-                        "copied back to the wrapped host memory %p: %s", (void *)b, owner_of(b),
-                        b->rep[0].ptr, um_last_error());
+    um_status filled = b->rep[0].state == UM_REPLICA_INVALID ? fill(b, 0) : UM_OK;
+    if (filled != UM_OK) {
+        /* fill's message is copied out first: um__fail formats into the
+         * same buffer, and quoting it there wrote the new message over
+         * the cause (the driver call that failed) as it was read. */
+        char why[300];
+        return um__fail(UM_ERR_BACKEND,
+                        "buffer %p: its newest data (on device %d) could not be "
+                        "copied back to the wrapped host memory %p: %s",
+                        (void *)b, owner_of(b), b->rep[0].ptr,
+                        um__error_detail(filled, why, sizeof why));
+    }
     um__replica *r = &b->rep[0];
     um_status st = um__fence_wait(engine(b), &r->ready);
     for (uint32_t i = 0; st == UM_OK && i < r->nused; i++)
