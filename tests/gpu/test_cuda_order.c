@@ -1393,45 +1393,21 @@ static void check_fill_unrecorded(void)
 
 /* A copy of a buffer from GPU 1 to GPU 2 whose end can be neither
  * recorded nor waited for: the prefetch fails, and the copy may still be
- * reading GPU 1's replica. A write there on another stream runs after it:
- * no race, and the buffer then holds the write's bytes. (The source was
- * left with nothing standing for the copy, and the write raced it.) */
-static void check_copy_unrecorded_source(void)
+ * reading GPU 1's replica and writing GPU 2's memory. A write into GPU 1's
+ * replica on another stream, and another buffer's write into that memory
+ * of GPU 2, both run after it: no race, and each buffer then holds its
+ * write's bytes. two_hop: between GPUs without peer copies, through
+ * staging slots, on GPU 1's copy-out stream and GPU 2's copy-in stream.
+ * (The source was left with nothing standing for the copy, and the write
+ * there raced it; the two-hop copy left no fence at all.) */
+static void check_copy_unrecorded(bool two_hop)
 {
     counts c;
     um_context *ctx =
-        check_open("a copy between GPUs whose end can be neither fenced nor waited for", TWO_GPUS,
-                   &c);
-    if (!ctx)
-        return;
-    const size_t n = 2 * MIB;
-    um_buffer *b = gpu_buffer(ctx, 1, n, 0xA1);
-    um_stream writer = NULL;
-    CHECK_OK(um_stream_create(ctx, 1, &writer));
-    if (b) {
-        cuda_fail("cuEventRecord", 0, 1, 999);
-        cuda_fail("cuStreamSynchronize", 0, 1, 999);
-        CHECK_STATUS(um_buffer_prefetch(b, 2), UM_ERR_BACKEND);
-        CHECK_ERROR_MENTIONS("cuEventRecord", "cuStreamSynchronize", "may still be writing");
-        cuda_fail_clear();
-        check_written_after(ctx, b, n, writer, c);
-        CHECK_OK(um_buffer_destroy(b));
-    }
-    CHECK_OK(um_stream_destroy(ctx, writer));
-    check_end(ctx, c);
-}
-
-/* The same between GPUs without peer copies: two hops, through staging
- * slots, on GPU 1's copy-out stream and GPU 2's copy-in stream. With an
- * event record and the streams' waits failing, hops may still read GPU
- * 1's replica and write GPU 2's: a write into GPU 1's on another stream,
- * and another buffer's write into GPU 2's memory, both run after them.
- * (The failed copy left no fence, and both raced the hops.) */
-static void check_two_hop_unrecorded(void)
-{
-    counts c;
-    um_context *ctx = check_open("a two-hop copy whose hops can be neither fenced nor waited for",
-                                 TWO_GPUS ",peer_copies=0,copy_chunk=64K", &c);
+        two_hop ? check_open("a two-hop copy whose hops can be neither fenced nor waited for",
+                             TWO_GPUS ",peer_copies=0,copy_chunk=64K", &c)
+                : check_open("a copy between GPUs whose end can be neither fenced nor waited for",
+                             TWO_GPUS, &c);
     if (!ctx)
         return;
     const size_t n = 2 * MIB;
@@ -1439,10 +1415,13 @@ static void check_two_hop_unrecorded(void)
     um_stream writer = NULL;
     CHECK_OK(um_stream_create(ctx, 1, &writer));
     if (b) {
-        cuda_fail("cuEventRecord", 2, 1, 999);
-        cuda_fail("cuStreamSynchronize", 0, 2, 999);
+        /* A two-hop copy records an event a chunk, and waits for both
+         * streams. */
+        cuda_fail("cuEventRecord", two_hop ? 2 : 0, 1, 999);
+        cuda_fail("cuStreamSynchronize", 0, two_hop ? 2 : 1, 999);
         CHECK_STATUS(um_buffer_prefetch(b, 2), UM_ERR_BACKEND);
-        CHECK_ERROR_MENTIONS("two-hop copy", "cuEventRecord", "cuStreamSynchronize");
+        CHECK_ERROR_MENTIONS(two_hop ? "two-hop copy" : "may still be writing", "cuEventRecord",
+                             "cuStreamSynchronize");
         cuda_fail_clear();
         /* GPU 2 has room for one buffer: the next takes b's memory there. */
         CHECK_OK(um_set_memory_limit(ctx, 2, n));
@@ -1562,8 +1541,8 @@ int main(void)
     check_evict_unordered();
     check_held_unwaited();
     check_fill_unrecorded();
-    check_copy_unrecorded_source();
-    check_two_hop_unrecorded();
+    check_copy_unrecorded(false);
+    check_copy_unrecorded(true);
     check_write_unrecorded();
     check_readers_unmerged();
     check_release_unfenced();
