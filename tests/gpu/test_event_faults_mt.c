@@ -33,8 +33,8 @@
  * are set. Exits 77 (skipped), saying why, without the stand-in driver.
  */
 #include "harness.h"
+#include "lazy_driver.h"
 
-#include <dlfcn.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -47,11 +47,6 @@
 /* Two stand-in GPUs (devices 1 and 2) with the model's links. */
 #define TWO_GPUS "devices=cuda:0+cuda:1,links=model,link_cache=none"
 
-/* The stand-in driver's entry points for tests. */
-static int (*lazy_drain)(void);
-static long (*lazy_violations)(const char *what);
-static int (*cuda_fail)(const char *call, unsigned skip, unsigned times, int result);
-static void (*cuda_fail_clear)(void);
 
 /* The driver calls that order GPU work, failed at random below. */
 static const char *const mt_calls[] = {"cuEventRecord", "cuEventSynchronize", "cuEventQuery",
@@ -106,7 +101,7 @@ typedef struct mt_thread {
 
 struct mt_shared {
     um_context *ctx;
-    long unmap0, race0; /* the driver's reports before the check */
+    counts c0;          /* the driver's reports before the check */
     int steps;          /* per thread */
     mt_buffer buf[MT_SHARED];
     mt_thread thr[MT_THREADS];
@@ -118,16 +113,6 @@ struct mt_shared {
     _Atomic long armed, failures, failures_elsewhere, reports, violations;
     _Atomic long wrapped_destroyed, wrapped_kept;
 };
-
-static long unmaps_since(const mt_shared *sh)
-{
-    return lazy_violations("unmap") - sh->unmap0;
-}
-
-static long races_since(const mt_shared *sh)
-{
-    return lazy_violations("race") - sh->race0;
-}
 
 static size_t mt_below(mt_thread *t, size_t n)
 {
@@ -242,14 +227,14 @@ static bool mt_again(mt_thread *t, int *tries)
 /* New race or unmap reports since the last look, by any thread. */
 static void mt_violations(mt_thread *t)
 {
-    long v = unmaps_since(t->sh) + races_since(t->sh);
+    long v = unmaps_since(t->sh->c0) + races_since(t->sh->c0);
     long seen = atomic_load(&t->sh->violations);
     while (v > seen && !atomic_compare_exchange_weak(&t->sh->violations, &seen, v))
         ;
     if (v > seen) {
         char n[64];
-        snprintf(n, sizeof n, "%ld new (race %ld, unmap %ld in all)", v - seen, races_since(t->sh),
-                 unmaps_since(t->sh));
+        snprintf(n, sizeof n, "%ld new (race %ld, unmap %ld in all)", v - seen,
+                 races_since(t->sh->c0), unmaps_since(t->sh->c0));
         mt_report(t, "driver violations:", n);
     }
 }
@@ -622,9 +607,7 @@ static void *mt_worker(void *arg)
 /* The whole check, with the seed's streams of random operations. */
 static void check_threads_event_faults(uint64_t seed)
 {
-    printf("-- random buffer use from %d threads with the ordering calls failing\n", MT_THREADS);
-    fflush(stdout);
-    lazy_drain();
+    counts c0 = check_begin("random buffer use from four threads with the ordering calls failing");
     /* The host is short of room too: the only copy of some buffers goes
      * to the spill file. */
     char dir[] = "/tmp/unimem-mt-XXXXXX", conf[200];
@@ -634,8 +617,7 @@ static void check_threads_event_faults(uint64_t seed)
     }
     snprintf(conf, sizeof conf, TWO_GPUS ",watermark_high=100,watermark_low=100,spill_dir=%s", dir);
     mt_shared *sh = calloc(1, sizeof *sh);
-    sh->unmap0 = lazy_violations("unmap");
-    sh->race0 = lazy_violations("race");
+    sh->c0 = c0;
     CHECK_OK(um_init(conf, &sh->ctx));
     if (!sh->ctx) {
         free(sh);
@@ -728,9 +710,9 @@ static void check_threads_event_faults(uint64_t seed)
            MT_THREADS, ops, atomic_load(&sh->armed), atomic_load(&sh->failures),
            atomic_load(&sh->failures_elsewhere), atomic_load(&sh->wrapped_destroyed),
            atomic_load(&sh->wrapped_kept), (unsigned long long)evictions,
-           (unsigned long long)spilled, races_since(sh), unmaps_since(sh));
-    CHECK_EQ(unmaps_since(sh), 0);
-    CHECK_EQ(races_since(sh), 0);
+           (unsigned long long)spilled, races_since(sh->c0), unmaps_since(sh->c0));
+    CHECK_EQ(unmaps_since(sh->c0), 0);
+    CHECK_EQ(races_since(sh->c0), 0);
     pthread_mutex_destroy(&sh->arm_lock);
     free(sh);
 }
@@ -743,12 +725,10 @@ static void check_threads_event_faults(uint64_t seed)
  * itself twice with the cause cut away.) */
 static void check_wrapped_destroy_message(void)
 {
-    printf("-- a wrapped buffer's destroy whose copy back fails names the driver call\n");
-    fflush(stdout);
-    lazy_drain();
-    long unmap0 = lazy_violations("unmap"), race0 = lazy_violations("race");
-    um_context *ctx = NULL;
-    CHECK_OK(um_init(TWO_GPUS, &ctx));
+    counts c;
+    um_context *ctx =
+        check_open("a wrapped buffer's destroy whose copy back fails names the driver call",
+                   TWO_GPUS, &c);
     if (!ctx)
         return;
     const size_t n = 256 << 10;
@@ -774,58 +754,14 @@ static void check_wrapped_destroy_message(void)
     if (st != UM_OK)
         CHECK_OK(um_buffer_destroy(b));
     CHECK_EQ(memcmp(host, src, n), 0);
-    um_shutdown(ctx);
-    CHECK_EQ(lazy_violations("unmap") - unmap0, 0);
-    CHECK_EQ(lazy_violations("race") - race0, 0);
+    check_end(ctx, c);
     free(host);
     free(src);
 }
 
-/* Resolves the stand-in's entry points; false (with the reason printed)
- * where this is not the stand-in driver in lazy mode. */
-static bool find_lazy_driver(void)
-{
-    const char *need = "needs the stand-in driver (UM_TEST_FAKE_CUDA=1, LD_LIBRARY_PATH to "
-                       "its libcuda.so.1)";
-    if (!getenv("UM_TEST_FAKE_CUDA")) {
-        printf("test_event_faults_mt: SKIPPED: %s\n", need);
-        return false;
-    }
-    char why[256] = "";
-    int version = 0, gpus = 0;
-    if (um_cuda_driver_info(&version, &gpus, why, sizeof why) != UM_OK || gpus < 2) {
-        printf("test_event_faults_mt: SKIPPED: %s\n",
-               why[0] ? why : "the driver reports fewer than two GPUs");
-        return false;
-    }
-    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-    if (lib) {
-        *(void **)&lazy_drain = dlsym(lib, "fake_lazy_drain");
-        *(void **)&lazy_violations = dlsym(lib, "fake_lazy_violations");
-        *(void **)&cuda_fail = dlsym(lib, "fake_cuda_fail");
-        *(void **)&cuda_fail_clear = dlsym(lib, "fake_cuda_fail_clear");
-    }
-    if (!lazy_drain || !lazy_violations || !cuda_fail || !cuda_fail_clear) {
-        printf("test_event_faults_mt: SKIPPED: %s; this libcuda.so.1 lacks fake_lazy_drain\n",
-               need);
-        return false;
-    }
-    if (lazy_drain() != 0) {
-        printf("test_event_faults_mt: SKIPPED: the stand-in driver is not in lazy mode "
-               "(FAKE_CUDA_LAZY_QUERIES is empty)\n");
-        return false;
-    }
-    return true;
-}
-
 int main(void)
 {
-    /* Before the driver is loaded, which reads them once. */
-    if (getenv("UM_TEST_FAKE_CUDA")) {
-        setenv("FAKE_CUDA_LAZY_QUERIES", "3", 0);
-        setenv("FAKE_CUDA_GPUS", "4", 0);
-    }
-    if (!find_lazy_driver())
+    if (!lazy_driver_open("test_event_faults_mt", 2))
         return SKIP;
     uint64_t seed = harness_seed("test_event_faults_mt");
     check_wrapped_destroy_message();

@@ -28,8 +28,8 @@
  * are set. Exits 77 (skipped), saying why, without the stand-in driver.
  */
 #include "harness.h"
+#include "lazy_driver.h"
 
-#include <dlfcn.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -37,63 +37,6 @@
 #define SKIP 77
 #define BLOCK (4 * MIB)
 #define ONE_GPU "devices=cuda:0"
-
-/* The stand-in driver's entry points for tests. */
-static int (*lazy_launch)(void *stream, void *p, size_t n);
-static int (*lazy_drain)(void);
-static long (*lazy_violations)(const char *what);
-static int (*cuda_fail)(const char *call, unsigned skip, unsigned times, int result);
-static void (*cuda_fail_clear)(void);
-
-/* Violation counts at the start of a check, to report its own only. */
-typedef struct counts {
-    long unmap, race;
-} counts;
-
-static counts counts_now(void)
-{
-    return (counts){lazy_violations("unmap"), lazy_violations("race")};
-}
-
-/* Each check starts from idle GPUs and no forced failure. */
-static counts check_begin(const char *name)
-{
-    printf("-- %s\n", name);
-    fflush(stdout);
-    cuda_fail_clear();
-    lazy_drain();
-    return counts_now();
-}
-
-/* check_begin, then a context of conf; NULL (the failure reported) if it
- * cannot be made. */
-static um_context *check_open(const char *name, const char *conf, counts *c)
-{
-    *c = check_begin(name);
-    um_context *ctx = NULL;
-    CHECK_OK(um_init(conf, &ctx));
-    return ctx;
-}
-
-static long unmaps_since(counts c)
-{
-    return lazy_violations("unmap") - c.unmap;
-}
-
-static long races_since(counts c)
-{
-    return lazy_violations("race") - c.race;
-}
-
-/* Ends a check: its context goes, and no memory was unmapped under
- * pending work, nor bytes touched by two streams unordered, meanwhile. */
-static void check_end(um_context *ctx, counts c)
-{
-    cuda_fail_clear();
-    um_shutdown(ctx);
-    CHECK_EQ(unmaps_since(c), 0);
-    CHECK_EQ(races_since(c), 0);
-}
 
 static void *native_of(um_stream s)
 {
@@ -498,50 +441,9 @@ static void check_pool_reuse_unordered(void)
     check_end(ctx, c);
 }
 
-/* Resolves the stand-in's entry points; false (with the reason printed)
- * where this is not the stand-in driver in lazy mode. */
-static bool find_lazy_driver(void)
-{
-    const char *need = "needs the stand-in driver (UM_TEST_FAKE_CUDA=1, LD_LIBRARY_PATH to "
-                       "its libcuda.so.1)";
-    if (!getenv("UM_TEST_FAKE_CUDA")) {
-        printf("test_order_tasks: SKIPPED: %s\n", need);
-        return false;
-    }
-    char why[256] = "";
-    int version = 0, gpus = 0;
-    if (um_cuda_driver_info(&version, &gpus, why, sizeof why) != UM_OK || gpus < 1) {
-        printf("test_order_tasks: SKIPPED: %s\n", why[0] ? why : "the driver reports no GPU");
-        return false;
-    }
-    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-    if (lib) {
-        *(void **)&lazy_launch = dlsym(lib, "fake_lazy_launch");
-        *(void **)&lazy_drain = dlsym(lib, "fake_lazy_drain");
-        *(void **)&lazy_violations = dlsym(lib, "fake_lazy_violations");
-        *(void **)&cuda_fail = dlsym(lib, "fake_cuda_fail");
-        *(void **)&cuda_fail_clear = dlsym(lib, "fake_cuda_fail_clear");
-    }
-    if (!lazy_launch || !lazy_drain || !lazy_violations || !cuda_fail || !cuda_fail_clear) {
-        printf("test_order_tasks: SKIPPED: %s; this libcuda.so.1 lacks fake_lazy_launch\n", need);
-        return false;
-    }
-    if (lazy_drain() != 0) {
-        printf("test_order_tasks: SKIPPED: the stand-in driver is not in lazy mode "
-               "(FAKE_CUDA_LAZY_QUERIES is empty)\n");
-        return false;
-    }
-    return true;
-}
-
 int main(void)
 {
-    /* Before the driver is loaded, which reads them once. */
-    if (getenv("UM_TEST_FAKE_CUDA")) {
-        setenv("FAKE_CUDA_LAZY_QUERIES", "3", 0);
-        setenv("FAKE_CUDA_GPUS", "4", 0);
-    }
-    if (!find_lazy_driver())
+    if (!lazy_driver_open("test_order_tasks", 1))
         return SKIP;
     check_task_ends();
     check_task_release_unfenced();
