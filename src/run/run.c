@@ -1188,15 +1188,17 @@ static bool land(worker *w, um__xfer *x, in_flight *f, uint64_t *prev_end)
         um__vt_mutex_lock(&w->r->lock);
         if (st != UM_OK) {
             if (f->st == UM_OK) {
-                char why[sizeof f->why];
                 f->st = UM_ERR_TASK;
-                snprintf(why, sizeof why,
-                         "task %llu (%s) on device %d: %s%s (%s) nor waited for (%s): its GPU "
-                         "work may still be running",
-                         (unsigned long long)f->t->id, task_name(f->t), w->dev, f->unfenced,
-                         f->unfenced[0] ? ", nor seen later" : "its end can be neither seen", asked,
-                         um_last_error());
-                memcpy(f->why, why, sizeof why);
+                /* A message too long for f->why keeps its start. */
+                int len = snprintf(f->why, sizeof f->why,
+                                   "task %llu (%s) on device %d: %s%s (%s) nor waited for (%s): "
+                                   "its GPU work may still be running",
+                                   (unsigned long long)f->t->id, task_name(f->t), w->dev,
+                                   f->unfenced,
+                                   f->unfenced[0] ? ", nor seen later"
+                                                  : "its end can be neither seen",
+                                   asked, um_last_error());
+                (void)len;
             }
             /* Nothing can tell when its work ends: its buffers stay. */
             f->unreleased = 0;
