@@ -1189,8 +1189,10 @@ static bool land(worker *w, um__xfer *x, in_flight *f, uint64_t *prev_end)
         if (st != UM_OK) {
             if (f->st == UM_OK) {
                 f->st = UM_ERR_TASK;
-                /* A message too long for f->why keeps its start. */
-                int len = snprintf(f->why, sizeof f->why,
+                /* Formatted apart from f, whose unfenced it quotes; a
+                 * message too long for f->why keeps its start. */
+                char why[sizeof f->why];
+                int len = snprintf(why, sizeof why,
                                    "task %llu (%s) on device %d: %s%s (%s) nor waited for (%s): "
                                    "its GPU work may still be running",
                                    (unsigned long long)f->t->id, task_name(f->t), w->dev,
@@ -1199,6 +1201,7 @@ static bool land(worker *w, um__xfer *x, in_flight *f, uint64_t *prev_end)
                                                   : "its end can be neither seen",
                                    asked, um_last_error());
                 (void)len;
+                memcpy(f->why, why, sizeof why);
             }
             /* Nothing can tell when its work ends: its buffers stay. */
             f->unreleased = 0;
