@@ -111,7 +111,7 @@ struct mt_shared {
     pthread_mutex_t arm_lock;
     _Atomic uint64_t arm_seq;
     _Atomic long armed, failures, failures_elsewhere, reports, violations;
-    _Atomic long wrapped_destroyed, wrapped_kept;
+    _Atomic long wrapped_destroyed, wrapped_kept, held_full;
 };
 
 static size_t mt_below(mt_thread *t, size_t n)
@@ -201,6 +201,17 @@ static bool mt_result(mt_thread *t, um_status s, const char *call)
         printf("thread %d, op %ld: %s failed: %s\n", t->id, t->op, call, msg);
     char detail[700];
     snprintf(detail, sizeof detail, "%s failed (%s): %s", call, um_status_name(s), msg);
+    /* Four threads' acquisitions (and a pin) can hold a GPU's 6 MiB
+     * between them, the rest too fragmented for the request: reclaim then
+     * finds nothing left to evict, as it says, with no fault (seen once in
+     * about 200 runs). Taken only where held replicas are named. */
+    const char *full = strstr(msg, "nothing left to evict: ");
+    int held = 0;
+    if (s == UM_ERR_NOMEM && full &&
+        sscanf(full, "nothing left to evict: %d acquired", &held) == 1 && held > 0) {
+        atomic_fetch_add(&t->sh->held_full, 1);
+        return false;
+    }
     if (!mt_window(t)) {
         mt_report(t, "no fault armed in any thread, yet", detail);
         return false;
@@ -705,12 +716,13 @@ static void check_threads_event_faults(uint64_t seed)
     rmdir(dir);
     printf("random event faults from %d threads: %ld operations, %ld faults armed, %ld "
            "failures (%ld in a thread that had armed none), %ld wrapped buffers destroyed (%ld "
-           "destroys failed, the buffer kept), "
-           "%llu evictions (%llu spilled), %ld race and %ld unmap reports\n",
+           "destroys failed, the buffer kept), %ld acquisitions refused with held replicas filling "
+           "a GPU, %llu evictions (%llu spilled), %ld race and %ld unmap reports\n",
            MT_THREADS, ops, atomic_load(&sh->armed), atomic_load(&sh->failures),
            atomic_load(&sh->failures_elsewhere), atomic_load(&sh->wrapped_destroyed),
-           atomic_load(&sh->wrapped_kept), (unsigned long long)evictions,
-           (unsigned long long)spilled, races_since(sh->c0), unmaps_since(sh->c0));
+           atomic_load(&sh->wrapped_kept), atomic_load(&sh->held_full),
+           (unsigned long long)evictions, (unsigned long long)spilled, races_since(sh->c0),
+           unmaps_since(sh->c0));
     CHECK_EQ(unmaps_since(sh->c0), 0);
     CHECK_EQ(races_since(sh->c0), 0);
     pthread_mutex_destroy(&sh->arm_lock);
