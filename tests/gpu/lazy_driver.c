@@ -55,6 +55,22 @@ void check_end(um_context *ctx, counts c)
     CHECK_EQ(races_since(c), 0);
 }
 
+void *native_of(um_stream s)
+{
+    return s ? um_stream_native(s) : NULL;
+}
+
+size_t buffer_count_not(um_buffer *b, size_t n, int byte)
+{
+    unsigned char *h = calloc(1, n);
+    CHECK_OK(um_buffer_read(b, 0, h, n));
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++)
+        bad += h[i] != (unsigned char)byte;
+    free(h);
+    return bad;
+}
+
 bool lazy_driver_open(const char *test, int min_gpus)
 {
     const char *need = "needs the stand-in driver (UM_TEST_FAKE_CUDA=1, LD_LIBRARY_PATH to "

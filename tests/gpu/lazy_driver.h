@@ -42,6 +42,11 @@ um_context *check_open(const char *name, const char *conf, counts *c);
  * pending work, nor bytes touched by two streams unordered, meanwhile. */
 void check_end(um_context *ctx, counts c);
 
+/* The driver's handle of s (NULL: the default stream). */
+void *native_of(um_stream s);
+/* The bytes of b (n of them) that are not `byte`, read with um_buffer_read. */
+size_t buffer_count_not(um_buffer *b, size_t n, int byte);
+
 /* Under UM_TEST_FAKE_CUDA, sets the lazy mode's defaults (3 lazy queries,
  * 4 GPUs) unless set, before the driver loads, then resolves the entry
  * points: false, with "test: SKIPPED: why" printed, where this is not the

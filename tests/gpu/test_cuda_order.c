@@ -47,11 +47,6 @@
 /* Two stand-in GPUs (devices 1 and 2) with the model's links. */
 #define TWO_GPUS "devices=cuda:0+cuda:1,links=model,link_cache=none"
 
-static void *native_of(um_stream s)
-{
-    return s ? um_stream_native(s) : NULL;
-}
-
 /* um_shutdown with a kernel still queued on memory freed in stream order
  * (legal: the free is ordered after the kernel) must wait for the stream
  * before unmapping that memory: a GPU kernel running on unmapped memory
@@ -450,18 +445,6 @@ static um_status write_on(um_context *ctx, um_buffer *b, int dev, size_t n, int 
     CHECK_OK(um_stream_synchronize(ctx, s));
     free(h);
     return UM_OK;
-}
-
-/* The bytes of b (n of them) that are not `byte`. */
-static size_t buffer_count_not(um_buffer *b, size_t n, int byte)
-{
-    unsigned char *h = calloc(1, n);
-    CHECK_OK(um_buffer_read(b, 0, h, n));
-    size_t bad = 0;
-    for (size_t i = 0; i < n; i++)
-        bad += h[i] != (unsigned char)byte;
-    free(h);
-    return bad;
 }
 
 /* The end of the checks whose failure left a copy out of b's replica on

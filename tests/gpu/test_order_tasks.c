@@ -38,11 +38,6 @@
 #define BLOCK (4 * MIB)
 #define ONE_GPU "devices=cuda:0"
 
-static void *native_of(um_stream s)
-{
-    return s ? um_stream_native(s) : NULL;
-}
-
 /* Writes n bytes `byte` at p (memory of a GPU) on stream s. */
 static void write_block(um_context *ctx, void *p, size_t n, int byte, um_stream s)
 {
@@ -51,18 +46,6 @@ static void write_block(um_context *ctx, void *p, size_t n, int byte, um_stream 
     CHECK_OK(um_memcpy_async(ctx, p, h, n, s));
     CHECK_OK(um_stream_synchronize(ctx, s));
     free(h);
-}
-
-/* The bytes of b (n of them) that are not `byte`. */
-static size_t buffer_count_not(um_buffer *b, size_t n, int byte)
-{
-    unsigned char *h = calloc(1, n);
-    CHECK_OK(um_buffer_read(b, 0, h, n));
-    size_t bad = 0;
-    for (size_t i = 0; i < n; i++)
-        bad += h[i] != (unsigned char)byte;
-    free(h);
-    return bad;
 }
 
 /* ------------------------------------------------------------- tasks */
