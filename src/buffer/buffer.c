@@ -303,9 +303,33 @@ static void memory_gone(um_buffer *b, int dev)
     r->ready = UM_FENCE_NONE;
 }
 
+/* Hands the replica's memory back once its users are done. */
+static void free_replica(um_buffer *b, int dev)
+{
+    um__replica *r = &b->rep[dev];
+    if (!r->ptr)
+        return;
+    um__xfer *x = engine(b);
+    um__fence f[UM_REPLICA_USES + 1];
+    int n = write_hazards(r, f);
+    if (dev == 0 && b->wrapped) {
+        /* The program's memory: its copies must be done when destroy returns. */
+        for (int i = 0; i < n; i++)
+            if (um__fence_wait(x, &f[i]) != UM_OK)
+                um__fence_drop(&f[i]);
+    } else {
+        um__xfer_free_later(x, dev, r->ptr, f, n);
+        um__reclaim_account(um__xfer_reclaim(x), dev, -(int64_t)b->size);
+    }
+    memory_gone(b, dev);
+    r->state = UM_REPLICA_INVALID;
+}
+
 /* Makes the replica on dev valid: a copy from the cheapest valid replica,
  * or zeros for a buffer that holds no data yet (that replica becomes the
- * owner). On failure the replica stays invalid and the others untouched. */
+ * owner). On failure the replica stays invalid, without the memory this
+ * call took for it unless a copy still queued writes there, and the
+ * others untouched. */
 static um_status fill(um_buffer *b, int dev)
 {
     um__xfer *x = engine(b);
@@ -314,6 +338,7 @@ static um_status fill(um_buffer *b, int dev)
     /* With no valid replica the data may be in the spill file (the host's
      * side of every link: program memory to the engine). */
     bool from_spill = src < 0 && b->spill_valid;
+    bool fresh = !r->ptr;
     um_status st = from_spill ? spill_verify(b, 0, b->size) : UM_OK;
     if (st == UM_OK)
         st = ensure_memory(b, dev, copy_stream(x, dev, from_spill ? 0 : src));
@@ -330,8 +355,16 @@ static um_status fill(um_buffer *b, int dev)
         after[n++] = b->rep[src].ready;
         st = um__xfer_copy(x, dev, r->ptr, src, b->rep[src].ptr, b->size, after, n, &done);
     }
-    if (st != UM_OK && !done.unrecorded)
+    if (st != UM_OK && !done.unrecorded) {
+        /* Nothing was queued. Memory taken for this fill goes back: it
+         * came in stream order on the copy's stream, maybe behind work
+         * that stream waits for (reclaim hands memory on that way), and
+         * nothing orders other streams after that. Kept by the invalid
+         * replica, it was written on another stream under that work. */
+        if (fresh)
+            free_replica(b, dev);
         return st;
+    }
     /* The copy ran after every earlier user and filler of r. */
     drop_uses(r);
     um__fence_drop(&r->ready);
@@ -378,28 +411,6 @@ static void take_ownership(um_buffer *b, int dev)
         b->rep[d].evicted = false;
     }
     b->rep[dev].state = UM_REPLICA_OWNER;
-}
-
-/* Hands the replica's memory back once its users are done. */
-static void free_replica(um_buffer *b, int dev)
-{
-    um__replica *r = &b->rep[dev];
-    if (!r->ptr)
-        return;
-    um__xfer *x = engine(b);
-    um__fence f[UM_REPLICA_USES + 1];
-    int n = write_hazards(r, f);
-    if (dev == 0 && b->wrapped) {
-        /* The program's memory: its copies must be done when destroy returns. */
-        for (int i = 0; i < n; i++)
-            if (um__fence_wait(x, &f[i]) != UM_OK)
-                um__fence_drop(&f[i]);
-    } else {
-        um__xfer_free_later(x, dev, r->ptr, f, n);
-        um__reclaim_account(um__xfer_reclaim(x), dev, -(int64_t)b->size);
-    }
-    memory_gone(b, dev);
-    r->state = UM_REPLICA_INVALID;
 }
 
 /* ------------------------------------------------------------- public */

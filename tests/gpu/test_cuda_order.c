@@ -1315,6 +1315,48 @@ static void check_fill_unrecorded(void)
     check_end(ctx, c);
 }
 
+/* A fill that fails before anything is queued (its copy, cuMemcpyAsync,
+ * fails) after reclaim gave it memory: GPU 1 has room for one buffer, and
+ * b's replica there, still read by a copy to GPU 2, is dropped as clean,
+ * its memory handed on behind that copy on the stream the fill copies on.
+ * The fill's memory goes back at once (the failed replica holds none), and
+ * the next write there, on another stream, runs after the copy: no race,
+ * and each buffer holds its own bytes. (The failed replica kept the
+ * memory with nothing ordering other streams after the copy, and a
+ * WRITE_DISCARD acquisition on another stream wrote it under the copy:
+ * found by test_event_faults_mt, where a failed cuStreamWaitEvent left
+ * the same.) */
+static void check_fill_failed_memory(void)
+{
+    counts c;
+    um_context *ctx = check_open("a fill that fails before its copy is queued",
+                                 TWO_GPUS ",watermark_high=100,watermark_low=100", &c);
+    if (!ctx)
+        return;
+    const size_t n = 2 * MIB;
+    um_buffer *b = gpu_buffer(ctx, 1, n, 0xA1), *other = gpu_buffer(ctx, 2, n, 0x5A);
+    um_stream writer = NULL;
+    CHECK_OK(um_stream_create(ctx, 1, &writer));
+    void *p = NULL;
+    /* The copy from GPU 1 to GPU 2, still queued: it reads b's memory. */
+    CHECK_OK(um_buffer_acquire(b, 2, UM_ACCESS_READ, NULL, &p));
+    CHECK_OK(um_buffer_release(b, 2, NULL));
+    CHECK_OK(um_set_memory_limit(ctx, 1, n));
+    cuda_fail("cuMemcpyAsync", 0, 1, 999);
+    CHECK_STATUS(um_buffer_acquire(other, 1, UM_ACCESS_READ, NULL, &p), UM_ERR_BACKEND);
+    CHECK_ERROR_MENTIONS("cuda0", "cuMemcpyAsync", "999");
+    cuda_fail_clear();
+    CHECK_EQ(active_on(ctx, 1), 0);
+    CHECK_OK(write_on(ctx, other, 1, n, 0x33, writer));
+    CHECK_EQ(races_since(c), 0);
+    CHECK_EQ(buffer_count_not(other, n, 0x33), 0);
+    CHECK_EQ(buffer_count_not(b, n, 0xA1), 0);
+    CHECK_OK(um_buffer_destroy(b));
+    CHECK_OK(um_buffer_destroy(other));
+    CHECK_OK(um_stream_destroy(ctx, writer));
+    check_end(ctx, c);
+}
+
 /* A copy of a buffer from GPU 1 to GPU 2 whose end can be neither
  * recorded nor waited for: the prefetch fails, and the copy may still be
  * reading GPU 1's replica and writing GPU 2's memory. A write into GPU 1's
@@ -1421,6 +1463,7 @@ int main(void)
     check_evict_unordered();
     check_held_unwaited();
     check_fill_unrecorded();
+    check_fill_failed_memory();
     check_copy_unrecorded(false);
     check_copy_unrecorded(true);
     check_write_unrecorded();
