@@ -57,18 +57,23 @@
  * non-blocking (the legacy stream's implicit synchronisation is not
  * modelled). A destroyed stream's pending work stays pending, as it still
  * runs on a GPU. FAKE_CUDA_LAZY_ABORT=1 aborts at the first violation,
- * for a debugger. Entry points for tests (found with dlsym):
- * fake_lazy_launch(stream, p, n) queues a "kernel" writing [p, p+n) on
- * stream; fake_lazy_wait(waiter, on) makes stream `waiter` wait for the
- * work queued on `on` so far, as an event would; fake_lazy_drain()
- * completes everything pending; fake_lazy_violations("unmap" or "race")
- * counts the reports so far. The first three return -1 when lazy mode is
- * off. Tables are fixed (256 streams, 65,536 pending operations): a test
- * that outgrows one stops with a message, never with a record overwritten.
+ * for a debugger; FAKE_CUDA_LAZY_BACKTRACE=1 keeps the call stack that
+ * queued each pending operation and prints it, with the stack of the
+ * offending call, at each race report (resolve with addr2line);
+ * FAKE_CUDA_LAZY_LOG=1 prints every stream operation, event record, wait,
+ * query and synchronization, and every forced failure, one line each
+ * ("fake_cuda log: T<thread> ..."), to follow a race back to its cause. Entry points for tests
+ * (found with dlsym): fake_lazy_launch(stream, p, n) queues a "kernel" writing [p, p+n) on stream;
+ * fake_lazy_wait(waiter, on) makes stream `waiter` wait for the work queued on `on` so far, as an
+ * event would; fake_lazy_drain() completes everything pending; fake_lazy_violations("unmap" or
+ * "race") counts the reports so far. The first three return -1 when lazy mode is off. Tables are
+ * fixed (256 streams, 65,536 pending operations): a test that outgrows one stops with a message,
+ * never with a record overwritten.
  *
  * fake_lazy_retains(gpu) counts the cuDevicePrimaryCtxRetain calls for a
  * GPU so far, in either mode, for tests of which GPUs a context touches.
  */
+#include <execinfo.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -168,6 +173,29 @@ EXPORT void fake_cuda_fail_clear(void)
     pthread_mutex_unlock(&rules_lock);
 }
 
+/* FAKE_CUDA_LAZY_LOG: one line per driver event of lazy mode, prefixed
+ * with a small number of the calling thread. */
+static int lazy_log_on;
+static _Atomic int lazy_log_threads;
+static __thread int lazy_log_thread;
+
+static void lazy_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+static void lazy_log(const char *fmt, ...)
+{
+    if (!lazy_log_on)
+        return;
+    if (!lazy_log_thread)
+        lazy_log_thread = atomic_fetch_add(&lazy_log_threads, 1) + 1;
+    char line[400];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = snprintf(line, sizeof line, "fake_cuda log: T%d ", lazy_log_thread);
+    vsnprintf(line + n, sizeof line - (size_t)n, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "%s\n", line);
+}
+
 /* The result a rule forces on this call of `call`, or UM_CU_SUCCESS. */
 static um_cuResult forced(const char *call)
 {
@@ -191,6 +219,8 @@ static um_cuResult forced(const char *call)
     }
     atomic_store(&nrules, kept);
     pthread_mutex_unlock(&rules_lock);
+    if (r != UM_CU_SUCCESS)
+        lazy_log("forced %s -> %d", call, (int)r);
     return r;
 }
 
@@ -269,6 +299,7 @@ typedef struct lazy_op {
     int waited_stream;   /* a wait: the stream slot it waits for, */
     uint64_t waited_seq; /* up to this number */
     int next;            /* the stream's next newer op, or the next free op; -1: none */
+    int depth;           /* frames in lazy_op_stacks[this op], with FAKE_CUDA_LAZY_BACKTRACE */
 } lazy_op;
 
 typedef struct lazy_stream {
@@ -302,6 +333,9 @@ typedef struct lazy_thread_streams {
 static int lazy;
 static int lazy_queries_to_complete;
 static int lazy_abort_on_violation;
+/* With FAKE_CUDA_LAZY_BACKTRACE: the stack that queued each op. */
+enum { LAZY_STACK_DEPTH = 24 };
+static void *(*lazy_op_stacks)[LAZY_STACK_DEPTH];
 static pthread_key_t lazy_thread_key;
 
 /* Lock order: the driver's lock, then lazy_lock; nothing here takes the
@@ -393,6 +427,12 @@ static int lazy_setup(void)
     lazy_queries_to_complete = atoi(queries) > 0 ? atoi(queries) : 0;
     lazy_abort_on_violation =
         getenv("FAKE_CUDA_LAZY_ABORT") && atoi(getenv("FAKE_CUDA_LAZY_ABORT"));
+    lazy_log_on = getenv("FAKE_CUDA_LAZY_LOG") && atoi(getenv("FAKE_CUDA_LAZY_LOG"));
+    if (getenv("FAKE_CUDA_LAZY_BACKTRACE") && atoi(getenv("FAKE_CUDA_LAZY_BACKTRACE"))) {
+        lazy_op_stacks = calloc(LAZY_MAX_OPS, sizeof *lazy_op_stacks);
+        if (!lazy_op_stacks)
+            return -1;
+    }
     for (int i = 0; i < LAZY_MAX_OPS; i++)
         lazy_ops[i].next = i + 1 < LAZY_MAX_OPS ? i + 1 : -1;
     lazy_free_ops = 0;
@@ -413,6 +453,7 @@ static int lazy_stream_new(int gpu, const char *kind, void *handle)
         s->oldest = s->newest = -1;
         s->last_seq = 0;
         memset(s->ordered_after, 0, sizeof s->ordered_after);
+        lazy_log("stream %d: %s, GPU %d, handle %p", i, kind, gpu, handle);
         return i;
     }
     lazy_table_full("streams", LAZY_MAX_STREAMS);
@@ -531,6 +572,8 @@ static void lazy_wait_for(int waiter, int on, uint64_t seq, const uint64_t *on_o
         return;
     if (seq > w->ordered_after[on])
         w->ordered_after[on] = seq;
+    lazy_log("stream %d waits for stream %d up to %llu%s", waiter, on, (unsigned long long)seq,
+             lazy_done(on, seq) ? " (done)" : "");
     if (lazy_done(on, seq))
         return;
     int i = lazy_take_op();
@@ -563,6 +606,15 @@ static void lazy_enqueue(int slot, lazy_op_kind kind, uintptr_t lo, size_t n)
             if (o->kind == LAZY_WAIT || o->hi <= lo || hi <= o->lo ||
                 !(lazy_writes(kind) || lazy_writes(o->kind)) || o->seq <= s->ordered_after[t])
                 continue;
+            if (lazy_op_stacks) {
+                void *now[LAZY_STACK_DEPTH];
+                int depth = backtrace(now, LAZY_STACK_DEPTH);
+                fprintf(stderr, "fake_cuda: the pending %s was queued from:\n",
+                        lazy_op_names[o->kind]);
+                backtrace_symbols_fd(lazy_op_stacks[j], o->depth, 2);
+                fprintf(stderr, "fake_cuda: the unordered %s comes from:\n", lazy_op_names[kind]);
+                backtrace_symbols_fd(now, depth, 2);
+            }
             lazy_report(&lazy_race_violations,
                         "unordered %s on stream %d (%s, GPU %d) of [%#lx, +%#zx) while stream %d "
                         "(%s, GPU %d) has a pending %s of [%#lx, +%#zx)",
@@ -578,7 +630,11 @@ static void lazy_enqueue(int slot, lazy_op_kind kind, uintptr_t lo, size_t n)
     lazy_ops[i].hi = hi;
     lazy_ops[i].waited_stream = -1;
     lazy_ops[i].waited_seq = 0;
+    if (lazy_op_stacks)
+        lazy_ops[i].depth = backtrace(lazy_op_stacks[i], LAZY_STACK_DEPTH);
     lazy_append(slot, i);
+    lazy_log("op %llu on stream %d: %s of [%#lx, +%#zx)", (unsigned long long)lazy_ops[i].seq, slot,
+             lazy_op_names[kind], (unsigned long)lo, n);
 }
 
 /* Reports a `call` giving up [lo, lo+n) while pending work touches it. */
@@ -1234,6 +1290,8 @@ EXPORT um_cuResult cuStreamSynchronize(um_cuStream s)
     if (lazy) {
         pthread_mutex_lock(&lazy_lock);
         int slot = lazy_stream_of(s);
+        lazy_log("stream %d synchronized (up to %llu)", slot,
+                 (unsigned long long)lazy_streams[slot].last_seq);
         lazy_complete(slot, lazy_streams[slot].last_seq);
         pthread_mutex_unlock(&lazy_lock);
     }
@@ -1264,6 +1322,8 @@ EXPORT um_cuResult cuStreamWaitEvent(um_cuStream s, um_cuEvent e, unsigned flags
     lazy_event *ev = (lazy_event *)e;
     if (lazy && ev) {
         pthread_mutex_lock(&lazy_lock);
+        lazy_log("event %p waited for on a stream%s", (void *)e,
+                 ev->recorded ? "" : " (never recorded)");
         if (ev->recorded)
             lazy_wait_for(lazy_stream_of(s), ev->stream, ev->seq, ev->ordered_after);
         pthread_mutex_unlock(&lazy_lock);
@@ -1306,6 +1366,7 @@ EXPORT um_cuResult cuEventDestroy_v2(um_cuEvent e)
     FORCED("cuEventDestroy");
     if (!e)
         return UM_CU_ERROR_INVALID_VALUE;
+    lazy_log("event %p destroyed", (void *)e);
     free(e);
     live_events--;
     return UM_CU_SUCCESS;
@@ -1328,6 +1389,8 @@ EXPORT um_cuResult cuEventRecord(um_cuEvent e, um_cuStream s)
         ev->queries = 0;
         ev->recorded = true;
         memcpy(ev->ordered_after, lazy_streams[ev->stream].ordered_after, sizeof ev->ordered_after);
+        lazy_log("event %p recorded on stream %d at %llu", (void *)e, ev->stream,
+                 (unsigned long long)ev->seq);
         pthread_mutex_unlock(&lazy_lock);
     }
     return UM_CU_SUCCESS;
@@ -1352,6 +1415,8 @@ EXPORT um_cuResult cuEventQuery(um_cuEvent e)
         else
             r = UM_CU_ERROR_NOT_READY;
     }
+    lazy_log("event %p (stream %d at %llu) queried: %d", (void *)e, ev->stream,
+             (unsigned long long)ev->seq, (int)r);
     pthread_mutex_unlock(&lazy_lock);
     return r;
 }
@@ -1364,6 +1429,8 @@ EXPORT um_cuResult cuEventSynchronize(um_cuEvent e)
     lazy_event *ev = (lazy_event *)e;
     if (lazy && ev->recorded) {
         pthread_mutex_lock(&lazy_lock);
+        lazy_log("event %p (stream %d at %llu) synchronized", (void *)e, ev->stream,
+                 (unsigned long long)ev->seq);
         lazy_complete(ev->stream, ev->seq);
         pthread_mutex_unlock(&lazy_lock);
     }
