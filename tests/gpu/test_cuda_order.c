@@ -19,10 +19,12 @@
  *     before the memory's reuse keeps the memory, and so does the wait for
  *     a destroyed buffer's copy, and a um_buffer_read's or a spill's copy
  *     stays a use of the replica it reads; each fails saying why and works
- *     when tried again, and the buffers' bytes are their own;
+ *     when tried again, and the buffers' bytes are their own; a fill whose
+ *     copy fails before it is queued keeps none of the memory it took;
  *   - random use of buffers on two GPUs and the host at tight memory
  *     limits (eviction, write-back, spill), with failures of the calls
- *     that order GPU work forced before some library calls: every failure
+ *     that order GPU work, or queue copies and fills, forced before some
+ *     library calls: every failure
  *     names its cause, no race or unmap report, every buffer's bytes as a
  *     model says (RF_TRACE=1 prints each forced failure and each failure);
  *   - random use from several threads on several streams (with
@@ -866,9 +868,11 @@ static void check_spill_unwaited(void)
 
 /* ------------------------------------------------- random event faults */
 
-/* The driver calls that order GPU work, failed at random below. */
-static const char *const rf_calls[] = {"cuEventRecord", "cuEventSynchronize", "cuEventQuery",
-                                       "cuStreamWaitEvent", "cuStreamSynchronize"};
+/* The driver calls that order GPU work, and those that queue the copies
+ * and fills they order, failed at random below. */
+static const char *const rf_calls[] = {"cuEventRecord",     "cuEventSynchronize",  "cuEventQuery",
+                                       "cuStreamWaitEvent", "cuStreamSynchronize", "cuMemcpyAsync",
+                                       "cuMemsetD8Async"};
 
 enum { RF_BUFFERS = 8, RF_STREAMS = 2, RF_GPUS = 2, RF_MAX = 2 * (int)MIB };
 
@@ -1202,7 +1206,8 @@ static void rf_step(rf_state *st)
 
 /* Random use of buffers on two GPUs and the host, at tight memory limits
  * (eviction and write-back all along), where before some library calls
- * one of the driver calls that order GPU work is made to fail: every
+ * one of the driver calls that order GPU work, or queue copies and
+ * fills, is made to fail: every
  * failure names its cause, a failed release leaves the acquisition held,
  * no memory is handed on or written under queued work that may still use
  * it (no race or unmap report), and every buffer holds its own bytes (a

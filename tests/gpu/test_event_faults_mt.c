@@ -3,6 +3,7 @@
  * and the host at tight memory limits (eviction, write-back, spill), where
  * failures of the driver calls that order GPU work (cuEventRecord,
  * cuEventSynchronize, cuEventQuery, cuStreamWaitEvent, cuStreamSynchronize)
+ * and of those that queue copies and fills (cuMemcpyAsync, cuMemsetD8Async)
  * are forced at random, on the stand-in driver's lazy mode
  * (tests/gpu/fake_cuda.c, FAKE_CUDA_LAZY_QUERIES): queued work stays
  * pending until waited for, and the driver reports memory unmapped under
@@ -47,10 +48,11 @@
 /* Two stand-in GPUs (devices 1 and 2) with the model's links. */
 #define TWO_GPUS "devices=cuda:0+cuda:1,links=model,link_cache=none"
 
-
-/* The driver calls that order GPU work, failed at random below. */
-static const char *const mt_calls[] = {"cuEventRecord", "cuEventSynchronize", "cuEventQuery",
-                                       "cuStreamWaitEvent", "cuStreamSynchronize"};
+/* The driver calls that order GPU work, and those that queue the copies
+ * and fills they order, failed at random below. */
+static const char *const mt_calls[] = {"cuEventRecord",     "cuEventSynchronize",  "cuEventQuery",
+                                       "cuStreamWaitEvent", "cuStreamSynchronize", "cuMemcpyAsync",
+                                       "cuMemsetD8Async"};
 
 enum {
     MT_THREADS = 4,
