@@ -1120,8 +1120,10 @@ um_status um__buffer_evict(um_buffer *b, int dev, size_t *bytes_written, bool *s
                 *bytes_written = b->size;
             } else {
                 b->rep[t].evicted = was_evicted;
-                /* Memory taken for this write-back goes back at once: kept
-                 * as an invalid replica, it left the next candidate's
+                /* Memory taken for this write-back goes back at once
+                 * (fill gave it back already where nothing was queued;
+                 * here a copy left queued holds it until done): kept as
+                 * an invalid replica, it left the next candidate's
                  * write-back no room on the same target (reclaim never
                  * makes room on a target), and the allocation failed. */
                 if (!had_memory)
