@@ -62,13 +62,15 @@
  * offending call, at each race report (resolve with addr2line);
  * FAKE_CUDA_LAZY_LOG=1 prints every stream operation, event record, wait,
  * query and synchronization, and every forced failure, one line each
- * ("fake_cuda log: T<thread> ..."), to follow a race back to its cause. Entry points for tests
- * (found with dlsym): fake_lazy_launch(stream, p, n) queues a "kernel" writing [p, p+n) on stream;
- * fake_lazy_wait(waiter, on) makes stream `waiter` wait for the work queued on `on` so far, as an
- * event would; fake_lazy_drain() completes everything pending; fake_lazy_violations("unmap" or
- * "race") counts the reports so far. The first three return -1 when lazy mode is off. Tables are
- * fixed (256 streams, 65,536 pending operations): a test that outgrows one stops with a message,
- * never with a record overwritten.
+ * ("fake_cuda log: T<thread> ..."), to follow a race back to its cause.
+ * Entry points for tests (found with dlsym): fake_lazy_launch(stream, p,
+ * n) queues a "kernel" writing [p, p+n) on stream; fake_lazy_wait(waiter,
+ * on) makes stream `waiter` wait for the work queued on `on` so far, as an
+ * event would; fake_lazy_drain() completes everything pending;
+ * fake_lazy_violations("unmap" or "race") counts the reports so far. The
+ * first three return -1 when lazy mode is off. Tables are fixed (256
+ * streams, 65,536 pending operations): a test that outgrows one stops
+ * with a message, never with a record overwritten.
  *
  * fake_lazy_retains(gpu) counts the cuDevicePrimaryCtxRetain calls for a
  * GPU so far, in either mode, for tests of which GPUs a context touches.
