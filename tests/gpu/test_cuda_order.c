@@ -24,9 +24,9 @@
  *   - random use of buffers on two GPUs and the host at tight memory
  *     limits (eviction, write-back, spill), with failures of the calls
  *     that order GPU work, or queue copies and fills, forced before some
- *     library calls: every failure
- *     names its cause, no race or unmap report, every buffer's bytes as a
- *     model says (RF_TRACE=1 prints each forced failure and each failure);
+ *     library calls: every failure names its cause, no race or unmap
+ *     report, every buffer's bytes as a model says (RF_TRACE=1 prints each
+ *     forced failure and each failure);
  *   - random use from several threads on several streams (with
  *     um_record_stream) of the pool, the direct allocator, the buffer cache
  *     and the pinned host pool makes no unmap or race report.
@@ -1207,11 +1207,11 @@ static void rf_step(rf_state *st)
 /* Random use of buffers on two GPUs and the host, at tight memory limits
  * (eviction and write-back all along), where before some library calls
  * one of the driver calls that order GPU work, or queue copies and
- * fills, is made to fail: every
- * failure names its cause, a failed release leaves the acquisition held,
- * no memory is handed on or written under queued work that may still use
- * it (no race or unmap report), and every buffer holds its own bytes (a
- * failed write's range unknown only where its error says so). */
+ * fills, is made to fail: every failure names its cause, a failed release
+ * leaves the acquisition held, no memory is handed on or written under
+ * queued work that may still use it (no race or unmap report), and every
+ * buffer holds its own bytes (a failed write's range unknown only where
+ * its error says so). */
 static void check_buffers_random_event_faults(uint64_t seed)
 {
     rf_state st = {.rng = harness_mix64(seed ^ 0x6576656e74ull)};
