@@ -1223,7 +1223,7 @@ static void check_buffers_random_event_faults(uint64_t seed)
         return;
     }
     snprintf(conf, sizeof conf, TWO_GPUS ",watermark_high=100,watermark_low=100,spill_dir=%s", dir);
-    st.ctx = check_open("random buffer use with the ordering calls failing", conf, &st.c);
+    st.ctx = check_open("random buffer use with the ordering and copy calls failing", conf, &st.c);
     if (!st.ctx) {
         rmdir(dir);
         return;

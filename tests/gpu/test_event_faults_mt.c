@@ -620,7 +620,8 @@ static void *mt_worker(void *arg)
 /* The whole check, with the seed's streams of random operations. */
 static void check_threads_event_faults(uint64_t seed)
 {
-    counts c0 = check_begin("random buffer use from four threads with the ordering calls failing");
+    counts c0 =
+        check_begin("random buffer use from four threads with the ordering and copy calls failing");
     /* The host is short of room too: the only copy of some buffers goes
      * to the spill file. */
     char dir[] = "/tmp/unimem-mt-XXXXXX", conf[200];
